@@ -1,0 +1,106 @@
+"""`eaglewatch <verb>`: the command line.
+
+Each verb lives in `app/commands/<verb>.py` and exposes HELP (one line), EXAMPLE (shown at the end of
+its --help), `add_arguments(parser)` and `run(args) -> int`. Only the chosen verb's module is imported,
+so `eaglewatch --help` stays fast and quiet.
+
+Contract for scripts: every verb that reads or writes a run takes `--db PATH` and `--run NAME`; verbs
+that report results take `--json`; exit 0 means success; anything else names the failure on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from app.errors import EaglewatchError
+from app.libnoise import silence_library_noise
+
+# verb -> one-line summary; the order is the order in --help
+VERBS: dict[str, str] = {
+    "demo": "run the built-in provider simulator over sample data and watch it live (no network, no key)",
+    "run": "generate responses for a run config (TUI, or --headless with progress on stderr)",
+    "watch": "open the monitor over a run database (attached: steer a headless run, or --readonly)",
+    "ingest": "stream prompt datasets into a run without generating",
+    "status": "per-run counts by state, cost so far and verdict counts",
+    "validate": "check reconstruction against ground-truth output_ids from a reference file",
+    "audit": "check a tokenizer's special tokens (and given id constants) against a template profile",
+    "reprocess": "reconstruct stored responses again after a tokenizer or profile fix (no API calls)",
+    "export": "write training data: sglang-raw, specforge or eagle3-shards",
+    "extract": "launch hidden-state extraction jobs (local GPUs or Slurm) headless",
+    "jobs": "list extraction jobs and their shards",
+    "simulate": "run the OpenAI-compatible provider simulator on its own",
+    "config": "validate a run config and print the effective configuration (secrets redacted)",
+}
+
+EPILOG = """\
+Start here:
+  eaglewatch demo                                 watch a simulated run live
+  eaglewatch config check sample_data/demo.toml   validate a config
+  eaglewatch run --headless sample_data/demo.toml generate without the TUI
+
+Every verb has its own --help with an example.
+"""
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+def build_parser(verb: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="eaglewatch",
+        description="Build EAGLE-3 training data from LLM APIs with token ids proven right, and watch it live.",
+        epilog=EPILOG,
+        formatter_class=_Formatter,
+    )
+    parser.add_argument("--version", action="version", version=f"eaglewatch {_version()}")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", title="verbs")
+    for name, summary in VERBS.items():
+        if name != verb:
+            sub.add_parser(name, help=summary)
+            continue
+        module = importlib.import_module(f"app.commands.{name}")
+        p = sub.add_parser(
+            name,
+            help=summary,
+            description=summary[0].upper() + summary[1:] + ".",
+            epilog="Example:\n  " + module.EXAMPLE.strip().replace("\n", "\n  "),
+            formatter_class=_Formatter,
+        )
+        module.add_arguments(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("eaglewatch")
+    except Exception:
+        return "0+unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    silence_library_noise()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verb = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(verb if verb in VERBS else None)
+    args = parser.parse_args(argv)
+    if args.verb is None:
+        parser.print_help()
+        return 0
+    try:
+        return int(args._module.run(args) or 0)
+    except EaglewatchError as exc:
+        print(f"eaglewatch {args.verb}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"eaglewatch {args.verb}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

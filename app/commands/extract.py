@@ -1,0 +1,17 @@
+"""`eaglewatch extract`: not available yet (filled by a later change)."""
+
+from __future__ import annotations
+
+import argparse
+
+from app.errors import EaglewatchError
+
+EXAMPLE = "eaglewatch extract --help"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+def run(args: argparse.Namespace) -> int:
+    raise EaglewatchError("'extract' is not available yet in this version of eaglewatch")

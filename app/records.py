@@ -1,0 +1,115 @@
+"""Plain data records that cross package boundaries.
+
+Everything here is a frozen dataclass built from the standard library only, so that every
+package (the pure `app.tokens`, the httpx-based `app.providers`, the store, the faces) can
+share them without importing each other's dependencies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One structured tool call as the provider returned it (arguments kept byte-exact)."""
+
+    id: str
+    name: str
+    arguments: str
+    index: int = 0
+    type: str = "function"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One sampled token from a `logprobs.content` (or reasoning) list."""
+
+    token: str
+    bytes: tuple[int, ...] | None
+    logprob: float
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts and cost of one completion, as reported (or computed from pricing)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    cached_tokens: int = 0
+    cost_usd: float | None = None  # None: the API reported no cost
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """Everything one chat-completion call produced, streamed or not.
+
+    `content_logprobs` / `reasoning_logprobs` are None when the provider returned none.
+    `token_ids` holds server-returned output ids (SGLang `output_ids`, vLLM `token_ids`).
+    """
+
+    content: str
+    reasoning: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    finish_reason: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    content_logprobs: tuple[TokenLogprob, ...] | None = None
+    reasoning_logprobs: tuple[TokenLogprob, ...] | None = None
+    token_ids: tuple[int, ...] | None = None
+    ttft_s: float | None = None
+    total_s: float = 0.0
+    provider: str | None = None
+    model: str | None = None
+    generation_id: str | None = None
+    raw: Any = None  # parsed JSON body (non-streaming) or list of chunk dicts (streaming)
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+
+@dataclass(frozen=True, slots=True)
+class Reconstruction:
+    """Output ids rebuilt from a Completion, and how.
+
+    strategy: server_ids | logprobs | canonical | none (nothing to rebuild from).
+    repair: the inverse server-side step that made the canonical rebuild round-trip, if any
+    (e.g. "strip_whitespace", "think_spaces", "no_content", "tool_whitespace", "json_reserialised",
+    "tool_ids_reindexed"). roundtrip: decoding output_ids gives back the returned text.
+    notes: what text could not recover ("replacement_char", "marker_as_text", "normaliser").
+    """
+
+    output_ids: tuple[int, ...]
+    strategy: str
+    repair: str | None = None
+    roundtrip: bool | None = None
+    notes: tuple[str, ...] = ()
+
+
+VERDICTS = ("exact", "bpe_equivalent", "text_mismatch", "structure_mismatch", "truncated", "unchecked")
+BENIGN_VERDICTS = ("exact", "bpe_equivalent")
+CORRUPT_VERDICTS = ("text_mismatch", "structure_mismatch")
+
+
+@dataclass(frozen=True, slots=True)
+class DiffSpan:
+    """One differing region: ref[ref_start:ref_end] vs rec[rec_start:rec_end]."""
+
+    ref_start: int
+    ref_end: int
+    rec_start: int
+    rec_end: int
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """How reconstructed ids compare with reference ids (see VERDICTS)."""
+
+    category: str
+    first_diff: int | None = None
+    ref_len: int | None = None
+    rec_len: int = 0
+    spans: tuple[DiffSpan, ...] = ()
+    explanation: str = ""
