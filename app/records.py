@@ -113,3 +113,37 @@ class Verdict:
     rec_len: int = 0
     spans: tuple[DiffSpan, ...] = ()
     explanation: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AlignedToken:
+    """A token for display: its id and its text made visible (spaces, newlines, control chars)."""
+
+    id: int
+    text: str
+    special: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AlignBlock:
+    """A run of equal tokens (equal=True: ref and rec hold the same ids) or one differing region."""
+
+    equal: bool
+    ref_start: int
+    rec_start: int
+    ref: tuple[AlignedToken, ...]
+    rec: tuple[AlignedToken, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Alignment:
+    """What a side-by-side view needs: blocks in order covering both sequences completely."""
+
+    blocks: tuple[AlignBlock, ...]
+    ref_len: int
+    rec_len: int
+
+    @property
+    def diff_blocks(self) -> tuple[int, ...]:
+        """Indexes of the differing blocks (for n / N navigation)."""
+        return tuple(i for i, b in enumerate(self.blocks) if not b.equal)
