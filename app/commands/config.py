@@ -1,17 +1,113 @@
-"""`eaglewatch config`: not available yet (filled by a later change)."""
+"""`eaglewatch config check FILE`: validate a run config and print the effective configuration.
+
+The printout is TOML with every default filled in and every path resolved; secrets never appear
+(keys live in environment variables named by `api_key_env`, whose presence is noted, never the value).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
+from typing import Any
 
-from app.errors import EaglewatchError
-
-EXAMPLE = "eaglewatch config --help"
+EXAMPLE = """\
+eaglewatch config check sample_data/demo.toml
+eaglewatch config check my-run.toml --json | jq .limits
+eaglewatch config reference            # every key, type and default (Markdown)"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("action", choices=("check", "reference"), help="check: validate FILE; reference: list every key")
+    parser.add_argument("file", nargs="?", metavar="FILE", help="run config TOML (for check)")
+    parser.add_argument("--json", action="store_true", help="print the effective configuration as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
-    raise EaglewatchError("'config' is not available yet in this version of eaglewatch")
+    from app.config import config_reference_markdown, load_config
+    from app.errors import InputError
+
+    if args.action == "reference":
+        sys.stdout.write(config_reference_markdown())
+        return 0
+    if not args.file:
+        raise InputError("config check needs the path of a run config TOML file, e.g. sample_data/demo.toml")
+    config = load_config(args.file)
+    data = config.redacted()
+    keys = {ep["name"]: ep.get("api_key_env") for ep in data["endpoints"]}
+    if args.json:
+        payload = {"ok": True, "file": str(config.source), "config": data,
+                   "api_keys": {name: _key_state(env) for name, env in keys.items()}}
+        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+        return 0
+    out = [f"# {config.source}: valid", "# effective configuration (defaults filled in, paths resolved, secrets redacted)"]
+    for name, env in keys.items():
+        if env:
+            out.append(f"# endpoint {name!r}: API key from ${env} ({_key_state(env)})")
+    out.append("")
+    out.append(to_toml(data))
+    sys.stdout.write("\n".join(out))
+    return 0
+
+
+def _key_state(env: str | None) -> str:
+    if not env:
+        return "no key needed"
+    return "set" if os.environ.get(env) else "NOT SET in this environment"
+
+
+def to_toml(data: dict[str, Any]) -> str:
+    """Render JSON-like data as TOML (None values become comments, since TOML has no null)."""
+    lines: list[str] = []
+    _table(lines, [], data)
+    return "\n".join(lines).strip() + "\n"
+
+
+def _key(k: str) -> str:
+    return k if k.replace("_", "").replace("-", "").isalnum() else json.dumps(k)
+
+
+def _val(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, list):
+        return "[" + ", ".join(_val(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{_key(k)} = {_val(x)}" for k, x in v.items() if x is not None) + " }"
+    return json.dumps(v)
+
+
+def _is_table_list(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
+
+
+def _table(lines: list[str], path: list[str], data: dict[str, Any], array: bool = False) -> None:
+    name = ".".join(_key(p) for p in path)
+    if path:
+        lines.append("")
+        lines.append(f"[[{name}]]" if array else f"[{name}]")
+    nested = []
+    for k, v in data.items():
+        if v is None:
+            lines.append(f"# {_key(k)} = (unset)")
+        elif isinstance(v, dict) and v and all(isinstance(x, dict) for x in v.values()):
+            nested.append((k, v))
+        elif isinstance(v, dict) and path == [] :
+            nested.append((k, v))
+        elif _is_table_list(v):
+            nested.append((k, v))
+        elif isinstance(v, dict) and any(isinstance(x, dict) for x in v.values()):
+            nested.append((k, v))
+        else:
+            lines.append(f"{_key(k)} = {_val(v)}")
+    for k, v in nested:
+        if isinstance(v, list):
+            for item in v:
+                _table(lines, [*path, k], item, array=True)
+        else:
+            _table(lines, [*path, k], v)

@@ -1,17 +1,116 @@
-"""`eaglewatch export`: not available yet (filled by a later change)."""
+"""`eaglewatch export`: write a run's done samples as training data (sglang-raw, specforge, eagle3-shards)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+import time
+from pathlib import Path
 
-from app.errors import EaglewatchError
+from app.errors import InputError
 
-EXAMPLE = "eaglewatch export --help"
+EXAMPLE = """\
+eaglewatch export --db /tmp/eaglewatch-demo.db --run demo --format eagle3-shards --out /tmp/demo-shards
+eaglewatch export --db runs.db --format specforge --out out/specforge --drop-bpe-equivalent --max-length 8192"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("--db", type=Path, required=True, help="run database (SQLite) to read")
+    parser.add_argument("--run", default=None, help="run name (needed when the database holds several runs)")
+    parser.add_argument(
+        "--format",
+        required=True,
+        choices=("sglang-raw", "specforge", "eagle3-shards"),
+        help="sglang-raw: id, messages, output_ids, meta_info; specforge: conversations with reasoning_content; "
+        "eagle3-shards: input_ids + loss_mask shards and manifest.json for hidden-state extraction",
+    )
+    parser.add_argument("--out", type=Path, required=True, help="output directory (created if missing)")
+    bpe = parser.add_mutually_exclusive_group()
+    bpe.add_argument("--keep-bpe-equivalent", dest="keep_bpe", action="store_true", default=True,
+                     help="keep samples whose ids differ from the reference only by BPE split (default)")
+    bpe.add_argument("--drop-bpe-equivalent", dest="keep_bpe", action="store_false",
+                     help="drop samples whose ids differ from the reference only by BPE split")
+    parser.add_argument("--keep-mismatches", action="store_true",
+                        help="also export text_mismatch / structure_mismatch samples (dropped by default)")
+    parser.add_argument("--keep-truncated", action="store_true",
+                        help="also export samples cut at max_tokens (dropped by default)")
+    parser.add_argument("--max-length", type=int, default=None, metavar="N",
+                        help="skip samples whose prompt + completion exceed N tokens (never cut)")
+    parser.add_argument("--shard-size", type=int, default=1000, metavar="N", help="samples per eagle3 shard (default 1000)")
+    parser.add_argument("--tokenizer", type=Path, default=None, metavar="DIR",
+                        help="tokenizer directory (default: the one in the run's config)")
+    parser.add_argument("--profile", default=None, help="template profile (default: the run's, else kimi-k2.5)")
+    parser.add_argument("--chat-template", type=Path, default=None, metavar="FILE",
+                        help="Jinja chat template to render prompts with (default: the tokenizer directory's)")
+    parser.add_argument("--template-kwargs", default=None, metavar="JSON",
+                        help='chat_template_kwargs, e.g. \'{"thinking": false}\' (default: what the run sent)')
+    parser.add_argument("--workers", type=int, default=1, metavar="N",
+                        help="render prompts in N processes (worth it on many cores; default 1)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+
+
+class _Progress:
+    """Progress on stderr: a line at most twice a second (carriage return on a terminal)."""
+
+    def __init__(self) -> None:
+        self.last = 0.0
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, seen: int, exported: int) -> None:
+        now = time.monotonic()
+        if now - self.last < 0.5:
+            return
+        self.last = now
+        end = "\r" if self.tty else "\n"
+        print(f"export: {seen} samples read, {exported} written", end=end, file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self.tty and self.last:
+            print(file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
-    raise EaglewatchError("'export' is not available yet in this version of eaglewatch")
+    from app.export import ExportPolicy, export_run
+
+    kwargs = None
+    if args.template_kwargs is not None:
+        try:
+            kwargs = json.loads(args.template_kwargs)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"--template-kwargs: not valid JSON ({exc.msg}); e.g. '{{\"thinking\": false}}'") from None
+        if not isinstance(kwargs, dict):
+            raise InputError("--template-kwargs: expected a JSON object, e.g. '{\"thinking\": false}'")
+    policy = ExportPolicy(
+        keep_bpe_equivalent=args.keep_bpe,
+        keep_mismatches=args.keep_mismatches,
+        keep_truncated=args.keep_truncated,
+        max_length=args.max_length,
+    )
+    progress = _Progress()
+    report = export_run(
+        args.db,
+        args.out,
+        args.format,
+        run=args.run,
+        policy=policy,
+        shard_size=args.shard_size,
+        tokenizer_dir=args.tokenizer,
+        profile_name=args.profile,
+        chat_template=args.chat_template,
+        template_kwargs=kwargs,
+        overwrite=args.overwrite,
+        workers=args.workers,
+        progress=progress,
+    )
+    progress.done()
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=1))
+    else:
+        skipped = ", ".join(f"{n} {k}" for k, n in report.skipped.items()) or "none"
+        print(
+            f"exported {report.exported} samples of run {report.run!r} as {report.format} to {report.out_dir} "
+            f"({report.tokens} tokens, {report.loss_tokens} in the loss) in {report.seconds:.1f}s; skipped: {skipped}"
+        )
+    return 0

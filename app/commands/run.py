@@ -1,17 +1,184 @@
-"""`eaglewatch run`: not available yet (filled by a later change)."""
+"""`eaglewatch run`: generate responses for a run config, in the TUI or headless with progress on stderr."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
+import sys
+import time
+from pathlib import Path
 
 from app.errors import EaglewatchError
 
-EXAMPLE = "eaglewatch run --help"
+EXAMPLE = """\
+eaglewatch run --headless sample_data/demo.toml
+eaglewatch run --headless run.toml --db runs.db --concurrency 32 --budget 5 --limit 1000
+eaglewatch run run.toml          # the same run inside the terminal UI"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("config", type=Path, help="run config (TOML)")
+    parser.add_argument("--headless", action="store_true", help="no TUI: progress on stderr, events as log lines")
+    parser.add_argument("--db", type=Path, help="run database (default: the config's run.database)")
+    parser.add_argument("--run", dest="run_name", metavar="NAME", help="run name (default: the config's run.name)")
+    parser.add_argument("--concurrency", type=int, metavar="N", help="start with N requests in flight (raises the max if needed)")
+    parser.add_argument("--budget", type=float, metavar="USD", help="pause before spending would pass USD")
+    parser.add_argument("--limit", type=int, metavar="N", help="ingest at most N samples per dataset")
+
+
+def load_run_config(args: argparse.Namespace):
+    """The config with the command line's overrides applied."""
+    from app.config import apply_overrides, load_config
+
+    config = load_config(args.config)
+    overrides: dict = {}
+    if args.db is not None:
+        overrides["run.database"] = str(args.db.resolve())
+    if args.run_name:
+        overrides["run.name"] = args.run_name
+    if args.concurrency is not None:
+        if args.concurrency < 1:
+            raise EaglewatchError("--concurrency must be at least 1", exit_code=2)
+        overrides["limits.concurrency_initial"] = args.concurrency
+        if args.concurrency > config.limits.concurrency_max:
+            overrides["limits.concurrency_max"] = args.concurrency
+        if args.concurrency < config.limits.concurrency_min:
+            overrides["limits.concurrency_min"] = args.concurrency
+    if args.budget is not None:
+        overrides["limits.budget_usd"] = args.budget
+    if args.limit is not None:
+        if args.limit < 1:
+            raise EaglewatchError("--limit must be at least 1", exit_code=2)
+        for i, ds in enumerate(config.data.datasets):
+            overrides[f"data.datasets[{i}].limit"] = min(args.limit, ds.limit or args.limit)
+    if overrides:
+        config = apply_overrides(config, overrides)
+    return config
 
 
 def run(args: argparse.Namespace) -> int:
-    raise EaglewatchError("'run' is not available yet in this version of eaglewatch")
+    config = load_run_config(args)
+    if not args.headless:
+        try:
+            from app.tui.app import run_tui
+        except ImportError:
+            raise EaglewatchError(
+                "the terminal UI is not available in this build; use 'eaglewatch run --headless "
+                f"{args.config}' for progress on stderr"
+            ) from None
+        return int(run_tui(config=config, run=config.run.name) or 0)
+    return asyncio.run(run_headless(config))
+
+
+async def run_headless(config, *, progress: bool = True, stream=None) -> int:
+    """Run to the end (exit 0), a run-stopping error (3) or a budget/operator pause (1); Ctrl-C pauses."""
+    from app.engine.reconstruct import build_reconstructor
+    from app.engine.run import Run
+    from app.store.run_store import RunStore
+
+    stream = stream or sys.stderr
+    if not _has_samples(config):
+        from app.commands.ingest import ingest_config
+
+        summary = await ingest_config(config)
+        print(f"ingested {summary.added} samples into run {config.run.name!r} ({config.run.database})", file=stream)
+    store = await RunStore.open(config.run.database)
+    try:
+        engine = Run(config, store, reconstructor=build_reconstructor(config),
+                     db_path=config.run.database, resume_paused=True)
+        await engine.start()
+        loop = asyncio.get_running_loop()
+        interrupts = 0
+
+        def on_sigint() -> None:
+            nonlocal interrupts
+            interrupts += 1
+            if interrupts == 1:
+                print("\npausing: in-flight requests finish and are stored (Ctrl-C again to cancel them)", file=stream)
+                loop.create_task(engine.pause(reason="operator (Ctrl-C)"))
+            else:
+                print("\ncancelling in-flight requests (providers may still bill for them)", file=stream)
+                loop.create_task(engine.pause(now=True, reason="operator (Ctrl-C)"))
+
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+        loop.add_signal_handler(signal.SIGTERM, on_sigint)
+        try:
+            outcome = await _watch(engine, stream, progress)
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+            loop.remove_signal_handler(signal.SIGTERM)
+            await engine.close(cancel_in_flight=True)
+    finally:
+        await store.close()
+    if outcome.state == "done":
+        return 0
+    print(f"run paused: {outcome.reason}; run the same command again to resume", file=stream)
+    return 3 if outcome.stopping_error else 1
+
+
+def _has_samples(config) -> bool:
+    """True when the config's run already holds samples (then ingest is skipped: resume)."""
+    from app.store import queries
+
+    if not Path(config.run.database).exists():
+        return False
+    from app.store.db import connect_readonly
+
+    conn = connect_readonly(config.run.database)
+    try:
+        row = queries.run_by_name(conn, config.run.name)
+        return row is not None and sum(queries.state_counts(conn, row.id).values()) > 0
+    finally:
+        conn.close()
+
+
+async def _watch(engine, stream, progress: bool):
+    """Show progress and new events until the engine is idle (done, or paused with nothing in flight).
+
+    On a terminal the progress is a live rich bar; otherwise (nohup, a log file) a plain line every 10 s.
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    tty = stream.isatty()
+    console = Console(file=stream, highlight=False, width=None if tty else 140, force_terminal=tty or None)
+    waiter = asyncio.ensure_future(engine.wait())
+    last_event = 0
+    last_line = 0.0
+    bar = Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(bar_width=24), TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[stats]}"), console=console, transient=False, disable=not (progress and tty),
+    )
+    with bar:
+        task = bar.add_task(engine.config.run.name, total=None, stats="")
+        while True:
+            last_event = _print_events(engine, console, last_event)
+            s = engine.snapshot()
+            line = progress_line(s)
+            bar.update(task, completed=s.done + s.failed + s.skipped, total=s.total or None, stats=line)
+            if progress and not tty and (time.monotonic() - last_line >= 10 or waiter.done()):
+                console.print(f"{time.strftime('%H:%M:%S')} progress    {s.done + s.failed + s.skipped}/{s.total} {line}",
+                              markup=False)
+                last_line = time.monotonic()
+            if waiter.done():
+                break
+            await asyncio.wait({waiter}, timeout=0.5)
+        _print_events(engine, console, last_event)
+    return waiter.result()
+
+
+def progress_line(s) -> str:
+    """req/s, tok/s, $ and ETA of a MetricsSnapshot in one short line."""
+    eta = "-" if s.eta_s is None else time.strftime("%H:%M:%S", time.gmtime(s.eta_s))
+    return (f"{s.rate.req_s_10s:.1f} req/s {s.rate.tok_s_10s:.0f} tok/s ${s.cost_usd:.4f} ETA {eta} "
+            f"in flight {s.in_flight}/{s.concurrency_limit} failed {s.failed}")
+
+
+def _print_events(engine, console, after_id: int) -> int:
+    for ev in engine.events_since(after_id):
+        when = time.strftime("%H:%M:%S", time.localtime(ev.ts))
+        style = {"warning": "yellow", "error": "bold red"}.get(ev.level, "")
+        console.print(f"{when} {ev.level:<7} {ev.kind:<11} {ev.message}", style=style, markup=False)
+        after_id = max(after_id, ev.id)
+    return after_id

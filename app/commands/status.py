@@ -1,17 +1,96 @@
-"""`eaglewatch status`: not available yet (filled by a later change)."""
+"""`eaglewatch status`: per run, samples by state, cost so far, and verdict counts (read-only; safe during a run)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
 
-from app.errors import EaglewatchError
-
-EXAMPLE = "eaglewatch status --help"
+EXAMPLE = """\
+eaglewatch status --db eaglewatch.db
+eaglewatch status sample_data/demo.toml --json | jq '.runs[0].states'
+eaglewatch status --db /data/runs.db --run kimi-2025-06"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("config", nargs="?", metavar="CONFIG", help="run config TOML whose database to read")
+    parser.add_argument("--db", metavar="PATH", help="run database (default: the config's, else ./eaglewatch.db)")
+    parser.add_argument("--run", metavar="NAME", help="only this run (default: every run in the database)")
+    parser.add_argument("--json", action="store_true", help="print the status as JSON on stdout")
 
 
 def run(args: argparse.Namespace) -> int:
-    raise EaglewatchError("'status' is not available yet in this version of eaglewatch")
+    from app.store import queries
+
+    db = _database(args)
+    conn = queries.connect_readonly(db, upgrade=True)
+    try:
+        if args.run is not None:
+            runs = [queries.resolve_run(conn, args.run, db_label=str(db))]
+        else:
+            runs = queries.list_runs(conn)
+        report = {"database": str(db), "runs": [run_status(conn, r) for r in runs]}
+    finally:
+        conn.close()
+    if args.json:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    else:
+        _print(report)
+    return 0
+
+
+def _database(args: argparse.Namespace) -> Path:
+    if args.db:
+        return Path(args.db)
+    if args.config:
+        from app.config import load_config
+
+        return load_config(args.config).run.database
+    from app.config import RunSection
+
+    return Path(RunSection.model_fields["database"].default)
+
+
+def run_status(conn: Any, run: Any) -> dict[str, Any]:
+    """One run's status as JSON-ready data."""
+    from app.store import queries
+
+    states = queries.state_counts(conn, run.id)
+    return {
+        "name": run.name,
+        "state": run.state,
+        "reason": run.reason,
+        "samples": sum(states.values()),
+        "states": states,
+        "cost_usd": round(queries.cost_total(conn, run.id), 6),
+        "verdicts": queries.verdict_counts(conn, run.id),
+        "strategies": queries.strategy_counts(conn, run.id),
+    }
+
+
+def _print(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    if not report["runs"]:
+        console.print(f"{report['database']}: no runs yet (`eaglewatch ingest CONFIG` adds one)")
+        return
+    for r in report["runs"]:
+        head = f"[b]{r['name']}[/b]  {r['state']}" + (f" ({r['reason']})" if r["reason"] else "")
+        console.print(f"{head}  {r['samples']} samples  ${r['cost_usd']:.4f} spent")
+        table = Table(box=None, pad_edge=False, show_header=True)
+        for name in r["states"]:
+            table.add_column(name, justify="right")
+        table.add_row(*(str(n) for n in r["states"].values()))
+        console.print(table)
+        verdicts = Table(box=None, pad_edge=False, show_header=True)
+        for name in r["verdicts"]:
+            verdicts.add_column(name, justify="right")
+        verdicts.add_row(*(str(n) for n in r["verdicts"].values()))
+        console.print(verdicts)
+        if r["strategies"]:
+            console.print("strategies: " + "  ".join(f"{k} {v}" for k, v in r["strategies"].items()))
+        console.print()

@@ -1,17 +1,141 @@
-"""`eaglewatch validate`: not available yet (filled by a later change)."""
+"""`eaglewatch validate`: check reconstruction against ground-truth output_ids from a reference file.
+
+For each reference line: decode its `output_ids`, split them as a provider returns them (reasoning,
+content, structured tool calls, end-of-turn removed), rebuild the ids from that text, and compare.
+Prints counts and rates per verdict with the worst examples; exits 4 when text or structure mismatches
+exceed the given rates.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
 
-from app.errors import EaglewatchError
+from app.errors import EaglewatchError, InputError
 
-EXAMPLE = "eaglewatch validate --help"
+EXAMPLE = """\
+eaglewatch validate --reference sample_data/reference.jsonl --tokenizer sample_data/tokenizer --profile kimi-k2.5
+eaglewatch validate --reference gt.jsonl --tokenizer ../shared/tokenizers/kimi-k2.5 --json | jq .verdicts
+eaglewatch validate --reference gt.jsonl --tokenizer DIR --max-text-mismatch-rate 0.001 --max-structure-mismatch-rate 0
+eaglewatch validate --reference sample_data/reference.jsonl --tokenizer sample_data/tokenizer --db v.db   # browse: eaglewatch watch v.db"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("--reference", required=True, metavar="FILE", help="SGLang-style JSONL with id and output_ids")
+    parser.add_argument("--tokenizer", required=True, metavar="DIR", help="folder with tokenizer.json or tiktoken.model")
+    parser.add_argument("--profile", default="kimi-k2.5", metavar="P", help="template profile (default kimi-k2.5)")
+    parser.add_argument("--json", action="store_true", help='print {"total": N, "verdicts": {...}, ...} as JSON')
+    parser.add_argument("--db", metavar="PATH", help="also store every result in this run database (for the TUI)")
+    parser.add_argument("--run", metavar="NAME", help="run name in --db (default: validate-<reference file stem>)")
+    parser.add_argument("--max-text-mismatch-rate", type=float, metavar="R", help="exit 4 when text_mismatch rate > R")
+    parser.add_argument(
+        "--max-structure-mismatch-rate", type=float, metavar="R", help="exit 4 when structure_mismatch rate > R"
+    )
+    parser.add_argument("--workers", type=int, default=1, metavar="N", help="reconstruction threads (default 1)")
+    parser.add_argument("--examples", type=int, default=8, metavar="N", help="worst examples to show (default 8)")
 
 
 def run(args: argparse.Namespace) -> int:
-    raise EaglewatchError("'validate' is not available yet in this version of eaglewatch")
+    from app.datasets import ReadStats, iter_references
+    from app.tokens import Reconstructor, get_profile, load_tokenizer
+    from app.tokens.validation import summarize, validate_all
+
+    path = Path(args.reference)
+    if not path.exists():
+        raise InputError(f"{path}: no such reference file; pass the JSONL with output_ids via --reference")
+    for flag in ("max_text_mismatch_rate", "max_structure_mismatch_rate"):
+        value = getattr(args, flag)
+        if value is not None and not 0 <= value <= 1:
+            raise InputError(f"--{flag.replace('_', '-')} {value}: a rate must be between 0 and 1")
+    profile = get_profile(args.profile)
+    tokenizer = load_tokenizer(args.tokenizer, profile.pretokenizer_pattern)
+    reconstructor = Reconstructor(profile, tokenizer)
+    stats = ReadStats()
+    references = list(iter_references(path, stats=stats))
+    for rec in references:
+        bad = next((t for t in rec.output_ids if t >= tokenizer.vocab_size), None)
+        if bad is not None:
+            raise InputError(
+                f"{path}:{rec.line}: sample {rec.sample_id}: output id {bad} is outside the tokenizer's vocabulary "
+                f"(size {tokenizer.vocab_size}); is --tokenizer the model that produced this file?"
+            )
+    results = validate_all(reconstructor, [(r.sample_id, r.output_ids) for r in references], workers=max(1, args.workers))
+    summary = summarize(results, n_worst=args.examples)
+
+    if args.db:
+        _store(args, path, references, results, profile.name, tokenizer.fingerprint)
+
+    if args.json:
+        payload = summary.as_json()
+        payload["bad_lines"] = stats.bad
+        json.dump(payload, sys.stdout, ensure_ascii=False)
+        sys.stdout.write("\n")
+    else:
+        _print_table(summary, path, tokenizer, profile.name, stats)
+
+    failed = []
+    if args.max_text_mismatch_rate is not None and summary.rate("text_mismatch") > args.max_text_mismatch_rate:
+        failed.append(f"text_mismatch rate {summary.rate('text_mismatch'):.4f} > {args.max_text_mismatch_rate}")
+    if args.max_structure_mismatch_rate is not None and summary.rate("structure_mismatch") > args.max_structure_mismatch_rate:
+        failed.append(f"structure_mismatch rate {summary.rate('structure_mismatch'):.4f} > {args.max_structure_mismatch_rate}")
+    if failed:
+        raise EaglewatchError("validation failed: " + "; ".join(failed), exit_code=4)
+    return 0
+
+
+def _print_table(summary, path: Path, tokenizer, profile: str, stats) -> None:
+    out = sys.stdout
+    out.write(f"{path}: {summary.total} samples, tokenizer {tokenizer.path} ({tokenizer.kind}), profile {profile}\n")
+    if stats.bad:
+        out.write(f"  skipped {stats.bad} bad line(s), e.g. {stats.examples[0]}\n")
+    out.write(f"  {'verdict':<20} {'count':>7} {'rate':>8}\n")
+    for cat, n in summary.verdicts.items():
+        out.write(f"  {cat:<20} {n:>7} {summary.rate(cat):>8.2%}\n")
+    if summary.repairs:
+        out.write("  repairs used: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.repairs.items())) + "\n")
+    if summary.notes:
+        out.write("  unrecoverable: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.notes.items())) + "\n")
+    if summary.worst:
+        out.write("worst examples:\n")
+        for r in summary.worst:
+            out.write(f"  {r.sample_id}  {r.verdict.category}: {r.verdict.explanation}\n")
+
+
+def _store(args, path: Path, references, results, profile: str, fingerprint: str) -> None:
+    import asyncio
+
+    from app.store.records import SampleInput
+    from app.store.run_store import RunStore
+
+    name = args.run or f"validate-{path.stem}"
+    tok_dir = str(Path(args.tokenizer).resolve())
+    config = {"validate": {"reference": str(path.resolve()), "tokenizer": tok_dir, "profile": profile},
+              "model": {"tokenizer": tok_dir, "profile": profile}}
+
+    async def go() -> None:
+        store = await RunStore.open(args.db)
+        try:
+            run_id = await store.ensure_run(name, config)
+            await store.ingest(
+                run_id,
+                (SampleInput(r.sample_id, "reference", r.messages or [], None, r.output_ids) for r in references),
+            )
+            pks = await store.read(
+                lambda conn: dict(conn.execute("SELECT sample_id, pk FROM samples WHERE run_id = ?", (run_id,)).fetchall())
+            )
+            await asyncio.gather(*(
+                store.record_result(
+                    run_id, pks[r.sample_id], 1, "validate", r.completion, 0.0, r.reconstruction, r.verdict,
+                    r.reference_ids, profile=profile, tokenizer=fingerprint,
+                )
+                for r in results
+                if r.sample_id in pks
+            ))
+            await store.set_run_state(run_id, "done")
+        finally:
+            await store.close()
+
+    asyncio.run(go())
+    print(f"stored {len(results)} results in {args.db} (run {name})", file=sys.stderr)

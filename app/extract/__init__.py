@@ -1,0 +1,30 @@
+"""The built-in EAGLE-3 hidden-state extractor that runs inside a job (`python -m app.extract`).
+
+Importing this package never imports torch: the launcher uses the torch-free parts (disk budget, layer
+conventions, done-markers); only `app.extract.runner` (the extraction itself) needs the `extract` extra.
+"""
+
+from __future__ import annotations
+
+from app.extract.budget import check_disk_room, estimate_output_bytes, model_shape
+from app.extract.layers import AuxLayers, default_aux_layers, resolve_aux_layers
+from app.extract.manifest import Manifest, ShardEntry, ShardSample, read_manifest, read_shard
+from app.extract.output import done_marker_path, read_done_marker, shard_data_path, shard_is_complete
+
+__all__ = [
+    "AuxLayers",
+    "Manifest",
+    "ShardEntry",
+    "ShardSample",
+    "check_disk_room",
+    "default_aux_layers",
+    "done_marker_path",
+    "estimate_output_bytes",
+    "model_shape",
+    "read_done_marker",
+    "read_manifest",
+    "read_shard",
+    "resolve_aux_layers",
+    "shard_data_path",
+    "shard_is_complete",
+]

@@ -1,0 +1,572 @@
+"""Run configuration: one TOML file describes a run; validated on load. The one place defaults live.
+
+`load_config(path)` returns a frozen `RunConfig` or raises `InputError` whose lines read
+`demo.toml: endpoints[0].base_url: must start with http:// or https://` (file, key path, problem).
+Relative paths in the file are resolved against the file's directory. Secrets are never read into the
+config: an endpoint names the environment variable that holds its key (`api_key_env`).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticUndefined
+
+from app.errors import InputError
+
+DATASET_FORMATS = ("openai-messages", "sharegpt", "specforge-conversations")
+DatasetFormat = Literal["openai-messages", "sharegpt", "specforge-conversations"]
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# keys inside `extra` tables whose values are masked by RunConfig.redacted()
+_SECRET_KEY = re.compile(r"(^|_)(api_?key|key|secret|password|token|authorization|auth)$", re.IGNORECASE)
+
+
+def _resolve_path(value: Path, info: ValidationInfo) -> Path:
+    """Resolve a relative path against the config file's directory (the `base_dir` validation context)."""
+    value = value.expanduser()
+    base = (info.context or {}).get("base_dir") if info.context else None
+    if base is not None and not value.is_absolute():
+        value = Path(base) / value
+    return value
+
+
+ConfigPath = Annotated[Path, AfterValidator(_resolve_path)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+class RunSection(_Section):
+    """[run]: what the run is called and where it writes."""
+
+    name: str = Field(min_length=1, description="Run name; a database can hold several runs (select one with --run).")
+    database: ConfigPath = Field(Path("eaglewatch.db"), description="SQLite run store (created if missing).")
+    output_dir: ConfigPath = Field(Path("out"), description="Where exports and job outputs go.")
+
+
+class Dataset(_Section):
+    """[[data.datasets]]: one prompt file."""
+
+    path: ConfigPath = Field(description="JSONL prompt file (streamed, never loaded whole).")
+    format: DatasetFormat = Field("openai-messages", description="Line format of the file.")
+    id_field: str = Field("id", min_length=1, description="Field holding the sample id (a content hash when absent).")
+    limit: int | None = Field(None, gt=0, description="Ingest at most this many samples from the file.")
+    name: str = Field("", description="Dataset name recorded with each sample (default: the file's stem).")
+
+    @model_validator(mode="after")
+    def _default_name(self) -> Dataset:
+        if not self.name:
+            object.__setattr__(self, "name", self.path.stem)
+        return self
+
+
+class DataSection(_Section):
+    """[data]: prompt datasets and the optional ground-truth reference."""
+
+    datasets: list[Dataset] = Field(min_length=1, description="Prompt files, ingested in order.")
+    reference: ConfigPath | None = Field(
+        None, description="SGLang-style JSONL with `output_ids` per sample id: the ground truth to validate against."
+    )
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> DataSection:
+        seen: set[str] = set()
+        for ds in self.datasets:
+            if ds.name in seen:
+                raise ValueError(f"two datasets are named {ds.name!r}; give each a distinct `name`")
+            seen.add(ds.name)
+        return self
+
+
+class ModelSection(_Section):
+    """[model]: the model as the provider knows it, and how to rebuild its token ids."""
+
+    name: str = Field(min_length=1, description="Model name sent in requests (e.g. moonshotai/kimi-k2.5).")
+    tokenizer: ConfigPath = Field(description="Tokenizer directory (tokenizer.json or tiktoken.model + config).")
+    profile: str = Field("kimi-k2.5", min_length=1, description="Chat-template profile used for reconstruction.")
+
+
+class SimulatorOptions(_Section):
+    """[endpoints.simulator]: the built-in provider simulator instead of a real base_url."""
+
+    reference: ConfigPath | None = Field(None, description="Reference JSONL to replay (default: data.reference).")
+    latency_median_ms: float = Field(300.0, ge=0, description="Median time to the first byte.")
+    latency_p95_ms: float = Field(1200.0, ge=0, description="95th percentile time to the first byte.")
+    tokens_per_s: float = Field(0.0, ge=0, description="Streaming pace per request; 0 = unpaced.")
+    faults: dict[str, float] = Field(
+        default_factory=dict, description="Fault kind -> rate in 0..1 (e.g. rate_limit = 0.02)."
+    )
+    quirks: list[str] = Field(default_factory=list, description="Server-side text steps to imitate.")
+    logprobs: bool = Field(True, description="Return per-token logprobs when asked.")
+    seed: int = Field(0, description="Random seed: the same seed gives the same faults and latencies.")
+
+    @field_validator("faults")
+    @classmethod
+    def _rates(cls, value: dict[str, float]) -> dict[str, float]:
+        for kind, rate in value.items():
+            if not 0.0 <= rate <= 1.0:
+                raise ValueError(f"rate of fault {kind!r} must be between 0 and 1, got {rate}")
+        return value
+
+    @model_validator(mode="after")
+    def _p95(self) -> SimulatorOptions:
+        if self.latency_p95_ms < self.latency_median_ms:
+            raise ValueError(
+                f"latency_p95_ms ({self.latency_p95_ms}) must be at least latency_median_ms ({self.latency_median_ms})"
+            )
+        return self
+
+
+class Endpoint(_Section):
+    """[[endpoints]]: an OpenAI-compatible API (base_url) or the built-in simulator; requests are spread by weight."""
+
+    name: str = Field("", description="Label in logs and the TUI (default: the URL's host, or 'simulator').")
+    base_url: str | None = Field(None, description="OpenAI-compatible base URL, e.g. https://openrouter.ai/api/v1.")
+    simulator: SimulatorOptions | None = Field(None, description="Use the built-in simulator (set instead of base_url).")
+    api_key_env: str | None = Field(None, description="Name of the environment variable holding the API key (never the key).")
+    weight: float = Field(1.0, gt=0, description="Share of requests relative to the other endpoints.")
+    max_concurrency: int = Field(64, gt=0, description="Most requests in flight to this endpoint.")
+    timeout_s: float = Field(600.0, gt=0, description="Per-request timeout.")
+    extra: dict[str, Any] = Field(
+        default_factory=dict, description="Merged into every request body (reasoning options, provider routing)."
+    )
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^/\s]+", value):
+            raise ValueError("must start with http:// or https://")
+        return value.rstrip("/") if value else value
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if value.startswith(("sk-", "Bearer ")) or not _ENV_NAME.match(value):
+            raise ValueError(
+                "must be the NAME of an environment variable (e.g. OPENROUTER_API_KEY), never the key itself"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Endpoint:
+        if (self.base_url is None) == (self.simulator is None):
+            raise ValueError("set exactly one of base_url or simulator")
+        if not self.name:
+            name = "simulator" if self.simulator is not None else re.sub(r"^https?://", "", self.base_url or "")
+            object.__setattr__(self, "name", name.split("/")[0])
+        return self
+
+
+class Generation(_Section):
+    """[generation]: sampling parameters sent with every request."""
+
+    max_tokens: int = Field(8192, gt=0, description="Completion token cap per request.")
+    temperature: float = Field(1.0, ge=0, le=2, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    stream: bool = Field(True, description="Stream responses (server-sent events).")
+    attempts: int = Field(4, ge=1, description="Tries per sample before it is marked failed.")
+    logprobs: bool = Field(False, description="Ask for per-token logprobs (enables exact id reconstruction).")
+    top_logprobs: int = Field(0, ge=0, le=20, description="Alternatives per token when logprobs is on.")
+
+
+class Limits(_Section):
+    """[limits]: concurrency (adaptive between min and max), rate limits and the budget."""
+
+    concurrency_initial: int = Field(8, gt=0, description="Requests in flight at start.")
+    concurrency_min: int = Field(1, gt=0, description="Floor of the adaptive concurrency.")
+    concurrency_max: int = Field(64, gt=0, description="Ceiling of the adaptive concurrency.")
+    requests_per_min: float | None = Field(None, gt=0, description="Request rate cap across endpoints.")
+    tokens_per_min: int | None = Field(None, gt=0, description="Token rate cap (prompt + completion).")
+    budget_usd: float | None = Field(None, ge=0, description="Stop leasing new samples once this much is spent.")
+    lease_s: float = Field(600.0, gt=0, description="A leased sample returns to pending after this long (crash safety).")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Limits:
+        if not self.concurrency_min <= self.concurrency_initial <= self.concurrency_max:
+            raise ValueError(
+                "concurrency_min <= concurrency_initial <= concurrency_max must hold, got "
+                f"{self.concurrency_min}, {self.concurrency_initial}, {self.concurrency_max}"
+            )
+        return self
+
+
+class Pricing(_Section):
+    """[pricing."<model>"]: dollars per million tokens, used when the API reports no cost."""
+
+    prompt_per_m: float = Field(ge=0, description="$ per 1M prompt tokens.")
+    completion_per_m: float = Field(ge=0, description="$ per 1M completion tokens (reasoning included).")
+    cached_prompt_per_m: float | None = Field(None, ge=0, description="$ per 1M cached prompt tokens (default: prompt_per_m).")
+
+    @model_validator(mode="after")
+    def _cached_default(self) -> Pricing:
+        if self.cached_prompt_per_m is None:
+            object.__setattr__(self, "cached_prompt_per_m", self.prompt_per_m)
+        return self
+
+
+class Extraction(_Section):
+    """[extraction]: hidden-state extraction jobs after generation."""
+
+    executor: Literal["local", "slurm"] = Field("local", description="Where shards run.")
+    extractor: Literal["builtin", "command"] = Field("builtin", description="The built-in extractor or your own command.")
+    command: list[str] | None = Field(None, description="Command template run per shard when extractor = \"command\".")
+    model_path: ConfigPath | None = Field(None, description="Target model weights directory for the built-in extractor.")
+    aux_layers: list[Annotated[int, Field(ge=0)]] | None = Field(None, description="Aux layer ids (default: the model's EAGLE-3 choice).")
+    layer_convention: Literal["output", "input"] = Field("output", description="Whether a layer id means that layer's output or input.")
+    shard_size: int = Field(1000, gt=0, description="Samples per shard.")
+    output_dir: ConfigPath = Field(Path("extract"), description="Where shards, hidden states and logs go.")
+    gpus: int = Field(1, ge=0, description="GPUs per shard (local: devices used in parallel).")
+    slurm: dict[str, Any] = Field(default_factory=dict, description="partition, time, mem and extra sbatch args.")
+
+    @model_validator(mode="after")
+    def _command(self) -> Extraction:
+        if self.extractor == "command" and not self.command:
+            raise ValueError('extractor = "command" needs a non-empty command list')
+        if self.extractor == "builtin" and self.command:
+            raise ValueError('command is set but extractor is "builtin"; set extractor = "command" to use it')
+        return self
+
+
+class RunConfig(_Section):
+    """A whole run, as one TOML file describes it."""
+
+    run: RunSection = Field(description="[run] section.")
+    data: DataSection = Field(description="[data] section.")
+    model: ModelSection = Field(description="[model] section.")
+    endpoints: list[Endpoint] = Field(min_length=1, description="[[endpoints]] tables.")
+    generation: Generation = Field(default_factory=dict, description="[generation] section.")
+    limits: Limits = Field(default_factory=dict, description="[limits] section.")
+    pricing: dict[str, Pricing] = Field(default_factory=dict, description="[pricing.\"<model>\"] tables.")
+    extraction: Extraction = Field(default_factory=dict, description="[extraction] section.")
+
+    _source: Path | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> RunConfig:
+        names: set[str] = set()
+        for i, ep in enumerate(self.endpoints):
+            if ep.name in names:
+                raise ValueError(f"endpoints[{i}].name: {ep.name!r} is used twice; give each endpoint a distinct name")
+            names.add(ep.name)
+            if ep.simulator is not None and ep.simulator.reference is None:
+                if self.data.reference is None:
+                    raise ValueError(
+                        f"endpoints[{i}].simulator.reference: the simulator replays reference ids; "
+                        "set it or data.reference"
+                    )
+                sim = ep.simulator.model_copy(update={"reference": self.data.reference})
+                object.__setattr__(ep, "simulator", sim)
+        return self
+
+    @property
+    def source(self) -> Path | None:
+        """The file this config was loaded from (None when built in code)."""
+        return self._source
+
+    def endpoint(self, name: str) -> Endpoint:
+        """The endpoint called `name`; KeyError if none."""
+        for ep in self.endpoints:
+            if ep.name == name:
+                return ep
+        raise KeyError(name)
+
+    def redacted(self) -> dict[str, Any]:
+        """The effective configuration as JSON-ready data, secret-looking `extra` values masked."""
+        data = self.model_dump(mode="json")
+        for ep in data["endpoints"]:
+            ep["extra"] = _mask_secrets(ep["extra"])
+        return data
+
+
+def _mask_secrets(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: ("***" if _SECRET_KEY.search(str(k)) and v not in (None, "") else _mask_secrets(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mask_secrets(v) for v in value]
+    return value
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Read and validate a run config TOML file; raise InputError naming file, key path and problem."""
+    path = Path(path)
+    label = str(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"{label}: no such file; pass the path of a run config TOML (see sample_data/demo.toml)") from None
+    except IsADirectoryError:
+        raise InputError(f"{label}: is a directory; pass the path of a run config TOML file") from None
+    except OSError as exc:
+        raise InputError(f"{label}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{label}: is not UTF-8 text (bad byte at offset {exc.start}); save it as UTF-8") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{label}: {_toml_error(str(exc))}") from None
+    return parse_config(data, base_dir=path.resolve().parent, label=label, source=path.resolve())
+
+
+def parse_config(
+    data: dict[str, Any], *, base_dir: Path | None = None, label: str = "config", source: Path | None = None
+) -> RunConfig:
+    """Validate parsed TOML data; relative paths resolve against base_dir. Raises InputError with `label:` lines."""
+    try:
+        config = RunConfig.model_validate(data, context={"base_dir": base_dir})
+    except ValidationError as exc:
+        raise InputError(format_validation_error(exc, label)) from None
+    config._source = source
+    return config
+
+
+def apply_overrides(config: RunConfig, overrides: dict[str, Any], *, base_dir: Path | None = None) -> RunConfig:
+    """Return a new RunConfig with dotted keys replaced (`{"run.database": path, "endpoints[0].weight": 2}`).
+
+    None values are skipped (an unset CLI flag). Relative paths in the new values resolve against base_dir
+    (default: the current directory, since flags are typed there). Raises InputError on a bad key or value.
+    """
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if not overrides:
+        return config
+    data = config.model_dump(mode="python")
+    for key, value in overrides.items():
+        _set_key(data, key, value)
+    label = "command-line override"
+    new = parse_config(data, base_dir=base_dir or Path.cwd(), label=label, source=config.source)
+    return new
+
+
+def _set_key(data: dict[str, Any], key: str, value: Any) -> None:
+    parts = _split_key(key)
+    node: Any = data
+    for i, part in enumerate(parts[:-1]):
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            where = _format_loc(tuple(parts[: i + 1]))
+            raise InputError(f"command-line override: {key}: there is no {where} in the configuration") from None
+    last = parts[-1]
+    if isinstance(node, dict) and isinstance(last, str):
+        node[last] = value
+    elif isinstance(node, list) and isinstance(last, int) and last < len(node):
+        node[last] = value
+    else:
+        raise InputError(f"command-line override: {key}: there is no such key in the configuration")
+
+
+def _split_key(key: str) -> list[str | int]:
+    parts: list[str | int] = []
+    for token in re.finditer(r"([^.\[\]]+)|\[(\d+)\]", key):
+        parts.append(int(token.group(2)) if token.group(2) is not None else token.group(1))
+    if not parts:
+        raise InputError(f"command-line override: {key!r} is not a key path like run.database")
+    return parts
+
+
+def _toml_error(message: str) -> str:
+    m = re.search(r"\s*\(at line (\d+), column (\d+)\)\s*$", message)
+    if m:
+        return f"line {m.group(1)}, column {m.group(2)}: invalid TOML: {message[: m.start()]}"
+    m = re.search(r"\s*\(at end of document\)\s*$", message)
+    if m:
+        return f"at the end of the file: invalid TOML: {message[: m.start()]}"
+    return f"invalid TOML: {message}"
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", str(part)):
+            out += f".{part}" if out else str(part)
+        else:
+            out += f"[{str(part)!r}]".replace("'", '"')
+    return out or "(top level)"
+
+
+def format_validation_error(exc: ValidationError, label: str) -> str:
+    """One `label: key.path[i]: problem` line per pydantic error."""
+    lines = []
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            allowed = _allowed_keys(loc[:-1])
+            msg = "unknown key" + (f" (allowed here: {', '.join(allowed)})" if allowed else "")
+        elif kind == "missing":
+            msg = "required key is missing"
+        elif kind == "value_error":
+            msg = str(err.get("ctx", {}).get("error", err["msg"]))
+            # a model-level check may name its own key path: "endpoints[1].name: ..."
+            m = re.match(r"^([A-Za-z_][\w.\[\]-]*): (.*)$", msg)
+            if m and not loc:
+                lines.append(f"{label}: {m.group(1)}: {m.group(2)}")
+                continue
+        else:
+            msg = err["msg"]
+            msg = msg[0].lower() + msg[1:]
+            if "input" in err and not isinstance(err["input"], dict | list):
+                msg += f" (got {err['input']!r})"
+        lines.append(f"{label}: {_format_loc(loc)}: {msg}")
+    return "\n".join(lines)
+
+
+def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
+    """The keys a table at `loc` may hold (for the 'unknown key' message)."""
+    annotation: Any = RunConfig
+    for part in loc:
+        annotation = _strip_optional(annotation)
+        origin = typing.get_origin(annotation)
+        if origin is list and isinstance(part, int):
+            annotation = typing.get_args(annotation)[0]
+        elif origin is dict:
+            annotation = typing.get_args(annotation)[1]  # `part` is the table's own key, e.g. a model name
+        elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            field = annotation.model_fields.get(str(part))
+            if field is None:
+                return []
+            annotation = field.annotation
+        else:
+            return []
+    annotation = _strip_optional(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return list(annotation.model_fields)
+    return []
+
+
+def _strip_optional(annotation: Any) -> Any:
+    if typing.get_origin(annotation) is Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return _strip_optional(args[0])
+    return annotation
+
+
+def _inner_model(annotation: Any) -> Any:
+    """The model class nested in an annotation (Endpoint in list[Endpoint], SimulatorOptions | None), or None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (list, dict, typing.Union, types.UnionType, Annotated):
+        for arg in typing.get_args(annotation):
+            found = _inner_model(arg)
+            if found is not None:
+                return found
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- reference
+
+REFERENCE_START = "<!-- config-reference:start -->"
+REFERENCE_END = "<!-- config-reference:end -->"
+
+
+def config_reference_markdown() -> str:
+    """The configuration reference (every key, type, default, description) as Markdown tables."""
+    out = [
+        "Every key of a run config TOML file. Paths are relative to the config file. "
+        "Generated from `app/config.py` by `python -m app.config`; a test keeps it in step.",
+        "",
+    ]
+    sections: list[tuple[str, type[BaseModel]]] = [
+        ("[run]", RunSection),
+        ("[[data.datasets]]", Dataset),
+        ("[data]", DataSection),
+        ("[model]", ModelSection),
+        ("[[endpoints]]", Endpoint),
+        ("[endpoints.simulator]", SimulatorOptions),
+        ("[generation]", Generation),
+        ("[limits]", Limits),
+        ('[pricing."<model>"]', Pricing),
+        ("[extraction]", Extraction),
+    ]
+    for title, model in sections:
+        out.append(f"#### `{title}`")
+        out.append("")
+        doc = (model.__doc__ or "").split(":", 1)[-1].strip()
+        out.append(doc[:1].upper() + doc[1:])
+        out.append("")
+        out.append("| key | type | default | description |")
+        out.append("|---|---|---|---|")
+        for name, field in model.model_fields.items():
+            if isinstance(_inner_model(field.annotation), type) and name != "simulator":
+                continue  # a nested section has its own table
+            kind = _type_name(field.annotation)
+            if field.is_required():
+                default = "required"
+            elif field.default_factory is not None:
+                default = f"`{_toml_value(field.default_factory())}`"
+            elif field.default is None or field.default is PydanticUndefined:
+                default = "unset"
+            elif field.default == "":
+                default = "derived"
+            else:
+                default = f"`{_toml_value(field.default)}`"
+            cells = [f"`{name}`", kind, default, field.description or ""]
+            out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Path):
+        return f'"{value.as_posix()}"'
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, dict):
+        return "{}" if not value else str(value)
+    if isinstance(value, list):
+        return "[]" if not value else str(value)
+    return str(value)
+
+
+def _type_name(annotation: Any) -> str:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is Annotated:
+        return _type_name(args[0])
+    if origin is Literal:
+        return " | ".join(f'"{a}"' for a in args)
+    if origin in (typing.Union, types.UnionType):
+        names = [_type_name(a) for a in args if a is not type(None)]
+        return " | ".join(names)
+    if origin is list:
+        return f"list of {_type_name(args[0])}"
+    if origin is dict:
+        return f"table of {_type_name(args[1])}" if args and args[1] is not Any else "table"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "table"
+    return {str: "string", int: "integer", float: "number", bool: "boolean", Path: "path"}.get(annotation, str(annotation))
+
+
+if __name__ == "__main__":
+    print(config_reference_markdown(), end="")

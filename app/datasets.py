@@ -1,0 +1,255 @@
+"""Streaming readers for prompt datasets and SGLang-style reference files (JSONL, one object a line).
+
+Files are read line by line, never whole. A bad line is counted and skipped, and its `file:line: reason`
+kept (the first few) in the `ReadStats` passed in; without one, the first bad line raises InputError.
+
+Formats (the prompt is the conversation without its trailing assistant turn, which is what we regenerate):
+- openai-messages:          {"id", "messages": [{"role", "content", ...}], "tools"?}
+- sharegpt:                 {"id", "conversations": [{"from": "human"|"gpt"|"system"|"tool", "value"}], "tools"?}
+- specforge-conversations:  {"id", "conversations": [{"role", "content"}], "tools"?}
+- reference (SGLang-style): {"id", "messages", "output_ids": [int], "meta_info": {"finish_reason": ...}}
+A line without an id gets a stable content hash of its prompt ("h-" + 16 hex digits).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from app.errors import InputError
+from app.store.records import ReferenceRecord, SampleInput
+
+FORMATS = ("openai-messages", "sharegpt", "specforge-conversations")
+ROLES = ("system", "developer", "user", "assistant", "tool")
+_ROLE_SET = frozenset(ROLES)
+_CONTENT_TYPES = (str, list)
+_SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "system": "system",
+    "tool": "tool",
+    "observation": "tool",
+    "function_response": "tool",
+}
+MAX_EXAMPLES = 5
+
+
+@dataclass
+class ReadStats:
+    """What a reader saw so far: lines, bytes (for progress), and the bad lines with the first few reasons."""
+
+    lines: int = 0
+    bytes_read: int = 0
+    good: int = 0
+    bad: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def reject(self, where: str, reason: str) -> None:
+        """Count a bad line and keep its `file:line: reason` if among the first few."""
+        self.bad += 1
+        if len(self.examples) < MAX_EXAMPLES:
+            self.examples.append(f"{where}: {reason}")
+
+
+class _BadLine(Exception):
+    pass
+
+
+def content_id(messages: list[dict[str, Any]], tools: list[Any] | None) -> str:
+    """A stable id for a sample that has none: a hash of its prompt messages and tools."""
+    blob = json.dumps({"messages": messages, "tools": tools}, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return "h-" + hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def _lines(path: Path, stats: ReadStats) -> Iterator[tuple[int, bytes]]:
+    try:
+        fh = path.open("rb")
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file; check the dataset path in the config") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    with fh:
+        for number, line in enumerate(fh, 1):
+            stats.lines = number
+            stats.bytes_read += len(line)
+            if line.strip():
+                yield number, line
+
+
+def _parse(line: bytes) -> dict[str, Any]:
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _BadLine(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
+        try:  # the stdlib parser words its errors better
+            json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise _BadLine(f"invalid JSON ({exc.msg} at column {exc.colno})") from None
+        except ValueError as exc:
+            raise _BadLine(f"invalid JSON ({exc})") from None
+        raise _BadLine("invalid JSON (a number out of range or a NaN)") from None
+    if not isinstance(obj, dict):
+        raise _BadLine(f"expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _check_messages(messages: Any, key: str) -> list[dict[str, Any]]:
+    if not isinstance(messages, list) or not messages:
+        raise _BadLine(f"{key!r} must be a non-empty list of messages")
+    for m in messages:
+        # the fast path: a well-formed message; anything else is explained by _explain
+        if type(m) is not dict or m.get("role") not in _ROLE_SET:
+            _explain(messages, key)
+        content = m.get("content")
+        if type(content) is not str and (content is None or not isinstance(content, _CONTENT_TYPES)):
+            if content is not None or m["role"] != "assistant":
+                _explain(messages, key)
+    return messages
+
+
+def _explain(messages: list[Any], key: str) -> None:
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise _BadLine(f"{key}[{i}] is not an object")
+        role = m.get("role")
+        if role not in _ROLE_SET:
+            raise _BadLine(f"{key}[{i}].role is {role!r}; expected one of {', '.join(ROLES)}")
+        content = m.get("content")
+        if content is None and role != "assistant":
+            raise _BadLine(f"{key}[{i}].content is missing")
+        if content is not None and not isinstance(content, _CONTENT_TYPES):
+            raise _BadLine(f"{key}[{i}].content must be a string, a list of parts or null")
+    raise _BadLine(f"{key!r} is not a valid list of messages")
+
+
+def _prompt(messages: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    """The conversation without its trailing assistant turn."""
+    if messages[-1]["role"] == "assistant":
+        messages = messages[:-1]
+    if not messages or (messages[-1]["role"] == "system" and all(m["role"] == "system" for m in messages)):
+        raise _BadLine(f"{key!r} holds no user turn before the final assistant turn")
+    return messages
+
+
+def _messages_of(obj: dict[str, Any], fmt: str) -> list[dict[str, Any]]:
+    if fmt == "openai-messages":
+        return _check_messages(obj.get("messages"), "messages")
+    conv = obj.get("conversations")
+    if not isinstance(conv, list) or not conv:
+        raise _BadLine("'conversations' must be a non-empty list")
+    if fmt == "sharegpt":
+        out = []
+        for i, turn in enumerate(conv):
+            if not isinstance(turn, dict):
+                raise _BadLine(f"conversations[{i}] is not an object")
+            who = turn.get("from")
+            role = _SHAREGPT_ROLES.get(who) if isinstance(who, str) else None
+            if role is None:
+                raise _BadLine(f"conversations[{i}].from is {who!r}; expected human, gpt, system or tool")
+            value = turn.get("value")
+            if not isinstance(value, str):
+                raise _BadLine(f"conversations[{i}].value must be a string")
+            out.append({"role": role, "content": value})
+        return out
+    return _check_messages(conv, "conversations")
+
+
+def _sample_id(obj: dict[str, Any], id_field: str) -> str | None:
+    value = obj.get(id_field)
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise _BadLine(f"{id_field!r} must be a string or an integer, got {type(value).__name__}")
+    return str(value)
+
+
+def iter_prompts(
+    path: str | Path,
+    fmt: str,
+    *,
+    dataset: str | None = None,
+    id_field: str = "id",
+    limit: int | None = None,
+    stats: ReadStats | None = None,
+) -> Iterator[SampleInput]:
+    """Yield a SampleInput per good line of a prompt JSONL file in format `fmt`, at most `limit` of them."""
+    if fmt not in FORMATS:
+        raise InputError(f"{path}: unknown dataset format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    path = Path(path)
+    name = dataset or path.stem
+    strict = stats is None
+    stats = stats if stats is not None else ReadStats()
+    key = "messages" if fmt == "openai-messages" else "conversations"
+    for number, line in _lines(path, stats):
+        if limit is not None and stats.good >= limit:
+            return
+        try:
+            obj = _parse(line)
+            messages = _prompt(_messages_of(obj, fmt), key)
+            tools = obj.get("tools")
+            if tools is not None and not isinstance(tools, list):
+                raise _BadLine("'tools' must be a list")
+            sid = _sample_id(obj, id_field) or content_id(messages, tools)
+        except _BadLine as exc:
+            if strict:
+                raise InputError(f"{path}:{number}: {exc}; fix or remove the line") from None
+            stats.reject(f"{path}:{number}", str(exc))
+            continue
+        stats.good += 1
+        yield SampleInput(sid, name, messages, tools)
+
+
+def iter_dataset(ds: Any, stats: ReadStats | None = None) -> Iterator[SampleInput]:
+    """Yield the samples of a config `Dataset` (path, format, id_field, limit, name)."""
+    return iter_prompts(ds.path, ds.format, dataset=ds.name, id_field=ds.id_field, limit=ds.limit, stats=stats)
+
+
+def _finish_reason(meta: Any) -> str | None:
+    if not isinstance(meta, dict):
+        return None
+    fr = meta.get("finish_reason")
+    if isinstance(fr, dict):  # SGLang: {"type": "stop" | "length", "matched": ...}
+        fr = fr.get("type")
+    return fr if isinstance(fr, str) else None
+
+
+def iter_references(path: str | Path, *, id_field: str = "id", stats: ReadStats | None = None) -> Iterator[ReferenceRecord]:
+    """Yield a ReferenceRecord per good line of an SGLang-style reference JSONL file."""
+    path = Path(path)
+    strict = stats is None
+    stats = stats if stats is not None else ReadStats()
+    for number, line in _lines(path, stats):
+        try:
+            obj = _parse(line)
+            ids = obj.get("output_ids")
+            if not isinstance(ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**32 for t in ids
+            ):
+                raise _BadLine("'output_ids' must be a list of non-negative integer token ids")
+            messages = obj.get("messages")
+            sid = _sample_id(obj, id_field)
+            if messages is not None:
+                messages = _check_messages(messages, "messages")
+            if sid is None:
+                if messages is None:
+                    raise _BadLine(f"has neither {id_field!r} nor 'messages' to join on")
+                sid = content_id(_prompt(messages, "messages"), obj.get("tools"))
+        except _BadLine as exc:
+            if strict:
+                raise InputError(f"{path}:{number}: {exc}; fix or remove the line") from None
+            stats.reject(f"{path}:{number}", str(exc))
+            continue
+        stats.good += 1
+        yield ReferenceRecord(sid, tuple(ids), _finish_reason(obj.get("meta_info")), messages, number)

@@ -1,0 +1,161 @@
+"""Build a MetricsSnapshot from the run database alone, for attached viewers and `eaglewatch status`.
+
+Reads through a plain read-only `sqlite3` connection (safe from a thread, WAL lets it run beside the
+engine). Rates come from `responses.created_at` over the trailing 10 s / 1 min / 5 min, percentiles
+from the latest 1,024 responses of the last five minutes, so each snapshot costs a few indexed queries.
+In-flight and the concurrency limit are unknown to the database: they show as 0 (leased is close).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+from app.engine.budget import cost_per_hour, projected_total
+from app.engine.metrics import HISTORY_BUCKET_S, WINDOW_S, percentile
+from app.engine.snapshot import EndpointSnapshot, MetricsSnapshot, Rate
+from app.errors import InputError
+
+_SUCCESS = "content IS NOT NULL AND error_class IS NULL"
+
+
+def connect_readonly(path: str | Path) -> sqlite3.Connection:
+    """A read-only connection to a run database, or InputError naming the file."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{p}: no such run database; start a run with 'eaglewatch run' first")
+    conn = sqlite3.connect(f"file:{p}?mode=ro", uri=True, check_same_thread=False)
+    conn.execute("PRAGMA busy_timeout = 2000")
+    return conn
+
+
+def _rate(conn: sqlite3.Connection, run_id: int, now: float, age: float, endpoint: str | None) -> Rate:
+    where = f"run_id = ? AND created_at >= ? AND {_SUCCESS}"
+    args: list = [run_id, now - WINDOW_S]
+    if endpoint is not None:
+        where += " AND endpoint = ?"
+        args.append(endpoint)
+    rows = conn.execute(f"SELECT created_at, completion_tokens FROM responses WHERE {where}", args).fetchall()
+    vals = {}
+    for span in (10, 60, 300):
+        n = tok = 0
+        for ts, ct in rows:
+            if ts >= now - span:
+                n += 1
+                tok += ct or 0
+        d = max(1.0, min(float(span), age))
+        vals[span] = (n / d, tok / d)
+    return Rate(vals[10][0], vals[60][0], vals[300][0], vals[10][1], vals[60][1], vals[300][1])
+
+
+def _quantiles(conn: sqlite3.Connection, run_id: int, now: float, column: str, endpoint: str | None):
+    where = f"run_id = ? AND created_at >= ? AND {column} IS NOT NULL AND {_SUCCESS}"
+    args: list = [run_id, now - WINDOW_S]
+    if endpoint is not None:
+        where += " AND endpoint = ?"
+        args.append(endpoint)
+    rows = conn.execute(f"SELECT {column} FROM responses WHERE {where} ORDER BY id DESC LIMIT 1024", args).fetchall()
+    values = sorted(r[0] for r in rows)
+    return percentile(values, 0.5), percentile(values, 0.95)
+
+
+def snapshot_from_db(conn: sqlite3.Connection, run_name: str | None = None, *, now: float | None = None) -> MetricsSnapshot:
+    """The snapshot of run `run_name` (the only run when None) as the database records it."""
+    now = time.time() if now is None else now
+    runs = conn.execute("SELECT id, name, state, reason, config, created_at FROM runs ORDER BY id").fetchall()
+    if not runs:
+        raise InputError("the database holds no run yet; start one with 'eaglewatch run'")
+    if run_name is None:
+        if len(runs) > 1:
+            names = ", ".join(r[1] for r in runs)
+            raise InputError(f"the database holds several runs ({names}); choose one with --run NAME")
+        row = runs[0]
+    else:
+        matches = [r for r in runs if r[1] == run_name]
+        if not matches:
+            names = ", ".join(r[1] for r in runs)
+            raise InputError(f"no run named {run_name!r} in the database (runs: {names})")
+        row = matches[0]
+    run_id, name, state, reason, config_json, created = row
+    counts = dict(conn.execute("SELECT state, COUNT(*) FROM samples WHERE run_id = ? GROUP BY state", (run_id,)).fetchall())
+    first = conn.execute("SELECT MIN(created_at) FROM responses WHERE run_id = ?", (run_id,)).fetchone()[0]
+    started = first or created
+    age = max(1.0, now - started)
+    spent = conn.execute("SELECT COALESCE(SUM(cost_usd), 0) FROM responses WHERE run_id = ?", (run_id,)).fetchone()[0]
+    truncated = conn.execute(
+        f"SELECT COUNT(*) FROM responses WHERE run_id = ? AND finish_reason = 'length' AND {_SUCCESS}", (run_id,)
+    ).fetchone()[0]
+    errors = conn.execute(
+        "SELECT error_class, COUNT(*) FROM responses WHERE run_id = ? AND error_class IS NOT NULL GROUP BY error_class",
+        (run_id,),
+    ).fetchall()
+    sample_errors = conn.execute(
+        "SELECT error_class, COUNT(*) FROM samples WHERE run_id = ? AND state = 'failed' AND error_class IS NOT NULL "
+        "GROUP BY error_class",
+        (run_id,),
+    ).fetchall()
+    err = dict(errors)
+    for k, v in sample_errors:
+        err[k] = max(err.get(k, 0), v)
+    verdicts = conn.execute(
+        "SELECT category, COUNT(*) FROM reconstructions WHERE run_id = ? GROUP BY category", (run_id,)
+    ).fetchall()
+    strategies = conn.execute(
+        "SELECT strategy, COUNT(*) FROM reconstructions WHERE run_id = ? GROUP BY strategy", (run_id,)
+    ).fetchall()
+    rate = _rate(conn, run_id, now, age, None)
+    lat = _quantiles(conn, run_id, now, "latency_ms", None)
+    ttft = _quantiles(conn, run_id, now, "ttft_ms", None)
+    hist_rows = conn.execute(
+        f"SELECT created_at, completion_tokens FROM responses WHERE run_id = ? AND created_at >= ? AND {_SUCCESS}",
+        (run_id, now - WINDOW_S),
+    ).fetchall()
+    n_buckets = WINDOW_S // HISTORY_BUCKET_S
+    hist = [0.0] * n_buckets
+    for ts, ct in hist_rows:
+        b = n_buckets - 1 - int((now - ts) // HISTORY_BUCKET_S)
+        if 0 <= b < n_buckets:
+            hist[b] += (ct or 0) / HISTORY_BUCKET_S
+    endpoints = []
+    for (ep_name,) in conn.execute("SELECT DISTINCT endpoint FROM responses WHERE run_id = ? ORDER BY endpoint", (run_id,)):
+        done_n, failed_n, cost = conn.execute(
+            f"SELECT SUM(CASE WHEN {_SUCCESS} THEN 1 ELSE 0 END), SUM(CASE WHEN {_SUCCESS} THEN 0 ELSE 1 END), "
+            "COALESCE(SUM(cost_usd), 0) FROM responses WHERE run_id = ? AND endpoint = ?",
+            (run_id, ep_name),
+        ).fetchone()
+        l50, l95 = _quantiles(conn, run_id, now, "latency_ms", ep_name)
+        t50, t95 = _quantiles(conn, run_id, now, "ttft_ms", ep_name)
+        ep_errors = conn.execute(
+            "SELECT error_class, COUNT(*) FROM responses WHERE run_id = ? AND endpoint = ? AND error_class IS NOT NULL "
+            "GROUP BY error_class",
+            (run_id, ep_name),
+        ).fetchall()
+        endpoints.append(EndpointSnapshot(
+            name=ep_name, completed=done_n or 0, failed=failed_n or 0, rate=_rate(conn, run_id, now, age, ep_name),
+            latency_p50_ms=l50, latency_p95_ms=l95, ttft_p50_ms=t50, ttft_p95_ms=t95,
+            errors_by_class=tuple(sorted(ep_errors)), cost_usd=cost,
+        ))
+    pending, leased = counts.get("pending", 0), counts.get("leased", 0)
+    remaining = pending + leased
+    speed = rate.req_s_1m or rate.req_s_10s
+    budget = None
+    try:
+        import json
+
+        budget = (json.loads(config_json or "{}").get("limits") or {}).get("budget_usd")
+    except ValueError:
+        pass
+    retried = sum(v for k, v in errors)
+    return MetricsSnapshot(
+        run_name=name, state=state, state_reason=reason, started_at=started, elapsed_s=now - started,
+        eta_s=(remaining / speed if speed > 0 else None) if remaining else 0.0,
+        total=sum(counts.values()), pending=pending, leased=leased, done=counts.get("done", 0),
+        failed=counts.get("failed", 0), skipped=counts.get("skipped", 0), truncated=truncated,
+        retried=retried, in_flight=0, concurrency_limit=0, rate=rate, throughput_history=tuple(hist),
+        latency_p50_ms=lat[0], latency_p95_ms=lat[1], ttft_p50_ms=ttft[0], ttft_p95_ms=ttft[1],
+        errors_by_class=tuple(sorted(err.items())), cost_usd=spent,
+        cost_per_hour=cost_per_hour(spent, now - started),
+        projected_cost_usd=projected_total(spent, counts.get("done", 0), remaining), budget_usd=budget,
+        verdicts=tuple(sorted(verdicts)), strategies=tuple(sorted(strategies)), endpoints=tuple(endpoints),
+    )

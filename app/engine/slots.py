@@ -1,0 +1,95 @@
+"""Request slots over several endpoints: each endpoint's adaptive limit, picked by weight.
+
+`EndpointSlots.acquire()` waits until some endpoint can start a request (a free slot, no cooldown) and
+returns its index; among the endpoints that can, the pick follows the weights (smooth weighted round
+robin). Waiters are served first come, first served; a cooldown's end wakes them with a timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from app.engine.limiter import AdaptiveLimit
+from app.engine.weights import WeightedRoundRobin
+
+
+class EndpointSlots:
+    """The in-flight slots of all endpoints of a run."""
+
+    def __init__(self, limits: list[AdaptiveLimit], weights: list[float]) -> None:
+        self.limits = limits
+        self._rr = WeightedRoundRobin(weights)
+        self._waiters: deque[asyncio.Future[int]] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    def _pick(self, now: float) -> int | None:
+        i = self._rr.pick([lim.can_start(now) for lim in self.limits])
+        if i is not None:
+            self.limits[i].take()
+        return i
+
+    async def acquire(self) -> int:
+        """Wait for a slot on some endpoint and return that endpoint's index (the slot is taken)."""
+        if not self._waiters:
+            i = self._pick(self._now())
+            if i is not None:
+                return i
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        self._arm_timer()
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release(fut.result())  # granted just as we were cancelled: give it back
+            else:
+                try:
+                    self._waiters.remove(fut)
+                except ValueError:
+                    pass
+            raise
+
+    def release(self, index: int) -> None:
+        """Give back a slot of endpoint `index` and hand free slots to waiters."""
+        self.limits[index].release()
+        self.wake()
+
+    def wake(self) -> None:
+        """Serve waiters while some endpoint can start (after a release, a limit change or a cooldown)."""
+        now = self._now()
+        while self._waiters:
+            fut = self._waiters[0]
+            if fut.done():
+                self._waiters.popleft()
+                continue
+            i = self._pick(now)
+            if i is None:
+                break
+            self._waiters.popleft()
+            fut.set_result(i)
+        self._arm_timer()
+
+    def _arm_timer(self) -> None:
+        if not self._waiters or self._timer is not None:
+            return
+        now = self._now()
+        ends = [lim.cooldown_until for lim in self.limits if lim.cooldown_until > now and lim.in_flight < lim.limit]
+        if ends:
+            self._timer = asyncio.get_running_loop().call_later(min(ends) - now + 0.001, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.wake()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

@@ -1,0 +1,9 @@
+"""`python -m app.extract --help`."""
+
+from __future__ import annotations
+
+import sys
+
+from app.extract.cli import main
+
+sys.exit(main())

@@ -1,0 +1,85 @@
+"""`python -m app.extract`: the built-in extractor as one job process (shards in, hidden states out).
+
+stdout carries only the JSON progress lines of docs/contracts.md ("Jobs"); messages go to stderr.
+Exit status: 0 every shard done (or already done), 1 a shard failed its checks or run, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from app.errors import EaglewatchError
+
+EXAMPLE = """\
+python -m app.extract --manifest export/manifest.json --shard 0 --shard 1 \\
+    --model /models/Qwen3-8B --out /scratch/hidden --aux-layers 1,17,32 --batch-tokens 16384"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The extractor's argument parser (kept importable without torch)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m app.extract",
+        description=(
+            "Run the target model over eagle3-shards and save EAGLE-3 hidden states (last hidden state after "
+            "the final norm, plus the auxiliary layers) as safetensors, one JSON progress line per batch on "
+            "stdout. Shards that already have a complete output and a shard_<i>.done marker are skipped."
+        ),
+        epilog="Example:\n  " + EXAMPLE.replace("\n", "\n  "),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--manifest", required=True, type=Path, help="eagle3-shards manifest.json (or its folder)")
+    parser.add_argument("--shard", required=True, type=int, action="append", metavar="I",
+                        help="shard index to extract; repeat for several")
+    parser.add_argument("--model", required=True, type=Path, help="local folder of the target model (no download)")
+    parser.add_argument("--out", required=True, type=Path, help="output folder (shard_<i>.safetensors, shard_<i>.done)")
+    parser.add_argument("--aux-layers", default=None, metavar="LIST",
+                        help="comma-separated layer ids, e.g. 1,15,28 (default: [1, N//2-1, N-4] in the 'output' "
+                             "convention)")
+    parser.add_argument("--layer-convention", choices=("output", "input"), default="output",
+                        help="'output': id i = output of layer i = hidden_states[i+1] (SpecForge); 'input': id i = "
+                             "input to layer i = hidden_states[i] (SGLang/vLLM). Both are recorded. Default: output")
+    parser.add_argument("--batch-tokens", type=int, default=8192, metavar="N",
+                        help="padded tokens per forward pass (rows x longest sample); default 8192")
+    parser.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default=None,
+                        help="compute and storage dtype (default: bf16 on GPUs, fp32 on the CPU)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="cuda loads with device_map='auto' over the visible GPUs; default auto")
+    parser.add_argument("--per-sample", action="store_true",
+                        help="one safetensors file per sample in shard_<i>/ instead of one file per shard")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="allow the model folder's own Python code (only for models that need it)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse arguments, run the extraction, print errors as sentences on stderr; return the exit status."""
+    args = build_parser().parse_args(argv)
+    if args.batch_tokens < 1:
+        print("error: --batch-tokens must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        from app.extract.layers import parse_layer_list
+        from app.extract.runner import ExtractOptions, run_extraction
+
+        options = ExtractOptions(
+            model_path=args.model,
+            out_dir=args.out,
+            aux_layers=parse_layer_list(args.aux_layers) if args.aux_layers else None,
+            convention=args.layer_convention,
+            batch_tokens=args.batch_tokens,
+            dtype=args.dtype,
+            device=args.device,
+            per_sample=args.per_sample,
+            trust_remote_code=args.trust_remote_code,
+        )
+        run_extraction(args.manifest, args.shard, options)
+    except ModuleNotFoundError as exc:
+        print(f"error: the extractor needs {exc.name!r}: pip install 'eaglewatch[extract]'", file=sys.stderr)
+        return 2
+    except EaglewatchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return 0

@@ -1,0 +1,230 @@
+"""`ChatClient`: one chat-completion attempt against an OpenAI-compatible endpoint, as a Completion.
+
+`complete()` makes exactly one attempt (no retry: see `app.providers.retry`) and raises
+`ProviderError` subclasses. The API key only ever goes into the Authorization header; error texts are
+built from the status and body and scrubbed of the key in case a server echoes it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import aiohttp
+import httpx
+
+from app.providers.errors import ProviderError, RetryableError
+from app.providers.pricing import ModelPricing, pricing_from_models_entry
+from app.providers.parse import StreamAssembler, classify_status, iter_sse_events, parse_body
+from app.providers.transport import DEFAULT_TRANSPORT, make_timeout, make_transport
+from app.records import Completion
+
+CHAT_PATH = "/chat/completions"
+
+
+def _chat_url(base_url: str) -> str:
+    base = base_url.rstrip("/")
+    return base if base.endswith(CHAT_PATH) else base + CHAT_PATH
+
+
+def _transport_error_class(exc: BaseException) -> str:
+    """'timeout' when a timeout caused `exc` (through the aiohttp mapping too), else 'network'."""
+    seen: BaseException | None = exc
+    saw_aiohttp = False
+    while seen is not None:
+        if isinstance(seen, TimeoutError):
+            return "timeout"
+        if type(seen).__module__.startswith("aiohttp"):
+            saw_aiohttp = True
+        seen = seen.__cause__ or seen.__context__
+    if isinstance(exc, httpx.TimeoutException) and not saw_aiohttp:
+        return "timeout"
+    return "network"
+
+
+class ChatClient:
+    """Client for one endpoint. `endpoint` needs `base_url`, `timeout_s`, `max_concurrency`, `extra`
+    (and optionally `name`); `generation` needs `max_tokens`, `temperature`, `top_p`, `stream`,
+    `logprobs`, `top_logprobs`. Use as `async with ChatClient(...) as client:` or call `aclose()`.
+    """
+
+    def __init__(
+        self,
+        endpoint: Any,
+        generation: Any,
+        api_key: str | None,
+        *,
+        base_url: str | None = None,
+        transport: str | httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.generation = generation
+        self.endpoint_name = getattr(endpoint, "name", None) or "endpoint"
+        self._key = api_key or None
+        url = base_url or getattr(endpoint, "base_url", None)
+        if not url:
+            raise ValueError(f"endpoint {self.endpoint_name!r} has no base_url (start its simulator first)")
+        self.url = _chat_url(str(url))
+        self._url = httpx.URL(self.url)  # parsed once: httpx's URL parsing is a large share of per-request CPU
+        headers = {"Host": self._url.netloc.decode(), "Content-Type": "application/json",
+                   "Accept": "application/json", "User-Agent": "eaglewatch"}
+        if self._key:
+            headers["Authorization"] = f"Bearer {self._key}"
+        self._headers = headers
+        self._stream_headers = dict(headers, Accept="text/event-stream")
+        timeout_s = float(getattr(endpoint, "timeout_s", None) or 600.0)
+        if isinstance(transport, httpx.AsyncBaseTransport):
+            self._transport, self._owns_transport = transport, False
+        else:
+            connections = int(getattr(endpoint, "max_concurrency", None) or 256)
+            self._transport, self._owns_transport = make_transport(transport or DEFAULT_TRANSPORT, connections), True
+        # Requests go straight to the transport (httpx's public transport API): the AsyncClient layer
+        # adds cookies, auth, redirects and event hooks we never use, at ~1 ms of CPU per request.
+        self._timeout = {"timeout": make_timeout(timeout_s).as_dict()}
+
+    def __repr__(self) -> str:
+        return f"ChatClient({self.endpoint_name!r}, {self.url!r}, key={'set' if self._key else 'none'})"
+
+    async def __aenter__(self) -> ChatClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection pool (when this client created it)."""
+        if self._owns_transport:
+            await self._transport.aclose()
+
+    def build_request(
+        self, messages: list[dict], tools: list[dict] | None = None, *, model: str, extra: dict | None = None
+    ) -> dict:
+        """The JSON body: model, messages, tools, sampling and logprob options, then endpoint and call extras."""
+        gen = self.generation
+        stream = bool(getattr(gen, "stream", False))
+        body: dict[str, Any] = {"model": model, "messages": messages}
+        if tools:
+            body["tools"] = tools
+        for name in ("max_tokens", "temperature", "top_p"):
+            value = getattr(gen, name, None)
+            if value is not None:
+                body[name] = value
+        if stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        if getattr(gen, "logprobs", False):
+            body["logprobs"] = True
+            top = getattr(gen, "top_logprobs", None)
+            if top:
+                body["top_logprobs"] = top
+        for more in (getattr(self.endpoint, "extra", None), extra):
+            if more:
+                body.update(more)
+        return body
+
+    def _scrub(self, text: str) -> str:
+        return text.replace(self._key, "[api key]") if self._key and self._key in text else text
+
+    async def complete(
+        self, messages: list[dict], tools: list[dict] | None = None, *, model: str, extra: dict | None = None
+    ) -> Completion:
+        """One attempt; a Completion on success (check `.truncated`), else a ProviderError subclass."""
+        body = self.build_request(messages, tools, model=model, extra=extra)
+        content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        started = time.perf_counter()
+        try:
+            if body.get("stream"):
+                return await self._stream(content, started)
+            return await self._plain(content, started)
+        except ProviderError as exc:
+            scrubbed = self._scrub(str(exc))
+            if scrubbed != str(exc):
+                exc.args = (scrubbed,)
+            raise
+        except (httpx.TransportError, OSError, TimeoutError, aiohttp.ClientError) as exc:
+            # OSError / aiohttp errors: anything a transport lets through unmapped
+            kind = _transport_error_class(exc)
+            what = "timed out" if kind == "timeout" else "failed"
+            detail = self._scrub(str(exc) or type(exc).__name__)
+            raise RetryableError(
+                f"{self.endpoint_name}: the request {what} ({type(exc).__name__}: {detail})", error_class=kind
+            ) from None
+
+    def _request(self, content: bytes, headers: dict[str, str]) -> httpx.Request:
+        return httpx.Request("POST", self._url, headers=headers, content=content, extensions=self._timeout)
+
+    async def _plain(self, content: bytes, started: float) -> Completion:
+        response = await self._transport.handle_async_request(self._request(content, self._headers))
+        try:
+            data = await response.aread()
+        finally:
+            await response.aclose()
+        total = time.perf_counter() - started
+        if response.status_code != 200:
+            raise self._status_error(response.status_code, response.headers, data)
+        completion = parse_body(data, total_s=total)
+        return self._with_header_id(completion, response.headers)
+
+    async def _stream(self, content: bytes, started: float) -> Completion:
+        response = await self._transport.handle_async_request(self._request(content, self._stream_headers))
+        try:
+            if response.status_code != 200:
+                raise self._status_error(response.status_code, response.headers, await response.aread())
+            assembler = StreamAssembler(started)
+            buffer = bytearray()
+            try:
+                async for data in response.aiter_bytes():
+                    if assembler.done:
+                        continue  # read to the end so the connection goes back to the pool
+                    for event in iter_sse_events(buffer, data):
+                        assembler.feed(event)
+                        if assembler.done:
+                            break
+            except (httpx.TransportError, OSError, aiohttp.ClientError) as exc:
+                kind = "timeout" if _transport_error_class(exc) == "timeout" else "stream"
+                raise RetryableError(
+                    f"{self.endpoint_name}: the stream broke after {len(assembler.chunks)} chunks "
+                    f"({type(exc).__name__})", error_class=kind
+                ) from None
+            completion = assembler.finish_completion(time.perf_counter() - started)
+            return self._with_header_id(completion, response.headers)
+        finally:
+            await response.aclose()
+
+    async def fetch_pricing(self, model: str) -> ModelPricing | None:
+        """List prices of `model` from the endpoint's `GET /models` (None when not listed or not served)."""
+        url = self._url.copy_with(path=self._url.path[: -len(CHAT_PATH)] + "/models")
+        headers = {k: v for k, v in self._headers.items() if k != "Content-Type"}
+        request = httpx.Request("GET", url, headers=headers, extensions=self._timeout)
+        try:
+            response = await self._transport.handle_async_request(request)
+            try:
+                data = await response.aread()
+            finally:
+                await response.aclose()
+            if response.status_code != 200:
+                return None
+            for entry in json.loads(data).get("data") or []:
+                if isinstance(entry, dict) and entry.get("id") == model:
+                    return pricing_from_models_entry(entry)
+        except (httpx.TransportError, ValueError, AttributeError, TypeError):
+            return None
+        return None
+
+    @staticmethod
+    def _with_header_id(completion: Completion, headers: httpx.Headers) -> Completion:
+        if completion.generation_id is None and headers.get("x-generation-id"):
+            from dataclasses import replace
+
+            return replace(completion, generation_id=headers["x-generation-id"])
+        return completion
+
+    def _status_error(self, status: int, headers: httpx.Headers, data: bytes) -> ProviderError:
+        try:
+            body = json.loads(data) if data.strip() else None
+        except ValueError:
+            body = None
+        error = classify_status(status, headers, body)
+        error.args = (f"{self.endpoint_name}: {self._scrub(str(error))}",)
+        return error

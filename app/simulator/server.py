@@ -1,0 +1,433 @@
+"""`SimulatorServer`: an OpenAI/OpenRouter-compatible chat server on loopback that replays reference ids.
+
+    async with SimulatorServer(options, tokenizer_dir=...) as sim:
+        sim.base_url            # http://127.0.0.1:<free port>/v1
+        sim.counters["429"]     # requests answered with each fault kind ("ok" for plain answers)
+
+POST /v1/chat/completions (non-streaming and SSE) and GET /v1/models (with pricing). Faults are drawn
+per request from a seeded RNG, at most one per request; "keepalive" is drawn on its own.
+Simulator extensions beyond OpenRouter's protocol: logprobs of reasoning tokens under
+`choices[0].logprobs.reasoning`; `"return_token_ids": true` adds vLLM-style `token_ids` to the choice
+and `"return_output_ids": true` SGLang-style `output_ids` (the full output ids; in a stream they come
+with the finish chunk); an `api_key` makes it answer 401 to any other Bearer token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import email.utils
+import json
+import math
+import random
+import socket
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from app.providers.pricing import ModelPricing, cost_of
+from app.records import Usage
+from app.simulator.options import FAULT_KINDS, KEEPALIVE, SimulatorOptions, canonical_faults, check_options
+from app.simulator.reference import ReferenceBook
+from app.simulator.render import OutputRenderer, RenderedOutput, text_pieces
+
+PROVIDER = "eaglewatch-simulator"
+DEFAULT_MODEL = "moonshotai/kimi-k2.5"
+# OpenRouter list prices for Kimi K2.5 (USD per million tokens), used unless told otherwise
+DEFAULT_PRICING = ModelPricing(prompt_per_m=0.60, completion_per_m=2.50, cached_prompt_per_m=0.15)
+_Z95 = 1.6448536269514722
+CACHE_ENTRIES = 2048  # rendered samples kept per cache
+
+_ERRORS = {
+    400: ("invalid_request", "Bad request (simulated)"),
+    401: ("authentication", "No auth credentials found (simulated)"),
+    402: ("payment_required", "Insufficient credits (simulated). Add more using https://openrouter.ai/credits"),
+    403: ("permission_denied", "Forbidden (simulated)"),
+    429: ("rate_limit_exceeded", "Rate limit exceeded (simulated)"),
+    500: ("server", "Internal Server Error (simulated)"),
+    502: ("provider_unavailable", "Provider returned error (simulated)"),
+    503: ("provider_overloaded", "No available provider (simulated)"),
+}
+
+
+def _json(obj: Any) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+class SimulatorServer:
+    """The simulator on `host:port` (port 0 picks a free port); start with `async with` or `start()`."""
+
+    def __init__(
+        self,
+        options: Any = None,
+        *,
+        tokenizer: Any = None,
+        tokenizer_dir: str | Path | None = None,
+        reference: str | Path | None = None,
+        model: str = DEFAULT_MODEL,
+        pricing: Any = DEFAULT_PRICING,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+        hang_s: float = 3600.0,
+        retry_after_s: float = 1.0,
+        retry_after_http_date: bool = False,
+        stream_chunk_tokens: int = 4,
+        report_cost: bool = True,
+        profile: Any = None,
+    ) -> None:
+        self.options = options if options is not None else SimulatorOptions()
+        check_options(self.options)
+        if tokenizer is None:
+            if tokenizer_dir is None:
+                raise ValueError("SimulatorServer needs tokenizer= or tokenizer_dir=")
+            from app.tokens.tokenizer import load_tokenizer
+
+            tokenizer = load_tokenizer(tokenizer_dir)
+        self.tokenizer = tokenizer
+        self.renderer = OutputRenderer(tokenizer, profile)
+        ref = reference if reference is not None else getattr(self.options, "reference", None)
+        self.book = ReferenceBook.load(Path(ref)) if ref else ReferenceBook.synthetic(tokenizer)
+        self.model = model
+        self.pricing = pricing
+        self.host = host
+        self.port = port
+        self.api_key = api_key
+        self.hang_s = hang_s
+        self.retry_after_s = retry_after_s
+        self.retry_after_http_date = retry_after_http_date
+        self.stream_chunk_tokens = max(1, stream_chunk_tokens)
+        self.report_cost = report_cost
+        self.counters: collections.Counter[str] = collections.Counter()
+        self.quirks = frozenset(getattr(self.options, "quirks", None) or ())
+        self._rng = random.Random(int(getattr(self.options, "seed", 0) or 0))
+        faults = canonical_faults(getattr(self.options, "faults", None))
+        self._keepalive_rate = float(faults.pop(KEEPALIVE, 0.0))
+        order = [k for k in FAULT_KINDS if k in faults] + sorted(k for k in faults if k not in FAULT_KINDS)
+        self._faults = [(k, float(faults[k])) for k in order if float(faults[k]) > 0]
+        median = float(getattr(self.options, "latency_median_ms", 0) or 0)
+        p95 = float(getattr(self.options, "latency_p95_ms", 0) or 0) or median
+        self._mu = math.log(median / 1000.0) if median > 0 else None
+        self._sigma = (math.log(p95) - math.log(median)) / _Z95 if median > 0 else 0.0
+        self.tokens_per_s = float(getattr(self.options, "tokens_per_s", 0) or 0)
+        self.logprobs_enabled = bool(getattr(self.options, "logprobs", True))
+        self._cache: dict[tuple[int, int], RenderedOutput] = {}
+        self._stream_cache: dict[tuple[int, int, bool, int], tuple[list[tuple[bytes, int]], int]] = {}
+        self._runner: web.AppRunner | None = None
+        self._served = 0
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL, `http://host:port/v1`."""
+        return f"http://{self.host}:{self.port}/v1"
+
+    async def start(self) -> None:
+        """Bind and serve; after this `port` and `base_url` are real."""
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/api/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/api/v1/models", self._models)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5)
+        await self._runner.setup()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        site = web.SockSite(self._runner, sock, backlog=1024)
+        await site.start()
+
+    async def close(self) -> None:
+        """Stop serving (hanging requests are cancelled)."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> SimulatorServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _draw_fault(self) -> str | None:
+        if not self._faults:
+            return None
+        u = self._rng.random()
+        total = 0.0
+        for kind, rate in self._faults:
+            total += rate
+            if u < total:
+                return kind
+        return None
+
+    def _latency_s(self) -> float:
+        if self._mu is None:
+            return 0.0
+        return self._rng.lognormvariate(self._mu, self._sigma)
+
+    def _rendered(self, index: int, history_calls: int) -> RenderedOutput:
+        key = (index, history_calls)
+        out = self._cache.get(key)
+        if out is None:
+            out = self.renderer.render(self.book.samples[index].output_ids, self.quirks, history_calls)
+            if len(self._cache) >= CACHE_ENTRIES:
+                self._cache.clear()
+            self._cache[key] = out
+        return out
+
+    def _usage(self, index: int, out: RenderedOutput) -> dict:
+        sample = self.book.samples[index]
+        completion = len(out.output_ids)
+        usage: dict[str, Any] = {
+            "prompt_tokens": sample.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": sample.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": sample.cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": len(out.reasoning_ids)},
+        }
+        if self.report_cost:
+            usage["cost"] = round(
+                cost_of(Usage(sample.prompt_tokens, completion, len(out.reasoning_ids), sample.cached_tokens),
+                        self.pricing), 10)
+        return usage
+
+    def _error(self, status: int) -> web.Response:
+        error_type, message = _ERRORS.get(status, ("server" if status >= 500 else "invalid_request",
+                                                   f"Simulated HTTP {status}"))
+        headers = {}
+        if status in (429, 503):
+            if self.retry_after_http_date:
+                headers["Retry-After"] = email.utils.formatdate(time.time() + self.retry_after_s, usegmt=True)
+            else:
+                headers["Retry-After"] = f"{self.retry_after_s:g}"
+        body = {"error": {"code": status, "message": message, "metadata": {"error_type": error_type}}}
+        return web.Response(status=status, body=_json(body), content_type="application/json", headers=headers)
+
+    @staticmethod
+    def _reset(request: web.Request) -> web.Response:
+        transport = request.transport
+        if transport is not None:
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            transport.abort()
+        return web.Response(status=500)
+
+    # -- handlers -------------------------------------------------------------------------------
+
+    async def _models(self, request: web.Request) -> web.Response:
+        p = self.pricing
+        cached = p.cached_prompt_per_m if p.cached_prompt_per_m is not None else p.prompt_per_m
+        entry = {
+            "id": self.model,
+            "name": f"{self.model} (simulated)",
+            "context_length": 262144,
+            "pricing": {
+                "prompt": format(p.prompt_per_m / 1e6, ".12g"),
+                "completion": format(p.completion_per_m / 1e6, ".12g"),
+                "input_cache_read": format(cached / 1e6, ".12g"),
+                "request": "0",
+            },
+            "supported_parameters": ["max_tokens", "temperature", "top_p", "tools", "reasoning",
+                                     "logprobs", "top_logprobs", "stream"],
+        }
+        return web.Response(body=_json({"data": [entry]}), content_type="application/json")
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        if self.api_key is not None and request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            self.counters["401"] += 1
+            return self._error(401)
+        try:
+            body = json.loads(raw)
+            messages = body["messages"]
+            if not isinstance(messages, list):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            self.counters["400"] += 1
+            return self._error(400)
+        self._served += 1
+        fault = self._draw_fault()
+        keepalive = self._keepalive_rate > 0 and self._rng.random() < self._keepalive_rate
+        latency = self._latency_s()
+        if keepalive:
+            self.counters[KEEPALIVE] += 1
+        if fault is not None and fault.isdigit():
+            self.counters[fault] += 1
+            await asyncio.sleep(min(latency, 0.05))
+            return self._error(int(fault))
+        if fault == "hang":
+            self.counters["hang"] += 1
+            await asyncio.sleep(self.hang_s)
+            return self._error(504)
+        if fault == "reset":
+            self.counters["reset"] += 1
+            return self._reset(request)
+
+        history = sum(len(m.get("tool_calls") or []) for m in messages if isinstance(m, dict))
+        index, _ = self.book.pick(messages)
+        out = self._rendered(index, history)
+        self.counters[fault or "ok"] += 1
+        gen_id = f"gen-sim-{self._served}"
+        model = body.get("model") or self.model
+        want_lp = bool(body.get("logprobs")) and self.logprobs_enabled
+        top = int(body.get("top_logprobs") or 0)
+        ids_field = "token_ids" if body.get("return_token_ids") else "output_ids" if body.get("return_output_ids") else None
+        if body.get("stream"):
+            return await self._stream(request, index, history, out, gen_id, model, want_lp, top, ids_field, fault,
+                                      keepalive, latency)
+        if latency:
+            await asyncio.sleep(latency)
+        if self.tokens_per_s > 0:
+            await asyncio.sleep(len(out.output_ids) / self.tokens_per_s)
+        return self._plain(index, out, gen_id, model, want_lp, top, ids_field, fault, keepalive)
+
+    def _plain(self, index, out: RenderedOutput, gen_id, model, want_lp, top, ids_field, fault, keepalive):
+        message: dict[str, Any] = {"role": "assistant", "content": out.content, "reasoning": out.reasoning}
+        if out.reasoning is not None:
+            message["reasoning_details"] = [
+                {"type": "reasoning.text", "text": out.reasoning, "format": "unknown", "index": 0}
+            ]
+        if out.tool_calls:
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function", "index": i, "function": {"name": c.name, "arguments": c.arguments}}
+                for i, c in enumerate(out.tool_calls)
+            ]
+        choice: dict[str, Any] = {
+            "index": 0,
+            "finish_reason": out.finish_reason,
+            "native_finish_reason": out.finish_reason,
+            "logprobs": None,
+            "message": message,
+        }
+        if want_lp:
+            choice["logprobs"] = {
+                "content": self.renderer.logprob_entries(out.content_ids, top),
+                "reasoning": self.renderer.logprob_entries(out.reasoning_ids, top),
+                "refusal": None,
+            }
+        if ids_field:
+            choice[ids_field] = list(out.output_ids)
+        if fault == "stream_error":
+            choice["finish_reason"] = "error"
+            choice["error"] = {"code": 502, "message": "Upstream provider failed mid-generation (simulated)",
+                               "metadata": {"error_type": "provider_unavailable"}}
+        body = {
+            "id": gen_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "provider": PROVIDER,
+            "choices": [choice],
+            "usage": self._usage(index, out),
+        }
+        data = _json(body)
+        if fault in ("malformed", "truncate"):
+            data = data[: max(1, len(data) // 2)]
+        if keepalive:
+            data = b"\n\n   \n" + data
+        return web.Response(body=data, content_type="application/json", headers={"X-Generation-Id": gen_id})
+
+    def _stream_parts(self, index: int, history: int, out: RenderedOutput, want_lp: bool, top: int):
+        """The `choices` JSON of every content-bearing chunk (cached per sample), and where reasoning ends."""
+        key = (index, history, want_lp, top)
+        cached = self._stream_cache.get(key)
+        if cached is not None:
+            return cached
+
+        def choices(delta: dict, logprobs: dict | None = None) -> bytes:
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None, "native_finish_reason": None}
+            if logprobs is not None:
+                choice["logprobs"] = logprobs
+            return _json([choice])
+
+        parts: list[tuple[bytes, int]] = [(choices({"role": "assistant", "content": ""}), 0)]
+        n = self.stream_chunk_tokens
+        if out.reasoning:
+            for piece, group in text_pieces(out.reasoning, out.reasoning_ids, self.tokenizer, n):
+                delta = {"role": "assistant", "content": "", "reasoning": piece, "reasoning_details": [
+                    {"type": "reasoning.text", "text": piece, "format": "unknown", "index": 0}]}
+                lp = {"reasoning": self.renderer.logprob_entries(group, top), "content": None} if want_lp else None
+                parts.append((choices(delta, lp), len(group)))
+        reasoning_end = len(parts)
+        if out.content:
+            for piece, group in text_pieces(out.content, out.content_ids, self.tokenizer, n):
+                lp = {"content": self.renderer.logprob_entries(group, top)} if want_lp else None
+                parts.append((choices({"role": "assistant", "content": piece}, lp), len(group)))
+        for i, call in enumerate(out.tool_calls):
+            first = {"index": i, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
+            parts.append((choices({"role": "assistant", "content": None, "tool_calls": [first]}), 1))
+            args = call.arguments
+            step = 16
+            for k in range(0, len(args), step):
+                delta = {"role": "assistant", "content": None,
+                         "tool_calls": [{"index": i, "function": {"arguments": args[k : k + step]}}]}
+                parts.append((choices(delta), 1))
+        if len(self._stream_cache) >= CACHE_ENTRIES:
+            self._stream_cache.clear()  # bounded memory for big references; refilling is cheap
+        self._stream_cache[key] = (parts, reasoning_end)
+        return parts, reasoning_end
+
+    async def _stream(self, request, index, history, out: RenderedOutput, gen_id, model, want_lp, top, ids_field,
+                      fault, keepalive, latency) -> web.StreamResponse:
+        if latency:
+            await asyncio.sleep(latency)
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Generation-Id": gen_id}
+        )
+        await response.prepare(request)
+        created = int(time.time())
+        head = {"id": gen_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                "provider": PROVIDER}
+
+        prefix = b"data: " + _json(head)[:-1] + b',"choices":'
+
+        def chunk(delta: dict, finish: str | None = None, extra: dict | None = None) -> bytes:
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish,
+                                      "native_finish_reason": finish}
+            if extra:
+                choice.update(extra)
+            return prefix + _json([choice]) + b"}\n\n"
+
+        parts, reasoning_end = self._stream_parts(index, history, out, want_lp, top)
+        # (event bytes, number of tokens it carries: for pacing)
+        events: list[tuple[bytes, int]] = [(prefix + choices + b"}\n\n", tokens) for choices, tokens in parts]
+        if keepalive:
+            events.insert(reasoning_end, (b": OPENROUTER PROCESSING\n\n", 0))
+            events.insert(0, (b": OPENROUTER PROCESSING\n\n", 0))
+        extra = {ids_field: list(out.output_ids)} if ids_field else None
+        body_events = len(events)
+        events.append((chunk({}, finish=out.finish_reason, extra=extra), 0))
+        usage = dict(head, choices=[], usage=self._usage(index, out))
+        events.append((b"data: " + _json(usage) + b"\n\n", 0))
+        events.append((b"data: [DONE]\n\n", 0))
+
+        if fault in ("truncate", "stream_error", "malformed"):
+            cut = max(1, body_events // 2)
+            events = events[:cut]
+            if fault == "stream_error":
+                error = dict(head, error={"code": 502, "message": "Upstream provider failed mid-stream (simulated)",
+                                          "metadata": {"error_type": "provider_unavailable"}},
+                             choices=[{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}])
+                events.append((b"data: " + _json(error) + b"\n\n", 0))
+            elif fault == "malformed":
+                events.append((b'data: {"id": "' + gen_id.encode() + b'", "choices": [{"delta": \n\n', 0))
+                events.append((b"data: [DONE]\n\n", 0))
+
+        if self.tokens_per_s > 0:
+            for data, tokens in events:
+                if tokens:
+                    await asyncio.sleep(tokens / self.tokens_per_s)
+                await response.write(data)
+        else:
+            await response.write(b"".join(data for data, _ in events))
+        await response.write_eof()
+        return response

@@ -1,0 +1,71 @@
+"""Plain records that go in and out of the run store (frozen dataclasses, stdlib only)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class SampleInput:
+    """One prompt to ingest: the messages up to (not including) the final assistant turn."""
+
+    sample_id: str
+    dataset: str
+    messages: list[dict[str, Any]]
+    tools: list[Any] | None = None
+    reference_ids: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceRecord:
+    """One line of an SGLang-style reference file: ground-truth output ids for a sample id."""
+
+    sample_id: str
+    output_ids: tuple[int, ...]
+    finish_reason: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    line: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class IngestReport:
+    """What one ingest did: rows added, rows already there, ids that another dataset already holds."""
+
+    added: int = 0
+    already_present: int = 0
+    conflicts: int = 0
+    conflict_examples: tuple[str, ...] = ()
+
+    def __add__(self, other: IngestReport) -> IngestReport:
+        examples = (self.conflict_examples + other.conflict_examples)[:5]
+        return IngestReport(
+            self.added + other.added,
+            self.already_present + other.already_present,
+            self.conflicts + other.conflicts,
+            examples,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LeasedSample:
+    """A sample handed to a worker until `lease_expires`; `attempts` counts this lease."""
+
+    pk: int
+    sample_id: str
+    dataset: str
+    messages: list[dict[str, Any]]
+    tools: list[Any] | None
+    attempts: int
+    reference_ids: tuple[int, ...] | None
+    lease_expires: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """A control request from an attached viewer (row of `commands`)."""
+
+    id: int
+    verb: str
+    args: dict[str, Any] = field(default_factory=dict)
+    created_at: float = 0.0

@@ -1,0 +1,640 @@
+"""The writer side of the run store: one task batches every state change into few transactions.
+
+Each public write builds a small synchronous operation on the connection and submits it; the writer
+task collects what is queued (at most `batch_max` operations, lingering at most `batch_linger_s` for more),
+runs the whole batch on aiosqlite's connection thread in ONE transaction (each operation inside its own
+savepoint, so one failing operation fails alone), commits, and only then resolves each caller's future.
+Readers use their own connections (`app.store.queries`), which WAL lets run while this writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiosqlite
+import orjson
+
+from app.errors import EaglewatchError, InputError
+from app.records import Completion, Reconstruction, Verdict
+from app.store.db import DEFAULT_BUSY_TIMEOUT_S, configure, migrate
+from app.store.ids import pack_ids, unpack_ids
+from app.store.records import Command, IngestReport, LeasedSample, ReferenceRecord, SampleInput
+from app.store.schema import RUN_STATES, SAMPLE_STATES
+
+T = TypeVar("T")
+Operation = Callable[[sqlite3.Connection], Any]
+
+_STOP = object()
+INGEST_CHUNK = 5000
+
+
+def _dumps(value: Any) -> str:
+    return orjson.dumps(value).decode("utf-8")
+
+
+class RunStore:
+    """Async access to one run database: batched writes through a single writer task."""
+
+    def __init__(self, path: Path, db: aiosqlite.Connection, *, batch_max: int, batch_linger_s: float) -> None:
+        self.path = path
+        self._db = db
+        self._batch_max = batch_max
+        self._linger = batch_linger_s
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._writer = asyncio.create_task(self._write_loop(), name="eaglewatch-store-writer")
+        self._closed = False
+        self.commits = 0  # transactions committed so far (for tests and metrics)
+
+    # ------------------------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    async def open(
+        cls,
+        path: str | Path,
+        *,
+        batch_max: int = 256,
+        batch_linger_s: float = 0.01,
+        busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
+    ) -> RunStore:
+        """Open (creating and migrating as needed) the database; InputError if it is not usable."""
+        path = Path(path)
+        await asyncio.to_thread(migrate, path, busy_timeout_s=busy_timeout_s)
+        db = await aiosqlite.connect(path, isolation_level=None)
+        if not hasattr(db, "_execute") or not hasattr(db, "_conn"):  # pragma: no cover - aiosqlite API guard
+            await db.close()
+            raise EaglewatchError("this aiosqlite version lacks Connection._execute; install aiosqlite>=0.21,<0.23")
+        await db._execute(configure, db._conn, busy_timeout_s)
+        return cls(path, db, batch_max=batch_max, batch_linger_s=batch_linger_s)
+
+    async def close(self) -> None:
+        """Commit everything queued, stop the writer and close the connection."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._queue.put(_STOP)
+        await self._writer
+        await self._db.close()
+
+    async def __aenter__(self) -> RunStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------------------------ machinery
+
+    async def write(self, op: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `op(conn)` inside the writer's next batch transaction; return its result after the commit.
+
+        `op` runs on the database thread, must only touch `conn`, and must not commit or roll back.
+        """
+        if self._closed:
+            raise EaglewatchError(f"{self.path}: the run store is closed")
+        if self._writer.done():
+            raise EaglewatchError(f"{self.path}: the run store's writer has stopped")
+        fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        await self._queue.put((op, fut))
+        return await fut
+
+    async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `fn(conn)` on the writer's connection between batches (sees every committed write)."""
+        return await self._db._execute(fn, self._db._conn)
+
+    async def _write_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        stopping = False
+        while not stopping:
+            first = await self._queue.get()
+            if first is _STOP:
+                break
+            batch = [first]
+            deadline = loop.time() + self._linger
+            while len(batch) < self._batch_max:
+                try:
+                    item = self._queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        break
+                    try:
+                        item = await asyncio.wait_for(self._queue.get(), remaining)
+                    except TimeoutError:
+                        break
+                if item is _STOP:
+                    stopping = True
+                    break
+                batch.append(item)
+            live = [(op, fut) for op, fut in batch if not fut.cancelled()]
+            try:
+                results = await self._db._execute(_run_batch, self._db._conn, [op for op, _ in live], self.path)
+            except BaseException as exc:  # the connection itself failed: fail the batch, keep serving
+                results = [(False, exc)] * len(live)
+            else:
+                self.commits += 1
+            for (_, fut), (ok, value) in zip(live, results, strict=True):
+                if fut.done():
+                    continue
+                if ok:
+                    fut.set_result(value)
+                else:
+                    fut.set_exception(value)
+        # drain anything queued after the stop marker
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if item is not _STOP and not item[1].done():
+                item[1].set_exception(EaglewatchError(f"{self.path}: the run store closed before this write"))
+
+    # ------------------------------------------------------------------------------------ runs
+
+    async def ensure_run(self, name: str, config: dict[str, Any] | None = None) -> int:
+        """The id of the run called `name`, created (state idle) if missing; its stored config is updated."""
+        cfg = _dumps(config or {})
+
+        def op(conn: sqlite3.Connection) -> int:
+            now = time.time()
+            conn.execute(
+                "INSERT INTO runs (name, config, created_at, updated_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET config = excluded.config, updated_at = excluded.updated_at",
+                (name, cfg, now, now),
+            )
+            return conn.execute("SELECT id FROM runs WHERE name = ?", (name,)).fetchone()[0]
+
+        return await self.write(op)
+
+    async def set_run_state(self, run_id: int, state: str, reason: str | None = None) -> None:
+        """Set a run's state (one of RUN_STATES) and why."""
+        if state not in RUN_STATES:
+            raise ValueError(f"unknown run state {state!r}; expected one of {', '.join(RUN_STATES)}")
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE runs SET state = ?, reason = ?, updated_at = ? WHERE id = ?", (state, reason, time.time(), run_id)
+            )
+
+        await self.write(op)
+
+    # ------------------------------------------------------------------------------------ ingest
+
+    async def ingest(self, run_id: int, samples: Iterable[SampleInput], *, chunk: int = INGEST_CHUNK) -> IngestReport:
+        """Insert samples (pending) that the run does not hold yet; existing sample ids are left untouched.
+
+        The iterable is consumed in chunks on a worker thread while the previous chunk is inserted, so a
+        generator over a large file is never materialised and reading overlaps writing.
+        """
+        it = iter(samples)
+        report = IngestReport()
+        batch = await asyncio.to_thread(_sample_batch, it, chunk)
+        while batch.n:
+            pending = asyncio.ensure_future(self.write(_insert_samples_op(run_id, batch)))
+            try:
+                nxt = await asyncio.to_thread(_sample_batch, it, chunk)
+            finally:
+                part = await pending
+            report = report + part
+            batch = nxt
+        return report
+
+    async def attach_references(self, run_id: int, references: Iterable[ReferenceRecord], *, chunk: int = INGEST_CHUNK) -> tuple[int, int]:
+        """Set reference ids on samples that have none yet; return (attached, unmatched sample ids)."""
+        it = iter(references)
+        attached = unmatched = 0
+
+        def take() -> list[tuple[Any, ...]]:
+            return [
+                (pack_ids(r.output_ids), r.finish_reason, time.time(), run_id, r.sample_id)
+                for r in itertools.islice(it, chunk)
+            ]
+
+        def op_for(rows: list[tuple[Any, ...]]) -> tuple[int, int]:
+            def op(conn: sqlite3.Connection) -> tuple[int, int]:
+                changed = missing = 0
+                for row in rows:
+                    cur = conn.execute(
+                        "UPDATE samples SET reference_ids = ?, reference_finish = ?, updated_at = ? "
+                        "WHERE run_id = ? AND sample_id = ? AND reference_ids IS NULL",
+                        row,
+                    )
+                    if cur.rowcount:
+                        changed += 1
+                    elif conn.execute(
+                        "SELECT 1 FROM samples WHERE run_id = ? AND sample_id = ?", (run_id, row[4])
+                    ).fetchone() is None:
+                        missing += 1
+                return changed, missing
+
+            return op
+
+        rows = await asyncio.to_thread(take)
+        while rows:
+            a, m = await self.write(op_for(rows))
+            attached += a
+            unmatched += m
+            rows = await asyncio.to_thread(take)
+        return attached, unmatched
+
+    # ------------------------------------------------------------------------------------ leases
+
+    async def lease(self, run_id: int, n: int, lease_s: float) -> list[LeasedSample]:
+        """Hand out up to n pending samples (oldest first) until now + lease_s; each lease counts an attempt."""
+        if n <= 0:
+            return []
+
+        def op(conn: sqlite3.Connection) -> list[LeasedSample]:
+            now = time.time()
+            expires = now + lease_s
+            rows = conn.execute(
+                "UPDATE samples SET state = 'leased', lease_expires = ?, attempts = attempts + 1, updated_at = ? "
+                "WHERE pk IN (SELECT pk FROM samples WHERE run_id = ? AND state = 'pending' ORDER BY pk LIMIT ?) "
+                "RETURNING pk, sample_id, dataset, messages, tools, attempts, reference_ids",
+                (expires, now, run_id, n),
+            ).fetchall()
+            rows.sort(key=lambda r: r[0])
+            return [
+                LeasedSample(
+                    pk=r[0],
+                    sample_id=r[1],
+                    dataset=r[2],
+                    messages=json.loads(r[3]),
+                    tools=json.loads(r[4]) if r[4] is not None else None,
+                    attempts=r[5],
+                    reference_ids=unpack_ids(r[6]),
+                    lease_expires=expires,
+                )
+                for r in rows
+            ]
+
+        return await self.write(op)
+
+    async def expire_leases(self, run_id: int) -> int:
+        """Return leased samples whose lease has expired to pending (a crashed or stuck worker); return how many."""
+
+        def op(conn: sqlite3.Connection) -> int:
+            now = time.time()
+            return conn.execute(
+                "UPDATE samples SET state = 'pending', lease_expires = NULL, updated_at = ? "
+                "WHERE run_id = ? AND state = 'leased' AND lease_expires <= ?",
+                (now, run_id, now),
+            ).rowcount
+
+        return await self.write(op)
+
+    async def release(self, run_id: int, pks: Iterable[int]) -> int:
+        """Give leased samples back unused (pause-now): pending again, the lease's attempt not counted."""
+        keys = [(time.time(), run_id, pk) for pk in pks]
+        if not keys:
+            return 0
+
+        def op(conn: sqlite3.Connection) -> int:
+            cur = conn.executemany(
+                "UPDATE samples SET state = 'pending', lease_expires = NULL, attempts = MAX(attempts - 1, 0), "
+                "updated_at = ? WHERE run_id = ? AND pk = ? AND state = 'leased'",
+                keys,
+            )
+            return cur.rowcount
+
+        return await self.write(op)
+
+    # ------------------------------------------------------------------------------------ results
+
+    async def record_result(
+        self,
+        run_id: int,
+        pk: int,
+        attempt: int,
+        endpoint: str,
+        completion: Completion,
+        cost_usd: float,
+        reconstruction: Reconstruction | None = None,
+        verdict: Verdict | None = None,
+        reference_ids: tuple[int, ...] | None = None,
+        state: str = "done",
+        *,
+        profile: str = "",
+        tokenizer: str = "",
+        keep_raw: bool = False,
+    ) -> int:
+        """Store a response (+ its reconstruction and verdict) and set the sample's state, in one transaction.
+
+        Returns the response row id once committed. `profile` / `tokenizer` (fingerprint) label the
+        reconstruction; `keep_raw` stores the provider's parsed body too.
+        """
+        if state not in SAMPLE_STATES:
+            raise ValueError(f"unknown sample state {state!r}")
+        response_row = _response_row(run_id, pk, attempt, endpoint, completion, cost_usd, keep_raw)
+        rec_row = None
+        if reconstruction is not None:
+            v = verdict or Verdict(category="unchecked", rec_len=len(reconstruction.output_ids))
+            rec_row = (
+                run_id,
+                pk,
+                profile,
+                tokenizer,
+                reconstruction.strategy,
+                reconstruction.repair,
+                None if reconstruction.roundtrip is None else int(reconstruction.roundtrip),
+                _dumps(list(reconstruction.notes)),
+                pack_ids(reconstruction.output_ids),
+                pack_ids(reference_ids),
+                v.category,
+                v.first_diff,
+                len(reconstruction.output_ids),
+                v.ref_len if v.ref_len is not None else (len(reference_ids) if reference_ids is not None else None),
+                v.explanation,
+                _dumps({"spans": [[s.ref_start, s.ref_end, s.rec_start, s.rec_end] for s in v.spans]}),
+                time.time(),
+            )
+
+        def op(conn: sqlite3.Connection) -> int:
+            response_id = conn.execute(_INSERT_RESPONSE, response_row).lastrowid
+            if rec_row is not None:
+                conn.execute(_UPSERT_RECONSTRUCTION, (*rec_row[:2], response_id, *rec_row[2:]))
+            conn.execute(
+                "UPDATE samples SET state = ?, lease_expires = NULL, error_class = NULL, last_error = NULL, "
+                "updated_at = ? WHERE pk = ? AND run_id = ?",
+                (state, time.time(), pk, run_id),
+            )
+            return response_id
+
+        return await self.write(op)
+
+    async def record_failure(
+        self,
+        run_id: int,
+        pk: int,
+        error_class: str,
+        message: str,
+        final: bool,
+        cost_usd: float = 0.0,
+        *,
+        endpoint: str | None = None,
+        attempt: int | None = None,
+    ) -> None:
+        """Note a failed attempt: the sample goes back to pending, or to failed when `final`.
+
+        With `endpoint` (the request reached one) the attempt is also logged in `responses` with its cost,
+        so the cost ledger stays complete.
+        """
+
+        def op(conn: sqlite3.Connection) -> None:
+            now = time.time()
+            conn.execute(
+                "UPDATE samples SET state = ?, lease_expires = NULL, error_class = ?, last_error = ?, updated_at = ? "
+                "WHERE pk = ? AND run_id = ?",
+                ("failed" if final else "pending", error_class, message, now, pk, run_id),
+            )
+            if endpoint is not None or cost_usd:
+                n = attempt
+                if n is None:
+                    row = conn.execute("SELECT attempts FROM samples WHERE pk = ?", (pk,)).fetchone()
+                    n = row[0] if row else 0
+                conn.execute(
+                    "INSERT INTO responses (run_id, sample_pk, attempt, endpoint, cost_usd, error_class, error, created_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (run_id, pk, n, endpoint or "", cost_usd, error_class, message, now),
+                )
+
+        await self.write(op)
+
+    async def skip(self, run_id: int, pks: Iterable[int], reason: str) -> int:
+        """Mark samples skipped (e.g. a prompt too long for the model) with the reason; return how many."""
+        rows = [(reason, time.time(), run_id, pk) for pk in pks]
+
+        def op(conn: sqlite3.Connection) -> int:
+            return conn.executemany(
+                "UPDATE samples SET state = 'skipped', lease_expires = NULL, last_error = ?, updated_at = ? "
+                "WHERE run_id = ? AND pk = ?",
+                rows,
+            ).rowcount
+
+        return await self.write(op)
+
+    # ------------------------------------------------------------------------------------ events, commands
+
+    async def add_event(self, run_id: int | None, level: str, kind: str, message: str) -> None:
+        """Append to the operator's log."""
+        row = (run_id, time.time(), level, kind, message)
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute("INSERT INTO events (run_id, ts, level, kind, message) VALUES (?, ?, ?, ?, ?)", row)
+
+        await self.write(op)
+
+    async def enqueue_command(self, run_id: int, verb: str, args: dict[str, Any] | None = None) -> int:
+        """Queue a control request for the engine that runs `run_id`; return its id."""
+        row = (run_id, verb, _dumps(args or {}), time.time())
+
+        def op(conn: sqlite3.Connection) -> int:
+            return conn.execute(
+                "INSERT INTO commands (run_id, verb, args, created_at) VALUES (?, ?, ?, ?)", row
+            ).lastrowid
+
+        return await self.write(op)
+
+    async def take_commands(self, run_id: int) -> list[Command]:
+        """The run's open commands in order, marked done in the same transaction."""
+
+        def op(conn: sqlite3.Connection) -> list[Command]:
+            rows = conn.execute(
+                "UPDATE commands SET done_at = ? WHERE run_id = ? AND done_at IS NULL "
+                "RETURNING id, verb, args, created_at",
+                (time.time(), run_id),
+            ).fetchall()
+            return sorted((Command(r[0], r[1], json.loads(r[2]), r[3]) for r in rows), key=lambda c: c.id)
+
+        return await self.write(op)
+
+    # ------------------------------------------------------------------------------------ reads
+
+    async def spent_usd(self, run_id: int) -> float:
+        """The run's cost ledger: the sum of every stored attempt's cost."""
+        return await self.read(
+            lambda conn: conn.execute(
+                "SELECT COALESCE(SUM(cost_usd), 0) FROM responses WHERE run_id = ?", (run_id,)
+            ).fetchone()[0]
+        )
+
+    async def counts(self, run_id: int) -> dict[str, int]:
+        """Samples per state, every state present (0 when none)."""
+
+        def fn(conn: sqlite3.Connection) -> dict[str, int]:
+            out = dict.fromkeys(SAMPLE_STATES, 0)
+            for state, n in conn.execute(
+                "SELECT state, COUNT(*) FROM samples WHERE run_id = ? GROUP BY state", (run_id,)
+            ):
+                out[state] = n
+            return out
+
+        return await self.read(fn)
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _run_batch(conn: sqlite3.Connection, ops: list[Operation], path: Path) -> list[tuple[bool, Any]]:
+    """Run ops in one transaction, each in a savepoint; on a failed commit every op fails."""
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        err = _store_error(path, exc)
+        return [(False, err)] * len(ops)
+    results: list[tuple[bool, Any]] = []
+    for op in ops:
+        conn.execute("SAVEPOINT op")
+        try:
+            value = op(conn)
+        except Exception as exc:
+            conn.execute("ROLLBACK TO op")
+            conn.execute("RELEASE op")
+            results.append((False, _store_error(path, exc) if isinstance(exc, sqlite3.Error) else exc))
+        else:
+            conn.execute("RELEASE op")
+            results.append((True, value))
+    try:
+        conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        err = _store_error(path, exc)
+        return [(False, err)] * len(ops)
+    return results
+
+
+def _store_error(path: Path, exc: BaseException) -> EaglewatchError:
+    text = str(exc)
+    if "locked" in text or "busy" in text:
+        return InputError(f"{path}: is locked by another process ({text}); wait for it or pass another --db")
+    err = EaglewatchError(f"{path}: a database write failed ({type(exc).__name__}: {text})")
+    err.__cause__ = exc
+    return err
+
+
+@dataclass(frozen=True, slots=True)
+class _SampleBatch:
+    """A chunk of samples as one JSON array of [sample_id, dataset, messages, tools] (NULL-free ids)."""
+
+    n: int
+    rows_json: str
+    references: list[tuple[str, bytes]]  # (sample_id, packed ids) for the few samples that carry them
+
+
+def _sample_batch(it: Iterator[SampleInput], chunk: int) -> _SampleBatch:
+    part = list(itertools.islice(it, chunk))
+    refs = [(s.sample_id, pack_ids(s.reference_ids)) for s in part if s.reference_ids is not None]
+    rows = [(s.sample_id, s.dataset, s.messages, s.tools) for s in part]
+    return _SampleBatch(len(part), orjson.dumps(rows).decode("utf-8"), refs)  # type: ignore[arg-type]
+
+
+# The whole chunk is inserted by ONE statement over json_each: sqlite3 then runs it without holding the
+# GIL, so the next chunk is parsed in parallel (executemany re-takes the GIL for every row).
+_INSERT_SAMPLES = (
+    "INSERT OR IGNORE INTO samples (run_id, sample_id, dataset, messages, tools, updated_at) "
+    "SELECT ?1, json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'), "
+    "CASE json_type(value, '$[3]') WHEN 'null' THEN NULL ELSE json_extract(value, '$[3]') END, ?2 "
+    "FROM json_each(?3)"
+)
+_CONFLICTS = (
+    "SELECT s.sample_id FROM json_each(?2) AS j JOIN samples AS s ON s.run_id = ?1 "
+    "AND s.sample_id = json_extract(j.value, '$[0]') AND s.dataset != json_extract(j.value, '$[1]') LIMIT 1000000"
+)
+
+
+def _insert_samples_op(run_id: int, batch: _SampleBatch) -> Operation:
+    def op(conn: sqlite3.Connection) -> IngestReport:
+        before = conn.total_changes
+        conn.execute(_INSERT_SAMPLES, (run_id, time.time(), batch.rows_json))
+        added = conn.total_changes - before
+        ignored = batch.n - added
+        conflicts: list[str] = []
+        if ignored:
+            # an id already present from a different dataset is a collision worth reporting
+            conflicts = [r[0] for r in conn.execute(_CONFLICTS, (run_id, batch.rows_json))]
+        if batch.references:
+            conn.executemany(
+                "UPDATE samples SET reference_ids = ? WHERE run_id = ? AND sample_id = ? AND reference_ids IS NULL",
+                [(blob, run_id, sid) for sid, blob in batch.references],
+            )
+        return IngestReport(
+            added=added,
+            already_present=ignored - len(conflicts),
+            conflicts=len(conflicts),
+            conflict_examples=tuple(conflicts[:5]),
+        )
+
+    return op
+
+
+_INSERT_RESPONSE = (
+    "INSERT INTO responses (run_id, sample_pk, attempt, endpoint, provider, model, generation_id, finish_reason, "
+    "reasoning, content, tool_calls, logprobs, token_ids, usage, prompt_tokens, completion_tokens, reasoning_tokens, "
+    "cached_tokens, cost_usd, latency_ms, ttft_ms, raw, created_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+_UPSERT_RECONSTRUCTION = (
+    "INSERT INTO reconstructions (run_id, sample_pk, response_id, profile, tokenizer, strategy, repair, roundtrip, "
+    "notes, output_ids, reference_ids, category, first_diff, n_tokens, ref_len, explanation, detail, created_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (run_id, sample_pk) DO UPDATE SET response_id = excluded.response_id, profile = excluded.profile, "
+    "tokenizer = excluded.tokenizer, strategy = excluded.strategy, repair = excluded.repair, "
+    "roundtrip = excluded.roundtrip, notes = excluded.notes, output_ids = excluded.output_ids, "
+    "reference_ids = excluded.reference_ids, category = excluded.category, first_diff = excluded.first_diff, "
+    "n_tokens = excluded.n_tokens, ref_len = excluded.ref_len, explanation = excluded.explanation, "
+    "detail = excluded.detail, created_at = excluded.created_at"
+)
+
+
+def _logprobs_json(completion: Completion) -> str | None:
+    if completion.content_logprobs is None and completion.reasoning_logprobs is None:
+        return None
+
+    def enc(seq: Any) -> Any:
+        if seq is None:
+            return None
+        return [[t.token, list(t.bytes) if t.bytes is not None else None, t.logprob] for t in seq]
+
+    return _dumps({"content": enc(completion.content_logprobs), "reasoning": enc(completion.reasoning_logprobs)})
+
+
+def _response_row(
+    run_id: int, pk: int, attempt: int, endpoint: str, c: Completion, cost_usd: float, keep_raw: bool
+) -> tuple[Any, ...]:
+    u = c.usage
+    raw = None
+    if keep_raw and c.raw is not None:
+        try:
+            raw = _dumps(c.raw)
+        except (TypeError, ValueError):
+            raw = None
+    return (
+        run_id,
+        pk,
+        attempt,
+        endpoint,
+        c.provider,
+        c.model,
+        c.generation_id,
+        c.finish_reason,
+        c.reasoning,
+        c.content,
+        _dumps([asdict(t) for t in c.tool_calls]) if c.tool_calls else None,
+        _logprobs_json(c),
+        pack_ids(c.token_ids),
+        _dumps(asdict(u)),
+        u.prompt_tokens,
+        u.completion_tokens,
+        u.reasoning_tokens,
+        u.cached_tokens,
+        float(cost_usd),
+        c.total_s * 1000.0,
+        c.ttft_s * 1000.0 if c.ttft_s is not None else None,
+        raw,
+        time.time(),
+    )

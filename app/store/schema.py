@@ -1,0 +1,181 @@
+"""The run store's SQLite schema and its forward migrations.
+
+The schema version lives in `PRAGMA user_version`; `MIGRATIONS[i]` takes a database from version i to
+version i + 1, so `SCHEMA_VERSION == len(MIGRATIONS)`. Never edit a released migration: append a new one.
+
+Conventions other packages code against (keep these names stable):
+- timestamps are unix seconds as REAL (`time.time()`);
+- token id arrays are packed little-endian uint32 BLOBs (`app.store.ids.pack_ids / unpack_ids`);
+- JSON columns hold compact JSON text (`messages`, `tools`, `config`, `usage`, `detail`, ...);
+- a sample's row id is `samples.pk`; its dataset-given id is `samples.sample_id` (unique per run).
+
+States:
+- runs.state: idle (ingested, never started) | running | paused | stopping | done | failed
+- samples.state: pending | leased | done | failed | skipped
+- jobs.state / job_shards.state: pending | submitted | running | done | failed | cancelled
+"""
+
+from __future__ import annotations
+
+RUN_STATES = ("idle", "running", "paused", "stopping", "done", "failed")
+SAMPLE_STATES = ("pending", "leased", "done", "failed", "skipped")
+JOB_STATES = ("pending", "submitted", "running", "done", "failed", "cancelled")
+
+# Version 1: the tables.
+_V1 = """
+CREATE TABLE runs (
+    id          INTEGER PRIMARY KEY,
+    name        TEXT NOT NULL UNIQUE,
+    config      TEXT NOT NULL DEFAULT '{}',      -- RunConfig.redacted() as JSON: never a secret
+    state       TEXT NOT NULL DEFAULT 'idle'
+                CHECK (state IN ('idle','running','paused','stopping','done','failed')),
+    reason      TEXT,                            -- why the run is in its state (budget, auth, operator)
+    created_at  REAL NOT NULL,
+    updated_at  REAL NOT NULL
+);
+
+CREATE TABLE samples (
+    pk               INTEGER PRIMARY KEY,
+    run_id           INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    sample_id        TEXT NOT NULL,
+    dataset          TEXT NOT NULL,
+    messages         TEXT NOT NULL,              -- JSON list: the prompt, up to the final assistant turn
+    tools            TEXT,                       -- JSON list or NULL
+    reference_ids    BLOB,                       -- packed uint32 ground-truth output ids, or NULL
+    reference_finish TEXT,                       -- the reference's meta_info.finish_reason
+    state            TEXT NOT NULL DEFAULT 'pending'
+                     CHECK (state IN ('pending','leased','done','failed','skipped')),
+    attempts         INTEGER NOT NULL DEFAULT 0, -- times leased (a crash mid-request counts)
+    lease_expires    REAL,                       -- set while state = 'leased'
+    error_class      TEXT,                       -- last failure's class (RetryableError, ...)
+    last_error       TEXT,                       -- last failure's message
+    updated_at       REAL,
+    UNIQUE (run_id, sample_id)
+);
+
+CREATE TABLE responses (
+    id                INTEGER PRIMARY KEY,
+    run_id            INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    sample_pk         INTEGER NOT NULL REFERENCES samples(pk) ON DELETE CASCADE,
+    attempt           INTEGER NOT NULL,
+    endpoint          TEXT NOT NULL,
+    provider          TEXT,
+    model             TEXT,
+    generation_id     TEXT,
+    finish_reason     TEXT,
+    reasoning         TEXT,
+    content           TEXT,                      -- NULL for a failed attempt
+    tool_calls        TEXT,                      -- JSON list of {id, name, arguments, index, type}
+    logprobs          TEXT,                      -- JSON {"content": [[token, bytes|null, logprob]...], "reasoning": ...}
+    token_ids         BLOB,                      -- server-returned output ids, packed uint32
+    usage             TEXT,                      -- JSON of app.records.Usage
+    prompt_tokens     INTEGER NOT NULL DEFAULT 0,
+    completion_tokens INTEGER NOT NULL DEFAULT 0,
+    reasoning_tokens  INTEGER NOT NULL DEFAULT 0,
+    cached_tokens     INTEGER NOT NULL DEFAULT 0,
+    cost_usd          REAL NOT NULL DEFAULT 0,   -- the cost ledger is SUM(cost_usd) per run
+    latency_ms        REAL,
+    ttft_ms           REAL,
+    error_class       TEXT,                      -- set for a failed attempt
+    error             TEXT,
+    raw               TEXT,                      -- the parsed body / chunks as JSON, when kept
+    created_at        REAL NOT NULL
+);
+
+CREATE TABLE reconstructions (
+    id            INTEGER PRIMARY KEY,
+    run_id        INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    sample_pk     INTEGER NOT NULL REFERENCES samples(pk) ON DELETE CASCADE,
+    response_id   INTEGER REFERENCES responses(id) ON DELETE SET NULL,
+    profile       TEXT NOT NULL DEFAULT '',
+    tokenizer     TEXT NOT NULL DEFAULT '',      -- tokenizer fingerprint
+    strategy      TEXT NOT NULL,                 -- server_ids | logprobs | canonical | none
+    repair        TEXT,
+    roundtrip     INTEGER,                       -- 1/0/NULL
+    notes         TEXT,                          -- JSON list of strings
+    output_ids    BLOB NOT NULL,                 -- packed uint32
+    reference_ids BLOB,                          -- packed uint32, NULL when unchecked
+    category      TEXT NOT NULL                  -- a verdict from app.records.VERDICTS
+                  CHECK (category IN ('exact','bpe_equivalent','text_mismatch','structure_mismatch',
+                                      'truncated','unchecked')),
+    first_diff    INTEGER,
+    n_tokens      INTEGER NOT NULL,              -- len(output_ids)
+    ref_len       INTEGER,
+    explanation   TEXT,
+    detail        TEXT,                          -- JSON: {"spans": [[ref_start, ref_end, rec_start, rec_end], ...]}
+    created_at    REAL NOT NULL,
+    UNIQUE (run_id, sample_pk)                   -- one current reconstruction per sample; reprocess replaces it
+);
+
+CREATE TABLE jobs (
+    id          INTEGER PRIMARY KEY,
+    run_id      INTEGER REFERENCES runs(id) ON DELETE SET NULL,
+    name        TEXT NOT NULL,
+    executor    TEXT NOT NULL,                   -- local | slurm
+    spec        TEXT NOT NULL,                   -- JobSpec as JSON
+    state       TEXT NOT NULL DEFAULT 'pending'
+                CHECK (state IN ('pending','submitted','running','done','failed','cancelled')),
+    n_shards    INTEGER NOT NULL DEFAULT 0,
+    output_dir  TEXT,
+    external_id TEXT,                            -- e.g. a Slurm array job id
+    error       TEXT,
+    created_at  REAL NOT NULL,
+    started_at  REAL,
+    ended_at    REAL,
+    updated_at  REAL NOT NULL
+);
+
+CREATE TABLE job_shards (
+    job_id      INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+    shard       INTEGER NOT NULL,
+    state       TEXT NOT NULL DEFAULT 'pending'
+                CHECK (state IN ('pending','submitted','running','done','failed','cancelled')),
+    pid         INTEGER,
+    external_id TEXT,                            -- e.g. "<array job id>_<index>"
+    done        INTEGER NOT NULL DEFAULT 0,
+    total       INTEGER NOT NULL DEFAULT 0,
+    tokens      INTEGER NOT NULL DEFAULT 0,
+    exit_code   INTEGER,
+    log_path    TEXT,
+    output_path TEXT,
+    error       TEXT,
+    started_at  REAL,
+    ended_at    REAL,
+    updated_at  REAL,
+    PRIMARY KEY (job_id, shard)
+);
+
+CREATE TABLE events (
+    id       INTEGER PRIMARY KEY,
+    run_id   INTEGER REFERENCES runs(id) ON DELETE CASCADE,
+    ts       REAL NOT NULL,
+    level    TEXT NOT NULL,                      -- debug | info | warning | error
+    kind     TEXT NOT NULL,                      -- e.g. run, budget, endpoint, concurrency, job
+    message  TEXT NOT NULL
+);
+
+CREATE TABLE commands (
+    id          INTEGER PRIMARY KEY,
+    run_id      INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    verb        TEXT NOT NULL,                   -- pause | resume | set_concurrency | cancel_job | stop ...
+    args        TEXT NOT NULL DEFAULT '{}',
+    created_at  REAL NOT NULL,
+    done_at     REAL                             -- NULL until the engine has taken it
+);
+"""
+
+# Version 2: the indexes the faces and the scheduler need.
+_V2 = """
+CREATE INDEX samples_by_run_state ON samples (run_id, state);
+CREATE INDEX samples_leased ON samples (run_id, lease_expires) WHERE state = 'leased';
+CREATE INDEX responses_by_sample ON responses (sample_pk, attempt);
+CREATE INDEX responses_by_run ON responses (run_id, created_at);
+CREATE INDEX reconstructions_by_run_category ON reconstructions (run_id, category, sample_pk);
+CREATE INDEX reconstructions_by_sample ON reconstructions (sample_pk);
+CREATE INDEX events_by_run ON events (run_id, id);
+CREATE INDEX commands_open ON commands (run_id, id) WHERE done_at IS NULL;
+CREATE INDEX jobs_by_run ON jobs (run_id, id);
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,314 @@
+"""Tokenizer backends behind one small interface: Hugging Face `tokenizer.json` and tiktoken (Kimi).
+
+Both encode with special/added tokens recognised from their text, decode with specials rendered as
+text, give the raw bytes of one token and the id of a special token. Neither executes remote code;
+the tiktoken backend never imports transformers at all.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from app.errors import InputError
+
+# Kimi K2 / K2.5 pre-tokeniser (tiktoken pat_str); the alternatives in the order of the reference.
+KIMI_PATTERN = "|".join(
+    [
+        r"""[\p{Han}]+""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+TIKTOKEN_SPECIAL_SLOTS = 256
+_FINGERPRINT_FILES = ("tokenizer.json", "tiktoken.model", "tokenizer_config.json", "special_tokens_map.json")
+
+
+class Tokenizer:
+    """The interface every backend gives (see docs/contracts.md, "Tokens").
+
+    `encode` recognises special and added tokens written as text; `decode` renders them as text and
+    turns incomplete UTF-8 into U+FFFD; `token_bytes` is exact (partial characters included).
+    """
+
+    kind: str = ""
+    path: Path
+    fingerprint: str
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of `text`, special-token strings mapped to their ids."""
+        raise NotImplementedError
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        """Ids of `text` with special-token strings treated as plain text."""
+        raise NotImplementedError
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of `ids` with specials as text; invalid UTF-8 becomes U+FFFD."""
+        raise NotImplementedError
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The exact bytes of one token (a special token's text as UTF-8)."""
+        raise NotImplementedError
+
+    def special_id(self, text: str) -> int | None:
+        """The id of the special/added token spelled `text`, or None."""
+        return self._specials.get(text)
+
+    def is_special(self, token_id: int) -> bool:
+        """True when `token_id` is a special or added token (a marker), not ordinary BPE."""
+        return token_id in self._special_ids
+
+    def special_tokens(self) -> dict[str, int]:
+        """All special/added tokens: text -> id."""
+        return dict(self._specials)
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        """The exact bytes of `ids` (no U+FFFD substitution)."""
+        tb = self.token_bytes
+        return b"".join(tb(i) for i in ids)
+
+    def id_of_bytes(self, data: bytes) -> int | None:
+        """The ordinary (non-special) token whose bytes are `data`, or None."""
+        return self._bytes_to_id.get(data)
+
+    _specials: dict[str, int]
+    _special_ids: frozenset[int]
+    _bytes_to_id: dict[bytes, int]
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.path} vocab={self.vocab_size} fp={self.fingerprint[:12]}>"
+
+
+def _fingerprint(directory: Path) -> str:
+    h = hashlib.sha256()
+    for name in _FINGERPRINT_FILES:
+        p = directory / name
+        if p.exists():
+            h.update(name.encode() + b"\0")
+            h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg}); replace the file with the model's original") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read ({exc.strerror})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected a JSON object at the top level")
+    return data
+
+
+class TiktokenTokenizer(Tokenizer):
+    """Kimi-style tokenizer: `tiktoken.model` ranks + 256 special slots named by `added_tokens_decoder`."""
+
+    kind = "tiktoken"
+
+    def __init__(self, directory: Path, pattern: str = KIMI_PATTERN) -> None:
+        import tiktoken
+
+        self.path = directory
+        model = directory / "tiktoken.model"
+        ranks = _load_ranks(model)
+        config_path = directory / "tokenizer_config.json"
+        named: dict[int, str] = {}
+        if config_path.exists():
+            decoder = _read_json(config_path).get("added_tokens_decoder") or {}
+            for key, entry in decoder.items():
+                try:
+                    named[int(key)] = entry["content"] if isinstance(entry, dict) else str(entry)
+                except (ValueError, KeyError):
+                    raise InputError(
+                        f"{config_path}: added_tokens_decoder[{key!r}]: expected an integer id with a 'content' string"
+                    ) from None
+        n_base = len(ranks)
+        specials = {
+            named.get(i, f"<|reserved_token_{i}|>"): i for i in range(n_base, n_base + TIKTOKEN_SPECIAL_SLOTS)
+        }
+        try:
+            self._enc = tiktoken.Encoding(
+                name=f"eaglewatch:{directory.name}", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials
+            )
+        except ValueError as exc:
+            raise InputError(f"{model}: tiktoken rejected the vocabulary or pattern ({exc})") from None
+        self._specials = specials
+        self._special_ids = frozenset(specials.values())
+        self._bytes_to_id = ranks
+        self._id_to_bytes = {i: b for b, i in ranks.items()}
+        self._id_to_bytes.update({i: t.encode("utf-8") for t, i in specials.items()})
+        self.vocab_size = n_base + TIKTOKEN_SPECIAL_SLOTS
+        self.fingerprint = _fingerprint(directory)
+
+    @property
+    def encoding(self):
+        """The underlying `tiktoken.Encoding` (for benchmarks and equivalence tests)."""
+        return self._enc
+
+    def encode(self, text: str) -> list[int]:
+        return self._enc.encode(text, allowed_special="all")
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        return self._enc.encode_ordinary(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._enc.decode(list(ids))
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        return self._enc.decode_bytes(list(ids))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        try:
+            return self._id_to_bytes[token_id]
+        except KeyError:
+            raise ValueError(f"token id {token_id} is outside the vocabulary of {self.path} (size {self.vocab_size})") from None
+
+
+def _load_ranks(model: Path) -> dict[bytes, int]:
+    ranks: dict[bytes, int] = {}
+    try:
+        lines = model.read_bytes().splitlines()
+    except OSError as exc:
+        raise InputError(f"{model}: cannot be read ({exc.strerror})") from None
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            token, rank = line.split()
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
+        except ValueError:
+            raise InputError(
+                f"{model}:{lineno}: expected '<base64 token> <rank>'; the file is not a tiktoken BPE vocabulary"
+            ) from None
+    if not ranks:
+        raise InputError(f"{model}: the file is empty; copy the model's original tiktoken.model")
+    return ranks
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    # GPT-2 byte-level alphabet: printable bytes map to themselves, the rest to U+0100 upwards.
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+class HFTokenizer(Tokenizer):
+    """A `tokenizer.json` loaded with the `tokenizers` library (no transformers, no remote code)."""
+
+    kind = "hf"
+
+    def __init__(self, directory: Path) -> None:
+        from tokenizers import Tokenizer as RustTokenizer
+
+        self.path = directory
+        path = directory / "tokenizer.json"
+        raw = _read_json(path)
+        try:
+            self._tok = RustTokenizer.from_str(json.dumps(raw))
+        except Exception as exc:  # the Rust error names the bad field
+            raise InputError(f"{path}: the tokenizers library cannot load it ({exc})") from None
+        self._specials = {t["content"]: int(t["id"]) for t in raw.get("added_tokens", [])}
+        self._special_ids = frozenset(self._specials.values())
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        vocab = self._tok.get_vocab(with_added_tokens=False)
+        self._byte_level = _uses_byte_level(raw)
+        self._has_normalizer = raw.get("normalizer") is not None
+        self._id_to_bytes: dict[int, bytes] = {}
+        if self._byte_level:
+            inverse = {c: b for b, c in _bytes_to_unicode().items()}
+            for piece, i in vocab.items():
+                try:
+                    self._id_to_bytes[i] = bytes(inverse[c] for c in piece)
+                except KeyError:
+                    self._id_to_bytes[i] = piece.encode("utf-8")
+        else:
+            for piece, i in vocab.items():
+                self._id_to_bytes[i] = self._tok.decode([i], skip_special_tokens=False).encode("utf-8")
+        self._bytes_to_id = {}
+        for i in sorted(self._id_to_bytes, reverse=True):
+            if i not in self._special_ids:
+                self._bytes_to_id[self._id_to_bytes[i]] = i
+        for t, i in self._specials.items():
+            self._id_to_bytes[i] = t.encode("utf-8")
+        self.fingerprint = _fingerprint(directory)
+
+    @property
+    def has_normalizer(self) -> bool:
+        """True when the tokenizer normalises text (e.g. NFC), so some text cannot round-trip."""
+        return self._has_normalizer
+
+    def normalize(self, text: str) -> str:
+        """`text` after the tokenizer's normaliser (unchanged when it has none)."""
+        norm = self._tok.normalizer
+        return norm.normalize_str(text) if norm is not None else text
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        # Bypass the added-token matcher: normaliser, pre-tokeniser and model only.
+        if self._tok.normalizer is not None:
+            text = self._tok.normalizer.normalize_str(text)
+        pieces = self._tok.pre_tokenizer.pre_tokenize_str(text) if self._tok.pre_tokenizer else [(text, None)]
+        model = self._tok.model
+        return [t.id for piece, _ in pieces for t in model.tokenize(piece)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        if self._byte_level:
+            return self.decode_bytes(ids).decode("utf-8", errors="replace")
+        return self._tok.decode(list(ids), skip_special_tokens=False)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        try:
+            return self._id_to_bytes[token_id]
+        except KeyError:
+            raise ValueError(f"token id {token_id} is outside the vocabulary of {self.path} (size {self.vocab_size})") from None
+
+
+def _uses_byte_level(raw: dict) -> bool:
+    def walk(node) -> bool:
+        if isinstance(node, dict):
+            if node.get("type") == "ByteLevel":
+                return True
+            return any(walk(v) for v in node.values())
+        if isinstance(node, list):
+            return any(walk(v) for v in node)
+        return False
+
+    return walk(raw.get("decoder")) or walk(raw.get("pre_tokenizer"))
+
+
+def load_tokenizer(directory: str | Path, pattern: str | None = None) -> Tokenizer:
+    """Load the tokenizer in `directory`: `tokenizer.json` (HF) or `tiktoken.model` (+ config).
+
+    `pattern` overrides the tiktoken pre-tokeniser (default: Kimi's). Raises InputError with a sentence
+    naming the directory and the missing file when neither is present.
+    """
+    d = Path(directory)
+    if not d.is_dir():
+        raise InputError(f"tokenizer directory {d} does not exist; pass the folder that holds tokenizer.json or tiktoken.model")
+    if (d / "tokenizer.json").exists():
+        return HFTokenizer(d)
+    if (d / "tiktoken.model").exists():
+        return TiktokenTokenizer(d, pattern or KIMI_PATTERN)
+    raise InputError(
+        f"tokenizer directory {d} holds neither tokenizer.json nor tiktoken.model; "
+        "copy the model's tokenizer files there (remote code is never run)"
+    )

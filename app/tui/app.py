@@ -1,0 +1,213 @@
+"""The monitor's Textual App and its faces: in-process (`run_tui`) and attached (`run_attached`).
+
+The App renders whatever a `DataSource` returns and turns keys into its control calls; it never
+imports the engine's internals or the store's writer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.screen import Screen
+
+from app.engine.snapshot import MetricsSnapshot
+from app.tui.screens.confirm import ConfirmScreen
+from app.tui.screens.dashboard import DashboardScreen
+from app.tui.screens.diff import DiffScreen
+from app.tui.screens.help import HelpScreen
+from app.tui.screens.jobs import JobsScreen
+from app.tui.screens.mismatches import MismatchesScreen
+from app.tui.screens.sample import SampleScreen
+from app.tui.source import DataSource
+
+KEYMAP_ENV = "EAGLEWATCH_KEYMAP"  # e.g. "run.pause=space;app.help=f1"
+THEMES = ("textual-dark", "textual-light", "ansi-dark", "ansi-light")
+
+
+def parse_keymap(text: str | None) -> dict[str, str]:
+    """`id=keys;id=keys` -> {binding id: keys}; raises ValueError naming the bad entry."""
+    keymap: dict[str, str] = {}
+    for entry in (text or "").split(";"):
+        entry = entry.strip()
+        if not entry:
+            continue
+        binding_id, sep, keys = entry.partition("=")
+        if not sep or not binding_id.strip() or not keys.strip():
+            raise ValueError(f"{KEYMAP_ENV}: {entry!r} is not of the form binding_id=keys (e.g. run.pause=space)")
+        keymap[binding_id.strip()] = keys.strip()
+    return keymap
+
+
+class EaglewatchApp(App):
+    """The operator's monitor over one run."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "eaglewatch"
+    ENABLE_COMMAND_PALETTE = True
+    BINDINGS = [
+        Binding("question_mark", "help", "Help", id="app.help"),
+        Binding("p", "toggle_pause", "Pause", id="run.pause"),
+        Binding("q", "quit_monitor", "Quit", id="app.quit"),
+        Binding("ctrl+q", "quit_monitor", "Quit", show=False, id="app.quit_ctrl", priority=True),
+    ]
+
+    def __init__(self, source: DataSource, *, theme: str = "textual-dark", keymap: dict[str, str] | None = None) -> None:
+        super().__init__()
+        self.source = source
+        self.last_snapshot: MetricsSnapshot | None = None
+        self._theme_name = theme
+        self._keymap = keymap or {}
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def on_mount(self) -> None:
+        self.theme = self._theme_name
+        if self._keymap:
+            self.set_keymap(self._keymap)
+        self.title = self.source.title
+        self.push_screen(DashboardScreen(id="dashboard"))
+
+    async def on_unmount(self) -> None:
+        aclose = getattr(self.source, "aclose", None)
+        if aclose is not None:
+            await aclose()
+        self.source.close()
+
+    # --- navigation ------------------------------------------------------------------------
+    def action_show_mismatches(self) -> None:
+        self.push_screen(MismatchesScreen(id="mismatches"))
+
+    def action_show_jobs(self) -> None:
+        self.push_screen(JobsScreen(id="jobs"))
+
+    def open_diff(self, sample_id: str) -> None:
+        """Drill down from a mismatch to its token diff."""
+        self.push_screen(DiffScreen(sample_id))
+
+    def open_sample(self, sample_id: str) -> None:
+        """Show everything stored about one sample."""
+        self.push_screen(SampleScreen(sample_id))
+
+    def action_help(self) -> None:
+        screen = self.screen
+        if isinstance(screen, HelpScreen):
+            return
+        shown: list[tuple[str, str]] = []
+        seen: set[str] = set()
+        # Only eaglewatch's own bindings (they carry ids); the key shown is the live one, so remaps show.
+        for active in screen.active_bindings.values():
+            binding = active.binding
+            if not binding.id or binding.id in seen or not binding.description:
+                continue
+            seen.add(binding.id)
+            shown.append((self.get_key_display(binding), f"{binding.description}  ({binding.id})"))
+        self.push_screen(HelpScreen(shown, type(screen).__name__.removesuffix("Screen").lower()))
+
+    # --- run control -----------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "toggle_pause":
+            if not self.source.can_control or isinstance(self.screen, JobsScreen):
+                return False
+            snap = self.last_snapshot
+            return snap is not None and snap.state in ("running", "paused")
+        return True
+
+    async def action_toggle_pause(self) -> None:
+        snap = self.last_snapshot
+        if snap is None or not self.source.can_control:
+            return
+        if snap.state == "paused":
+            await self.source.resume()
+            self.notify("resume requested")
+        else:
+            await self.source.pause()
+            self.notify("pause requested: nothing new is leased; requests in flight finish")
+
+    async def action_quit_monitor(self) -> None:
+        if not self.source.live:
+            self.exit()
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.exit()
+
+        if not isinstance(self.screen, ConfirmScreen):
+            self.push_screen(ConfirmScreen("The run is live in this process. Stop it and quit?"), answered)
+
+    # --- palette ---------------------------------------------------------------------------
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("Mismatches", "Every non-exact sample, filterable", self.action_show_mismatches)
+        yield SystemCommand("Jobs", "Extraction jobs: pause, resume, cancel, log", self.action_show_jobs)
+        if self.source.can_control:
+            yield SystemCommand("Pause or resume the run", "Same as p", self.action_toggle_pause)
+        for name in THEMES:
+            yield SystemCommand(f"Theme: {name}", "ansi-* use your terminal's own palette", partial(setattr, self, "theme", name))
+
+
+def keymap_from_env() -> dict[str, str]:
+    """The operator's key remaps from EAGLEWATCH_KEYMAP (binding ids are listed in `?`)."""
+    return parse_keymap(os.environ.get(KEYMAP_ENV))
+
+
+def make_app(source: DataSource, *, theme: str = "textual-dark") -> EaglewatchApp:
+    """Build the monitor over a data source (the CLI and the tests use this)."""
+    return EaglewatchApp(source, theme=theme, keymap=keymap_from_env())
+
+
+async def host_run(*, config: Any, run: Any, mouse: bool = True, theme: str = "textual-dark") -> None:
+    """Show the monitor over an engine `Run` already started on this event loop, until the operator quits.
+
+    The engine's tasks keep running underneath (same loop); the caller closes the run afterwards.
+    """
+    from app.tui.db_source import InProcessSource
+
+    source = InProcessSource(run=run, config=config)
+    await make_app(source, theme=theme).run_async(mouse=mouse)
+
+
+def run_tui(*, config: Any, run: str | None = None, mouse: bool = True, theme: str = "textual-dark") -> int:
+    """`eaglewatch run CONFIG` with the monitor: ingest, start the engine, host the TUI, close the engine on quit.
+
+    `run` may name the run (it must match `config.run.name`, which the caller has already applied).
+    Returns the exit status: 0 once the operator quits.
+    """
+    import asyncio
+
+    if run is not None and not isinstance(run, str):
+        raise TypeError("run_tui takes the run's name; use host_run() with a started engine Run")
+    return asyncio.run(_run_in_process(config, mouse=mouse, theme=theme))
+
+
+async def _run_in_process(config: Any, *, mouse: bool, theme: str) -> int:
+    from app.errors import EaglewatchError
+
+    try:
+        from app.engine.ingest import ensure_ingested
+        from app.engine.reconstruct import build_reconstructor
+        from app.engine.run import Run
+        from app.store.run_store import RunStore
+    except ImportError as exc:
+        raise EaglewatchError(
+            f"the generation engine is not available in this build ({exc.name} is missing); "
+            "watch an existing run with 'eaglewatch watch DB' instead"
+        ) from None
+    store = await RunStore.open(config.run.database)
+    try:
+        await ensure_ingested(store, config)
+        engine = Run(config, store, reconstructor=build_reconstructor(config), db_path=config.run.database,
+                     resume_paused=True)
+        await engine.start()
+        try:
+            await host_run(config=config, run=engine, mouse=mouse, theme=theme)
+        finally:
+            await engine.close(cancel_in_flight=True)
+    finally:
+        await store.close()
+    return 0

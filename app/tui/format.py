@@ -1,0 +1,52 @@
+"""Number and time formatting for the monitor (pure functions, no Textual)."""
+
+from __future__ import annotations
+
+import time
+
+
+def duration(seconds: float | None) -> str:
+    """`1h02m03s`-style duration, or "-" when unknown."""
+    if seconds is None or seconds < 0:
+        return "-"
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m{secs:02d}s"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def money(usd: float | None) -> str:
+    """Dollars with cents (or four decimals under a dollar), "-" when unknown."""
+    if usd is None:
+        return "-"
+    return f"${usd:,.2f}" if abs(usd) >= 1 else f"${usd:.4f}"
+
+
+def ms(value: float | None) -> str:
+    """Milliseconds as `123 ms` / `1.2 s`, "-" when unknown."""
+    if value is None:
+        return "-"
+    return f"{value / 1000:.1f} s" if value >= 1000 else f"{value:.0f} ms"
+
+
+def percent(part: int, whole: int) -> str:
+    """`12.3%` of whole, "-" when whole is zero."""
+    return f"{100 * part / whole:.1f}%" if whole else "-"
+
+
+def bar(fraction: float, width: int) -> str:
+    """A text bar of `width` cells filled to `fraction` (clamped to 0..1)."""
+    fraction = min(max(fraction, 0.0), 1.0)
+    full = int(round(fraction * width))
+    return "█" * full + "░" * (width - full)
+
+
+def clock(ts: float | None) -> str:
+    """A unix time as UTC `HH:MM:SS` (UTC, so screenshots do not depend on the machine's zone)."""
+    if ts is None:
+        return "--:--:--"
+    return time.strftime("%H:%M:%S", time.gmtime(ts))

@@ -1,0 +1,98 @@
+"""Everything stored about one sample: prompt, reasoning, content, tool calls, usage, cost, timings, raw."""
+
+from __future__ import annotations
+
+import json
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from app.tui import format as fmt
+from app.tui.source import SampleDetail
+
+
+def detail_text(detail: SampleDetail, raw: bool) -> Text:
+    """The sample as one Text (model output is never parsed as markup)."""
+    text = Text()
+
+    def section(title: str, body: str | None) -> None:
+        text.append(f"── {title} ", style="bold")
+        text.append("─" * max(0, 40 - len(title)) + "\n", style="dim")
+        text.append((body if body else "(none)") + "\n\n", style=None if body else "dim")
+
+    summary = (
+        f"dataset {detail.dataset} · state {detail.state} · verdict {detail.verdict or '-'}"
+        f" · strategy {detail.strategy or '-'} · endpoint {detail.endpoint or '-'}\n"
+        f"finish {detail.finish_reason or '-'} · cost {fmt.money(detail.cost_usd)}"
+        f" · latency {fmt.ms(detail.latency_ms)} · ttft {fmt.ms(detail.ttft_ms)}"
+    )
+    section(f"sample {detail.sample_id}", summary)
+    if detail.error:
+        section("last error", detail.error)
+    prompt = "\n".join(
+        f"[{m.get('role', '?')}] {m.get('content') if isinstance(m.get('content'), str) else json.dumps(m.get('content'), ensure_ascii=False)}"
+        for m in detail.prompt
+    )
+    section("prompt", prompt)
+    section("reasoning", detail.reasoning)
+    section("content", detail.content)
+    calls = "\n".join(
+        f"{c.get('name', '?')}({c.get('arguments', '')})  id={c.get('id', '')}" for c in detail.tool_calls
+    )
+    section("tool calls", calls)
+    section("usage", ", ".join(f"{k} {v}" for k, v in detail.usage.items()) if detail.usage else None)
+    if raw:
+        section("raw response", detail.raw)
+    else:
+        text.append("r shows the raw response", style="dim")
+    return text
+
+
+class SampleScreen(Screen):
+    """A scrollable text page; `r` toggles the raw response."""
+
+    BINDINGS = [
+        Binding("r", "toggle_raw", "Raw", id="sample.raw"),
+        Binding("escape", "app.pop_screen", "Back", id="sample.back"),
+    ]
+
+    def __init__(self, sample_id: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.sample_id = sample_id
+        self.detail: SampleDetail | None = None
+        self.raw = False
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="sample-body"):
+            yield Static(f"sample {self.sample_id} · loading…", id="sample-text")
+        yield Footer(compact=True, show_command_palette=False)
+
+    def on_mount(self) -> None:
+        self.query_one("#sample-body").focus()
+        self._load(self.sample_id)
+
+    @work(thread=True, exclusive=True, group="sample-detail", exit_on_error=False)
+    def _load(self, sample_id: str) -> None:
+        try:
+            detail = self.app.source.sample_detail(sample_id)
+        except Exception as exc:
+            self.app.call_from_thread(
+                self.query_one("#sample-text", Static).update,
+                Text(f"sample {sample_id}: cannot read it: {exc}", style="bold red"),
+            )
+            return
+        self.app.call_from_thread(self.show_detail, detail)
+
+    def show_detail(self, detail: SampleDetail) -> None:
+        self.detail = detail
+        self.query_one("#sample-text", Static).update(detail_text(detail, self.raw))
+
+    def action_toggle_raw(self) -> None:
+        self.raw = not self.raw
+        if self.detail is not None:
+            self.show_detail(self.detail)

@@ -1,0 +1,331 @@
+"""Engine throughput against the zero-latency simulator, side by side with request-only baselines.
+
+    python bench/engine.py [--n 2000] [--concurrency 64 256] [--rss-samples 20000] [--skip-curator]
+
+One run measures, for each concurrency and for non-streaming and streaming: completed responses/s and
+client CPU per request of the engine (request + parse + store, one transaction per result) and of three
+clients that only do the requests: a bare aiohttp client (the practical ceiling of a Python client), the
+official `openai` SDK (asyncio.gather) and Curator (`bespokelabs-curator`, non-streaming only, its rate
+limiter raised; it runs from its own venv, `CURATOR_PYTHON`, default /tmp/curator-venv/bin/python, since
+its pins clash with ours). The server runs in its own process pinned to core 0, each client in a fresh
+process pinned to core 1; the server's own ceiling is its CPU time per request. Peak RSS of an engine run
+over `--rss-samples` samples is measured too. Writes bench/results/engine.json and prints markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+SAMPLE = ROOT / "sample_data"
+MODEL = "moonshotai/kimi-k2.5"
+CURATOR_PYTHON = os.environ.get("CURATOR_PYTHON", "/tmp/curator-venv/bin/python")
+
+
+def _pin(core: int) -> None:
+    try:
+        if os.cpu_count() and os.cpu_count() > core:
+            os.sched_setaffinity(0, {core})
+    except (AttributeError, OSError):
+        pass
+
+
+def prompts(n: int) -> list[list[dict]]:
+    """n distinct prompts of about 3 KB each (request body size)."""
+    base = [json.loads(line)["messages"] for line in (SAMPLE / "prompts.openai.jsonl").read_text().splitlines()]
+    # plain system/user/assistant text turns only, so every client (Curator included) accepts them
+    base = [m for m in base if all(t.get("role") in ("system", "user", "assistant") and isinstance(t.get("content"), str)
+                                   and not t.get("tool_calls") for t in m) and m[-1]["role"] == "user"]
+    pad = ("lorem ipsum dolor sit amet " * 120)[:2800]
+    return [[*base[i % len(base)][:-1], {"role": "user", "content": f"{i} {pad} {base[i % len(base)][-1]['content']}"}]
+            for i in range(n)]
+
+
+# ---- server -----------------------------------------------------------------------------------------
+
+async def _serve() -> None:
+    from app.simulator.options import SimulatorOptions
+    from app.simulator.server import SimulatorServer
+
+    sim = SimulatorServer(SimulatorOptions(), tokenizer_dir=SAMPLE / "tokenizer", reference=SAMPLE / "reference.jsonl",
+                          model=MODEL)
+    await sim.start()
+    print(sim.base_url, flush=True)
+    while True:
+        line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        if not line:
+            return
+        if line.strip() == "stats":
+            t = os.times()
+            print(json.dumps({"cpu_s": t.user + t.system, "served": sim._served}), flush=True)
+
+
+# ---- clients (each in its own process) ----------------------------------------------------------------
+
+async def _bare_aiohttp(url: str, msgs: list, conc: int, stream: bool) -> int:
+    import aiohttp
+
+    sem = asyncio.Semaphore(conc)
+    ok = 0
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=conc)) as session:
+        async def one(m):
+            nonlocal ok
+            body = {"model": MODEL, "messages": m, "max_tokens": 4096, "stream": stream}
+            async with sem, session.post(url + "/chat/completions", json=body) as resp:
+                if not stream:
+                    data = json.loads(await resp.read())
+                    ok += bool(data["choices"][0]["message"])
+                    return
+                async for line in resp.content:
+                    if line.startswith(b"data: ") and line[6:].strip() != b"[DONE]":
+                        json.loads(line[6:])
+                ok += 1
+
+        await asyncio.gather(*(one(m) for m in msgs))
+    return ok
+
+
+async def _openai_sdk(url: str, msgs: list, conc: int, stream: bool) -> int:
+    import httpx
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=url, api_key="bench", max_retries=0,
+                         http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=conc), timeout=60))
+    sem = asyncio.Semaphore(conc)
+    ok = 0
+
+    async def one(m):
+        nonlocal ok
+        async with sem:
+            if not stream:
+                r = await client.chat.completions.create(model=MODEL, messages=m, max_tokens=4096)
+                ok += bool(r.choices)
+                return
+            s = await client.chat.completions.create(model=MODEL, messages=m, max_tokens=4096, stream=True)
+            async for _ in s:
+                pass
+            ok += 1
+
+    await asyncio.gather(*(one(m) for m in msgs))
+    await client.close()
+    return ok
+
+
+async def _engine(url: str, msgs: list, conc: int, stream: bool, db_dir: str, reconstruct: bool = False) -> int:
+    from app.config import parse_config
+    from app.engine.reconstruct import build_reconstructor
+    from app.engine.run import Run
+    from app.store.records import SampleInput
+    from app.store.run_store import RunStore
+
+    cfg = parse_config({
+        "run": {"name": "bench", "database": str(Path(db_dir) / "bench.db")},
+        "data": {"datasets": [{"path": str(SAMPLE / "prompts.openai.jsonl")}]},
+        "model": {"name": MODEL, "tokenizer": str(SAMPLE / "tokenizer")},
+        "endpoints": [{"name": "sim", "base_url": url, "max_concurrency": conc, "timeout_s": 60}],
+        "generation": {"max_tokens": 4096, "stream": stream},
+        "limits": {"concurrency_initial": conc, "concurrency_min": conc, "concurrency_max": conc},
+    })
+    store = await RunStore.open(cfg.run.database)
+    run_id = await store.ensure_run("bench", cfg.redacted())
+    await store.ingest(run_id, (SampleInput(f"s{i}", "bench", m) for i, m in enumerate(msgs)))
+    global _T0, _C0
+    _T0, _C0 = time.perf_counter(), time.process_time()  # ingest is not timed
+    run = Run(cfg, store, reconstructor=build_reconstructor(cfg) if reconstruct else None)
+    await run.start()
+    await run.wait()
+    done = run.snapshot().done
+    await run.close()
+    await store.close()
+    return done
+
+
+_T0 = _C0 = 0.0
+
+
+def client_main(args: argparse.Namespace) -> None:
+    _pin(1)
+    msgs = prompts(args.n)
+    global _T0, _C0
+    _T0, _C0 = time.perf_counter(), time.process_time()
+    if args.client == "aiohttp":
+        ok = asyncio.run(_bare_aiohttp(args.url, msgs, args.conc, args.stream))
+    elif args.client == "openai":
+        ok = asyncio.run(_openai_sdk(args.url, msgs, args.conc, args.stream))
+    else:
+        with tempfile.TemporaryDirectory() as d:
+            ok = asyncio.run(_engine(args.url, msgs, args.conc, args.stream, d, args.client == "engine+tokens"))
+    wall, cpu = time.perf_counter() - _T0, time.process_time() - _C0
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"ok": ok, "wall_s": wall, "cpu_s": cpu, "rss_mb": rss_mb}))
+
+
+CURATOR_SCRIPT = r"""
+import json, os, sys, time
+os.environ["TELEMETRY_ENABLED"] = "false"
+os.environ["CURATOR_DISABLE_CACHE"] = "1"
+os.sched_setaffinity(0, {1}) if os.cpu_count() > 1 else None
+url, n, conc = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+msgs = json.loads(sys.stdin.read())
+from bespokelabs import curator
+from bespokelabs.curator.request_processor.online import openai_online_request_processor as oorp
+class _Chars:  # tiktoken's cl100k file cannot be downloaded offline; Curator only uses it to estimate tokens
+    def encode(self, text, **kw): return [0] * (len(text) // 4 + 1)
+oorp.OpenAIOnlineRequestProcessor.get_token_encoding = lambda self: _Chars()
+class Gen(curator.LLM):
+    def prompt(self, row): return row["messages"]
+    def parse(self, row, response): return {"r": response}
+llm = Gen(model_name="moonshotai/kimi-k2.5", backend="openai", generation_params={"max_tokens": 4096},
+          backend_params={"base_url": url, "api_key": "bench", "max_requests_per_minute": 10**9,
+                          "max_tokens_per_minute": 10**12, "max_concurrent_requests": conc,
+                          "require_all_responses": False, "max_retries": 0})
+t0, c0 = time.perf_counter(), time.process_time()
+out = llm([{"messages": m} for m in msgs])
+wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+try:
+    ok = len(out.dataset)
+except Exception:
+    ok = n
+print(json.dumps({"ok": ok, "wall_s": wall, "cpu_s": cpu}))
+"""
+
+
+def run_curator(url: str, n: int, conc: int) -> dict | str:
+    if not Path(CURATOR_PYTHON).exists():
+        return f"Curator skipped: no interpreter at {CURATOR_PYTHON} (pip install bespokelabs-curator into a venv there)"
+    with tempfile.TemporaryDirectory() as home:
+        env = {**os.environ, "HOME": home, "CURATOR_CACHE_DIR": home}
+        try:
+            p = subprocess.run([CURATOR_PYTHON, "-c", CURATOR_SCRIPT, url, str(n), str(conc)],
+                               input=json.dumps(prompts(n)), capture_output=True, text=True, env=env, timeout=600)
+        except subprocess.TimeoutExpired:
+            return "Curator skipped: it did not finish within 600 s"
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if p.returncode != 0 or not lines:
+        return "Curator skipped: it failed offline: " + (p.stderr.strip().splitlines() or ["?"])[-1][:200]
+    return json.loads(lines[-1])
+
+
+def run_client(kind: str, url: str, n: int, conc: int, stream: bool) -> dict:
+    cmd = [sys.executable, __file__, "--as-client", kind, "--url", url, "--n", str(n), "--conc", str(conc)]
+    if stream:
+        cmd.append("--stream")
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        raise RuntimeError(f"{kind} client failed: {p.stderr[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=2000, help="requests per measurement")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[64, 256])
+    ap.add_argument("--rss-samples", type=int, default=20000, help="samples in the peak-RSS run (0: skip)")
+    ap.add_argument("--skip-curator", action="store_true")
+    ap.add_argument("--clients", nargs="+", default=["aiohttp", "engine", "openai"])
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--as-client", dest="client", help=argparse.SUPPRESS)
+    ap.add_argument("--url", help=argparse.SUPPRESS)
+    ap.add_argument("--conc", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--stream", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve:
+        _pin(0)
+        asyncio.run(_serve())
+        return
+    if args.client:
+        client_main(args)
+        return
+
+    server = subprocess.Popen([sys.executable, __file__, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    url = server.stdout.readline().strip()
+
+    def server_stats() -> dict:
+        server.stdin.write("stats\n")
+        server.stdin.flush()
+        return json.loads(server.stdout.readline())
+
+    results: list[dict] = []
+    notes: list[str] = []
+    try:
+        run_client("aiohttp", url, 200, 64, False)  # warm up the server's render cache
+        for stream in (False, True):
+            for conc in args.concurrency:
+                kinds = list(args.clients)
+                if not stream and not args.skip_curator:
+                    kinds.append("curator")
+                for kind in kinds:
+                    before = server_stats()
+                    if kind == "curator":
+                        r = run_curator(url, args.n, conc)
+                        if isinstance(r, str):
+                            notes.append(r)
+                            continue
+                    else:
+                        r = run_client(kind, url, args.n, conc, stream)
+                    after = server_stats()
+                    served = max(1, after["served"] - before["served"])
+                    row = {"client": kind, "stream": stream, "concurrency": conc, "n": args.n, "ok": r["ok"],
+                           "req_s": r["ok"] / r["wall_s"], "client_cpu_ms": 1000 * r["cpu_s"] / max(1, r["ok"]),
+                           "server_cpu_ms": 1000 * (after["cpu_s"] - before["cpu_s"]) / served,
+                           "rss_mb": r.get("rss_mb")}
+                    row["server_ceiling_req_s"] = 1000 / row["server_cpu_ms"] if row["server_cpu_ms"] else None
+                    results.append(row)
+                    print(f"{kind:>8} stream={stream!s:5} c={conc:<4} {row['req_s']:8.0f} req/s "
+                          f"client {row['client_cpu_ms']:.2f} ms/req  server ceiling "
+                          f"{row['server_ceiling_req_s'] or 0:.0f} req/s", file=sys.stderr)
+        rss = None
+        if args.rss_samples:
+            r = run_client("engine", url, args.rss_samples, 256, False)
+            rss = {"samples": args.rss_samples, "peak_rss_mb": r["rss_mb"], "req_s": r["ok"] / r["wall_s"]}
+    finally:
+        server.stdin.close()
+        server.terminate()
+        server.wait()
+
+    def rate(kind, stream, conc):
+        for row in results:
+            if (row["client"], row["stream"], row["concurrency"]) == (kind, stream, conc):
+                return row["req_s"]
+        return None
+
+    lines = ["| mode | concurrency | engine req/s | bare aiohttp | engine / aiohttp | openai SDK | Curator | engine / Curator "
+             "| engine client CPU ms/req | server ceiling req/s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for stream in (False, True):
+        for conc in args.concurrency:
+            e, a, o, c = (rate(k, stream, conc) for k in ("engine", "aiohttp", "openai", "curator"))
+            erow = next((r for r in results if (r["client"], r["stream"], r["concurrency"]) == ("engine", stream, conc)), None)
+            fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
+            ratio = lambda x, y: "-" if x is None or not y else f"{x / y:.2f}x"  # noqa: E731
+            cpu = "-" if erow is None else f"{erow['client_cpu_ms']:.2f}"
+            ceiling = "-" if erow is None or not erow["server_ceiling_req_s"] else f"{erow['server_ceiling_req_s']:.0f}"
+            mode = "stream" if stream else "non-stream"
+            lines.append(f"| {mode} | {conc} | {fmt(e)} | {fmt(a)} | {ratio(e, a)} | {fmt(o)} | {fmt(c)} | "
+                         f"{ratio(e, c)} | {cpu} | {ceiling} |")
+    table = "\n".join(lines)
+    if rss:
+        table += (f"\n\nPeak RSS of an engine run over {rss['samples']:,} samples (concurrency 256): "
+                  f"{rss['peak_rss_mb']:.0f} MB")
+    for note in dict.fromkeys(notes):
+        table += f"\n\n{note}"
+    print(table)
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "engine.json").write_text(json.dumps({"rows": results, "rss": rss, "notes": notes,
+                                                  "cpus": os.cpu_count(), "n": args.n}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

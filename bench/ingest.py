@@ -1,0 +1,196 @@
+"""How fast does `eaglewatch ingest` stream a large prompt file into the run store, and in how much memory?
+
+Generates an N-line (default 1M) openai-messages JSONL file in a temp dir, then, each in a fresh
+subprocess (so peak RSS is that job's own):
+  - eaglewatch: `ingest_config` — parse + validate every line, content checks, INSERT OR IGNORE into the
+    real schema (unique (run, sample_id) index, state index) through the RunStore writer;
+  - baseline: the least a loader can do — `json.loads` each line, `json.dumps` its messages, and a bare
+    `sqlite3.executemany` into an index-free table, 5000 rows per transaction.
+Reports rows/s, the ratio to the baseline, and peak RSS (ru_maxrss). Targets: >= 50k rows/s, < 200 MB.
+Results go to bench/results/ingest.json; the last line is a markdown row for the README.
+
+    python bench/ingest.py [--lines 1000000] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+TARGET_ROWS_S = 50_000
+TARGET_RSS_MB = 200
+
+
+def generate(path: Path, n: int) -> None:
+    """A prompt file shaped like real chat data: a system turn, a user turn, the answer to drop."""
+    topics = ["python", "rust", "sqlite", "tokenizers", "gpu", "slurm", "eagle", "textual"]
+    with path.open("w", encoding="utf-8") as fh:
+        for i in range(n):
+            t = topics[i % len(topics)]
+            fh.write(
+                json.dumps(
+                    {
+                        "id": f"sample-{i:07d}",
+                        "messages": [
+                            {"role": "system", "content": "You are a careful assistant."},
+                            {"role": "user", "content": f"Question {i}: explain {t} in three sentences, with one example. 例 {i % 97}"},
+                            {"role": "assistant", "content": f"An answer about {t}."},
+                        ],
+                    },
+                    ensure_ascii=False,
+                )
+                + "\n"
+            )
+
+
+def child_eaglewatch(prompts: Path, db: Path) -> dict:
+    import asyncio
+
+    from app.commands.ingest import ingest_config
+    from app.config import parse_config
+
+    config = parse_config(
+        {
+            "run": {"name": "bench", "database": str(db)},
+            "data": {"datasets": [{"path": str(prompts), "format": "openai-messages"}]},
+            "model": {"name": "m", "tokenizer": "tok"},
+            "endpoints": [{"base_url": "http://127.0.0.1:1/v1"}],
+        }
+    )
+    t = time.perf_counter()
+    summary = asyncio.run(ingest_config(config))
+    elapsed = time.perf_counter() - t
+    d = summary.datasets[0]
+    return {"rows": d.added, "bad": d.bad_lines, "seconds": elapsed}
+
+
+def child_baseline(prompts: Path, db: Path) -> dict:
+    import sqlite3
+
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("CREATE TABLE samples (sample_id TEXT, messages TEXT)")
+    t = time.perf_counter()
+    rows = 0
+    batch: list[tuple[str, str]] = []
+    with prompts.open("rb") as fh:
+        for line in fh:
+            obj = json.loads(line)
+            batch.append((obj["id"], json.dumps(obj["messages"][:-1], ensure_ascii=False)))
+            if len(batch) == 5000:
+                conn.execute("BEGIN")
+                conn.executemany("INSERT INTO samples VALUES (?, ?)", batch)
+                conn.execute("COMMIT")
+                rows += len(batch)
+                batch = []
+    if batch:
+        conn.execute("BEGIN")
+        conn.executemany("INSERT INTO samples VALUES (?, ?)", batch)
+        conn.execute("COMMIT")
+        rows += len(batch)
+    elapsed = time.perf_counter() - t
+    conn.close()
+    return {"rows": rows, "bad": 0, "seconds": elapsed}
+
+
+def run_child(kind: str, prompts: Path, db: Path) -> dict:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", kind, str(prompts), str(db)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"{kind} child failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lines", type=int, default=1_000_000)
+    ap.add_argument("--keep", metavar="DIR", help="work in DIR and keep the files")
+    ap.add_argument("--child", nargs=3, metavar=("KIND", "PROMPTS", "DB"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.child:
+        kind, prompts, db = args.child
+        fn = child_eaglewatch if kind == "eaglewatch" else child_baseline
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        result = fn(Path(prompts), Path(db))
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        result["cpu_seconds"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+        print(json.dumps(result))
+        return 0
+
+    with tempfile.TemporaryDirectory(prefix="eaglewatch-bench-") as tmp:
+        work = Path(args.keep) if args.keep else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        prompts = work / "prompts.jsonl"
+        t = time.perf_counter()
+        generate(prompts, args.lines)
+        size_mb = prompts.stat().st_size / 1e6
+        print(f"generated {args.lines:,} lines ({size_mb:.0f} MB) in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+        results = {}
+        for kind in ("baseline", "eaglewatch"):
+            db = work / f"{kind}.db"
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{db}{suffix}").unlink(missing_ok=True)
+            results[kind] = run_child(kind, prompts, db)
+            r = results[kind]
+            r["rows_per_s"] = r["rows"] / r["seconds"]
+            r["rows_per_cpu_s"] = r["rows"] / max(r["cpu_seconds"], 1e-9)
+
+    ours, base = results["eaglewatch"], results["baseline"]
+    ratio = ours["rows_per_s"] / base["rows_per_s"]
+    print()
+    cpu_ratio = ours["rows_per_cpu_s"] / base["rows_per_cpu_s"]
+    print(f"{'':12} {'rows':>10} {'seconds':>8} {'rows/s':>10} {'rows/cpu-s':>11} {'peak RSS':>9}")
+    for kind in ("baseline", "eaglewatch"):
+        r = results[kind]
+        print(
+            f"{kind:12} {r['rows']:>10,} {r['seconds']:>8.1f} {r['rows_per_s']:>10,.0f} "
+            f"{r['rows_per_cpu_s']:>11,.0f} {r['peak_rss_mb']:>7.0f} MB"
+        )
+    print(f"ratio eaglewatch / baseline: {ratio:.2f}x wall, {cpu_ratio:.2f}x per CPU second "
+          f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs: wall times on a busy machine run long)")
+    ok_speed = ours["rows_per_s"] >= TARGET_ROWS_S
+    ok_rss = ours["peak_rss_mb"] < TARGET_RSS_MB
+    print(f"targets: >= {TARGET_ROWS_S:,} rows/s {'met' if ok_speed else 'MISSED'}; "
+          f"peak RSS < {TARGET_RSS_MB} MB {'met' if ok_rss else 'MISSED'}")
+
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "lines": args.lines,
+        "file_mb": round(size_mb, 1),
+        "results": results,
+        "ratio": ratio,
+        "cpu_ratio": cpu_ratio,
+        "targets": {"rows_per_s": TARGET_ROWS_S, "peak_rss_mb": TARGET_RSS_MB, "met": ok_speed and ok_rss},
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load": os.getloadavg()},
+    }
+    (out / "ingest.json").write_text(json.dumps(payload, indent=2) + "\n")
+    print()
+    print(
+        f"| ingest {args.lines:,}-line prompt file | {ours['rows_per_s']:,.0f} rows/s "
+        f"(bare sqlite3 executemany {base['rows_per_s']:,.0f}; {ratio:.2f}x); {ours['rows_per_cpu_s']:,.0f} rows per CPU-s "
+        f"| peak RSS {ours['peak_rss_mb']:.0f} MB |"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

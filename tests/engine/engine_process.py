@@ -1,0 +1,37 @@
+"""A whole engine in its own process, for the crash-safety test: `python engine_process.py CONFIG.json`.
+
+Runs the config's run to the end (the database must already hold the samples) and exits 0; prints the
+engine's in-memory spent figure as `spent=<usd>` on the way out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from app.config import parse_config  # noqa: E402
+from app.engine.run import Run  # noqa: E402
+from app.store.run_store import RunStore  # noqa: E402
+
+
+async def main(path: str) -> int:
+    config = parse_config(json.loads(Path(path).read_text()), base_dir=Path(path).parent)
+    store = await RunStore.open(config.run.database)
+    run = Run(config, store, resume_paused=True)
+    try:
+        await run.start()
+        print("started", flush=True)
+        outcome = await run.wait()
+        print(f"spent={run.snapshot().cost_usd!r}", flush=True)
+    finally:
+        await run.close()
+        await store.close()
+    return 0 if outcome.state == "done" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(sys.argv[1])))

@@ -1,0 +1,50 @@
+"""`eaglewatch export` on the command line: report, --json, progress on stderr, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+from app.cli import main
+
+
+def test_export_prints_a_json_report(built_run, tmp_path, capsys):
+    code = main(["export", "--db", str(built_run.db), "--format", "eagle3-shards", "--out", str(tmp_path),
+                 "--shard-size", "100", "--drop-bpe-equivalent", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0
+    report = json.loads(captured.out)
+    assert report["format"] == "eagle3-shards"
+    assert report["exported"] == sum(c == "exact" for c in built_run.categories.values())
+    assert report["files"][-1] == "manifest.json"
+    assert "export:" in captured.err  # progress goes to stderr
+
+
+def test_export_text_report_names_what_was_skipped(built_run, tmp_path, capsys):
+    code = main(["export", "--db", str(built_run.db), "--run", "demo", "--format", "specforge", "--out", str(tmp_path),
+                 "--keep-truncated", "--max-length", "100000"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "exported" in out and "3 text_mismatch" in out and "truncated" not in out.split("skipped:")[1]
+
+
+def test_export_error_is_one_sentence_and_nonzero_exit(tmp_path, capsys):
+    code = main(["export", "--db", str(tmp_path / "missing.db"), "--format", "sglang-raw", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert "eaglewatch export: error:" in err and "no such database" in err and "Traceback" not in err
+
+
+def test_bad_template_kwargs_are_reported(built_run, tmp_path, capsys):
+    code = main(["export", "--db", str(built_run.db), "--format", "sglang-raw", "--out", str(tmp_path),
+                 "--template-kwargs", "{thinking"])
+    assert code != 0
+    assert "--template-kwargs: not valid JSON" in capsys.readouterr().err
+
+
+def test_help_ends_with_an_example(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    out = capsys.readouterr().out
+    assert "Example:" in out and "eaglewatch export --db" in out

@@ -1,0 +1,57 @@
+"""From the real writer to the shards: ingest with RunStore, reconstruct with Reconstructor, export, read back."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from app.export import export_run
+from app.extract.manifest import read_manifest, read_shard
+from app.store.records import SampleInput
+from app.store.run_store import RunStore
+from app.tokens import get_profile, load_tokenizer, split_output
+from app.tokens.reconstruct import Reconstructor
+
+
+async def test_a_run_written_by_the_engine_path_exports_its_reference_ids(tmp_path, sample_reference,
+                                                                          sample_tokenizer_dir, sample_cases):
+    tok = load_tokenizer(sample_tokenizer_dir)
+    profile = get_profile("kimi-k2.5")
+    reconstructor = Reconstructor(profile, tok)
+    records = [json.loads(line) for line in sample_reference.read_text(encoding="utf-8").splitlines()]
+    db = tmp_path / "run.db"
+    config = {"run": {"name": "e2e"}, "model": {"tokenizer": str(sample_tokenizer_dir), "profile": profile.name}}
+    store = await RunStore.open(db)
+    try:
+        run_id = await store.ensure_run("e2e", config)
+        await store.ingest(run_id, [
+            SampleInput(r["id"], "prompts", r["messages"], r.get("tools"), tuple(r["output_ids"])) for r in records
+        ])
+        leased = await store.lease(run_id, len(records), 600)
+        assert len(leased) == len(records)
+        for sample in leased:
+            # what a clean server returns for these ids
+            completion = split_output(sample.reference_ids, profile, tok).to_completion()
+            rec, verdict = reconstructor.process(completion, sample.reference_ids)
+            await store.record_result(run_id, sample.pk, 1, "simulator", completion, 0.0, rec, verdict,
+                                      sample.reference_ids, profile=profile.name, tokenizer=tok.fingerprint)
+    finally:
+        await store.close()
+
+    report = export_run(db, tmp_path / "out", "eagle3-shards", shard_size=128)
+    manifest = read_manifest(tmp_path / "out")
+    samples = {s.sample_id: s for e in manifest.shards for s in read_shard(e)}
+    by_id = {r["id"]: r for r in records}
+    kinds = {sid: sample_cases["samples"][sid]["kinds"] for sid in by_id}
+    # every untruncated sample reconstructs benignly from clean text, so it is exported
+    expected = {sid for sid in by_id if "truncated" not in kinds[sid]}
+    assert set(samples) == expected, Counter(report.skipped)
+    for sid, sample in samples.items():
+        completion = list(sample.input_ids[sample.loss_mask.index(1):])
+        if "non_canonical" in kinds[sid]:
+            assert completion != by_id[sid]["output_ids"] and tok.decode(completion) == tok.decode(by_id[sid]["output_ids"])
+        else:
+            assert completion == by_id[sid]["output_ids"], sid
+    counts = json.loads((tmp_path / "out" / "manifest.json").read_text())["counts"]
+    assert counts == {"seen": len(records), "exported": len(expected),
+                      "skipped": {"truncated": len(records) - len(expected)}}

@@ -1,0 +1,143 @@
+"""Each export format round-trips, and prompt + completion ids equal what a server would tokenize."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.export import assistant_turn, export_run, iter_rows
+from app.extract.manifest import read_manifest, read_shard
+from app.tokens import get_profile, load_tokenizer, split_output
+
+
+@pytest.fixture(scope="module")
+def shards(built_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("shards")
+    report = export_run(built_run.db, out, "eagle3-shards", shard_size=64)
+    return out, report
+
+
+def _read_all_shards(out):
+    manifest = read_manifest(out)
+    return manifest, {s.sample_id: s for entry in manifest.shards for s in read_shard(entry)}
+
+
+def test_shards_are_read_back_by_the_extractor(shards, built_run, sample_tokenizer_dir):
+    out, report = shards
+    manifest, samples = _read_all_shards(out)
+    kept = {sid for sid, cat in built_run.categories.items() if cat in ("exact", "bpe_equivalent")}
+    assert set(samples) == kept
+    assert report.exported == len(kept)
+    assert [e.samples for e in manifest.shards][:-1] == [64] * (len(manifest.shards) - 1)
+    assert manifest.tokenizer_fingerprint == load_tokenizer(sample_tokenizer_dir).fingerprint
+
+
+def test_completion_is_the_stored_ids_under_a_loss_mask_of_ones(shards, built_run):
+    out, _ = shards
+    _, samples = _read_all_shards(out)
+    for sid, sample in samples.items():
+        output = built_run.output_ids[sid]
+        n_prompt = len(sample.input_ids) - len(output)
+        assert list(sample.input_ids[n_prompt:]) == output, sid
+        assert sample.loss_mask == (0,) * n_prompt + (1,) * len(output), sid
+
+
+def test_prompt_part_is_the_template_with_generation_prompt(shards, built_run, hf_sample_tokenizer):
+    out, _ = shards
+    _, samples = _read_all_shards(out)
+    for sid in list(samples)[:80]:
+        rec = built_run.records[sid]
+        text = hf_sample_tokenizer.apply_chat_template(rec["messages"], tools=rec.get("tools"),
+                                                       add_generation_prompt=True, tokenize=False)
+        prompt = hf_sample_tokenizer.encode(text, add_special_tokens=False)
+        assert list(samples[sid].input_ids[: len(prompt)]) == prompt, sid
+        assert samples[sid].loss_mask[len(prompt) - 1] == 0 and prompt[-1] == hf_sample_tokenizer.convert_tokens_to_ids("<think>")
+
+
+def test_input_ids_equal_the_server_rendering_of_the_whole_conversation(shards, built_run, hf_sample_tokenizer,
+                                                                       sample_tokenizer_dir):
+    """Render prompt + assistant turn (from the reference text) the way a server would, tokenize, compare."""
+    out, _ = shards
+    _, samples = _read_all_shards(out)
+    tok = load_tokenizer(sample_tokenizer_dir)
+    profile = get_profile("kimi-k2.5")
+    for sid, sample in samples.items():
+        rec = built_run.records[sid]
+        view = split_output(rec["output_ids"], profile, tok)
+        conversation = [*rec["messages"], assistant_turn(view)]
+        text = hf_sample_tokenizer.apply_chat_template(conversation, tools=rec.get("tools"), tokenize=False,
+                                                       preserve_thinking=True)
+        assert hf_sample_tokenizer.encode(text, add_special_tokens=False) == list(sample.input_ids), sid
+
+
+def test_manifest_records_tokenizer_profile_counts_and_lengths(shards, built_run, sample_tokenizer_dir):
+    out, report = shards
+    data = json.loads((out / "manifest.json").read_text())
+    assert data["format"] == "eagle3-shards"
+    assert data["tokenizer_fingerprint"] == load_tokenizer(sample_tokenizer_dir).fingerprint
+    assert data["profile"] == "kimi-k2.5" and data["prompt_renderer"] == "chat_template"
+    assert data["counts"]["seen"] == len(built_run.records)
+    assert data["counts"]["exported"] + sum(data["counts"]["skipped"].values()) == len(built_run.records)
+    _, samples = _read_all_shards(out)
+    lengths = [len(s.input_ids) for s in samples.values()]
+    assert data["lengths"]["tokens"] == sum(lengths) == sum(e["tokens"] for e in data["shards"])
+    assert (data["lengths"]["min"], data["lengths"]["max"]) == (min(lengths), max(lengths))
+    assert data["lengths"]["loss_tokens"] == sum(sum(s.loss_mask) for s in samples.values())
+
+
+def test_sglang_raw_round_trips(built_run, tmp_path):
+    report = export_run(built_run.db, tmp_path, "sglang-raw", policy=_keep_all())
+    rows = [json.loads(line) for line in (tmp_path / "sglang_raw.jsonl").read_text().splitlines()]
+    assert report.exported == len(rows) == len(built_run.records)
+    for row in rows:
+        rec = built_run.records[row["id"]]
+        assert row["output_ids"] == built_run.output_ids[row["id"]]
+        assert row["messages"] == rec["messages"] and row.get("tools") == rec.get("tools")
+        assert row["meta_info"]["finish_reason"] == rec["meta_info"]["finish_reason"]
+        assert row["meta_info"]["prompt_tokens"] == rec["meta_info"]["prompt_tokens"]
+        assert row["meta_info"]["completion_tokens"] == len(row["output_ids"])
+        assert row["meta_info"]["verdict"] == built_run.categories[row["id"]]
+
+
+def test_specforge_conversations_render_back_to_the_shard_ids(built_run, shards, tmp_path, hf_sample_tokenizer):
+    export_run(built_run.db, tmp_path, "specforge")
+    rows = [json.loads(line) for line in (tmp_path / "specforge.jsonl").read_text().splitlines()]
+    _, samples = _read_all_shards(shards[0])
+    assert {r["id"] for r in rows} == set(samples)
+    for row in rows:
+        rec = built_run.records[row["id"]]
+        assert row["conversations"][:-1] == rec["messages"]
+        last = row["conversations"][-1]
+        assert last["role"] == "assistant" and "reasoning_content" in last
+        text = hf_sample_tokenizer.apply_chat_template(row["conversations"], tools=row.get("tools"), tokenize=False,
+                                                       preserve_thinking=True)
+        assert hf_sample_tokenizer.encode(text, add_special_tokens=False) == list(samples[row["id"]].input_ids)
+
+
+def test_specforge_tool_calls_are_structured(built_run, tmp_path, sample_cases):
+    export_run(built_run.db, tmp_path, "specforge")
+    rows = {json.loads(line)["id"]: json.loads(line) for line in (tmp_path / "specforge.jsonl").read_text().splitlines()}
+    with_tools = [sid for sid in rows if "tool_calls" in sample_cases["samples"][sid]["kinds"]]
+    assert with_tools
+    for sid in with_tools:
+        calls = rows[sid]["conversations"][-1]["tool_calls"]
+        assert all(c["id"].startswith("functions.") and json.loads(c["function"]["arguments"]) is not None for c in calls)
+
+
+def test_rows_stream_in_pages_in_store_order(built_run):
+    from app.store.db import connect_readonly
+
+    conn = connect_readonly(built_run.db)
+    try:
+        pks = [row.pk for row in iter_rows(conn, 1, page_size=7)]
+    finally:
+        conn.close()
+    assert len(pks) == len(built_run.records)
+    assert pks == sorted(pks)
+
+
+def _keep_all():
+    from app.export import ExportPolicy
+
+    return ExportPolicy(keep_bpe_equivalent=True, keep_mismatches=True, keep_truncated=True)

@@ -1,0 +1,148 @@
+"""Which samples an export keeps, and the errors an operator sees."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from app.errors import InputError
+from app.export import ExportPolicy, export_run
+from tests.export.conftest import build_run_db
+
+
+def _ids(out, name="sglang_raw.jsonl"):
+    return {json.loads(line)["id"] for line in (out / name).read_text().splitlines()}
+
+
+def _with(built_run, *categories):
+    return {sid for sid, cat in built_run.categories.items() if cat in categories}
+
+
+def test_default_keeps_exact_and_bpe_equivalent_only(built_run, tmp_path):
+    report = export_run(built_run.db, tmp_path, "sglang-raw")
+    assert _ids(tmp_path) == _with(built_run, "exact", "bpe_equivalent")
+    assert report.skipped == {"text_mismatch": 3, "truncated": len(_with(built_run, "truncated"))}
+
+
+def test_drop_bpe_equivalent(built_run, tmp_path):
+    report = export_run(built_run.db, tmp_path, "sglang-raw", policy=ExportPolicy(keep_bpe_equivalent=False))
+    assert _ids(tmp_path) == _with(built_run, "exact")
+    assert report.skipped["bpe_equivalent"] == len(_with(built_run, "bpe_equivalent")) > 0
+
+
+def test_keep_mismatches_and_truncated(built_run, tmp_path):
+    export_run(built_run.db, tmp_path, "sglang-raw", policy=ExportPolicy(keep_mismatches=True, keep_truncated=True))
+    assert _ids(tmp_path) == set(built_run.records)
+
+
+def test_truncated_shards_have_no_end_of_turn(built_run, tmp_path, hf_sample_tokenizer):
+    export_run(built_run.db, tmp_path, "eagle3-shards", policy=ExportPolicy(keep_truncated=True))
+    im_end = hf_sample_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    rows = [json.loads(line) for p in sorted(tmp_path.glob("shard_*.jsonl")) for line in p.read_text().splitlines()]
+    truncated = [r for r in rows if built_run.categories[r["id"]] == "truncated"]
+    assert truncated
+    for r in truncated:
+        assert r["input_ids"][-1] != im_end
+        assert r["input_ids"][-len(built_run.output_ids[r["id"]]):] == built_run.output_ids[r["id"]]
+
+
+def test_max_length_skips_long_samples_without_cutting(built_run, tmp_path):
+    report = export_run(built_run.db, tmp_path, "eagle3-shards", policy=ExportPolicy(max_length=600))
+    rows = [json.loads(line) for p in sorted(tmp_path.glob("shard_*.jsonl")) for line in p.read_text().splitlines()]
+    assert rows and all(len(r["input_ids"]) <= 600 for r in rows)
+    assert report.skipped["too_long"] > 0
+    for r in rows:
+        assert r["input_ids"][-len(built_run.output_ids[r["id"]]):] == built_run.output_ids[r["id"]]
+
+
+def test_an_existing_export_is_not_overwritten_without_asking(built_run, tmp_path):
+    export_run(built_run.db, tmp_path, "eagle3-shards")
+    with pytest.raises(InputError, match="already holds an export.*--overwrite"):
+        export_run(built_run.db, tmp_path, "eagle3-shards")
+    export_run(built_run.db, tmp_path, "eagle3-shards", overwrite=True)
+
+
+def test_unknown_run_names_the_runs_that_exist(built_run, tmp_path):
+    with pytest.raises(InputError, match=r"no run named 'nope' \(runs: demo\)"):
+        export_run(built_run.db, tmp_path, "sglang-raw", run="nope")
+
+
+def test_several_runs_need_run_name(tmp_path, sample_reference, sample_tokenizer_dir, sample_cases):
+    db = tmp_path / "two.db"
+    build_run_db(db, sample_reference, sample_tokenizer_dir, sample_cases, name="a", limit=5)
+    build_run_db(db, sample_reference, sample_tokenizer_dir, sample_cases, name="b", limit=0)
+    with pytest.raises(InputError, match=r"several runs \(a, b\); choose one with --run"):
+        export_run(db, tmp_path / "out", "sglang-raw")
+    report = export_run(db, tmp_path / "out", "sglang-raw", run="a")
+    assert report.exported + sum(report.skipped.values()) == 5
+
+
+def test_ids_from_another_tokenizer_are_refused(tmp_path, sample_reference, sample_tokenizer_dir, sample_cases):
+    db = tmp_path / "other.db"
+    build_run_db(db, sample_reference, sample_tokenizer_dir, sample_cases, limit=4, mismatches=0, fingerprint="f" * 64)
+    with pytest.raises(InputError, match="rebuilt with tokenizer ffffffffffff.*--tokenizer.*reprocess"):
+        export_run(db, tmp_path / "out", "eagle3-shards")
+
+
+def test_not_a_database_is_a_clear_error(tmp_path):
+    bogus = tmp_path / "notes.db"
+    bogus.write_text("hello")
+    with pytest.raises(InputError, match="is not an SQLite database"):
+        export_run(bogus, tmp_path / "out", "sglang-raw")
+
+
+def test_template_kwargs_from_the_run_reach_the_prompt(tmp_path, sample_reference, sample_tokenizer_dir, sample_cases):
+    db = tmp_path / "nothink.db"
+    build_run_db(db, sample_reference, sample_tokenizer_dir, sample_cases, limit=3, mismatches=0)
+    conn = sqlite3.connect(db)
+    config = json.loads(conn.execute("SELECT config FROM runs").fetchone()[0])
+    config["endpoints"][0]["extra"] = {"chat_template_kwargs": {"thinking": False}}
+    conn.execute("UPDATE runs SET config = ?", (json.dumps(config),))
+    conn.commit()
+    conn.close()
+    from app.tokens import load_tokenizer
+
+    tok = load_tokenizer(sample_tokenizer_dir)
+    export_run(db, tmp_path / "out", "eagle3-shards", policy=ExportPolicy(keep_truncated=True))
+    row = json.loads((tmp_path / "out" / "shard_00000.jsonl").read_text().splitlines()[0])
+    n_prompt = row["loss_mask"].index(1)
+    assert tok.decode(row["input_ids"][:n_prompt]).endswith("<|im_assistant|>assistant<|im_middle|><think></think>")
+
+
+def test_a_tokenizer_without_template_needs_one(tmp_path, sample_reference, sample_tokenizer_dir, sample_cases):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "tokenizer.json").write_bytes((sample_tokenizer_dir / "tokenizer.json").read_bytes())
+    config = json.loads((sample_tokenizer_dir / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    db = tmp_path / "bare.db"
+    build_run_db(db, sample_reference, bare, sample_cases, limit=2, mismatches=0)
+    import app.tokens
+
+    if hasattr(app.tokens, "render_prompt"):
+        pytest.skip("app.tokens now offers a profile renderer; the fallback is used instead")
+    with pytest.raises(InputError, match="has no chat template.*--chat-template FILE"):
+        export_run(db, tmp_path / "out", "eagle3-shards")
+    template = tmp_path / "t.jinja"
+    template.write_text(json.loads((sample_tokenizer_dir / "tokenizer_config.json").read_text())["chat_template"])
+    report = export_run(db, tmp_path / "out", "eagle3-shards", chat_template=template)
+    assert report.exported == 2
+
+
+def test_parallel_prompt_rendering_writes_the_same_files(built_run, tmp_path):
+    export_run(built_run.db, tmp_path / "one", "eagle3-shards", shard_size=50)
+    export_run(built_run.db, tmp_path / "two", "eagle3-shards", shard_size=50, workers=2)
+    names = sorted(p.name for p in (tmp_path / "one").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "two").iterdir())
+    for name in names:
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
+
+
+def test_a_template_that_rejects_a_prompt_names_the_sample(built_run, tmp_path):
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{{ raise_exception('only one user turn is supported') }}")
+    with pytest.raises(InputError, match=r"sample 'sample-\d+': the chat template .*bad.jinja.*only one user turn"):
+        export_run(built_run.db, tmp_path / "out", "eagle3-shards", chat_template=bad)

@@ -1,0 +1,26 @@
+"""sample_data/demo.toml is a valid run config whose files all exist in the repository."""
+
+from __future__ import annotations
+
+from app.config import load_config
+
+
+def test_demo_config_loads_and_points_at_the_sample_files(sample_data_dir):
+    config = load_config(sample_data_dir / "demo.toml")
+    assert config.run.name == "demo"
+    assert not config.run.database.is_relative_to(sample_data_dir)
+    assert [d.path for d in config.data.datasets] == [sample_data_dir / "prompts.openai.jsonl"]
+    assert config.data.reference == sample_data_dir / "reference.jsonl"
+    assert (config.model.tokenizer / "tokenizer.json").exists()
+    (endpoint,) = config.endpoints
+    assert endpoint.name == "simulator" and endpoint.simulator is not None
+    assert endpoint.simulator.reference == sample_data_dir / "reference.jsonl"
+    assert config.model.name in config.pricing
+
+
+def test_demo_simulator_options_are_accepted_by_the_simulator(sample_data_dir):
+    from app.simulator.options import check_options
+
+    config = load_config(sample_data_dir / "demo.toml")
+    check_options(config.endpoints[0].simulator)
+    assert config.endpoints[0].simulator.faults  # the demo shows retries

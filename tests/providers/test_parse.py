@@ -1,0 +1,135 @@
+"""Body, SSE and error parsing on hand-written payloads (the shapes the simulator does not produce)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.providers.errors import RetryableError, RunStoppingError, SampleFatalError
+from app.providers.parse import StreamAssembler, classify_status, iter_sse_events, parse_body, parse_retry_after
+from app.providers.pricing import ModelPricing, cost_of
+from app.records import Usage
+
+
+def body(**message):
+    return json.dumps({"id": "gen-1", "choices": [{"finish_reason": "stop", "message": message}]})
+
+
+def test_malformed_field_is_named():
+    with pytest.raises(RetryableError) as info:
+        parse_body(json.dumps({"choices": [{"message": {"content": "x"}}], "usage": {"prompt_tokens": "12"}}),
+                   total_s=0.1)
+    assert info.value.error_class == "malformed"
+    assert "usage.prompt_tokens" in str(info.value)
+
+
+def test_missing_choices_is_malformed():
+    with pytest.raises(RetryableError, match="choices"):
+        parse_body(b'{"id": "gen-1"}', total_s=0.1)
+
+
+def test_reasoning_content_alias_and_details():
+    assert parse_body(body(content="a", reasoning_content="r"), total_s=0).reasoning == "r"
+    details = [{"type": "reasoning.text", "text": "t1"}, {"type": "reasoning.text", "text": "t2"}]
+    assert parse_body(body(content="a", reasoning_details=details), total_s=0).reasoning == "t1t2"
+
+
+def test_choice_error_under_200_is_retryable():
+    raw = {"choices": [{"finish_reason": "error", "message": {"content": "part"},
+                        "error": {"code": 502, "message": "upstream died"}}]}
+    with pytest.raises(RetryableError, match="upstream died") as info:
+        parse_body(json.dumps(raw), total_s=0)
+    assert info.value.error_class == "stream"
+
+
+def test_content_filter_is_fatal_for_the_sample():
+    raw = {"choices": [{"finish_reason": "content_filter", "message": {"content": ""}}]}
+    with pytest.raises(SampleFatalError):
+        parse_body(json.dumps(raw), total_s=0)
+
+
+def test_sglang_meta_info_output_ids():
+    raw = {"choices": [{"finish_reason": "stop", "message": {"content": "x"}}], "meta_info": {"output_ids": [1, 2]}}
+    assert parse_body(json.dumps(raw), total_s=0).token_ids == (1, 2)
+
+
+def test_sse_comments_multiline_data_and_crlf():
+    buffer = bytearray()
+    events = iter_sse_events(buffer, b": OPENROUTER PROCESSING\n\ndata: {\"a\":\r\ndata: 1}\r\n\r\ndata: [DO")
+    assert events == ['{"a":\n1}']
+    assert iter_sse_events(buffer, b"NE]\n\n") == ["[DONE]"]
+
+
+def test_stream_tool_call_arguments_concatenate_exactly_by_index():
+    asm = StreamAssembler(0.0)
+    chunks = [
+        {"choices": [{"delta": {"tool_calls": [{"index": 1, "id": "b", "function": {"name": "g", "arguments": ""}}]}}]},
+        {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "a", "function": {"name": "f", "arguments": "{ "}}]}}]},
+        {"choices": [{"delta": {"tool_calls": [{"index": 1, "function": {"arguments": "[1, "}}]}}]},
+        {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "}"}}]}}]},
+        {"choices": [{"delta": {"tool_calls": [{"index": 1, "function": {"arguments": " 2]"}}]}}]},
+        {"choices": [{"delta": {}, "finish_reason": "tool_calls"}]},
+        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4, "cost": 0.5}},
+    ]
+    for chunk in chunks:
+        asm.feed(json.dumps(chunk))
+    asm.feed("[DONE]")
+    completion = asm.finish_completion(1.0)
+    assert [(c.index, c.id, c.name, c.arguments) for c in completion.tool_calls] == [
+        (0, "a", "f", "{ }"), (1, "b", "g", "[1,  2]")]
+    assert completion.usage.cost_usd == 0.5 and completion.usage.completion_tokens == 4
+
+
+def test_stream_error_chunk_is_retryable():
+    asm = StreamAssembler(0.0)
+    asm.feed(json.dumps({"choices": [{"delta": {"content": "hal"}}]}))
+    with pytest.raises(RetryableError, match="overloaded") as info:
+        asm.feed(json.dumps({"error": {"code": 502, "message": "overloaded"},
+                             "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}]}))
+    assert info.value.error_class == "stream"
+
+
+def test_stream_vllm_token_ids_per_delta():
+    asm = StreamAssembler(0.0)
+    asm.feed(json.dumps({"choices": [{"delta": {"content": "a"}, "token_ids": [5, 6]}]}))
+    asm.feed(json.dumps({"choices": [{"delta": {"content": "b"}, "token_ids": [7], "finish_reason": "stop"}]}))
+    assert asm.finish_completion(0.1).token_ids == (5, 6, 7)
+
+
+def test_retry_after_sources():
+    assert parse_retry_after({"retry-after-ms": "1500"}) == 1.5
+    assert parse_retry_after({"retry-after": "3"}) == 3.0
+    assert parse_retry_after({"retry-after": "garbage"}) is None
+    availability = {"error": {"availability": {"retryable": True, "retry_after": 9}}}
+    assert parse_retry_after({}, availability) == 9.0
+
+
+@pytest.mark.parametrize(("status", "kind", "error_class"), [
+    (408, RetryableError, "408"), (429, RetryableError, "429"), (500, RetryableError, "5xx"),
+    (524, RetryableError, "5xx"), (529, RetryableError, "5xx"), (400, SampleFatalError, "400"),
+    (413, SampleFatalError, "413"), (422, SampleFatalError, "422"), (401, RunStoppingError, "auth"),
+    (402, RunStoppingError, "credits"), (403, RunStoppingError, "forbidden"), (404, RunStoppingError, "not_found"),
+])
+def test_status_classification(status, kind, error_class):
+    error = classify_status(status, {}, {"error": {"code": status, "message": "m"}})
+    assert type(error) is kind and error.error_class == error_class and error.status == status
+
+
+def test_moderation_403_is_fatal_for_the_sample_only():
+    body = {"error": {"code": 403, "message": "flagged", "metadata": {"reasons": ["x"], "flagged_input": "..."}}}
+    error = classify_status(403, {}, body)
+    assert isinstance(error, SampleFatalError) and error.error_class == "filtered"
+
+
+def test_retryable_availability_overrides_status():
+    body = {"error": {"message": "busy", "availability": {"code": "temporarily_unavailable", "retryable": True}}}
+    assert isinstance(classify_status(404, {}, body), RetryableError)
+
+
+def test_cost_prefers_reported_then_list_prices():
+    pricing = ModelPricing(prompt_per_m=1.0, completion_per_m=2.0, cached_prompt_per_m=0.25)
+    assert cost_of(Usage(100, 10, cost_usd=0.123), pricing) == 0.123
+    assert cost_of(Usage(1_000_000, 1_000_000, cached_tokens=400_000), pricing) == pytest.approx(0.6 + 0.1 + 2.0)
+    assert cost_of(Usage(1_000_000, 0), ModelPricing(1.0, 2.0, None)) == pytest.approx(1.0)
+    assert cost_of(Usage(5, 5), None) == 0.0

@@ -1,0 +1,18 @@
+from __future__ import annotations
+
+import pytest
+
+from app.tokens.tokenizer import load_tokenizer
+from tests.providers.support import write_reference
+
+
+@pytest.fixture(scope="session")
+def tok(sample_tokenizer_dir):
+    return load_tokenizer(sample_tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory, tok):
+    path = tmp_path_factory.mktemp("ref") / "reference.jsonl"
+    ids = write_reference(path, tok)
+    return path, ids

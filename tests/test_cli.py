@@ -1,0 +1,100 @@
+"""The command line contract: every verb listed, an example at the end of each verb's help, exit codes,
+and no library noise on stderr."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.cli import VERBS, main
+
+ALL_VERBS = (
+    "demo", "run", "watch", "ingest", "status", "validate", "audit",
+    "reprocess", "export", "extract", "jobs", "simulate", "config",
+)
+
+
+def eaglewatch(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the installed console script (or the module when the script is not on this venv's bin)."""
+    script = Path(sys.executable).parent / "eaglewatch"
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "app.cli"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRANSFORMERS_", "HF_", "TOKENIZERS_"))}
+    return subprocess.run([*cmd, *args], cwd=cwd, capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_registry_has_the_thirteen_verbs() -> None:
+    assert tuple(VERBS) == ALL_VERBS
+
+
+def test_top_level_help_lists_every_verb_quietly() -> None:
+    out = eaglewatch("--help")
+    assert out.returncode == 0
+    for verb in ALL_VERBS:
+        assert re.search(rf"^\s+{verb}\s", out.stdout, re.M), f"{verb} missing from eaglewatch --help"
+    assert out.stderr == ""
+
+
+@pytest.mark.parametrize("verb", ALL_VERBS)
+def test_each_verb_help_ends_with_an_example(verb: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main([verb, "--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out.rstrip()
+    assert "\nExample:\n" in text, f"eaglewatch {verb} --help has no Example: block"
+    example = text.rsplit("\nExample:\n", 1)[1]
+    lines = [ln.strip() for ln in example.splitlines() if ln.strip()]
+    assert lines and lines[0].startswith(f"eaglewatch {verb}")
+
+
+@pytest.mark.parametrize("verb", ["ingest", "status"])
+def test_run_verbs_take_db_run_and_json(verb: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main([verb, "--help"])
+    text = capsys.readouterr().out
+    for flag in ("--db PATH", "--run NAME", "--json"):
+        assert flag in text
+
+
+def test_config_check_prints_the_effective_config_quietly(sample_data_dir: Path) -> None:
+    out = eaglewatch("config", "check", str(sample_data_dir / "demo.toml"))
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""
+    assert "[run]" in out.stdout and 'profile = "kimi-k2.5"' in out.stdout
+
+
+def test_bad_input_exits_2_with_a_sentence_on_stderr(tmp_path: Path) -> None:
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text("[run\n")
+    out = eaglewatch("config", "check", str(cfg))
+    assert out.returncode == 2
+    assert out.stdout == ""
+    assert out.stderr.startswith("eaglewatch config: error: ")
+    assert "line 1, column 5: invalid TOML" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["no-such-verb"])
+    assert info.value.code == 2
+    with pytest.raises(SystemExit) as info:
+        main(["config", "frobnicate"])
+    assert info.value.code == 2
+    capsys.readouterr()
+
+
+def test_bare_command_prints_help_and_succeeds(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 0
+    assert "verbs" in capsys.readouterr().out
+
+
+def test_config_reference_verb_prints_the_generated_reference(capsys: pytest.CaptureFixture[str]) -> None:
+    from app.config import config_reference_markdown
+
+    assert main(["config", "reference"]) == 0
+    assert capsys.readouterr().out == config_reference_markdown()

@@ -1,0 +1,151 @@
+"""Deterministic in-memory data for screen tests: a fixed snapshot, mismatches, diffs, jobs, events."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from app.engine.snapshot import EndpointSnapshot, MetricsSnapshot, Rate
+from app.records import AlignBlock, AlignedToken, Alignment
+from app.tui.source import MismatchPage, MismatchRow, SampleDetail, SampleDiff
+from widgets.event_tail import EventLine
+from widgets.jobs_table import JobRow
+
+SNAPSHOT = MetricsSnapshot(
+    run_name="demo",
+    state="running",
+    started_at=1_700_000_000.0,
+    elapsed_s=754.0,
+    eta_s=1210.0,
+    total=1000,
+    pending=520,
+    leased=8,
+    done=460,
+    failed=12,
+    retried=31,
+    in_flight=8,
+    concurrency_limit=16,
+    rate=Rate(req_s_10s=3.4, req_s_1m=3.1, req_s_5m=2.9, tok_s_10s=1530.0, tok_s_1m=1402.0, tok_s_5m=1390.0),
+    throughput_history=(800.0, 1100.0, 1250.0, 1400.0, 1530.0, 1490.0, 1510.0),
+    latency_p50_ms=2150.0,
+    latency_p95_ms=6400.0,
+    ttft_p50_ms=310.0,
+    errors_by_class=(("RateLimited", 22), ("Timeout", 9)),
+    cost_usd=1.284,
+    cost_per_hour=6.13,
+    projected_cost_usd=2.79,
+    budget_usd=5.0,
+    verdicts=(("exact", 431), ("bpe_equivalent", 17), ("text_mismatch", 3), ("truncated", 9)),
+    strategies=(("canonical", 380), ("logprobs", 80)),
+    endpoints=(
+        EndpointSnapshot(name="sim-a", completed=300, failed=8, in_flight=5, concurrency_limit=10, latency_p50_ms=2000.0, latency_p95_ms=6000.0, cost_usd=0.84),
+        EndpointSnapshot(name="sim-b", completed=160, failed=4, in_flight=3, concurrency_limit=6, latency_p50_ms=2400.0, latency_p95_ms=7100.0, cost_usd=0.44),
+    ),
+)
+
+
+def tok(i: int, text: str, special: bool = False) -> AlignedToken:
+    return AlignedToken(id=i, text=text, special=special)
+
+
+def sample_alignment(repeat: int = 1) -> Alignment:
+    """ref: '<think>' 'The' '·NOR' ... rec splits '·NOR' as '·N' + 'OR' (a benign BPE split)."""
+    blocks = []
+    ref_pos = rec_pos = 0
+    for r in range(repeat):
+        equal = tuple(tok(1000 + k, t) for k, t in enumerate(["The", "·answer", "·is", "·clear", ".", "⏎"] * 3))
+        blocks.append(AlignBlock(True, ref_pos, rec_pos, equal, equal))
+        ref_pos += len(equal)
+        rec_pos += len(equal)
+        ref = (tok(4512, "·NOR"),)
+        rec = (tok(451, "·N"), tok(1690, "OR"))
+        blocks.append(AlignBlock(False, ref_pos, rec_pos, ref, rec))
+        ref_pos += 1
+        rec_pos += 2
+    tail = (tok(7, "·gate", False), tok(163586, "<|im_end|>", True))
+    blocks.append(AlignBlock(True, ref_pos, rec_pos, tail, tail))
+    return Alignment(tuple(blocks), ref_pos + 2, rec_pos + 2)
+
+
+def make_rows(n: int) -> list[MismatchRow]:
+    verdicts = ("bpe_equivalent", "text_mismatch", "truncated", "structure_mismatch")
+    return [
+        MismatchRow(f"s{i:05d}", "chat" if i % 3 else "code", verdicts[i % 4], 10 + i % 50, 500 + i, 501 + i, 1 + i % 7)
+        for i in range(n)
+    ]
+
+
+class MemorySource:
+    """A DataSource over fixed in-memory data; records control calls in `commands`."""
+
+    def __init__(self, *, rows: int = 250, live: bool = False, can_control: bool = True, state: str = "running") -> None:
+        self._snapshot = replace(SNAPSHOT, state=state)
+        self.rows = make_rows(rows)
+        self._live = live
+        self._can_control = can_control
+        self.commands: list[tuple[str, ...]] = []
+        self.job_rows = [
+            JobRow(2, "extract-demo-b", "running", "local", 3, 8, 120_000),
+            JobRow(1, "extract-demo-a", "done", "slurm", 8, 8, 410_000),
+        ]
+
+    title = "demo (test data)"
+    snapshot_on_loop = False
+
+    @property
+    def live(self) -> bool:
+        return self._live
+
+    @property
+    def can_control(self) -> bool:
+        return self._can_control
+
+    def snapshot(self) -> MetricsSnapshot:
+        return self._snapshot
+
+    def mismatch_page(self, verdicts: Sequence[str], text: str, order: str, offset: int, limit: int, **anchor) -> MismatchPage:
+        # Pages by offset only (the anchors are an optimisation of the database source).
+        rows = [r for r in self.rows if r.verdict in verdicts and (not text or text in r.sample_id or text in r.dataset)]
+        key = {"sample": lambda r: r.sample_id, "verdict": lambda r: (r.verdict, r.sample_id),
+               "first_diff": lambda r: (r.first_diff, r.sample_id), "n_diff": lambda r: (-r.n_diff, r.sample_id)}[order]
+        rows.sort(key=key)
+        return MismatchPage(tuple(rows[offset:offset + limit]), len(rows), offset)
+
+    def sample_diff(self, sample_id: str) -> SampleDiff:
+        return SampleDiff(sample_id, "bpe_equivalent", "same text, different BPE split — '·NOR' vs '·N' + 'OR'", sample_alignment(3), "canonical")
+
+    def sample_detail(self, sample_id: str) -> SampleDetail:
+        return SampleDetail(
+            sample_id, "chat", "done", prompt=({"role": "user", "content": "Is NOR [functionally] complete?"},),
+            reasoning="NOR alone can build NOT, AND, OR.", content="Yes: NOR is functionally complete.",
+            tool_calls=({"id": "call_0", "name": "lookup", "arguments": '{"q": "NOR"}'},),
+            usage={"prompt_tokens": 12, "completion_tokens": 40}, cost_usd=0.00031, latency_ms=2150.0, ttft_ms=310.0,
+            endpoint="sim-a", finish_reason="stop", verdict="bpe_equivalent", strategy="canonical", raw='{"id": "gen-1"}',
+        )
+
+    def jobs(self) -> Sequence[JobRow]:
+        return list(self.job_rows)
+
+    def job_log(self, job_id: int, lines: int) -> str:
+        return f'{{"event": "progress", "shard": 3, "done": 40, "total": 100}}  (job {job_id})'
+
+    def events(self, n: int) -> Sequence[EventLine]:
+        return [
+            EventLine("10:00:01", "info", "run", "started with 2 endpoints"),
+            EventLine("10:02:13", "warning", "endpoint", "sim-b: 429 rate limited, backing off 2 s"),
+            EventLine("10:05:40", "info", "concurrency", "limit 12 -> 16"),
+        ][-n:]
+
+    async def pause(self) -> None:
+        self.commands.append(("pause",))
+        self._snapshot = replace(self._snapshot, state="paused", state_reason="operator")
+
+    async def resume(self) -> None:
+        self.commands.append(("resume",))
+        self._snapshot = replace(self._snapshot, state="running", state_reason=None)
+
+    async def job_command(self, job_id: int, verb: str) -> None:
+        self.commands.append(("job", str(job_id), verb))
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,69 @@
+"""SVG snapshots of every screen over fixed in-memory data (no clock, no engine, no database).
+
+Update after an intended visual change with:
+    python -m pytest tests/tui/test_snapshots.py --snapshot-update
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from app.tui.app import EaglewatchApp
+from tests.tui.sources import MemorySource
+
+SIZES = [(80, 24), (120, 40)]
+
+
+async def settle(pilot) -> None:
+    for _ in range(3):
+        await pilot.pause()
+        await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+def keys(*pressed: str):
+    """A run_before that presses keys, letting the data workers finish after each."""
+
+    async def run_before(pilot) -> None:
+        await settle(pilot)
+        for key in pressed:
+            await pilot.press(key)
+            await settle(pilot)
+
+    return run_before
+
+
+@pytest.mark.parametrize("size", SIZES, ids=["80x24", "120x40"])
+def test_dashboard(snap_compare, size) -> None:
+    assert snap_compare(EaglewatchApp(MemorySource()), terminal_size=size, run_before=keys())
+
+
+@pytest.mark.parametrize("size", SIZES, ids=["80x24", "120x40"])
+def test_mismatches(snap_compare, size) -> None:
+    assert snap_compare(EaglewatchApp(MemorySource()), terminal_size=size, run_before=keys("m"))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=["80x24-stacked", "120x40-side-by-side"])
+def test_token_diff(snap_compare, size) -> None:
+    assert snap_compare(EaglewatchApp(MemorySource()), terminal_size=size, run_before=keys("m", "enter", "n"))
+
+
+def test_token_diff_with_ids(snap_compare) -> None:
+    assert snap_compare(EaglewatchApp(MemorySource()), terminal_size=(120, 40), run_before=keys("m", "enter", "i"))
+
+
+def test_sample_detail(snap_compare) -> None:
+    assert snap_compare(EaglewatchApp(MemorySource()), terminal_size=(80, 24), run_before=keys("m", "enter", "s"))
+
+
+def test_jobs(snap_compare) -> None:
+    assert snap_compare(EaglewatchApp(MemorySource()), terminal_size=(80, 24), run_before=keys("j"))
+
+
+def test_help(snap_compare) -> None:
+    assert snap_compare(EaglewatchApp(MemorySource()), terminal_size=(80, 24), run_before=keys("question_mark"))
+
+
+def test_paused_dashboard_in_ansi_theme(snap_compare) -> None:
+    app = EaglewatchApp(MemorySource(state="paused"), theme="ansi-dark")
+    assert snap_compare(app, terminal_size=(80, 24), run_before=keys())
