@@ -518,7 +518,7 @@ def config_reference_markdown() -> str:
         for name, field in model.model_fields.items():
             if isinstance(_inner_model(field.annotation), type) and name != "simulator":
                 continue  # a nested section has its own table
-            kind = _type_name(field.annotation)
+            kind = _type_name(field.annotation) + _bounds(field.metadata)
             if field.is_required():
                 default = "required"
             elif field.default_factory is not None:
@@ -533,6 +533,22 @@ def config_reference_markdown() -> str:
             out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         out.append("")
     return "\n".join(out).rstrip() + "\n"
+
+
+def _bounds(metadata: list[Any]) -> str:
+    """Range constraints of a field as text (", > 0", ", 0..1")."""
+    low = high = None
+    for m in metadata:
+        for attr, sym in (("gt", ">"), ("ge", ">=")):
+            if getattr(m, attr, None) is not None:
+                low = (sym, getattr(m, attr))
+        for attr, sym in (("lt", "<"), ("le", "<=")):
+            if getattr(m, attr, None) is not None:
+                high = (sym, getattr(m, attr))
+    if low and high and low[0] == ">=" and high[0] == "<=":
+        return f", {low[1]}..{high[1]}"
+    parts = [f"{b[0]} {b[1]}" for b in (low, high) if b is not None]
+    return (", " + " and ".join(parts)) if parts else ""
 
 
 def _toml_value(value: Any) -> str:

@@ -230,10 +230,11 @@ class PromptRenderer:
     """Prompt ids for a conversation: the chat template (generation prompt included) encoded with the tokenizer,
     or the profile's own renderer from `app.tokens` when the tokenizer directory has no template."""
 
-    def __init__(self, tokenizer, profile, template: ChatTemplate | None) -> None:
+    def __init__(self, tokenizer, profile, template: ChatTemplate | None, kwargs: dict[str, Any] | None = None) -> None:
         self.tokenizer = tokenizer
         self.profile = profile
         self.template = template
+        self._profile_kwargs = _profile_render_kwargs(kwargs or {})
         self._profile_render: Callable[..., str] | None = None
         if template is None:
             import app.tokens as tokens
@@ -247,6 +248,11 @@ class PromptRenderer:
                 )
 
     @property
+    def profile_kwargs(self) -> dict[str, Any]:
+        """Options passed to the profile renderer (thinking, preserve_thinking), as the run sent them."""
+        return dict(self._profile_kwargs)
+
+    @property
     def kind(self) -> str:
         """`chat_template` or `profile`: which renderer made the prompt ids (recorded in the manifest)."""
         return "chat_template" if self.template is not None else "profile"
@@ -256,7 +262,7 @@ class PromptRenderer:
         if self.template is not None:
             return self.template.render(messages, tools, add_generation_prompt=True)
         assert self._profile_render is not None
-        return self._profile_render(self.profile, list(messages), list(tools) if tools else None)
+        return self._profile_render(self.profile, list(messages), list(tools) if tools else None, **self._profile_kwargs)
 
     def prompt_ids(self, messages: Sequence[dict[str, Any]], tools: Sequence[Any] | None, sample_id: str = "?") -> list[int]:
         """The prompt ids a server would feed the model for this conversation (InputError naming the sample
@@ -272,6 +278,15 @@ class PromptRenderer:
                 f"{type(exc).__name__}: {exc}"
             ) from None
         return self.tokenizer.encode(text)
+
+
+def _profile_render_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The run's chat_template_kwargs in `render_prompt`'s terms (Qwen's `enable_thinking` is `thinking`)."""
+    out: dict[str, Any] = {}
+    for key, name in (("thinking", "thinking"), ("enable_thinking", "thinking"), ("preserve_thinking", "preserve_thinking")):
+        if key in kwargs:
+            out[name] = bool(kwargs[key])
+    return out
 
 
 # ------------------------------------------------------------------------------------------- writers
@@ -413,14 +428,15 @@ _WORKER_RENDERER: PromptRenderer | None = None
 _BATCH = 64
 
 
-def _worker_init(tokenizer_dir: str, profile_name: str, template: ChatTemplate | None) -> None:
+def _worker_init(tokenizer_dir: str, profile_name: str, template: ChatTemplate | None,
+                 kwargs: dict[str, Any] | None = None) -> None:
     global _WORKER_RENDERER
     from app.libnoise import silence_library_noise
 
     silence_library_noise()
     from app.tokens import get_profile, load_tokenizer
 
-    _WORKER_RENDERER = PromptRenderer(load_tokenizer(tokenizer_dir), get_profile(profile_name), template)
+    _WORKER_RENDERER = PromptRenderer(load_tokenizer(tokenizer_dir), get_profile(profile_name), template, kwargs)
 
 
 def _worker_render(jobs: list[tuple[str, list[dict[str, Any]], list[Any] | None]]) -> list[list[int]]:
@@ -456,7 +472,7 @@ def _prepare_parallel(
         max_workers=workers,
         mp_context=context,
         initializer=_worker_init,
-        initargs=(str(tokenizer_dir), renderer.profile.name, renderer.template),
+        initargs=(str(tokenizer_dir), renderer.profile.name, renderer.template, renderer.profile_kwargs),
     )
     pending: deque = deque()
 
@@ -546,7 +562,7 @@ def export_run(
         tokenizer = load_tokenizer(tok_dir)
         profile = get_profile(profile_name or model.get("profile") or "kimi-k2.5")
         kwargs = template_kwargs if template_kwargs is not None else _template_kwargs(config)
-        renderer = PromptRenderer(tokenizer, profile, load_chat_template(tok_dir, chat_template, kwargs))
+        renderer = PromptRenderer(tokenizer, profile, load_chat_template(tok_dir, chat_template, kwargs), kwargs)
 
         out_dir.mkdir(parents=True, exist_ok=True)
         manifest_path = out_dir / MANIFEST

@@ -75,10 +75,12 @@ class Reconstruction:
     """Output ids rebuilt from a Completion, and how.
 
     strategy: server_ids | logprobs | canonical | none (nothing to rebuild from).
-    repair: the inverse server-side step that made the canonical rebuild round-trip, if any
-    (e.g. "strip_whitespace", "think_spaces", "no_content", "tool_whitespace", "json_reserialised",
-    "tool_ids_reindexed"). roundtrip: decoding output_ids gives back the returned text.
-    notes: what text could not recover ("replacement_char", "marker_as_text", "normaliser").
+    repair: the inverse server-side step(s) that made the canonical rebuild round-trip, if any
+    (e.g. "strip_whitespace", "think_spaces", "think_close", "no_content", "tool_whitespace",
+    "json_reserialised", "tool_ids_reindexed"); several chained steps are joined with "+".
+    roundtrip: decoding output_ids gives back the returned text.
+    notes: what text could not recover ("replacement_char", "marker_as_text", "normaliser") and
+    evidence such as "<field>_logprobs_mismatch" (logprobs that did not spell the field's text).
     """
 
     output_ids: tuple[int, ...]

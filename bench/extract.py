@@ -11,7 +11,7 @@ repeats); the verdict uses CPU time, which counts the extractor's writer thread 
 measure) and is not inflated by other processes on a shared machine, where wall-clock ratios swing by 2x.
 Results go to bench/results/extract.json.
 
-    python bench/extract.py [--samples 32] [--hidden 128] [--layers 8] [--batch-tokens 2048] [--threads 1]
+    python bench/extract.py [--samples 48] [--hidden 128] [--layers 8] [--batch-tokens 2048] [--threads 1]
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import platform
 import random
 import shutil
 import sys
@@ -89,14 +88,14 @@ def bare_forward(target, batches: list[list[list[int]]]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=32)
+    parser.add_argument("--samples", type=int, default=48)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=4096)
     parser.add_argument("--min-len", type=int, default=32)
     parser.add_argument("--max-len", type=int, default=384)
     parser.add_argument("--batch-tokens", type=int, default=2048)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (default 1: stable numbers on a shared 2-core machine)")
     args = parser.parse_args()

@@ -1,7 +1,8 @@
 """How fast is token-id reconstruction? Tokens/s against the bare tokenizer, and align time for 32k tokens.
 
 Measured in the same run, best of --repeat rounds:
-  - bare encode: `tokenizer.encode` of each sample's full output string (markers as text) — the limit;
+  - bare encode: the tokenizer library itself (tiktoken `Encoding.encode(allowed_special="all")` or
+    `tokenizers.Tokenizer.encode`) on each sample's full output string (markers as text) — the limit;
   - canonical: `Reconstructor.process(completion, reference_ids)` over the same samples (render, encode,
     compare); also without a reference (render, encode, round-trip check);
   - logprobs: the same completions carrying per-token logprob bytes for reasoning and content;
@@ -84,8 +85,12 @@ def main() -> int:
             reasoning_ids, content_ids = [], [i for i in ids if not tok.is_special(i)]
         lp_completions.append(replace(c, reasoning_logprobs=lp(reasoning_ids), content_logprobs=lp(content_ids)))
 
+    if tok.kind == "tiktoken":  # the library itself, as a caller would use it
+        bare = lambda: [tok.encoding.encode(t, allowed_special="all") for t in texts]  # noqa: E731
+    else:
+        bare = lambda: [tok.backend.encode(t, add_special_tokens=False).ids for t in texts]  # noqa: E731
     times = best_of(args.repeat, {
-        "bare": lambda: [tok.encode(t) for t in texts],
+        "bare": bare,
         "canonical": lambda: [rec.process(c, r) for c, r in zip(completions, refs)],
         "unchecked": lambda: [rec.process(c, None) for c in completions],
         "logprobs": lambda: [rec.process(c, r) for c, r in zip(lp_completions, refs)],

@@ -218,7 +218,8 @@ def main() -> int:
         r["cpu_ratio_vs_bare_aiohttp"] = b["client_cpu_ms"] / r["client_cpu_ms"]
     pinned = hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2
     print(f"\nTransport benchmark ({args.server} server): {args.requests} requests of ~3 KB per cell, loopback, "
-          f"server pinned to core 0 and client to core 1: {pinned} ({os.cpu_count()} CPUs, {platform.python_version()})")
+          f"server pinned to core 0 and client to core 1: {pinned} "
+          f"({os.cpu_count()} CPUs, Python {platform.python_version()})")
     print("| client | stream | concurrency | req/s | x bare aiohttp | client CPU ms/req | CPU efficiency x bare "
           "| server CPU ms/req |")
     print("|---|---|---|---|---|---|---|---|")
@@ -228,8 +229,9 @@ def main() -> int:
               f"{r['server_cpu_ms']:.2f} |")
     out_dir = ROOT / "bench" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"transport{'' if args.server == 'minimal' else '-simulator'}.json").write_text(json.dumps({"requests": args.requests, "pinned": pinned, "rows": rows},
-                                                       indent=2))
+    result = {"requests": args.requests, "pinned": pinned, "server": args.server, "rows": rows}
+    name = "transport" if args.server == "minimal" else "transport-simulator"
+    (out_dir / f"{name}.json").write_text(json.dumps(result, indent=2))
     best = max((r for r in rows if r["client"] != "bare aiohttp" and not r["stream"]),
                key=lambda r: r["ratio_vs_bare_aiohttp"], default=None)
     if best:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 from rich.cells import cell_len
 from rich.segment import Segment
-from rich.style import Style
 from textual.binding import Binding
 from textual.cache import LRUCache
 from textual.geometry import Size
@@ -21,7 +20,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from app.records import AlignBlock, AlignedToken, Alignment
+from app.records import AlignedToken, Alignment
 
 GUTTER = 7  # "123456 " ref position column
 SEPARATOR = " │ "
@@ -118,7 +117,7 @@ class TokenDiffView(ScrollView, can_focus=True):
     BINDINGS = [
         Binding("n", "next_diff", "Next diff", id="diff.next"),
         Binding("N", "previous_diff", "Prev diff", id="diff.previous"),
-        Binding("i", "toggle_ids", "Ids", id="diff.ids"),
+        Binding("i", "toggle_ids", "Ids", show=False, id="diff.ids"),
         Binding("u", "toggle_layout", "Layout", show=False, id="diff.layout"),
         Binding("g", "scroll_home", "Top", show=False, id="diff.top"),
         Binding("G", "scroll_end", "Bottom", show=False, id="diff.bottom"),
@@ -178,6 +177,7 @@ class TokenDiffView(ScrollView, can_focus=True):
         self._rows: list[DiffRow] = []
         self._hunk_rows: list[int] = []
         self._model_key: tuple | None = None
+        self._model_stacked = False
         self._strips: LRUCache[tuple, Strip] = LRUCache(1024)
 
     # --- data ------------------------------------------------------------------------------
@@ -221,6 +221,7 @@ class TokenDiffView(ScrollView, can_focus=True):
             return
         self._rows, self._hunk_rows = build_rows(self._alignment, self._side_width(stacked), stacked, self.show_ids)
         self._model_key = key
+        self._model_stacked = stacked
         self._strips.clear()
         self.virtual_size = Size(max(self.size.width - self.scrollbar_size_vertical, 1), len(self._rows))
 
@@ -331,8 +332,7 @@ class TokenDiffView(ScrollView, can_focus=True):
         segments = [Segment(f"{position:>{GUTTER - 1}}", gutter_style)]
         marks = {"equal": " ", "pair": "≠", "ref": "-", "rec": "+"}
         segments.append(Segment("▶" if is_current and row.role != "equal" else marks[row.role], marker_style))
-        stacked = row.role in ("ref", "rec") or (row.role == "equal" and self._model_key and self._model_key[1])
-        if stacked:
+        if self._model_stacked:
             side = max(width - GUTTER - 2, 4)
             segments.append(Segment(" ", base))
             if row.role == "equal":
@@ -367,4 +367,4 @@ def _clip(text: str, cells: int) -> str:
     return "".join(out)
 
 
-__all__ = ["TokenDiffView", "DiffRow", "build_rows", "wrap_tokens", "token_label", "AlignBlock"]
+__all__ = ["TokenDiffView", "DiffRow", "build_rows", "wrap_tokens", "token_label"]

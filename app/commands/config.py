@@ -36,19 +36,35 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.file)
     data = config.redacted()
     keys = {ep["name"]: ep.get("api_key_env") for ep in data["endpoints"]}
+    missing = missing_inputs(config)
     if args.json:
         payload = {"ok": True, "file": str(config.source), "config": data,
-                   "api_keys": {name: _key_state(env) for name, env in keys.items()}}
+                   "api_keys": {name: _key_state(env) for name, env in keys.items()},
+                   "missing_inputs": missing}
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
         return 0
     out = [f"# {config.source}: valid", "# effective configuration (defaults filled in, paths resolved, secrets redacted)"]
     for name, env in keys.items():
         if env:
             out.append(f"# endpoint {name!r}: API key from ${env} ({_key_state(env)})")
+    for line in missing:
+        out.append(f"# warning: {line}")
     out.append("")
     out.append(to_toml(data))
     sys.stdout.write("\n".join(out))
     return 0
+
+
+def missing_inputs(config: Any) -> list[str]:
+    """`key: path does not exist` for each input file or directory the config names that is not there (yet)."""
+    wanted: list[tuple[str, Any]] = [(f"data.datasets[{i}].path", ds.path) for i, ds in enumerate(config.data.datasets)]
+    wanted += [("data.reference", config.data.reference), ("model.tokenizer", config.model.tokenizer)]
+    wanted += [
+        (f"endpoints[{i}].simulator.reference", ep.simulator.reference)
+        for i, ep in enumerate(config.endpoints)
+        if ep.simulator is not None and ep.simulator.reference != config.data.reference
+    ]
+    return [f"{key}: {path} does not exist" for key, path in wanted if path is not None and not path.exists()]
 
 
 def _key_state(env: str | None) -> str:

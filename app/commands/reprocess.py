@@ -139,14 +139,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _write(db: Path, params: list[tuple]) -> None:
-    from app.store.run_store import _UPSERT_RECONSTRUCTION, RunStore
+    from app.store.run_store import RunStore
 
     store = await RunStore.open(db)
     try:
         chunk = 500
         for i in range(0, len(params), chunk):
             part = params[i : i + chunk]
-            await store.write(lambda conn, part=part: conn.executemany(_UPSERT_RECONSTRUCTION, part).rowcount)
+            await store.upsert_reconstructions(part)
     finally:
         await store.close()
 

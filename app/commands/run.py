@@ -77,14 +77,14 @@ async def run_headless(config, *, progress: bool = True, stream=None) -> int:
     from app.engine.run import Run
     from app.store.run_store import RunStore
 
-    stream = stream or sys.stderr
-    if not _has_samples(config):
-        from app.commands.ingest import ingest_config
+    from app.engine.ingest import ensure_ingested
 
-        summary = await ingest_config(config)
-        print(f"ingested {summary.added} samples into run {config.run.name!r} ({config.run.database})", file=stream)
+    stream = stream or sys.stderr
     store = await RunStore.open(config.run.database)
     try:
+        summary = await ensure_ingested(store, config)
+        if summary:
+            print(f"{summary} ({config.run.database})", file=stream)
         engine = Run(config, store, reconstructor=build_reconstructor(config),
                      db_path=config.run.database, resume_paused=True)
         await engine.start()
@@ -115,22 +115,6 @@ async def run_headless(config, *, progress: bool = True, stream=None) -> int:
         return 0
     print(f"run paused: {outcome.reason}; run the same command again to resume", file=stream)
     return 3 if outcome.stopping_error else 1
-
-
-def _has_samples(config) -> bool:
-    """True when the config's run already holds samples (then ingest is skipped: resume)."""
-    from app.store import queries
-
-    if not Path(config.run.database).exists():
-        return False
-    from app.store.db import connect_readonly
-
-    conn = connect_readonly(config.run.database)
-    try:
-        row = queries.run_by_name(conn, config.run.name)
-        return row is not None and sum(queries.state_counts(conn, row.id).values()) > 0
-    finally:
-        conn.close()
 
 
 async def _watch(engine, stream, progress: bool):

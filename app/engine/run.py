@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import math
 import os
 import time
 from collections import Counter, deque
@@ -149,6 +150,8 @@ class Run:
         self._slots: EndpointSlots | None = None
         self._simulators: list[Any] = []
         self._queue: deque[Any] = deque()
+        self._prefetch: asyncio.Future | None = None
+        self._lease_empty_at = -1e9
         self._tasks: set[asyncio.Task] = set()
         self._inflight_pks: dict[asyncio.Task, int] = {}
         self._main: list[asyncio.Task] = []
@@ -225,8 +228,9 @@ class Run:
         limits = []
         for ep in cfg.endpoints:
             share = ep.weight / total_w
-            maximum = max(1, min(lim.concurrency_max, ep.max_concurrency))
-            minimum = min(lim.concurrency_min, maximum)
+            # the configured min/max bound the run's total; each endpoint gets its weight's share
+            maximum = max(1, min(ep.max_concurrency, math.ceil(lim.concurrency_max * share)))
+            minimum = min(max(1, math.floor(lim.concurrency_min * share)), maximum)
             initial = max(minimum, round(lim.concurrency_initial * share))
             limit = AdaptiveLimit(initial, minimum, maximum)
             client = self._given_clients.get(ep.name)
@@ -359,6 +363,20 @@ class Run:
         return sum(ep.limit.limit for ep in self._endpoints)
 
     async def _schedule(self) -> None:
+        try:
+            await self._schedule_loop()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # never stall silently: tell the operator and let wait() return
+            self.state, self.state_reason = "failed", f"engine error: {exc}"[:200]
+            try:
+                await self._event("error", "run", f"the scheduler stopped: {exc!r}; the run can be resumed by "
+                                  "running it again once the cause is fixed")
+                await self.store.set_run_state(self.run_id, "paused", self.state_reason)
+            finally:
+                self._idle.set()
+
+    async def _schedule_loop(self) -> None:
         loop = asyncio.get_running_loop()
         lease_s = self.config.limits.lease_s
         while True:
@@ -367,11 +385,17 @@ class Run:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            if not self._queue:
+            self._absorb_prefetch()
+            if len(self._queue) <= self._total_limit() and self._prefetch is None \
+                    and loop.time() - self._lease_empty_at > 0.5:
                 n = self._lease_batch or max(16, min(512, 2 * self._total_limit()))
-                leased = await self.store.lease(self.run_id, n, lease_s)
-                if not leased:
-                    if not self._tasks:
+                self._prefetch = asyncio.ensure_future(self.store.lease(self.run_id, n, lease_s))
+            if not self._queue:
+                if self._prefetch is not None:
+                    await asyncio.wait({self._prefetch})
+                    self._absorb_prefetch()
+                if not self._queue:
+                    if not self._tasks and self._prefetch is None:
                         await self._finish_if_ended()
                         if self.state != "running":
                             continue
@@ -381,9 +405,6 @@ class Run:
                     except TimeoutError:
                         pass
                     continue
-                self._queue.extend(leased)
-                self._counts["pending"] -= len(leased)
-                self._counts["leased"] += len(leased)
             sample = self._queue[0]
             prompt_est = estimate_prompt_tokens(sample.messages, sample.tools)
             worst = self.budget.worst_case(prompt_est)
@@ -411,6 +432,20 @@ class Run:
             task = asyncio.create_task(self._request(sample, index, worst, prompt_est))
             self._tasks.add(task)
             self._inflight_pks[task] = sample.pk
+
+    def _absorb_prefetch(self) -> None:
+        """Move a finished background lease into the queue (leases are fetched ahead so the queue never runs dry)."""
+        fut = self._prefetch
+        if fut is None or not fut.done():
+            return
+        self._prefetch = None
+        leased = fut.result()
+        if not leased:
+            self._lease_empty_at = asyncio.get_running_loop().time()
+            return
+        self._queue.extend(leased)
+        self._counts["pending"] -= len(leased)
+        self._counts["leased"] += len(leased)
 
     async def _wait_buckets(self, loop: asyncio.AbstractEventLoop, prompt_est: int) -> bool:
         for bucket, amount in ((self._req_bucket, 1), (self._tok_bucket, prompt_est + self.config.generation.max_tokens)):
@@ -593,6 +628,9 @@ class Run:
             )
 
     async def _release_queue(self) -> None:
+        if self._prefetch is not None:
+            await asyncio.wait({self._prefetch})
+            self._absorb_prefetch()
         if not self._queue:
             return
         pks = [s.pk for s in self._queue]

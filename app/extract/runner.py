@@ -7,14 +7,17 @@ States are taken with forward hooks on the decoder layers and from the decoder's
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
+import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +41,11 @@ from app.extract.progress import ProgressLog
 from app.libnoise import silence_library_noise
 
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-# batches handed to the writer thread and not yet on disk; bounds host memory
-MAX_PENDING_WRITES = 2
+# threads that wait for a batch's copies, check it and write it (pwrite at disjoint offsets, so batches
+# are written in parallel: one thread cannot keep up with a GPU at ~32 KB of states per token)
+WRITER_THREADS = 4
+# batches handed to the writers and not yet on disk; bounds pinned host memory
+MAX_PENDING_WRITES = WRITER_THREADS + 1
 
 
 class ExtractionError(EaglewatchError):
@@ -251,8 +257,14 @@ def load_target(options: ExtractOptions, aux: AuxLayers, device: str, dtype: str
     # transformers renamed torch_dtype to dtype in 4.56; older versions would ignore an unknown `dtype`
     major_minor = tuple(int(p) for p in transformers.__version__.split(".")[:2] if p.isdigit())
     kwargs["dtype" if major_minor >= (4, 56) else "torch_dtype"] = torch_dtype
-    if device == "cuda":
+    spread = device == "cuda" and importlib.util.find_spec("accelerate") is not None
+    if spread:
         kwargs["device_map"] = "auto"
+    elif device == "cuda" and torch.cuda.device_count() > 1:
+        raise InputError(
+            f"{torch.cuda.device_count()} GPUs are visible but device_map='auto' needs the 'accelerate' package: "
+            "pip install 'eaglewatch[extract]' (or give this job one GPU)"
+        )
     try:
         model = AutoModelForCausalLM.from_pretrained(str(options.model_path), **kwargs)
     except (OSError, ValueError, KeyError) as exc:
@@ -260,8 +272,13 @@ def load_target(options: ExtractOptions, aux: AuxLayers, device: str, dtype: str
             f"{options.model_path}: cannot load the model with transformers ({exc}); --model must be a local "
             "folder with config.json and weights (add --trust-remote-code only for models that need it)"
         ) from None
-    if device == "cpu":
-        model = model.to("cpu")
+    if not spread:  # one GPU without accelerate, or the CPU
+        model = model.to(device)
+    offloaded = sorted({str(v) for v in (getattr(model, "hf_device_map", None) or {}).values()} & {"cpu", "disk"})
+    if device == "cuda" and offloaded:
+        # EAGLE #105: device_map="auto" quietly moves layers off the GPUs when they do not fit
+        print(f"warning: {options.model_path} does not fit on the visible GPUs; device_map='auto' put some layers "
+              f"on {' and '.join(offloaded)}, which is much slower; give the job more GPUs", file=sys.stderr)
     model.eval()
     return TargetModel(model, aux, dtype, options.model_path)
 
@@ -336,6 +353,7 @@ class _SampleFilesWriter:
         self.partial.mkdir(parents=True)
         self.bytes = 0
         self.written = [False] * len(samples)
+        self._lock = threading.Lock()
 
     def write_sample(self, k: int, ids: Any, last: Any, aux: Any) -> None:
         import torch
@@ -356,8 +374,9 @@ class _SampleFilesWriter:
             f.write(layout.header)
             for t in (ids, mask, last, aux):
                 f.write(tensor_bytes(t))
-        self.bytes += layout.total_bytes
-        self.written[k] = True
+        with self._lock:
+            self.bytes += layout.total_bytes
+            self.written[k] = True
 
     def finish(self) -> tuple[Path, int]:
         if not all(self.written):
@@ -430,10 +449,11 @@ def extract_shard(
     writer_cls = _SampleFilesWriter if per_sample else _ShardFileWriter
     writer = writer_cls(path, samples, hidden, n_aux, target.dtype, _shard_metadata(target, manifest, shard, samples))
     log.progress(shard, 0, len(samples), 0, tokens_total=total_tokens)
-    # the GPU runs batch b+1 while a writer thread waits for batch b's copies, checks and writes it
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"shard{shard}-writer")
+    # the GPU runs batch b+1 while writer threads wait for earlier batches' copies, check and write them
+    pool = ThreadPoolExecutor(max_workers=WRITER_THREADS, thread_name_prefix=f"shard{shard}-writer")
     pending: deque[Future] = deque()
     counts = {"done": 0, "tokens": 0}
+    counts_lock = threading.Lock()
 
     def check_and_write(batch: list[int], captured: CapturedBatch) -> None:
         rows = [samples[k] for k in batch]
@@ -446,13 +466,14 @@ def extract_shard(
             ) from None
         _check_batch(rows, captured.last, captured.aux, captured.ids, bool(captured.finite), hidden, n_aux, shard)
         start = 0
-        for k, sample in zip(batch, rows):
+        for k, sample in zip(batch, rows, strict=True):
             end = start + len(sample.input_ids)
             writer.write_sample(k, captured.ids[start:end], captured.last[start:end], captured.aux[start:end])
             start = end
-        counts["done"] += len(rows)
-        counts["tokens"] += start
-        log.progress(shard, counts["done"], len(samples), counts["tokens"], tokens_total=total_tokens)
+        with counts_lock:  # one line per batch, `done` never going back
+            counts["done"] += len(rows)
+            counts["tokens"] += start
+            log.progress(shard, counts["done"], len(samples), counts["tokens"], tokens_total=total_tokens)
 
     try:
         for batch in plan_batches([len(s.input_ids) for s in samples], options.batch_tokens):
@@ -497,8 +518,8 @@ def extract_shard(
             "seconds": round(seconds, 3),
         },
     )
-    log.emit("shard_done", shard, path=str(out_path), samples=len(samples), tokens=total_tokens, bytes=nbytes,
-             skipped=False, seconds=round(seconds, 3))
+    log.emit("shard_done", shard, path=str(out_path), done=len(samples), total=len(samples), tokens=total_tokens,
+             bytes=nbytes, skipped=False, seconds=round(seconds, 3))
     return ShardResult(shard, out_path, len(samples), total_tokens, nbytes, False, seconds)
 
 
@@ -520,7 +541,8 @@ def _check_batch(rows: Sequence[ShardSample], last: Any, aux: Any, seen_ids: Any
         end = start + len(s.input_ids)
         if not torch.equal(seen_ids[start:end], torch.tensor(s.input_ids, dtype=seen_ids.dtype)):
             got = seen_ids[start:end].tolist()
-            pos = next((i for i, (x, y) in enumerate(zip(got, s.input_ids)) if x != y), min(len(got), len(s.input_ids)))
+            pairs = enumerate(zip(got, s.input_ids, strict=False))
+            pos = next((i for i, (x, y) in pairs if x != y), min(len(got), len(s.input_ids)))
             raise ExtractionError(
                 f"shard {shard}, sample {s.sample_id!r}: the token ids fed to the model differ from the manifest's "
                 f"at position {pos}; the shard is not marked done",
@@ -556,6 +578,7 @@ def run_extraction(
     rest. Raises InputError on bad input; a failing shard is reported (`shard_failed` line) and the others
     still run, then ExtractionError names the first failure."""
     log = log or ProgressLog()
+    options = replace(options, out_dir=Path(options.out_dir).resolve(), model_path=Path(options.model_path).resolve())
     manifest = read_manifest(manifest_path)
     options.out_dir.mkdir(parents=True, exist_ok=True)
     todo = pending_shards(manifest, shards, options.out_dir)
@@ -594,6 +617,6 @@ def _skip(manifest: Manifest, shard: int, options: ExtractOptions, log: Progress
     marker = json.loads(done_marker_path(options.out_dir, shard).read_text(encoding="utf-8"))
     result = ShardResult(shard, options.out_dir / marker["path"], marker.get("samples", 0), marker.get("tokens", 0),
                          marker.get("bytes", 0), True, 0.0)
-    log.emit("shard_done", shard, path=str(result.path), samples=result.samples, tokens=result.tokens,
-             bytes=result.bytes, skipped=True)
+    log.emit("shard_done", shard, path=str(result.path), done=result.samples, total=result.samples,
+             tokens=result.tokens, bytes=result.bytes, skipped=True)
     return result

@@ -71,8 +71,9 @@ class ChatClient:
                    "Accept": "application/json", "User-Agent": "eaglewatch"}
         if self._key:
             headers["Authorization"] = f"Bearer {self._key}"
-        self._headers = headers
-        self._stream_headers = dict(headers, Accept="text/event-stream")
+        # built once: httpx normalises every header of a plain dict on each request
+        self._headers = httpx.Headers(headers)
+        self._stream_headers = httpx.Headers(dict(headers, Accept="text/event-stream"))
         timeout_s = float(getattr(endpoint, "timeout_s", None) or 600.0)
         if isinstance(transport, httpx.AsyncBaseTransport):
             self._transport, self._owns_transport = transport, False
@@ -151,7 +152,7 @@ class ChatClient:
                 f"{self.endpoint_name}: the request {what} ({type(exc).__name__}: {detail})", error_class=kind
             ) from None
 
-    def _request(self, content: bytes, headers: dict[str, str]) -> httpx.Request:
+    def _request(self, content: bytes, headers: httpx.Headers) -> httpx.Request:
         return httpx.Request("POST", self._url, headers=headers, content=content, extensions=self._timeout)
 
     async def _plain(self, content: bytes, started: float) -> Completion:
@@ -195,7 +196,7 @@ class ChatClient:
     async def fetch_pricing(self, model: str) -> ModelPricing | None:
         """List prices of `model` from the endpoint's `GET /models` (None when not listed or not served)."""
         url = self._url.copy_with(path=self._url.path[: -len(CHAT_PATH)] + "/models")
-        headers = {k: v for k, v in self._headers.items() if k != "Content-Type"}
+        headers = {k: v for k, v in self._headers.items() if k.lower() != "content-type"}
         request = httpx.Request("GET", url, headers=headers, extensions=self._timeout)
         try:
             response = await self._transport.handle_async_request(request)

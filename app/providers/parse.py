@@ -150,7 +150,9 @@ def parse_body(text: bytes | str, *, total_s: float, ttft_s: float | None = None
         raise _malformed("body", f"is not JSON ({exc.__class__.__name__}: {exc})") from None
     body = _obj(body, "body")
     if body.get("error") is not None and not body.get("choices"):
-        raise classify_status(200, {}, body)
+        code = body["error"].get("code") if isinstance(body["error"], dict) else None
+        status = code if isinstance(code, int) and 400 <= code < 600 else 200
+        raise classify_status(status, {}, body)  # an error envelope under HTTP 200: judge it by its code
     choices = body.get("choices")
     if not isinstance(choices, list) or not choices:
         raise _malformed("choices", "should be a non-empty list")

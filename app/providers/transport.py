@@ -12,17 +12,18 @@ import httpx
 
 TRANSPORTS = ("aiohttp", "httpx", "pools")
 
-# bench/transport.py, 2026-11-29, 2-core dev VM shared with other jobs (server pinned to core 0, client
-# to core 1, 1,000 requests of ~3 KB per cell; wall rates are noisy there, client CPU per request is not):
-#   client CPU ms/request      non-stream c=64  c=256   stream c=64  c=256
-#   bare aiohttp (ceiling)          0.59     0.68           2.49   2.21
-#   ChatClient + httpx-aiohttp      1.01     1.13           2.32   3.04   <- chosen
-#   ChatClient + httpx default      3.30     5.66           3.54   5.10
-#   ChatClient + 4 httpx pools      2.89     6.50           4.39   4.27
-#   ChatClient + 16 httpx pools     1.99     3.63           4.86   5.11
-# httpx-aiohttp costs 3-5x less CPU per request than httpx's own pool non-streaming and 1.5-1.7x less
-# streaming; splitting httpx into smaller pools does not close the gap. Requests/s in the same run,
-# non-streaming c=64: bare aiohttp 653, httpx-aiohttp 370 (0.57x), httpx default 73 (0.11x).
+# bench/transport.py, 2026-11-29, on the 2-core dev VM shared with other jobs (server pinned to core 0,
+# client to core 1, 1,500 requests of ~3 KB per cell, minimal loopback aiohttp server):
+#                               non-streaming c=64     c=256          streaming c=64      c=256
+#                               req/s (x)  CPU ms      req/s (x)  CPU   req/s (x)  CPU     req/s (x)  CPU
+#   bare aiohttp (baseline)     1174 1.00  0.35        1024 1.00  0.43  210 1.00   2.01    218 1.00   1.81
+#   ChatClient + httpx-aiohttp  1028 0.88  0.60         780 0.76  0.76  223 1.06   1.87    279 1.28   1.58  <- chosen
+#   ChatClient + httpx default   297 0.25  2.18         103 0.10  4.05  102 0.49   3.99     96 0.44   4.60
+#   ChatClient + 4 httpx pools   184 0.16  2.96          79 0.08  4.94  135 0.64   3.80     67 0.31   5.43
+#   ChatClient + 16 httpx pools  271 0.23  2.09         148 0.14  2.91  124 0.59   2.98    135 0.62   3.76
+# (CPU = client CPU ms per request, time.process_time of the client process.) httpx-aiohttp costs 3.5-5x
+# less client CPU than httpx's own pool non-streaming and 2-3x less streaming; smaller httpx pools narrow
+# the gap only slightly. Two earlier runs under heavier load ranked the transports the same way.
 DEFAULT_TRANSPORT = "aiohttp"
 DEFAULT_POOLS = 4
 

@@ -72,6 +72,7 @@ class OutputRenderer:
     # -- splitting ------------------------------------------------------------------------------
 
     def _split(self, ids: tuple[int, ...]):
+        """(leading <think>, </think> present, reasoning ids, content ids, tool section follows content)."""
         m = self.ids
         start = 1 if ids and ids[0] == m["think"] else 0
         ended = any(i in self.stops for i in ids)
@@ -89,20 +90,8 @@ class OutputRenderer:
                 content_end = k
                 break
         content_ids = rest[:content_end]
-        calls = []
-        k = content_end
-        if k < len(rest) and rest[k] == m["section"]:
-            k += 1
-            while k < len(rest) and rest[k] == m["call"]:
-                arg = _find(rest, m["arg"], k + 1)
-                end = _find(rest, m["call_end"], (arg or k) + 1)
-                if arg is None:
-                    break
-                end = end if end is not None else len(rest)
-                calls.append((rest[k + 1 : arg], rest[arg + 1 : end]))
-                k = end + 1
         section_follows = content_end < len(rest) and rest[content_end] == m["section"]
-        return start > 0, had_think, reasoning_ids, content_ids, section_follows, calls, ended
+        return start > 0, had_think, reasoning_ids, content_ids, section_follows
 
     # -- text -----------------------------------------------------------------------------------
 
@@ -115,15 +104,16 @@ class OutputRenderer:
         """The RenderedOutput of `output_ids` with the given quirks applied."""
         from app.tokens import parse_output
 
-        lead_think, had_think, r_ids, c_ids, section_follows, _, _ = self._split(output_ids)
+        lead_think, had_think, r_ids, c_ids, section_follows = self._split(output_ids)
         per_token = "replacement_char" in quirks
         ids = list(output_ids)
         ended = bool(ids) and ids[-1] in self.profile_stops
         if ended:
             ids.pop()
         view = parse_output(self._text(tuple(ids), per_token), self.profile, ended)
-        if view.content and not view.tool_calls and not per_token and self.tokenizer.decode(list(c_ids)) != view.content:
-            # the parser kept text my marker split cut off (e.g. a tool section cut by max_tokens stays
+        mismatch = view.content and self.tokenizer.decode(list(c_ids)) != view.content
+        if mismatch and not view.tool_calls and not per_token:
+            # the parser kept text the marker split cut off (e.g. a tool section cut by max_tokens stays
             # in content): the content's ids are then everything after the reasoning
             after = len(r_ids) + (1 if had_think else 0) + (1 if lead_think else 0)
             c_ids = tuple(ids[after:])

@@ -280,7 +280,11 @@ class SimulatorServer:
         model = body.get("model") or self.model
         want_lp = bool(body.get("logprobs")) and self.logprobs_enabled
         top = int(body.get("top_logprobs") or 0)
-        ids_field = "token_ids" if body.get("return_token_ids") else "output_ids" if body.get("return_output_ids") else None
+        ids_field = None
+        if body.get("return_token_ids"):
+            ids_field = "token_ids"
+        elif body.get("return_output_ids"):
+            ids_field = "output_ids"
         if body.get("stream"):
             return await self._stream(request, index, history, out, gen_id, model, want_lp, top, ids_field, fault,
                                       keepalive, latency)

@@ -418,6 +418,15 @@ class RunStore:
 
     # ------------------------------------------------------------------------------------ events, commands
 
+    async def upsert_reconstructions(self, rows: list[tuple[Any, ...]]) -> int:
+        """Replace reconstruction rows (one per sample; columns in `RECONSTRUCTION_COLUMNS` order), e.g. after a
+        reprocess with a fixed tokenizer or profile. Returns the number of rows written."""
+
+        def op(conn: sqlite3.Connection) -> int:
+            return conn.executemany(_UPSERT_RECONSTRUCTION, rows).rowcount
+
+        return await self.write(op)
+
     async def add_event(self, run_id: int | None, level: str, kind: str, message: str) -> None:
         """Append to the operator's log."""
         row = (run_id, time.time(), level, kind, message)
@@ -578,6 +587,11 @@ _INSERT_RESPONSE = (
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
+RECONSTRUCTION_COLUMNS = (
+    "run_id", "sample_pk", "response_id", "profile", "tokenizer", "strategy", "repair", "roundtrip", "notes",
+    "output_ids", "reference_ids", "category", "first_diff", "n_tokens", "ref_len", "explanation", "detail",
+    "created_at",
+)
 _UPSERT_RECONSTRUCTION = (
     "INSERT INTO reconstructions (run_id, sample_pk, response_id, profile, tokenizer, strategy, repair, roundtrip, "
     "notes, output_ids, reference_ids, category, first_diff, n_tokens, ref_len, explanation, detail, created_at) "

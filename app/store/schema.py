@@ -12,14 +12,14 @@ Conventions other packages code against (keep these names stable):
 States:
 - runs.state: idle (ingested, never started) | running | paused | stopping | done | failed
 - samples.state: pending | leased | done | failed | skipped
-- jobs.state / job_shards.state: pending | submitted | running | done | failed | cancelled
+- jobs.state / job_shards.state: pending | submitted | running | paused | done | failed | cancelled
 """
 
 from __future__ import annotations
 
 RUN_STATES = ("idle", "running", "paused", "stopping", "done", "failed")
 SAMPLE_STATES = ("pending", "leased", "done", "failed", "skipped")
-JOB_STATES = ("pending", "submitted", "running", "done", "failed", "cancelled")
+JOB_STATES = ("pending", "submitted", "running", "paused", "done", "failed", "cancelled")
 
 # Version 1: the tables.
 _V1 = """
@@ -114,7 +114,7 @@ CREATE TABLE jobs (
     executor    TEXT NOT NULL,                   -- local | slurm
     spec        TEXT NOT NULL,                   -- JobSpec as JSON
     state       TEXT NOT NULL DEFAULT 'pending'
-                CHECK (state IN ('pending','submitted','running','done','failed','cancelled')),
+                CHECK (state IN ('pending','submitted','running','paused','done','failed','cancelled')),
     n_shards    INTEGER NOT NULL DEFAULT 0,
     output_dir  TEXT,
     external_id TEXT,                            -- e.g. a Slurm array job id
@@ -129,7 +129,7 @@ CREATE TABLE job_shards (
     job_id      INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
     shard       INTEGER NOT NULL,
     state       TEXT NOT NULL DEFAULT 'pending'
-                CHECK (state IN ('pending','submitted','running','done','failed','cancelled')),
+                CHECK (state IN ('pending','submitted','running','paused','done','failed','cancelled')),
     pid         INTEGER,
     external_id TEXT,                            -- e.g. "<array job id>_<index>"
     done        INTEGER NOT NULL DEFAULT 0,
@@ -170,8 +170,11 @@ CREATE INDEX samples_by_run_state ON samples (run_id, state);
 CREATE INDEX samples_leased ON samples (run_id, lease_expires) WHERE state = 'leased';
 CREATE INDEX responses_by_sample ON responses (sample_pk, attempt);
 CREATE INDEX responses_by_run ON responses (run_id, created_at);
+-- covering index for the cost ledger and per-endpoint tallies: the rows themselves hold long texts
+CREATE INDEX responses_ledger ON responses (run_id, endpoint, error_class, finish_reason, cost_usd);
 CREATE INDEX reconstructions_by_run_category ON reconstructions (run_id, category, sample_pk);
 CREATE INDEX reconstructions_by_sample ON reconstructions (sample_pk);
+CREATE INDEX reconstructions_by_run_strategy ON reconstructions (run_id, strategy);
 CREATE INDEX events_by_run ON events (run_id, id);
 CREATE INDEX commands_open ON commands (run_id, id) WHERE done_at IS NULL;
 CREATE INDEX jobs_by_run ON jobs (run_id, id);

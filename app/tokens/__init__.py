@@ -11,6 +11,17 @@ from app.tokens.reconstruct import REPAIRS, Fields, Reconstructor
 from app.tokens.template import ProviderView, parse_output, pieces_text, render_output, split_output
 from app.tokens.tokenizer import KIMI_PATTERN, Tokenizer, load_tokenizer
 
+_LAZY = {"render_prompt", "render_conversation"}  # app.tokens.prompt, imported on first use
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from app.tokens import prompt
+
+        return getattr(prompt, name)
+    raise AttributeError(f"module 'app.tokens' has no attribute {name!r}")
+
+
 __all__ = [
     "KIMI_PATTERN",
     "PROFILES",
@@ -27,7 +38,9 @@ __all__ = [
     "load_tokenizer",
     "parse_output",
     "pieces_text",
+    "render_conversation",
     "render_output",
+    "render_prompt",
     "split_output",
     "visible_text",
 ]

@@ -56,6 +56,9 @@ class Profile:
     vocab_size: int | None = None
     audit_tokens: dict[str, int | None] = field(default_factory=dict)
 
+    def __hash__(self) -> int:  # dict fields: hash by name (profiles are registered by name)
+        return hash(self.name)
+
     @property
     def markers(self) -> tuple[str, ...]:
         """Every marker string the output layout uses (think tags, tool markers, stop tokens)."""

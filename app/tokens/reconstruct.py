@@ -32,6 +32,7 @@ REPAIRS = (
 )
 NO_CONTENT = "(no content)"
 MAX_REINDEX = 32
+MAX_CHAIN = 3  # server-side steps inverted on top of each other, at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +83,30 @@ class Reconstructor:
         """Canonical ids of `fields`: the output string with markers as text, encoded once."""
         text = "".join(t for _, t in self._pieces(fields))
         return self.tokenizer.encode(text)
+
+    def _encode_cached(self, fields: Fields, cache: dict[str, list[int]]) -> list[int]:
+        # Same ids as encode_fields (every tokenizer here splits at marker tokens before BPE, so text between
+        # markers is encoded on its own), but a run seen before is not encoded again: repair variants change
+        # one or two runs of a long output.
+        out: list[int] = []
+        text = ""
+        for kind, piece in self._pieces(fields):
+            if kind != "marker":
+                text += piece
+                continue
+            if text:
+                ids = cache.get(text)
+                if ids is None:
+                    ids = cache[text] = self.tokenizer.encode(text)
+                out.extend(ids)
+                text = ""
+            out.append(self._marker_ids[piece])
+        if text:
+            ids = cache.get(text)
+            if ids is None:
+                ids = cache[text] = self.tokenizer.encode(text)
+            out.extend(ids)
+        return out
 
     def roundtrip(self, ids: Sequence[int], completion: Completion) -> bool:
         """True when these ids, returned by an ideal provider, give back the completion's fields."""
@@ -172,20 +197,39 @@ class Reconstructor:
         plain = Reconstruction(output_ids=tuple(ids), strategy="canonical")
         ref_bytes = self.tokenizer.decode_bytes(ref)
         ref_truncated = not ref or ref[-1] not in self._stop_ids
-        seen = {tuple(ids)}
         ref_view = split_output(ref, self.profile, self.tokenizer)
-        for name, variant in self._repair_candidates(fields, ref_view):
-            ids2 = self.encode_fields(variant)
-            if tuple(ids2) in seen:
-                continue
-            seen.add(tuple(ids2))
-            # Cheap filter first: a benign verdict needs the same bytes (or a truncated reference).
-            if not ref_truncated and ids2 != ref and self.tokenizer.decode_bytes(ids2) != ref_bytes:
-                continue
-            v2 = compare(ids2, ref, self.tokenizer, self.profile)
-            if v2.category in BENIGN:
-                rec = Reconstruction(output_ids=tuple(ids2), strategy="canonical", repair=name, roundtrip=True)
-                return rec, _with_repair(v2, name)
+        seen = {tuple(ids)}
+        cache: dict[str, list[int]] = {}
+        # Greedy: servers apply several steps at once (vLLM: think_spaces + no_content + tool_whitespace),
+        # so after a round without a match, keep the variant that agrees with the most reference bytes at
+        # both ends and invert the next step on top of it (at most MAX_CHAIN steps).
+        used: list[str] = []
+        current = fields
+        best = _agreement(self.tokenizer.decode_bytes(ids), ref_bytes)
+        for _ in range(MAX_CHAIN):
+            step: tuple[str, Fields, int] | None = None
+            for name, variant in self._repair_candidates(current, ref_view):
+                if name in used:
+                    continue
+                ids2 = self._encode_cached(variant, cache)
+                key = tuple(ids2)
+                if key in seen:
+                    continue
+                seen.add(key)
+                got = self.tokenizer.decode_bytes(ids2)
+                if ref_truncated or got == ref_bytes:
+                    v2 = compare(ids2, ref, self.tokenizer, self.profile)
+                    if v2.category in BENIGN:
+                        label = "+".join(sorted([*used, name], key=REPAIRS.index))
+                        rec = Reconstruction(output_ids=key, strategy="canonical", repair=label, roundtrip=True)
+                        return rec, _with_repair(v2, label)
+                score = _agreement(got, ref_bytes)
+                if score > best and (step is None or score > step[2]):
+                    step = (name, variant, score)
+            if step is None:
+                break
+            used.append(step[0])
+            current, best = step[1], step[2]
         return replace(plain, roundtrip=False, notes=self._notes(fields, ref, verdict)), verdict
 
     def _finish(self, rec: Reconstruction, c: Completion, ref: list[int] | None) -> tuple[Reconstruction, Verdict]:
@@ -320,6 +364,28 @@ def _runs(pieces: list[Piece]) -> list[Piece]:
         else:
             out.append((kind, text))
     return out
+
+
+def _agreement(a: bytes, b: bytes) -> int:
+    """Bytes that a and b share at the start plus at the end (binary search over memoryview slices)."""
+    ma, mb = memoryview(a), memoryview(b)
+    n = min(len(a), len(b))
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ma[:mid] == mb[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    prefix = lo
+    lo, hi = 0, n - prefix
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ma[len(a) - mid:] == mb[len(b) - mid:]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return prefix + lo
 
 
 def _restore_edges(got: str | None, truth: str | None) -> str | None:

@@ -74,8 +74,12 @@ class Tokenizer:
 
     def decode_bytes(self, ids: Iterable[int]) -> bytes:
         """The exact bytes of `ids` (no U+FFFD substitution)."""
-        tb = self.token_bytes
-        return b"".join(tb(i) for i in ids)
+        try:
+            return b"".join(map(self._id_to_bytes.__getitem__, ids))
+        except KeyError as exc:
+            raise ValueError(
+                f"token id {exc.args[0]} is outside the vocabulary of {self.path} (size {self.vocab_size})"
+            ) from None
 
     def id_of_bytes(self, data: bytes) -> int | None:
         """The ordinary (non-special) token whose bytes are `data`, or None."""
@@ -84,6 +88,7 @@ class Tokenizer:
     _specials: dict[str, int]
     _special_ids: frozenset[int]
     _bytes_to_id: dict[bytes, int]
+    _id_to_bytes: dict[int, bytes]
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.path} vocab={self.vocab_size} fp={self.fingerprint[:12]}>"
@@ -143,6 +148,8 @@ class TiktokenTokenizer(Tokenizer):
             )
         except ValueError as exc:
             raise InputError(f"{model}: tiktoken rejected the vocabulary or pattern ({exc})") from None
+        self._core = self._enc._core_bpe
+        self._allowed = set(specials)
         self._specials = specials
         self._special_ids = frozenset(specials.values())
         self._bytes_to_id = ranks
@@ -157,7 +164,13 @@ class TiktokenTokenizer(Tokenizer):
         return self._enc
 
     def encode(self, text: str) -> list[int]:
-        return self._enc.encode(text, allowed_special="all")
+        # tiktoken's Python wrapper rebuilds the disallowed-special set on every call; with every special
+        # allowed there is nothing to check, so go to the core encoder (same ids, less overhead).
+        try:
+            return self._core.encode(text, self._allowed)
+        except UnicodeEncodeError:  # lone surrogates: tiktoken's own fallback
+            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+            return self._core.encode(text, self._allowed)
 
     def encode_ordinary(self, text: str) -> list[int]:
         return self._enc.encode_ordinary(text)
@@ -248,6 +261,11 @@ class HFTokenizer(Tokenizer):
         for t, i in self._specials.items():
             self._id_to_bytes[i] = t.encode("utf-8")
         self.fingerprint = _fingerprint(directory)
+
+    @property
+    def backend(self):
+        """The underlying `tokenizers.Tokenizer` (for benchmarks and equivalence tests)."""
+        return self._tok
 
     @property
     def has_normalizer(self) -> bool:

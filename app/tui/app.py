@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from textual.app import App, SystemCommand

@@ -83,7 +83,10 @@ class SampleDiff:
         """The verdict in words, with the aligner's or validator's own explanation when present."""
         if not self.explanation:
             return VERDICT_WORDS.get(self.verdict, self.verdict)
-        return f"{VERDICT_CLASS.get(self.verdict, self.verdict)}: {self.explanation}"
+        label = VERDICT_CLASS.get(self.verdict, self.verdict)
+        if self.explanation.lower().startswith(label):
+            return self.explanation
+        return f"{label}: {self.explanation}"
 
 
 @dataclass(frozen=True, slots=True)

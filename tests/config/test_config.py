@@ -60,8 +60,9 @@ def test_minimal_config_fills_defaults(tmp_path: Path) -> None:
 def test_relative_paths_resolve_against_the_config_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     sub = tmp_path / "configs"
     sub.mkdir()
+    write(sub, MINIMAL)
     monkeypatch.chdir(tmp_path)
-    config = load_config(Path("configs") / "run.toml" if write(sub, MINIMAL) else None)
+    config = load_config(Path("configs") / "run.toml")  # a relative path to the file itself
     assert config.data.datasets[0].path == sub.resolve() / "prompts.jsonl"
     assert config.model.tokenizer == sub.resolve() / "tok"
     assert config.extraction.output_dir == sub.resolve() / "extract"
@@ -233,3 +234,17 @@ def test_unknown_key_inside_nested_tables_lists_that_tables_keys(tmp_path: Path)
     assert 'pricing["moonshotai/kimi-k2.5"].bogus: unknown key (allowed here: prompt_per_m, completion_per_m, cached_prompt_per_m)' in msg
     msg = error_of(tmp_path, MINIMAL.replace('format = "sharegpt"', 'format = "sharegpt"\nfromat = 1'))
     assert "data.datasets[0].fromat: unknown key (allowed here: path, format, id_field, limit, name)" in msg
+
+
+def test_config_check_warns_about_missing_inputs(tmp_path: Path, sample_data_dir: Path) -> None:
+    from app.commands.config import missing_inputs
+
+    config = load_config(write(tmp_path, MINIMAL))
+    assert missing_inputs(config) == [
+        f"data.datasets[0].path: {tmp_path / 'prompts.jsonl'} does not exist",
+        f"data.reference: {tmp_path / 'ref.jsonl'} does not exist",
+        f"model.tokenizer: {tmp_path / 'tok'} does not exist",
+    ]
+    (tmp_path / "prompts.jsonl").write_text("")
+    assert len(missing_inputs(load_config(tmp_path / "run.toml"))) == 2
+    assert missing_inputs(load_config(sample_data_dir / "demo.toml")) == []

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
 import pytest
 
+from app.engine.reconstruct import build_reconstructor
 from app.engine.run import Run
 from tests.engine.conftest import make_config, open_ingested
 
@@ -36,3 +38,41 @@ async def test_every_sample_is_done_once(tmp_path, sample_data, stream):
     db = _db(config)
     assert db.execute("SELECT COUNT(*), COUNT(DISTINCT sample_pk) FROM responses").fetchone() == (40, 40)
     assert db.execute("SELECT state FROM runs").fetchone()[0] == "done"
+
+
+async def test_streamed_reasoning_and_tool_calls_are_stored(tmp_path, sample_data):
+    config = make_config(tmp_path, sample_data, stream=True)
+    outcome, _ = await _run_to_end(config, sample_data, 120)
+    assert outcome.state == "done"
+    db = _db(config)
+    with_reasoning = db.execute("SELECT COUNT(*) FROM responses WHERE reasoning IS NOT NULL AND reasoning != ''").fetchone()[0]
+    calls = [json.loads(r[0]) for r in db.execute("SELECT tool_calls FROM responses WHERE tool_calls IS NOT NULL")]
+    calls = [c for c in calls if c]
+    assert with_reasoning > 0
+    assert calls and all(c[0]["name"] and isinstance(c[0]["arguments"], str) for c in calls)
+
+
+async def test_live_verdicts_use_the_reference_ids(tmp_path, sample_data):
+    config = make_config(tmp_path, sample_data, stream=True)
+    outcome, snap = await _run_to_end(config, sample_data, 40, reconstructor=build_reconstructor(config))
+    assert outcome.state == "done"
+    verdicts = dict(snap.verdicts)
+    assert sum(verdicts.values()) == 40
+    assert verdicts.get("exact", 0) + verdicts.get("bpe_equivalent", 0) >= 30  # a clean simulator replays the ids
+    db = _db(config)
+    assert db.execute("SELECT COUNT(*) FROM reconstructions WHERE reference_ids IS NOT NULL").fetchone()[0] == 40
+
+
+async def test_requests_are_spread_over_endpoints_by_weight(tmp_path, sample_data):
+    sim = {"latency_median_ms": 5.0, "latency_p95_ms": 5.0, "seed": 1}
+    config = make_config(tmp_path, sample_data, limits={"concurrency_initial": 8, "concurrency_max": 8}, endpoints=[
+        {"name": "big", "simulator": sim, "weight": 3.0, "max_concurrency": 64},
+        {"name": "small", "simulator": sim, "weight": 1.0, "max_concurrency": 64},
+    ])
+    outcome, snap = await _run_to_end(config, sample_data, 200)
+    assert outcome.state == "done"
+    per = dict(_db(config).execute("SELECT endpoint, COUNT(*) FROM responses GROUP BY endpoint").fetchall())
+    assert per["big"] + per["small"] == 200
+    assert 2.0 <= per["big"] / per["small"] <= 4.5
+    assert [e.name for e in snap.endpoints] == ["big", "small"]
+    assert snap.concurrency_limit == 8

@@ -46,7 +46,7 @@ def _assert_matches_direct(reference, manifest_path: Path, shard: int, data_path
     samples = read_shard(read_manifest(manifest_path).shard(shard))
     saved = load_shard_output(data_path)
     assert [s["sample_id"] for s in saved] == [s.sample_id for s in samples]
-    for sample, got in zip(samples, saved):
+    for sample, got in zip(samples, saved, strict=True):
         states = _direct(reference, list(sample.input_ids))
         assert got["input_ids"].tolist() == list(sample.input_ids)
         assert got["loss_mask"].tolist() == list(sample.loss_mask)
@@ -96,7 +96,7 @@ def test_qwen2_model_is_extracted_too(tmp_path, two_shards):
     _assert_matches_direct(reference, two_shards, 1, shard_data_path(out, 1), [2, 4, 5])
 
 
-def test_cli_prints_contract_progress_lines_and_exit_1_for_a_failed_shard(tmp_path):
+def test_cli_prints_contract_progress_lines_and_exit_1_for_a_failed_shard(tmp_path, repo_root):
     poisoned = 9  # its embedding row is NaN: only shard 1, which contains it, fails
     model_dir = build_tiny_model(tmp_path / "model", nan_token=poisoned)
     clean = [{**r, "input_ids": [t if t != poisoned else 10 for t in r["input_ids"]]} for r in make_samples(7, 1)]
@@ -106,7 +106,7 @@ def test_cli_prints_contract_progress_lines_and_exit_1_for_a_failed_shard(tmp_pa
     proc = subprocess.run(
         [sys.executable, "-m", "app.extract", "--manifest", str(manifest), "--shard", "0", "--shard", "1",
          "--model", str(model_dir), "--out", str(out), "--device", "cpu", "--batch-tokens", "96"],
-        capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONPATH": str(Path.cwd())},
+        capture_output=True, text=True, timeout=240, cwd=repo_root, env={**os.environ, "PYTHONPATH": str(repo_root)},
     )
     assert proc.returncode == 1
     assert "error: shard 1, sample 'x'" in proc.stderr and "Traceback" not in proc.stderr
@@ -199,3 +199,33 @@ def test_unknown_shard_and_bad_layers_are_input_errors(tiny_model, two_shards, t
         _run(two_shards, [9], _options(tiny_model, tmp_path / "hs"))
     with pytest.raises(InputError, match=r"\[8\] outside 0..7"):
         _run(two_shards, [0], _options(tiny_model, tmp_path / "hs", aux_layers=(1, LAYERS)))
+
+
+def test_a_run_that_cannot_fit_is_refused_before_the_model_loads(tmp_path):
+    manifest = write_shards(tmp_path / "export", [make_samples(2, seed=6)], tokens_override={0: 10**13})
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({"hidden_size": 4096, "num_hidden_layers": 32}))
+    # no weights in the folder: reaching the model load would fail differently
+    with pytest.raises(InputError, match=r"not enough disk space for 1 shard\(s\) of hidden states: needs .* bytes\)"):
+        _run(manifest, [0], _options(tmp_path / "model", tmp_path / "hs"))
+    assert not done_marker_path(tmp_path / "hs", 0).exists()
+
+
+def test_help_shows_an_example(repo_root):
+    proc = subprocess.run([sys.executable, "-m", "app.extract", "--help"], cwd=repo_root, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0
+    assert "Example:" in proc.stdout and "--layer-convention" in proc.stdout and "--aux-layers 1,17,32" in proc.stdout
+
+
+def test_bf16_states_are_stored_as_bf16_and_read_back(tiny_model, tiny_reference, two_shards, tmp_path):
+    out = tmp_path / "hs"
+    _run(two_shards, [1], _options(tiny_model, out, dtype="bf16"))
+    saved = load_shard_output(shard_data_path(out, 1))
+    assert read_output_metadata(shard_data_path(out, 1))["dtype"] == "bf16"
+    sample = read_shard(read_manifest(two_shards).shard(1))[0]
+    states = _direct(tiny_reference, list(sample.input_ids))
+    assert saved[0]["hidden_states"].dtype == torch.bfloat16
+    assert saved[0]["aux_hidden_states"].shape == (len(sample.input_ids), 3 * 64)
+    # a bf16 forward against the fp32 one: close, not equal
+    torch.testing.assert_close(saved[0]["hidden_states"].float(), states[-1][0], rtol=0.1, atol=0.1)

@@ -63,9 +63,12 @@ def test_sse_comments_multiline_data_and_crlf():
 
 def test_stream_tool_call_arguments_concatenate_exactly_by_index():
     asm = StreamAssembler(0.0)
+    def first(index, call_id, name, args):
+        return {"index": index, "id": call_id, "function": {"name": name, "arguments": args}}
+
     chunks = [
-        {"choices": [{"delta": {"tool_calls": [{"index": 1, "id": "b", "function": {"name": "g", "arguments": ""}}]}}]},
-        {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "a", "function": {"name": "f", "arguments": "{ "}}]}}]},
+        {"choices": [{"delta": {"tool_calls": [first(1, "b", "g", "")]}}]},
+        {"choices": [{"delta": {"tool_calls": [first(0, "a", "f", "{ ")]}}]},
         {"choices": [{"delta": {"tool_calls": [{"index": 1, "function": {"arguments": "[1, "}}]}}]},
         {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "}"}}]}}]},
         {"choices": [{"delta": {"tool_calls": [{"index": 1, "function": {"arguments": " 2]"}}]}}]},
@@ -133,3 +136,11 @@ def test_cost_prefers_reported_then_list_prices():
     assert cost_of(Usage(1_000_000, 1_000_000, cached_tokens=400_000), pricing) == pytest.approx(0.6 + 0.1 + 2.0)
     assert cost_of(Usage(1_000_000, 0), ModelPricing(1.0, 2.0, None)) == pytest.approx(1.0)
     assert cost_of(Usage(5, 5), None) == 0.0
+
+
+def test_error_envelope_under_200_is_judged_by_its_code():
+    with pytest.raises(RunStoppingError) as info:
+        parse_body(json.dumps({"error": {"code": 402, "message": "no credits"}}), total_s=0)
+    assert info.value.error_class == "credits"
+    with pytest.raises(RetryableError):
+        parse_body(json.dumps({"error": {"message": "odd"}}), total_s=0)

@@ -95,3 +95,31 @@ async def test_against_a_flaky_simulator_only_the_success_is_counted(tok, refere
     assert set(retries) <= {"429", "5xx"}
     # one billed completion per sample: the failed attempts returned nothing to account
     assert sum(c.usage.cost_usd for c in completions) == pytest.approx(10 * completions[0].usage.cost_usd)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_mixed_fault_storm_at_concurrency_completes_every_request(tok, reference, stream):
+    import asyncio
+    import collections
+
+    faults = {"429": 0.05, "500": 0.05, "503": 0.05, "reset": 0.05, "malformed": 0.05, "truncate": 0.05,
+              "stream_error": 0.05, "keepalive": 0.2}
+    classes = collections.Counter()
+    async with SimulatorServer(SimulatorOptions(faults=faults, seed=9), tokenizer=tok, reference=reference[0],
+                               retry_after_s=0) as sim:
+        async with ChatClient(Endpoint(max_concurrency=64), Generation(stream=stream), "k",
+                              base_url=sim.base_url) as client:
+            async def one(i):
+                return await with_retries(
+                    lambda: client.complete(user("tools" if i % 2 else "plain"), model="kimi"),
+                    RetryPolicy(attempts=30, base_s=0.001, cap_s=0.002),
+                    on_retry=lambda n, e, d: classes.update([e.error_class]),
+                )
+
+            completions = await asyncio.gather(*(one(i) for i in range(200)))
+        assert sim.counters["ok"] + sim.counters["malformed"] + sim.counters["truncate"] \
+            + sim.counters["stream_error"] >= 200
+    assert all(c.finish_reason in ("stop", "tool_calls") for c in completions)
+    assert {c.content for c in completions} == {"Hello! ünï 中文 here.", "Checking."}
+    assert set(classes) <= {"429", "5xx", "network", "malformed", "stream"}
+    assert classes["429"] and classes["5xx"] and classes["network"]

@@ -19,11 +19,13 @@ CORPUS = [
 ] * 20
 
 
-def build_hf_tokenizer(directory: Path, added: list[tuple[str, bool]], vocab_size: int = 600) -> Path:
+def build_hf_tokenizer(directory: Path, added: list[tuple[str, bool]], vocab_size: int = 600, nfc: bool = False) -> Path:
     """Train a tiny byte-level BPE `tokenizer.json` with these added tokens (text, special) into `directory`."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
+    if nfc:
+        tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -67,6 +69,12 @@ def family_tokenizers(tmp_path_factory) -> dict:
     """profile name -> a tiny HF tokenizer carrying that profile's markers."""
     root = tmp_path_factory.mktemp("families")
     return {name: load_tokenizer(build_hf_tokenizer(root / name, markers)) for name, markers in PROFILE_MARKERS.items()}
+
+
+@pytest.fixture(scope="session")
+def nfc_qwen_tokenizer(tmp_path_factory):
+    """A tiny Qwen3-style tokenizer with an NFC normaliser (as the real Qwen3 has)."""
+    return load_tokenizer(build_hf_tokenizer(tmp_path_factory.mktemp("nfc"), QWEN_MARKERS, nfc=True))
 
 
 @pytest.fixture(scope="session")

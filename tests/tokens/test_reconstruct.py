@@ -163,6 +163,28 @@ def test_repair_reindexed_tool_ids(sample_rec):
     assert (v.category, out.repair) == ("exact", "tool_ids_reindexed")
 
 
+def test_repair_stripped_whitespace_at_every_edge(sample_rec):
+    out, v = _repaired(sample_rec, "  Think first.\n\n</think>\n\nAnswer here.\n<|im_end|>",
+                       lambda c: replace(c, reasoning=c.reasoning.strip(), content=c.content.strip()))
+    assert (v.category, out.repair) == ("exact", "strip_whitespace")
+
+
+def test_stripped_whitespace_is_not_restored_over_different_text(sample_rec):
+    ids = sample_rec.tokenizer.encode("  Think first.</think>\nAnswer here.<|im_end|>")
+    c = replace(_view(sample_rec, ids), reasoning="Think again.", content="Answer here.")
+    out, v = sample_rec.process(c, ids)
+    assert v.category == "text_mismatch" and out.roundtrip is False
+
+
+def test_several_server_steps_at_once_are_inverted_together(sample_rec):
+    text = KIMI_WORKED.replace("I'll look it up.", "(no content)").replace("get_weather:0", "get_weather:2")
+    out, v = _repaired(sample_rec, text, lambda c: replace(
+        c, reasoning=c.reasoning + " ", content="",
+        tool_calls=tuple(replace(t, id="functions.get_weather:0") for t in c.tool_calls)))
+    assert v.category == "exact"
+    assert out.repair == "think_spaces+no_content+tool_ids_reindexed"
+
+
 def test_a_repair_is_not_tried_when_the_plain_rebuild_matches(sample_rec):
     out, v, _ = _check(sample_rec, "  spaced reasoning \n</think>\n content with edges \n<|im_end|>")
     assert v.category == "exact" and out.repair is None
@@ -272,3 +294,48 @@ def test_reconstructor_is_thread_safe(sample_rec):
     with ThreadPoolExecutor(4) as pool:
         got = list(pool.map(lambda r: sample_rec.process(_view(sample_rec, r), r), refs))
     assert [o.output_ids for o, _ in got] == [tuple(r) for r in refs]
+
+
+def test_normaliser_effects_are_classified(nfc_qwen_tokenizer):
+    tok = nfc_qwen_tokenizer
+    rec = Reconstructor(get_profile("qwen3"), tok)
+    # The model wrote 'e' + U+0301 (NFD); re-encoding composes it (NFC) into other ids and other text.
+    nfd = [tok.id_of_bytes(b"e")] + [tok.id_of_bytes(bytes([b])) for b in "\u0301".encode()]
+    ref = tok.encode("<think>\nr\n</think>\n\ncaf") + nfd + tok.encode("<|im_end|>")
+    out, v = rec.process(_view(rec, ref), ref)
+    assert v.category == "text_mismatch" and "normaliser" in out.notes
+
+
+def test_logprobs_for_reasoning_only(sample_rec):
+    tok = sample_rec.tokenizer
+    reasoning_ids = _split_token(tok, tok.encode("Consider the options carefully."))
+    ref = reasoning_ids + tok.encode("</think>Pick two.<|im_end|>")
+    c = replace(_view(sample_rec, ref), reasoning_logprobs=_logprobs(tok, reasoning_ids))
+    out, verdict = sample_rec.process(c, ref)
+    assert out.strategy == "logprobs" and verdict.category == "exact"
+
+
+def _partial(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+        return False
+    except UnicodeDecodeError:
+        return True
+
+
+def test_logprob_tokens_written_as_escaped_bytes(sample_rec):
+    tok = sample_rec.tokenizer
+    content_ids = tok.encode("go 🦜 now")  # a rare emoji: split into tokens that are partial characters
+    assert any(_partial(tok.token_bytes(i)) for i in content_ids)
+    entries = []
+    for i in content_ids:
+        raw = tok.token_bytes(i)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)  # vLLM's spelling of a partial character
+        entries.append(TokenLogprob(text, None, -0.5))
+    ref = tok.encode("r</think>") + content_ids + tok.encode("<|im_end|>")
+    c = replace(_view(sample_rec, ref), content_logprobs=tuple(entries))
+    out, verdict = sample_rec.process(c, ref)
+    assert out.strategy == "logprobs" and verdict.category == "exact"

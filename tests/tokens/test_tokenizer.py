@@ -125,3 +125,11 @@ def test_kimi_loads_without_importing_transformers(kimi_tokenizer_dir):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.kimi
+def test_kimi_backend_agrees_with_tiktoken_itself(kimi_tok):
+    text = "Hello 世界! 🙂 <think>x</think> don't\n\n  code(1234567) <|im_end|> tail\ud800"
+    want = kimi_tok.encoding.encode(text, allowed_special="all")
+    assert kimi_tok.encode(text) == want
+    assert kimi_tok.encode_ordinary(text) == kimi_tok.encoding.encode_ordinary(text)

@@ -69,7 +69,10 @@ def throughput_lines(snap: MetricsSnapshot) -> tuple[str, ...]:
         f"tok/s {rate.tok_s_10s:6.0f}  1m {rate.tok_s_1m:.0f}",
         f"p50 {fmt.ms(snap.latency_p50_ms)}  p95 {fmt.ms(snap.latency_p95_ms)}",
         f"ttft p50 {fmt.ms(snap.ttft_p50_ms)}",
-        f"in flight {snap.in_flight}/{snap.concurrency_limit}  retried {snap.retried:,}",
+        # An attached viewer cannot know the engine's limit (0): leased samples are what is in flight.
+        f"in flight {snap.in_flight}/{snap.concurrency_limit}  retried {snap.retried:,}"
+        if snap.concurrency_limit
+        else f"leased {snap.leased:,}  retried {snap.retried:,}",
     )
 
 
@@ -118,7 +121,7 @@ def error_lines(snap: MetricsSnapshot) -> tuple[str, ...]:
 class DashboardScreen(Screen):
     """Polls the data source at ~2 Hz in a thread worker; only the handler touches widgets."""
 
-    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide"), (160, "-xwide")]
 
     BINDINGS = [
         Binding("m", "app.show_mismatches", "Mismatches", id="nav.mismatches"),

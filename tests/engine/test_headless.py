@@ -1,0 +1,99 @@
+"""`eaglewatch run --headless`: ingests, runs to the end, pauses on Ctrl-C, resumes, exits 3 on 402."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def _config(tmp_path: Path, sample_data: Path, faults: str = "", latency_ms: float = 0.0) -> Path:
+    text = f"""
+[run]
+name = "h"
+database = "{tmp_path / 'h.db'}"
+
+[data]
+reference = "{sample_data / 'reference.jsonl'}"
+
+[[data.datasets]]
+path = "{sample_data / 'prompts.openai.jsonl'}"
+
+[model]
+name = "moonshotai/kimi-k2.5"
+tokenizer = "{sample_data / 'tokenizer'}"
+
+[[endpoints]]
+name = "sim"
+timeout_s = 10.0
+
+[endpoints.simulator]
+latency_median_ms = {latency_ms}
+latency_p95_ms = {latency_ms}
+seed = 1
+faults = {{ {faults} }}
+
+[generation]
+max_tokens = 4096
+stream = true
+
+[pricing."moonshotai/kimi-k2.5"]
+prompt_per_m = 0.6
+completion_per_m = 2.5
+"""
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    return path
+
+
+def _eaglewatch(*args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "app.cli", "run", "--headless", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _states(tmp_path: Path) -> dict:
+    db = sqlite3.connect(tmp_path / "h.db")
+    return dict(db.execute("SELECT state, COUNT(*) FROM samples GROUP BY state").fetchall())
+
+
+def test_headless_run_ingests_and_exits_0_when_every_sample_has_ended(tmp_path, sample_data):
+    cfg = _config(tmp_path, sample_data)
+    out, err = _eaglewatch(str(cfg), "--limit", "25").communicate(timeout=120)
+    assert "ingested 25 samples" in err and "run finished: 25 done" in err, err
+    assert _states(tmp_path) == {"done": 25}
+    p = _eaglewatch(str(cfg), "--limit", "25")
+    p.communicate(timeout=120)
+    assert p.returncode == 0
+
+
+def test_ctrl_c_pauses_and_the_same_command_resumes(tmp_path, sample_data):
+    cfg = _config(tmp_path, sample_data, latency_ms=200.0)
+    p = _eaglewatch(str(cfg), "--limit", "60", "--concurrency", "4")
+    deadline = time.monotonic() + 60
+    while _states(tmp_path).get("done", 0) < 3 if (tmp_path / "h.db").exists() else True:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 1, err
+    assert "run paused: operator (Ctrl-C)" in err
+    states = _states(tmp_path)
+    assert states.get("leased", 0) == 0 and 0 < states["done"] < 60
+    db = sqlite3.connect(tmp_path / "h.db")
+    assert db.execute("SELECT state FROM runs").fetchone()[0] == "paused"
+    p = _eaglewatch(str(cfg), "--limit", "60", "--concurrency", "16")
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    assert _states(tmp_path) == {"done": 60}
+
+
+def test_out_of_credits_exits_3_with_the_reason(tmp_path, sample_data):
+    cfg = _config(tmp_path, sample_data, faults='"402" = 1.0')
+    p = _eaglewatch(str(cfg), "--limit", "10")
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 3, err
+    assert "run paused" in err and "resume" in err
+    assert _states(tmp_path) == {"pending": 10}
