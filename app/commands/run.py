@@ -20,7 +20,7 @@ eaglewatch run run.toml          # the same run inside the terminal UI"""
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", type=Path, help="run config (TOML)")
     parser.add_argument("--headless", action="store_true", help="no TUI: progress on stderr, events as log lines")
-    parser.add_argument("--db", type=Path, help="run database (default: the config's run.database)")
+    parser.add_argument("--db", type=Path, metavar="PATH", help="run database (default: the config's run.database)")
     parser.add_argument("--run", dest="run_name", metavar="NAME", help="run name (default: the config's run.name)")
     parser.add_argument("--concurrency", type=int, metavar="N", help="start with N requests in flight (raises the max if needed)")
     parser.add_argument("--budget", type=float, metavar="USD", help="pause before spending would pass USD")

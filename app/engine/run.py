@@ -541,8 +541,8 @@ class Run:
                 change = ep.limit.on_success(saturated)
                 if change is not None:
                     self._slots.wake()
-                await self._store_result(sample, ep, completion, reserved, n)
-                settled = True
+                settled = True  # _store_result settles the reservation with the real cost
+                await self._store_result(sample, ep, completion, reserved)
                 return
         except asyncio.CancelledError:
             if slot_held:
@@ -559,7 +559,7 @@ class Run:
                 self._wake.set()
                 self._check_idle()
 
-    async def _store_result(self, sample: Any, ep: _Endpoint, completion: Completion, reserved: float, retry: int) -> None:
+    async def _store_result(self, sample: Any, ep: _Endpoint, completion: Completion, reserved: float) -> None:
         from app.providers.pricing import cost_of
 
         cost = cost_of(completion.usage, self.config.pricing.get(self.config.model.name))
@@ -571,12 +571,13 @@ class Run:
         else:
             reconstruction, verdict = self.reconstructor.process(completion, sample.reference_ids)
         truncated = completion.truncated
-        await self.store.record_result(
+        self.budget.settle(reserved, cost)
+        # shielded: a pause-now cancellation must not abandon a result that is already being committed
+        await asyncio.shield(self.store.record_result(
             self.run_id, sample.pk, sample.attempts, ep.name, completion, cost,
             reconstruction, verdict, sample.reference_ids,
             profile=self.config.model.profile, tokenizer=self._tokenizer_fingerprint,
-        )
-        self.budget.settle(reserved, cost)
+        ))
         if self._tok_bucket is not None:
             used = completion.usage.prompt_tokens + completion.usage.completion_tokens
             est = estimate_prompt_tokens(sample.messages, sample.tools) + self.config.generation.max_tokens

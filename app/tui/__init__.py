@@ -1,0 +1,2 @@
+"""The operator's monitor (Textual): `app.tui.app` (the App, `run_tui`, `host_run`, `make_app`), the screens,
+`source` (the DataSource protocol the screens read) and `db_source` (in-process and attached sources)."""

@@ -14,6 +14,7 @@ from typing import Any
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
+from textual.worker import Worker, WorkerState
 
 from app.engine.snapshot import MetricsSnapshot
 from app.tui.screens.confirm import ConfirmScreen
@@ -76,6 +77,11 @@ class EaglewatchApp(App):
         if aclose is not None:
             await aclose()
         self.source.close()
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """A failed data worker becomes a toast; the monitor keeps running."""
+        if event.state == WorkerState.ERROR:
+            self.notify(f"{event.worker.name}: {event.worker.error}", title="internal error", severity="error", timeout=10)
 
     # --- navigation ------------------------------------------------------------------------
     def action_show_mismatches(self) -> None:

@@ -366,22 +366,14 @@ class _JobControl:
         self.database = database
 
     def command(self, job_id: int, verb: str) -> None:
-        from app.jobs.local import LocalExecutor
-        from app.jobs.store import JobStore
+        """Blocking (cancel waits for local processes to end): call from a worker thread. `app.jobs.control`
+        picks the job's own executor, local or Slurm."""
+        from app.jobs import control
 
-        store = JobStore(self.database, create=False)
-        try:
-            executor = LocalExecutor(store)
-            if verb == "pause":
-                executor.pause(job_id)
-            elif verb == "resume":
-                executor.resume(job_id)
-            elif verb == "cancel":
-                executor.cancel(job_id)
-            else:
-                raise EaglewatchError(f"unknown job command {verb!r}; use pause, resume or cancel")
-        finally:
-            store.close()
+        actions = {"pause": control.pause_job, "resume": control.resume_job, "cancel": control.cancel_job}
+        if verb not in actions:
+            raise EaglewatchError(f"unknown job command {verb!r}; use pause, resume or cancel")
+        actions[verb](self.database, job_id)
 
 
 class AttachedSource:

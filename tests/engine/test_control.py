@@ -10,7 +10,6 @@ import pytest
 from app.engine.dbsnapshot import connect_readonly, snapshot_from_db
 from app.engine.run import Run
 from app.errors import EaglewatchError
-from app.providers.client import ChatClient
 from app.simulator.options import SimulatorOptions
 from app.simulator.server import SimulatorServer
 from tests.engine.conftest import make_config, open_ingested
@@ -118,8 +117,8 @@ async def test_budget_pauses_before_spending_could_cross_it(tmp_path, sample_dat
 
 
 async def test_attached_viewer_commands_steer_the_engine(tmp_path, sample_data):
-    config = make_config(tmp_path, sample_data, simulator=SLOW)
-    store, run_id = await open_ingested(config, sample_data, 200)
+    config = make_config(tmp_path, sample_data, simulator={"latency_median_ms": 250.0, "latency_p95_ms": 300.0})
+    store, run_id = await open_ingested(config, sample_data, 300)
     run = Run(config, store)
     try:
         await run.start()

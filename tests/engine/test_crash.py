@@ -28,7 +28,7 @@ def _start(cfg_path: Path) -> subprocess.Popen:
 async def test_sigkill_at_random_moments_loses_nothing_committed_and_duplicates_nothing(tmp_path, sample_data):
     n = 300
     data = config_data(tmp_path, sample_data, stream=True,
-                       simulator={"latency_median_ms": 30.0, "latency_p95_ms": 80.0, "faults": {"500": 0.05}},
+                       simulator={"latency_median_ms": 250.0, "latency_p95_ms": 400.0, "faults": {"500": 0.05}},
                        limits={"concurrency_initial": 16, "concurrency_max": 16})
     cfg_path = tmp_path / "config.json"
     cfg_path.write_text(json.dumps(data))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 
 import pytest
 
@@ -76,3 +77,20 @@ async def test_requests_are_spread_over_endpoints_by_weight(tmp_path, sample_dat
     assert 2.0 <= per["big"] / per["small"] <= 4.5
     assert [e.name for e in snap.endpoints] == ["big", "small"]
     assert snap.concurrency_limit == 8
+
+
+async def test_requests_per_minute_bucket_paces_the_run(tmp_path, sample_data):
+    # 120/min: a burst of 20 (ten seconds' worth), then one every 0.5 s
+    config = make_config(tmp_path, sample_data, limits={"requests_per_min": 120})
+    store, _ = await open_ingested(config, sample_data, 24)
+    run = Run(config, store)
+    try:
+        await run.start()
+        t0 = time.monotonic()
+        await run.wait()
+        elapsed = time.monotonic() - t0
+    finally:
+        await run.close()
+        await store.close()
+    assert run.snapshot().done == 24
+    assert elapsed >= 1.5  # the 4 requests past the burst waited for the bucket

@@ -99,12 +99,13 @@ def reconstruction_lines(snap: MetricsSnapshot) -> tuple[str, ...]:
     corrupt = sum(counts.get(v, 0) for v in CORRUPT_VERDICTS)
     strategies = sorted(snap.strategies, key=lambda item: -item[1])
     total_strategies = sum(n for _, n in strategies)
-    mix = " ".join(f"{name} {fmt.percent(n, total_strategies)}" for name, n in strategies[:3]) or "-"
+    mix = " ".join(f"{name} {100 * n / total_strategies:.0f}%" for name, n in strategies[:3]) or "-"
     return (
         f"exact   {exact:>7,} {fmt.percent(exact, checked):>6}",
         f"benign  {benign:>7,} {fmt.percent(benign, checked):>6}",
         f"corrupt {corrupt:>7,} {fmt.percent(corrupt, checked):>6}",
-        f"trunc {counts.get('truncated', 0):,} unchk {counts.get('unchecked', 0):,}",
+        f"  text {counts.get('text_mismatch', 0):,} · structure {counts.get('structure_mismatch', 0):,}",
+        f"trunc {counts.get('truncated', 0):,} · unchecked {counts.get('unchecked', 0):,}",
         f"mix {mix}",
     )
 
@@ -189,7 +190,10 @@ class DashboardScreen(Screen):
         except Exception as exc:  # a broken DB must not kill the monitor: say so and keep polling
             self.app.call_from_thread(self._poll_failed, exc)
             return
-        self.app.call_from_thread(self.apply, data)
+        try:
+            self.app.call_from_thread(self.apply, data)
+        except Exception as exc:  # a rendering bug must not freeze the poll loop either
+            self.app.call_from_thread(self._poll_failed, exc)
 
     def _fetched(self) -> None:
         now = time.monotonic()

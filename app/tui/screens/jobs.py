@@ -67,7 +67,10 @@ class JobsScreen(Screen):
         except Exception as exc:
             self.app.call_from_thread(self._show, (), f"cannot read jobs: {exc}")
             return
-        self.app.call_from_thread(self._show, jobs, log)
+        try:
+            self.app.call_from_thread(self._show, jobs, log)
+        except Exception as exc:
+            self.app.call_from_thread(self._show, (), f"cannot show jobs: {exc}")
 
     def _show(self, jobs: tuple[JobRow, ...], log: str) -> None:
         self._polling = False

@@ -45,6 +45,7 @@ class MismatchesScreen(Screen):
         self.page: MismatchPage | None = None
         self._cursor_after_load = 0
         self._footer_keys: tuple[bool, ...] = ()
+        self._loading = False
 
     def compose(self) -> ComposeResult:
         yield Static(id="mismatch-caption")
@@ -77,6 +78,8 @@ class MismatchesScreen(Screen):
     def load(self, cursor: int = 0, after: MismatchRow | None = None, before: MismatchRow | None = None) -> None:
         """Fetch the page at `self.row_offset` (by key after/before a row when turning pages) off the UI thread."""
         self._cursor_after_load = cursor
+        self._loading = True
+        self._update_caption()
         self._fetch(self.verdicts, self.text_filter, self.order, self.row_offset, after, before)
 
     @work(thread=True, exclusive=True, group="mismatch-page", exit_on_error=False)
@@ -85,14 +88,20 @@ class MismatchesScreen(Screen):
     ) -> None:
         try:
             page = self.app.source.mismatch_page(verdicts, text, order, offset, PAGE_SIZE, after=after, before=before)
-        except Exception as exc:
-            self.app.call_from_thread(self.app.notify, f"cannot read mismatches: {exc}", severity="error")
+        except Exception as exc:  # say so on screen; the monitor stays up
+            self.app.call_from_thread(self._failed, exc)
             return
         self.app.call_from_thread(self.show_page, page)
+
+    def _failed(self, exc: Exception) -> None:
+        self._loading = False
+        self._update_caption()
+        self.notify(f"cannot read mismatches: {exc}", severity="error", timeout=8)
 
     def show_page(self, page: MismatchPage) -> None:
         """Put one page in the table (UI thread)."""
         self.page = page
+        self._loading = False
         self.query_one("#mismatch-table", PageTable).show(
             [
                 (
@@ -118,7 +127,7 @@ class MismatchesScreen(Screen):
     def _update_caption(self) -> None:
         page = self.page
         shown = "loading…"
-        if page is not None:
+        if page is not None and not self._loading:
             if page.total == 0:
                 shown = "no samples match"
             else:
