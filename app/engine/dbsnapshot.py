@@ -1,8 +1,10 @@
 """Build a MetricsSnapshot from the run database alone, for attached viewers and `eaglewatch status`.
 
 Reads through a plain read-only `sqlite3` connection (safe from a thread, WAL lets it run beside the
-engine). Rates come from `responses.created_at` over the trailing 10 s / 1 min / 5 min, percentiles
-from the latest 1,024 responses of the last five minutes, so each snapshot costs a few indexed queries.
+engine). Totals (states, cost, errors, verdicts, per-endpoint sums) come from the maintained tallies of
+`app.store.tallies`, so they cost the same at a million rows as at ten. Rates come from `responses.created_at` over the trailing 10 s / 1 min / 5 min, percentiles
+from the latest 1,024 responses of the last five minutes (index ranges over `responses (run_id, created_at)`).
+Rows may be tuples or `sqlite3.Row`s (any row factory that indexes by position).
 In-flight and the concurrency limit are unknown to the database: they show as 0 (leased is close).
 """
 
@@ -16,8 +18,11 @@ from app.engine.budget import cost_per_hour, projected_total
 from app.engine.metrics import HISTORY_BUCKET_S, WINDOW_S, percentile
 from app.engine.snapshot import EndpointSnapshot, MetricsSnapshot, Rate
 from app.errors import InputError
+from app.store.tallies import failed_by_class, response_tallies, sample_counts, strategy_counts, verdict_counts
 
-_SUCCESS = "content IS NOT NULL AND error_class IS NULL"
+# A stored attempt succeeded when it carries no error class (failed attempts always carry one); the same
+# test the response tallies use, so windowed rates and totals agree.
+_SUCCESS = "error_class IS NULL"
 
 
 def connect_readonly(path: str | Path) -> sqlite3.Connection:
@@ -36,7 +41,7 @@ def _rate(conn: sqlite3.Connection, run_id: int, now: float, age: float, endpoin
     if endpoint is not None:
         where += " AND endpoint = ?"
         args.append(endpoint)
-    rows = conn.execute(f"SELECT created_at, completion_tokens FROM responses WHERE {where}", args).fetchall()
+    rows = [tuple(r) for r in conn.execute(f"SELECT created_at, completion_tokens FROM responses WHERE {where}", args)]
     vals = {}
     for span in (10, 60, 300):
         n = tok = 0
@@ -56,14 +61,14 @@ def _quantiles(conn: sqlite3.Connection, run_id: int, now: float, column: str, e
         where += " AND endpoint = ?"
         args.append(endpoint)
     rows = conn.execute(f"SELECT {column} FROM responses WHERE {where} ORDER BY id DESC LIMIT 1024", args).fetchall()
-    values = sorted(r[0] for r in rows)
+    values = sorted(tuple(r)[0] for r in rows)
     return percentile(values, 0.5), percentile(values, 0.95)
 
 
 def snapshot_from_db(conn: sqlite3.Connection, run_name: str | None = None, *, now: float | None = None) -> MetricsSnapshot:
     """The snapshot of run `run_name` (the only run when None) as the database records it."""
     now = time.time() if now is None else now
-    runs = conn.execute("SELECT id, name, state, reason, config, created_at FROM runs ORDER BY id").fetchall()
+    runs = [tuple(r) for r in conn.execute("SELECT id, name, state, reason, config, created_at FROM runs ORDER BY id")]
     if not runs:
         raise InputError("the database holds no run yet; start one with 'eaglewatch run'")
     if run_name is None:
@@ -77,40 +82,33 @@ def snapshot_from_db(conn: sqlite3.Connection, run_name: str | None = None, *, n
             names = ", ".join(r[1] for r in runs)
             raise InputError(f"no run named {run_name!r} in the database (runs: {names})")
         row = matches[0]
-    run_id, name, state, reason, config_json, created = row
-    counts = dict(conn.execute("SELECT state, COUNT(*) FROM samples WHERE run_id = ? GROUP BY state", (run_id,)).fetchall())
+    run_id, name, state, reason, config_json, created = tuple(row)
+    counts = sample_counts(conn, run_id)
     first = conn.execute("SELECT MIN(created_at) FROM responses WHERE run_id = ?", (run_id,)).fetchone()[0]
     started = first or created
     age = max(1.0, now - started)
-    spent = conn.execute("SELECT COALESCE(SUM(cost_usd), 0) FROM responses WHERE run_id = ?", (run_id,)).fetchone()[0]
-    truncated = conn.execute(
-        f"SELECT COUNT(*) FROM responses WHERE run_id = ? AND finish_reason = 'length' AND {_SUCCESS}", (run_id,)
-    ).fetchone()[0]
-    errors = conn.execute(
-        "SELECT error_class, COUNT(*) FROM responses WHERE run_id = ? AND error_class IS NOT NULL GROUP BY error_class",
-        (run_id,),
-    ).fetchall()
-    sample_errors = conn.execute(
-        "SELECT error_class, COUNT(*) FROM samples WHERE run_id = ? AND state = 'failed' AND error_class IS NOT NULL "
-        "GROUP BY error_class",
-        (run_id,),
-    ).fetchall()
+    tallies = response_tallies(conn, run_id)
+    spent = sum(t.cost_usd for t in tallies)
+    truncated = sum(t.truncated for t in tallies)
+    errors: dict[str, int] = {}
+    for t in tallies:
+        if not t.ok:
+            errors[t.error_class or ""] = errors.get(t.error_class or "", 0) + t.n
     err = dict(errors)
-    for k, v in sample_errors:
+    for k, v in failed_by_class(conn, run_id).items():
         err[k] = max(err.get(k, 0), v)
-    verdicts = conn.execute(
-        "SELECT category, COUNT(*) FROM reconstructions WHERE run_id = ? GROUP BY category", (run_id,)
-    ).fetchall()
-    strategies = conn.execute(
-        "SELECT strategy, COUNT(*) FROM reconstructions WHERE run_id = ? GROUP BY strategy", (run_id,)
-    ).fetchall()
+    verdicts = list(verdict_counts(conn, run_id).items())
+    strategies = list(strategy_counts(conn, run_id).items())
     rate = _rate(conn, run_id, now, age, None)
     lat = _quantiles(conn, run_id, now, "latency_ms", None)
     ttft = _quantiles(conn, run_id, now, "ttft_ms", None)
-    hist_rows = conn.execute(
-        f"SELECT created_at, completion_tokens FROM responses WHERE run_id = ? AND created_at >= ? AND {_SUCCESS}",
-        (run_id, now - WINDOW_S),
-    ).fetchall()
+    hist_rows = [
+        tuple(r)
+        for r in conn.execute(
+            f"SELECT created_at, completion_tokens FROM responses WHERE run_id = ? AND created_at >= ? AND {_SUCCESS}",
+            (run_id, now - WINDOW_S),
+        )
+    ]
     n_buckets = WINDOW_S // HISTORY_BUCKET_S
     hist = [0.0] * n_buckets
     for ts, ct in hist_rows:
@@ -118,21 +116,16 @@ def snapshot_from_db(conn: sqlite3.Connection, run_name: str | None = None, *, n
         if 0 <= b < n_buckets:
             hist[b] += (ct or 0) / HISTORY_BUCKET_S
     endpoints = []
-    for (ep_name,) in conn.execute("SELECT DISTINCT endpoint FROM responses WHERE run_id = ? ORDER BY endpoint", (run_id,)):
-        done_n, failed_n, cost = conn.execute(
-            f"SELECT SUM(CASE WHEN {_SUCCESS} THEN 1 ELSE 0 END), SUM(CASE WHEN {_SUCCESS} THEN 0 ELSE 1 END), "
-            "COALESCE(SUM(cost_usd), 0) FROM responses WHERE run_id = ? AND endpoint = ?",
-            (run_id, ep_name),
-        ).fetchone()
+    for ep_name in sorted({t.endpoint for t in tallies}):
+        mine = [t for t in tallies if t.endpoint == ep_name]
+        done_n = sum(t.n for t in mine if t.ok)
+        failed_n = sum(t.n for t in mine if not t.ok)
+        cost = sum(t.cost_usd for t in mine)
         l50, l95 = _quantiles(conn, run_id, now, "latency_ms", ep_name)
         t50, t95 = _quantiles(conn, run_id, now, "ttft_ms", ep_name)
-        ep_errors = conn.execute(
-            "SELECT error_class, COUNT(*) FROM responses WHERE run_id = ? AND endpoint = ? AND error_class IS NOT NULL "
-            "GROUP BY error_class",
-            (run_id, ep_name),
-        ).fetchall()
+        ep_errors = [(t.error_class or "", t.n) for t in mine if not t.ok]
         endpoints.append(EndpointSnapshot(
-            name=ep_name, completed=done_n or 0, failed=failed_n or 0, rate=_rate(conn, run_id, now, age, ep_name),
+            name=ep_name, completed=done_n, failed=failed_n, rate=_rate(conn, run_id, now, age, ep_name),
             latency_p50_ms=l50, latency_p95_ms=l95, ttft_p50_ms=t50, ttft_p95_ms=t95,
             errors_by_class=tuple(sorted(ep_errors)), cost_usd=cost,
         ))
@@ -146,7 +139,7 @@ def snapshot_from_db(conn: sqlite3.Connection, run_name: str | None = None, *, n
         budget = (json.loads(config_json or "{}").get("limits") or {}).get("budget_usd")
     except ValueError:
         pass
-    retried = sum(v for k, v in errors)
+    retried = sum(errors.values())
     return MetricsSnapshot(
         run_name=name, state=state, state_reason=reason, started_at=started, elapsed_s=now - started,
         eta_s=(remaining / speed if speed > 0 else None) if remaining else 0.0,

@@ -1,7 +1,7 @@
 """Adaptive in-flight limit per endpoint: AIMD with ceiling stabilisation and cascade dampening.
 
-The rule follows NeMo Data Designer's throttle: after `success_window` consecutive successes while the
-limit was the bottleneck, the limit grows by one; an overload signal (429, 503, 529) multiplies it by
+The rule follows NeMo Data Designer's throttle: after a window of consecutive successes while the limit was
+the bottleneck (as many as the limit itself, at most `success_window`), the limit grows by one; an overload signal (429, 503, 529) multiplies it by
 `reduce_factor` and starts a cooldown (Retry-After, else `default_cooldown_s`) during which nothing new
 starts. Only the first overload of a burst cuts (the burst ends at the next success), and growth after a
 cut stops `ceiling_overshoot` above the limit at which the first overload happened, so the limit settles
@@ -55,6 +55,7 @@ class AdaptiveLimit:
         self._streak = 0
         self._in_burst = False
         self.cuts = 0
+        self.operator_cap: int | None = None  # set_limit pins the limit: growth never passes it
 
     def can_start(self, now: float) -> bool:
         """True when a request may start now (a free slot and no cooldown)."""
@@ -74,10 +75,12 @@ class AdaptiveLimit:
         if not saturated:
             return None
         self._streak += 1
-        if self._streak < self.success_window:
+        # Congestion-avoidance growth: one step per window of successes as long as the limit itself (capped at
+        # success_window), so a limit cut to 1 by a burst recovers in a few requests, not success_window of them.
+        if self._streak < max(1, min(self.success_window, self.limit)):
             return None
         self._streak = 0
-        cap = self.maximum
+        cap = self.maximum if self.operator_cap is None else self.operator_cap
         if self.ceiling is not None:
             cap = min(cap, max(self.ceiling, math.floor(self.ceiling * (1 + self.ceiling_overshoot))))
         if self.limit >= cap:
@@ -105,8 +108,10 @@ class AdaptiveLimit:
         return LimitChange(old, self.limit, cooldown, "overloaded")
 
     def set_limit(self, limit: int) -> int:
-        """Operator override, clamped to min/max; also resets the remembered ceiling. Returns the new limit."""
+        """Operator override, clamped to min/max: the new limit is also the most that growth reaches (overloads
+        still cut below it). Resets the remembered ceiling. Returns the new limit."""
         self.limit = min(max(int(limit), self.minimum), self.maximum)
+        self.operator_cap = self.limit
         self.ceiling = None
         self._streak = 0
         return self.limit

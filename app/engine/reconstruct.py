@@ -1,7 +1,7 @@
-"""The Reconstructor the engine uses: the real one from `app.tokens` when it is available, else a pass-through.
+"""The Reconstructor the engine uses: `app.tokens.Reconstructor` for the run's tokenizer and profile.
 
-The pass-through keeps the engine useful before (or without) token reconstruction: the response text is
-stored as is and the verdict is `unchecked`, with no reconstruction row written.
+`PassThroughReconstructor` is what a `Run` built without one uses (benchmarks of the request path alone, tests
+of scheduling): the response text is stored as is and no reconstruction row is written.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ class PassThroughReconstructor:
 
 
 def build_reconstructor(config: Any) -> Any:
-    """The tokens package's Reconstructor for the config's tokenizer and profile, or the pass-through
-    when `app.tokens` does not provide one yet. A tokenizer that fails to load is an operator error."""
-    try:
-        from app.tokens import Reconstructor, get_profile, load_tokenizer  # type: ignore[attr-defined]
-    except ImportError:
-        return PassThroughReconstructor()
-    return Reconstructor(get_profile(config.model.profile), load_tokenizer(config.model.tokenizer))
+    """The tokens package's Reconstructor for the config's tokenizer and profile (a tiktoken model gets the
+    profile's pre-tokeniser pattern). A tokenizer that fails to load is an operator error."""
+    from app.tokens import Reconstructor, get_profile, load_tokenizer
+
+    profile = get_profile(config.model.profile)
+    return Reconstructor(profile, load_tokenizer(config.model.tokenizer, profile.pretokenizer_pattern))

@@ -252,7 +252,8 @@ class Run:
                 kwargs["pricing"] = cfg.pricing[cfg.model.name]
             server = SimulatorServer(
                 ep.simulator, tokenizer_dir=cfg.model.tokenizer,
-                reference=ep.simulator.reference or cfg.data.reference, model=cfg.model.name, **kwargs,
+                reference=ep.simulator.reference or cfg.data.reference, model=cfg.model.name,
+                profile=cfg.model.profile, **kwargs,
             )
             await server.start()
             self._simulators.append(server)
@@ -296,6 +297,13 @@ class Run:
         elif self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         await self._release_queue()
+        if self.state == "running":
+            # Viewers attached to the database must not show a live run that no engine drives.
+            self.state, self.state_reason = "paused", "engine stopped"
+            try:
+                await self.store.set_run_state(self.run_id, "paused", self.state_reason)
+            except Exception:
+                pass
         await self._teardown()
 
     async def _teardown(self) -> None:
@@ -424,7 +432,8 @@ class Run:
             if not await self._wait_buckets(loop, prompt_est):
                 continue
             index = await self._slots.acquire()
-            if self.state != "running":
+            # A pause (or pause-now) while we waited for a slot may have emptied or refilled the queue.
+            if self.state != "running" or not self._queue or self._queue[0] is not sample:
                 self._slots.release(index)
                 continue
             self._queue.popleft()

@@ -14,6 +14,7 @@ from typing import Any
 
 from app.errors import InputError
 from app.records import VERDICTS
+from app.store import tallies
 from app.store.db import connect_readonly
 from app.store.ids import unpack_ids
 from app.store.schema import SAMPLE_STATES
@@ -221,38 +222,28 @@ def resolve_run(conn: sqlite3.Connection, name: str | None, *, db_label: str = "
 
 
 def state_counts(conn: sqlite3.Connection, run_id: int) -> dict[str, int]:
-    """Samples per state; every state present (0 when none)."""
+    """Samples per state; every state present (0 when none). Reads the maintained tally."""
     out = dict.fromkeys(SAMPLE_STATES, 0)
-    for state, n in conn.execute("SELECT state, COUNT(*) FROM samples WHERE run_id = ? GROUP BY state", (run_id,)):
-        out[state] = n
+    out.update(tallies.sample_counts(conn, run_id))
     return out
 
 
 def verdict_counts(conn: sqlite3.Connection, run_id: int) -> dict[str, int]:
-    """Reconstructions per verdict category; every category of VERDICTS present."""
+    """Reconstructions per verdict category; every category of VERDICTS present. Reads the maintained tally."""
     out = dict.fromkeys(VERDICTS, 0)
-    for cat, n in conn.execute(
-        "SELECT category, COUNT(*) FROM reconstructions WHERE run_id = ? GROUP BY category", (run_id,)
-    ):
-        out[cat] = n
+    out.update(tallies.verdict_counts(conn, run_id))
     return out
 
 
 def strategy_counts(conn: sqlite3.Connection, run_id: int) -> dict[str, int]:
-    """Reconstructions per strategy (server_ids, logprobs, canonical, none)."""
-    return dict(
-        conn.execute(
-            "SELECT strategy, COUNT(*) FROM reconstructions WHERE run_id = ? GROUP BY strategy ORDER BY 2 DESC",
-            (run_id,),
-        ).fetchall()
-    )
+    """Reconstructions per strategy (server_ids, logprobs, canonical, none), most used first."""
+    counts = tallies.strategy_counts(conn, run_id)
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def cost_total(conn: sqlite3.Connection, run_id: int) -> float:
-    """Dollars spent by the run so far (the sum over every stored attempt)."""
-    return float(
-        conn.execute("SELECT COALESCE(SUM(cost_usd), 0) FROM responses WHERE run_id = ?", (run_id,)).fetchone()[0]
-    )
+    """Dollars spent by the run so far (the sum over every stored attempt). Reads the maintained tally."""
+    return float(sum(t.cost_usd for t in tallies.response_tallies(conn, run_id)))
 
 
 # ---------------------------------------------------------------------------------------------- mismatches

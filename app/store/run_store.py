@@ -28,6 +28,7 @@ from app.store.db import DEFAULT_BUSY_TIMEOUT_S, configure, migrate
 from app.store.ids import pack_ids, unpack_ids
 from app.store.records import Command, IngestReport, LeasedSample, ReferenceRecord, SampleInput
 from app.store.schema import RUN_STATES, SAMPLE_STATES
+from app.store.tallies import add_ingested
 
 T = TypeVar("T")
 Operation = Callable[[sqlite3.Connection], Any]
@@ -557,9 +558,11 @@ _CONFLICTS = (
 
 def _insert_samples_op(run_id: int, batch: _SampleBatch) -> Operation:
     def op(conn: sqlite3.Connection) -> IngestReport:
+        max_pk_before = conn.execute("SELECT COALESCE(MAX(pk), 0) FROM samples").fetchone()[0]
         before = conn.total_changes
         conn.execute(_INSERT_SAMPLES, (run_id, time.time(), batch.rows_json))
         added = conn.total_changes - before
+        add_ingested(conn, run_id, added, max_pk_before)  # no per-row INSERT trigger: ingest counts its own
         ignored = batch.n - added
         conflicts: list[str] = []
         if ignored:

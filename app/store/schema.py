@@ -180,5 +180,146 @@ CREATE INDEX commands_open ON commands (run_id, id) WHERE done_at IS NULL;
 CREATE INDEX jobs_by_run ON jobs (run_id, id);
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+# Version 3: tallies the dashboard reads instead of scanning a million rows, kept in the writers'
+# transactions by triggers, and an index for the mismatch list in first-difference order.
+# - sample_tallies: samples per (run, state, failure class); error_class is the sample's error_class for
+#   state 'failed' ('' when it has none) and '' for every other state. UPDATE and DELETE keep it by
+#   trigger; INSERTs are NOT (a per-row trigger costs ingest a third of its speed): the ingest operation
+#   adds its inserted count per chunk. tally_marks.samples_max_pk is the highest samples.pk the tally is
+#   known to include; a reader that sees MAX(samples.pk) above it knows rows were inserted behind the
+#   tally's back (direct SQL) and counts the table instead, until `app.store.tallies.recount` runs.
+# - response_tallies: responses per (run, endpoint, ok, error_class), ok = error_class IS NULL, with the
+#   sums the dashboard shows; kept by INSERT / UPDATE / DELETE triggers (responses are insert-only).
+# - reconstruction_tallies: reconstructions per (run, category, strategy); INSERT / UPDATE / DELETE
+#   triggers (an upsert's DO UPDATE fires the UPDATE trigger).
+_SAMPLE_KEY_OLD = "(CASE WHEN old.state = 'failed' THEN COALESCE(old.error_class, '') ELSE '' END)"
+_SAMPLE_KEY_NEW = "(CASE WHEN new.state = 'failed' THEN COALESCE(new.error_class, '') ELSE '' END)"
+_V3 = f"""
+CREATE TABLE sample_tallies (
+    run_id      INTEGER NOT NULL,
+    state       TEXT NOT NULL,
+    error_class TEXT NOT NULL DEFAULT '',
+    n           INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (run_id, state, error_class)
+) WITHOUT ROWID;
+
+CREATE TABLE response_tallies (
+    run_id            INTEGER NOT NULL,
+    endpoint          TEXT NOT NULL,
+    ok                INTEGER NOT NULL,          -- 1: error_class IS NULL (a success)
+    error_class       TEXT NOT NULL DEFAULT '',  -- '' when ok
+    n                 INTEGER NOT NULL DEFAULT 0,
+    truncated         INTEGER NOT NULL DEFAULT 0, -- ok rows with finish_reason 'length'
+    cost_usd          REAL NOT NULL DEFAULT 0,
+    completion_tokens INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (run_id, endpoint, ok, error_class)
+) WITHOUT ROWID;
+
+CREATE TABLE reconstruction_tallies (
+    run_id   INTEGER NOT NULL,
+    category TEXT NOT NULL,
+    strategy TEXT NOT NULL,
+    n        INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (run_id, category, strategy)
+) WITHOUT ROWID;
+
+CREATE TABLE tally_marks (
+    name  TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+);
+
+CREATE TRIGGER samples_tally_update AFTER UPDATE OF state, error_class, run_id ON samples
+WHEN old.state IS NOT new.state OR old.run_id IS NOT new.run_id OR {_SAMPLE_KEY_OLD} IS NOT {_SAMPLE_KEY_NEW}
+BEGIN
+    UPDATE sample_tallies SET n = n - 1
+     WHERE run_id = old.run_id AND state = old.state AND error_class = {_SAMPLE_KEY_OLD};
+    INSERT INTO sample_tallies (run_id, state, error_class, n) VALUES (new.run_id, new.state, {_SAMPLE_KEY_NEW}, 1)
+        ON CONFLICT (run_id, state, error_class) DO UPDATE SET n = n + 1;
+END;
+
+CREATE TRIGGER samples_tally_delete AFTER DELETE ON samples
+BEGIN
+    UPDATE sample_tallies SET n = n - 1
+     WHERE run_id = old.run_id AND state = old.state AND error_class = {_SAMPLE_KEY_OLD};
+END;
+
+CREATE TRIGGER responses_tally_insert AFTER INSERT ON responses
+BEGIN
+    INSERT INTO response_tallies (run_id, endpoint, ok, error_class, n, truncated, cost_usd, completion_tokens)
+    VALUES (new.run_id, new.endpoint, new.error_class IS NULL, COALESCE(new.error_class, ''), 1,
+            new.error_class IS NULL AND new.finish_reason IS 'length', new.cost_usd, new.completion_tokens)
+        ON CONFLICT (run_id, endpoint, ok, error_class) DO UPDATE SET n = n + 1, truncated = truncated + excluded.truncated,
+           cost_usd = cost_usd + excluded.cost_usd, completion_tokens = completion_tokens + excluded.completion_tokens;
+END;
+
+CREATE TRIGGER responses_tally_update
+AFTER UPDATE OF run_id, endpoint, error_class, finish_reason, cost_usd, completion_tokens ON responses
+BEGIN
+    UPDATE response_tallies SET n = n - 1, truncated = truncated - (old.error_class IS NULL AND old.finish_reason IS 'length'),
+           cost_usd = cost_usd - old.cost_usd, completion_tokens = completion_tokens - old.completion_tokens
+     WHERE run_id = old.run_id AND endpoint = old.endpoint AND ok = (old.error_class IS NULL)
+       AND error_class = COALESCE(old.error_class, '');
+    INSERT INTO response_tallies (run_id, endpoint, ok, error_class, n, truncated, cost_usd, completion_tokens)
+    VALUES (new.run_id, new.endpoint, new.error_class IS NULL, COALESCE(new.error_class, ''), 1,
+            new.error_class IS NULL AND new.finish_reason IS 'length', new.cost_usd, new.completion_tokens)
+        ON CONFLICT (run_id, endpoint, ok, error_class) DO UPDATE SET n = n + 1, truncated = truncated + excluded.truncated,
+           cost_usd = cost_usd + excluded.cost_usd, completion_tokens = completion_tokens + excluded.completion_tokens;
+END;
+
+CREATE TRIGGER responses_tally_delete AFTER DELETE ON responses
+BEGIN
+    UPDATE response_tallies SET n = n - 1, truncated = truncated - (old.error_class IS NULL AND old.finish_reason IS 'length'),
+           cost_usd = cost_usd - old.cost_usd, completion_tokens = completion_tokens - old.completion_tokens
+     WHERE run_id = old.run_id AND endpoint = old.endpoint AND ok = (old.error_class IS NULL)
+       AND error_class = COALESCE(old.error_class, '');
+END;
+
+CREATE TRIGGER reconstructions_tally_insert AFTER INSERT ON reconstructions
+BEGIN
+    INSERT INTO reconstruction_tallies (run_id, category, strategy, n) VALUES (new.run_id, new.category, new.strategy, 1)
+        ON CONFLICT (run_id, category, strategy) DO UPDATE SET n = n + 1;
+END;
+
+CREATE TRIGGER reconstructions_tally_update AFTER UPDATE OF run_id, category, strategy ON reconstructions
+WHEN old.run_id IS NOT new.run_id OR old.category IS NOT new.category OR old.strategy IS NOT new.strategy
+BEGIN
+    UPDATE reconstruction_tallies SET n = n - 1
+     WHERE run_id = old.run_id AND category = old.category AND strategy = old.strategy;
+    INSERT INTO reconstruction_tallies (run_id, category, strategy, n) VALUES (new.run_id, new.category, new.strategy, 1)
+        ON CONFLICT (run_id, category, strategy) DO UPDATE SET n = n + 1;
+END;
+
+CREATE TRIGGER reconstructions_tally_delete AFTER DELETE ON reconstructions
+BEGIN
+    UPDATE reconstruction_tallies SET n = n - 1
+     WHERE run_id = old.run_id AND category = old.category AND strategy = old.strategy;
+END;
+
+CREATE TRIGGER runs_tally_delete AFTER DELETE ON runs
+BEGIN
+    DELETE FROM sample_tallies WHERE run_id = old.id;
+    DELETE FROM response_tallies WHERE run_id = old.id;
+    DELETE FROM reconstruction_tallies WHERE run_id = old.id;
+END;
+
+INSERT INTO sample_tallies (run_id, state, error_class, n)
+SELECT run_id, state, CASE WHEN state = 'failed' THEN COALESCE(error_class, '') ELSE '' END, COUNT(*)
+  FROM samples GROUP BY 1, 2, 3;
+
+INSERT INTO tally_marks (name, value) SELECT 'samples_max_pk', COALESCE(MAX(pk), 0) FROM samples;
+
+INSERT INTO response_tallies (run_id, endpoint, ok, error_class, n, truncated, cost_usd, completion_tokens)
+SELECT run_id, endpoint, error_class IS NULL, COALESCE(error_class, ''), COUNT(*),
+       TOTAL(error_class IS NULL AND finish_reason IS 'length'), TOTAL(cost_usd), TOTAL(completion_tokens)
+  FROM responses GROUP BY 1, 2, 3, 4;
+
+INSERT INTO reconstruction_tallies (run_id, category, strategy, n)
+SELECT run_id, category, strategy, COUNT(*) FROM reconstructions GROUP BY 1, 2, 3;
+
+-- the mismatch list in first-difference order walks this (rows without a difference come after, by sample)
+CREATE INDEX reconstructions_by_run_first_diff ON reconstructions (run_id, first_diff, sample_pk, category)
+    WHERE first_diff IS NOT NULL;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -14,11 +14,29 @@ from app.engine.weights import WeightedRoundRobin
 
 
 def test_limit_grows_by_one_after_a_window_of_successes():
-    lim = AdaptiveLimit(4, 1, 10, success_window=5)
+    lim = AdaptiveLimit(8, 1, 10, success_window=5)
     for _ in range(4):
         assert lim.on_success() is None
     change = lim.on_success()
-    assert change is not None and (change.old, change.new) == (4, 5)
+    assert change is not None and (change.old, change.new) == (8, 9)
+
+
+def test_a_small_limit_grows_after_as_many_successes_as_the_limit():
+    lim = AdaptiveLimit(2, 1, 10, success_window=25)
+    assert lim.on_success() is None
+    change = lim.on_success()
+    assert change is not None and (change.old, change.new) == (2, 3)
+    for _ in range(2):
+        assert lim.on_success() is None
+    assert lim.on_success() is not None and lim.limit == 4
+
+
+def test_operator_limit_is_a_cap_for_growth():
+    lim = AdaptiveLimit(8, 1, 64, success_window=1)
+    lim.set_limit(3)
+    for _ in range(100):
+        lim.on_success()
+    assert lim.limit == 3
 
 
 def test_limit_does_not_grow_when_it_was_not_the_bottleneck():

@@ -73,7 +73,7 @@ def test_newer_schema_is_refused_and_left_untouched(tmp_path: Path) -> None:
     conn.commit()
     conn.close()
     before = db.read_bytes()
-    with pytest.raises(InputError, match=r"future\.db: was written by a newer eaglewatch \(schema version 7"):
+    with pytest.raises(InputError, match=rf"future\.db: was written by a newer eaglewatch \(schema version {SCHEMA_VERSION + 5}"):
         migrate(db)
     with pytest.raises(InputError, match="newer eaglewatch"):
         connect_readonly(db)
