@@ -102,6 +102,10 @@ def build_db(path: Path, samples: int, tokenizer_dir: Path) -> float:
         [(s, now) for s in range(8)],
     )
     conn.execute("COMMIT")
+    # the samples went in by plain SQL, past the ingest path that counts them: rebuild the tallies
+    from app.store.tallies import recount
+
+    recount(conn)
     conn.execute("ANALYZE")
     conn.close()
     return time.perf_counter() - t0

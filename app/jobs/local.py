@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.errors import InputError
+from app.jobs.executor import Executor
 from app.jobs.progress import LogTail, last_lines
 from app.jobs.spec import JobSpec
 from app.jobs.status import JobStatus, settle_job_state
@@ -48,7 +49,7 @@ class _Proc:
     kill_at: float | None = None
 
 
-class LocalExecutor:
+class LocalExecutor(Executor):
     """Runs a job's shards as local subprocesses, at most one per slot."""
 
     kind = "local"
@@ -116,23 +117,6 @@ class LocalExecutor:
                 time.sleep(0.05)
         settle_job_state(self.store, job_id)
 
-    def retry(self, job_id: int) -> None:
-        """Put failed and cancelled shards back to pending (their done-markers are still checked first)."""
-        for s in self.store.shards(job_id):
-            if s.state in ("failed", "cancelled"):
-                self.store.set_shard(job_id, s.shard, state="pending", error=None, exit_code=None, pid=None)
-        self.store.set_job(job_id, state="pending", ended_at=None)
-
-    def wait(self, job_id: int, *, interval: float = 0.5, on_status=None, timeout: float | None = None) -> JobStatus:
-        """Poll until the job is final (or `timeout` seconds passed); call `on_status` with each snapshot."""
-        end = None if timeout is None else time.monotonic() + timeout
-        while True:
-            status = self.poll(job_id)
-            if on_status is not None:
-                on_status(status)
-            if status.finished or (end is not None and time.monotonic() > end):
-                return status
-            time.sleep(interval)
 
     # --- shard refresh --------------------------------------------------------------------------
     def _refresh(self, job_id: int, spec: JobSpec, shard: JobShard) -> None:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from app.errors import EaglewatchError, InputError
+from app.jobs.executor import Executor
 from app.jobs.progress import LogTail, last_lines
 from app.jobs.spec import JobSpec
 from app.jobs.status import JobStatus, settle_job_state
@@ -30,10 +31,11 @@ FAILED_STATES = {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
 SLURM_TIMEOUT_S = 60.0
 
 
-class SlurmExecutor:
+class SlurmExecutor(Executor):
     """Submits a job's shards as a Slurm job array and follows them; stateless beyond the database."""
 
     kind = "slurm"
+    poll_interval_s = 1.0
 
     def __init__(self, store: JobStore, *, python: str = sys.executable, use_sacct: bool | None = None) -> None:
         self.store = store
@@ -87,23 +89,6 @@ class SlurmExecutor:
             _run(["scancel", *targets], ok_errors=("already completing", "Invalid job id", "completed"))
         settle_job_state(self.store, job_id)
 
-    def retry(self, job_id: int) -> None:
-        """Put failed and cancelled shards back to pending; the next poll submits them as a new array."""
-        for s in self.store.shards(job_id):
-            if s.state in ("failed", "cancelled"):
-                self.store.set_shard(job_id, s.shard, state="pending", error=None, exit_code=None, external_id=None)
-        self.store.set_job(job_id, state="pending", ended_at=None)
-
-    def wait(self, job_id: int, *, interval: float = 1.0, on_status=None, timeout: float | None = None) -> JobStatus:
-        """Poll until the job is final (or `timeout` seconds passed); call `on_status` with each snapshot."""
-        end = None if timeout is None else time.monotonic() + timeout
-        while True:
-            status = self.poll(job_id)
-            if on_status is not None:
-                on_status(status)
-            if status.finished or (end is not None and time.monotonic() > end):
-                return status
-            time.sleep(interval)
 
     def batch_script(self, job_id: int, spec: JobSpec, shards: list[int]) -> str:
         """The generated batch script: the argv of each shard, picked by SLURM_ARRAY_TASK_ID."""

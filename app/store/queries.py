@@ -288,12 +288,15 @@ def mismatch_page(
 ) -> list[MismatchRow]:
     """One page of reconstructions with the given verdicts (None: all), filtered by `text` in id or explanation.
 
-    Pages come from an index walk (no full scan); `first_diff` / `longest` sort the filtered rows, which is
-    cheap for mismatch verdicts (a few percent of a run) and a full sort only for verdicts=None.
+    Pages come from an index walk (no full scan); `first_diff` walks the (run, first_diff) index, so its
+    first pages are as cheap as `sample`'s; `longest` sorts the filtered rows, which is cheap for mismatch
+    verdicts (a few percent of a run) and a full sort only for verdicts=None.
     """
     if order not in MISMATCH_ORDERS:
         raise ValueError(f"unknown order {order!r}; expected one of {', '.join(MISMATCH_ORDERS)}")
     where, args = _mismatch_where(run_id, verdicts, text)
+    if order == "first_diff":
+        return _mismatch_page_by_first_diff(conn, where, args, max(0, offset), max(0, limit))
     # With a verdict filter, walk the (run, category, sample) index: it holds only the wanted rows, and for
     # one verdict it is already in sample order. Without one, the (run, sample) index is in page order.
     index = "reconstructions_by_run_category" if verdicts is not None else "sqlite_autoindex_reconstructions_1"
@@ -303,6 +306,46 @@ def mismatch_page(
         f"WHERE {where} ORDER BY {MISMATCH_ORDERS[order]} LIMIT ? OFFSET ?"
     )
     return [MismatchRow(*r) for r in conn.execute(sql, (*args, max(0, limit), max(0, offset)))]
+
+
+_MISMATCH_COLS = (
+    "r.sample_pk, s.sample_id, s.dataset, r.category, r.first_diff, r.n_tokens, r.ref_len, r.strategy, r.repair, "
+    "r.explanation"
+)
+
+
+def _mismatch_page_by_first_diff(
+    conn: sqlite3.Connection, where: str, args: list[Any], offset: int, limit: int
+) -> list[MismatchRow]:
+    # Rows with a first difference come in index order from reconstructions_by_run_first_diff (a partial
+    # index over exactly those rows, holding the category too): a page reads about offset + limit entries.
+    # Rows without one follow in sample order; reaching them costs a count of the first part.
+    head = [
+        MismatchRow(*r)
+        for r in conn.execute(
+            f"SELECT {_MISMATCH_COLS} FROM reconstructions r INDEXED BY reconstructions_by_run_first_diff "
+            f"JOIN samples s ON s.pk = r.sample_pk WHERE {where} AND r.first_diff IS NOT NULL "
+            "ORDER BY r.first_diff, r.sample_pk LIMIT ? OFFSET ?",
+            (*args, limit, offset),
+        )
+    ]
+    if len(head) >= limit:
+        return head
+    if head:
+        with_diff = offset + len(head)
+    else:
+        join = " JOIN samples s ON s.pk = r.sample_pk" if "s." in where else ""
+        with_diff = conn.execute(
+            f"SELECT COUNT(*) FROM reconstructions r INDEXED BY reconstructions_by_run_first_diff{join} "
+            f"WHERE {where} AND r.first_diff IS NOT NULL",
+            args,
+        ).fetchone()[0]
+    tail = conn.execute(
+        f"SELECT {_MISMATCH_COLS} FROM reconstructions r JOIN samples s ON s.pk = r.sample_pk "
+        f"WHERE {where} AND r.first_diff IS NULL ORDER BY r.sample_pk LIMIT ? OFFSET ?",
+        (*args, limit - len(head), max(0, offset - with_diff)),
+    )
+    return head + [MismatchRow(*r) for r in tail]
 
 
 def mismatch_count(

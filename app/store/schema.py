@@ -187,7 +187,8 @@ CREATE INDEX jobs_by_run ON jobs (run_id, id);
 #   trigger; INSERTs are NOT (a per-row trigger costs ingest a third of its speed): the ingest operation
 #   adds its inserted count per chunk. tally_marks.samples_max_pk is the highest samples.pk the tally is
 #   known to include; a reader that sees MAX(samples.pk) above it knows rows were inserted behind the
-#   tally's back (direct SQL) and counts the table instead, until `app.store.tallies.recount` runs.
+#   tally's back (direct SQL) and counts the table instead, until `app.store.tallies.recount` runs
+#   (deleting the highest sample lowers the mark, so reused pks are noticed too).
 # - response_tallies: responses per (run, endpoint, ok, error_class), ok = error_class IS NULL, with the
 #   sums the dashboard shows; kept by INSERT / UPDATE / DELETE triggers (responses are insert-only).
 # - reconstruction_tallies: reconstructions per (run, category, strategy); INSERT / UPDATE / DELETE
@@ -241,6 +242,15 @@ CREATE TRIGGER samples_tally_delete AFTER DELETE ON samples
 BEGIN
     UPDATE sample_tallies SET n = n - 1
      WHERE run_id = old.run_id AND state = old.state AND error_class = {_SAMPLE_KEY_OLD};
+END;
+
+-- deleting the highest sample lowers the mark with it (when the tally was current), so a later insert that
+-- reuses the freed pks is still noticed
+CREATE TRIGGER samples_mark_delete AFTER DELETE ON samples
+WHEN old.pk = (SELECT value FROM tally_marks WHERE name = 'samples_max_pk')
+BEGIN
+    UPDATE tally_marks SET value = (SELECT COALESCE(MAX(pk), 0) FROM samples)
+     WHERE name = 'samples_max_pk' AND NOT EXISTS (SELECT 1 FROM samples WHERE pk > old.pk);
 END;
 
 CREATE TRIGGER responses_tally_insert AFTER INSERT ON responses

@@ -376,32 +376,11 @@ class _JobControl:
         actions[verb](self.database, job_id)
 
 
-class AttachedSource:
-    """A viewer over a run database; steers a headless engine through the `commands` table."""
+class _DatabaseBackedSource:
+    """What both faces read from the run database: mismatch pages, diffs, sample detail, jobs, events."""
 
-    snapshot_on_loop = False
-
-    def __init__(self, database: Path, run_name: str | None = None, *, readonly: bool = False) -> None:
-        self.reader = DatabaseReader(database, run_name)
-        self.readonly = readonly
-        self._store: Any = None
-        self._jobs = _JobControl(self.reader.database)
-
-    @property
-    def title(self) -> str:
-        mode = "read-only" if self.readonly else "attached"
-        return f"{self.reader.run_name} · {self.reader.database.name} ({mode})"
-
-    @property
-    def live(self) -> bool:
-        return False
-
-    @property
-    def can_control(self) -> bool:
-        return not self.readonly
-
-    def snapshot(self) -> MetricsSnapshot:
-        return self.reader.snapshot()
+    reader: DatabaseReader
+    _jobs: _JobControl
 
     def mismatch_page(
         self,
@@ -439,6 +418,37 @@ class AttachedSource:
     def events(self, n: int) -> Sequence[EventLine]:
         return self.reader.events(n)
 
+    def close(self) -> None:
+        self.reader.close()
+
+
+class AttachedSource(_DatabaseBackedSource):
+    """A viewer over a run database; steers a headless engine through the `commands` table."""
+
+    snapshot_on_loop = False
+
+    def __init__(self, database: Path, run_name: str | None = None, *, readonly: bool = False) -> None:
+        self.reader = DatabaseReader(database, run_name)
+        self.readonly = readonly
+        self._store: Any = None
+        self._jobs = _JobControl(self.reader.database)
+
+    @property
+    def title(self) -> str:
+        mode = "read-only" if self.readonly else "attached"
+        return f"{self.reader.run_name} · {self.reader.database.name} ({mode})"
+
+    @property
+    def live(self) -> bool:
+        return False
+
+    @property
+    def can_control(self) -> bool:
+        return not self.readonly
+
+    def snapshot(self) -> MetricsSnapshot:
+        return self.reader.snapshot()
+
     async def _command(self, verb: str, args: dict[str, Any] | None = None) -> None:
         if self.readonly:
             raise EaglewatchError("this viewer is read-only (--readonly); it sends no commands")
@@ -465,11 +475,8 @@ class AttachedSource:
             await self._store.close()
             self._store = None
 
-    def close(self) -> None:
-        self.reader.close()
 
-
-class InProcessSource:
+class InProcessSource(_DatabaseBackedSource):
     """The monitor over an engine `Run` hosted in this process (its snapshot is read on the event loop)."""
 
     snapshot_on_loop = True
@@ -479,7 +486,10 @@ class InProcessSource:
         self.config = config
         self.reader = DatabaseReader(Path(run.db_path), config.run.name)
         self._jobs = _JobControl(self.reader.database)
-        self._tokenizer: Any = getattr(getattr(run, "reconstructor", None), "tokenizer", None)
+        # the engine's Reconstructor already holds the run's tokenizer: reuse it for diffs
+        engine_tokenizer = getattr(getattr(run, "reconstructor", None), "tokenizer", None)
+        if engine_tokenizer is not None:
+            self.reader._tokenizers[str(Path(config.model.tokenizer))] = engine_tokenizer
 
     @property
     def title(self) -> str:
@@ -496,38 +506,6 @@ class InProcessSource:
     def snapshot(self) -> MetricsSnapshot:
         return self.run.snapshot()
 
-    def mismatch_page(
-        self,
-        verdicts: Sequence[str],
-        text: str,
-        order: str,
-        offset: int,
-        limit: int,
-        *,
-        after: MismatchRow | None = None,
-        before: MismatchRow | None = None,
-    ) -> MismatchPage:
-        return self.reader.mismatch_page(verdicts, text, order, offset, limit, after=after, before=before)
-
-    def sample_diff(self, sample_id: str) -> SampleDiff:
-        if self._tokenizer is None:
-            from app.tokens import load_tokenizer
-
-            self._tokenizer = load_tokenizer(Path(self.config.model.tokenizer))
-        return self.reader.sample_diff(sample_id, self._tokenizer)
-
-    def sample_detail(self, sample_id: str) -> SampleDetail:
-        return self.reader.sample_detail(sample_id)
-
-    def jobs(self) -> Sequence[JobRow]:
-        return self.reader.jobs()
-
-    def job_log(self, job_id: int, lines: int) -> str:
-        return self.reader.job_log(job_id, lines)
-
-    def events(self, n: int) -> Sequence[EventLine]:
-        return self.reader.events(n)
-
     async def pause(self) -> None:
         await self.run.pause()
 
@@ -536,9 +514,6 @@ class InProcessSource:
 
     async def job_command(self, job_id: int, verb: str) -> None:
         await asyncio.to_thread(self._jobs.command, job_id, verb)
-
-    def close(self) -> None:
-        self.reader.close()
 
 
 def open_attached(database: Path, run_name: str | None, *, readonly: bool) -> AttachedSource:
