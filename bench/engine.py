@@ -148,7 +148,9 @@ async def _engine(url: str, msgs, conc: int, stream: bool, db_dir: str, reconstr
     await store.ingest(run_id, (SampleInput(f"s{i}", "bench", m) for i, m in enumerate(msgs)))
     global _T0, _C0
     _T0, _C0 = time.perf_counter(), time.process_time()  # ingest is not timed
-    run = Run(cfg, store, reconstructor=build_reconstructor(cfg) if reconstruct else None)
+    global _TIMED
+    _TIMED = _TimedReconstructor(build_reconstructor(cfg)) if reconstruct else None
+    run = Run(cfg, store, reconstructor=_TIMED)
     await run.start()
     await run.wait()
     done = run.snapshot().done
@@ -158,6 +160,27 @@ async def _engine(url: str, msgs, conc: int, stream: bool, db_dir: str, reconstr
 
 
 _T0 = _C0 = 0.0
+_TIMED = None
+
+
+class _TimedReconstructor:
+    """The real Reconstructor, with the CPU time its calls take (thread CPU time, summed over the pool)."""
+
+    def __init__(self, inner) -> None:
+        import threading
+
+        self.inner = inner
+        self.tokenizer = getattr(inner, "tokenizer", None)
+        self.cpu_s = 0.0
+        self._lock = threading.Lock()
+
+    def process(self, completion, reference_ids):
+        t = time.thread_time()
+        out = self.inner.process(completion, reference_ids)
+        dt = time.thread_time() - t
+        with self._lock:
+            self.cpu_s += dt
+        return out
 
 
 def client_main(args: argparse.Namespace) -> None:
@@ -175,7 +198,8 @@ def client_main(args: argparse.Namespace) -> None:
             ok = asyncio.run(_engine(args.url, msgs, args.conc, args.stream, d, args.client == "engine+tokens"))
     wall, cpu = time.perf_counter() - _T0, time.process_time() - _C0
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"ok": ok, "wall_s": wall, "cpu_s": cpu, "rss_mb": rss_mb, "rss_start_mb": rss_start}))
+    print(json.dumps({"ok": ok, "wall_s": wall, "cpu_s": cpu, "rss_mb": rss_mb, "rss_start_mb": rss_start,
+                      "tokens_cpu_s": None if _TIMED is None else _TIMED.cpu_s}))
 
 
 CURATOR_SCRIPT = r"""
@@ -241,7 +265,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--rss-samples", type=int, default=20000, help="samples in the peak-RSS run (0: skip)")
     ap.add_argument("--skip-curator", action="store_true")
-    ap.add_argument("--clients", nargs="+", default=["aiohttp", "engine", "openai"])
+    ap.add_argument("--clients", nargs="+", default=["aiohttp", "engine", "engine+tokens", "openai"],
+                    help="engine+tokens is the whole path: request, parse, reconstruct (sample tokenizer), store")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--as-client", dest="client", help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
@@ -288,7 +313,8 @@ def main() -> None:
                     row = {"client": kind, "stream": stream, "concurrency": conc, "ok": r["ok"],
                            "req_s": r["ok"] / r["wall_s"], "client_cpu_ms": 1000 * r["cpu_s"] / max(1, r["ok"]),
                            "server_cpu_ms": 1000 * (after["cpu_s"] - before["cpu_s"]) / served,
-                           "rss_mb": r.get("rss_mb")}
+                           "rss_mb": r.get("rss_mb"),
+                           "tokens_cpu_share": (r["tokens_cpu_s"] / r["cpu_s"]) if r.get("tokens_cpu_s") else None}
                     row["server_ceiling_req_s"] = 1000 / row["server_cpu_ms"] if row["server_cpu_ms"] else None
                     results.append(row)
                     print(f"{kind:>8} stream={stream!s:5} c={conc:<4} {row['req_s']:8.0f} req/s "
@@ -327,6 +353,15 @@ def main() -> None:
             lines.append(f"| {mode} | {conc} | {fmt(e)} | {fmt(a)} | {ratio(e, a)} | {fmt(o)} | {fmt(c)} | "
                          f"{ratio(e, c)} | {cpu} | {ceiling} |")
     table = "\n".join(lines)
+    whole = [r for r in results if r["client"] == "engine+tokens"]
+    if whole:
+        table += "\n\nWhole path (request + parse + reconstruction with the sample tokenizer + store):"
+        for r in whole:
+            alone = rate("engine", r["stream"], r["concurrency"])
+            share = r["tokens_cpu_share"]
+            table += f"\n- {'stream' if r['stream'] else 'non-stream'} c={r['concurrency']}: {r['req_s']:.0f} req/s"
+            table += f" ({r['req_s'] / alone:.2f}x the engine without reconstruction)" if alone else ""
+            table += f", reconstruction {100 * share:.0f}% of client CPU" if share is not None else ""
     if rss:
         table += (f"\n\nPeak RSS of an engine run (concurrency 256, non-streaming): {rss['peak_rss_mb']:.0f} MB over "
                   f"{rss['samples']:,} samples, {rss['small_peak_rss_mb']:.0f} MB over {rss['small_samples']:,} "
