@@ -2,9 +2,9 @@
 
 Reads through a plain read-only `sqlite3` connection (safe from a thread, WAL lets it run beside the
 engine). Totals (states, cost, errors, verdicts, per-endpoint sums) come from the maintained tallies of
-`app.store.tallies`, so they cost the same at a million rows as at ten. Rates come from `responses.created_at` over the trailing 10 s / 1 min / 5 min, percentiles
-from the latest 1,024 responses of the last five minutes (index ranges over `responses (run_id, created_at)`).
-Rows may be tuples or `sqlite3.Row`s (any row factory that indexes by position).
+`app.store.tallies`, so they cost the same at a million rows as at ten. Rates (trailing 10 s / 1 min /
+5 min), percentiles (latest 1,024 responses) and the throughput history come from ONE index range over
+`responses (run_id, created_at)`: the last five minutes. Rows may be tuples or `sqlite3.Row`s.
 In-flight and the concurrency limit are unknown to the database: they show as 0 (leased is close).
 """
 
@@ -35,17 +35,25 @@ def connect_readonly(path: str | Path) -> sqlite3.Connection:
     return conn
 
 
-def _rate(conn: sqlite3.Connection, run_id: int, now: float, age: float, endpoint: str | None) -> Rate:
-    where = f"run_id = ? AND created_at >= ? AND {_SUCCESS}"
-    args: list = [run_id, now - WINDOW_S]
-    if endpoint is not None:
-        where += " AND endpoint = ?"
-        args.append(endpoint)
-    rows = [tuple(r) for r in conn.execute(f"SELECT created_at, completion_tokens FROM responses WHERE {where}", args)]
+def _window(conn: sqlite3.Connection, run_id: int, now: float) -> list[tuple]:
+    """The run's successful responses of the trailing window in created order: (id, endpoint, ts, tokens, latency, ttft).
+
+    One index range over `responses (run_id, created_at)`; rates, percentiles and the history (overall and
+    per endpoint) are all computed from it.
+    """
+    rows = conn.execute(
+        "SELECT id, endpoint, created_at, completion_tokens, latency_ms, ttft_ms FROM responses "
+        f"WHERE run_id = ? AND created_at >= ? AND {_SUCCESS}",
+        (run_id, now - WINDOW_S),
+    ).fetchall()
+    return [tuple(r) for r in rows]
+
+
+def _rate(rows: list[tuple], now: float, age: float) -> Rate:
     vals = {}
     for span in (10, 60, 300):
         n = tok = 0
-        for ts, ct in rows:
+        for _, _, ts, ct, _, _ in rows:
             if ts >= now - span:
                 n += 1
                 tok += ct or 0
@@ -54,15 +62,19 @@ def _rate(conn: sqlite3.Connection, run_id: int, now: float, age: float, endpoin
     return Rate(vals[10][0], vals[60][0], vals[300][0], vals[10][1], vals[60][1], vals[300][1])
 
 
-def _quantiles(conn: sqlite3.Connection, run_id: int, now: float, column: str, endpoint: str | None):
-    where = f"run_id = ? AND created_at >= ? AND {column} IS NOT NULL AND {_SUCCESS}"
-    args: list = [run_id, now - WINDOW_S]
-    if endpoint is not None:
-        where += " AND endpoint = ?"
-        args.append(endpoint)
-    rows = conn.execute(f"SELECT {column} FROM responses WHERE {where} ORDER BY id DESC LIMIT 1024", args).fetchall()
-    values = sorted(tuple(r)[0] for r in rows)
+def _quantiles(rows: list[tuple], column: int):
+    """p50 / p95 of `column` (4: latency, 5: ttft) over the latest 1,024 rows (by id) that have it."""
+    latest = []
+    for r in sorted(rows, key=lambda r: r[0], reverse=True):
+        if r[column] is not None:
+            latest.append(r[column])
+            if len(latest) == 1024:
+                break
+    values = sorted(latest)
     return percentile(values, 0.5), percentile(values, 0.95)
+
+
+_LATENCY, _TTFT = 4, 5
 
 
 def snapshot_from_db(conn: sqlite3.Connection, run_name: str | None = None, *, now: float | None = None) -> MetricsSnapshot:
@@ -99,19 +111,13 @@ def snapshot_from_db(conn: sqlite3.Connection, run_name: str | None = None, *, n
         err[k] = max(err.get(k, 0), v)
     verdicts = list(verdict_counts(conn, run_id).items())
     strategies = list(strategy_counts(conn, run_id).items())
-    rate = _rate(conn, run_id, now, age, None)
-    lat = _quantiles(conn, run_id, now, "latency_ms", None)
-    ttft = _quantiles(conn, run_id, now, "ttft_ms", None)
-    hist_rows = [
-        tuple(r)
-        for r in conn.execute(
-            f"SELECT created_at, completion_tokens FROM responses WHERE run_id = ? AND created_at >= ? AND {_SUCCESS}",
-            (run_id, now - WINDOW_S),
-        )
-    ]
+    window = _window(conn, run_id, now)
+    rate = _rate(window, now, age)
+    lat = _quantiles(window, _LATENCY)
+    ttft = _quantiles(window, _TTFT)
     n_buckets = WINDOW_S // HISTORY_BUCKET_S
     hist = [0.0] * n_buckets
-    for ts, ct in hist_rows:
+    for _, _, ts, ct, _, _ in window:
         b = n_buckets - 1 - int((now - ts) // HISTORY_BUCKET_S)
         if 0 <= b < n_buckets:
             hist[b] += (ct or 0) / HISTORY_BUCKET_S
@@ -121,11 +127,12 @@ def snapshot_from_db(conn: sqlite3.Connection, run_name: str | None = None, *, n
         done_n = sum(t.n for t in mine if t.ok)
         failed_n = sum(t.n for t in mine if not t.ok)
         cost = sum(t.cost_usd for t in mine)
-        l50, l95 = _quantiles(conn, run_id, now, "latency_ms", ep_name)
-        t50, t95 = _quantiles(conn, run_id, now, "ttft_ms", ep_name)
+        ep_window = [r for r in window if r[1] == ep_name]
+        l50, l95 = _quantiles(ep_window, _LATENCY)
+        t50, t95 = _quantiles(ep_window, _TTFT)
         ep_errors = [(t.error_class or "", t.n) for t in mine if not t.ok]
         endpoints.append(EndpointSnapshot(
-            name=ep_name, completed=done_n, failed=failed_n, rate=_rate(conn, run_id, now, age, ep_name),
+            name=ep_name, completed=done_n, failed=failed_n, rate=_rate(ep_window, now, age),
             latency_p50_ms=l50, latency_p95_ms=l95, ttft_p50_ms=t50, ttft_p95_ms=t95,
             errors_by_class=tuple(sorted(ep_errors)), cost_usd=cost,
         ))

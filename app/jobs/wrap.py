@@ -53,6 +53,22 @@ def main(argv: list[str] | None = None) -> int:
         opts.exit_file.unlink(missing_ok=True)
 
     start = time.time()
+    # Handlers go in before the child starts: a cancel that lands in between is held and passed on, never
+    # allowed to kill the wrapper before it can write the exit file.
+    child: subprocess.Popen | None = None
+    held: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        if child is None:
+            held.append(signum)
+            return
+        try:
+            child.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
     try:
         child = subprocess.Popen(command)
     except OSError as exc:
@@ -61,15 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         code = 127
     else:
         _emit({"event": "start", "shard": opts.shard, "pid": child.pid, "argv": command, "ts": start})
-
-        def forward(signum: int, _frame: object) -> None:
-            try:
-                child.send_signal(signum)
-            except ProcessLookupError:
-                pass
-
-        signal.signal(signal.SIGTERM, forward)
-        signal.signal(signal.SIGINT, forward)
+        for signum in held:
+            child.send_signal(signum)
         rc = child.wait()
         code = rc if rc >= 0 else 128 - rc
     if code == 0 and opts.done_marker is not None and not opts.done_marker.exists():

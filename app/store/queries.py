@@ -320,28 +320,41 @@ def _mismatch_page_by_first_diff(
     # Rows with a first difference come in index order from reconstructions_by_run_first_diff (a partial
     # index over exactly those rows, holding the category too): a page reads about offset + limit entries.
     # Rows without one follow in sample order; reaching them costs a count of the first part.
-    head = [
-        MismatchRow(*r)
-        for r in conn.execute(
+    text_filter = "s." in where
+    if text_filter:
+        head_sql = (
             f"SELECT {_MISMATCH_COLS} FROM reconstructions r INDEXED BY reconstructions_by_run_first_diff "
             f"JOIN samples s ON s.pk = r.sample_pk WHERE {where} AND r.first_diff IS NOT NULL "
-            "ORDER BY r.first_diff, r.sample_pk LIMIT ? OFFSET ?",
-            (*args, limit, offset),
+            "ORDER BY r.first_diff, r.sample_pk LIMIT ? OFFSET ?"
         )
-    ]
+        head_args: tuple[Any, ...] = (*args, limit, offset)
+    else:
+        # the page's keys from the index alone (nothing read for the rows OFFSET skips), then `limit` joins
+        head_sql = (
+            f"SELECT {_MISMATCH_COLS} FROM (SELECT r.sample_pk AS pk FROM reconstructions r "
+            f"INDEXED BY reconstructions_by_run_first_diff WHERE {where} AND r.first_diff IS NOT NULL "
+            "ORDER BY r.first_diff, r.sample_pk LIMIT ? OFFSET ?) AS page "
+            "CROSS JOIN reconstructions r ON r.run_id = ? AND r.sample_pk = page.pk JOIN samples s ON s.pk = r.sample_pk"
+        )
+        head_args = (*args, limit, offset, args[0])
+    head = sorted(
+        (MismatchRow(*r) for r in conn.execute(head_sql, head_args)), key=lambda m: (m.first_diff, m.sample_pk)
+    )
     if len(head) >= limit:
         return head
     if head:
         with_diff = offset + len(head)
     else:
-        join = " JOIN samples s ON s.pk = r.sample_pk" if "s." in where else ""
+        join = " JOIN samples s ON s.pk = r.sample_pk" if text_filter else ""
         with_diff = conn.execute(
             f"SELECT COUNT(*) FROM reconstructions r INDEXED BY reconstructions_by_run_first_diff{join} "
             f"WHERE {where} AND r.first_diff IS NOT NULL",
             args,
         ).fetchone()[0]
+    # with a verdict filter the (run, category, sample) index reads only those verdicts' rows (then sorts)
+    hint = " INDEXED BY reconstructions_by_run_category" if "r.category IN" in where else ""
     tail = conn.execute(
-        f"SELECT {_MISMATCH_COLS} FROM reconstructions r JOIN samples s ON s.pk = r.sample_pk "
+        f"SELECT {_MISMATCH_COLS} FROM reconstructions r{hint} JOIN samples s ON s.pk = r.sample_pk "
         f"WHERE {where} AND r.first_diff IS NULL ORDER BY r.sample_pk LIMIT ? OFFSET ?",
         (*args, limit - len(head), max(0, offset - with_diff)),
     )

@@ -167,6 +167,18 @@ class DatabaseReader:
     def _page_sorted(self, verdicts, text_sql, text_args, order, offset, limit) -> list[tuple]:
         # No index serves these orders: sort every match once (in Python, by key) and keep the order of
         # keys for SORT_CACHE_S, so turning pages is a slice plus a lookup of `limit` rows.
+        if order == "first_diff" and not text_sql:
+            # Samples with a first difference come in order from a partial index: a page reads about
+            # offset + limit index entries. Only a page reaching past them (into samples without one) sorts.
+            marks = ", ".join("?" * len(verdicts))
+            pks = [row[0] for row in self._conn.execute(
+                "SELECT r.sample_pk FROM reconstructions AS r INDEXED BY reconstructions_by_run_first_diff "
+                f"WHERE r.run_id = ? AND r.category IN ({marks}) AND r.first_diff IS NOT NULL "
+                "ORDER BY r.first_diff, r.sample_pk LIMIT ? OFFSET ?",
+                [self.run_id, *verdicts, limit, offset],
+            )]
+            if len(pks) == limit:
+                return self._rows_for(pks)
         key = (verdicts, text_sql, tuple(text_args), order)
         cached = self._sorted.get(key)
         now = time.monotonic()
@@ -183,7 +195,10 @@ class DatabaseReader:
             else:
                 rows.sort(key=lambda row: (-_n_diff(row[2]), row[0]))
             cached = self._sorted[key] = (now, [row[0] for row in rows])
-        pks = cached[1][offset : offset + limit]
+        return self._rows_for(cached[1][offset : offset + limit])
+
+    def _rows_for(self, pks: list[int]) -> list[tuple]:
+        """The page's rows, in the order of `pks`."""
         if not pks:
             return []
         marks = ", ".join("?" * len(pks))

@@ -106,12 +106,16 @@ async def test_tallies_equal_a_recount_after_every_kind_of_write(tmp_path: Path)
         assert queries.strategy_counts(conn, run) == {"canonical": 1, "logprobs": 1, "server_ids": 1}
         assert queries.cost_total(conn, run) == 0.25 + 0.5 + 0.01
         assert tallies.failed_by_class(conn, run) == {"AuthError": 1, "ContentError": 1}
-        snap = snapshot_from_db(conn, "r")
+        at = time.time()
+        snap = snapshot_from_db(conn, "r", now=at)
         assert (snap.total, snap.done, snap.failed, snap.skipped, snap.truncated, snap.retried) == (45, 2, 2, 1, 1, 2)
         assert dict(snap.errors_by_class) == {"AuthError": 1, "ContentError": 1, "RetryableError": 1}
         assert [(e.name, e.completed, e.failed, e.cost_usd) for e in snap.endpoints] == [
             ("ep-a", 1, 1, 0.25 + 0.01), ("ep-b", 1, 1, 0.5)]
         assert snapshot_from_db(conn, "other").pending == 7
+        conn.row_factory = sqlite3.Row  # a viewer's connection may hand out Rows: the same snapshot
+        assert snapshot_from_db(conn, "r", now=at) == snap
+        assert queries.state_counts(conn, run) == counts
     finally:
         conn.close()
 
