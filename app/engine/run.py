@@ -30,6 +30,7 @@ from app.engine.buckets import TokenBucket
 from app.engine.limiter import AdaptiveLimit, LimitChange
 from app.engine.metrics import EndpointMetrics
 from app.engine.reconstruct import PassThroughReconstructor
+from app.store import tallies
 from app.engine.slots import EndpointSlots
 from app.engine.snapshot import MetricsSnapshot
 from app.errors import EaglewatchError, InputError
@@ -712,16 +713,10 @@ class Run:
         run_id = self.run_id
 
         def fn(conn):
-            v = conn.execute(
-                "SELECT category, COUNT(*) FROM reconstructions WHERE run_id = ? GROUP BY category", (run_id,)
-            ).fetchall()
-            s = conn.execute(
-                "SELECT strategy, COUNT(*) FROM reconstructions WHERE run_id = ? GROUP BY strategy", (run_id,)
-            ).fetchall()
-            return v, s
+            return tallies.verdict_counts(conn, run_id), tallies.strategy_counts(conn, run_id)
 
         v, s = await self.store.read(fn)
-        self._verdicts, self._strategies = Counter(dict(v)), Counter(dict(s))
+        self._verdicts, self._strategies = Counter(v), Counter(s)
 
     async def _log_attempt(self, pk: int, attempt: int, endpoint: str, exc: Any) -> None:
         """Log a failed attempt (with what it was billed) without changing the sample's state."""

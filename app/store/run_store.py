@@ -26,6 +26,7 @@ from app.errors import EaglewatchError, InputError
 from app.records import Completion, Reconstruction, Verdict
 from app.store.db import DEFAULT_BUSY_TIMEOUT_S, configure, migrate
 from app.store.ids import pack_ids, unpack_ids
+from app.store import tallies
 from app.store.records import Command, IngestReport, LeasedSample, ReferenceRecord, SampleInput
 from app.store.schema import RUN_STATES, SAMPLE_STATES
 from app.store.tallies import add_ingested
@@ -465,22 +466,13 @@ class RunStore:
 
     async def spent_usd(self, run_id: int) -> float:
         """The run's cost ledger: the sum of every stored attempt's cost."""
-        return await self.read(
-            lambda conn: conn.execute(
-                "SELECT COALESCE(SUM(cost_usd), 0) FROM responses WHERE run_id = ?", (run_id,)
-            ).fetchone()[0]
-        )
+        return await self.read(lambda conn: sum(t.cost_usd for t in tallies.response_tallies(conn, run_id)))
 
     async def counts(self, run_id: int) -> dict[str, int]:
         """Samples per state, every state present (0 when none)."""
 
         def fn(conn: sqlite3.Connection) -> dict[str, int]:
-            out = dict.fromkeys(SAMPLE_STATES, 0)
-            for state, n in conn.execute(
-                "SELECT state, COUNT(*) FROM samples WHERE run_id = ? GROUP BY state", (run_id,)
-            ):
-                out[state] = n
-            return out
+            return {**dict.fromkeys(SAMPLE_STATES, 0), **tallies.sample_counts(conn, run_id)}
 
         return await self.read(fn)
 
