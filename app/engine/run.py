@@ -31,6 +31,7 @@ from app.engine.limiter import AdaptiveLimit, LimitChange
 from app.engine.metrics import EndpointMetrics
 from app.engine.reconstruct import PassThroughReconstructor
 from app.store import tallies
+from app.store.queries import EventRow
 from app.engine.slots import EndpointSlots
 from app.engine.snapshot import MetricsSnapshot
 from app.errors import EaglewatchError, InputError
@@ -41,15 +42,7 @@ OVERLOAD_CLASSES = ("429", "rate_limited", "overloaded", "529")
 COMMAND_POLL_S = 1.0
 
 
-@dataclass(frozen=True, slots=True)
-class EngineEvent:
-    """An operator event as the engine wrote it (also in the `events` table)."""
-
-    id: int
-    ts: float
-    level: str
-    kind: str
-    message: str
+EngineEvent = EventRow  # an operator event as the engine wrote it (also in the `events` table)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 from app.errors import InputError
 from app.jobs.spec import JobSpec
 from app.store.db import configure, connect_readonly, migrate
+from app.store.queries import JobShardRow
 
 FINAL_STATES = frozenset({"done", "failed", "cancelled"})
 SHARD_FIELDS = (
@@ -23,24 +24,9 @@ SHARD_FIELDS = (
 )
 
 
-@dataclass(frozen=True)
-class JobShard:
-    """One shard of a job as stored: state, process or Slurm task id, progress, exit code, log path."""
-
-    job_id: int
-    shard: int
-    state: str
-    pid: int | None
-    external_id: str | None
-    done: int
-    total: int
-    tokens: int
-    exit_code: int | None
-    log_path: str | None
-    output_path: str | None
-    error: str | None
-    started_at: float | None
-    ended_at: float | None
+# One shard of a job as stored (state, pid / Slurm task id, progress, exit code, log path): the same record
+# the read queries return.
+JobShard = JobShardRow
 
 
 @dataclass(frozen=True)
