@@ -53,6 +53,7 @@ class EaglewatchApp(App):
     BINDINGS = [
         Binding("question_mark", "help", "Help", id="app.help"),
         Binding("p", "toggle_pause", "Pause", id="run.pause"),
+        Binding("P", "pause_now", "Pause now", show=False, id="run.pause_now"),
         Binding("q", "quit_monitor", "Quit", id="app.quit"),
         Binding("ctrl+q", "quit_monitor", "Quit", show=False, id="app.quit_ctrl", priority=True),
     ]
@@ -115,6 +116,10 @@ class EaglewatchApp(App):
 
     # --- run control -----------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "pause_now":
+            snap = self.last_snapshot
+            return (self.source.can_control and not isinstance(self.screen, JobsScreen)
+                    and snap is not None and snap.state == "running")
         if action == "toggle_pause":
             if not self.source.can_control or isinstance(self.screen, JobsScreen):
                 return False
@@ -132,6 +137,22 @@ class EaglewatchApp(App):
         else:
             await self.source.pause()
             self.notify("pause requested: nothing new is leased; requests in flight finish")
+
+    def action_pause_now(self) -> None:
+        snap = self.last_snapshot
+        if snap is None or not self.source.can_control or snap.state != "running":
+            return
+
+        async def answered(yes: bool | None) -> None:
+            if yes:
+                await self.source.pause(now=True)
+                self.notify("pause-now requested: requests in flight are cancelled (providers may still bill them)",
+                            severity="warning")
+
+        if not isinstance(self.screen, ConfirmScreen):
+            question = (f"Pause now and cancel the {snap.in_flight} request(s) in flight? Their samples return to "
+                        "pending, but providers may still bill them.")
+            self.push_screen(ConfirmScreen(question), answered)
 
     async def action_quit_monitor(self) -> None:
         if not self.source.live:
@@ -152,6 +173,8 @@ class EaglewatchApp(App):
         yield SystemCommand("Jobs", "Extraction jobs: pause, resume, cancel, log", self.action_show_jobs)
         if self.source.can_control:
             yield SystemCommand("Pause or resume the run", "Same as p", self.action_toggle_pause)
+            yield SystemCommand("Pause now", "Cancel requests in flight too (P); providers may still bill them",
+                                self.action_pause_now)
         for name in THEMES:
             yield SystemCommand(f"Theme: {name}", "ansi-* use your terminal's own palette", partial(setattr, self, "theme", name))
 

@@ -473,8 +473,8 @@ class AttachedSource(_DatabaseBackedSource):
             self._store = await RunStore.open(self.reader.database)
         await self._store.enqueue_command(self.reader.run_id, verb, args or {})
 
-    async def pause(self) -> None:
-        await self._command("pause")
+    async def pause(self, now: bool = False) -> None:
+        await self._command("pause", {"now": True} if now else None)
 
     async def resume(self) -> None:
         await self._command("resume")
@@ -521,8 +521,8 @@ class InProcessSource(_DatabaseBackedSource):
     def snapshot(self) -> MetricsSnapshot:
         return self.run.snapshot()
 
-    async def pause(self) -> None:
-        await self.run.pause()
+    async def pause(self, now: bool = False) -> None:
+        await self.run.pause(now=now)
 
     async def resume(self) -> None:
         await self.run.resume()

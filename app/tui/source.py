@@ -166,8 +166,8 @@ class DataSource(Protocol):
     def events(self, n: int) -> Sequence[EventLine]:
         """The last `n` events, oldest first."""
 
-    async def pause(self) -> None:
-        """Ask the run to lease nothing new."""
+    async def pause(self, now: bool = False) -> None:
+        """Ask the run to lease nothing new; with now=True also to cancel requests in flight."""
 
     async def resume(self) -> None:
         """Ask the run to continue."""

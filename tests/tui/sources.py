@@ -136,8 +136,8 @@ class MemorySource:
             EventLine("10:05:40", "info", "concurrency", "limit 12 -> 16"),
         ][-n:]
 
-    async def pause(self) -> None:
-        self.commands.append(("pause",))
+    async def pause(self, now: bool = False) -> None:
+        self.commands.append(("pause_now",) if now else ("pause",))
         self._snapshot = replace(self._snapshot, state="paused", state_reason="operator")
 
     async def resume(self) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import sqlite3
 from pathlib import Path
 
@@ -86,6 +88,38 @@ async def test_pause_from_keyboard_queues_a_command_when_attached(run_db: Path) 
         await settle(pilot)
     rows = sqlite3.connect(run_db).execute("SELECT verb, done_at FROM commands").fetchall()
     assert rows == [("pause", None)]
+
+
+async def test_pause_now_asks_first_then_queues_a_cancelling_pause_when_attached(run_db: Path) -> None:
+    app = attached(run_db)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("P")
+        await settle(pilot)
+        assert "may still bill" in str(app.screen.query_one("#confirm-question").render())
+        await pilot.press("y")
+        await settle(pilot)
+    rows = sqlite3.connect(run_db).execute("SELECT verb, args FROM commands").fetchall()
+    assert [(verb, json.loads(args)) for verb, args in rows] == [("pause", {"now": True})]
+
+
+async def test_pause_now_declined_sends_nothing_in_process() -> None:
+    from tests.tui.sources import MemorySource
+
+    source = MemorySource(live=True)
+    app = EaglewatchApp(source)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("P")
+        await settle(pilot)
+        await pilot.press("n")
+        await settle(pilot)
+        assert source.commands == []
+        await pilot.press("P")
+        await settle(pilot)
+        await pilot.press("y")
+        await settle(pilot)
+    assert source.commands == [("pause_now",)]
 
 
 async def test_readonly_viewer_hides_pause_and_sends_nothing(run_db: Path) -> None:
