@@ -81,14 +81,18 @@ def build_db(path: Path, samples: int, tokenizer_dir: Path) -> float:
                 verdict = NON_EXACT[(i // step) % len(NON_EXACT)]
                 k = rng.randrange(1, 40)
                 spans = json.dumps({"spans": [[k, k + 1 + i % 5, k, k + 2]]})
-                rows.append((i + 1, i + 1, verdict, k, spans, f"{verdict} at token {k}"))
+                # n_diff as the store writes it (schema v4): the longer side of each span
+                rows.append((i + 1, i + 1, verdict, k, spans, f"{verdict} at token {k}", max(1 + i % 5, 2)))
             else:
-                rows.append((i + 1, i + 1, "exact", None, '{"spans": []}', None))
+                rows.append((i + 1, i + 1, "exact", None, '{"spans": []}', None, 0))
         conn.executemany(
             "INSERT INTO reconstructions (run_id, sample_pk, response_id, profile, tokenizer, strategy, output_ids, "
-            "reference_ids, category, first_diff, n_tokens, ref_len, explanation, detail, created_at) "
-            f"VALUES (1, ?, ?, 'kimi-k2.5', 'fp', 'canonical', ?, ?, ?, ?, 8, 8, ?, ?, {now})",
-            [(pk, rid, ids_blob, ids_blob, verdict, first, expl, spans) for pk, rid, verdict, first, spans, expl in rows],
+            "reference_ids, category, first_diff, n_tokens, ref_len, explanation, detail, n_diff, created_at) "
+            f"VALUES (1, ?, ?, 'kimi-k2.5', 'fp', 'canonical', ?, ?, ?, ?, 8, 8, ?, ?, ?, {now})",
+            [
+                (pk, rid, ids_blob, ids_blob, verdict, first, expl, spans, n_diff)
+                for pk, rid, verdict, first, spans, expl, n_diff in rows
+            ],
         )
     conn.executemany(
         "INSERT INTO events (run_id, ts, level, kind, message) VALUES (1, ?, 'info', 'run', ?)",

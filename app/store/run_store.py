@@ -28,7 +28,7 @@ from app.store.db import DEFAULT_BUSY_TIMEOUT_S, configure, migrate
 from app.store.ids import pack_ids, unpack_ids
 from app.store import tallies
 from app.store.records import Command, IngestReport, LeasedSample, ReferenceRecord, SampleInput
-from app.store.schema import RUN_STATES, SAMPLE_STATES
+from app.store.schema import N_DIFF_SQL, RUN_STATES, SAMPLE_STATES
 from app.store.tallies import add_ingested
 
 T = TypeVar("T")
@@ -582,6 +582,7 @@ _INSERT_RESPONSE = (
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
+# n_diff (schema v4) is not a column here: the upsert computes it from detail with N_DIFF_SQL.
 RECONSTRUCTION_COLUMNS = (
     "run_id", "sample_pk", "response_id", "profile", "tokenizer", "strategy", "repair", "roundtrip", "notes",
     "output_ids", "reference_ids", "category", "first_diff", "n_tokens", "ref_len", "explanation", "detail",
@@ -589,14 +590,15 @@ RECONSTRUCTION_COLUMNS = (
 )
 _UPSERT_RECONSTRUCTION = (
     "INSERT INTO reconstructions (run_id, sample_pk, response_id, profile, tokenizer, strategy, repair, roundtrip, "
-    "notes, output_ids, reference_ids, category, first_diff, n_tokens, ref_len, explanation, detail, created_at) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "notes, output_ids, reference_ids, category, first_diff, n_tokens, ref_len, explanation, detail, created_at, "
+    "n_diff) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, "
+    f"{N_DIFF_SQL.format(detail='?17')}) "
     "ON CONFLICT (run_id, sample_pk) DO UPDATE SET response_id = excluded.response_id, profile = excluded.profile, "
     "tokenizer = excluded.tokenizer, strategy = excluded.strategy, repair = excluded.repair, "
     "roundtrip = excluded.roundtrip, notes = excluded.notes, output_ids = excluded.output_ids, "
     "reference_ids = excluded.reference_ids, category = excluded.category, first_diff = excluded.first_diff, "
     "n_tokens = excluded.n_tokens, ref_len = excluded.ref_len, explanation = excluded.explanation, "
-    "detail = excluded.detail, created_at = excluded.created_at"
+    "detail = excluded.detail, created_at = excluded.created_at, n_diff = excluded.n_diff"
 )
 
 

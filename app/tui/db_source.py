@@ -108,12 +108,12 @@ class DatabaseReader:
                 rows = self._page_sorted(verdicts, text_sql, text_args, order, offset, limit)
             names = self._names([row[0] for row in rows])
         page = tuple(
-            MismatchRow(names[pk][0], names[pk][1], category, first, ref_len, n_tokens, _n_diff(detail), pk)
-            for pk, category, first, ref_len, n_tokens, detail in rows
+            MismatchRow(names[pk][0], names[pk][1], category, first, ref_len, n_tokens, _n_diff(n_diff), pk)
+            for pk, category, first, ref_len, n_tokens, n_diff in rows
         )
         return MismatchPage(page, total, offset)
 
-    _COLUMNS = "r.sample_pk, r.category, r.first_diff, r.ref_len, r.n_tokens, r.detail"
+    _COLUMNS = "r.sample_pk, r.category, r.first_diff, r.ref_len, r.n_tokens, r.n_diff"
     _FROM = "reconstructions AS r"
     # CROSS JOIN keeps reconstructions outermost: a text filter then reads only the non-exact rows.
     _CROSS = "reconstructions AS r CROSS JOIN samples AS s ON s.pk = r.sample_pk"
@@ -165,8 +165,9 @@ class DatabaseReader:
         return list(reversed(rows)) if direction == "DESC" else rows
 
     def _page_sorted(self, verdicts, text_sql, text_args, order, offset, limit) -> list[tuple]:
-        # No index serves these orders: sort every match once (in Python, by key) and keep the order of
-        # keys for SORT_CACHE_S, so turning pages is a slice plus a lookup of `limit` rows.
+        # Without a text filter an index serves each order (below). Otherwise sort every match once (in
+        # Python, by key) and keep the order of keys for SORT_CACHE_S, so turning pages is a slice plus a
+        # lookup of `limit` rows.
         if order == "first_diff" and not text_sql:
             # Samples with a first difference come in order from a partial index: a page reads about
             # offset + limit index entries. Only a page reaching past them (into samples without one) sorts.
@@ -179,6 +180,16 @@ class DatabaseReader:
             )]
             if len(pks) == limit:
                 return self._rows_for(pks)
+        if order == "n_diff" and not text_sql:
+            # The n_diff index holds every reconstruction (NULLs, from rows written outside the store, last):
+            # a page reads about offset + limit index entries and is complete even when short.
+            marks = ", ".join("?" * len(verdicts))
+            return self._rows_for([row[0] for row in self._conn.execute(
+                "SELECT r.sample_pk FROM reconstructions AS r INDEXED BY reconstructions_by_run_n_diff "
+                f"WHERE r.run_id = ? AND r.category IN ({marks}) "
+                "ORDER BY r.n_diff DESC, r.sample_pk LIMIT ? OFFSET ?",
+                [self.run_id, *verdicts, limit, offset],
+            )])
         key = (verdicts, text_sql, tuple(text_args), order)
         cached = self._sorted.get(key)
         now = time.monotonic()
@@ -186,14 +197,15 @@ class DatabaseReader:
             marks = ", ".join("?" * len(verdicts))
             source = self._CROSS if text_sql else self._FROM
             rows = self._conn.execute(
-                f"SELECT r.sample_pk, r.first_diff, r.detail FROM {source} "
+                f"SELECT r.sample_pk, r.first_diff, r.n_diff FROM {source} "
                 f"WHERE r.run_id = ? AND r.category IN ({marks}){text_sql}",
                 [self.run_id, *verdicts, *text_args],
             ).fetchall()
             if order == "first_diff":
                 rows.sort(key=lambda row: (row[1] is None, row[1] or 0, row[0]))
             else:
-                rows.sort(key=lambda row: (-_n_diff(row[2]), row[0]))
+                # as SQL's ORDER BY n_diff DESC, sample_pk (NULL last), so both paths agree
+                rows.sort(key=lambda row: (row[2] is None, -(row[2] or 0), row[0]))
             cached = self._sorted[key] = (now, [row[0] for row in rows])
         return self._rows_for(cached[1][offset : offset + limit])
 
@@ -359,10 +371,10 @@ def _text_condition(text: str) -> tuple[str, list[Any]]:
     return sql, [pattern, pattern, pattern]
 
 
-def _n_diff(detail: str | None) -> int:
-    """Tokens differing, from a reconstruction's stored spans (the longer side of each span)."""
-    spans = _json(detail, {}).get("spans") or []
-    return sum(max(ref_end - ref_start, rec_end - rec_start) for ref_start, ref_end, rec_start, rec_end in spans)
+def _n_diff(n_diff: int | None) -> int:
+    """Tokens differing, from the reconstruction's n_diff column (`app.store.schema.N_DIFF_SQL` over its
+    spans; NULL, for a row written outside the store, reads as 0)."""
+    return n_diff or 0
 
 
 def _json(text: str | None, default: Any) -> Any:

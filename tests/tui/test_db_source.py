@@ -29,6 +29,19 @@ def test_pages_turned_by_key_match_pages_by_offset(run_db: Path, order: str) -> 
     assert sum(len(rows) for rows in by_offset) == 160
 
 
+def test_tokens_differing_order_by_index_matches_the_sorted_path(run_db: Path) -> None:
+    reader = AttachedSource(run_db).reader
+    # no text filter: the n_diff index; a filter every sample id matches ("s"): the Python sort
+    def rows(text: str) -> list:
+        pages = (reader.mismatch_page(MISMATCH_VERDICTS, text, "n_diff", offset, 30) for offset in range(0, 160, 30))
+        return [row for page in pages for row in page.rows]
+
+    indexed, sorted_ = rows(""), rows("s")
+    assert len(indexed) == 160 and indexed == sorted_
+    keys = [(-row.n_diff, row.pk) for row in indexed]
+    assert keys == sorted(keys) and indexed[0].n_diff > indexed[-1].n_diff
+
+
 def test_mismatch_rows_carry_lengths_and_tokens_differing(run_db: Path) -> None:
     reader = AttachedSource(run_db).reader
     page = reader.mismatch_page(("truncated",), "", "sample", 0, 5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import sqlite3
@@ -233,8 +234,13 @@ async def test_pause_and_resume_from_keyboard_reach_the_in_process_control() -> 
         await settle(pilot)
         await pilot.press("p")
         await settle(pilot)
-        app.screen.poll()
-        await settle(pilot)
+        # the dashboard backs off after a slow fetch (a loaded machine), so poll until the status catches up
+        for _ in range(100):
+            app.screen.poll()
+            await settle(pilot)
+            if "PAUSED" in str(app.screen.query_one("#run-status").render()):
+                break
+            await asyncio.sleep(0.05)
         assert "PAUSED" in str(app.screen.query_one("#run-status").render())
         await pilot.press("p")
         await settle(pilot)
