@@ -68,24 +68,6 @@ def timed(fn) -> tuple[float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def bare_forward(target, batches: list[list[list[int]]]) -> None:
-    """The decoder forward over the same padded batches (the baseline); nothing kept."""
-    import torch
-
-    with torch.inference_mode():
-        for rows in batches:
-            width = len(rows[0])
-            ids = torch.full((len(rows), width), target.pad_id, dtype=torch.long)
-            mask = torch.zeros((len(rows), width), dtype=torch.long)
-            for r, row in enumerate(rows):
-                ids[r, : len(row)] = torch.tensor(row)
-                mask[r, : len(row)] = 1
-            target.decoder(input_ids=ids.to(target.input_device), attention_mask=mask.to(target.input_device),
-                           use_cache=False)
-    if target.input_device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=48)
@@ -130,10 +112,10 @@ def main() -> int:
             shutil.rmtree(options.out_dir, ignore_errors=True)
             options.out_dir.mkdir()
 
-        bare_forward(target, batches[:1])  # warm up kernels and allocator
+        target.bare_forward(batches[:1])  # warm up kernels and allocator
         runs: dict[str, list[tuple[float, float]]] = {"baseline": [], "extractor": []}
         for _ in range(args.repeats):  # alternate, so drifting load hits both alike
-            runs["baseline"].append(timed(lambda: bare_forward(target, batches)))
+            runs["baseline"].append(timed(lambda: target.bare_forward(batches)))
             fresh_out()
             runs["extractor"].append(timed(extractor))
         out_bytes = (options.out_dir / "shard_0.safetensors").stat().st_size

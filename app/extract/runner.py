@@ -166,6 +166,23 @@ class TargetModel:
 
         return hook
 
+    def bare_forward(self, batches: Iterable[Sequence[Sequence[int]]]) -> None:
+        """The decoder forward alone over the same right-padded batches, nothing kept or copied: the baseline
+        that benchmarks and the GPU check time the extractor against. Waits for the GPU before returning."""
+        torch = self._torch
+        with torch.inference_mode():
+            for rows in batches:
+                width = max(len(r) for r in rows)
+                ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+                mask = torch.zeros((len(rows), width), dtype=torch.long)
+                for r, row in enumerate(rows):
+                    ids[r, : len(row)] = torch.tensor(row)
+                    mask[r, : len(row)] = 1
+                self.decoder(input_ids=ids.to(self.input_device), attention_mask=mask.to(self.input_device),
+                             use_cache=False)
+        if self.input_device.type == "cuda":
+            torch.cuda.synchronize()
+
     def capture(self, rows: Sequence[Sequence[int]]) -> CapturedBatch:
         """Queue one forward over `rows` (right-padded, with an attention mask) and the copies of its
         unpadded states to host memory; returns at once on a GPU (wait on `CapturedBatch.ready`)."""
