@@ -348,5 +348,18 @@ UPDATE reconstructions SET n_diff = (SELECT COALESCE(SUM(MAX(json_extract(value,
 CREATE INDEX reconstructions_by_run_n_diff ON reconstructions (run_id, n_diff DESC, sample_pk, category);
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
+# Version 5 (this round; unreleased until it lands, so its text may still grow — append, one comment header
+# per concern): where each sample's ids came from, and the flags that mark a sample suspect without ground
+# truth. Each concern adds its own statements below its header.
+# - reconstructions.ids_source: server | logprobs | reference | text — the source of output_ids
+#   ("text" = re-encoded from the returned text); NULL on rows written before v5.
+# - reconstructions.flags: JSON list of suspect flags (e.g. "replacement_char", "marker_in_text",
+#   "normaliser_changes", "missing_template_whitespace"); NULL or [] when none.
+_V5 = """
+-- provenance and suspect flags (issues 12, 13)
+ALTER TABLE reconstructions ADD COLUMN ids_source TEXT;
+ALTER TABLE reconstructions ADD COLUMN flags TEXT;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
 SCHEMA_VERSION = len(MIGRATIONS)
