@@ -8,6 +8,7 @@ share them without importing each other's dependencies.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 
@@ -90,9 +91,40 @@ class Reconstruction:
     notes: tuple[str, ...] = ()
 
 
-VERDICTS = ("exact", "bpe_equivalent", "text_mismatch", "structure_mismatch", "truncated", "unchecked")
-BENIGN_VERDICTS = ("exact", "bpe_equivalent")
-CORRUPT_VERDICTS = ("text_mismatch", "structure_mismatch")
+class Category(StrEnum):
+    """The six verdict categories (`Verdict.category`, the `reconstructions.category` column).
+
+    A StrEnum: each member equals its string ("exact" == Category.EXACT), so rows read back from
+    SQLite, JSON reports and dict keys need no conversion.
+    """
+
+    EXACT = "exact"  # the rebuilt ids equal the reference ids
+    BPE_EQUIVALENT = "bpe_equivalent"  # same text, a different BPE split
+    TEXT_MISMATCH = "text_mismatch"  # the decoded text differs
+    STRUCTURE_MISMATCH = "structure_mismatch"  # the special-token layout differs (a rebuild logic bug)
+    TRUNCATED = "truncated"  # the response stopped at max_tokens: agrees with the reference up to there
+    UNCHECKED = "unchecked"  # no reference to compare against
+
+
+VERDICTS: tuple[Category, ...] = tuple(Category)
+# Benign: the ids are a faithful encoding of the WHOLE response, fit to train on as they are.
+# `truncated` is not benign: the sample has no end-of-turn (exports leave it out unless asked) even
+# though its ids agree with the reference as far as they go; nor is it corrupt.
+BENIGN_VERDICTS: tuple[Category, ...] = (Category.EXACT, Category.BPE_EQUIVALENT)
+CORRUPT_VERDICTS: tuple[Category, ...] = (Category.TEXT_MISMATCH, Category.STRUCTURE_MISMATCH)
+# The rebuild agrees with the reference as far as both go (benign, or cut short): what a rebuild check
+# that asks "did I reproduce the reference?" accepts.
+AGREEING_VERDICTS: tuple[Category, ...] = (*BENIGN_VERDICTS, Category.TRUNCATED)
+
+
+def is_benign(category: str) -> bool:
+    """True for a verdict whose ids can be trained on as they are (exact, bpe_equivalent)."""
+    return category in BENIGN_VERDICTS
+
+
+def is_corrupt(category: str) -> bool:
+    """True for a verdict whose ids do not encode the response (text or structure mismatch)."""
+    return category in CORRUPT_VERDICTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +139,7 @@ class DiffSpan:
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """How reconstructed ids compare with reference ids (see VERDICTS)."""
+    """How reconstructed ids compare with reference ids; `category` is one of `Category` (see VERDICTS)."""
 
     category: str
     first_diff: int | None = None

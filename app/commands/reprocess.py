@@ -11,9 +11,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from app.errors import InputError
+
+if TYPE_CHECKING:
+    from app.store.rows import ReconstructionRow
 
 EXAMPLE = """\
 eaglewatch reprocess --db eaglewatch.db
@@ -30,62 +33,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print verdict counts before and after as JSON")
 
 
-def completion_from_row(row: dict[str, Any]):
-    """A Completion rebuilt from a `responses` row (tool calls, logprobs and server ids included)."""
-    from app.records import Completion, TokenLogprob, ToolCall
-    from app.store.ids import unpack_ids
-
-    calls = tuple(
-        ToolCall(id=c.get("id", ""), name=c.get("name", ""), arguments=c.get("arguments", ""),
-                 index=c.get("index", i), type=c.get("type", "function"))
-        for i, c in enumerate(json.loads(row["tool_calls"]) if row["tool_calls"] else [])
-    )
-    lp = json.loads(row["logprobs"]) if row["logprobs"] else {}
-
-    def logprobs(key: str):
-        seq = lp.get(key)
-        if seq is None:
-            return None
-        return tuple(TokenLogprob(t[0], tuple(t[1]) if t[1] is not None else None, float(t[2])) for t in seq)
-
-    return Completion(
-        content=row["content"] or "",
-        reasoning=row["reasoning"],
-        tool_calls=calls,
-        finish_reason=row["finish_reason"],
-        content_logprobs=logprobs("content"),
-        reasoning_logprobs=logprobs("reasoning"),
-        token_ids=unpack_ids(row["token_ids"]),
-        provider=row["provider"],
-        model=row["model"],
-    )
-
-
-def reconstruction_row(run_id: int, sample_pk: int, response_id: int | None, profile: str, fingerprint: str,
-                       rec, verdict, reference_ids) -> tuple:
-    """Parameters for the store's reconstruction upsert (same column order as RunStore.record_result)."""
-    import time
-
-    from app.store.ids import pack_ids
-
-    return (
-        run_id, sample_pk, response_id, profile, fingerprint, rec.strategy, rec.repair,
-        None if rec.roundtrip is None else int(rec.roundtrip),
-        json.dumps(list(rec.notes)), pack_ids(rec.output_ids), pack_ids(reference_ids), verdict.category,
-        verdict.first_diff, len(rec.output_ids),
-        verdict.ref_len if verdict.ref_len is not None else (len(reference_ids) if reference_ids is not None else None),
-        verdict.explanation,
-        json.dumps({"spans": [[s.ref_start, s.ref_end, s.rec_start, s.rec_end] for s in verdict.spans]}),
-        time.time(),
-    )
-
-
 def run(args: argparse.Namespace) -> int:
     import asyncio
     from concurrent.futures import ThreadPoolExecutor
 
-    from app.store.ids import unpack_ids
-    from app.store.queries import connect_readonly, resolve_run, verdict_counts
+    from app.store.queries import connect_readonly, latest_completions, resolve_run, verdict_counts
+    from app.store.rows import ReconstructionRow, StoredCompletion, reconstruction_row
     from app.tokens import Reconstructor, get_profile, load_tokenizer
 
     db = Path(args.db)
@@ -98,13 +51,7 @@ def run(args: argparse.Namespace) -> int:
         if not tokenizer_dir:
             raise InputError(f"{db}: run {run_row.name} stores no model.tokenizer; pass --tokenizer DIR")
         before = verdict_counts(conn, run_row.id)
-        conn.row_factory = _dict_row
-        rows = conn.execute(
-            "SELECT s.pk AS sample_pk, s.sample_id, s.reference_ids, r.* FROM samples s "
-            "JOIN responses r ON r.id = (SELECT id FROM responses WHERE sample_pk = s.pk AND error_class IS NULL "
-            "AND content IS NOT NULL ORDER BY attempt DESC, id DESC LIMIT 1) WHERE s.run_id = ? ORDER BY s.pk",
-            (run_row.id,),
-        ).fetchall()
+        rows = latest_completions(conn, run_row.id)
     finally:
         conn.close()
 
@@ -112,10 +59,11 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(tokenizer_dir, profile.pretokenizer_pattern)
     reconstructor = Reconstructor(profile, tokenizer)
 
-    def one(row: dict[str, Any]) -> tuple:
-        ref = unpack_ids(row["reference_ids"])
-        rec, verdict = reconstructor.process(completion_from_row(row), ref)
-        return reconstruction_row(run_row.id, row["sample_pk"], row["id"], profile.name, tokenizer.fingerprint, rec, verdict, ref)
+    def one(stored: StoredCompletion) -> ReconstructionRow:
+        rec, verdict = reconstructor.process(stored.completion, stored.reference_ids)
+        return reconstruction_row(run_row.id, stored.sample_pk, rec, verdict, stored.reference_ids,
+                                  response_id=stored.response_id, profile=profile.name,
+                                  tokenizer=tokenizer.fingerprint)
 
     with ThreadPoolExecutor(max_workers=max(1, args.workers)) as pool:
         params = list(pool.map(one, rows))
@@ -138,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _write(db: Path, params: list[tuple]) -> None:
+async def _write(db: Path, params: list[ReconstructionRow]) -> None:
     from app.store.run_store import RunStore
 
     store = await RunStore.open(db)
@@ -150,6 +98,3 @@ async def _write(db: Path, params: list[tuple]) -> None:
     finally:
         await store.close()
 
-
-def _dict_row(cursor, row) -> dict[str, Any]:
-    return {d[0]: v for d, v in zip(cursor.description, row)}

@@ -12,27 +12,17 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from pathlib import Path
 
 from app.engine.budget import cost_per_hour, projected_total
 from app.engine.metrics import HISTORY_BUCKET_S, WINDOW_S, percentile
 from app.engine.snapshot import EndpointSnapshot, MetricsSnapshot, Rate
-from app.errors import InputError
+from app.store.db import connect_readonly  # noqa: F401  (the one connect_readonly; callers import it from here)
+from app.store.queries import resolve_run
 from app.store.tallies import failed_by_class, response_tallies, sample_counts, strategy_counts, verdict_counts
 
 # A stored attempt succeeded when it carries no error class (failed attempts always carry one); the same
 # test the response tallies use, so windowed rates and totals agree.
 _SUCCESS = "error_class IS NULL"
-
-
-def connect_readonly(path: str | Path) -> sqlite3.Connection:
-    """A read-only connection to a run database, or InputError naming the file."""
-    p = Path(path)
-    if not p.exists():
-        raise InputError(f"{p}: no such run database; start a run with 'eaglewatch run' first")
-    conn = sqlite3.connect(f"file:{p}?mode=ro", uri=True, check_same_thread=False)
-    conn.execute("PRAGMA busy_timeout = 2000")
-    return conn
 
 
 def _window(conn: sqlite3.Connection, run_id: int, now: float) -> list[tuple]:
@@ -80,21 +70,8 @@ _LATENCY, _TTFT = 4, 5
 def snapshot_from_db(conn: sqlite3.Connection, run_name: str | None = None, *, now: float | None = None) -> MetricsSnapshot:
     """The snapshot of run `run_name` (the only run when None) as the database records it."""
     now = time.time() if now is None else now
-    runs = [tuple(r) for r in conn.execute("SELECT id, name, state, reason, config, created_at FROM runs ORDER BY id")]
-    if not runs:
-        raise InputError("the database holds no run yet; start one with 'eaglewatch run'")
-    if run_name is None:
-        if len(runs) > 1:
-            names = ", ".join(r[1] for r in runs)
-            raise InputError(f"the database holds several runs ({names}); choose one with --run NAME")
-        row = runs[0]
-    else:
-        matches = [r for r in runs if r[1] == run_name]
-        if not matches:
-            names = ", ".join(r[1] for r in runs)
-            raise InputError(f"no run named {run_name!r} in the database (runs: {names})")
-        row = matches[0]
-    run_id, name, state, reason, config_json, created = tuple(row)
+    run = resolve_run(conn, run_name)
+    run_id, name, state, reason, created = run.id, run.name, run.state, run.reason, run.created_at
     counts = sample_counts(conn, run_id)
     first = conn.execute("SELECT MIN(created_at) FROM responses WHERE run_id = ?", (run_id,)).fetchone()[0]
     started = first or created
@@ -139,13 +116,7 @@ def snapshot_from_db(conn: sqlite3.Connection, run_name: str | None = None, *, n
     pending, leased = counts.get("pending", 0), counts.get("leased", 0)
     remaining = pending + leased
     speed = rate.req_s_1m or rate.req_s_10s
-    budget = None
-    try:
-        import json
-
-        budget = (json.loads(config_json or "{}").get("limits") or {}).get("budget_usd")
-    except ValueError:
-        pass
+    budget = (run.config.get("limits") or {}).get("budget_usd")
     retried = sum(errors.values())
     return MetricsSnapshot(
         run_name=name, state=state, state_reason=reason, started_at=started, elapsed_s=now - started,

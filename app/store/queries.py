@@ -1,208 +1,99 @@
-"""Read-only queries for the faces (TUI, attach mode, `status`): plain sqlite3, safe from a thread.
+"""The read side of the run database: every query the faces run (TUI in-process and attached, `status`,
+`watch`, `reprocess`), over plain read-only sqlite3 connections that WAL lets run beside the writer.
 
-Open the connection with `connect_readonly(path)`; WAL lets these run while a writer commits. Every
-function takes the connection first and returns frozen records or plain dicts; none writes.
+Functions take the connection first and return the records of `app.store.rows`; none writes.
+`RunReader` holds one connection for one run behind a lock, for faces that query from thread workers.
+
+The mismatch list (`mismatch_page`) has ONE set of sort orders (`MISMATCH_ORDERS`) and ONE text filter:
+- sample / recent: sample order, ascending / descending (samples are leased in pk order, so `recent` is
+  newest results first); keyset pages over the (run, category, sample) index, about `limit` index entries
+  per verdict at any depth;
+- verdict: by category, then sample; keyset over the same index;
+- first_diff: earliest first difference first (rows without one last); the partial (run, first_diff) index;
+- n_diff: most tokens differing first; the (run, n_diff) index;
+- longest: most rebuilt tokens first; no index: every match is sorted once and the order is reused for
+  SORT_CACHE_S (as first_diff and n_diff are when a text filter is set).
+The text filter matches a literal substring (LIKE wildcards are escaped) of the sample id, the dataset or
+the verdict's explanation.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
 
 from app.errors import InputError
-from app.records import VERDICTS
+from app.records import VERDICTS, Category
 from app.store import tallies
 from app.store.db import connect_readonly
 from app.store.ids import unpack_ids
+from app.store.rows import (
+    RECONSTRUCTION_SELECT,
+    RUN_SELECT,
+    EventRow,
+    JobShardRow,
+    JobSummary,
+    MismatchPage,
+    MismatchRow,
+    ReconstructionRow,
+    RunRow,
+    SampleDetail,
+    StoredCompletion,
+    decode_completion,
+    decode_reconstruction,
+    decode_run,
+    loads,
+)
 from app.store.schema import SAMPLE_STATES
 
 __all__ = [
-    "connect_readonly",
-    "RunRow",
-    "MismatchRow",
-    "ResponseRow",
-    "ReconstructionRow",
-    "SampleDetail",
-    "EventRow",
-    "JobRow",
-    "JobShardRow",
-    "MISMATCH_ORDERS",
-    "list_runs",
-    "run_by_name",
-    "resolve_run",
-    "state_counts",
-    "verdict_counts",
-    "strategy_counts",
-    "cost_total",
-    "mismatch_page",
-    "mismatch_count",
-    "sample_detail",
-    "reconstruction_ids",
-    "events_tail",
-    "jobs",
-    "job_shards",
+    "connect_readonly", "RunReader", "RunRow", "MismatchRow", "MismatchPage", "SampleDetail", "EventRow",
+    "JobSummary", "JobShardRow", "MISMATCH_ORDERS", "MISMATCH_VERDICTS", "SORT_CACHE_S", "SortCache",
+    "list_runs", "run_by_name", "resolve_run", "state_counts", "verdict_counts", "strategy_counts", "cost_total",
+    "mismatch_page", "mismatch_count", "sample_detail", "reconstruction_of", "latest_completions", "events_tail", "job_summaries",
+    "latest_shard_log",
 ]
 
+T = TypeVar("T")
 
-@dataclass(frozen=True, slots=True)
-class RunRow:
-    id: int
-    name: str
-    state: str
-    reason: str | None
-    created_at: float
-    updated_at: float
-    config: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class MismatchRow:
-    """One reconstruction in a verdict list (ids not included: fetch them with reconstruction_ids)."""
-
-    sample_pk: int
-    sample_id: str
-    dataset: str
-    category: str
-    first_diff: int | None
-    n_tokens: int
-    ref_len: int | None
-    strategy: str
-    repair: str | None
-    explanation: str | None
+# The verdicts the mismatch list shows (everything but exact), in filter-cycling order.
+MISMATCH_VERDICTS: tuple[Category, ...] = tuple(v for v in VERDICTS if v != Category.EXACT)
+# Sort orders of the mismatch list: key -> caption (see the module docstring for how each is served).
+MISMATCH_ORDERS: dict[str, str] = {
+    "sample": "sample id",
+    "recent": "most recent first",
+    "verdict": "verdict",
+    "first_diff": "first difference",
+    "n_diff": "tokens differing (most first)",
+    "longest": "longest first",
+}
+SORT_CACHE_S = 10.0  # how long a computed sort order (no index serves it) is reused
 
 
-@dataclass(frozen=True, slots=True)
-class ResponseRow:
-    id: int
-    attempt: int
-    endpoint: str
-    provider: str | None
-    model: str | None
-    finish_reason: str | None
-    reasoning: str | None
-    content: str | None
-    tool_calls: list[dict[str, Any]] | None
-    prompt_tokens: int
-    completion_tokens: int
-    reasoning_tokens: int
-    cached_tokens: int
-    cost_usd: float
-    latency_ms: float | None
-    ttft_ms: float | None
-    error_class: str | None
-    error: str | None
-    created_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class ReconstructionRow:
-    response_id: int | None
-    profile: str
-    tokenizer: str
-    strategy: str
-    repair: str | None
-    roundtrip: bool | None
-    notes: tuple[str, ...]
-    output_ids: tuple[int, ...]
-    reference_ids: tuple[int, ...] | None
-    category: str
-    first_diff: int | None
-    n_tokens: int
-    ref_len: int | None
-    explanation: str | None
-    spans: tuple[tuple[int, int, int, int], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class SampleDetail:
-    """Everything the detail screen shows for one sample."""
-
-    pk: int
-    sample_id: str
-    dataset: str
-    state: str
-    attempts: int
-    messages: list[dict[str, Any]]
-    tools: list[Any] | None
-    reference_ids: tuple[int, ...] | None
-    reference_finish: str | None
-    error_class: str | None
-    last_error: str | None
-    response: ResponseRow | None
-    reconstruction: ReconstructionRow | None
-    attempts_log: tuple[ResponseRow, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class EventRow:
-    id: int
-    ts: float
-    level: str
-    kind: str
-    message: str
-
-
-@dataclass(frozen=True, slots=True)
-class JobRow:
-    id: int
-    run_id: int | None
-    name: str
-    executor: str
-    state: str
-    n_shards: int
-    output_dir: str | None
-    external_id: str | None
-    error: str | None
-    created_at: float
-    started_at: float | None
-    ended_at: float | None
-    spec: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class JobShardRow:
-    job_id: int
-    shard: int
-    state: str
-    pid: int | None
-    external_id: str | None
-    done: int
-    total: int
-    tokens: int
-    exit_code: int | None
-    log_path: str | None
-    output_path: str | None
-    error: str | None
-    started_at: float | None
-    ended_at: float | None
-
-
-# ---------------------------------------------------------------------------------------------- runs
-
-
-def _run(r: sqlite3.Row | tuple[Any, ...]) -> RunRow:
-    return RunRow(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6] or "{}"))
-
-
-_RUN_COLS = "id, name, state, reason, created_at, updated_at, config"
+# ============================================================================================== runs
 
 
 def list_runs(conn: sqlite3.Connection) -> list[RunRow]:
     """Every run in the database, oldest first."""
-    return [_run(r) for r in conn.execute(f"SELECT {_RUN_COLS} FROM runs ORDER BY id")]
+    return [decode_run(r) for r in conn.execute(f"SELECT {RUN_SELECT} FROM runs ORDER BY id")]
 
 
 def run_by_name(conn: sqlite3.Connection, name: str) -> RunRow | None:
     """The run called `name`, or None."""
-    r = conn.execute(f"SELECT {_RUN_COLS} FROM runs WHERE name = ?", (name,)).fetchone()
-    return _run(r) if r else None
+    r = conn.execute(f"SELECT {RUN_SELECT} FROM runs WHERE name = ?", (name,)).fetchone()
+    return decode_run(r) if r else None
 
 
 def resolve_run(conn: sqlite3.Connection, name: str | None, *, db_label: str = "the database") -> RunRow:
-    """The run named `name`, or the only run when `name` is None; InputError naming the choices otherwise."""
+    """The run named `name`, or the only run when `name` is None; InputError naming the choices otherwise.
+
+    The one way every face chooses the run of a database.
+    """
     runs = list_runs(conn)
     if name is not None:
         for run in runs:
@@ -218,7 +109,7 @@ def resolve_run(conn: sqlite3.Connection, name: str | None, *, db_label: str = "
     return runs[0]
 
 
-# ---------------------------------------------------------------------------------------------- counts
+# ============================================================================================== counts
 
 
 def state_counts(conn: sqlite3.Connection, run_id: int) -> dict[str, int]:
@@ -230,7 +121,7 @@ def state_counts(conn: sqlite3.Connection, run_id: int) -> dict[str, int]:
 
 def verdict_counts(conn: sqlite3.Connection, run_id: int) -> dict[str, int]:
     """Reconstructions per verdict category; every category of VERDICTS present. Reads the maintained tally."""
-    out = dict.fromkeys(VERDICTS, 0)
+    out = {str(v): 0 for v in VERDICTS}
     out.update(tallies.verdict_counts(conn, run_id))
     return out
 
@@ -246,224 +137,293 @@ def cost_total(conn: sqlite3.Connection, run_id: int) -> float:
     return float(sum(t.cost_usd for t in tallies.response_tallies(conn, run_id)))
 
 
-# ---------------------------------------------------------------------------------------------- mismatches
+# ============================================================================================== mismatches
 
-# order name -> ORDER BY clause; every one ends in a unique key so pages are stable
-MISMATCH_ORDERS: dict[str, str] = {
-    "sample": "r.sample_pk",
-    "first_diff": "r.first_diff IS NULL, r.first_diff, r.sample_pk",
-    "longest": "r.n_tokens DESC, r.sample_pk",
-    "recent": "r.sample_pk DESC",  # samples are leased in pk order, so the newest results come first
+
+class SortCache:
+    """Orders computed by sorting every match (no index serves them), kept SORT_CACHE_S per filter."""
+
+    def __init__(self, ttl_s: float = SORT_CACHE_S) -> None:
+        self.ttl_s = ttl_s
+        self._orders: dict[tuple[Any, ...], tuple[float, list[int]]] = {}
+
+    def get(self, key: tuple[Any, ...], compute: Callable[[], list[int]]) -> list[int]:
+        """The cached order for `key`, or `compute()`'s (then kept)."""
+        now = time.monotonic()
+        hit = self._orders.get(key)
+        if hit is None or now - hit[0] > self.ttl_s:
+            hit = self._orders[key] = (now, compute())
+        return hit[1]
+
+    def clear(self) -> None:
+        """Forget every order (the next page of each sorts again)."""
+        self._orders.clear()
+
+
+_COLUMNS = "r.sample_pk, r.category, r.first_diff, r.ref_len, r.n_tokens, r.n_diff"
+_FROM = "reconstructions AS r"
+# CROSS JOIN keeps reconstructions outermost: a text filter then reads only the chosen verdicts' rows.
+_CROSS = "reconstructions AS r CROSS JOIN samples AS s ON s.pk = r.sample_pk"
+# sort keys of the orders served by sorting in Python, over (pk, first_diff, n_diff, n_tokens); each ends in
+# the pk, so pages are stable, and matches SQL's NULLS-last ordering of the indexed paths
+_SORT_KEYS: dict[str, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {
+    "first_diff": lambda r: (r[1] is None, r[1] or 0, r[0]),
+    "n_diff": lambda r: (r[2] is None, -(r[2] or 0), r[0]),
+    "longest": lambda r: (-(r[3] or 0), r[0]),
 }
 
 
-def _mismatch_where(run_id: int, verdicts: Iterable[str] | None, text: str | None) -> tuple[str, list[Any]]:
-    where = ["r.run_id = ?"]
-    args: list[Any] = [run_id]
-    if verdicts is not None:
-        cats = list(verdicts)
-        unknown = [c for c in cats if c not in VERDICTS]
-        if unknown:
-            raise ValueError(f"unknown verdicts {unknown}; expected some of {', '.join(VERDICTS)}")
-        if not cats:
-            where.append("0")
-        else:
-            where.append(f"r.category IN ({','.join('?' * len(cats))})")
-            args += cats
-    if text:
-        where.append("(s.sample_id LIKE ? ESCAPE '\\' OR r.explanation LIKE ? ESCAPE '\\')")
-        pat = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        args += [pat, pat]
-    return " AND ".join(where), args
+def _text_condition(text: str | None) -> tuple[str, list[Any]]:
+    """The SQL (samples joined as `s`) matching `text` literally in a sample id, dataset or explanation."""
+    if not text:
+        return "", []
+    pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+    sql = (" AND (s.sample_id LIKE ? ESCAPE '\\' OR s.dataset LIKE ? ESCAPE '\\'"
+           " OR r.explanation LIKE ? ESCAPE '\\')")
+    return sql, [pattern, pattern, pattern]
+
+
+def _verdicts(verdicts: Iterable[str] | None) -> tuple[str, ...]:
+    chosen = tuple(sorted({str(v) for v in (VERDICTS if verdicts is None else verdicts)}))
+    unknown = [v for v in chosen if v not in VERDICTS]
+    if unknown:
+        raise ValueError(f"unknown verdicts {unknown}; expected some of {', '.join(VERDICTS)}")
+    return chosen
+
+
+def mismatch_count(conn: sqlite3.Connection, run_id: int, verdicts: Iterable[str] | None = MISMATCH_VERDICTS,
+                   text: str | None = None) -> int:
+    """How many rows `mismatch_page` pages through with the same filters (verdicts None: every verdict)."""
+    chosen = _verdicts(verdicts)
+    if not chosen:
+        return 0
+    text_sql, text_args = _text_condition(text)
+    return conn.execute(
+        f"SELECT COUNT(*) FROM {_CROSS if text_sql else _FROM} WHERE r.run_id = ? "
+        f"AND r.category IN ({', '.join('?' * len(chosen))}){text_sql}",
+        [run_id, *chosen, *text_args],
+    ).fetchone()[0]
 
 
 def mismatch_page(
     conn: sqlite3.Connection,
     run_id: int,
-    verdicts: Iterable[str] | None = ("text_mismatch", "structure_mismatch"),
+    verdicts: Iterable[str] | None = MISMATCH_VERDICTS,
     text: str | None = None,
     order: str = "sample",
     offset: int = 0,
-    limit: int = 100,
-) -> list[MismatchRow]:
-    """One page of reconstructions with the given verdicts (None: all), filtered by `text` in id or explanation.
+    limit: int = 50,
+    *,
+    after: MismatchRow | None = None,
+    before: MismatchRow | None = None,
+    cache: SortCache | None = None,
+) -> MismatchPage:
+    """One page of reconstructions with the given verdicts (None: all), `text`-filtered, in `order`.
 
-    Pages come from an index walk (no full scan); `first_diff` walks the (run, first_diff) index, so its
-    first pages are as cheap as `sample`'s; `longest` sorts the filtered rows, which is cheap for mismatch
-    verdicts (a few percent of a run) and a full sort only for verdicts=None.
+    With `after` (`before`), a row of the neighbouring page, the sample / recent / verdict orders turn
+    pages by key and `offset` is only reported back; otherwise the page starts at `offset`. `cache` keeps
+    sorted orders between calls (a RunReader passes its own).
     """
     if order not in MISMATCH_ORDERS:
         raise ValueError(f"unknown order {order!r}; expected one of {', '.join(MISMATCH_ORDERS)}")
-    where, args = _mismatch_where(run_id, verdicts, text)
-    if order == "first_diff":
-        return _mismatch_page_by_first_diff(conn, where, args, max(0, offset), max(0, limit))
-    # With a verdict filter, walk the (run, category, sample) index: it holds only the wanted rows, and for
-    # one verdict it is already in sample order. Without one, the (run, sample) index is in page order.
-    index = "reconstructions_by_run_category" if verdicts is not None else "sqlite_autoindex_reconstructions_1"
-    sql = (
-        "SELECT r.sample_pk, s.sample_id, s.dataset, r.category, r.first_diff, r.n_tokens, r.ref_len, r.strategy, "
-        f"r.repair, r.explanation FROM reconstructions r INDEXED BY {index} JOIN samples s ON s.pk = r.sample_pk "
-        f"WHERE {where} ORDER BY {MISMATCH_ORDERS[order]} LIMIT ? OFFSET ?"
-    )
-    return [MismatchRow(*r) for r in conn.execute(sql, (*args, max(0, limit), max(0, offset)))]
-
-
-_MISMATCH_COLS = (
-    "r.sample_pk, s.sample_id, s.dataset, r.category, r.first_diff, r.n_tokens, r.ref_len, r.strategy, r.repair, "
-    "r.explanation"
-)
-
-
-def _mismatch_page_by_first_diff(
-    conn: sqlite3.Connection, where: str, args: list[Any], offset: int, limit: int
-) -> list[MismatchRow]:
-    # Rows with a first difference come in index order from reconstructions_by_run_first_diff (a partial
-    # index over exactly those rows, holding the category too): a page reads about offset + limit entries.
-    # Rows without one follow in sample order; reaching them costs a count of the first part.
-    text_filter = "s." in where
-    if text_filter:
-        head_sql = (
-            f"SELECT {_MISMATCH_COLS} FROM reconstructions r INDEXED BY reconstructions_by_run_first_diff "
-            f"JOIN samples s ON s.pk = r.sample_pk WHERE {where} AND r.first_diff IS NOT NULL "
-            "ORDER BY r.first_diff, r.sample_pk LIMIT ? OFFSET ?"
-        )
-        head_args: tuple[Any, ...] = (*args, limit, offset)
+    chosen = _verdicts(verdicts)
+    offset, limit = max(0, offset), max(0, limit)
+    if not chosen:
+        return MismatchPage((), 0, offset)
+    text_sql, text_args = _text_condition(text)
+    q = _Query(conn, run_id, chosen, text_sql, text_args)
+    total = mismatch_count(conn, run_id, chosen, text)
+    if order in ("sample", "recent"):
+        rows = q.by_sample(offset, limit, after, before, descending=order == "recent")
+    elif order == "verdict":
+        rows = q.by_verdict(offset, limit, after, before)
     else:
-        # the page's keys from the index alone (nothing read for the rows OFFSET skips), then `limit` joins
-        head_sql = (
-            f"SELECT {_MISMATCH_COLS} FROM (SELECT r.sample_pk AS pk FROM reconstructions r "
-            f"INDEXED BY reconstructions_by_run_first_diff WHERE {where} AND r.first_diff IS NOT NULL "
-            "ORDER BY r.first_diff, r.sample_pk LIMIT ? OFFSET ?) AS page "
-            "CROSS JOIN reconstructions r ON r.run_id = ? AND r.sample_pk = page.pk JOIN samples s ON s.pk = r.sample_pk"
-        )
-        head_args = (*args, limit, offset, args[0])
-    head = sorted(
-        (MismatchRow(*r) for r in conn.execute(head_sql, head_args)), key=lambda m: (m.first_diff, m.sample_pk)
+        rows = q.sorted(order, offset, limit, cache if cache is not None else SortCache(0.0))
+    names = q.names([row[0] for row in rows])
+    page = tuple(
+        MismatchRow(names[pk][0], names[pk][1], category, first, ref_len, n_tokens, n_diff or 0, pk)
+        for pk, category, first, ref_len, n_tokens, n_diff in rows
+        if pk in names
     )
-    if len(head) >= limit:
-        return head
-    if head:
-        with_diff = offset + len(head)
-    else:
-        join = " JOIN samples s ON s.pk = r.sample_pk" if text_filter else ""
-        with_diff = conn.execute(
-            f"SELECT COUNT(*) FROM reconstructions r INDEXED BY reconstructions_by_run_first_diff{join} "
-            f"WHERE {where} AND r.first_diff IS NOT NULL",
-            args,
-        ).fetchone()[0]
-    # with a verdict filter the (run, category, sample) index reads only those verdicts' rows (then sorts)
-    hint = " INDEXED BY reconstructions_by_run_category" if "r.category IN" in where else ""
-    tail = conn.execute(
-        f"SELECT {_MISMATCH_COLS} FROM reconstructions r{hint} JOIN samples s ON s.pk = r.sample_pk "
-        f"WHERE {where} AND r.first_diff IS NULL ORDER BY r.sample_pk LIMIT ? OFFSET ?",
-        (*args, limit - len(head), max(0, offset - with_diff)),
-    )
-    return head + [MismatchRow(*r) for r in tail]
+    return MismatchPage(page, total, offset)
 
 
-def mismatch_count(
-    conn: sqlite3.Connection,
-    run_id: int,
-    verdicts: Iterable[str] | None = ("text_mismatch", "structure_mismatch"),
-    text: str | None = None,
-) -> int:
-    """How many rows `mismatch_page` pages through with the same filters."""
-    where, args = _mismatch_where(run_id, verdicts, text)
-    join = " JOIN samples s ON s.pk = r.sample_pk" if text else ""
-    return conn.execute(f"SELECT COUNT(*) FROM reconstructions r{join} WHERE {where}", args).fetchone()[0]
+class _Query:
+    """The SQL of one mismatch_page call (connection, run, verdicts and text filter bound)."""
+
+    def __init__(self, conn: sqlite3.Connection, run_id: int, verdicts: tuple[str, ...], text_sql: str,
+                 text_args: list[Any]) -> None:
+        self.conn, self.run_id, self.verdicts = conn, run_id, verdicts
+        self.text_sql, self.text_args = text_sql, text_args
+        self.source = _CROSS if text_sql else _FROM
+        self.marks = ", ".join("?" * len(verdicts))
+
+    def by_sample(self, offset: int, limit: int, after: MismatchRow | None, before: MismatchRow | None,
+                  *, descending: bool) -> list[tuple[Any, ...]]:
+        # One index range per verdict, each cut at `need` rows, merged: no sort over all matches.
+        backwards = before is not None
+        anchor = before.pk if before else after.pk if after else None
+        skip = 0 if anchor is not None else offset
+        down = descending != backwards  # the direction this query walks
+        direction, compare = ("DESC", "<") if down else ("ASC", ">")
+        if anchor is None:
+            anchor = 2**63 - 1 if down else -1
+        parts, args = [], []
+        for verdict in self.verdicts:
+            parts.append(
+                f"SELECT * FROM (SELECT {_COLUMNS} FROM {self.source} WHERE r.run_id = ? AND r.category = ? "
+                f"AND r.sample_pk {compare} ?{self.text_sql} ORDER BY r.sample_pk {direction} LIMIT ?)"
+            )
+            args += [self.run_id, verdict, anchor, *self.text_args, skip + limit]
+        sql = " UNION ALL ".join(parts) + f" ORDER BY 1 {direction} LIMIT ? OFFSET ?"
+        rows = self.conn.execute(sql, [*args, limit, skip]).fetchall()
+        return rows[::-1] if backwards else rows
+
+    def by_verdict(self, offset: int, limit: int, after: MismatchRow | None,
+                   before: MismatchRow | None) -> list[tuple[Any, ...]]:
+        where = f"r.run_id = ? AND r.category IN ({self.marks}){self.text_sql}"
+        args: list[Any] = [self.run_id, *self.verdicts, *self.text_args]
+        direction, skip = "ASC", offset
+        key = after or before
+        if key is not None:
+            compare = ">" if after is not None else "<"
+            where += f" AND (r.category {compare} ? OR (r.category = ? AND r.sample_pk {compare} ?))"
+            args += [key.category, key.category, key.pk]
+            direction, skip = ("ASC" if after is not None else "DESC"), 0
+        rows = self.conn.execute(
+            f"SELECT {_COLUMNS} FROM {self.source} WHERE {where} "
+            f"ORDER BY r.category {direction}, r.sample_pk {direction} LIMIT ? OFFSET ?",
+            [*args, limit, skip],
+        ).fetchall()
+        return rows[::-1] if direction == "DESC" else rows
+
+    def sorted(self, order: str, offset: int, limit: int, cache: SortCache) -> list[tuple[Any, ...]]:
+        if not self.text_sql and order == "first_diff":
+            # Rows with a first difference come in order from a partial index: a page reads about
+            # offset + limit index entries. Only a page reaching past them (rows without one) sorts.
+            pks = self._pks(
+                "SELECT r.sample_pk FROM reconstructions AS r INDEXED BY reconstructions_by_run_first_diff "
+                f"WHERE r.run_id = ? AND r.category IN ({self.marks}) AND r.first_diff IS NOT NULL "
+                "ORDER BY r.first_diff, r.sample_pk LIMIT ? OFFSET ?", offset, limit)
+            if len(pks) == limit:
+                return self.rows_for(pks)
+        if not self.text_sql and order == "n_diff":
+            # The n_diff index holds every reconstruction (NULLs, from rows written outside the store, last):
+            # a page reads about offset + limit index entries and is complete even when short.
+            return self.rows_for(self._pks(
+                "SELECT r.sample_pk FROM reconstructions AS r INDEXED BY reconstructions_by_run_n_diff "
+                f"WHERE r.run_id = ? AND r.category IN ({self.marks}) "
+                "ORDER BY r.n_diff DESC, r.sample_pk LIMIT ? OFFSET ?", offset, limit))
+
+        def compute() -> list[int]:
+            rows = self.conn.execute(
+                f"SELECT r.sample_pk, r.first_diff, r.n_diff, r.n_tokens FROM {self.source} "
+                f"WHERE r.run_id = ? AND r.category IN ({self.marks}){self.text_sql}",
+                [self.run_id, *self.verdicts, *self.text_args],
+            ).fetchall()
+            rows.sort(key=_SORT_KEYS[order])
+            return [row[0] for row in rows]
+
+        key = (self.run_id, self.verdicts, self.text_sql, tuple(self.text_args), order)
+        return self.rows_for(cache.get(key, compute)[offset : offset + limit])
+
+    def _pks(self, sql: str, offset: int, limit: int) -> list[int]:
+        return [row[0] for row in self.conn.execute(sql, [self.run_id, *self.verdicts, limit, offset])]
+
+    def rows_for(self, pks: list[int]) -> list[tuple[Any, ...]]:
+        """The page's rows, in the order of `pks`."""
+        if not pks:
+            return []
+        found = {
+            row[0]: row
+            for row in self.conn.execute(
+                f"SELECT {_COLUMNS} FROM {_FROM} WHERE r.sample_pk IN ({', '.join('?' * len(pks))})", pks)
+        }
+        return [found[pk] for pk in pks if pk in found]
+
+    def names(self, pks: list[int]) -> dict[int, tuple[str, str]]:
+        """pk -> (sample id, dataset) of the page's samples."""
+        if not pks:
+            return {}
+        rows = self.conn.execute(
+            f"SELECT pk, sample_id, dataset FROM samples WHERE pk IN ({', '.join('?' * len(pks))})", pks)
+        return {pk: (sample_id, dataset) for pk, sample_id, dataset in rows}
 
 
-# ---------------------------------------------------------------------------------------------- one sample
-
-_RESPONSE_COLS = (
-    "id, attempt, endpoint, provider, model, finish_reason, reasoning, content, tool_calls, prompt_tokens, "
-    "completion_tokens, reasoning_tokens, cached_tokens, cost_usd, latency_ms, ttft_ms, error_class, error, created_at"
-)
+# ============================================================================================== one sample
 
 
-def _response(r: tuple[Any, ...]) -> ResponseRow:
-    vals = list(r)
-    vals[8] = json.loads(vals[8]) if vals[8] else None
-    return ResponseRow(*vals)
+def _sample_pk(conn: sqlite3.Connection, run_id: int, sample_id: str) -> int | None:
+    row = conn.execute("SELECT pk FROM samples WHERE run_id = ? AND sample_id = ?", (run_id, sample_id)).fetchone()
+    return row[0] if row else None
 
 
-def sample_detail(conn: sqlite3.Connection, run_id: int, sample_id: str) -> SampleDetail | None:
-    """The sample, its every attempt, the response its reconstruction came from, and that reconstruction."""
-    s = conn.execute(
-        "SELECT pk, sample_id, dataset, state, attempts, messages, tools, reference_ids, reference_finish, "
-        "error_class, last_error FROM samples WHERE run_id = ? AND sample_id = ?",
+def reconstruction_of(conn: sqlite3.Connection, run_id: int, sample_id: str) -> ReconstructionRow | None:
+    """The sample's current reconstruction (reference ids: the row's, else the sample's), or None."""
+    cur = conn.execute(
+        f"SELECT {', '.join('r.' + c for c in RECONSTRUCTION_SELECT.split(', '))}, s.reference_ids AS sample_ref "
+        "FROM reconstructions AS r JOIN samples AS s ON s.pk = r.sample_pk WHERE s.run_id = ? AND s.sample_id = ?",
         (run_id, sample_id),
-    ).fetchone()
-    if s is None:
-        return None
-    pk = s[0]
-    log = tuple(
-        _response(r)
-        for r in conn.execute(f"SELECT {_RESPONSE_COLS} FROM responses WHERE sample_pk = ? ORDER BY id", (pk,))
     )
-    rec = conn.execute(
-        "SELECT response_id, profile, tokenizer, strategy, repair, roundtrip, notes, output_ids, reference_ids, "
-        "category, first_diff, n_tokens, ref_len, explanation, detail FROM reconstructions WHERE sample_pk = ?",
-        (pk,),
+    row = cur.fetchone()
+    if row is None:
+        return None
+    mapping = {d[0]: v for d, v in zip(cur.description, row)}
+    if mapping["reference_ids"] is None:
+        mapping["reference_ids"] = mapping["sample_ref"]
+    return decode_reconstruction(mapping)
+
+
+def sample_detail(conn: sqlite3.Connection, run_id: int, sample_id: str, *, keep_raw: bool = False) -> SampleDetail | None:
+    """The sample, its latest attempt and its verdict (None: no such sample). `keep_raw` is the run's
+    `[run] keep_raw`, carried along so a face can say why a raw body is absent."""
+    sample = conn.execute(
+        "SELECT pk, sample_id, dataset, state, messages, last_error, reference_ids FROM samples "
+        "WHERE run_id = ? AND sample_id = ?", (run_id, sample_id),
     ).fetchone()
-    reconstruction = None
-    if rec is not None:
-        detail = json.loads(rec[14] or "{}")
-        reconstruction = ReconstructionRow(
-            response_id=rec[0],
-            profile=rec[1],
-            tokenizer=rec[2],
-            strategy=rec[3],
-            repair=rec[4],
-            roundtrip=None if rec[5] is None else bool(rec[5]),
-            notes=tuple(json.loads(rec[6] or "[]")),
-            output_ids=unpack_ids(rec[7]) or (),
-            reference_ids=unpack_ids(rec[8]),
-            category=rec[9],
-            first_diff=rec[10],
-            n_tokens=rec[11],
-            ref_len=rec[12],
-            explanation=rec[13],
-            spans=tuple(tuple(sp) for sp in detail.get("spans", ())),
-        )
-    response = None
-    if reconstruction is not None and reconstruction.response_id is not None:
-        response = next((r for r in log if r.id == reconstruction.response_id), None)
+    if sample is None:
+        return None
+    pk, sid, dataset, state, messages, last_error, reference = sample
+    rec = conn.execute("SELECT category, strategy FROM reconstructions WHERE sample_pk = ?", (pk,)).fetchone()
+    response = conn.execute(
+        "SELECT endpoint, finish_reason, reasoning, content, tool_calls, usage, cost_usd, latency_ms, ttft_ms, "
+        "error, raw FROM responses WHERE sample_pk = ? ORDER BY attempt DESC, id DESC LIMIT 1", (pk,),
+    ).fetchone()
+    common = dict(sample_id=sid, dataset=dataset, state=state, prompt=loads(messages, []),
+                  category=rec[0] if rec else None, strategy=rec[1] if rec else None, keep_raw=keep_raw,
+                  reference_ids=unpack_ids(reference))
     if response is None:
-        response = next((r for r in reversed(log) if r.error_class is None), None)
+        return SampleDetail(**common, error=last_error)
+    endpoint, finish, reasoning, content, calls, usage, cost, latency, ttft, error, raw = response
+    if raw:
+        value = loads(raw)
+        if value is not None:  # re-indented for reading (orjson's indent keeps no non-ASCII choice)
+            raw = json.dumps(value, indent=2, ensure_ascii=False)
     return SampleDetail(
-        pk=pk,
-        sample_id=s[1],
-        dataset=s[2],
-        state=s[3],
-        attempts=s[4],
-        messages=json.loads(s[5]),
-        tools=json.loads(s[6]) if s[6] is not None else None,
-        reference_ids=unpack_ids(s[7]),
-        reference_finish=s[8],
-        error_class=s[9],
-        last_error=s[10],
-        response=response,
-        reconstruction=reconstruction,
-        attempts_log=log,
+        **common, reasoning=reasoning, content=content, tool_calls=loads(calls, []), usage=loads(usage, {}),
+        cost_usd=cost or 0.0, latency_ms=latency, ttft_ms=ttft, endpoint=endpoint, finish_reason=finish,
+        error=error or last_error, raw=raw,
     )
 
 
-def reconstruction_ids(
-    conn: sqlite3.Connection, run_id: int, sample_id: str
-) -> tuple[tuple[int, ...], tuple[int, ...] | None] | None:
-    """(reconstructed ids, reference ids or None) for the diff view; None when the sample has no reconstruction."""
-    r = conn.execute(
-        "SELECT r.output_ids, COALESCE(r.reference_ids, s.reference_ids) FROM reconstructions r "
-        "JOIN samples s ON s.pk = r.sample_pk WHERE s.run_id = ? AND s.sample_id = ?",
-        (run_id, sample_id),
-    ).fetchone()
-    if r is None:
-        return None
-    return unpack_ids(r[0]) or (), unpack_ids(r[1])
+def latest_completions(conn: sqlite3.Connection, run_id: int) -> list[StoredCompletion]:
+    """Each sample's latest successful attempt with content, as a Completion, in sample order."""
+    cur = conn.execute(
+        "SELECT s.pk AS sample_pk, s.sample_id AS sample_id, s.reference_ids AS sample_ref, r.* FROM samples s "
+        "JOIN responses r ON r.id = (SELECT id FROM responses WHERE sample_pk = s.pk AND error_class IS NULL "
+        "AND content IS NOT NULL ORDER BY attempt DESC, id DESC LIMIT 1) WHERE s.run_id = ? ORDER BY s.pk",
+        (run_id,),
+    )
+    names = [d[0] for d in cur.description]
+    out = []
+    for values in cur:
+        row = dict(zip(names, values))
+        out.append(StoredCompletion(row["sample_pk"], row["sample_id"], row["id"], unpack_ids(row["sample_ref"]),
+                                    decode_completion(row)))
+    return out
 
 
-# ---------------------------------------------------------------------------------------------- events, jobs
+# ============================================================================================== events, jobs
 
 
 def events_tail(conn: sqlite3.Connection, run_id: int | None, n: int = 100, *, after_id: int = 0) -> list[EventRow]:
@@ -477,27 +437,70 @@ def events_tail(conn: sqlite3.Connection, run_id: int | None, n: int = 100, *, a
     return [EventRow(*r) for r in reversed(conn.execute(sql, args).fetchall())]
 
 
-_JOB_COLS = (
-    "id, run_id, name, executor, state, n_shards, output_dir, external_id, error, created_at, started_at, ended_at, spec"
-)
+def job_summaries(conn: sqlite3.Connection, run_id: int, limit: int = 200) -> list[JobSummary]:
+    """Jobs of the run (and jobs recorded without a run), newest first, with shard progress."""
+    rows = conn.execute(
+        "SELECT j.id, j.name, j.state, j.executor, j.n_shards, COALESCE(SUM(sh.state = 'done'), 0), "
+        "COALESCE(SUM(sh.tokens), 0), j.updated_at, MAX(sh.log_path) "
+        "FROM jobs AS j LEFT JOIN job_shards AS sh ON sh.job_id = j.id "
+        "WHERE j.run_id = ? OR j.run_id IS NULL GROUP BY j.id ORDER BY j.id DESC LIMIT ?",
+        (run_id, limit),
+    ).fetchall()
+    return [JobSummary(*r) for r in rows]
 
 
-def jobs(conn: sqlite3.Connection, run_id: int | None = None) -> list[JobRow]:
-    """Extraction jobs, newest first (all runs when run_id is None)."""
-    if run_id is None:
-        rows = conn.execute(f"SELECT {_JOB_COLS} FROM jobs ORDER BY id DESC").fetchall()
-    else:
-        rows = conn.execute(f"SELECT {_JOB_COLS} FROM jobs WHERE run_id = ? ORDER BY id DESC", (run_id,)).fetchall()
-    return [JobRow(*r[:12], json.loads(r[12] or "{}")) for r in rows]
+def latest_shard_log(conn: sqlite3.Connection, job_id: int) -> tuple[int, Path] | None:
+    """(shard, log path) of the job's most recently updated shard that has a log, or None."""
+    row = conn.execute(
+        "SELECT shard, log_path FROM job_shards WHERE job_id = ? AND log_path IS NOT NULL "
+        "ORDER BY updated_at DESC, shard DESC LIMIT 1", (job_id,),
+    ).fetchone()
+    return (row[0], Path(row[1])) if row else None
 
 
-def job_shards(conn: sqlite3.Connection, job_id: int) -> list[JobShardRow]:
-    """A job's shards in shard order."""
-    return [
-        JobShardRow(*r)
-        for r in conn.execute(
-            "SELECT job_id, shard, state, pid, external_id, done, total, tokens, exit_code, log_path, output_path, "
-            "error, started_at, ended_at FROM job_shards WHERE job_id = ? ORDER BY shard",
-            (job_id,),
-        )
-    ]
+# ============================================================================================== one run, shared
+
+
+class RunReader:
+    """One run of one database for a face that queries from thread workers: one connection, one lock."""
+
+    def __init__(self, database: Path, run_name: str | None = None) -> None:
+        self.database = Path(database)
+        self._conn = connect_readonly(self.database)
+        self._lock = threading.Lock()
+        self.sort_cache = SortCache()
+        try:
+            run = resolve_run(self._conn, run_name, db_label=str(self.database))
+        except BaseException:
+            self._conn.close()
+            raise
+        self.run: RunRow = run
+
+    @property
+    def run_id(self) -> int:
+        return self.run.id
+
+    @property
+    def run_name(self) -> str:
+        return self.run.name
+
+    @property
+    def keep_raw(self) -> bool:
+        """The run's `[run] keep_raw`, as stored with its config."""
+        return bool((self.run.config.get("run") or {}).get("keep_raw"))
+
+    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """fn(connection, *args, **kwargs) under the lock (any read function of this module, or another's)."""
+        with self._lock:
+            return fn(self._conn, *args, **kwargs)
+
+    def mismatch_page(self, verdicts: Sequence[str], text: str, order: str, offset: int, limit: int, *,
+                      after: MismatchRow | None = None, before: MismatchRow | None = None) -> MismatchPage:
+        """`mismatch_page` over this run, with this reader's sort cache."""
+        return self.call(mismatch_page, self.run_id, verdicts, text, order, offset, limit,
+                         after=after, before=before, cache=self.sort_cache)
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self._conn.close()

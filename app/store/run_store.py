@@ -15,7 +15,7 @@ import json
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,9 +26,9 @@ from app.errors import EaglewatchError, InputError
 from app.records import Completion, Reconstruction, Verdict
 from app.store.db import DEFAULT_BUSY_TIMEOUT_S, configure, migrate
 from app.store.ids import pack_ids, unpack_ids
-from app.store import tallies
+from app.store import rows, tallies
 from app.store.records import Command, IngestReport, LeasedSample, ReferenceRecord, SampleInput
-from app.store.schema import N_DIFF_SQL, RUN_STATES, SAMPLE_STATES
+from app.store.schema import RUN_STATES, SAMPLE_STATES
 from app.store.tallies import add_ingested
 
 T = TypeVar("T")
@@ -330,34 +330,17 @@ class RunStore:
         """
         if state not in SAMPLE_STATES:
             raise ValueError(f"unknown sample state {state!r}")
-        response_row = _response_row(run_id, pk, attempt, endpoint, completion, cost_usd, keep_raw)
+        response_row = rows.encode_response(run_id, pk, attempt, endpoint, completion, cost_usd, keep_raw=keep_raw)
         rec_row = None
         if reconstruction is not None:
-            v = verdict or Verdict(category="unchecked", rec_len=len(reconstruction.output_ids))
-            rec_row = (
-                run_id,
-                pk,
-                profile,
-                tokenizer,
-                reconstruction.strategy,
-                reconstruction.repair,
-                None if reconstruction.roundtrip is None else int(reconstruction.roundtrip),
-                _dumps(list(reconstruction.notes)),
-                pack_ids(reconstruction.output_ids),
-                pack_ids(reference_ids),
-                v.category,
-                v.first_diff,
-                len(reconstruction.output_ids),
-                v.ref_len if v.ref_len is not None else (len(reference_ids) if reference_ids is not None else None),
-                v.explanation,
-                _dumps({"spans": [[s.ref_start, s.ref_end, s.rec_start, s.rec_end] for s in v.spans]}),
-                time.time(),
+            rec_row = rows.reconstruction_row(
+                run_id, pk, reconstruction, verdict, reference_ids, profile=profile, tokenizer=tokenizer
             )
 
         def op(conn: sqlite3.Connection) -> int:
             response_id = conn.execute(_INSERT_RESPONSE, response_row).lastrowid
             if rec_row is not None:
-                conn.execute(_UPSERT_RECONSTRUCTION, (*rec_row[:2], response_id, *rec_row[2:]))
+                conn.execute(rows.UPSERT_RECONSTRUCTION, rows.encode_reconstruction(rec_row, response_id=response_id))
             conn.execute(
                 "UPDATE samples SET state = ?, lease_expires = NULL, error_class = NULL, last_error = NULL, "
                 "updated_at = ? WHERE pk = ? AND run_id = ?",
@@ -420,12 +403,13 @@ class RunStore:
 
     # ------------------------------------------------------------------------------------ events, commands
 
-    async def upsert_reconstructions(self, rows: list[tuple[Any, ...]]) -> int:
-        """Replace reconstruction rows (one per sample; columns in `RECONSTRUCTION_COLUMNS` order), e.g. after a
-        reprocess with a fixed tokenizer or profile. Returns the number of rows written."""
+    async def upsert_reconstructions(self, records: Iterable[rows.ReconstructionRow]) -> int:
+        """Replace reconstruction rows (one per sample), e.g. after a reprocess with a fixed tokenizer or
+        profile. Returns the number of rows written."""
+        params = [rows.encode_reconstruction(r) for r in records]
 
         def op(conn: sqlite3.Connection) -> int:
-            return conn.executemany(_UPSERT_RECONSTRUCTION, rows).rowcount
+            return conn.executemany(rows.UPSERT_RECONSTRUCTION, params).rowcount
 
         return await self.write(op)
 
@@ -575,77 +559,15 @@ def _insert_samples_op(run_id: int, batch: _SampleBatch) -> Operation:
     return op
 
 
-_INSERT_RESPONSE = (
-    "INSERT INTO responses (run_id, sample_pk, attempt, endpoint, provider, model, generation_id, finish_reason, "
-    "reasoning, content, tool_calls, logprobs, token_ids, usage, prompt_tokens, completion_tokens, reasoning_tokens, "
-    "cached_tokens, cost_usd, latency_ms, ttft_ms, raw, created_at) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-
-# n_diff (schema v4) is not a column here: the upsert computes it from detail with N_DIFF_SQL.
-RECONSTRUCTION_COLUMNS = (
-    "run_id", "sample_pk", "response_id", "profile", "tokenizer", "strategy", "repair", "roundtrip", "notes",
-    "output_ids", "reference_ids", "category", "first_diff", "n_tokens", "ref_len", "explanation", "detail",
-    "created_at",
-)
-_UPSERT_RECONSTRUCTION = (
-    "INSERT INTO reconstructions (run_id, sample_pk, response_id, profile, tokenizer, strategy, repair, roundtrip, "
-    "notes, output_ids, reference_ids, category, first_diff, n_tokens, ref_len, explanation, detail, created_at, "
-    "n_diff) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, "
-    f"{N_DIFF_SQL.format(detail='?17')}) "
-    "ON CONFLICT (run_id, sample_pk) DO UPDATE SET response_id = excluded.response_id, profile = excluded.profile, "
-    "tokenizer = excluded.tokenizer, strategy = excluded.strategy, repair = excluded.repair, "
-    "roundtrip = excluded.roundtrip, notes = excluded.notes, output_ids = excluded.output_ids, "
-    "reference_ids = excluded.reference_ids, category = excluded.category, first_diff = excluded.first_diff, "
-    "n_tokens = excluded.n_tokens, ref_len = excluded.ref_len, explanation = excluded.explanation, "
-    "detail = excluded.detail, created_at = excluded.created_at, n_diff = excluded.n_diff"
-)
-
-
-def _logprobs_json(completion: Completion) -> str | None:
-    if completion.content_logprobs is None and completion.reasoning_logprobs is None:
-        return None
-
-    def enc(seq: Any) -> Any:
-        if seq is None:
-            return None
-        return [[t.token, list(t.bytes) if t.bytes is not None else None, t.logprob] for t in seq]
-
-    return _dumps({"content": enc(completion.content_logprobs), "reasoning": enc(completion.reasoning_logprobs)})
+# The row codecs live in app.store.rows; these names stay for callers of the old ones.
+_INSERT_RESPONSE = rows.INSERT_RESPONSE
+RECONSTRUCTION_COLUMNS = rows.RECONSTRUCTION_COLUMNS
+_UPSERT_RECONSTRUCTION = rows.UPSERT_RECONSTRUCTION
+_logprobs_json = rows.encode_logprobs
 
 
 def _response_row(
     run_id: int, pk: int, attempt: int, endpoint: str, c: Completion, cost_usd: float, keep_raw: bool
 ) -> tuple[Any, ...]:
-    u = c.usage
-    raw = None
-    if keep_raw and c.raw is not None:
-        try:
-            raw = _dumps(c.raw)
-        except (TypeError, ValueError):
-            raw = None
-    return (
-        run_id,
-        pk,
-        attempt,
-        endpoint,
-        c.provider,
-        c.model,
-        c.generation_id,
-        c.finish_reason,
-        c.reasoning,
-        c.content,
-        _dumps([asdict(t) for t in c.tool_calls]) if c.tool_calls else None,
-        _logprobs_json(c),
-        pack_ids(c.token_ids),
-        _dumps(asdict(u)),
-        u.prompt_tokens,
-        u.completion_tokens,
-        u.reasoning_tokens,
-        u.cached_tokens,
-        float(cost_usd),
-        c.total_s * 1000.0,
-        c.ttft_s * 1000.0 if c.ttft_s is not None else None,
-        raw,
-        time.time(),
-    )
+    """Alias of `rows.encode_response` with the old positional signature."""
+    return rows.encode_response(run_id, pk, attempt, endpoint, c, cost_usd, keep_raw=keep_raw)

@@ -11,13 +11,14 @@ from collections.abc import Iterable
 from functools import partial
 from typing import Any
 
+from textual import on
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from app.engine.snapshot import MetricsSnapshot
-from app.tui.screens.confirm import ConfirmScreen
+from app.tui.screens.confirm import ConfirmScreen, NumberScreen
 from app.tui.screens.dashboard import DashboardScreen
 from app.tui.screens.diff import DiffScreen
 from app.tui.screens.help import HelpScreen
@@ -54,6 +55,7 @@ class EaglewatchApp(App):
         Binding("question_mark", "help", "Help", id="app.help"),
         Binding("p", "toggle_pause", "Pause", id="run.pause"),
         Binding("P", "pause_now", "Pause now", show=False, id="run.pause_now"),
+        Binding("c", "set_concurrency", "Set concurrency limit", show=False, id="run.concurrency"),
         Binding("q", "quit_monitor", "Quit", id="app.quit"),
         Binding("ctrl+q", "quit_monitor", "Quit", show=False, id="app.quit_ctrl", priority=True),
     ]
@@ -61,7 +63,7 @@ class EaglewatchApp(App):
     def __init__(self, source: DataSource, *, theme: str = "textual-dark", keymap: dict[str, str] | None = None) -> None:
         super().__init__()
         self.source = source
-        self.last_snapshot: MetricsSnapshot | None = None
+        self._run_snapshot: MetricsSnapshot | None = None
         self._theme_name = theme
         self._keymap = keymap or {}
 
@@ -83,6 +85,18 @@ class EaglewatchApp(App):
         """A failed data worker becomes a toast; the monitor keeps running."""
         if event.state == WorkerState.ERROR:
             self.notify(f"{event.worker.name}: {event.worker.error}", title="internal error", severity="error", timeout=10)
+
+    @property
+    def last_snapshot(self) -> MetricsSnapshot | None:
+        """The run's latest polled snapshot (None before the first poll): what the run keys check."""
+        return self._run_snapshot
+
+    @on(DashboardScreen.Polled)
+    def _snapshot_polled(self, message: DashboardScreen.Polled) -> None:
+        """The dashboard's polls bubble here: keep the snapshot, and re-check the run keys on a state change."""
+        previous, self._run_snapshot = self._run_snapshot, message.result.snapshot
+        if previous is None or previous.state != self._run_snapshot.state:
+            self.refresh_bindings()  # `p`, `P` and `c` show only while they apply
 
     # --- navigation ------------------------------------------------------------------------
     def action_show_mismatches(self) -> None:
@@ -116,15 +130,13 @@ class EaglewatchApp(App):
 
     # --- run control -----------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "pause_now":
+        if action in ("pause_now", "toggle_pause", "set_concurrency"):
             snap = self.last_snapshot
-            return (self.source.can_control and not isinstance(self.screen, JobsScreen)
-                    and snap is not None and snap.state == "running")
-        if action == "toggle_pause":
-            if not self.source.can_control or isinstance(self.screen, JobsScreen):
+            if not self.source.can_control or isinstance(self.screen, JobsScreen) or snap is None:
                 return False
-            snap = self.last_snapshot
-            return snap is not None and snap.state in ("running", "paused")
+            if action == "pause_now":
+                return snap.state == "running"
+            return snap.state in ("running", "paused")
         return True
 
     async def action_toggle_pause(self) -> None:
@@ -132,10 +144,10 @@ class EaglewatchApp(App):
         if snap is None or not self.source.can_control:
             return
         if snap.state == "paused":
-            await self.source.resume()
+            await self.source.control.resume()
             self.notify("resume requested")
         else:
-            await self.source.pause()
+            await self.source.control.pause()
             self.notify("pause requested: nothing new is leased; requests in flight finish")
 
     def action_pause_now(self) -> None:
@@ -145,7 +157,7 @@ class EaglewatchApp(App):
 
         async def answered(yes: bool | None) -> None:
             if yes:
-                await self.source.pause(now=True)
+                await self.source.control.pause(now=True)
                 self.notify("pause-now requested: requests in flight are cancelled (providers may still bill them)",
                             severity="warning")
 
@@ -153,6 +165,28 @@ class EaglewatchApp(App):
             question = (f"Pause now and cancel the {snap.in_flight} request(s) in flight? Their samples return to "
                         "pending, but providers may still bill them.")
             self.push_screen(ConfirmScreen(question), answered)
+
+    def action_set_concurrency(self) -> None:
+        """Ask for a new in-flight limit and send it through the run's control."""
+        if not self.check_action("set_concurrency", ()) or isinstance(self.screen, NumberScreen):
+            return
+        snap = self.last_snapshot
+        current = snap.concurrency_limit if snap is not None else 0
+
+        async def answered(limit: int | None) -> None:
+            if limit is None:
+                return
+            try:
+                await self.source.control.set_concurrency(limit)
+            except Exception as exc:  # e.g. the database is locked: say so, keep the monitor up
+                self.notify(f"cannot set the concurrency limit: {exc}", severity="error", timeout=8)
+                return
+            self.notify(f"concurrency limit {limit} requested (clamped to the configured min/max)")
+
+        question = "New concurrency limit (requests in flight across all endpoints)"
+        if current:
+            question += f"; now {current}"
+        self.push_screen(NumberScreen(question, initial=current or None), answered)
 
     async def action_quit_monitor(self) -> None:
         if not self.source.live:
@@ -175,6 +209,8 @@ class EaglewatchApp(App):
             yield SystemCommand("Pause or resume the run", "Same as p", self.action_toggle_pause)
             yield SystemCommand("Pause now", "Cancel requests in flight too (P); providers may still bill them",
                                 self.action_pause_now)
+            yield SystemCommand("Set concurrency limit", "Requests in flight across all endpoints (c)",
+                                self.action_set_concurrency)
         for name in THEMES:
             yield SystemCommand(f"Theme: {name}", "ansi-* use your terminal's own palette", partial(setattr, self, "theme", name))
 

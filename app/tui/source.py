@@ -1,71 +1,50 @@
 """What the monitor reads and steers: the `DataSource` protocol and the plain records it returns.
 
 Screens talk only to a DataSource. Its read methods are synchronous and may touch SQLite, so the
-screens call them from thread workers (never on the UI loop); its control methods are coroutines.
-Two implementations live in `app.tui.db_source`: in-process (an engine `Run` plus read queries)
-and attached (read queries plus the `commands` table).
+screens call them through `app.tui.fetch.fetch_in_thread` (never on the UI loop); run control goes
+through its `control` (the `app.engine.control.RunControl` protocol), job control through `job_command`.
+Two implementations live in `app.tui.db_source`: in-process (an engine `Run` plus the store's reads)
+and attached (the store's reads plus the `commands` table).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+from app.engine.control import RunControl
 from app.engine.snapshot import MetricsSnapshot
-from app.records import Alignment
+from app.records import Alignment, Category
+from app.store.queries import MISMATCH_ORDERS, MISMATCH_VERDICTS
+from app.store.rows import MismatchPage, MismatchRow, SampleDetail
 from widgets.event_tail import EventLine
 from widgets.jobs_table import JobRow
 
-# Verdicts listed on the mismatches screen (everything but exact), in filter-cycling order.
-MISMATCH_VERDICTS = ("bpe_equivalent", "text_mismatch", "structure_mismatch", "truncated", "unchecked")
-# Sort orders the mismatches screen offers: key -> caption.
-MISMATCH_ORDERS = {
-    "sample": "sample id",
-    "verdict": "verdict",
-    "first_diff": "first difference",
-    "n_diff": "tokens differing (most first)",
-}
+# The read records and the mismatch list's orders and verdicts are the store's (app.store.queries): one
+# definition for every face. Re-exported here for the screens.
+__all__ = [
+    "MISMATCH_ORDERS", "MISMATCH_VERDICTS", "MismatchPage", "MismatchRow", "SampleDetail", "SampleDiff",
+    "DataSource", "VERDICT_WORDS", "VERDICT_CLASS",
+]
 
 VERDICT_WORDS = {
-    "exact": "exact: the reconstructed ids equal the reference ids",
-    "bpe_equivalent": "benign: same text, different BPE split",
-    "text_mismatch": "corrupt: the decoded text differs from the reference",
-    "structure_mismatch": "corrupt: the special-token layout differs (a reconstruction logic bug)",
-    "truncated": "truncated: the response stopped at max_tokens, so there is no end-of-turn",
-    "unchecked": "unchecked: there is no reference to compare against",
+    Category.EXACT: "exact: the reconstructed ids equal the reference ids",
+    Category.BPE_EQUIVALENT: "benign: same text, different BPE split",
+    Category.TEXT_MISMATCH: "corrupt: the decoded text differs from the reference",
+    Category.STRUCTURE_MISMATCH: "corrupt: the special-token layout differs (a reconstruction logic bug)",
+    Category.TRUNCATED: "truncated: the response stopped at max_tokens, so there is no end-of-turn",
+    Category.UNCHECKED: "unchecked: there is no reference to compare against",
 }
+# the class a verdict belongs to, in words (app.records.BENIGN_VERDICTS / CORRUPT_VERDICTS)
 VERDICT_CLASS = {
-    "exact": "exact",
-    "bpe_equivalent": "benign",
-    "text_mismatch": "corrupt",
-    "structure_mismatch": "corrupt",
-    "truncated": "truncated",
-    "unchecked": "unchecked",
+    Category.EXACT: "exact",
+    Category.BPE_EQUIVALENT: "benign",
+    Category.TEXT_MISMATCH: "corrupt",
+    Category.STRUCTURE_MISMATCH: "corrupt",
+    Category.TRUNCATED: "truncated",
+    Category.UNCHECKED: "unchecked",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class MismatchRow:
-    """One non-exact sample as listed on the mismatches screen."""
-
-    sample_id: str
-    dataset: str
-    verdict: str
-    first_diff: int | None
-    ref_len: int | None
-    rec_len: int
-    n_diff: int
-    pk: int = 0  # the store's row key: pages turn by it (keyset paging)
-
-
-@dataclass(frozen=True, slots=True)
-class MismatchPage:
-    """A window of the mismatch list: `rows` start at `offset` of `total` matching rows."""
-
-    rows: tuple[MismatchRow, ...]
-    total: int
-    offset: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +52,7 @@ class SampleDiff:
     """What the token-diff screen shows for one sample."""
 
     sample_id: str
-    verdict: str
+    category: str
     explanation: str
     alignment: Alignment
     strategy: str | None = None
@@ -82,34 +61,11 @@ class SampleDiff:
     def headline(self) -> str:
         """The verdict in words, with the aligner's or validator's own explanation when present."""
         if not self.explanation:
-            return VERDICT_WORDS.get(self.verdict, self.verdict)
-        label = VERDICT_CLASS.get(self.verdict, self.verdict)
+            return VERDICT_WORDS.get(self.category, self.category)
+        label = VERDICT_CLASS.get(self.category, self.category)
         if self.explanation.lower().startswith(label):
             return self.explanation
         return f"{label}: {self.explanation}"
-
-
-@dataclass(frozen=True, slots=True)
-class SampleDetail:
-    """Everything stored about one sample's latest response, as text ready to show."""
-
-    sample_id: str
-    dataset: str
-    state: str
-    prompt: Sequence[dict[str, Any]] = ()
-    reasoning: str | None = None
-    content: str | None = None
-    tool_calls: Sequence[dict[str, Any]] = ()
-    usage: dict[str, Any] = field(default_factory=dict)
-    cost_usd: float = 0.0
-    latency_ms: float | None = None
-    ttft_ms: float | None = None
-    endpoint: str | None = None
-    finish_reason: str | None = None
-    verdict: str | None = None
-    strategy: str | None = None
-    error: str | None = None
-    raw: str | None = None
 
 
 class DataSource(Protocol):
@@ -125,7 +81,12 @@ class DataSource(Protocol):
 
     @property
     def can_control(self) -> bool:
-        """False for a read-only viewer: pause/resume and job commands are hidden."""
+        """False for a read-only viewer: run and job control keys are hidden."""
+
+    @property
+    def control(self) -> RunControl | None:
+        """The run's control (pause, resume, set_concurrency): the engine in-process, the `commands` table
+        attached; None for a read-only viewer."""
 
     @property
     def snapshot_on_loop(self) -> bool:
@@ -155,7 +116,7 @@ class DataSource(Protocol):
         """Reference vs reconstructed tokens for one sample, aligned (raises EaglewatchError if none)."""
 
     def sample_detail(self, sample_id: str) -> SampleDetail:
-        """Prompt, response, usage, timings and raw body of one sample."""
+        """Prompt, latest response, usage, timings and raw body of one sample (EaglewatchError if unknown)."""
 
     def jobs(self) -> Sequence[JobRow]:
         """Extraction jobs, newest first."""
@@ -165,12 +126,6 @@ class DataSource(Protocol):
 
     def events(self, n: int) -> Sequence[EventLine]:
         """The last `n` events, oldest first."""
-
-    async def pause(self, now: bool = False) -> None:
-        """Ask the run to lease nothing new; with now=True also to cancel requests in flight."""
-
-    async def resume(self) -> None:
-        """Ask the run to continue."""
 
     async def job_command(self, job_id: int, verb: str) -> None:
         """Pause, resume or cancel a job (verb: pause | resume | cancel)."""

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from app.records import DiffSpan, Reconstruction, Verdict
 from app.store.db import migrate
-from app.store.run_store import RECONSTRUCTION_COLUMNS, RunStore
+from app.store.rows import ReconstructionRow
+from app.store.run_store import RunStore
 from app.store.records import SampleInput
 from app.store.schema import MIGRATIONS, SCHEMA_VERSION
 from tests.store.test_run_store import completion
@@ -82,13 +83,11 @@ async def test_writers_set_n_diff(tmp_path: Path) -> None:
     )
 
     # a reprocess rewrites the first one with one span and adds the third
-    rows = []
-    for pk, detail in ((leased[0].pk, '{"spans": [[1, 2, 1, 6]]}'), (leased[2].pk, None)):
-        row = dict.fromkeys(RECONSTRUCTION_COLUMNS)
-        row.update(run_id=run_id, sample_pk=pk, profile="p", tokenizer="t", strategy="canonical",
-                   output_ids=b"\x01\x00\x00\x00",
-                   category="text_mismatch", n_tokens=1, detail=detail, created_at=0.0)
-        rows.append(tuple(row[k] for k in RECONSTRUCTION_COLUMNS))
+    rows = [
+        ReconstructionRow(run_id=run_id, sample_pk=pk, profile="p", tokenizer="t", strategy="canonical",
+                          output_ids=(1,), category="text_mismatch", spans=spans)
+        for pk, spans in ((leased[0].pk, ((1, 2, 1, 6),)), (leased[2].pk, ()))
+    ]
     before = _n_diffs(tmp_path / "runs.db")
     assert await store.upsert_reconstructions(rows) == 2
     await store.close()

@@ -54,41 +54,65 @@ def reader(big_db: Path):
 MISMATCH = ("text_mismatch", "structure_mismatch")
 
 
+def _plans(reader: sqlite3.Connection, run) -> list[str]:
+    """Every query-plan step of every SELECT that `run()` makes the connection execute."""
+    statements: list[str] = []
+    reader.set_trace_callback(statements.append)  # the SQL really run, values filled in
+    try:
+        run()
+    finally:
+        reader.set_trace_callback(None)
+    selects = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
+    assert selects
+    return [row[3] for sql in selects for row in reader.execute("EXPLAIN QUERY PLAN " + sql)]
+
+
+@pytest.mark.parametrize("text", [None, "marker"])
 @pytest.mark.parametrize("order", list(queries.MISMATCH_ORDERS))
 @pytest.mark.parametrize("verdicts", [MISMATCH, ("exact",), None])
-def test_mismatch_page_never_scans_the_whole_table(reader: sqlite3.Connection, order: str, verdicts) -> None:
-    statements: list[str] = []
-    reader.set_trace_callback(statements.append)  # the SQL mismatch_page really runs, values filled in
-    rows = queries.mismatch_page(reader, 1, verdicts, None, order, offset=50, limit=10)
-    reader.set_trace_callback(None)
-    assert len(rows) == 10
-    (sql,) = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
-    plan = [row[3] for row in reader.execute("EXPLAIN QUERY PLAN " + sql)]
-    assert not any(step.startswith("SCAN r") for step in plan), plan
+def test_mismatch_page_never_scans_the_whole_table(reader: sqlite3.Connection, order: str, verdicts, text) -> None:
+    pages: list[queries.MismatchPage] = []
+    plan = _plans(reader, lambda: pages.append(queries.mismatch_page(reader, 1, verdicts, text, order, offset=50, limit=10)))
+    assert len(pages[0].rows) == (10 if text is None else max(0, min(10, pages[0].total - 50)))
+    assert not any(step.startswith(("SCAN r", "SCAN s")) for step in plan), plan
+
+
+@pytest.mark.parametrize("order", ["sample", "recent", "verdict"])
+def test_keyset_pages_read_an_index_range_whatever_the_depth(reader: sqlite3.Connection, order: str) -> None:
+    deep = queries.mismatch_page(reader, 1, MISMATCH, None, order, offset=2000, limit=10)
+    plan = _plans(reader, lambda: queries.mismatch_page(reader, 1, MISMATCH, None, order, 2010, 10, after=deep.rows[-1]))
+    assert not any(step.startswith(("SCAN r", "SCAN s")) for step in plan), plan
+    # the page starts at its key inside the index (nothing before it is read), not at an OFFSET
+    assert any(step.startswith("SEARCH r") and ("sample_pk>?" in step or "sample_pk<?" in step or "category>?" in step)
+               for step in plan), plan
 
 
 def test_pages_cover_every_mismatch_once_in_order(reader: sqlite3.Connection) -> None:
     total = queries.mismatch_count(reader, 1, MISMATCH)
     assert 0.02 * N < total < 0.05 * N
     seen: list[int] = []
-    offset = 0
-    while page := queries.mismatch_page(reader, 1, MISMATCH, None, "sample", offset, 500):
-        seen += [r.sample_pk for r in page]
-        offset += len(page)
-    assert len(seen) == total == len(set(seen))
+    page = queries.mismatch_page(reader, 1, MISMATCH, None, "sample", 0, 500)
+    while page.rows:
+        seen += [r.pk for r in page.rows]
+        page = queries.mismatch_page(reader, 1, MISMATCH, None, "sample", page.offset + 500, 500, after=page.rows[-1])
+    assert len(seen) == total == len(set(seen)) == page.total
     assert seen == sorted(seen)
-    assert {r.category for r in queries.mismatch_page(reader, 1, MISMATCH, limit=1000)} <= set(MISMATCH)
+    recent = queries.mismatch_page(reader, 1, MISMATCH, None, "recent", 0, 1000)
+    assert [r.pk for r in recent.rows] == sorted(seen, reverse=True)[:1000]
+    assert {r.category for r in queries.mismatch_page(reader, 1, MISMATCH, limit=1000).rows} <= set(MISMATCH)
 
 
-def test_first_diff_order_and_text_filter(reader: sqlite3.Connection) -> None:
-    page = queries.mismatch_page(reader, 1, MISMATCH, None, "first_diff", 0, 200)
-    diffs = [r.first_diff for r in page]
+def test_sorted_orders_and_the_text_filter(reader: sqlite3.Connection) -> None:
+    diffs = [r.first_diff for r in queries.mismatch_page(reader, 1, MISMATCH, None, "first_diff", 0, 200).rows]
     assert diffs == sorted(diffs)
+    longest = [r.rec_len for r in queries.mismatch_page(reader, 1, MISMATCH, None, "longest", 0, 200).rows]
+    assert longest == sorted(longest, reverse=True) and longest[0] > longest[-1]
     found = queries.mismatch_page(reader, 1, None, "marker as", "sample", 0, 1000)
-    assert [r.sample_pk for r in found] == list(range(1000, N + 1, 1000))
-    assert queries.mismatch_count(reader, 1, None, "marker as") == 100
-    assert queries.mismatch_page(reader, 1, None, "s000042", "sample", 0, 10)[0].sample_id == "s000042"
-    assert queries.mismatch_page(reader, 1, None, "%", "sample", 0, 10) == []  # LIKE wildcards are literal
+    assert [r.pk for r in found.rows] == list(range(1000, N + 1, 1000))  # in explanations
+    assert queries.mismatch_count(reader, 1, None, "marker as") == 100 == found.total
+    assert queries.mismatch_page(reader, 1, None, "s000042", "sample", 0, 10).rows[0].sample_id == "s000042"
+    assert queries.mismatch_count(reader, 1, None, "d") == N  # the dataset ('d') is searched too
+    assert queries.mismatch_page(reader, 1, None, "%", "sample", 0, 10).rows == ()  # LIKE wildcards are literal
 
 
 def test_counts(reader: sqlite3.Connection) -> None:
@@ -131,14 +155,32 @@ async def test_events_jobs_and_run_resolution(tmp_path: Path) -> None:
     tail = queries.events_tail(conn, a, 3)
     assert [e.message for e in tail] == ["event 2", "event 3", "event 4"]
     assert [e.message for e in queries.events_tail(conn, a, 10, after_id=tail[-1].id)] == []
-    (job,) = queries.jobs(conn)
-    assert (job.id, job.state, job.spec) == (job_id, "running", {"shards": 2})
-    assert [(s.shard, s.state, s.done) for s in queries.job_shards(conn, job_id)] == [(0, "done", 10), (1, "running", 4)]
+    (job,) = queries.job_summaries(conn, a)
+    assert (job.job_id, job.state, job.n_shards, job.shards_done) == (job_id, "running", 2, 1)
+    assert queries.latest_shard_log(conn, job_id) is None  # no shard has a log yet
     assert queries.resolve_run(conn, "b").name == "b"
     with pytest.raises(InputError, match=r"holds several runs \(a, b\); choose one with --run NAME"):
         queries.resolve_run(conn, None)
     with pytest.raises(InputError, match="has no run named 'c'"):
         queries.resolve_run(conn, "c")
     assert queries.sample_detail(conn, a, "nope") is None
-    assert queries.reconstruction_ids(conn, a, "nope") is None
+    assert queries.reconstruction_of(conn, a, "nope") is None
     conn.close()
+
+
+def test_run_reader_chooses_the_run_once_and_reads_keep_raw(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    migrate(db)
+    conn = sqlite3.connect(db)
+    conn.execute("INSERT INTO runs (id, name, config, created_at, updated_at) "
+                 "VALUES (1, 'only', '{\"run\": {\"keep_raw\": true}}', 0, 0)")
+    conn.commit()
+    conn.close()
+    reader = queries.RunReader(db)
+    try:
+        assert (reader.run_id, reader.run_name, reader.keep_raw) == (1, "only", True)
+        assert reader.mismatch_page(queries.MISMATCH_VERDICTS, "", "longest", 0, 10).total == 0
+    finally:
+        reader.close()
+    with pytest.raises(InputError, match="has no run named 'x'"):
+        queries.RunReader(db, "x")

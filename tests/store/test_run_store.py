@@ -140,15 +140,15 @@ async def test_record_result_stores_response_reconstruction_cost_and_state_toget
 
     conn = queries.connect_readonly(tmp_path / "runs.db")
     detail = queries.sample_detail(conn, run_id, "s0")
-    assert detail is not None and detail.state == "done"
-    assert detail.response is not None and detail.response.id == response_id
-    assert detail.response.content == "hello" and detail.response.tool_calls[0]["name"] == "f"
-    assert detail.reconstruction is not None
-    assert detail.reconstruction.output_ids == (1, 2, 3)
-    assert detail.reconstruction.reference_ids == (1, 9, 3)
-    assert detail.reconstruction.spans == ((1, 2, 1, 2),)
-    assert (detail.reconstruction.profile, detail.reconstruction.tokenizer) == ("kimi-k2.5", "fp1")
-    assert queries.reconstruction_ids(conn, run_id, "s0") == ((1, 2, 3), (1, 9, 3))
+    assert detail is not None and detail.state == "done" and detail.category == "text_mismatch"
+    assert detail.content == "hello" and detail.tool_calls[0]["name"] == "f"
+    rec_row = queries.reconstruction_of(conn, run_id, "s0")
+    assert rec_row is not None and rec_row.response_id == response_id
+    assert rec_row.output_ids == (1, 2, 3)
+    assert rec_row.reference_ids == (1, 9, 3)
+    assert rec_row.spans == ((1, 2, 1, 2),)
+    assert (rec_row.profile, rec_row.tokenizer) == ("kimi-k2.5", "fp1")
+    assert (rec_row.repair, rec_row.roundtrip, rec_row.ids_source, rec_row.flags) == ("strip_whitespace", True, None, None)
     assert queries.verdict_counts(conn, run_id)["text_mismatch"] == 1
     assert queries.strategy_counts(conn, run_id) == {"logprobs": 1}
     raw = sqlite3.connect(tmp_path / "runs.db")
@@ -231,9 +231,10 @@ async def test_record_failure_retry_then_final(tmp_path: Path) -> None:
     await store.close()
     conn = queries.connect_readonly(tmp_path / "runs.db")
     detail = queries.sample_detail(conn, run_id, "s0")
-    assert detail is not None
-    assert [(r.attempt, r.error_class) for r in detail.attempts_log] == [(1, "RetryableError"), (2, "SampleFatalError")]
-    assert detail.last_error == "prompt too long" and detail.response is None
+    assert detail is not None and detail.state == "failed"
+    attempts = conn.execute("SELECT attempt, error_class FROM responses ORDER BY id").fetchall()
+    assert attempts == [(1, "RetryableError"), (2, "SampleFatalError")]
+    assert detail.error == "prompt too long" and detail.content is None
     conn.close()
 
 

@@ -10,7 +10,8 @@ from app.engine.dbsnapshot import snapshot_from_db
 from app.records import Completion, Reconstruction, Usage, Verdict
 from app.store import queries, tallies
 from app.store.db import migrate
-from app.store.run_store import RECONSTRUCTION_COLUMNS, RunStore
+from app.store.rows import ReconstructionRow
+from app.store.run_store import RunStore
 from app.store.records import SampleInput
 from app.store.schema import MIGRATIONS
 
@@ -81,13 +82,12 @@ async def test_tallies_equal_a_recount_after_every_kind_of_write(tmp_path: Path)
 
     # reprocess: the same samples get new verdicts and strategies, plus one reconstruction that is new
     now = time.time()
-    rows = []
-    for pk, category, strategy in ((a.pk, "bpe_equivalent", "server_ids"), (b.pk, "exact", "logprobs"),
-                                   (c.pk, "unchecked", "canonical")):
-        row = dict.fromkeys(RECONSTRUCTION_COLUMNS)
-        row.update(run_id=run, sample_pk=pk, profile="p", tokenizer="t", strategy=strategy, output_ids=b"\x01\x00\x00\x00",
-                   category=category, n_tokens=1, created_at=now)
-        rows.append(tuple(row[k] for k in RECONSTRUCTION_COLUMNS))
+    rows = [
+        ReconstructionRow(run_id=run, sample_pk=pk, profile="p", tokenizer="t", strategy=strategy, output_ids=(1,),
+                          category=category, created_at=now)
+        for pk, category, strategy in ((a.pk, "bpe_equivalent", "server_ids"), (b.pk, "exact", "logprobs"),
+                                       (c.pk, "unchecked", "canonical"))
+    ]
     assert await store.upsert_reconstructions(rows) == 3
     await store.close()
 
@@ -210,15 +210,17 @@ def test_the_first_difference_order_walks_an_index(tmp_path: Path) -> None:
     ).fetchall()
     got: list[int] = []
     offset = 0
-    while page := queries.mismatch_page(reader, 1, order="first_diff", offset=offset, limit=7):
-        got += [r.sample_pk for r in page]
-        offset += len(page)
+    mismatch = ("text_mismatch", "structure_mismatch")
+    while rows := queries.mismatch_page(reader, 1, mismatch, order="first_diff", offset=offset, limit=7).rows:
+        got += [r.pk for r in rows]
+        offset += len(rows)
     assert got == [r[0] for r in want]
     statements: list[str] = []
     reader.set_trace_callback(statements.append)
-    queries.mismatch_page(reader, 1, order="first_diff", limit=5)
+    queries.mismatch_page(reader, 1, mismatch, order="first_diff", limit=5)
     reader.set_trace_callback(None)
-    plan = [row[3] for row in reader.execute("EXPLAIN QUERY PLAN " + statements[0])]
+    (paging,) = [s for s in statements if "first_diff IS NOT NULL" in s]
+    plan = [row[3] for row in reader.execute("EXPLAIN QUERY PLAN " + paging)]
     assert any("reconstructions_by_run_first_diff" in step for step in plan), plan
     assert not any("TEMP B-TREE" in step for step in plan), plan
     reader.close()

@@ -76,7 +76,7 @@ def make_rows(n: int) -> list[MismatchRow]:
 
 
 class MemorySource:
-    """A DataSource over fixed in-memory data; records control calls in `commands`."""
+    """A DataSource over fixed in-memory data, and its own RunControl; records control calls in `commands`."""
 
     def __init__(self, *, rows: int = 250, live: bool = False, can_control: bool = True, state: str = "running") -> None:
         self._snapshot = replace(SNAPSHOT, state=state)
@@ -100,14 +100,19 @@ class MemorySource:
     def can_control(self) -> bool:
         return self._can_control
 
+    @property
+    def control(self) -> "MemorySource | None":
+        return self if self._can_control else None
+
     def snapshot(self) -> MetricsSnapshot:
         return self._snapshot
 
     def mismatch_page(self, verdicts: Sequence[str], text: str, order: str, offset: int, limit: int, **anchor) -> MismatchPage:
         # Pages by offset only (the anchors are an optimisation of the database source).
-        rows = [r for r in self.rows if r.verdict in verdicts and (not text or text in r.sample_id or text in r.dataset)]
-        key = {"sample": lambda r: r.sample_id, "verdict": lambda r: (r.verdict, r.sample_id),
-               "first_diff": lambda r: (r.first_diff, r.sample_id), "n_diff": lambda r: (-r.n_diff, r.sample_id)}[order]
+        rows = [r for r in self.rows if r.category in verdicts and (not text or text in r.sample_id or text in r.dataset)]
+        key = {"sample": lambda r: r.sample_id, "recent": lambda r: [-ord(c) for c in r.sample_id],
+               "verdict": lambda r: (r.category, r.sample_id), "first_diff": lambda r: (r.first_diff, r.sample_id),
+               "n_diff": lambda r: (-r.n_diff, r.sample_id), "longest": lambda r: (-r.rec_len, r.sample_id)}[order]
         rows.sort(key=key)
         return MismatchPage(tuple(rows[offset:offset + limit]), len(rows), offset)
 
@@ -120,7 +125,8 @@ class MemorySource:
             reasoning="NOR alone can build NOT, AND, OR.", content="Yes: NOR is functionally complete.",
             tool_calls=({"id": "call_0", "name": "lookup", "arguments": '{"q": "NOR"}'},),
             usage={"prompt_tokens": 12, "completion_tokens": 40}, cost_usd=0.00031, latency_ms=2150.0, ttft_ms=310.0,
-            endpoint="sim-a", finish_reason="stop", verdict="bpe_equivalent", strategy="canonical", raw='{"id": "gen-1"}',
+            endpoint="sim-a", finish_reason="stop", category="bpe_equivalent", strategy="canonical", raw='{"id": "gen-1"}',
+            keep_raw=True,
         )
 
     def jobs(self) -> Sequence[JobRow]:
@@ -143,6 +149,10 @@ class MemorySource:
     async def resume(self) -> None:
         self.commands.append(("resume",))
         self._snapshot = replace(self._snapshot, state="running", state_reason=None)
+
+    async def set_concurrency(self, limit: int) -> None:
+        self.commands.append(("set_concurrency", str(limit)))
+        self._snapshot = replace(self._snapshot, concurrency_limit=limit)
 
     async def job_command(self, job_id: int, verb: str) -> None:
         self.commands.append(("job", str(job_id), verb))

@@ -8,10 +8,12 @@ import pytest
 
 from app.errors import InputError
 from app.tui.db_source import AttachedSource
-from app.tui.source import MISMATCH_VERDICTS
+from app.tui.source import MISMATCH_ORDERS, MISMATCH_VERDICTS
+
+KEYSET_ORDERS = ("sample", "recent", "verdict")  # the orders whose pages turn by key
 
 
-@pytest.mark.parametrize("order", ["sample", "verdict", "first_diff", "n_diff"])
+@pytest.mark.parametrize("order", list(MISMATCH_ORDERS))
 def test_pages_turned_by_key_match_pages_by_offset(run_db: Path, order: str) -> None:
     reader = AttachedSource(run_db).reader
     by_offset = [reader.mismatch_page(MISMATCH_VERDICTS, "", order, offset, 30).rows for offset in range(0, 160, 30)]
@@ -21,10 +23,10 @@ def test_pages_turned_by_key_match_pages_by_offset(run_db: Path, order: str) -> 
         page = reader.mismatch_page(MISMATCH_VERDICTS, "", order, page.offset + 30, 30, after=page.rows[-1])
         if page.rows:
             forward.append(page.rows)
-    if order in ("sample", "verdict"):
+    if order in KEYSET_ORDERS:
         assert forward == by_offset
     back = reader.mismatch_page(MISMATCH_VERDICTS, "", order, 30, 30, before=by_offset[2][0])
-    if order in ("sample", "verdict"):
+    if order in KEYSET_ORDERS:
         assert back.rows == by_offset[1]
     assert sum(len(rows) for rows in by_offset) == 160
 
@@ -47,7 +49,7 @@ def test_mismatch_rows_carry_lengths_and_tokens_differing(run_db: Path) -> None:
     page = reader.mismatch_page(("truncated",), "", "sample", 0, 5)
     assert page.total == 40
     row = page.rows[0]
-    assert row.verdict == "truncated" and row.rec_len < row.ref_len
+    assert row.category == "truncated" and row.rec_len < row.ref_len
     assert row.n_diff == row.ref_len - row.rec_len
     assert row.first_diff == row.rec_len
 
@@ -65,7 +67,7 @@ def test_text_filter_matches_sample_ids_datasets_and_explanations(run_db: Path) 
 def test_diff_aligns_reference_and_reconstruction_with_the_run_tokenizer(run_db: Path) -> None:
     source = AttachedSource(run_db)
     diff = source.sample_diff("s0002")  # a text mismatch: one token changed
-    assert diff.verdict == "text_mismatch"
+    assert diff.category == "text_mismatch"
     assert diff.alignment.ref_len == diff.alignment.rec_len
     assert len(diff.alignment.diff_blocks) == 1
     assert "corrupt" in diff.headline
@@ -78,7 +80,7 @@ def test_diff_of_an_unknown_sample_names_it(run_db: Path) -> None:
 
 def test_sample_detail_reads_the_latest_response(run_db: Path) -> None:
     detail = AttachedSource(run_db).sample_detail("s0003")
-    assert detail.verdict == "truncated" and detail.endpoint == "sim-a"
+    assert detail.category == "truncated" and detail.endpoint == "sim-a"
     assert detail.reasoning == "thinking about gates"
     assert detail.prompt[0]["content"] == "question 3"
     assert '"gen-3"' in detail.raw

@@ -143,14 +143,14 @@ async def test_verdict_and_text_filters_narrow_the_mismatch_list(run_db: Path) -
         await pilot.press("v")  # first verdict in the cycle: bpe_equivalent
         await settle(pilot)
         assert screen.page.total == 40
-        assert {row.verdict for row in screen.page.rows} == {"bpe_equivalent"}
+        assert {row.category for row in screen.page.rows} == {"bpe_equivalent"}
         await pilot.press("slash")
         await pilot.press(*"s001")
         await pilot.press("enter")
         await settle(pilot)
         assert screen.text_filter == "s001"
         assert screen.page.rows and all(row.sample_id.startswith("s001") for row in screen.page.rows)
-        assert all(row.verdict == "bpe_equivalent" for row in screen.page.rows)
+        assert all(row.category == "bpe_equivalent" for row in screen.page.rows)
         assert "s001" in str(screen.query_one("#mismatch-caption").render())
 
 

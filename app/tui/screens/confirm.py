@@ -1,4 +1,4 @@
-"""A yes/no modal for actions that stop or cancel something."""
+"""Modals: a yes/no question for actions that stop or cancel something, and a whole-number prompt."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Label
+from textual.widgets import Input, Label
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -28,3 +28,38 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def action_answer(self, yes: bool) -> None:
         self.dismiss(yes)
+
+
+class NumberScreen(ModalScreen[int | None]):
+    """Asks for a whole number >= `minimum`; dismisses with it on enter, with None on esc."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel", id="number.cancel")]
+
+    def __init__(self, question: str, *, initial: int | None = None, minimum: int = 1, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.question = question
+        self.initial = initial
+        self.minimum = minimum
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="confirm-box"):
+            yield Label(self.question, id="number-question", markup=False)
+            yield Input(value="" if self.initial is None else str(self.initial), type="integer", id="number-input")
+            yield Label(f"enter: set (a whole number >= {self.minimum})     esc: cancel", id="number-hint", markup=False)
+
+    def on_mount(self) -> None:
+        self.query_one(Input).focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        try:
+            value = int(event.value.strip())
+        except ValueError:
+            value = None
+        if value is None or value < self.minimum:
+            self.query_one("#number-hint", Label).update(f"{event.value.strip() or 'nothing'} is not a whole number >= {self.minimum}")
+            return
+        self.dismiss(value)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

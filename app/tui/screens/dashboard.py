@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 
 from rich.text import Text
-from textual import work
+from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, VerticalScroll
@@ -14,8 +14,9 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, ProgressBar, Static
 
 from app.engine.snapshot import MetricsSnapshot
-from app.records import BENIGN_VERDICTS, CORRUPT_VERDICTS
+from app.records import BENIGN_VERDICTS, CORRUPT_VERDICTS, Category
 from app.tui import format as fmt
+from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
 from widgets.event_tail import EventLine, EventTail
 from widgets.jobs_table import JobRow, JobsTable
 from widgets.metric_tile import MetricTile
@@ -93,9 +94,9 @@ def cost_lines(snap: MetricsSnapshot) -> tuple[str, ...]:
 
 def reconstruction_lines(snap: MetricsSnapshot) -> tuple[str, ...]:
     counts = dict(snap.verdicts)
-    checked = sum(n for verdict, n in counts.items() if verdict != "unchecked")
-    exact = counts.get("exact", 0)
-    benign = sum(counts.get(v, 0) for v in BENIGN_VERDICTS if v != "exact")
+    checked = sum(n for verdict, n in counts.items() if verdict != Category.UNCHECKED)
+    exact = counts.get(Category.EXACT, 0)
+    benign = sum(counts.get(v, 0) for v in BENIGN_VERDICTS if v != Category.EXACT)
     corrupt = sum(counts.get(v, 0) for v in CORRUPT_VERDICTS)
     strategies = sorted(snap.strategies, key=lambda item: -item[1])
     total_strategies = sum(n for _, n in strategies)
@@ -104,8 +105,8 @@ def reconstruction_lines(snap: MetricsSnapshot) -> tuple[str, ...]:
         f"exact   {exact:>7,} {fmt.percent(exact, checked):>6}",
         f"benign  {benign:>7,} {fmt.percent(benign, checked):>6}",
         f"corrupt {corrupt:>7,} {fmt.percent(corrupt, checked):>6}",
-        f"  text {counts.get('text_mismatch', 0):,} · structure {counts.get('structure_mismatch', 0):,}",
-        f"trunc {counts.get('truncated', 0):,} · unchecked {counts.get('unchecked', 0):,}",
+        f"  text {counts.get(Category.TEXT_MISMATCH, 0):,} · structure {counts.get(Category.STRUCTURE_MISMATCH, 0):,}",
+        f"trunc {counts.get(Category.TRUNCATED, 0):,} · unchecked {counts.get(Category.UNCHECKED, 0):,}",
         f"mix {mix}",
     )
 
@@ -120,7 +121,17 @@ def error_lines(snap: MetricsSnapshot) -> tuple[str, ...]:
 
 
 class DashboardScreen(Screen):
-    """Polls the data source at ~2 Hz in a thread worker; only the handler touches widgets."""
+    """Polls the data source at ~2 Hz in a thread worker; only the message handlers touch widgets.
+
+    Each poll ends in `Polled` (its data) or `PollFailed`; `Polled` bubbles on to the App, which keeps
+    the latest snapshot for its key checks (the screen writes nothing of the App's).
+    """
+
+    class Polled(Fetched):
+        """One poll's DashboardData (`result`), fetched off the UI thread."""
+
+    class PollFailed(FetchFailed):
+        """A poll could not read the run."""
 
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide"), (160, "-xwide")]
 
@@ -181,19 +192,25 @@ class DashboardScreen(Screen):
         snapshot = source.snapshot() if source.snapshot_on_loop else None
         self._fetch(snapshot)
 
-    @work(thread=True, group="dashboard-poll", exit_on_error=False)
     def _fetch(self, snapshot: MetricsSnapshot | None) -> None:
         source = self.app.source
+
+        def fetch() -> DashboardData:
+            snap = snapshot if snapshot is not None else source.snapshot()
+            return DashboardData(snap, tuple(source.jobs()), tuple(source.events(6)))
+
+        fetch_in_thread(self, fetch, self.Polled, self.PollFailed, group="dashboard-poll")
+
+    @on(Polled)
+    def _polled(self, message: Polled) -> None:
         try:
-            snapshot = snapshot if snapshot is not None else source.snapshot()
-            data = DashboardData(snapshot, tuple(source.jobs()), tuple(source.events(6)))
-        except Exception as exc:  # a broken DB must not kill the monitor: say so and keep polling
-            self.app.call_from_thread(self._poll_failed, exc)
-            return
-        try:
-            self.app.call_from_thread(self.apply, data)
-        except Exception as exc:  # a rendering bug must not freeze the poll loop either
-            self.app.call_from_thread(self._poll_failed, exc)
+            self.apply(message.result)
+        except Exception as exc:  # a rendering bug must not freeze the poll loop: say so and keep polling
+            self._poll_failed(exc)
+
+    @on(PollFailed)
+    def _poll_error(self, message: PollFailed) -> None:
+        self._poll_failed(message.error)
 
     def _fetched(self) -> None:
         now = time.monotonic()
@@ -208,8 +225,6 @@ class DashboardScreen(Screen):
         """Render one poll (called on the UI thread)."""
         self._fetched()
         snap = data.snapshot
-        previous = self.app.last_snapshot
-        self.app.last_snapshot = snap
         with self.app.batch_update():
             self.query_one("#run-status", Static).update(status_line(snap), layout=False)
             progress = self.query_one("#run-progress", ProgressBar)
@@ -225,8 +240,6 @@ class DashboardScreen(Screen):
             self._show_endpoints(snap)
             self.query_one("#dashboard-jobs", JobsTable).show(data.jobs)
             self.query_one("#events", EventTail).show(data.events)
-        if previous is None or previous.state != snap.state:
-            self.app.refresh_bindings()  # `p` shows only while the run can be paused or resumed
 
     def _show_endpoints(self, snap: MetricsSnapshot) -> None:
         table = self.query_one("#endpoints", DataTable)

@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual import on, work
+from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
+from app.records import Category
+from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
 from app.tui.source import SampleDiff
 from widgets.token_diff import TokenDiffView
 
 
 class DiffScreen(Screen):
     """Loads the alignment in a thread worker (it may take a tokenizer and 32k tokens), then shows it."""
+
+    class DiffLoaded(Fetched):
+        """The SampleDiff (`result`) arrived."""
+
+    class DiffFailed(FetchFailed):
+        """The diff could not be built."""
 
     BINDINGS = [
         Binding("s", "open_sample", "Sample", id="diff.sample"),
@@ -38,20 +46,21 @@ class DiffScreen(Screen):
         view.focus()
         self._load(self.sample_id)
 
-    @work(thread=True, exclusive=True, group="diff-align", exit_on_error=False)
     def _load(self, sample_id: str) -> None:
-        try:
-            diff = self.app.source.sample_diff(sample_id)
-        except Exception as exc:
-            self.app.call_from_thread(self._failed, exc)
-            return
-        self.app.call_from_thread(self.show_diff, diff)
+        source = self.app.source
+        fetch_in_thread(self, lambda: source.sample_diff(sample_id), self.DiffLoaded, self.DiffFailed,
+                        group="diff-align", exclusive=True)
 
-    def _failed(self, exc: Exception) -> None:
+    @on(DiffLoaded)
+    def _diff_loaded(self, message: DiffLoaded) -> None:
+        self.show_diff(message.result)
+
+    @on(DiffFailed)
+    def _diff_failed(self, message: DiffFailed) -> None:
         view = self.query_one(TokenDiffView)
         view.loading = False
         self.query_one("#diff-header", Static).update(
-            Text(f"sample {self.sample_id}: cannot show a token diff: {exc}", style="bold red")
+            Text(f"sample {self.sample_id}: cannot show a token diff: {message.error}", style="bold red")
         )
 
     def show_diff(self, diff: SampleDiff) -> None:
@@ -59,7 +68,7 @@ class DiffScreen(Screen):
         self.diff = diff
         header = Text()
         header.append(f"sample {diff.sample_id}", style="bold")
-        header.append(f" · {diff.verdict}", style="bold yellow" if diff.verdict != "exact" else "bold green")
+        header.append(f" · {diff.category}", style="bold green" if diff.category == Category.EXACT else "bold yellow")
         if diff.strategy:
             header.append(f" · strategy {diff.strategy}")
         header.append(f"\n{diff.headline}")

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual import on, work
+from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
+from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
 from app.tui.screens.confirm import ConfirmScreen
 from widgets.jobs_table import JobRow, JobsTable
 
@@ -19,6 +20,12 @@ ACTIVE = ("pending", "submitted", "running")
 
 class JobsScreen(Screen):
     """The jobs table on top, the highlighted job's log tail below; refreshed at 1 Hz off-thread."""
+
+    class JobsLoaded(Fetched):
+        """(jobs, log tail) (`result`) arrived."""
+
+    class JobsFailed(FetchFailed):
+        """The jobs could not be read."""
 
     BINDINGS = [
         Binding("p", "job('pause')", "Pause job", id="jobs.pause"),
@@ -56,21 +63,27 @@ class JobsScreen(Screen):
         job = self.query_one(JobsTable).highlighted_job()
         self._fetch(job.job_id if job else None)
 
-    @work(thread=True, group="jobs-poll", exit_on_error=False)
     def _fetch(self, job_id: int | None) -> None:
         source = self.app.source
-        try:
+
+        def fetch() -> tuple[tuple[JobRow, ...], str]:
             jobs = tuple(source.jobs())
-            if job_id is None and jobs:
-                job_id = jobs[0].job_id
-            log = source.job_log(job_id, 200) if job_id is not None else "no extraction jobs in this run yet"
-        except Exception as exc:
-            self.app.call_from_thread(self._show, (), f"cannot read jobs: {exc}")
-            return
+            shown = job_id if job_id is not None else (jobs[0].job_id if jobs else None)
+            log = source.job_log(shown, 200) if shown is not None else "no extraction jobs in this run yet"
+            return jobs, log
+
+        fetch_in_thread(self, fetch, self.JobsLoaded, self.JobsFailed, group="jobs-poll")
+
+    @on(JobsLoaded)
+    def _jobs_loaded(self, message: JobsLoaded) -> None:
         try:
-            self.app.call_from_thread(self._show, jobs, log)
-        except Exception as exc:
-            self.app.call_from_thread(self._show, (), f"cannot show jobs: {exc}")
+            self._show(*message.result)
+        except Exception as exc:  # a rendering bug must not stop the 1 Hz refresh
+            self._show((), f"cannot show jobs: {exc}")
+
+    @on(JobsFailed)
+    def _jobs_failed(self, message: JobsFailed) -> None:
+        self._show((), f"cannot read jobs: {message.error}")
 
     def _show(self, jobs: tuple[JobRow, ...], log: str) -> None:
         self._polling = False

@@ -2,28 +2,40 @@
 
 from __future__ import annotations
 
-from textual import on, work
+from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Static
 
+from app.records import Category
+from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
 from app.tui.source import MISMATCH_ORDERS, MISMATCH_VERDICTS, MismatchPage, MismatchRow
 from widgets.page_table import PageTable
 
 PAGE_SIZE = 50
 COLUMNS = (("sample", 16), ("dataset", 8), ("verdict", 11), ("1st diff", 8), ("ref", 6), ("rec", 6), ("≠ tok", 5))
 VERDICT_LABELS = {
-    "bpe_equivalent": "benign bpe",
-    "text_mismatch": "✗ text",
-    "structure_mismatch": "✗ structure",
-    "truncated": "truncated",
-    "unchecked": "unchecked",
+    Category.BPE_EQUIVALENT: "benign bpe",
+    Category.TEXT_MISMATCH: "✗ text",
+    Category.STRUCTURE_MISMATCH: "✗ structure",
+    Category.TRUNCATED: "truncated",
+    Category.UNCHECKED: "unchecked",
 }
 
 
 class MismatchesScreen(Screen):
-    """A PageTable holding one page; `[`/`]` (or moving past an edge) fetch the next page in a thread."""
+    """A PageTable holding one page; `[`/`]` (or moving past an edge) fetch the next page in a thread.
+
+    Sort orders and the text filter are the store's (`app.store.queries.MISMATCH_ORDERS`: `o` cycles them;
+    `/` matches sample id, dataset or explanation).
+    """
+
+    class PageLoaded(Fetched):
+        """A MismatchPage (`result`) arrived."""
+
+    class PageFailed(FetchFailed):
+        """The page could not be read."""
 
     BINDINGS = [
         Binding("enter", "open_diff", "Diff", id="mismatches.diff"),
@@ -82,21 +94,25 @@ class MismatchesScreen(Screen):
         self._update_caption()
         self._fetch(self.verdicts, self.text_filter, self.order, self.row_offset, after, before)
 
-    @work(thread=True, exclusive=True, group="mismatch-page", exit_on_error=False)
     def _fetch(
         self, verdicts: tuple[str, ...], text: str, order: str, offset: int, after: MismatchRow | None, before: MismatchRow | None
     ) -> None:
-        try:
-            page = self.app.source.mismatch_page(verdicts, text, order, offset, PAGE_SIZE, after=after, before=before)
-        except Exception as exc:  # say so on screen; the monitor stays up
-            self.app.call_from_thread(self._failed, exc)
-            return
-        self.app.call_from_thread(self.show_page, page)
+        source = self.app.source
+        fetch_in_thread(
+            self,
+            lambda: source.mismatch_page(verdicts, text, order, offset, PAGE_SIZE, after=after, before=before),
+            self.PageLoaded, self.PageFailed, group="mismatch-page", exclusive=True,
+        )
 
-    def _failed(self, exc: Exception) -> None:
+    @on(PageLoaded)
+    def _page_loaded(self, message: PageLoaded) -> None:
+        self.show_page(message.result)
+
+    @on(PageFailed)
+    def _page_failed(self, message: PageFailed) -> None:
         self._loading = False
         self._update_caption()
-        self.notify(f"cannot read mismatches: {exc}", severity="error", timeout=8)
+        self.notify(f"cannot read mismatches: {message.error}", severity="error", timeout=8)
 
     def show_page(self, page: MismatchPage) -> None:
         """Put one page in the table (UI thread)."""
@@ -107,7 +123,7 @@ class MismatchesScreen(Screen):
                 (
                     row.sample_id,
                     row.dataset,
-                    VERDICT_LABELS.get(row.verdict, row.verdict),
+                    VERDICT_LABELS.get(row.category, row.category),
                     "-" if row.first_diff is None else f"{row.first_diff:,}",
                     "-" if row.ref_len is None else f"{row.ref_len:,}",
                     f"{row.rec_len:,}",

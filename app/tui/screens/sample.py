@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from rich.text import Text
-from textual import work
+from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
@@ -13,20 +13,24 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from app.tui import format as fmt
+from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
 from app.tui.source import SampleDetail
+
+RAW_NOT_KEPT = "raw bodies are not kept: set [run] keep_raw = true"
+RAW_NOT_STORED = "no raw body was stored for this attempt (a failed attempt, or a body over the size cap)"
 
 
 def detail_text(detail: SampleDetail, raw: bool) -> Text:
     """The sample as one Text (model output is never parsed as markup)."""
     text = Text()
 
-    def section(title: str, body: str | None) -> None:
+    def section(title: str, body: str | None, absent: str = "(none)") -> None:
         text.append(f"── {title} ", style="bold")
         text.append("─" * max(0, 40 - len(title)) + "\n", style="dim")
-        text.append((body if body else "(none)") + "\n\n", style=None if body else "dim")
+        text.append((body if body else absent) + "\n\n", style=None if body else "dim")
 
     summary = (
-        f"dataset {detail.dataset} · state {detail.state} · verdict {detail.verdict or '-'}"
+        f"dataset {detail.dataset} · state {detail.state} · verdict {detail.category or '-'}"
         f" · strategy {detail.strategy or '-'} · endpoint {detail.endpoint or '-'}\n"
         f"finish {detail.finish_reason or '-'} · cost {fmt.money(detail.cost_usd)}"
         f" · latency {fmt.ms(detail.latency_ms)} · ttft {fmt.ms(detail.ttft_ms)}"
@@ -47,7 +51,8 @@ def detail_text(detail: SampleDetail, raw: bool) -> Text:
     section("tool calls", calls)
     section("usage", ", ".join(f"{k} {v}" for k, v in detail.usage.items()) if detail.usage else None)
     if raw:
-        section("raw response", detail.raw)
+        # honest about an absent body: say why, not "(none)" (responses.raw is kept only with [run] keep_raw)
+        section("raw response", detail.raw, RAW_NOT_STORED if detail.keep_raw else RAW_NOT_KEPT)
     else:
         text.append("r shows the raw response", style="dim")
     return text
@@ -55,6 +60,12 @@ def detail_text(detail: SampleDetail, raw: bool) -> Text:
 
 class SampleScreen(Screen):
     """A scrollable text page; `r` toggles the raw response."""
+
+    class DetailLoaded(Fetched):
+        """The SampleDetail (`result`) arrived."""
+
+    class DetailFailed(FetchFailed):
+        """The sample could not be read."""
 
     BINDINGS = [
         Binding("r", "toggle_raw", "Raw", id="sample.raw"),
@@ -76,19 +87,22 @@ class SampleScreen(Screen):
         self.query_one("#sample-body").focus()
         self._load(self.sample_id)
 
-    @work(thread=True, exclusive=True, group="sample-detail", exit_on_error=False)
     def _load(self, sample_id: str) -> None:
-        try:
-            detail = self.app.source.sample_detail(sample_id)
-        except Exception as exc:
-            self.app.call_from_thread(
-                self.query_one("#sample-text", Static).update,
-                Text(f"sample {sample_id}: cannot read it: {exc}", style="bold red"),
-            )
-            return
-        self.app.call_from_thread(self.show_detail, detail)
+        source = self.app.source
+        fetch_in_thread(self, lambda: source.sample_detail(sample_id), self.DetailLoaded, self.DetailFailed,
+                        group="sample-detail", exclusive=True)
+
+    @on(DetailLoaded)
+    def _detail_loaded(self, message: DetailLoaded) -> None:
+        self.show_detail(message.result)
+
+    @on(DetailFailed)
+    def _detail_failed(self, message: DetailFailed) -> None:
+        self.query_one("#sample-text", Static).update(
+            Text(f"sample {self.sample_id}: cannot read it: {message.error}", style="bold red"))
 
     def show_detail(self, detail: SampleDetail) -> None:
+        """Show a loaded sample (UI thread)."""
         self.detail = detail
         self.query_one("#sample-text", Static).update(detail_text(detail, self.raw))
 

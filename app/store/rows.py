@@ -1,0 +1,450 @@
+"""Row codecs of the run database: each record and its encode / decode pair, in one place.
+
+- responses: `encode_response` (Completion -> the `INSERT_RESPONSE` parameters) and `decode_completion`
+  (a `responses` row -> Completion), with `encode_logprobs` / `decode_logprobs` and the tool-call pair;
+- reconstructions: `reconstruction_row` builds a `ReconstructionRow` record ONCE from a Reconstruction and
+  its Verdict; `encode_reconstruction` turns it into the named parameters of `UPSERT_RECONSTRUCTION`, and
+  `decode_reconstruction` reads a row back;
+- the records the reads of `app.store.queries` return (RunRow, MismatchRow, MismatchPage, SampleDetail,
+  EventRow, JobSummary, JobShardRow): frozen dataclasses, never tuples.
+
+JSON goes through orjson both ways (the column formats are in `app.store.schema`). Stdlib + orjson only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+
+from app.records import Completion, Reconstruction, TokenLogprob, ToolCall, Verdict
+from app.store.ids import pack_ids, unpack_ids
+from app.store.schema import N_DIFF_SQL
+
+
+def dumps(value: Any) -> str:
+    """JSON text of `value` (orjson: compact, UTF-8, enums as their values)."""
+    return orjson.dumps(value).decode("utf-8")
+
+
+def loads(text: str | bytes | None, default: Any = None) -> Any:
+    """The JSON value of a column, or `default` when it is NULL, empty or not JSON."""
+    if not text:
+        return default
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return default
+
+
+# ================================================================================================ responses
+
+RESPONSE_COLUMNS = (
+    "run_id", "sample_pk", "attempt", "endpoint", "provider", "model", "generation_id", "finish_reason",
+    "reasoning", "content", "tool_calls", "logprobs", "token_ids", "usage", "prompt_tokens", "completion_tokens",
+    "reasoning_tokens", "cached_tokens", "cost_usd", "latency_ms", "ttft_ms", "raw", "created_at",
+)
+INSERT_RESPONSE = (
+    f"INSERT INTO responses ({', '.join(RESPONSE_COLUMNS)}) VALUES ({', '.join('?' * len(RESPONSE_COLUMNS))})"
+)
+
+
+def encode_tool_calls(calls: Sequence[ToolCall]) -> str | None:
+    """The `responses.tool_calls` JSON list ({id, name, arguments, index, type}), NULL when there are none."""
+    return dumps([asdict(t) for t in calls]) if calls else None
+
+
+def decode_tool_calls(text: str | None) -> tuple[ToolCall, ...]:
+    """The ToolCalls of a `responses.tool_calls` value (arguments byte-exact)."""
+    return tuple(
+        ToolCall(id=c.get("id", ""), name=c.get("name", ""), arguments=c.get("arguments", ""),
+                 index=c.get("index", i), type=c.get("type", "function"))
+        for i, c in enumerate(loads(text, []))
+    )
+
+
+def encode_logprobs(completion: Completion) -> str | None:
+    """`{"content": [[token, bytes|null, logprob], ...], "reasoning": ...}`, NULL when the completion has none."""
+    if completion.content_logprobs is None and completion.reasoning_logprobs is None:
+        return None
+
+    def enc(seq: tuple[TokenLogprob, ...] | None) -> Any:
+        if seq is None:
+            return None
+        return [[t.token, list(t.bytes) if t.bytes is not None else None, t.logprob] for t in seq]
+
+    return dumps({"content": enc(completion.content_logprobs), "reasoning": enc(completion.reasoning_logprobs)})
+
+
+def decode_logprobs(
+    text: str | None,
+) -> tuple[tuple[TokenLogprob, ...] | None, tuple[TokenLogprob, ...] | None]:
+    """(content logprobs, reasoning logprobs) of a `responses.logprobs` value; None where absent."""
+    value = loads(text, {})
+
+    def dec(key: str) -> tuple[TokenLogprob, ...] | None:
+        seq = value.get(key)
+        if seq is None:
+            return None
+        return tuple(TokenLogprob(t[0], tuple(t[1]) if t[1] is not None else None, float(t[2])) for t in seq)
+
+    return dec("content"), dec("reasoning")
+
+
+def encode_raw(raw: Any, max_bytes: int | None = None) -> str | None:
+    """The provider's parsed body (or chunk list) as JSON for `responses.raw`; None when absent, not JSON-able,
+    or longer than `max_bytes` (a cap keeps one huge stream from bloating the database)."""
+    if raw is None:
+        return None
+    try:
+        text = dumps(raw)
+    except TypeError:
+        return None
+    if max_bytes is not None and len(text.encode("utf-8")) > max_bytes:
+        return None
+    return text
+
+
+def encode_response(
+    run_id: int,
+    sample_pk: int,
+    attempt: int,
+    endpoint: str,
+    completion: Completion,
+    cost_usd: float,
+    *,
+    keep_raw: bool = False,
+    raw_max_bytes: int | None = None,
+    created_at: float | None = None,
+) -> tuple[Any, ...]:
+    """The `INSERT_RESPONSE` parameters (RESPONSE_COLUMNS order) of one successful attempt."""
+    u = completion.usage
+    return (
+        run_id,
+        sample_pk,
+        attempt,
+        endpoint,
+        completion.provider,
+        completion.model,
+        completion.generation_id,
+        completion.finish_reason,
+        completion.reasoning,
+        completion.content,
+        encode_tool_calls(completion.tool_calls),
+        encode_logprobs(completion),
+        pack_ids(completion.token_ids),
+        dumps(asdict(u)),
+        u.prompt_tokens,
+        u.completion_tokens,
+        u.reasoning_tokens,
+        u.cached_tokens,
+        float(cost_usd),
+        completion.total_s * 1000.0,
+        completion.ttft_s * 1000.0 if completion.ttft_s is not None else None,
+        encode_raw(completion.raw, raw_max_bytes) if keep_raw else None,
+        time.time() if created_at is None else created_at,
+    )
+
+
+def decode_completion(row: Mapping[str, Any]) -> Completion:
+    """The Completion a `responses` row holds (text, tool calls, logprobs, server ids; usage and timings too
+    when the row carries those columns). The inverse of `encode_response` for what reconstruction reads."""
+    content_lp, reasoning_lp = decode_logprobs(row.get("logprobs"))
+    return Completion(
+        content=row.get("content") or "",
+        reasoning=row.get("reasoning"),
+        tool_calls=decode_tool_calls(row.get("tool_calls")),
+        finish_reason=row.get("finish_reason"),
+        content_logprobs=content_lp,
+        reasoning_logprobs=reasoning_lp,
+        token_ids=unpack_ids(row.get("token_ids")),
+        ttft_s=row["ttft_ms"] / 1000.0 if row.get("ttft_ms") is not None else None,
+        total_s=(row.get("latency_ms") or 0.0) / 1000.0,
+        provider=row.get("provider"),
+        model=row.get("model"),
+        generation_id=row.get("generation_id"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StoredCompletion:
+    """A sample's latest successful attempt read back for reconstruction (`queries.latest_completions`)."""
+
+    sample_pk: int
+    sample_id: str
+    response_id: int
+    reference_ids: tuple[int, ...] | None
+    completion: Completion
+
+
+# ================================================================================================ reconstructions
+
+
+@dataclass(frozen=True, slots=True)
+class ReconstructionRow:
+    """One `reconstructions` row as a record (ids unpacked, JSON decoded); the store writes and reads these.
+
+    `ids_source` (where the output ids came from) and `flags` (suspect-sample flags) are the schema v5
+    columns; None until the fidelity / export work fills them.
+    """
+
+    run_id: int
+    sample_pk: int
+    strategy: str
+    output_ids: tuple[int, ...]
+    category: str
+    response_id: int | None = None
+    profile: str = ""
+    tokenizer: str = ""
+    repair: str | None = None
+    roundtrip: bool | None = None
+    notes: tuple[str, ...] = ()
+    reference_ids: tuple[int, ...] | None = None
+    first_diff: int | None = None
+    ref_len: int | None = None
+    explanation: str | None = None
+    spans: tuple[tuple[int, int, int, int], ...] = ()
+    created_at: float = 0.0
+    ids_source: str | None = None
+    flags: tuple[str, ...] | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        """len(output_ids): the `n_tokens` column."""
+        return len(self.output_ids)
+
+
+def reconstruction_row(
+    run_id: int,
+    sample_pk: int,
+    reconstruction: Reconstruction,
+    verdict: Verdict | None,
+    reference_ids: Sequence[int] | None,
+    *,
+    response_id: int | None = None,
+    profile: str = "",
+    tokenizer: str = "",
+    ids_source: str | None = None,
+    flags: Sequence[str] | None = None,
+    created_at: float | None = None,
+) -> ReconstructionRow:
+    """The row of one rebuilt sample (no verdict: unchecked). `tokenizer` is the tokenizer's fingerprint."""
+    v = verdict or Verdict(category="unchecked", rec_len=len(reconstruction.output_ids))
+    ref = tuple(reference_ids) if reference_ids is not None else None
+    return ReconstructionRow(
+        run_id=run_id,
+        sample_pk=sample_pk,
+        response_id=response_id,
+        profile=profile,
+        tokenizer=tokenizer,
+        strategy=reconstruction.strategy,
+        repair=reconstruction.repair,
+        roundtrip=reconstruction.roundtrip,
+        notes=tuple(reconstruction.notes),
+        output_ids=tuple(reconstruction.output_ids),
+        reference_ids=ref,
+        category=str(v.category),
+        first_diff=v.first_diff,
+        ref_len=v.ref_len if v.ref_len is not None else (len(ref) if ref is not None else None),
+        explanation=v.explanation,
+        spans=tuple((s.ref_start, s.ref_end, s.rec_start, s.rec_end) for s in v.spans),
+        created_at=time.time() if created_at is None else created_at,
+        ids_source=ids_source,
+        flags=tuple(flags) if flags is not None else None,
+    )
+
+
+# n_diff (schema v4) is not a parameter: the upsert computes it from `detail` with N_DIFF_SQL.
+RECONSTRUCTION_COLUMNS = (
+    "run_id", "sample_pk", "response_id", "profile", "tokenizer", "strategy", "repair", "roundtrip", "notes",
+    "output_ids", "reference_ids", "category", "first_diff", "n_tokens", "ref_len", "explanation", "detail",
+    "created_at", "ids_source", "flags",
+)
+UPSERT_RECONSTRUCTION = (
+    f"INSERT INTO reconstructions ({', '.join(RECONSTRUCTION_COLUMNS)}, n_diff) "
+    f"VALUES ({', '.join(':' + c for c in RECONSTRUCTION_COLUMNS)}, {N_DIFF_SQL.format(detail=':detail')}) "
+    "ON CONFLICT (run_id, sample_pk) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in (*RECONSTRUCTION_COLUMNS[2:], "n_diff"))
+)
+
+
+def encode_reconstruction(row: ReconstructionRow, **override: Any) -> dict[str, Any]:
+    """The named parameters of `UPSERT_RECONSTRUCTION` for `row`; `override` sets columns by name (e.g. the
+    response_id known only inside the writing transaction)."""
+    params = {
+        "run_id": row.run_id,
+        "sample_pk": row.sample_pk,
+        "response_id": row.response_id,
+        "profile": row.profile,
+        "tokenizer": row.tokenizer,
+        "strategy": row.strategy,
+        "repair": row.repair,
+        "roundtrip": None if row.roundtrip is None else int(row.roundtrip),
+        "notes": dumps(list(row.notes)),
+        "output_ids": pack_ids(row.output_ids),
+        "reference_ids": pack_ids(row.reference_ids),
+        "category": str(row.category),
+        "first_diff": row.first_diff,
+        "n_tokens": row.n_tokens,
+        "ref_len": row.ref_len,
+        "explanation": row.explanation,
+        "detail": dumps({"spans": [list(s) for s in row.spans]}),
+        "created_at": row.created_at,
+        "ids_source": row.ids_source,
+        "flags": dumps(list(row.flags)) if row.flags is not None else None,
+    }
+    unknown = set(override) - params.keys()
+    if unknown:
+        raise KeyError(f"not reconstruction columns: {sorted(unknown)}")
+    params.update(override)
+    return params
+
+
+RECONSTRUCTION_SELECT = ", ".join(c for c in RECONSTRUCTION_COLUMNS if c != "n_tokens")
+
+
+def decode_reconstruction(row: Mapping[str, Any]) -> ReconstructionRow:
+    """A `reconstructions` row (selected with RECONSTRUCTION_SELECT, as a mapping) back as its record."""
+    flags = loads(row.get("flags"))
+    return ReconstructionRow(
+        run_id=row["run_id"],
+        sample_pk=row["sample_pk"],
+        response_id=row.get("response_id"),
+        profile=row.get("profile") or "",
+        tokenizer=row.get("tokenizer") or "",
+        strategy=row["strategy"],
+        repair=row.get("repair"),
+        roundtrip=None if row.get("roundtrip") is None else bool(row["roundtrip"]),
+        notes=tuple(loads(row.get("notes"), [])),
+        output_ids=unpack_ids(row["output_ids"]) or (),
+        reference_ids=unpack_ids(row.get("reference_ids")),
+        category=row["category"],
+        first_diff=row.get("first_diff"),
+        ref_len=row.get("ref_len"),
+        explanation=row.get("explanation"),
+        spans=tuple(tuple(s) for s in loads(row.get("detail"), {}).get("spans", ())),
+        created_at=row.get("created_at") or 0.0,
+        ids_source=row.get("ids_source"),
+        flags=tuple(flags) if flags is not None else None,
+    )
+
+
+# ================================================================================================ read records
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    """One row of `runs` (config decoded)."""
+
+    id: int
+    name: str
+    state: str
+    reason: str | None
+    created_at: float
+    updated_at: float
+    config: dict[str, Any]
+
+
+RUN_SELECT = "id, name, state, reason, created_at, updated_at, config"
+
+
+def decode_run(r: Sequence[Any]) -> RunRow:
+    """A RunRow from a row selected with RUN_SELECT."""
+    return RunRow(r[0], r[1], r[2], r[3], r[4], r[5], loads(r[6], {}))
+
+
+@dataclass(frozen=True, slots=True)
+class MismatchRow:
+    """One reconstruction in the mismatch list (its ids are not read: see `queries.sample_ids`)."""
+
+    sample_id: str
+    dataset: str
+    category: str
+    first_diff: int | None
+    ref_len: int | None
+    rec_len: int  # n_tokens
+    n_diff: int  # tokens differing (NULL, from a row written outside the store, reads as 0)
+    pk: int = 0  # the sample's row key: pages turn by it (keyset paging)
+
+
+@dataclass(frozen=True, slots=True)
+class MismatchPage:
+    """A window of the mismatch list: `rows` start at `offset` of `total` matching rows."""
+
+    rows: tuple[MismatchRow, ...]
+    total: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class SampleDetail:
+    """One sample and its latest attempt, as stored (JSON decoded; the raw body re-indented)."""
+
+    sample_id: str
+    dataset: str
+    state: str
+    prompt: Sequence[dict[str, Any]] = ()
+    reasoning: str | None = None
+    content: str | None = None
+    tool_calls: Sequence[dict[str, Any]] = ()
+    usage: dict[str, Any] = field(default_factory=dict)
+    cost_usd: float = 0.0
+    latency_ms: float | None = None
+    ttft_ms: float | None = None
+    endpoint: str | None = None
+    finish_reason: str | None = None
+    category: str | None = None
+    strategy: str | None = None
+    error: str | None = None
+    reference_ids: tuple[int, ...] | None = None
+    raw: str | None = None  # responses.raw, when the run keeps raw bodies
+    keep_raw: bool = False  # the run's config asks for raw bodies ([run] keep_raw)
+
+
+@dataclass(frozen=True, slots=True)
+class EventRow:
+    """One row of `events`."""
+
+    id: int
+    ts: float
+    level: str
+    kind: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    """One extraction job with its shard progress, as the faces list it."""
+
+    job_id: int
+    name: str
+    state: str
+    executor: str
+    n_shards: int
+    shards_done: int
+    tokens: int
+    updated_at: float | None
+    log_path: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobShardRow:
+    """One row of `job_shards`."""
+
+    job_id: int
+    shard: int
+    state: str
+    pid: int | None
+    external_id: str | None
+    done: int
+    total: int
+    tokens: int
+    exit_code: int | None
+    log_path: str | None
+    output_path: str | None
+    error: str | None
+    started_at: float | None
+    ended_at: float | None
