@@ -3,12 +3,13 @@
 Builds a run database of --samples samples (default 1,000,000; responses spread over the last 24 h,
 10% of reconstructions non-exact, so 100k mismatches) with executemany straight into the schema, and a
 1,000-sample database as the baseline measured in the same run. Median of --repeat rounds:
-  - dashboard refresh, attached: `snapshot_from_db` + jobs + events from SQLite, then rendering them;
+  - dashboard refresh, attached: `snapshot_from_db` + jobs + events from SQLite (through the store's
+    `RunReader`, as the attached source reads), then rendering them;
   - dashboard refresh, in-process: jobs + events from SQLite (the snapshot is in memory), then rendering;
   - token diff open: `app.tokens.align` of a 32k-token pair with 64 differences + model build + first
     paint of `TokenDiffView`, and a jump to the last difference;
   - mismatch page: one page (50 rows) of the 100k non-exact samples, first and deep (offset 50,000),
-    per sort order and with a text filter, plus filling the table with it.
+    per sort order of `app.store.queries.MISMATCH_ORDERS` and with a text filter, plus filling the table.
 Queries are wall-clock; rendering (through Textual's Pilot) is the process's CPU time less the CPU time of
 an empty Pilot round trip measured alongside.
 Targets: refresh < 50 ms, diff open < 300 ms, page < 50 ms. Results go to bench/results/tui.json.
@@ -150,12 +151,13 @@ def measure_db(path: Path, repeat: int) -> dict[str, float]:
     out: dict[str, float] = {"mismatches": float(total)}
     out["fetch_attached"] = median_ms(lambda: (source.snapshot(), source.jobs(), source.events(6)), repeat)
     out["fetch_in_process"] = median_ms(lambda: (source.jobs(), source.events(6)), repeat)
-    for order in ("sample", "verdict"):
+    for order in ("sample", "recent", "verdict"):
         out[f"page_{order}"] = median_ms(lambda: reader.mismatch_page(MISMATCH_VERDICTS, "", order, 0, PAGE_SIZE), repeat)
-    for order in ("first_diff", "n_diff"):
-        # cold: the first page sorts every match; warm: later pages reuse that order
+    for order in ("first_diff", "n_diff", "longest"):
+        # cold: a first page that sorts (longest; the others past their index) sorts every match; warm:
+        # later pages reuse that order
         def cold(order=order):
-            reader._sorted.clear()
+            reader.sort_cache.clear()
             reader.mismatch_page(MISMATCH_VERDICTS, "", order, 0, PAGE_SIZE)
 
         out[f"page_{order}"] = median_ms(cold, repeat)
@@ -301,11 +303,14 @@ def main() -> int:
         row("mismatch page, sample order (query + table)", base["page_sample"] + base["render_page"], large["page_sample"] + large["render_page"], 50),
         row("  query: first page, sample order", base["page_sample"], large["page_sample"], None),
         row("  query: next page at depth (offset 50,000)", base["page_deep"], large["page_deep"], None),
+        row("  query: most recent first", base["page_recent"], large["page_recent"], None),
         row("  query: verdict order", base["page_verdict"], large["page_verdict"], None),
         row("  query: first-difference order, first page", base["page_first_diff"], large["page_first_diff"], None),
         row("  query: first-difference order, later page", base["page_first_diff_next"], large["page_first_diff_next"], None),
         row("  query: tokens-differing order, first page", base["page_n_diff"], large["page_n_diff"], None),
         row("  query: tokens-differing order, later page", base["page_n_diff_next"], large["page_n_diff_next"], None),
+        row("  query: longest first, first page", base["page_longest"], large["page_longest"], None),
+        row("  query: longest first, later page", base["page_longest_next"], large["page_longest_next"], None),
         row("  query: one verdict", base["page_one_verdict"], large["page_one_verdict"], None),
         row("  query: text filter", base["page_text"], large["page_text"], None),
         row("  render: fill the table (CPU)", base["render_page"], large["render_page"], None),

@@ -11,8 +11,9 @@ The mismatch list (`mismatch_page`) has ONE set of sort orders (`MISMATCH_ORDERS
 - verdict: by category, then sample; keyset over the same index;
 - first_diff: earliest first difference first (rows without one last); the partial (run, first_diff) index;
 - n_diff: most tokens differing first; the (run, n_diff) index;
-- longest: most rebuilt tokens first; no index: every match is sorted once and the order is reused for
-  SORT_CACHE_S (as first_diff and n_diff are when a text filter is set).
+- longest: most rebuilt tokens first; the (run, category, n_tokens) index (schema v5), one range per verdict.
+first_diff, n_diff and longest read about offset + limit index entries. With a text filter they sort every
+match once and reuse that order for SORT_CACHE_S (turning pages is then a slice and a lookup).
 The text filter matches a literal substring (LIKE wildcards are escaped) of the sample id, the dataset or
 the verdict's explanation.
 """
@@ -173,6 +174,10 @@ _SORT_KEYS: dict[str, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {
 }
 
 
+# orders served whole by one index over every reconstruction: order -> (index, column sorted descending)
+_INDEXES = {"n_diff": ("reconstructions_by_run_n_diff", "n_diff")}
+
+
 def _text_condition(text: str | None) -> tuple[str, list[Any]]:
     """The SQL (samples joined as `s`) matching `text` literally in a sample id, dataset or explanation."""
     if not text:
@@ -307,13 +312,26 @@ class _Query:
                 "ORDER BY r.first_diff, r.sample_pk LIMIT ? OFFSET ?", offset, limit)
             if len(pks) == limit:
                 return self.rows_for(pks)
-        if not self.text_sql and order == "n_diff":
-            # The n_diff index holds every reconstruction (NULLs, from rows written outside the store, last):
+        if not self.text_sql and order == "longest":
+            # One (run, category, length) index range per verdict, each cut at offset + limit rows, merged.
+            # Keys only (the index covers them), then `limit` rows.
+            parts, args = [], []
+            for verdict in self.verdicts:
+                parts.append(
+                    "SELECT * FROM (SELECT r.sample_pk, r.n_tokens FROM reconstructions AS r INDEXED BY "
+                    "reconstructions_by_run_category_length WHERE r.run_id = ? AND r.category = ? "
+                    "ORDER BY r.n_tokens DESC, r.sample_pk LIMIT ?)")
+                args += [self.run_id, verdict, offset + limit]
+            sql = " UNION ALL ".join(parts) + " ORDER BY 2 DESC, 1 LIMIT ? OFFSET ?"
+            return self.rows_for([row[0] for row in self.conn.execute(sql, [*args, limit, offset])])
+        if not self.text_sql and order in _INDEXES:
+            # These indexes hold every reconstruction (NULL n_diff, from rows written outside the store, last):
             # a page reads about offset + limit index entries and is complete even when short.
+            index, column = _INDEXES[order]
             return self.rows_for(self._pks(
-                "SELECT r.sample_pk FROM reconstructions AS r INDEXED BY reconstructions_by_run_n_diff "
+                f"SELECT r.sample_pk FROM reconstructions AS r INDEXED BY {index} "
                 f"WHERE r.run_id = ? AND r.category IN ({self.marks}) "
-                "ORDER BY r.n_diff DESC, r.sample_pk LIMIT ? OFFSET ?", offset, limit))
+                f"ORDER BY r.{column} DESC, r.sample_pk LIMIT ? OFFSET ?", offset, limit))
 
         def compute() -> list[int]:
             rows = self.conn.execute(

@@ -359,6 +359,10 @@ _V5 = """
 -- provenance and suspect flags (issues 12, 13)
 ALTER TABLE reconstructions ADD COLUMN ids_source TEXT;
 ALTER TABLE reconstructions ADD COLUMN flags TEXT;
+
+-- issue 9: the mismatch list's "longest first" order walks an index, as its other orders do; per verdict
+-- (category before length), since long exact rows would otherwise sit between the mismatches
+CREATE INDEX reconstructions_by_run_category_length ON reconstructions (run_id, category, n_tokens DESC, sample_pk);
 """
 
 MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)

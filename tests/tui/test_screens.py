@@ -281,3 +281,103 @@ def test_attached_source_refuses_an_unknown_run(run_db: Path) -> None:
 
     with pytest.raises(InputError, match="no run named 'nope'"):
         AttachedSource(run_db, "nope")
+
+
+async def test_set_concurrency_from_an_attached_viewer_queues_the_command(run_db: Path) -> None:
+    from app.tui.screens.confirm import NumberScreen
+
+    app = attached(run_db)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert any("(run.concurrency)" in text for _, text in app.screen.bindings_shown)  # in help, with its id
+        await pilot.press("escape")
+        await pilot.pause()
+        await pilot.press("c")
+        await settle(pilot)
+        assert isinstance(app.screen, NumberScreen)
+        await pilot.press("7", "enter")
+        await settle(pilot)
+        assert isinstance(app.screen, DashboardScreen)
+        await pilot.press("c")
+        await settle(pilot)
+        await pilot.press("escape")  # cancelled: nothing more is sent
+        await settle(pilot)
+    rows = sqlite3.connect(run_db).execute("SELECT verb, args, done_at FROM commands").fetchall()
+    assert [(verb, json.loads(args), done) for verb, args, done in rows] == [("set_concurrency", {"limit": 7}, None)]
+
+
+async def test_set_concurrency_is_hidden_where_it_does_not_apply(run_db: Path) -> None:
+    app = attached(run_db, readonly=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert app.check_action("set_concurrency", ()) is False
+        await pilot.press("c")
+        await settle(pilot)
+        assert isinstance(app.screen, DashboardScreen)
+    done = sqlite3.connect(run_db)
+    done.execute("UPDATE runs SET state = 'done'")
+    done.commit()
+    done.close()
+    app = attached(run_db)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert app.last_snapshot is not None and app.last_snapshot.state == "done"
+        assert app.check_action("set_concurrency", ()) is False  # a finished run has nothing to limit
+    app = attached(run_db)
+    live = sqlite3.connect(run_db)
+    live.execute("UPDATE runs SET state = 'running'")
+    live.commit()
+    live.close()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert app.check_action("set_concurrency", ()) is True
+        await pilot.press("j")
+        await settle(pilot)
+        assert app.check_action("set_concurrency", ()) is False  # `c` cancels a job there
+    assert sqlite3.connect(run_db).execute("SELECT COUNT(*) FROM commands").fetchone()[0] == 0
+
+
+def test_the_attached_control_implements_run_control_exactly() -> None:
+    import inspect
+
+    from app.engine.control import RunControl
+    from app.tui.db_source import AttachedControl
+
+    # job control is not the run's: the TUI sends it to app.jobs.control (RunControl.job_command, while the
+    # protocol still names it, has no sender)
+    wanted = {name for name, _ in inspect.getmembers(RunControl, inspect.iscoroutinefunction)} - {"job_command"}
+    assert wanted == {"pause", "resume", "set_concurrency"}
+    for name in wanted:
+        mine = getattr(AttachedControl, name)
+        assert inspect.iscoroutinefunction(mine), name
+        assert inspect.signature(mine) == inspect.signature(getattr(RunControl, name)), name
+
+
+@pytest.mark.parametrize(("keep_raw", "said"), [(False, "raw bodies are not kept: set [run] keep_raw = true"),
+                                                 (True, "no raw body was stored for this attempt")])
+async def test_sample_screen_says_why_a_raw_body_is_absent(run_db: Path, keep_raw: bool, said: str) -> None:
+    conn = sqlite3.connect(run_db)
+    conn.execute("UPDATE responses SET raw = NULL WHERE sample_pk = (SELECT pk FROM samples WHERE sample_id = 's0002')")
+    config = json.loads(conn.execute("SELECT config FROM runs").fetchone()[0])
+    config["run"] = {"keep_raw": keep_raw}
+    conn.execute("UPDATE runs SET config = ?", (json.dumps(config),))
+    conn.commit()
+    conn.close()
+    app = attached(run_db)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        app.open_sample("s0002")
+        await settle(pilot)
+        await pilot.press("r")
+        await settle(pilot)
+        text = str(app.screen.query_one("#sample-text").render())
+        assert said in text and "(none)\n\nr shows" not in text
+        app.pop_screen()
+        await settle(pilot)
+        app.open_sample("s0003")  # a sample whose body was kept shows it
+        await settle(pilot)
+        await pilot.press("r")
+        await settle(pilot)
+        assert '"gen-3"' in str(app.screen.query_one("#sample-text").render())

@@ -1,0 +1,93 @@
+"""Row codecs: what the store writes for a Completion / Reconstruction is what the reads give back."""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from app.records import Category, DiffSpan, Reconstruction, TokenLogprob, Verdict
+from app.store import queries, rows
+from tests.store.test_run_store import completion, open_with
+
+
+async def test_a_completion_comes_back_from_its_responses_row(tmp_path: Path) -> None:
+    store, run_id = await open_with(tmp_path, 1)
+    (leased,) = await store.lease(run_id, 1, 60)
+    sent = replace(completion(), reasoning_logprobs=(TokenLogprob("th", (116, 104), -0.5),), generation_id="gen-7")
+    response_id = await store.record_result(run_id, leased.pk, 1, "sim", sent, 0.25,
+                                            Reconstruction((1, 2), "logprobs"), None, (1, 2))
+    await store.close()
+
+    conn = queries.connect_readonly(tmp_path / "runs.db")
+    try:
+        (stored,) = queries.latest_completions(conn, run_id)
+    finally:
+        conn.close()
+    # reference ids are the sample's (it was ingested without any), not the old reconstruction's
+    assert (stored.sample_pk, stored.sample_id, stored.response_id, stored.reference_ids) == (leased.pk, "s0", response_id, None)
+    got = stored.completion
+    for name in ("content", "reasoning", "tool_calls", "finish_reason", "content_logprobs", "reasoning_logprobs",
+                 "token_ids", "provider", "model", "generation_id"):
+        assert getattr(got, name) == getattr(sent, name), name
+    assert (got.ttft_s, got.total_s) == pytest.approx((sent.ttft_s, sent.total_s))
+
+
+async def test_a_reconstruction_row_is_built_once_and_read_back_whole(tmp_path: Path) -> None:
+    store, run_id = await open_with(tmp_path, 2)
+    a, b = await store.lease(run_id, 2, 60)
+    verdict = Verdict(Category.TEXT_MISMATCH, first_diff=1, ref_len=3, rec_len=3, spans=(DiffSpan(1, 2, 1, 3),),
+                      explanation="text differs at token 1")
+    rec = Reconstruction((7, 8, 9), "canonical", repair="think_spaces", roundtrip=False, notes=("normaliser",))
+    await store.record_result(run_id, a.pk, 1, "sim", completion(), 0.0, rec, verdict, (7, 1, 9), profile="p", tokenizer="fp")
+    # a reprocess-style upsert of the second sample, with the v5 columns filled
+    row = rows.reconstruction_row(run_id, b.pk, rec, None, None, ids_source="server", flags=("suspect_space",))
+    assert row.category == "unchecked" and row.n_tokens == 3
+    assert await store.upsert_reconstructions([row]) == 1
+    await store.close()
+
+    conn = queries.connect_readonly(tmp_path / "runs.db")
+    try:
+        first = queries.reconstruction_of(conn, run_id, "s0")
+        second = queries.reconstruction_of(conn, run_id, "s1")
+        n_diff = dict(conn.execute("SELECT sample_pk, n_diff FROM reconstructions"))
+    finally:
+        conn.close()
+    assert first is not None and second is not None
+    assert (first.output_ids, first.reference_ids, first.category, first.first_diff, first.ref_len) == (
+        (7, 8, 9), (7, 1, 9), "text_mismatch", 1, 3)
+    assert (first.repair, first.roundtrip, first.notes, first.spans) == ("think_spaces", False, ("normaliser",), ((1, 2, 1, 3),))
+    assert (first.profile, first.tokenizer, first.explanation) == ("p", "fp", "text differs at token 1")
+    assert (first.ids_source, first.flags) == (None, None)
+    assert (second.ids_source, second.flags, second.reference_ids) == ("server", ("suspect_space",), None)
+    assert n_diff == {a.pk: 2, b.pk: 0}  # computed from the spans by the upsert
+
+
+def test_raw_bodies_are_kept_only_when_asked_and_under_the_cap() -> None:
+    c = replace(completion(), raw=[{"id": "chunk-1", "choices": []}])
+    assert rows.encode_response(1, 1, 1, "e", c, 0.0)[rows.RESPONSE_COLUMNS.index("raw")] is None
+    kept = rows.encode_response(1, 1, 1, "e", c, 0.0, keep_raw=True)[rows.RESPONSE_COLUMNS.index("raw")]
+    assert kept == '[{"id":"chunk-1","choices":[]}]'
+    assert rows.encode_raw(c.raw, max_bytes=len(kept) - 1) is None
+    assert rows.encode_raw(object()) is None  # not JSON: dropped, never an error mid-run
+
+
+def test_encode_reconstruction_refuses_an_unknown_column() -> None:
+    row = rows.reconstruction_row(1, 1, Reconstruction((1,), "none"), None, None)
+    assert rows.encode_reconstruction(row, response_id=5)["response_id"] == 5
+    with pytest.raises(KeyError, match="respons_id"):
+        rows.encode_reconstruction(row, respons_id=5)
+
+
+def test_every_column_the_codec_writes_exists(tmp_path: Path) -> None:
+    from app.store.db import migrate
+
+    db = tmp_path / "x.db"
+    migrate(db)
+    conn = sqlite3.connect(db)
+    columns = {r[1] for r in conn.execute("PRAGMA table_info(reconstructions)")}
+    assert set(rows.RECONSTRUCTION_COLUMNS) <= columns
+    assert set(rows.RESPONSE_COLUMNS) <= {r[1] for r in conn.execute("PRAGMA table_info(responses)")}
+    conn.close()
