@@ -22,7 +22,7 @@ from app.errors import EaglewatchError, InputError
 from app.store import queries
 from app.store.queries import RunReader
 from app.tui.format import clock
-from app.tui.source import MismatchPage, MismatchRow, SampleDetail, SampleDiff
+from app.tui.source import MismatchPage, SampleDetail, SampleDiff
 from widgets.event_tail import EventLine
 from widgets.jobs_table import JobRow
 
@@ -94,18 +94,9 @@ class _DatabaseBackedSource:
             # the engine's Reconstructor already holds the run's tokenizer: diffs reuse it
             self._tokenizers[str(tokenizer_dir)] = tokenizer
 
-    def mismatch_page(
-        self,
-        verdicts: Sequence[str],
-        text: str,
-        order: str,
-        offset: int,
-        limit: int,
-        *,
-        after: MismatchRow | None = None,
-        before: MismatchRow | None = None,
-    ) -> MismatchPage:
-        return self.reader.mismatch_page(verdicts, text, order, offset, limit, after=after, before=before)
+    def mismatch_page(self, *args: Any, **kwargs: Any) -> MismatchPage:
+        """`DataSource.mismatch_page`: the store's `RunReader.mismatch_page` (same arguments)."""
+        return self.reader.mismatch_page(*args, **kwargs)
 
     def tokenizer_dir(self) -> Path:
         """The run's tokenizer directory, from the config stored with the run."""
