@@ -41,7 +41,9 @@ from app.libnoise import silence_library_noise  # noqa: E402
 silence_library_noise()
 
 MISMATCH_SHARE = 0.10
-NON_EXACT = ("bpe_equivalent", "text_mismatch", "structure_mismatch", "truncated")
+from app.records import Category  # noqa: E402
+
+NON_EXACT = (Category.BPE_EQUIVALENT, Category.TEXT_MISMATCH, Category.STRUCTURE_MISMATCH, Category.TRUNCATED)
 
 
 def build_db(path: Path, samples: int, tokenizer_dir: Path) -> float:
@@ -85,7 +87,7 @@ def build_db(path: Path, samples: int, tokenizer_dir: Path) -> float:
                 # n_diff as the store writes it (schema v4): the longer side of each span
                 rows.append((i + 1, i + 1, verdict, k, spans, f"{verdict} at token {k}", max(1 + i % 5, 2)))
             else:
-                rows.append((i + 1, i + 1, "exact", None, '{"spans": []}', None, 0))
+                rows.append((i + 1, i + 1, Category.EXACT, None, '{"spans": []}', None, 0))
         conn.executemany(
             "INSERT INTO reconstructions (run_id, sample_pk, response_id, profile, tokenizer, strategy, output_ids, "
             "reference_ids, category, first_diff, n_tokens, ref_len, explanation, detail, n_diff, created_at) "
@@ -168,7 +170,7 @@ def measure_db(path: Path, repeat: int) -> dict[str, float]:
     out["page_deep"] = median_ms(
         lambda: reader.mismatch_page(MISMATCH_VERDICTS, "", "sample", deep, PAGE_SIZE, after=anchor), repeat
     )
-    out["page_one_verdict"] = median_ms(lambda: reader.mismatch_page(("text_mismatch",), "", "sample", 0, PAGE_SIZE), repeat)
+    out["page_one_verdict"] = median_ms(lambda: reader.mismatch_page((Category.TEXT_MISMATCH,), "", "sample", 0, PAGE_SIZE), repeat)
     out["page_text"] = median_ms(lambda: reader.mismatch_page(MISMATCH_VERDICTS, "s00012", "sample", 0, PAGE_SIZE), repeat)
 
     async def render() -> None:

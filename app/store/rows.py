@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from app.records import Completion, Reconstruction, TokenLogprob, ToolCall, Verdict
+from app.records import Category, Completion, Reconstruction, TokenLogprob, ToolCall, Verdict
 from app.store.ids import pack_ids, unpack_ids
 from app.store.schema import N_DIFF_SQL
 
@@ -232,7 +232,7 @@ def reconstruction_row(
     created_at: float | None = None,
 ) -> ReconstructionRow:
     """The row of one rebuilt sample (no verdict: unchecked). `tokenizer` is the tokenizer's fingerprint."""
-    v = verdict or Verdict(category="unchecked", rec_len=len(reconstruction.output_ids))
+    v = verdict or Verdict(category=Category.UNCHECKED, rec_len=len(reconstruction.output_ids))
     ref = tuple(reference_ids) if reference_ids is not None else None
     return ReconstructionRow(
         run_id=run_id,
