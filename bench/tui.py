@@ -170,6 +170,10 @@ def measure_db(path: Path, repeat: int) -> dict[str, float]:
     out["page_deep"] = median_ms(
         lambda: reader.mismatch_page(MISMATCH_VERDICTS, "", "sample", deep, PAGE_SIZE, after=anchor), repeat
     )
+    longest_anchor = reader.mismatch_page(MISMATCH_VERDICTS, "", "longest", deep, 1).rows[0]
+    out["page_longest_deep"] = median_ms(
+        lambda: reader.mismatch_page(MISMATCH_VERDICTS, "", "longest", deep, PAGE_SIZE, after=longest_anchor), repeat
+    )
     out["page_one_verdict"] = median_ms(lambda: reader.mismatch_page((Category.TEXT_MISMATCH,), "", "sample", 0, PAGE_SIZE), repeat)
     out["page_text"] = median_ms(lambda: reader.mismatch_page(MISMATCH_VERDICTS, "s00012", "sample", 0, PAGE_SIZE), repeat)
 
@@ -312,7 +316,8 @@ def main() -> int:
         row("  query: tokens-differing order, first page", base["page_n_diff"], large["page_n_diff"], None),
         row("  query: tokens-differing order, later page", base["page_n_diff_next"], large["page_n_diff_next"], None),
         row("  query: longest first, first page", base["page_longest"], large["page_longest"], None),
-        row("  query: longest first, later page", base["page_longest_next"], large["page_longest_next"], None),
+        row("  query: longest first, later page by offset", base["page_longest_next"], large["page_longest_next"], None),
+        row("  query: longest first, deep page by key", base["page_longest_deep"], large["page_longest_deep"], None),
         row("  query: one verdict", base["page_one_verdict"], large["page_one_verdict"], None),
         row("  query: text filter", base["page_text"], large["page_text"], None),
         row("  render: fill the table (CPU)", base["render_page"], large["render_page"], None),

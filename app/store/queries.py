@@ -11,8 +11,9 @@ The mismatch list (`mismatch_page`) has ONE set of sort orders (`MISMATCH_ORDERS
 - verdict: by category, then sample; keyset over the same index;
 - first_diff: earliest first difference first (rows without one last); the partial (run, first_diff) index;
 - n_diff: most tokens differing first; the (run, n_diff) index;
-- longest: most rebuilt tokens first; the (run, category, n_tokens) index (schema v5), one range per verdict.
-first_diff, n_diff and longest read about offset + limit index entries. With a text filter they sort every
+- longest: most rebuilt tokens first; the (run, category, n_tokens) index (schema v5), one range per
+  verdict, pages turned by key like sample order.
+first_diff and n_diff read about offset + limit index entries. With a text filter they sort every
 match once and reuse that order for SORT_CACHE_S (turning pages is then a slice and a lookup).
 The text filter matches a literal substring (LIKE wildcards are escaped) of the sample id, the dataset or
 the verdict's explanation.
@@ -245,6 +246,8 @@ def mismatch_page(
         rows = q.by_sample(offset, limit, after, before, descending=order == "recent")
     elif order == "verdict":
         rows = q.by_verdict(offset, limit, after, before)
+    elif order == "longest" and not text_sql:
+        rows = q.by_length(offset, limit, after, before)
     else:
         rows = q.sorted(order, offset, limit, cache if cache is not None else SortCache(0.0))
     names = q.names([row[0] for row in rows])
@@ -305,6 +308,33 @@ class _Query:
         ).fetchall()
         return rows[::-1] if direction == "DESC" else rows
 
+    def by_length(self, offset: int, limit: int, after: MismatchRow | None,
+                  before: MismatchRow | None) -> list[tuple[Any, ...]]:
+        # Per verdict, (run, category, n_tokens DESC, sample_pk) index ranges cut at `need` keys, merged.
+        # Turning a page by key reads two ranges per verdict from the anchor (its length's remaining
+        # samples, then shorter / longer rows), about `limit` keys each, whatever the depth.
+        key = after or before
+        back = before is not None
+        hint = "reconstructions AS r INDEXED BY reconstructions_by_run_category_length"
+        skip = 0 if key is not None else offset
+        need = skip + limit
+        # walking forward: longest first, then sample order; backward: the exact reverse
+        order = "r.n_tokens ASC, r.sample_pk DESC" if back else "r.n_tokens DESC, r.sample_pk ASC"
+        parts, args = [], []
+        for verdict in self.verdicts:
+            ranges: list[tuple[str, list[Any]]] = [("", [])]
+            if key is not None:
+                ranges = [(f" AND r.n_tokens = ? AND r.sample_pk {'<' if back else '>'} ?", [key.rec_len, key.pk]),
+                          (f" AND r.n_tokens {'>' if back else '<'} ?", [key.rec_len])]
+            for cond, cond_args in ranges:
+                parts.append(f"SELECT * FROM (SELECT r.sample_pk, r.n_tokens FROM {hint} WHERE r.run_id = ? "
+                             f"AND r.category = ?{cond} ORDER BY {order} LIMIT ?)")
+                args += [self.run_id, verdict, *cond_args, need]
+        merged = "2 ASC, 1 DESC" if back else "2 DESC, 1 ASC"  # 2: n_tokens, 1: sample_pk
+        sql = " UNION ALL ".join(parts) + f" ORDER BY {merged} LIMIT ? OFFSET ?"
+        pks = [row[0] for row in self.conn.execute(sql, [*args, limit, skip])]
+        return self.rows_for(pks[::-1] if back else pks)
+
     def sorted(self, order: str, offset: int, limit: int, cache: SortCache) -> list[tuple[Any, ...]]:
         if not self.text_sql and order == "first_diff":
             # Rows with a first difference come in order from a partial index: a page reads about
@@ -315,18 +345,6 @@ class _Query:
                 "ORDER BY r.first_diff, r.sample_pk LIMIT ? OFFSET ?", offset, limit)
             if len(pks) == limit:
                 return self.rows_for(pks)
-        if not self.text_sql and order == "longest":
-            # One (run, category, length) index range per verdict, each cut at offset + limit rows, merged.
-            # Keys only (the index covers them), then `limit` rows.
-            parts, args = [], []
-            for verdict in self.verdicts:
-                parts.append(
-                    "SELECT * FROM (SELECT r.sample_pk, r.n_tokens FROM reconstructions AS r INDEXED BY "
-                    "reconstructions_by_run_category_length WHERE r.run_id = ? AND r.category = ? "
-                    "ORDER BY r.n_tokens DESC, r.sample_pk LIMIT ?)")
-                args += [self.run_id, verdict, offset + limit]
-            sql = " UNION ALL ".join(parts) + " ORDER BY 2 DESC, 1 LIMIT ? OFFSET ?"
-            return self.rows_for([row[0] for row in self.conn.execute(sql, [*args, limit, offset])])
         if not self.text_sql and order in _INDEXES:
             # These indexes hold every reconstruction (NULL n_diff, from rows written outside the store, last):
             # a page reads about offset + limit index entries and is complete even when short.

@@ -77,7 +77,7 @@ def test_mismatch_page_never_scans_the_whole_table(reader: sqlite3.Connection, o
     assert not any(step.startswith(("SCAN r", "SCAN s")) for step in plan), plan
 
 
-@pytest.mark.parametrize("order", ["sample", "recent", "verdict"])
+@pytest.mark.parametrize("order", ["sample", "recent", "verdict", "longest"])
 def test_keyset_pages_read_an_index_range_whatever_the_depth(reader: sqlite3.Connection, order: str) -> None:
     deep = queries.mismatch_page(reader, 1, MISMATCH, None, order, offset=2000, limit=10)
     plan = _plans(reader, lambda: queries.mismatch_page(reader, 1, MISMATCH, None, order, 2010, 10, after=deep.rows[-1]))
@@ -100,6 +100,24 @@ def test_pages_cover_every_mismatch_once_in_order(reader: sqlite3.Connection) ->
     recent = queries.mismatch_page(reader, 1, MISMATCH, None, "recent", 0, 1000)
     assert [r.pk for r in recent.rows] == sorted(seen, reverse=True)[:1000]
     assert {r.category for r in queries.mismatch_page(reader, 1, MISMATCH, limit=1000).rows} <= set(MISMATCH)
+
+
+def test_longest_first_by_key_matches_a_full_sort_ties_included(reader: sqlite3.Connection) -> None:
+    want = [pk for (pk,) in reader.execute(
+        "SELECT sample_pk FROM reconstructions WHERE category IN ('text_mismatch', 'structure_mismatch') "
+        "ORDER BY n_tokens DESC, sample_pk")]
+    lengths = [n for (n,) in reader.execute(
+        "SELECT n_tokens FROM reconstructions WHERE category IN ('text_mismatch', 'structure_mismatch')")]
+    assert len(set(lengths)) < len(lengths)  # ties exist, so the key must include the sample
+    got: list[int] = []
+    page = queries.mismatch_page(reader, 1, MISMATCH, None, "longest", 0, 97)
+    while page.rows:
+        got += [r.pk for r in page.rows]
+        page = queries.mismatch_page(reader, 1, MISMATCH, None, "longest", page.offset + 97, 97, after=page.rows[-1])
+    assert got == want
+    back = queries.mismatch_page(reader, 1, MISMATCH, None, "longest", 97, 97,
+                                 before=queries.mismatch_page(reader, 1, MISMATCH, None, "longest", 194, 1).rows[0])
+    assert [r.pk for r in back.rows] == want[97:194]
 
 
 def test_sorted_orders_and_the_text_filter(reader: sqlite3.Connection) -> None:

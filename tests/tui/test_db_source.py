@@ -10,7 +10,7 @@ from app.errors import InputError
 from app.tui.db_source import AttachedSource
 from app.tui.source import MISMATCH_ORDERS, MISMATCH_VERDICTS
 
-KEYSET_ORDERS = ("sample", "recent", "verdict")  # the orders whose pages turn by key
+KEYSET_ORDERS = ("sample", "recent", "verdict", "longest")  # the orders whose pages turn by key
 
 
 @pytest.mark.parametrize("order", list(MISMATCH_ORDERS))
