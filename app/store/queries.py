@@ -13,8 +13,8 @@ The mismatch list (`mismatch_page`) has ONE set of sort orders (`MISMATCH_ORDERS
 - n_diff: most tokens differing first; the (run, n_diff) index;
 - longest: most rebuilt tokens first; the (run, category, n_tokens) index (schema v5), one range per
   verdict, pages turned by key like sample order.
-first_diff and n_diff read about offset + limit index entries. With a text filter they sort every
-match once and reuse that order for SORT_CACHE_S (turning pages is then a slice and a lookup).
+first_diff and n_diff read about offset + limit index entries. With a text filter, first_diff, n_diff and
+longest sort every match once and reuse that order for SORT_CACHE_S (a page is then a slice and a lookup).
 The text filter matches a literal substring (LIKE wildcards are escaped) of the sample id, the dataset or
 the verdict's explanation.
 
