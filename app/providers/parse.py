@@ -500,6 +500,14 @@ def parse_retry_after(headers: Any, body: Any = None, *, now: float | None = Non
 
 
 def _error_fields(body: Any) -> tuple[str, str | None, dict]:
+    """(message, error_type, error object) of an error body in any of the servers' shapes:
+    OpenRouter / vLLM `{"error": {"message", ...}}`; SGLang's ErrorResponse `{"object": "error", "message",
+    "type", "code"}` (python/sglang/srt/entrypoints/openai/protocol.py); FastAPI's `{"detail": ...}`
+    (transformers serve's HTTPException, e.g. 422 "Unexpected fields in the request")."""
+    if isinstance(body, dict) and not isinstance(body.get("error"), dict):
+        text = body.get("message") if body.get("object") == "error" else body.get("detail")
+        if text is not None:
+            return (text if isinstance(text, str) else json.dumps(text))[:1000], None, {}
     if not isinstance(body, dict) or not isinstance(body.get("error"), dict):
         return "", None, {}
     error = body["error"]

@@ -51,6 +51,7 @@ QUIRKS = (
     "replacement_char",  # incremental detokenizer: partial UTF-8 bytes of a token -> U+FFFD
     "json_dumps",  # arguments -> json.dumps(json.loads(args)) with ASCII escapes (transformers serve)
     "empty_reasoning_none",  # empty reasoning -> no reasoning field (transformers serve, non-streaming)
+    "raw_regions",  # the template's whitespace around reasoning/content kept in the fields (transformers serve stream)
 )
 
 

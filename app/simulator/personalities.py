@@ -54,6 +54,7 @@ PERSONALITIES = {
     "transformers-serve": Personality(
         "transformers-serve", reasoning_field="reasoning_content",
         plain_quirks=frozenset({"strip_whitespace", "json_dumps", "empty_reasoning_none"}),
+        stream_quirks=frozenset({"raw_regions"}),
         tool_id="{gen}_tool_call_{index}", tool_args_at_once=True, finish_tool_calls=True, done_marker=False,
         usage_on_finish_chunk=True, logprobs=False, error_chunk="text", openai_fields_only=True,
         non_json_tool_region_500=True,

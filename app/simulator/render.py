@@ -110,7 +110,12 @@ class OutputRenderer:
         ended = bool(ids) and ids[-1] in self.profile_stops
         if ended:
             ids.pop()
-        view = parse_output(self._text(tuple(ids), per_token), self.profile, ended)
+        profile = self.profile
+        if "raw_regions" in quirks:  # the template whitespace stays in the fields (transformers serve streaming)
+            from dataclasses import replace
+
+            profile = replace(profile, reasoning_prefix="", reasoning_suffix="", content_prefix="")
+        view = parse_output(self._text(tuple(ids), per_token), profile, ended)
         mismatch = view.content and self.tokenizer.decode(list(c_ids)) != view.content
         if mismatch and not view.tool_calls and not per_token:
             # the parser kept text the marker split cut off (e.g. a tool section cut by max_tokens stays

@@ -79,11 +79,10 @@ CORPUS = [
 ] * 20
 
 
-def build(directory: Path, steps: int = 400, seed: int = 0) -> Path:
-    """Write tokenizer + chat template + a trained tiny Qwen3ForCausalLM into `directory`; return it."""
-    import torch
+def build_tokenizer(directory: Path):
+    """Train the tiny byte-level BPE with Qwen3's markers and chat template; save it; return the HF tokenizer."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+    from transformers import PreTrainedTokenizerFast
 
     directory.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE())
@@ -96,7 +95,15 @@ def build(directory: Path, steps: int = 400, seed: int = 0) -> Path:
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     hf.chat_template = CHAT_TEMPLATE
     hf.save_pretrained(directory)
+    return hf
 
+
+def build(directory: Path, steps: int = 400, seed: int = 0) -> Path:
+    """Write tokenizer + chat template + a trained tiny Qwen3ForCausalLM into `directory`; return it."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    hf = build_tokenizer(directory)
     torch.manual_seed(seed)
     eos = hf.convert_tokens_to_ids("<|im_end|>")
     config = Qwen3Config(vocab_size=len(hf), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -128,5 +135,5 @@ def build(directory: Path, steps: int = 400, seed: int = 0) -> Path:
     model.generation_config.do_sample = False
     model.save_pretrained(directory)
     (directory / "eaglewatch-build.json").write_text(json.dumps({"steps": steps, "seed": seed,
-                                                                  "final_loss": float(loss)}))
+                                                                  "final_loss": float(loss.detach())}))
     return directory
