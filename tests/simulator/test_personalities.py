@@ -70,9 +70,9 @@ async def test_qwen3_tool_calls_carry_the_real_function_name_and_rebuild_exactly
                 assert verdict.category in ("exact", "bpe_equivalent"), (personality, stream, prompt, verdict)
             else:
                 # non-streaming: stripped regions and json.dumps ASCII escapes; streaming: the raw regions keep
-                # the template whitespace and the qwen3 profile adds it again (docs/providers.md): corrupt ids,
-                # and the verdict says so
-                assert verdict.category == "text_mismatch", verdict
+                # the template whitespace and the qwen3 profile adds it again (docs/providers.md). With a
+                # reference the repairs rescue some; whatever is left is called corrupt, never exact
+                assert verdict.category in ("exact", "text_mismatch"), verdict
 
 
 async def test_kimi_tool_id_with_surrounding_whitespace_names_the_tool_and_rebuilds(tok, tmp_path):
