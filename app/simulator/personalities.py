@@ -33,6 +33,8 @@ class Personality:
     openai_fields_only: bool = False  # 422 on request fields outside the OpenAI chat schema
     stream_rejects: frozenset[str] = frozenset()  # request fields answered with 400 when stream is true
     non_json_tool_region_500: bool = False  # a tool-call region that is not JSON is an HTTP 500
+    null_content: bool = True  # no content -> `content: null` (OpenRouter); False: `content: ""`
+    lean_deltas: bool = False  # each delta holds only its own field (role only on the first chunk)
 
 
 PERSONALITIES = {
@@ -57,7 +59,7 @@ PERSONALITIES = {
         stream_quirks=frozenset({"raw_regions"}),
         tool_id="{gen}_tool_call_{index}", tool_args_at_once=True, finish_tool_calls=True, done_marker=False,
         usage_on_finish_chunk=True, logprobs=False, error_chunk="text", openai_fields_only=True,
-        non_json_tool_region_500=True,
+        non_json_tool_region_500=True, null_content=False, lean_deltas=True,
     ),
 }
 PERSONALITY_NAMES = tuple(PERSONALITIES)

@@ -124,6 +124,8 @@ class OutputRenderer:
             c_ids = tuple(ids[after:])
         reasoning: str | None = view.reasoning
         content: str | None = view.content
+        if "raw_regions" in quirks and view.tool_calls and not content.strip():
+            content = ""  # transformers serve streams no whitespace-only content before a tool call
         if "think_spaces" in quirks:
             if reasoning is not None:
                 reasoning = (" " if lead_think else "") + reasoning + (" " if had_think else "")

@@ -378,7 +378,8 @@ class SimulatorServer:
     def _plain(self, index, out: RenderedOutput, gen_id, model, want_lp, top, ids_field, fault, keepalive,
                prompt_ids=None):
         p = self.personality
-        message: dict[str, Any] = {"role": "assistant", "content": out.content}
+        content = out.content if out.content is not None or p.null_content else ""
+        message: dict[str, Any] = {"role": "assistant", "content": content}
         if out.reasoning is not None or p.name == "openrouter":
             message[p.reasoning_field] = out.reasoning
         if out.reasoning is not None and p.reasoning_details:
@@ -446,11 +447,14 @@ class SimulatorServer:
             return _json([choice])
 
         p = self.personality
-        parts: list[tuple[bytes, int]] = [(choices({"role": "assistant", "content": ""}), 0)]
+        lean = p.lean_deltas
+        parts: list[tuple[bytes, int]] = [(choices({"role": "assistant"} if lean else {"role": "assistant",
+                                                                                     "content": ""}), 0)]
         n = self.stream_chunk_tokens
         if out.reasoning:
             for piece, group in text_pieces(out.reasoning, out.reasoning_ids, self.tokenizer, n):
-                delta = {"role": "assistant", "content": "", p.reasoning_field: piece}
+                delta = {p.reasoning_field: piece} if lean else {"role": "assistant", "content": "",
+                                                                  p.reasoning_field: piece}
                 if p.reasoning_details:
                     delta["reasoning_details"] = [{"type": "reasoning.text", "text": piece, "format": "unknown",
                                                    "index": 0}]
@@ -460,7 +464,8 @@ class SimulatorServer:
         if out.content:
             for piece, group in text_pieces(out.content, out.content_ids, self.tokenizer, n):
                 lp = {"content": self.renderer.logprob_entries(group, top)} if want_lp else None
-                parts.append((choices({"role": "assistant", "content": piece}, lp), len(group)))
+                delta = {"content": piece} if lean else {"role": "assistant", "content": piece}
+                parts.append((choices(delta, lp), len(group)))
         for i, call in enumerate(out.tool_calls):
             if p.tool_args_at_once:  # transformers serve: one delta per call, on region close
                 whole = {"index": i, "id": call.id, "type": "function",

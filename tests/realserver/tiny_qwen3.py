@@ -34,6 +34,9 @@ CASES = [
     ([{"role": "user", "content": "Weather in Beijing, briefly?"}], [WEATHER_TOOL],
      "<think>\nCall the tool for Beijing.\n</think>\n\nLet me check.\n<tool_call>\n{\"name\": \"get_weather\", "
      "\"arguments\": {\"city\": \"Beijing\"}}\n</tool_call><|im_end|>"),
+    # a tool-call region that is not JSON: transformers serve answers 500 to it (non-streaming)
+    ([{"role": "user", "content": "Break the tool."}], [WEATHER_TOOL],
+     "<think>\nI will break it.\n</think>\n\n<tool_call>\nnot json at all\n</tool_call><|im_end|>"),
     ([{"role": "user", "content": "Write a long story."}], None,
      "<think>\nA long story about a fox who walks to the city and back again, slowly.\n</think>\n\nOnce upon a "
      "time a quick brown fox jumped over the lazy dog, and then it ran to Paris.<|im_end|>"),
