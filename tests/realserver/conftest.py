@@ -27,6 +27,9 @@ SKIP_REASON = (f"REAL-SERVER TESTS NOT RUN: transformers' serving extra is missi
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if HERE in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.realserver)
     if not MISSING:
         return
     for item in items:
