@@ -59,7 +59,7 @@ def _int_list(value: Any, field: str) -> list[int]:
 def parse_usage(raw: Any, field: str = "usage") -> Usage:
     """Usage counts and cost from an OpenAI/OpenRouter `usage` object (missing counts read as 0).
 
-    OpenRouter (docs: api-reference/overview "usage", reference openai-compatible-apis.md B.5): `cost` is what
+    OpenRouter (openrouter.ai/docs/use-cases/usage-accounting; openai-compatible-apis.md B.5): `cost` is what
     OpenRouter charged; with a bring-your-own-key request (`is_byok: true`) that is only its fee and the
     provider bills `cost_details.upstream_inference_cost` to the user's own key, so both are counted.
     """
