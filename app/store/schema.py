@@ -359,6 +359,11 @@ _V5 = """
 -- provenance and suspect flags (issues 12, 13)
 ALTER TABLE reconstructions ADD COLUMN ids_source TEXT;
 ALTER TABLE reconstructions ADD COLUMN flags TEXT;
+-- issue 11: the server's prompt ids (vLLM return_token_ids, SGLang return_prompt_token_ids) and how they compare
+-- with the rendered prompt (app.tokens.prompt_check.PromptCheck: agree | differ | no_server_ids)
+ALTER TABLE responses ADD COLUMN prompt_ids BLOB;
+ALTER TABLE reconstructions ADD COLUMN prompt_check TEXT;
+ALTER TABLE reconstructions ADD COLUMN prompt_first_diff INTEGER;
 """
 
 MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
