@@ -21,7 +21,18 @@ import httpx
 import pytest
 
 HERE = Path(__file__).resolve().parent
-MISSING = [name for name in ("fastapi", "uvicorn", "torch") if importlib.util.find_spec(name) is None]
+def _missing(names: tuple[str, ...]) -> list[str]:
+    out = []
+    for name in names:
+        try:
+            if importlib.util.find_spec(name) is None:
+                out.append(name)
+        except (ImportError, ValueError):  # ValueError: a module blocked in sys.modules
+            out.append(name)
+    return out
+
+
+MISSING = _missing(("fastapi", "uvicorn", "torch"))
 SKIP_REASON = (f"REAL-SERVER TESTS NOT RUN: transformers' serving extra is missing ({', '.join(MISSING)}); "
                'install it with pip install -e ".[serving]" (scripts/test does)')
 
@@ -125,3 +136,9 @@ def truth(tiny_model_dir):
         return cache[key]
 
     return generate
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say it at the end of every run, not only under -rs: skipped real-server tests prove nothing."""
+    if MISSING:
+        terminalreporter.write_line(f"!! {SKIP_REASON}", yellow=True, bold=True)
