@@ -277,6 +277,20 @@ class SimulatorServer:
             return None
         return self.tokenizer.encode(text)
 
+    @staticmethod
+    def _with_delta_ids(parts: list[tuple[bytes, int]], output_ids: tuple[int, ...]):
+        """`parts` with `token_ids` on each content chunk, handed out in order by the ids each chunk carries,
+        and the ids left for the finish chunk: the deltas concatenate to `output_ids` exactly."""
+        out, at = [], 0
+        for choices, tokens in parts:
+            if tokens:
+                items = json.loads(choices)
+                items[0]["token_ids"] = list(output_ids[at : at + tokens])
+                at += tokens
+                choices = _json(items)
+            out.append((choices, tokens))
+        return out, list(output_ids[at:])
+
     def _finish(self, out: RenderedOutput) -> str:
         if self.personality.finish_tool_calls and out.tool_calls and out.finish_reason == "stop":
             return "tool_calls"
@@ -510,6 +524,9 @@ class SimulatorServer:
 
         parts, reasoning_end = self._stream_parts(index, history, out, want_lp, top)
         # (event bytes, number of tokens it carries: for pacing)
+        delta_ids = ids_field is not None and p.ids == "vllm"
+        if delta_ids:  # vLLM streams each chunk's own token ids; whatever is left rides on the finish chunk
+            parts, left = self._with_delta_ids(parts, out.output_ids)
         events: list[tuple[bytes, int]] = [(prefix + choices + b"}\n\n", tokens) for choices, tokens in parts]
         if keepalive:
             events.insert(reasoning_end, (b": OPENROUTER PROCESSING\n\n", 0))
@@ -518,7 +535,7 @@ class SimulatorServer:
             first = dict(head, prompt_token_ids=prompt_ids, choices=[{"index": 0, "delta": {"role": "assistant",
                                                                                            "content": ""}}])
             events[0] = (b"data: " + _json(first) + b"\n\n", 0)
-        extra = {ids_field: list(out.output_ids)} if ids_field else None
+        extra = {ids_field: list(left if delta_ids else out.output_ids)} if ids_field else None
         body_events = len(events)
         if p.usage_on_finish_chunk:
             finish = dict(head, choices=[{"index": 0, "delta": {}, "finish_reason": self._finish(out)}],

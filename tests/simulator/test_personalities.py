@@ -128,6 +128,8 @@ async def test_vllm_personality_returns_token_ids_and_prompt_ids_where_vllm_does
     assert body["prompt_token_ids"] and "provider" not in body and "cost" not in body["usage"]
     chunks = [json.loads(e) for e in _events(stream) if e != "[DONE]"]
     assert chunks[0]["prompt_token_ids"] == body["prompt_token_ids"]
+    deltas = [c["choices"][0]["token_ids"] for c in chunks if c["choices"] and "token_ids" in c["choices"][0]]
+    assert len(deltas) > 2 and sum(deltas, []) == ids["weather"]  # per-chunk deltas that add up
     assert not any("prompt_token_ids" in c for c in chunks[1:])
     assert completion.token_ids == tuple(ids["weather"])
     assert completion.prompt_token_ids == tuple(body["prompt_token_ids"])
@@ -204,3 +206,28 @@ async def test_prompt_check_agrees_with_the_right_template_and_finds_a_wrong_one
     assert "position" in wrong.describe()
     thinking_off = check_prompt(tok, "qwen3", messages, [WEATHER_TOOL], completion.prompt_token_ids, thinking=False)
     assert thinking_off.status == "differ" and thinking_off.first_diff == len(completion.prompt_token_ids)
+
+
+async def test_simulate_cli_answers_as_the_personality_it_is_given(sample_tokenizer_dir, reference):
+    from tests.simulator.test_server import _start_cli
+
+    proc, line = await _start_cli("--tokenizer", str(sample_tokenizer_dir), "--reference", str(reference[0]),
+                                  "--personality", "vllm")
+    try:
+        assert "personality: vllm" in line
+        base_url = line.split("listening on ")[1].split()[0]
+        async with httpx.AsyncClient() as http:
+            body = (await http.post(base_url + "/chat/completions", json={
+                "model": "m", "messages": user("plain"), "return_token_ids": True})).json()
+        assert "provider" not in body and body["choices"][0]["token_ids"]
+    finally:
+        proc.terminate()
+        await proc.wait()
+
+
+def test_an_unknown_personality_is_refused_with_the_choices():
+    from app.errors import InputError
+    from app.simulator.options import check_options
+
+    with pytest.raises(InputError, match="transformers-serve"):
+        check_options(SimulatorOptions(personality="tgi"))
