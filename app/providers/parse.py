@@ -187,12 +187,18 @@ def parse_body(text: bytes | str, *, total_s: float, ttft_s: float | None = None
     _check_finish(finish, choice.get("error"), "choices[0].error")
 
     content = _opt_str(message.get("content"), "choices[0].message.content") or ""
+    # reasoning: OpenRouter and vLLM `reasoning` (vllm/entrypoints/openai/chat_completion/protocol.py
+    # ChatMessage.reasoning); SGLang `reasoning_content` (python/sglang/srt/entrypoints/openai/protocol.py
+    # ChatMessage) and transformers serve (transformers cli/serving/chat_completion.py _build_completion);
+    # OpenRouter also `reasoning_details[]` (openai-compatible-apis.md B.4)
     reasoning = _opt_str(message.get("reasoning"), "choices[0].message.reasoning")
     if reasoning is None:
         reasoning = _opt_str(message.get("reasoning_content"), "choices[0].message.reasoning_content")
     if reasoning is None and message.get("reasoning_details"):
         reasoning = _details_text(message["reasoning_details"], "choices[0].message.reasoning_details") or None
 
+    # tool calls: the OpenAI shape on every server; transformers serve makes ids `{request_id}_tool_call_{i}`
+    # and json.dumps the arguments (cli/serving/utils.py _normalize_tool_call), vLLM/SGLang parsers per model
     tool_calls = []
     raw_calls = message.get("tool_calls") or []
     if not isinstance(raw_calls, list):
@@ -276,7 +282,11 @@ class StreamAssembler:
         self.chunks: list[dict] = []
 
     def feed(self, data: str) -> None:
-        """One event's data (already joined across `data:` lines)."""
+        """One event's data (already joined across `data:` lines).
+
+        A stream ends with `[DONE]` (OpenRouter, vLLM, SGLang) or with the finish chunk alone (transformers
+        serve sends no [DONE]; its usage rides on that chunk: cli/serving/chat_completion.py sse_gen).
+        """
         if data == "[DONE]":
             self.done = True
             return

@@ -121,3 +121,38 @@ def test_endpoint_extra_still_overrides_what_the_server_kind_asks():
     client = ChatClient(Endpoint(server="vllm", extra={"return_token_ids": False}), Generation(), None,
                         base_url="http://127.0.0.1:9/v1")
     assert client.build_request(user("x"), model="m")["return_token_ids"] is False
+
+
+def _config(tmp_path, model: str, pricing: str = ""):
+    from app.config import load_config
+
+    (tmp_path / "p.jsonl").write_text('{"id": "a", "messages": [{"role": "user", "content": "hi"}]}\n')
+    path = tmp_path / "run.toml"
+    path.write_text(f"""
+[run]
+name = "r"
+database = "{tmp_path / 'r.db'}"
+[[data.datasets]]
+path = "p.jsonl"
+format = "openai-messages"
+[model]
+name = "{model}"
+tokenizer = "{tmp_path}"
+[[endpoints]]
+base_url = "https://openrouter.ai/api/v1"
+server = "openrouter"
+{pricing}
+""")
+    return load_config(path)
+
+
+def test_config_check_prints_the_variant_price_or_warns_there_is_none(tmp_path):
+    from app.commands.config import price_lines
+
+    priced = _config(tmp_path, "moonshotai/kimi-k2.5:floor",
+                     '[pricing."moonshotai/kimi-k2.5"]\nprompt_per_m = 0.6\ncompletion_per_m = 2.5')
+    [line] = price_lines(priced)
+    assert line.startswith("# prices: moonshotai/kimi-k2.5:floor: $0.6/M prompt") and \
+        '[pricing."moonshotai/kimi-k2.5"]' in line
+    [warning] = price_lines(_config(tmp_path, "vendor/unpriced:nitro"))
+    assert warning.startswith("# warning: no [pricing.") and "GET /models" in warning
