@@ -35,6 +35,7 @@ class Personality:
     non_json_tool_region_500: bool = False  # a tool-call region that is not JSON is an HTTP 500
     null_content: bool = True  # no content -> `content: null` (OpenRouter); False: `content: ""`
     lean_deltas: bool = False  # each delta holds only its own field (role only on the first chunk)
+    json_formats: frozenset[str] = frozenset()  # tool formats whose parser json.dumps the arguments again
 
 
 PERSONALITIES = {
@@ -42,7 +43,9 @@ PERSONALITIES = {
     "openrouter": Personality("openrouter", reasoning_details=True, provider_field=True, cost=True),
     # vLLM: ChatMessage.reasoning, choices[].token_ids and prompt_token_ids with return_token_ids (deltas and
     # first chunk when streaming): vllm/entrypoints/openai/chat_completion/protocol.py; finish "tool_calls".
-    "vllm": Personality("vllm", ids="vllm", finish_tool_calls=True),
+    # Its hermes and glm4_moe tool parsers re-serialise arguments with json.dumps(..., ensure_ascii=False)
+    # (tokenization.md §7 step 6); the kimi_k2 parser keeps the model's text.
+    "vllm": Personality("vllm", ids="vllm", finish_tool_calls=True, json_formats=frozenset({"hermes", "glm-4.5"})),
     # SGLang: ChatMessage.reasoning_content; token_ids / prompt_token_ids only non-streaming, 400 when asked
     # with stream=true: python/sglang/srt/entrypoints/openai/protocol.py, serving_chat.py.
     "sglang": Personality("sglang", reasoning_field="reasoning_content", ids="sglang", finish_tool_calls=True,

@@ -187,6 +187,8 @@ class SimulatorServer:
         if out is None:
             p = self.personality
             quirks = self.quirks | (p.stream_quirks if stream else p.plain_quirks)
+            if self.profile.tool_format in p.json_formats:
+                quirks |= {"json_reserialised"}
             out = self.renderer.render(self.book.samples[index].output_ids, quirks, history_calls)
             if len(self._cache) >= CACHE_ENTRIES:
                 self._cache.clear()
