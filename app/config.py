@@ -117,6 +117,8 @@ class SimulatorOptions(_Section):
     quirks: list[str] = Field(default_factory=list, description="Server-side text steps to imitate.")
     logprobs: bool = Field(True, description="Return per-token logprobs when asked.")
     seed: int = Field(0, description="Random seed: the same seed gives the same faults and latencies.")
+    personality: Literal["openrouter", "sglang", "vllm", "transformers-serve"] = Field(
+        "openrouter", description="Which real server to answer as (field names, ids, text steps, errors).")
 
     @field_validator("faults")
     @classmethod
@@ -142,6 +144,8 @@ class Endpoint(_Section):
     base_url: str | None = Field(None, description="OpenAI-compatible base URL, e.g. https://openrouter.ai/api/v1.")
     simulator: SimulatorOptions | None = Field(None, description="Use the built-in simulator (set instead of base_url).")
     api_key_env: str | None = Field(None, description="Name of the environment variable holding the API key (never the key).")
+    server: Literal["openrouter", "sglang", "vllm", "transformers-serve", "openai"] | None = Field(
+        None, description="The server behind base_url: vllm/sglang are asked for output and prompt token ids.")
     weight: float = Field(1.0, gt=0, description="Share of requests relative to the other endpoints.")
     max_concurrency: int = Field(64, gt=0, description="Most requests in flight to this endpoint.")
     timeout_s: float = Field(600.0, gt=0, description="Per-request timeout.")

@@ -48,7 +48,8 @@ class Completion:
     """Everything one chat-completion call produced, streamed or not.
 
     `content_logprobs` / `reasoning_logprobs` are None when the provider returned none.
-    `token_ids` holds server-returned output ids (SGLang `output_ids`, vLLM `token_ids`).
+    `token_ids` holds server-returned output ids (vLLM / SGLang `choices[].token_ids`);
+    `prompt_token_ids` the server's prompt ids when it returned them (vLLM, SGLang non-streaming).
     """
 
     content: str
@@ -59,6 +60,7 @@ class Completion:
     content_logprobs: tuple[TokenLogprob, ...] | None = None
     reasoning_logprobs: tuple[TokenLogprob, ...] | None = None
     token_ids: tuple[int, ...] | None = None
+    prompt_token_ids: tuple[int, ...] | None = None
     ttft_s: float | None = None
     total_s: float = 0.0
     provider: str | None = None

@@ -49,10 +49,23 @@ def run(args: argparse.Namespace) -> int:
             out.append(f"# endpoint {name!r}: API key from ${env} ({_key_state(env)})")
     for line in missing:
         out.append(f"# warning: {line}")
+    out += price_lines(config)
     out.append("")
     out.append(to_toml(data))
     sys.stdout.write("\n".join(out))
     return 0
+
+
+def price_lines(config: Any) -> list[str]:
+    """`# prices: ...` for the model (variants resolve to their base), or a warning when it has none."""
+    from app.providers.pricing import PriceQuote, resolve_pricing
+
+    pricing, key = resolve_pricing(config.model.name, config.pricing)
+    if pricing is not None:
+        return [f"# prices: {PriceQuote(config.model.name, pricing, 'config', key).describe()}"]
+    return [f"# warning: no [pricing.\"{config.model.name}\"] (nor for its base model); the run asks each "
+            "endpoint's GET /models at start, else counts only API-reported cost and the budget guard has no "
+            "estimate before the first result"]
 
 
 def missing_inputs(config: Any) -> list[str]:

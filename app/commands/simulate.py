@@ -11,7 +11,8 @@ from pathlib import Path
 EXAMPLE = (
     "eaglewatch simulate sample_data/demo.toml --port 8765     # the config's simulator endpoint\n"
     "eaglewatch simulate --port 8765 --reference sample_data/reference.jsonl --tokenizer sample_data/tokenizer \\\n"
-    "    --faults 429=0.05,500=0.02,keepalive=0.1 --quirks strip_whitespace --latency-median-ms 200"
+    "    --faults 429=0.05,500=0.02,keepalive=0.1 --quirks strip_whitespace --latency-median-ms 200\n"
+    "eaglewatch simulate --port 8000 --personality vllm      # answer as vLLM: token_ids, prompt_token_ids"
 )
 
 
@@ -36,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key-env", default=None,
                         help="environment variable holding the key clients must send (default: accept any)")
     parser.add_argument("--cpu", type=int, default=None, help="pin the server process to this CPU core")
+    parser.add_argument("--personality", default=None,
+                        help="answer as this real server: openrouter (default), sglang, vllm, transformers-serve")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,12 +58,14 @@ def run(args: argparse.Namespace) -> int:
             base = SimulatorOptions(
                 reference=sim.reference or config.data.reference, latency_median_ms=sim.latency_median_ms,
                 latency_p95_ms=sim.latency_p95_ms, tokens_per_s=sim.tokens_per_s, faults=dict(sim.faults),
-                quirks=list(sim.quirks), logprobs=sim.logprobs, seed=sim.seed,
+                quirks=list(sim.quirks), logprobs=sim.logprobs, seed=sim.seed, personality=sim.personality,
             )
         else:
             base = SimulatorOptions(reference=config.data.reference)
         tokenizer, model, profile = config.model.tokenizer, config.model.name, config.model.profile
-        pricing = config.pricing.get(model, DEFAULT_PRICING)
+        from app.providers.pricing import resolve_pricing
+
+        pricing = resolve_pricing(model, config.pricing)[0] or DEFAULT_PRICING
 
     def pick(value, default):
         return default if value is None else value
@@ -75,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         quirks=parse_quirks(args.quirks) if args.quirks is not None else base.quirks,
         logprobs=base.logprobs and not args.no_logprobs,
         seed=pick(args.seed, base.seed),
+        personality=pick(args.personality, base.personality),
     )
     args.tokenizer = pick(args.tokenizer, tokenizer)
     check_options(options)
@@ -98,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
             faults = ",".join(f"{k}={v:g}" for k, v in options.faults.items()) or "none"
             print(
                 f"eaglewatch simulator listening on {server.base_url} "
-                f"({len(server.book)} samples, faults: {faults}, quirks: {','.join(options.quirks) or 'none'}); "
+                f"({len(server.book)} samples, personality: {options.personality}, faults: {faults}, "
+                f"quirks: {','.join(options.quirks) or 'none'}); "
                 "Ctrl-C stops it",
                 flush=True,
             )

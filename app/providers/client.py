@@ -15,8 +15,9 @@ import aiohttp
 import httpx
 
 from app.providers.errors import ProviderError, RetryableError
-from app.providers.pricing import ModelPricing, pricing_from_models_entry
+from app.providers.pricing import ModelPricing, base_model, pricing_from_models_entry
 from app.providers.parse import StreamAssembler, classify_status, iter_sse_events, parse_body
+from app.providers.servers import ids_request_fields, server_kind
 from app.providers.transport import DEFAULT_TRANSPORT, make_timeout, make_transport
 from app.records import Completion
 
@@ -43,6 +44,32 @@ def _transport_error_class(exc: BaseException) -> str:
     return "network"
 
 
+def _root_cause(exc: BaseException) -> BaseException:
+    """The first exception in `exc`'s cause chain: httpx-aiohttp re-raises every aiohttp
+    ClientConnectionError (a reset, a refused connect, a server that hung up) as httpx.ConnectTimeout
+    (httpx_aiohttp/transport.py EXCEPTION_MAPPING), so its own type names the wrong failure."""
+    seen = exc
+    while (seen.__cause__ or seen.__context__) is not None:
+        seen = seen.__cause__ or seen.__context__  # type: ignore[assignment]
+    return seen
+
+
+def describe_transport_error(exc: BaseException) -> str:
+    """A short sentence naming what really failed (reset, refused, closed, timed out), from the cause chain."""
+    root = _root_cause(exc)
+    errno = getattr(root, "errno", None)
+    if isinstance(root, ConnectionResetError) or errno == 104:
+        return "the connection was reset by the server"
+    if isinstance(root, ConnectionRefusedError) or errno == 111:
+        return "the connection was refused"
+    if isinstance(root, aiohttp.ServerDisconnectedError) or isinstance(exc, httpx.RemoteProtocolError):
+        return "the server closed the connection without a response"
+    if isinstance(root, TimeoutError) or _transport_error_class(exc) == "timeout":
+        return "the request timed out"
+    detail = str(root) or type(root).__name__
+    return f"the request failed ({type(root).__name__}: {detail})"
+
+
 class ChatClient:
     """Client for one endpoint. `endpoint` needs `base_url`, `timeout_s`, `max_concurrency`, `extra`
     (and optionally `name`); `generation` needs `max_tokens`, `temperature`, `top_p`, `stream`,
@@ -61,6 +88,7 @@ class ChatClient:
         self.endpoint = endpoint
         self.generation = generation
         self.endpoint_name = getattr(endpoint, "name", None) or "endpoint"
+        self.server = server_kind(endpoint)  # which ids to ask for (app.providers.servers)
         self._key = api_key or None
         url = base_url or getattr(endpoint, "base_url", None)
         if not url:
@@ -113,12 +141,15 @@ class ChatClient:
                 body[name] = value
         if stream:
             body["stream"] = True
+            # OpenAI/OpenRouter/vLLM/SGLang: the usage chunk before [DONE]; transformers serve accepts the
+            # field and puts usage on its finish chunk (cli/serving/chat_completion.py sse_gen)
             body["stream_options"] = {"include_usage": True}
         if getattr(gen, "logprobs", False):
             body["logprobs"] = True
             top = getattr(gen, "top_logprobs", None)
             if top:
                 body["top_logprobs"] = top
+        body.update(ids_request_fields(self.server, stream))
         for more in (getattr(self.endpoint, "extra", None), extra):
             if more:
                 body.update(more)
@@ -146,10 +177,8 @@ class ChatClient:
         except (httpx.TransportError, OSError, TimeoutError, aiohttp.ClientError) as exc:
             # OSError / aiohttp errors: anything a transport lets through unmapped
             kind = _transport_error_class(exc)
-            what = "timed out" if kind == "timeout" else "failed"
-            detail = self._scrub(str(exc) or type(exc).__name__)
             raise RetryableError(
-                f"{self.endpoint_name}: the request {what} ({type(exc).__name__}: {detail})", error_class=kind
+                f"{self.endpoint_name}: {self._scrub(describe_transport_error(exc))}", error_class=kind
             ) from None
 
     def _request(self, content: bytes, headers: httpx.Headers) -> httpx.Request:
@@ -184,17 +213,23 @@ class ChatClient:
                             break
             except (httpx.TransportError, OSError, aiohttp.ClientError) as exc:
                 kind = "timeout" if _transport_error_class(exc) == "timeout" else "stream"
-                raise RetryableError(
+                error = RetryableError(
                     f"{self.endpoint_name}: the stream broke after {len(assembler.chunks)} chunks "
-                    f"({type(exc).__name__})", error_class=kind
-                ) from None
+                    f"({describe_transport_error(exc)})", error_class=kind
+                )
+                error.cost_usd = assembler.reported_cost()
+                raise error from None
             completion = assembler.finish_completion(time.perf_counter() - started)
             return self._with_header_id(completion, response.headers)
         finally:
             await response.aclose()
 
     async def fetch_pricing(self, model: str) -> ModelPricing | None:
-        """List prices of `model` from the endpoint's `GET /models` (None when not listed or not served)."""
+        """List prices of `model` from the endpoint's `GET /models` (None when not listed or not served).
+
+        A variant (`vendor/model:floor`) not listed itself takes its base model's entry; OpenRouter's
+        `/api/v1/models` lists `pricing` as decimal strings in USD per token (openai-compatible-apis.md B.12).
+        """
         url = self._url.copy_with(path=self._url.path[: -len(CHAT_PATH)] + "/models")
         headers = {k: v for k, v in self._headers.items() if k.lower() != "content-type"}
         request = httpx.Request("GET", url, headers=headers, extensions=self._timeout)
@@ -206,8 +241,10 @@ class ChatClient:
                 await response.aclose()
             if response.status_code != 200:
                 return None
-            for entry in json.loads(data).get("data") or []:
-                if isinstance(entry, dict) and entry.get("id") == model:
+            entries = {e.get("id"): e for e in json.loads(data).get("data") or [] if isinstance(e, dict)}
+            for name in (model, base_model(model)):
+                entry = entries.get(name)
+                if entry is not None and isinstance(entry.get("pricing"), dict):
                     return pricing_from_models_entry(entry)
         except (httpx.TransportError, ValueError, AttributeError, TypeError):
             return None

@@ -57,7 +57,12 @@ def _int_list(value: Any, field: str) -> list[int]:
 
 
 def parse_usage(raw: Any, field: str = "usage") -> Usage:
-    """Usage counts and cost from an OpenAI/OpenRouter `usage` object (missing counts read as 0)."""
+    """Usage counts and cost from an OpenAI/OpenRouter `usage` object (missing counts read as 0).
+
+    OpenRouter (openrouter.ai/docs/use-cases/usage-accounting; openai-compatible-apis.md B.5): `cost` is what
+    OpenRouter charged; with a bring-your-own-key request (`is_byok: true`) that is only its fee and the
+    provider bills `cost_details.upstream_inference_cost` to the user's own key, so both are counted.
+    """
     if raw is None:
         return Usage()
     raw = _obj(raw, field)
@@ -65,14 +70,22 @@ def parse_usage(raw: Any, field: str = "usage") -> Usage:
     prompt_details = raw.get("prompt_tokens_details") or {}
     _obj(completion_details, f"{field}.completion_tokens_details")
     _obj(prompt_details, f"{field}.prompt_tokens_details")
+    cost = _opt_float(raw.get("cost"), f"{field}.cost")
+    if raw.get("is_byok") is True:
+        details = _obj(raw.get("cost_details") or {}, f"{field}.cost_details")
+        upstream = _opt_float(details.get("upstream_inference_cost"), f"{field}.cost_details.upstream_inference_cost")
+        if upstream is not None:
+            cost = (cost or 0.0) + upstream
+    # SGLang puts reasoning_tokens at the top of usage (protocol.py UsageInfo), OpenAI under the details
+    reasoning = completion_details.get("reasoning_tokens")
+    if reasoning is None:
+        reasoning = raw.get("reasoning_tokens")
     return Usage(
         prompt_tokens=_opt_int(raw.get("prompt_tokens"), f"{field}.prompt_tokens"),
         completion_tokens=_opt_int(raw.get("completion_tokens"), f"{field}.completion_tokens"),
-        reasoning_tokens=_opt_int(
-            completion_details.get("reasoning_tokens"), f"{field}.completion_tokens_details.reasoning_tokens"
-        ),
+        reasoning_tokens=_opt_int(reasoning, f"{field}.completion_tokens_details.reasoning_tokens"),
         cached_tokens=_opt_int(prompt_details.get("cached_tokens"), f"{field}.prompt_tokens_details.cached_tokens"),
-        cost_usd=_opt_float(raw.get("cost"), f"{field}.cost"),
+        cost_usd=cost,
     )
 
 
@@ -108,24 +121,36 @@ def _details_text(details: Any, field: str) -> str:
     return "".join(parts)
 
 
-def _server_ids(choice: dict, body: dict, field: str) -> list[int] | None:
-    """Server output ids: SGLang `output_ids` (choice or meta_info), vLLM `token_ids`."""
-    if "output_ids" not in choice and "token_ids" not in choice and "meta_info" not in choice \
-            and "meta_info" not in body:
+def _server_ids(choice: dict, field: str) -> list[int] | None:
+    """Server output ids of one choice, where the servers really put them.
+
+    - vLLM: `choices[].token_ids` with `return_token_ids: true` (full ids non-streaming, the chunk's delta ids
+      streaming): vllm/entrypoints/openai/chat_completion/protocol.py ChatCompletionResponseChoice /
+      ChatCompletionResponseStreamChoice.
+    - SGLang chat: `choices[].token_ids` with `return_token_ids: true`, non-streaming only (serving_chat.py
+      rejects it with stream=true): python/sglang/srt/entrypoints/openai/protocol.py ChatCompletionResponseChoice.
+      SGLang's chat API has no `output_ids` (that is the native /generate shape) and ignores unknown fields.
+    """
+    ids = choice.get("token_ids")
+    if ids is None:
         return None
-    for holder, name, where in (
-        (choice, "output_ids", f"{field}.output_ids"),
-        (choice, "token_ids", f"{field}.token_ids"),
-        (choice.get("meta_info"), "output_ids", f"{field}.meta_info.output_ids"),
-        (body.get("meta_info"), "output_ids", "meta_info.output_ids"),
-    ):
-        if isinstance(holder, dict) and holder.get(name) is not None:
-            return _int_list(holder[name], where)
-    return None
+    return _int_list(ids, f"{field}.token_ids")
+
+
+def _prompt_ids(holder: dict, field: str) -> list[int] | None:
+    """`prompt_token_ids` of a body, chunk or choice: vLLM puts it on the response (and the first stream
+    chunk, chat_completion/protocol.py ChatCompletionResponse / ChatCompletionStreamResponse); SGLang on the
+    choice with `return_prompt_token_ids: true` (protocol.py ChatCompletionResponseChoice, non-streaming)."""
+    ids = holder.get("prompt_token_ids")
+    if ids is None:
+        return None
+    return _int_list(ids, f"{field}.prompt_token_ids")
 
 
 def _provider_error_in_body(error: Any, where: str) -> RetryableError:
-    message = error.get("message") if isinstance(error, dict) else None
+    # OpenRouter: {"code", "message", "metadata"}; transformers serve streams `{"error": "<text>"}`
+    # (transformers cli/serving/chat_completion.py sse_gen, _StreamError)
+    message = error.get("message") if isinstance(error, dict) else error if isinstance(error, str) else None
     return RetryableError(
         f"the provider failed during generation ({where}): {message or 'no message'}", error_class="stream"
     )
@@ -162,12 +187,18 @@ def parse_body(text: bytes | str, *, total_s: float, ttft_s: float | None = None
     _check_finish(finish, choice.get("error"), "choices[0].error")
 
     content = _opt_str(message.get("content"), "choices[0].message.content") or ""
+    # reasoning: OpenRouter and vLLM `reasoning` (vllm/entrypoints/openai/chat_completion/protocol.py
+    # ChatMessage.reasoning); SGLang `reasoning_content` (python/sglang/srt/entrypoints/openai/protocol.py
+    # ChatMessage) and transformers serve (transformers cli/serving/chat_completion.py _build_completion);
+    # OpenRouter also `reasoning_details[]` (openai-compatible-apis.md B.4)
     reasoning = _opt_str(message.get("reasoning"), "choices[0].message.reasoning")
     if reasoning is None:
         reasoning = _opt_str(message.get("reasoning_content"), "choices[0].message.reasoning_content")
     if reasoning is None and message.get("reasoning_details"):
         reasoning = _details_text(message["reasoning_details"], "choices[0].message.reasoning_details") or None
 
+    # tool calls: the OpenAI shape on every server; transformers serve makes ids `{request_id}_tool_call_{i}`
+    # and json.dumps the arguments (cli/serving/utils.py _normalize_tool_call), vLLM/SGLang parsers per model
     tool_calls = []
     raw_calls = message.get("tool_calls") or []
     if not isinstance(raw_calls, list):
@@ -196,7 +227,10 @@ def parse_body(text: bytes | str, *, total_s: float, ttft_s: float | None = None
             if logprobs.get(name) is not None:
                 reasoning_lp = tuple(parse_logprob_list(logprobs[name], f"choices[0].logprobs.{name}"))
 
-    ids = _server_ids(choice, body, "choices[0]")
+    ids = _server_ids(choice, "choices[0]")
+    prompt_ids = _prompt_ids(choice, "choices[0]")
+    if prompt_ids is None:
+        prompt_ids = _prompt_ids(body, "body")
     return Completion(
         content=content,
         reasoning=reasoning,
@@ -206,6 +240,7 @@ def parse_body(text: bytes | str, *, total_s: float, ttft_s: float | None = None
         content_logprobs=content_lp,
         reasoning_logprobs=reasoning_lp,
         token_ids=tuple(ids) if ids is not None else None,
+        prompt_token_ids=tuple(prompt_ids) if prompt_ids is not None else None,
         ttft_s=ttft_s,
         total_s=total_s,
         provider=_opt_str(body.get("provider"), "provider"),
@@ -237,6 +272,7 @@ class StreamAssembler:
         self._content_lp: list[TokenLogprob] | None = None
         self._reasoning_lp: list[TokenLogprob] | None = None
         self._ids: list[int] | None = None
+        self._prompt_ids: list[int] | None = None
         self.finish: str | None = None
         self.usage: Usage | None = None
         self.provider: str | None = None
@@ -246,7 +282,11 @@ class StreamAssembler:
         self.chunks: list[dict] = []
 
     def feed(self, data: str) -> None:
-        """One event's data (already joined across `data:` lines)."""
+        """One event's data (already joined across `data:` lines).
+
+        A stream ends with `[DONE]` (OpenRouter, vLLM, SGLang) or with the finish chunk alone (transformers
+        serve sends no [DONE]; its usage rides on that chunk: cli/serving/chat_completion.py sse_gen).
+        """
         if data == "[DONE]":
             self.done = True
             return
@@ -254,6 +294,10 @@ class StreamAssembler:
         try:
             chunk = json.loads(data)
         except ValueError:
+            if data.lstrip().startswith('{"error"'):
+                # transformers serve formats its error chunk with an f-string: a message holding a quote
+                # is not JSON (cli/serving/chat_completion.py sse_gen); keep its text as the error
+                self._fail(data.strip()[:300], f"stream chunk {n}.error")
             raise _malformed(f"stream chunk {n}", "is not JSON") from None
         if type(chunk) is not dict:
             raise _malformed(f"stream chunk {n}", f"should be an object, got {type(chunk).__name__}")
@@ -264,6 +308,8 @@ class StreamAssembler:
             self.model = _opt_str(chunk.get("model"), f"stream chunk {n}.model")
         if chunk.get("usage") is not None:
             self.usage = parse_usage(chunk["usage"], f"stream chunk {n}.usage")
+        if self._prompt_ids is None and chunk.get("prompt_token_ids") is not None:
+            self._prompt_ids = _prompt_ids(chunk, f"stream chunk {n}")
         if chunk.get("error") is not None:
             self._fail(chunk["error"], f"stream chunk {n}.error")
         choices = chunk.get("choices")
@@ -276,10 +322,13 @@ class StreamAssembler:
                 raise _malformed(f"stream chunk {n}.choices[]", "should be an object")
             self._feed_choice(choice, chunk, n)
 
+    def reported_cost(self) -> float:
+        """The cost a usage chunk reported so far (0.0 when none did)."""
+        return float(self.usage.cost_usd) if self.usage is not None and self.usage.cost_usd else 0.0
+
     def _fail(self, error: Any, where: str) -> None:
         exc = _provider_error_in_body(error, where)
-        if self.usage is not None and self.usage.cost_usd:
-            exc.cost_usd = self.usage.cost_usd
+        exc.cost_usd = self.reported_cost()
         raise exc
 
     def _feed_choice(self, choice: dict, chunk: dict, n: int) -> None:
@@ -329,9 +378,11 @@ class StreamAssembler:
                 if logprobs.get(name) is not None:
                     items = parse_logprob_list(logprobs[name], f"{where}.{name}")
                     self._reasoning_lp = (self._reasoning_lp or []) + items
-        ids = _server_ids(choice, chunk, f"stream chunk {n}.choices[0]")
+        ids = _server_ids(choice, f"stream chunk {n}.choices[0]")
         if ids is not None:
             self._ids = (self._ids or []) + ids
+        if self._prompt_ids is None and choice.get("prompt_token_ids") is not None:
+            self._prompt_ids = _prompt_ids(choice, f"stream chunk {n}.choices[0]")
         if got_token and self.ttft_s is None:
             self.ttft_s = time.perf_counter() - self._started
         finish = choice.get("finish_reason")
@@ -360,10 +411,12 @@ class StreamAssembler:
     def finish_completion(self, total_s: float) -> Completion:
         """The assembled Completion; raises RetryableError when the stream ended early."""
         if not self.done and self.finish is None:
-            raise RetryableError(
+            exc = RetryableError(
                 f"the stream ended after {len(self.chunks)} chunks without a finish_reason or [DONE]",
                 error_class="stream",
             )
+            exc.cost_usd = self.reported_cost()  # a usage chunk with a cost was billed, finished or not
+            raise exc
         _check_finish(self.finish, None, "stream")
         reasoning = "".join(self._reasoning) if self._reasoning else ("".join(self._details) or None)
         calls = tuple(
@@ -379,6 +432,7 @@ class StreamAssembler:
             content_logprobs=tuple(self._content_lp) if self._content_lp is not None else None,
             reasoning_logprobs=tuple(self._reasoning_lp) if self._reasoning_lp is not None else None,
             token_ids=tuple(self._ids) if self._ids is not None else None,
+            prompt_token_ids=tuple(self._prompt_ids) if self._prompt_ids is not None else None,
             ttft_s=self.ttft_s,
             total_s=total_s,
             provider=self.provider,
@@ -456,6 +510,14 @@ def parse_retry_after(headers: Any, body: Any = None, *, now: float | None = Non
 
 
 def _error_fields(body: Any) -> tuple[str, str | None, dict]:
+    """(message, error_type, error object) of an error body in any of the servers' shapes:
+    OpenRouter / vLLM `{"error": {"message", ...}}`; SGLang's ErrorResponse `{"object": "error", "message",
+    "type", "code"}` (python/sglang/srt/entrypoints/openai/protocol.py); FastAPI's `{"detail": ...}`
+    (transformers serve's HTTPException, e.g. 422 "Unexpected fields in the request")."""
+    if isinstance(body, dict) and not isinstance(body.get("error"), dict):
+        text = body.get("message") if body.get("object") == "error" else body.get("detail")
+        if text is not None:
+            return (text if isinstance(text, str) else json.dumps(text))[:1000], None, {}
     if not isinstance(body, dict) or not isinstance(body.get("error"), dict):
         return "", None, {}
     error = body["error"]

@@ -9,7 +9,7 @@ added again. Cached prompt tokens are part of `prompt_tokens` and are billed at 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Mapping, Protocol
 
 from app.records import Usage
 
@@ -63,3 +63,64 @@ def pricing_from_models_entry(entry: dict[str, Any]) -> ModelPricing:
         completion_per_m=per_m("completion") or 0.0,
         cached_prompt_per_m=per_m("input_cache_read"),
     )
+
+
+def base_model(model: str) -> str:
+    """`vendor/model:variant` -> `vendor/model` (OpenRouter variants such as :floor, :nitro, :free, :thinking,
+    :online, :exacto, :extended); a name without a variant suffix is returned unchanged."""
+    head, sep, tail = model.rpartition(":")
+    if not sep or not head or "/" in tail or not tail:
+        return model
+    return head
+
+
+def resolve_pricing(model: str, table: Mapping[str, Any]) -> tuple[Any, str | None]:
+    """(prices, the key they came from) for `model` in a `[pricing."<model>"]` table: the exact name first,
+    else the base model's (a variant shares its base's price unless priced itself); (None, None) if neither."""
+    if model in table:
+        return table[model], model
+    base = base_model(model)
+    if base != model and base in table:
+        return table[base], base
+    return None, None
+
+
+@dataclass(frozen=True, slots=True)
+class PriceQuote:
+    """The list prices a run uses for its model and where they came from.
+
+    source: 'config' ([pricing."<key>"]), 'models' (an endpoint's GET /models), or 'none' (no price anywhere:
+    costs count only what the API reports, and the budget guard has no estimate before the first result).
+    """
+
+    model: str
+    pricing: Any
+    source: str
+    key: str | None = None  # the config key or the endpoint name the prices came from
+
+    def describe(self) -> str:
+        """One line for `config check` and the run's start-up event."""
+        if self.pricing is None:
+            return (f"{self.model}: no price in the config or from any endpoint's /models; cost counts only what "
+                    "the API reports and the budget guard has no estimate before the first result")
+        p = self.pricing
+        where = f'[pricing."{self.key}"]' if self.source == "config" else f"GET /models of {self.key}"
+        cached = p.cached_prompt_per_m if p.cached_prompt_per_m is not None else p.prompt_per_m
+        return (f"{self.model}: ${p.prompt_per_m:g}/M prompt, ${p.completion_per_m:g}/M completion, "
+                f"${cached:g}/M cached prompt (from {where})")
+
+
+async def prices_at_start(model: str, table: Mapping[str, Any], clients: Mapping[str, Any]) -> PriceQuote:
+    """The run's prices: the config's (variant rules of `resolve_pricing`), else the first endpoint whose
+    `GET /models` lists the model or its base (`ChatClient.fetch_pricing`), else a 'none' quote.
+
+    `clients`: endpoint name -> ChatClient. Never raises for an endpoint without /models.
+    """
+    pricing, key = resolve_pricing(model, table)
+    if pricing is not None:
+        return PriceQuote(model, pricing, "config", key)
+    for name, client in clients.items():
+        fetched = await client.fetch_pricing(model)
+        if fetched is not None and (fetched.prompt_per_m or fetched.completion_per_m):
+            return PriceQuote(model, fetched, "models", name)
+    return PriceQuote(model, None, "none")

@@ -49,6 +49,9 @@ QUIRKS = (
     "json_reserialised",  # arguments -> json.dumps(json.loads(args), ensure_ascii=False)
     "tool_ids_reindexed",  # ids re-made as functions.{name}:{history + i}
     "replacement_char",  # incremental detokenizer: partial UTF-8 bytes of a token -> U+FFFD
+    "json_dumps",  # arguments -> json.dumps(json.loads(args)) with ASCII escapes (transformers serve)
+    "empty_reasoning_none",  # empty reasoning -> no reasoning field (transformers serve, non-streaming)
+    "raw_regions",  # the template's whitespace around reasoning/content kept in the fields (transformers serve stream)
 )
 
 
@@ -69,6 +72,7 @@ class SimulatorOptions:
     quirks: list[str] = field(default_factory=list)
     logprobs: bool = True
     seed: int = 0
+    personality: str = "openrouter"  # app.simulator.personalities: which real server to behave like
 
 
 def canonical_faults(faults: dict[str, float] | None) -> dict[str, float]:
@@ -97,6 +101,11 @@ def check_options(options: object) -> None:
     for quirk in getattr(options, "quirks", None) or []:
         if quirk not in QUIRKS:
             raise InputError(f"simulator quirks: unknown quirk {quirk!r}; use any of {', '.join(QUIRKS)}")
+    from app.simulator.personalities import PERSONALITIES
+
+    personality = getattr(options, "personality", None) or "openrouter"
+    if personality not in PERSONALITIES:
+        raise InputError(f"simulator personality: unknown {personality!r}; use one of {', '.join(PERSONALITIES)}")
     median = float(getattr(options, "latency_median_ms", 0) or 0)
     p95 = float(getattr(options, "latency_p95_ms", 0) or 0)
     if median < 0 or p95 < 0 or (median > 0 and p95 and p95 < median):

@@ -110,7 +110,12 @@ class OutputRenderer:
         ended = bool(ids) and ids[-1] in self.profile_stops
         if ended:
             ids.pop()
-        view = parse_output(self._text(tuple(ids), per_token), self.profile, ended)
+        profile = self.profile
+        if "raw_regions" in quirks:  # the template whitespace stays in the fields (transformers serve streaming)
+            from dataclasses import replace
+
+            profile = replace(profile, reasoning_prefix="", reasoning_suffix="", content_prefix="")
+        view = parse_output(self._text(tuple(ids), per_token), profile, ended)
         mismatch = view.content and self.tokenizer.decode(list(c_ids)) != view.content
         if mismatch and not view.tool_calls and not per_token:
             # the parser kept text the marker split cut off (e.g. a tool section cut by max_tokens stays
@@ -119,6 +124,8 @@ class OutputRenderer:
             c_ids = tuple(ids[after:])
         reasoning: str | None = view.reasoning
         content: str | None = view.content
+        if "raw_regions" in quirks and view.tool_calls and not content.strip():
+            content = ""  # transformers serve streams no whitespace-only content before a tool call
         if "think_spaces" in quirks:
             if reasoning is not None:
                 reasoning = (" " if lead_think else "") + reasoning + (" " if had_think else "")
@@ -129,6 +136,8 @@ class OutputRenderer:
         if "strip_whitespace" in quirks:
             reasoning = reasoning.strip() if reasoning is not None else None
             content = content.strip()
+        if "empty_reasoning_none" in quirks and not reasoning:
+            reasoning = None
         if "no_content" in quirks:
             content = content.replace("(no content)", "")
             if not content.strip():
@@ -138,14 +147,16 @@ class OutputRenderer:
             call_id, arguments = call.id, call.arguments
             if "tool_whitespace" in quirks:
                 call_id, arguments = call_id.strip(), arguments.strip()
-            name = _name_from_id(call_id.strip())
-            if "json_reserialised" in quirks:
+            # the parser's name: Kimi's comes from its `functions.NAME:IDX` id (whitespace around it ignored),
+            # Hermes/Qwen3's from the call's JSON "name" (its id is synthesised, not in the token stream)
+            name = call.name
+            if "json_reserialised" in quirks or "json_dumps" in quirks:
                 try:
-                    arguments = json.dumps(json.loads(arguments), ensure_ascii=False)
+                    arguments = json.dumps(json.loads(arguments), ensure_ascii="json_dumps" in quirks)
                 except ValueError:
                     pass
             if "tool_ids_reindexed" in quirks:
-                call_id = f"functions.{name}:{history_calls + index}"
+                call_id = self.profile.tool_id_template.format(name=name, index=history_calls + index)
             rendered_calls.append(RenderedCall(id=call_id, name=name, arguments=arguments))
         finish = view.finish_reason
         if finish == "length" and not content:
@@ -187,15 +198,6 @@ def _find(ids: tuple[int, ...], token: int | None, start: int) -> int | None:
         if ids[k] == token:
             return k
     return None
-
-
-def _name_from_id(call_id: str) -> str:
-    """`functions.get_weather:0` -> `get_weather` (Kimi ids); anything else is its own name."""
-    name = call_id
-    if name.startswith("functions."):
-        name = name[len("functions.") :]
-    head, sep, tail = name.rpartition(":")
-    return head if sep and tail.isdigit() else name
 
 
 def _fake_logprob(token_id: int) -> float:

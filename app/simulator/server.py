@@ -8,8 +8,12 @@ POST /v1/chat/completions (non-streaming and SSE) and GET /v1/models (with prici
 per request from a seeded RNG, at most one per request; "keepalive" is drawn on its own.
 Simulator extensions beyond OpenRouter's protocol: logprobs of reasoning tokens under
 `choices[0].logprobs.reasoning`; `"return_token_ids": true` adds vLLM-style `token_ids` to the choice
-and `"return_output_ids": true` SGLang-style `output_ids` (the full output ids; in a stream they come
-with the finish chunk); an `api_key` makes it answer 401 to any other Bearer token.
+(the full output ids; in a stream they come with the finish chunk); an `api_key` makes it answer 401 to
+any other Bearer token.
+
+`options.personality` (app.simulator.personalities) makes it answer as another real server: vLLM, SGLang
+or transformers serve field names, ids and prompt ids where that server puts them, its text steps, its
+stream ending and its error bodies.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from aiohttp import web
 from app.providers.pricing import ModelPricing, cost_of
 from app.records import Usage
 from app.simulator.options import FAULT_KINDS, KEEPALIVE, SimulatorOptions, canonical_faults, check_options
+from app.simulator.personalities import OPENAI_CHAT_FIELDS, Personality, get_personality
 from app.simulator.reference import ReferenceBook
 from app.simulator.render import OutputRenderer, RenderedOutput, text_pieces
 
@@ -103,6 +108,8 @@ class SimulatorServer:
         self.report_cost = report_cost
         self.counters: collections.Counter[str] = collections.Counter()
         self.quirks = frozenset(getattr(self.options, "quirks", None) or ())
+        self.personality: Personality = get_personality(getattr(self.options, "personality", None))
+        self.profile = self.renderer.profile
         self._rng = random.Random(int(getattr(self.options, "seed", 0) or 0))
         faults = canonical_faults(getattr(self.options, "faults", None))
         self._keepalive_rate = float(faults.pop(KEEPALIVE, 0.0))
@@ -113,8 +120,9 @@ class SimulatorServer:
         self._mu = math.log(median / 1000.0) if median > 0 else None
         self._sigma = (math.log(p95) - math.log(median)) / _Z95 if median > 0 else 0.0
         self.tokens_per_s = float(getattr(self.options, "tokens_per_s", 0) or 0)
-        self.logprobs_enabled = bool(getattr(self.options, "logprobs", True))
-        self._cache: dict[tuple[int, int], RenderedOutput] = {}
+        self.logprobs_enabled = bool(getattr(self.options, "logprobs", True)) and self.personality.logprobs
+        self.report_cost = self.report_cost and self.personality.cost
+        self._cache: dict[tuple[int, int, bool], RenderedOutput] = {}
         self._stream_cache: dict[tuple[int, int, bool, int], tuple[list[tuple[bytes, int]], int]] = {}
         self._runner: web.AppRunner | None = None
         self._served = 0
@@ -173,11 +181,15 @@ class SimulatorServer:
             return 0.0
         return self._rng.lognormvariate(self._mu, self._sigma)
 
-    def _rendered(self, index: int, history_calls: int) -> RenderedOutput:
-        key = (index, history_calls)
+    def _rendered(self, index: int, history_calls: int, stream: bool = False) -> RenderedOutput:
+        key = (index, history_calls, stream)
         out = self._cache.get(key)
         if out is None:
-            out = self.renderer.render(self.book.samples[index].output_ids, self.quirks, history_calls)
+            p = self.personality
+            quirks = self.quirks | (p.stream_quirks if stream else p.plain_quirks)
+            if self.profile.tool_format in p.json_formats:
+                quirks |= {"json_reserialised"}
+            out = self.renderer.render(self.book.samples[index].output_ids, quirks, history_calls)
             if len(self._cache) >= CACHE_ENTRIES:
                 self._cache.clear()
             self._cache[key] = out
@@ -220,6 +232,86 @@ class SimulatorServer:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             transport.abort()
         return web.Response(status=500)
+
+    # -- personalities ----------------------------------------------------------------------------
+
+    def _personality_refusal(self, body: dict) -> web.Response | None:
+        """The error a strict server answers to this body (422 unknown fields, 400 stream-only limits)."""
+        p = self.personality
+        if p.openai_fields_only:
+            unexpected = sorted(set(body) - OPENAI_CHAT_FIELDS)
+            if unexpected:
+                self.counters["422"] += 1
+                return web.Response(status=422, body=_json({"detail": f"Unexpected fields in the request: "
+                                                                      f"{set(unexpected)}"}),
+                                    content_type="application/json")
+        if body.get("stream"):
+            asked = sorted(k for k in p.stream_rejects if body.get(k))
+            if asked:
+                self.counters["400"] += 1
+                message = f"{asked[0]} is not supported with streaming. Please set stream=false when using {asked[0]}=true."
+                return web.Response(status=400, body=_json({"object": "error", "message": message,
+                                                            "type": "BadRequestError", "param": None, "code": 400}),
+                                    content_type="application/json")
+        return None
+
+    def _wants_ids(self, body: dict) -> bool:
+        p = self.personality
+        if p.ids == "sglang":
+            return bool(body.get("return_token_ids")) and not body.get("stream")
+        if p.ids == "vllm" or p.name == "openrouter":  # openrouter: the simulator's own extension
+            return bool(body.get("return_token_ids"))
+        return False
+
+    def _prompt_ids_for(self, body: dict, messages: list) -> list[int] | None:
+        """The prompt ids this server returns for the request (rendered with the profile's template), or None."""
+        p = self.personality
+        wanted = (p.ids == "vllm" and body.get("return_token_ids")) or (
+            p.ids == "sglang" and body.get("return_prompt_token_ids") and not body.get("stream"))
+        if not wanted:
+            return None
+        from app.errors import InputError
+        from app.tokens.prompt import render_prompt
+
+        try:
+            text = render_prompt(self.profile, messages, body.get("tools"))
+        except InputError:
+            return None
+        return self.tokenizer.encode(text)
+
+    @staticmethod
+    def _with_delta_ids(parts: list[tuple[bytes, int]], output_ids: tuple[int, ...]):
+        """`parts` with `token_ids` on each content chunk, handed out in order by the ids each chunk carries,
+        and the ids left for the finish chunk: the deltas concatenate to `output_ids` exactly."""
+        out, at = [], 0
+        for choices, tokens in parts:
+            if tokens:
+                items = json.loads(choices)
+                items[0]["token_ids"] = list(output_ids[at : at + tokens])
+                at += tokens
+                choices = _json(items)
+            out.append((choices, tokens))
+        return out, list(output_ids[at:])
+
+    def _finish(self, out: RenderedOutput) -> str:
+        if self.personality.finish_tool_calls and out.tool_calls and out.finish_reason == "stop":
+            return "tool_calls"
+        return out.finish_reason
+
+    def _with_tool_ids(self, out: RenderedOutput, gen_id: str) -> RenderedOutput:
+        from dataclasses import replace
+
+        template = self.personality.tool_id or ""
+        calls = tuple(replace(c, id=template.format(gen=gen_id, index=i)) for i, c in enumerate(out.tool_calls))
+        return replace(out, tool_calls=calls)
+
+    def _tool_region_not_json(self, out: RenderedOutput) -> bool:
+        """A Hermes tool-call region whose body is not JSON (the parser found a marker but no call)."""
+        markers = self.profile.tool_markers or {}
+        begin = markers.get("call_begin")
+        if not begin or self.profile.tool_format != "hermes" or out.tool_calls:
+            return False
+        return begin in (out.content or "")
 
     # -- handlers -------------------------------------------------------------------------------
 
@@ -272,31 +364,41 @@ class SimulatorServer:
             self.counters["reset"] += 1
             return self._reset(request)
 
+        refused = self._personality_refusal(body)
+        if refused is not None:
+            return refused
         history = sum(len(m.get("tool_calls") or []) for m in messages if isinstance(m, dict))
         index, _ = self.book.pick(messages)
-        out = self._rendered(index, history)
+        out = self._rendered(index, history, bool(body.get("stream")))
+        if self.personality.non_json_tool_region_500 and self._tool_region_not_json(out):
+            self.counters["500"] += 1
+            return self._error(500)
         self.counters[fault or "ok"] += 1
         gen_id = f"gen-sim-{self._served}"
         model = body.get("model") or self.model
         want_lp = bool(body.get("logprobs")) and self.logprobs_enabled
         top = int(body.get("top_logprobs") or 0)
-        ids_field = None
-        if body.get("return_token_ids"):
-            ids_field = "token_ids"
-        elif body.get("return_output_ids"):
-            ids_field = "output_ids"
+        ids_field = "token_ids" if self._wants_ids(body) else None
+        prompt_ids = self._prompt_ids_for(body, messages)
+        if self.personality.tool_id is not None and out.tool_calls:
+            out = self._with_tool_ids(out, gen_id)
         if body.get("stream"):
             return await self._stream(request, index, history, out, gen_id, model, want_lp, top, ids_field, fault,
-                                      keepalive, latency)
+                                      keepalive, latency, prompt_ids)
         if latency:
             await asyncio.sleep(latency)
         if self.tokens_per_s > 0:
             await asyncio.sleep(len(out.output_ids) / self.tokens_per_s)
-        return self._plain(index, out, gen_id, model, want_lp, top, ids_field, fault, keepalive)
+        return self._plain(index, out, gen_id, model, want_lp, top, ids_field, fault, keepalive, prompt_ids)
 
-    def _plain(self, index, out: RenderedOutput, gen_id, model, want_lp, top, ids_field, fault, keepalive):
-        message: dict[str, Any] = {"role": "assistant", "content": out.content, "reasoning": out.reasoning}
-        if out.reasoning is not None:
+    def _plain(self, index, out: RenderedOutput, gen_id, model, want_lp, top, ids_field, fault, keepalive,
+               prompt_ids=None):
+        p = self.personality
+        content = out.content if out.content is not None or p.null_content else ""
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if out.reasoning is not None or p.name == "openrouter":
+            message[p.reasoning_field] = out.reasoning
+        if out.reasoning is not None and p.reasoning_details:
             message["reasoning_details"] = [
                 {"type": "reasoning.text", "text": out.reasoning, "format": "unknown", "index": 0}
             ]
@@ -307,11 +409,12 @@ class SimulatorServer:
             ]
         choice: dict[str, Any] = {
             "index": 0,
-            "finish_reason": out.finish_reason,
-            "native_finish_reason": out.finish_reason,
+            "finish_reason": self._finish(out),
             "logprobs": None,
             "message": message,
         }
+        if p.provider_field:
+            choice["native_finish_reason"] = out.finish_reason
         if want_lp:
             choice["logprobs"] = {
                 "content": self.renderer.logprob_entries(out.content_ids, top),
@@ -320,6 +423,8 @@ class SimulatorServer:
             }
         if ids_field:
             choice[ids_field] = list(out.output_ids)
+        if prompt_ids is not None and p.ids == "sglang":
+            choice["prompt_token_ids"] = prompt_ids
         if fault == "stream_error":
             choice["finish_reason"] = "error"
             choice["error"] = {"code": 502, "message": "Upstream provider failed mid-generation (simulated)",
@@ -333,6 +438,10 @@ class SimulatorServer:
             "choices": [choice],
             "usage": self._usage(index, out),
         }
+        if not p.provider_field:
+            del body["provider"]
+        if prompt_ids is not None and p.ids == "vllm":
+            body["prompt_token_ids"] = prompt_ids
         data = _json(body)
         if fault in ("malformed", "truncate"):
             data = data[: max(1, len(data) // 2)]
@@ -353,20 +462,32 @@ class SimulatorServer:
                 choice["logprobs"] = logprobs
             return _json([choice])
 
-        parts: list[tuple[bytes, int]] = [(choices({"role": "assistant", "content": ""}), 0)]
+        p = self.personality
+        lean = p.lean_deltas
+        parts: list[tuple[bytes, int]] = [(choices({"role": "assistant"} if lean else {"role": "assistant",
+                                                                                     "content": ""}), 0)]
         n = self.stream_chunk_tokens
         if out.reasoning:
             for piece, group in text_pieces(out.reasoning, out.reasoning_ids, self.tokenizer, n):
-                delta = {"role": "assistant", "content": "", "reasoning": piece, "reasoning_details": [
-                    {"type": "reasoning.text", "text": piece, "format": "unknown", "index": 0}]}
+                delta = {p.reasoning_field: piece} if lean else {"role": "assistant", "content": "",
+                                                                  p.reasoning_field: piece}
+                if p.reasoning_details:
+                    delta["reasoning_details"] = [{"type": "reasoning.text", "text": piece, "format": "unknown",
+                                                   "index": 0}]
                 lp = {"reasoning": self.renderer.logprob_entries(group, top), "content": None} if want_lp else None
                 parts.append((choices(delta, lp), len(group)))
         reasoning_end = len(parts)
         if out.content:
             for piece, group in text_pieces(out.content, out.content_ids, self.tokenizer, n):
                 lp = {"content": self.renderer.logprob_entries(group, top)} if want_lp else None
-                parts.append((choices({"role": "assistant", "content": piece}, lp), len(group)))
+                delta = {"content": piece} if lean else {"role": "assistant", "content": piece}
+                parts.append((choices(delta, lp), len(group)))
         for i, call in enumerate(out.tool_calls):
+            if p.tool_args_at_once:  # transformers serve: one delta per call, on region close
+                whole = {"index": i, "id": call.id, "type": "function",
+                         "function": {"name": call.name, "arguments": call.arguments}}
+                parts.append((choices({"tool_calls": [whole]}), 1))
+                continue
             first = {"index": i, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
             parts.append((choices({"role": "assistant", "content": None, "tool_calls": [first]}), 1))
             args = call.arguments
@@ -381,7 +502,7 @@ class SimulatorServer:
         return parts, reasoning_end
 
     async def _stream(self, request, index, history, out: RenderedOutput, gen_id, model, want_lp, top, ids_field,
-                      fault, keepalive, latency) -> web.StreamResponse:
+                      fault, keepalive, latency, prompt_ids=None) -> web.StreamResponse:
         if latency:
             await asyncio.sleep(latency)
         response = web.StreamResponse(
@@ -389,8 +510,10 @@ class SimulatorServer:
         )
         await response.prepare(request)
         created = int(time.time())
-        head = {"id": gen_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                "provider": PROVIDER}
+        p = self.personality
+        head = {"id": gen_id, "object": "chat.completion.chunk", "created": created, "model": model}
+        if p.provider_field:
+            head["provider"] = PROVIDER
 
         prefix = b"data: " + _json(head)[:-1] + b',"choices":'
 
@@ -403,21 +526,38 @@ class SimulatorServer:
 
         parts, reasoning_end = self._stream_parts(index, history, out, want_lp, top)
         # (event bytes, number of tokens it carries: for pacing)
+        delta_ids = ids_field is not None and p.ids == "vllm"
+        if delta_ids:  # vLLM streams each chunk's own token ids; whatever is left rides on the finish chunk
+            parts, left = self._with_delta_ids(parts, out.output_ids)
         events: list[tuple[bytes, int]] = [(prefix + choices + b"}\n\n", tokens) for choices, tokens in parts]
         if keepalive:
             events.insert(reasoning_end, (b": OPENROUTER PROCESSING\n\n", 0))
             events.insert(0, (b": OPENROUTER PROCESSING\n\n", 0))
-        extra = {ids_field: list(out.output_ids)} if ids_field else None
+        if prompt_ids is not None and p.ids == "vllm":  # vLLM: prompt_token_ids on the first chunk only
+            first = dict(head, prompt_token_ids=prompt_ids, choices=[{"index": 0, "delta": {"role": "assistant",
+                                                                                           "content": ""}}])
+            events[0] = (b"data: " + _json(first) + b"\n\n", 0)
+        extra = {ids_field: list(left if delta_ids else out.output_ids)} if ids_field else None
         body_events = len(events)
-        events.append((chunk({}, finish=out.finish_reason, extra=extra), 0))
-        usage = dict(head, choices=[], usage=self._usage(index, out))
-        events.append((b"data: " + _json(usage) + b"\n\n", 0))
-        events.append((b"data: [DONE]\n\n", 0))
+        if p.usage_on_finish_chunk:
+            finish = dict(head, choices=[{"index": 0, "delta": {}, "finish_reason": self._finish(out)}],
+                          usage=self._usage(index, out))
+            events.append((b"data: " + _json(finish) + b"\n\n", 0))
+        else:
+            events.append((chunk({}, finish=self._finish(out), extra=extra), 0))
+            usage = dict(head, choices=[], usage=self._usage(index, out))
+            events.append((b"data: " + _json(usage) + b"\n\n", 0))
+        if p.done_marker:
+            events.append((b"data: [DONE]\n\n", 0))
 
         if fault in ("truncate", "stream_error", "malformed"):
             cut = max(1, body_events // 2)
             events = events[:cut]
-            if fault == "stream_error":
+            if fault == "stream_error" and p.error_chunk == "text":
+                # transformers serve: f'data: {{"error": "{msg}"}}' - not JSON when the message holds a quote
+                events.append((b'data: {"error": "generation failed: \'CUDA\' said "out of memory" (simulated)"}\n\n',
+                               0))
+            elif fault == "stream_error":
                 error = dict(head, error={"code": 502, "message": "Upstream provider failed mid-stream (simulated)",
                                           "metadata": {"error_type": "provider_unavailable"}},
                              choices=[{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}])

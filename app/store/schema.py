@@ -363,6 +363,11 @@ ALTER TABLE reconstructions ADD COLUMN flags TEXT;
 -- issue 9: the mismatch list's "longest first" order walks an index, as its other orders do; per verdict
 -- (category before length), since long exact rows would otherwise sit between the mismatches
 CREATE INDEX reconstructions_by_run_category_length ON reconstructions (run_id, category, n_tokens DESC, sample_pk);
+-- issue 11: the server's prompt ids (vLLM return_token_ids, SGLang return_prompt_token_ids) and how they compare
+-- with the rendered prompt (app.tokens.prompt_check.PromptCheck: agree | differ | no_server_ids)
+ALTER TABLE responses ADD COLUMN prompt_ids BLOB;
+ALTER TABLE reconstructions ADD COLUMN prompt_check TEXT;
+ALTER TABLE reconstructions ADD COLUMN prompt_first_diff INTEGER;
 """
 
 MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)

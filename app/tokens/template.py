@@ -136,7 +136,7 @@ def pieces_text(pieces: Sequence[Piece]) -> str:
 def kimi_tool_id(profile: Profile, call: ToolCall, index: int) -> str:
     """The id text written into the stream for `call`: the API id when it has the profile's form."""
     prefix = profile.tool_id_template.split("{", 1)[0]
-    if call.id and call.id.startswith(prefix):
+    if call.id and call.id.strip().startswith(prefix):  # a raw id keeps the whitespace the model wrote
         return call.id
     return profile.tool_id_template.format(name=call.name, index=index)
 
@@ -153,7 +153,7 @@ def _cut_suffix(s: str, suffix: str) -> str:
 
 
 def _kimi_name(tool_id: str) -> str:
-    m = re.fullmatch(r"(?:functions\.)?(.+?)(?::\d+)?", tool_id, re.S)
+    m = re.fullmatch(r"(?:functions\.)?(.+?)(?::\d+)?", tool_id.strip(), re.S)  # " functions.f:7 " names f
     return m.group(1) if m else tool_id
 
 

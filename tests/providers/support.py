@@ -50,6 +50,7 @@ class Endpoint:
     timeout_s: float = 5.0
     max_concurrency: int = 16
     extra: dict = field(default_factory=dict)
+    server: str | None = None  # app.providers.servers kind: which ids to ask for
 
 
 @dataclass

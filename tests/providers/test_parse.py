@@ -7,7 +7,8 @@ import json
 import pytest
 
 from app.providers.errors import RetryableError, RunStoppingError, SampleFatalError
-from app.providers.parse import StreamAssembler, classify_status, iter_sse_events, parse_body, parse_retry_after
+from app.providers.parse import (StreamAssembler, classify_status, iter_sse_events, parse_body, parse_retry_after,
+                                 parse_usage)
 from app.providers.pricing import ModelPricing, cost_of
 from app.records import Usage
 
@@ -49,9 +50,56 @@ def test_content_filter_is_fatal_for_the_sample():
         parse_body(json.dumps(raw), total_s=0)
 
 
-def test_sglang_meta_info_output_ids():
-    raw = {"choices": [{"finish_reason": "stop", "message": {"content": "x"}}], "meta_info": {"output_ids": [1, 2]}}
-    assert parse_body(json.dumps(raw), total_s=0).token_ids == (1, 2)
+def test_sglang_chat_ids_and_prompt_ids_live_on_the_choice():
+    # protocol.py ChatCompletionResponseChoice: token_ids / prompt_token_ids / meta_info on the choice
+    raw = {"choices": [{"finish_reason": "stop", "message": {"content": "x", "reasoning_content": "r"},
+                        "token_ids": [1, 2], "prompt_token_ids": [7, 8, 9], "meta_info": {"id": "a"}}]}
+    completion = parse_body(json.dumps(raw), total_s=0)
+    assert (completion.token_ids, completion.prompt_token_ids, completion.reasoning) == ((1, 2), (7, 8, 9), "r")
+
+
+def test_native_generate_output_ids_are_not_read_from_a_chat_body():
+    # `output_ids` + `meta_info` is SGLang's native /generate shape; its chat API has no such field
+    raw = {"choices": [{"finish_reason": "stop", "message": {"content": "x"}, "output_ids": [1]}],
+           "meta_info": {"output_ids": [1, 2]}}
+    assert parse_body(json.dumps(raw), total_s=0).token_ids is None
+
+
+def test_vllm_prompt_token_ids_on_the_body_and_the_first_chunk():
+    raw = {"prompt_token_ids": [3, 4], "choices": [{"finish_reason": "stop", "message": {"content": "x"},
+                                                     "token_ids": [5]}]}
+    assert parse_body(json.dumps(raw), total_s=0).prompt_token_ids == (3, 4)
+    asm = StreamAssembler(0.0)
+    asm.feed(json.dumps({"prompt_token_ids": [3, 4], "choices": [{"delta": {"role": "assistant", "content": ""}}]}))
+    asm.feed(json.dumps({"choices": [{"delta": {"content": "x"}, "token_ids": [5], "finish_reason": "stop"}]}))
+    done = asm.finish_completion(0.1)
+    assert (done.prompt_token_ids, done.token_ids) == ((3, 4), (5,))
+
+
+def test_byok_upstream_cost_is_counted_beside_the_fee():
+    usage = parse_usage({"prompt_tokens": 10, "completion_tokens": 5, "cost": 0.0001, "is_byok": True,
+                         "cost_details": {"upstream_inference_cost": 0.0042}})
+    assert usage.cost_usd == pytest.approx(0.0043)
+    plain = parse_usage({"cost": 0.0001, "cost_details": {"upstream_inference_cost": None}})
+    assert plain.cost_usd == pytest.approx(0.0001)
+
+
+def test_a_stream_with_a_costed_usage_chunk_but_no_finish_records_the_cost():
+    asm = StreamAssembler(0.0)
+    asm.feed(json.dumps({"choices": [{"delta": {"content": "partial"}}]}))
+    asm.feed(json.dumps({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 3, "cost": 0.0123}}))
+    with pytest.raises(RetryableError) as caught:
+        asm.finish_completion(0.2)
+    assert caught.value.error_class == "stream" and caught.value.cost_usd == pytest.approx(0.0123)
+
+
+def test_transformers_serve_error_chunks_json_or_not_name_the_failure():
+    asm = StreamAssembler(0.0)
+    with pytest.raises(RetryableError, match="out of memory") as caught:
+        asm.feed('{"error": "generation failed: said "out of memory""}')  # its f-string, not JSON
+    assert caught.value.error_class == "stream"
+    with pytest.raises(RetryableError, match="boom"):
+        StreamAssembler(0.0).feed(json.dumps({"error": "boom"}))
 
 
 def test_sse_comments_multiline_data_and_crlf():
