@@ -1,9 +1,15 @@
 """Rebuild the output ids of a Completion: server ids, logprob bytes, or canonical encoding with repairs.
 
-Canonical: render the returned fields into the output string (markers as text) and encode it once. When a
-reference is given and the plain rebuild does not match it (neither exact nor a benign re-split), the
-inverse of each known server-side text step (reference section 7) is tried in turn; the first variant that
-matches is kept and its name recorded in `Reconstruction.repair`. What text cannot recover is named in
+Canonical (production): render the returned fields into the output string (markers as text), after the
+inverses of the server-side text steps the endpoint's *fidelity profile* learned (app.tokens.fidelity),
+and encode it once; `Reconstruction.repair` names the inverses used and `Reconstruction.flags` the
+suspect signs (app.tokens.flags). A reference, when given, only judges the result.
+
+Reference-assisted (`assisted=True`, the upper bound `validate --assisted` shows): when the plain
+rebuild does not match the reference, the inverse of each known server-side text step (reference
+section 7) is tried, some reading the lost whitespace from the reference; the first variant that
+matches is kept. The search compares text bytes and encodes only a variant whose bytes agree, so an
+unrepairable sample costs little more than one encode. What text cannot recover is named in
 `Reconstruction.notes`, never guessed.
 """
 
@@ -15,7 +21,10 @@ from itertools import product
 from typing import Iterator, Sequence
 
 from app.records import Completion, Reconstruction, TokenLogprob, ToolCall, Verdict
+from app.tokens import flags as fl
 from app.tokens.compare import compare
+from app.tokens.fidelity import FidelityProfile
+from app.tokens.fidelity import apply as apply_fidelity
 from app.tokens.profile import Profile
 from app.tokens.template import Piece, ProviderView, kimi_tool_id, render_output, split_output
 from app.tokens.tokenizer import Tokenizer
@@ -53,9 +62,10 @@ class Fields:
 class Reconstructor:
     """Rebuilds output ids for one profile and tokenizer; holds no mutable state (thread-safe)."""
 
-    def __init__(self, profile: Profile, tokenizer: Tokenizer) -> None:
+    def __init__(self, profile: Profile, tokenizer: Tokenizer, fidelity: FidelityProfile | None = None) -> None:
         self.profile = profile
         self.tokenizer = tokenizer
+        self.fidelity = fidelity  # the endpoint's learned server-side steps (None: none known)
         self._marker_ids = profile.marker_ids(tokenizer)  # InputError when the tokenizer lacks a marker
         self._stop_ids = frozenset(i for t in profile.stop_tokens if (i := tokenizer.special_id(t)) is not None)
         self._markers = tuple(profile.markers)
@@ -63,10 +73,14 @@ class Reconstructor:
 
     # --- public -------------------------------------------------------------------------------------
 
-    def process(self, completion: Completion, reference_ids: Sequence[int] | None = None) -> tuple[Reconstruction, Verdict]:
+    def process(
+        self, completion: Completion, reference_ids: Sequence[int] | None = None, *, assisted: bool = False
+    ) -> tuple[Reconstruction, Verdict]:
         """Rebuild `completion`'s output ids and compare them with `reference_ids` (None: unchecked).
 
-        Strategy order: server ids, then logprobs, then canonical (with repairs when a reference disagrees).
+        Strategy order: server ids, then logprobs, then canonical with the fidelity profile's inverses.
+        The reference only judges, unless `assisted` (the reference-informed repair search, an upper bound
+        production never has). A sample with true ids also gets its text path measured (`text_path:` flag).
         """
         ref = list(reference_ids) if reference_ids is not None else None
         if completion.token_ids:
@@ -76,8 +90,50 @@ class Reconstructor:
         else:
             rec = None
         if rec is None:
-            return self._canonical(completion, ref)
+            return self._canonical(completion, ref, assisted)
+        measured = self.measure_text_path(completion, rec.output_ids)
+        rec = replace(rec, flags=rec.flags + (fl.text_path_flag(measured.category),))
         return self._finish(rec, completion, ref)
+
+    def measure_text_path(self, completion: Completion, true_ids: Sequence[int]) -> Verdict:
+        """Verdict of the text-only rebuild (fidelity profile applied, no reference help) against true ids."""
+        rec, _ = self._canonical(completion, None, False)
+        return compare(rec.output_ids, list(true_ids), self.tokenizer, self.profile)
+
+    def production_fields(self, completion: Completion) -> tuple[Fields, tuple[str, ...], tuple[str, ...]]:
+        """The fields production encodes (learned inverses applied), the inverses used and the flags raised."""
+        fields = Fields.of(completion)
+        used: tuple[str, ...] = ()
+        flags: tuple[str, ...] = ()
+        if self.fidelity is not None:
+            applied = apply_fidelity(self.fidelity, fields, self.profile)
+            fields, used, flags = applied.fields, applied.used, applied.flags
+        return fields, used, tuple(dict.fromkeys(flags + self.suspect_flags(fields)))
+
+    def suspect_flags(self, f: Fields) -> tuple[str, ...]:
+        """Cheap signs, without ground truth, that these fields may not carry the model's ids (app.tokens.flags)."""
+        p = self.profile
+        texts = [f.reasoning or "", f.content, *(t.arguments for t in f.tool_calls),
+                 *((t.id for t in f.tool_calls) if p.tool_id_in_stream else ())]
+        out: list[str] = []
+        if any("\ufffd" in t for t in texts):
+            out.append(fl.REPLACEMENT_CHAR)
+        raw_layout = (p.think_open, p.think_close) if f.reasoning is None else ()
+        if any(m in t for t in texts if t for m in self._markers) and not (
+            raw_layout and not any(m in t for t in texts if t for m in self._markers if m not in raw_layout)
+        ):
+            out.append(fl.MARKER_AS_TEXT)
+        if any(self.tokenizer.changes_text(t) for t in texts if t):
+            out.append(fl.NORMALISER)
+        # raw layout inside content (no reasoning field): the template's whitespace after the tags must be there
+        if f.reasoning is None and p.think_close in f.content:
+            head, _, tail = f.content.partition(p.think_close)
+            opened = head.startswith(p.think_open)
+            if (opened and p.reasoning_prefix and not head[len(p.think_open):].startswith(p.reasoning_prefix)) or (
+                p.content_prefix and tail and not tail.startswith(p.content_prefix)
+            ):
+                out.append(fl.TEMPLATE_WHITESPACE_MISSING)
+        return tuple(out)
 
     def encode_fields(self, fields: Fields) -> list[int]:
         """Canonical ids of `fields`: the output string with markers as text, encoded once."""
@@ -110,10 +166,14 @@ class Reconstructor:
 
     def roundtrip(self, ids: Sequence[int], completion: Completion) -> bool:
         """True when these ids, returned by an ideal provider, give back the completion's fields."""
+        return self._roundtrip_fields(ids, Fields.of(completion))
+
+    def _roundtrip_fields(self, ids: Sequence[int], f: Fields) -> bool:
+        # With learned repairs the ids must give back the repaired fields (what the model is taken to have said).
         view = split_output(ids, self.profile, self.tokenizer)
-        return _same_text(view.reasoning, completion.reasoning) and view.content == (completion.content or "") and [
+        return _same_text(view.reasoning, f.reasoning) and view.content == f.content and [
             (c.name, c.arguments) for c in view.tool_calls
-        ] == [(c.name, c.arguments) for c in completion.tool_calls]
+        ] == [(c.name, c.arguments) for c in f.tool_calls]
 
     # --- strategies ---------------------------------------------------------------------------------
 
@@ -121,7 +181,7 @@ class Reconstructor:
         ids = list(c.token_ids or ())
         if c.finish_reason in ("stop", "tool_calls") and (not ids or ids[-1] not in self._stop_ids):
             ids.append(self._marker_ids[self.profile.end_token(bool(c.tool_calls))])
-        return Reconstruction(output_ids=tuple(ids), strategy="server_ids")
+        return Reconstruction(output_ids=tuple(ids), strategy="server_ids", ids_source=fl.IDS_SERVER)
 
     def _from_logprobs(self, c: Completion) -> Reconstruction | None:
         fields = Fields.of(c)
@@ -160,7 +220,7 @@ class Reconstructor:
             k += 1
         if not used:
             return None
-        return Reconstruction(output_ids=tuple(out), strategy="logprobs", notes=tuple(notes))
+        return Reconstruction(output_ids=tuple(out), strategy="logprobs", notes=tuple(notes), ids_source=fl.IDS_LOGPROBS)
 
     def _tail_matches(self, runs: list[Piece], k: int, ids: list[int]) -> bool:
         tail = "".join(t for _, t in runs[k:]).encode("utf-8")
@@ -186,58 +246,96 @@ class Reconstructor:
             out.append(i)
         return out
 
-    def _canonical(self, c: Completion, ref: list[int] | None) -> tuple[Reconstruction, Verdict]:
-        fields = Fields.of(c)
+    def _canonical(self, c: Completion, ref: list[int] | None, assisted: bool) -> tuple[Reconstruction, Verdict]:
+        fields, used, flags = self.production_fields(c)
         ids = self.encode_fields(fields)
+        plain = Reconstruction(output_ids=tuple(ids), strategy="canonical", repair="+".join(used) or None,
+                               ids_source=fl.IDS_TEXT, flags=flags)
         if ref is None:
-            return self._finish(Reconstruction(output_ids=tuple(ids), strategy="canonical"), c, None)
+            return self._finish(plain, c, None, fields)
         verdict = compare(ids, ref, self.tokenizer, self.profile)
         if verdict.category in BENIGN:
-            return Reconstruction(output_ids=tuple(ids), strategy="canonical", roundtrip=True), verdict
-        plain = Reconstruction(output_ids=tuple(ids), strategy="canonical")
+            return replace(plain, roundtrip=True), (_with_repair(verdict, plain.repair) if plain.repair else verdict)
+        if not assisted:
+            return replace(plain, roundtrip=False, notes=self._notes(Fields.of(c), ref, verdict)), verdict
+        found = self._assisted_search(fields, ids, ref, list(used))
+        if found is not None:
+            key, label, v2 = found
+            return replace(plain, output_ids=key, repair=label, roundtrip=True), _with_repair(v2, label)
+        return replace(plain, roundtrip=False, notes=self._notes(Fields.of(c), ref, verdict)), verdict
+
+    def _assisted_search(
+        self, fields: Fields, ids: list[int], ref: list[int], used: list[str]
+    ) -> tuple[tuple[int, ...], str, Verdict] | None:
+        """The reference-informed repair search: (ids, repair label, verdict) of the first benign variant."""
         ref_bytes = self.tokenizer.decode_bytes(ref)
         ref_truncated = not ref or ref[-1] not in self._stop_ids
         ref_view = split_output(ref, self.profile, self.tokenizer)
-        seen = {tuple(ids)}
+        # Variants are judged by their text bytes and encoded only when the bytes agree with the reference,
+        # which holds when encoding keeps bytes (byte-level BPE; normaliser bypassed): then a sample no
+        # repair fixes costs string joins, not encodes. Otherwise every variant is encoded, as before.
+        text_bytes = self._text(fields).encode("utf-8")
+        by_text = self.tokenizer.decode_bytes(ids) == text_bytes
+        seen = {text_bytes}
         cache: dict[str, list[int]] = {}
+        near = max(0, len(ref_bytes) - 3)  # a truncated reference may end inside a character
         # Greedy: servers apply several steps at once (vLLM: think_spaces + no_content + tool_whitespace),
         # so after a round without a match, keep the variant that agrees with the most reference bytes at
         # both ends and invert the next step on top of it (at most MAX_CHAIN steps).
-        used: list[str] = []
         current = fields
-        best = _agreement(self.tokenizer.decode_bytes(ids), ref_bytes)
+        best = _agreement(text_bytes if by_text else self.tokenizer.decode_bytes(ids), ref_bytes)
         for _ in range(MAX_CHAIN):
             step: tuple[str, Fields, int] | None = None
             for name, variant in self._repair_candidates(current, ref_view):
                 if name in used:
                     continue
-                ids2 = self._encode_cached(variant, cache)
-                key = tuple(ids2)
-                if key in seen:
-                    continue
-                seen.add(key)
-                got = self.tokenizer.decode_bytes(ids2)
-                if ref_truncated or got == ref_bytes:
+                if by_text:
+                    got = self._text(variant).encode("utf-8")
+                    if got in seen:
+                        continue
+                    seen.add(got)
+                    score = _agreement(got, ref_bytes)
+                    close = got == ref_bytes or (ref_truncated and score >= near)
+                    ids2 = self._encode_cached(variant, cache) if close else None
+                else:
+                    ids2 = self._encode_cached(variant, cache)
+                    got = self.tokenizer.decode_bytes(ids2)
+                    if got in seen:
+                        continue
+                    seen.add(got)
+                    score = _agreement(got, ref_bytes)
+                    close = ref_truncated or got == ref_bytes
+                if close and ids2 is not None:
                     v2 = compare(ids2, ref, self.tokenizer, self.profile)
                     if v2.category in BENIGN:
-                        label = "+".join(sorted([*used, name], key=REPAIRS.index))
-                        rec = Reconstruction(output_ids=key, strategy="canonical", repair=label, roundtrip=True)
-                        return rec, _with_repair(v2, label)
-                score = _agreement(got, ref_bytes)
+                        label = "+".join(sorted(dict.fromkeys([*used, name]), key=_repair_order))
+                        return tuple(ids2), label, v2
                 if score > best and (step is None or score > step[2]):
                     step = (name, variant, score)
             if step is None:
-                break
+                return None
             used.append(step[0])
             current, best = step[1], step[2]
-        return replace(plain, roundtrip=False, notes=self._notes(fields, ref, verdict)), verdict
+        return None
 
-    def _finish(self, rec: Reconstruction, c: Completion, ref: list[int] | None) -> tuple[Reconstruction, Verdict]:
+    def _text(self, f: Fields) -> str:
+        return "".join(t for _, t in self._pieces(f))
+
+    def _finish(
+        self, rec: Reconstruction, c: Completion, ref: list[int] | None, fields: Fields | None = None
+    ) -> tuple[Reconstruction, Verdict]:
         if ref is None:
-            ok = self.roundtrip(rec.output_ids, c)
+            ok = self._roundtrip_fields(rec.output_ids, fields if fields is not None else Fields.of(c))
             notes = rec.notes + (() if ok else self._notes(Fields.of(c), None, None))
             verdict = compare(rec.output_ids, None, self.tokenizer, self.profile)
             sentence = "round-trip ok" if ok else "round-trip FAILED: decoding the ids does not give back the returned text"
+            if rec.repair:
+                sentence += f" (after learned repair {rec.repair})"
+            suspects = fl.suspect_flags(rec.flags)
+            if suspects:
+                sentence += f"; suspect: {', '.join(suspects)}"
+            if rec.ids_source in fl.VERIFIED_SOURCES:
+                sentence += f"; ids from {rec.ids_source} (ground truth)"
             return replace(rec, roundtrip=ok, notes=notes), replace(verdict, explanation=f"{verdict.explanation}; {sentence}")
         verdict = compare(rec.output_ids, ref, self.tokenizer, self.profile)
         ok = verdict.category in BENIGN
@@ -416,6 +514,10 @@ def _token_str_bytes(token: str) -> bytes:
         except (UnicodeDecodeError, UnicodeEncodeError):
             pass
     return token.encode("utf-8")
+
+
+def _repair_order(name: str) -> int:
+    return REPAIRS.index(name) if name in REPAIRS else len(REPAIRS) + fl.STEPS.index(name) if name in fl.STEPS else 99
 
 
 def _with_repair(verdict: Verdict, name: str) -> Verdict:
