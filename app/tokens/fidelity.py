@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from app.tokens.tokenizer import Tokenizer
 
 NO_CONTENT = "(no content)"
+_BLANK_KEYS = ("blank", "blank@noreason", "blank@tools", "blank@noreason@tools")
 # json.dumps styles a model or server may write arguments in; the key names one in a profile
 JSON_STYLES: dict[str, dict] = {
     "default": {"ensure_ascii": False},
@@ -174,8 +175,10 @@ def _observe(obs: dict[str, Counter], ir: str | None, ic: str, icalls: Sequence[
     # reasoning: empty thinking may come back as no field at all
     if gr is None:
         bump("empty_reasoning", "dropped" if ir == "" else "absent" if ir is None else "other")
-    elif ir == "" and not gr.strip():
-        bump("empty_reasoning", "kept")
+    elif ir is not None and not ir.strip() and not gr.strip():
+        if ir == "":
+            bump("empty_reasoning", "kept")
+        bump("edge:reasoning.blank", _change_lead(ir, gr))  # e.g. ' ' added around the tags of empty thinking
     elif ir is not None:
         last = truncated and not ic and not icalls
         _edges(bump, "reasoning", ir, gr, trail_ctx="@cut" if last else "")
@@ -183,7 +186,7 @@ def _observe(obs: dict[str, Counter], ir: str | None, ic: str, icalls: Sequence[
     if icalls and NO_CONTENT in ic:
         if NO_CONTENT not in gc:
             bump("no_content", "deleted")
-            ic = ic.replace(NO_CONTENT)
+            ic = ic.replace(NO_CONTENT, "")
         else:
             bump("no_content", "kept")
     elif icalls and not gc.strip():
@@ -192,6 +195,8 @@ def _observe(obs: dict[str, Counter], ir: str | None, ic: str, icalls: Sequence[
         lead = "" if ir is not None else "@noreason"
         trail = "@tools" if icalls else "@cut" if truncated else ""
         _edges(bump, "content", ic, gc, lead_ctx=lead, trail_ctx=trail)
+    else:
+        bump("edge:content.blank" + _blank_ctx(ir is not None, bool(icalls)), _change_lead(ic, gc))
     # tool calls, pairwise
     for k, (want, got) in enumerate(zip(icalls, c.tool_calls)):
         args_w, args_g = want.arguments, got.arguments
@@ -199,8 +204,8 @@ def _observe(obs: dict[str, Counter], ir: str | None, ic: str, icalls: Sequence[
             _edges(bump, "tool.arguments", args_w, args_g)
             args_w, args_g = args_w.strip(), args_g.strip()
         elif args_w.strip():
-            bump("edge:tool.arguments.lead")
-            bump("edge:tool.arguments.trail")
+            bump("edge:tool.arguments.lead", "")
+            bump("edge:tool.arguments.trail", "")
         if args_w.strip() != args_g.strip():
             style = _json_style(args_w.strip())
             redumped = any(_redump(args_w, kw) == args_g.strip() for kw in JSON_STYLES.values())
@@ -239,6 +244,10 @@ def _edges(bump, name: str, want: str, got: str, lead_ctx: str = "", trail_ctx: 
     wt, gt = _trail(want), _trail(got)
     bump(f"edge:{name}.lead{lead_ctx}", _change_lead(wl, gl))
     bump(f"edge:{name}.trail{trail_ctx}", _change_trail(wt, gt))
+
+
+def _blank_ctx(has_reasoning: bool, has_calls: bool) -> str:
+    return ("" if has_reasoning else "@noreason") + ("@tools" if has_calls else "")
 
 
 def _lead(s: str) -> str:
@@ -321,7 +330,7 @@ def apply(fp: FidelityProfile, f: "Fields", profile: Profile) -> Applied:
 
     def edge(key: str, text: str, side: str) -> str:
         counts = obs.get(f"edge:{key}")
-        if not counts or not text.strip():
+        if not counts or (not text.strip() and not key.endswith(_BLANK_KEYS)):
             return text
         changes = {c: n for c, n in counts.items() if c not in ("", "~")}
         if not changes:
@@ -351,13 +360,17 @@ def apply(fp: FidelityProfile, f: "Fields", profile: Profile) -> Applied:
         else:
             reasoning = ""
             used.append("empty_reasoning_dropped")
-    if reasoning:
+    if reasoning is not None and not reasoning.strip():
+        reasoning = edge("reasoning.blank", reasoning, "lead")
+    elif reasoning:
         last = truncated and not content and not calls
         reasoning = edge("reasoning.lead", reasoning, "lead")
         reasoning = edge("reasoning.trail" + ("@cut" if last else ""), reasoning, "trail")
     if content.strip():
         content = edge("content.lead" + ("" if reasoning is not None else "@noreason"), content, "lead")
         content = edge("content.trail" + ("@tools" if calls else "@cut" if truncated else ""), content, "trail")
+    else:
+        content = edge("content.blank" + _blank_ctx(reasoning is not None, bool(calls)), content, "lead")
     nc = obs.get("no_content", {})
     if calls and not content.strip() and nc.get("deleted"):
         if nc.get("absent") or nc.get("kept"):
