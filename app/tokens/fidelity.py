@@ -391,7 +391,7 @@ def apply(fp: FidelityProfile, f: "Fields", profile: Profile) -> Applied:
                 redone = _redump(args, JSON_STYLES[style])
                 if redone != args:
                     args = redone
-                used.append("json_reserialised")
+                    used.append("json_reserialised")
             else:
                 flags.append(UNINVERTIBLE + "json_reserialised")
         call_id = call.id
