@@ -134,14 +134,14 @@ def _learn(endpoint: str, answers: list, errors: Counter, plain, profile, tokeni
     from app.records import CORRUPT_VERDICTS
     from app.tokens import Reconstructor
     from app.tokens.fidelity import learn
-    from app.tokens.flags import VERIFIED_SOURCES, is_suspect
+    from app.tokens.flags import is_suspect
 
     groups: dict[str | None, list] = {}
     unverified: Counter = Counter()
     for c in answers:
-        rec, _ = plain.process(c)
-        if rec.ids_source in VERIFIED_SOURCES and not any(n.endswith("_logprobs_mismatch") for n in rec.notes):
-            groups.setdefault(c.provider, []).append((c, rec.output_ids))
+        truth = plain.ground_truth(c)
+        if truth is not None:
+            groups.setdefault(c.provider, []).append((c, truth[0]))
         else:
             unverified[c.provider] += 1
     results = []

@@ -95,6 +95,39 @@ class Reconstructor:
         rec = replace(rec, flags=rec.flags + (fl.text_path_flag(measured.category),))
         return self._finish(rec, completion, ref)
 
+    def ground_truth(self, c: Completion) -> tuple[tuple[int, ...], str] | None:
+        """The true output ids of `c` and their source, trusting server ids or logprob tokens over the text.
+
+        Unlike `process`, logprobs are used even where the server changed the field's text (that change
+        is what calibration learns); regions without logprobs (tool sections, most often) are encoded
+        from the returned text. None when `c` carries neither ids nor logprobs.
+        """
+        if c.token_ids:
+            return self._server_ids(c).output_ids, fl.IDS_SERVER
+        if c.content_logprobs is None and c.reasoning_logprobs is None:
+            return None
+        lp = {"reasoning": self._lp_ids(c.reasoning_logprobs) if c.reasoning_logprobs is not None else None,
+              "content": self._lp_ids(c.content_logprobs) if c.content_logprobs is not None else None}
+        if lp["reasoning"] is None and lp["content"] is None:
+            return None  # tokens this vocabulary does not know: no ground truth here
+        fields = Fields.of(c)
+        out: list[int] = []
+        for kind, text in _runs(self._pieces(fields)):
+            if kind == "marker":
+                out.append(self._marker_ids[text])
+            elif lp.get(kind) is not None:
+                ids = lp[kind]
+                out.extend(ids)
+                tail = self.tokenizer.decode_bytes(ids)
+                if kind == "content" and any(m.encode() in tail for m in self.profile.tool_markers.values()):
+                    # these logprobs cover the tool section too: the rest is theirs, then the end token
+                    if not (ids and ids[-1] in self._stop_ids) and fields.finish_reason != "length":
+                        out.append(self._marker_ids[self.profile.end_token(bool(fields.tool_calls))])
+                    break
+            else:
+                out.extend(self.tokenizer.encode(text))
+        return tuple(out), fl.IDS_LOGPROBS
+
     def measure_text_path(self, completion: Completion, true_ids: Sequence[int]) -> Verdict:
         """Verdict of the text-only rebuild (fidelity profile applied, no reference help) against true ids."""
         rec, _ = self._canonical(completion, None, False)
