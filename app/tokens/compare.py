@@ -44,8 +44,9 @@ def compare(
         return Verdict("exact", None, len(ref), len(rec), (), f"exact: all {len(ref)} ids match")
     first = next((i for i, (x, y) in enumerate(zip(ref, rec)) if x != y), min(len(ref), len(rec)))
     spans = diff_spans(ref, rec)
-    ref_marks = [i for i in ref if tokenizer.is_special(i)]
-    rec_marks = [i for i in rec if tokenizer.is_special(i)]
+    special = tokenizer.special_ids
+    ref_marks = [i for i in ref if i in special]
+    rec_marks = [i for i in rec if i in special]
     if ref_marks != rec_marks and not (truncated and _prefix_layout(ref_marks, rec_marks, stop_ids)):
         return Verdict("structure_mismatch", first, len(ref), len(rec), spans, _layout_sentence(ref_marks, rec_marks, tokenizer))
     ref_bytes = tokenizer.decode_bytes(ref)

@@ -327,19 +327,18 @@ def apply(fp: FidelityProfile, f: "Fields", profile: Profile) -> Applied:
     used: list[str] = []
     flags: list[str] = []
     obs = fp.observations
+    plan = _edge_plan(fp)
+    if not obs:
+        return Applied(f, (), ())
 
     def edge(key: str, text: str, side: str) -> str:
-        counts = obs.get(f"edge:{key}")
-        if not counts or (not text.strip() and not key.endswith(_BLANK_KEYS)):
+        step = plan.get(key)
+        if step is None or ((not text or text.isspace()) and not key.endswith(_BLANK_KEYS)):
             return text
-        changes = {c: n for c, n in counts.items() if c not in ("", "~")}
-        if not changes:
-            return text
-        name = _edge_step_name(key, changes)
-        if len(changes) > 1 or counts.get("", 0):
+        name, change = step
+        if change is None:
             flags.append(UNINVERTIBLE + name)
             return text
-        change = next(iter(changes))
         ws = change[1:]
         if change.startswith("-"):
             used.append(name)
@@ -407,6 +406,30 @@ def apply(fp: FidelityProfile, f: "Fields", profile: Profile) -> Applied:
                     used.append("tool_ids_reindexed")
                 else:
                     flags.append(UNINVERTIBLE + "tool_ids_reindexed")
-        calls[k] = replace(call, id=call_id, arguments=args)
-    out = replace(f, reasoning=reasoning, content=content, tool_calls=tuple(calls))
-    return Applied(out, tuple(dict.fromkeys(used)), tuple(dict.fromkeys(flags)))
+        if (call_id, args) != (call.id, call.arguments):
+            calls[k] = replace(call, id=call_id, arguments=args)
+    if (reasoning, content) != (f.reasoning, f.content) or any(a is not b for a, b in zip(calls, f.tool_calls)):
+        f = replace(f, reasoning=reasoning, content=content, tool_calls=tuple(calls))
+    return Applied(f, tuple(dict.fromkeys(used)), tuple(dict.fromkeys(flags)))
+
+
+_PLANS: dict[int, tuple[FidelityProfile, dict[str, tuple[str, str | None]]]] = {}
+
+
+def _edge_plan(fp: FidelityProfile) -> dict[str, tuple[str, str | None]]:
+    """Edge key -> (step name, the one change to invert or None when probes disagreed), computed once per profile."""
+    hit = _PLANS.get(id(fp))
+    if hit is not None and hit[0] is fp:
+        return hit[1]
+    plan: dict[str, tuple[str, str | None]] = {}
+    for key, counts in fp.observations.items():
+        if not key.startswith("edge:"):
+            continue
+        changes = {c: n for c, n in counts.items() if c not in ("", "~")}
+        if changes:
+            ok = len(changes) == 1 and not counts.get("", 0)
+            plan[key[5:]] = (_edge_step_name(key[5:], changes), next(iter(changes)) if ok else None)
+    if len(_PLANS) > 64:  # profiles are few and long-lived; keep the cache from growing without bound
+        _PLANS.clear()
+    _PLANS[id(fp)] = (fp, plan)
+    return plan

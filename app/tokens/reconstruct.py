@@ -62,6 +62,10 @@ class Fields:
 class Reconstructor:
     """Rebuilds output ids for one profile and tokenizer; holds no mutable state (thread-safe)."""
 
+    # The assisted search judges variants by text bytes (False: encode every variant, the old way; kept
+    # so that bench/reconstruct.py can show the difference in the same run).
+    search_by_text = True
+
     def __init__(self, profile: Profile, tokenizer: Tokenizer, fidelity: FidelityProfile | None = None) -> None:
         self.profile = profile
         self.tokenizer = tokenizer
@@ -69,6 +73,7 @@ class Reconstructor:
         self._marker_ids = profile.marker_ids(tokenizer)  # InputError when the tokenizer lacks a marker
         self._stop_ids = frozenset(i for t in profile.stop_tokens if (i := tokenizer.special_id(t)) is not None)
         self._markers = tuple(profile.markers)
+        self._markers_no_think = tuple(m for m in self._markers if m not in (profile.think_open, profile.think_close))
         self._marker_set = frozenset(self._markers)
 
     # --- public -------------------------------------------------------------------------------------
@@ -146,17 +151,17 @@ class Reconstructor:
     def suspect_flags(self, f: Fields) -> tuple[str, ...]:
         """Cheap signs, without ground truth, that these fields may not carry the model's ids (app.tokens.flags)."""
         p = self.profile
-        texts = [f.reasoning or "", f.content, *(t.arguments for t in f.tool_calls),
-                 *((t.id for t in f.tool_calls) if p.tool_id_in_stream else ())]
+        # one string, one scan per sign ("\x00" cannot join two halves of a marker or a character)
+        blob = "\x00".join([f.reasoning or "", f.content, *(t.arguments for t in f.tool_calls),
+                            *((t.id for t in f.tool_calls) if p.tool_id_in_stream else ())])
         out: list[str] = []
-        if any("\ufffd" in t for t in texts):
+        if "\ufffd" in blob:
             out.append(fl.REPLACEMENT_CHAR)
-        raw_layout = (p.think_open, p.think_close) if f.reasoning is None else ()
-        if any(m in t for t in texts if t for m in self._markers) and not (
-            raw_layout and not any(m in t for t in texts if t for m in self._markers if m not in raw_layout)
-        ):
+        # raw layout (no reasoning field, think tags inside content) is read as markers, not as spelled text
+        markers = self._markers if f.reasoning is not None else self._markers_no_think
+        if any(m in blob for m in markers):
             out.append(fl.MARKER_AS_TEXT)
-        if any(self.tokenizer.changes_text(t) for t in texts if t):
+        if self.tokenizer.changes_text(blob):
             out.append(fl.NORMALISER)
         # raw layout inside content (no reasoning field): the template's whitespace after the tags must be there
         if f.reasoning is None and p.think_close in f.content:
@@ -308,7 +313,7 @@ class Reconstructor:
         # which holds when encoding keeps bytes (byte-level BPE; normaliser bypassed): then a sample no
         # repair fixes costs string joins, not encodes. Otherwise every variant is encoded, as before.
         text_bytes = self._text(fields).encode("utf-8")
-        by_text = self.tokenizer.decode_bytes(ids) == text_bytes
+        by_text = self.search_by_text and self.tokenizer.decode_bytes(ids) == text_bytes
         seen = {text_bytes}
         cache: dict[str, list[int]] = {}
         near = max(0, len(ref_bytes) - 3)  # a truncated reference may end inside a character
@@ -467,16 +472,14 @@ class Reconstructor:
 
     def _marker_spelled(self, ref: list[int]) -> bool:
         # A marker string inside a run of ordinary tokens: the model spelled it out; text cannot tell.
-        run: list[int] = []
-        for i in [*ref, -1]:
-            if i >= 0 and not self.tokenizer.is_special(i):
-                run.append(i)
-                continue
-            if run:
-                text = self.tokenizer.decode(run)
+        special = self.tokenizer.special_ids
+        start = 0
+        for k in [*(k for k, i in enumerate(ref) if i in special), len(ref)]:
+            if k > start:
+                text = self.tokenizer.decode(ref[start:k])
                 if any(m in text for m in self._markers):
                     return True
-                run = []
+            start = k + 1
         return False
 
 
@@ -498,25 +501,48 @@ def _runs(pieces: list[Piece]) -> list[Piece]:
 
 
 def _agreement(a: bytes, b: bytes) -> int:
-    """Bytes that a and b share at the start plus at the end (binary search over memoryview slices)."""
-    ma, mb = memoryview(a), memoryview(b)
+    """Bytes that a and b share at the start plus at the end (never more than the shorter one's length)."""
     n = min(len(a), len(b))
-    lo, hi = 0, n
+    prefix = _common_prefix(a, b, n)
+    return prefix + _common_suffix(a, b, n - prefix)
+
+
+_CHUNK = 4096
+
+
+def _common_prefix(a: bytes, b: bytes, n: int) -> int:
+    # Chunked slice comparisons (memcmp) then a binary search inside the first differing chunk: linear in
+    # the shared length with a small constant, where memoryview comparisons cost a Python step per byte.
+    i = 0
+    while i < n and a[i:i + _CHUNK] == b[i:i + _CHUNK]:
+        i += _CHUNK
+    if i >= n:
+        return n
+    lo, hi = i, min(i + _CHUNK, n)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if ma[:mid] == mb[:mid]:
+        if a[i:mid] == b[i:mid]:
             lo = mid
         else:
             hi = mid - 1
-    prefix = lo
-    lo, hi = 0, n - prefix
+    return lo
+
+
+def _common_suffix(a: bytes, b: bytes, n: int) -> int:
+    la, lb = len(a), len(b)
+    i = 0
+    while i < n and a[la - i - min(_CHUNK, n - i):la - i] == b[lb - i - min(_CHUNK, n - i):lb - i]:
+        i += min(_CHUNK, n - i)
+    if i >= n:
+        return n
+    lo, hi = i, min(i + _CHUNK, n)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if ma[len(a) - mid:] == mb[len(b) - mid:]:
+        if a[la - mid:la - i] == b[lb - mid:lb - i]:
             lo = mid
         else:
             hi = mid - 1
-    return prefix + lo
+    return lo
 
 
 def _restore_edges(got: str | None, truth: str | None) -> str | None:

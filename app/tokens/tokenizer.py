@@ -72,6 +72,11 @@ class Tokenizer:
         """True when `token_id` is a special or added token (a marker), not ordinary BPE."""
         return token_id in self._special_ids
 
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """The ids of every special/added token (for fast membership tests over long id lists)."""
+        return self._special_ids
+
     def special_tokens(self) -> dict[str, int]:
         """All special/added tokens: text -> id."""
         return dict(self._specials)
