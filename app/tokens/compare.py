@@ -11,6 +11,7 @@ from app.tokens.profile import Profile
 from app.tokens.tokenizer import Tokenizer
 
 _SNIPPET = 40
+UNCHECKED = "unchecked (not verified): no reference ids to check this sample against"
 _STOP_IDS: "weakref.WeakKeyDictionary[Tokenizer, dict[str, frozenset[int]]]" = weakref.WeakKeyDictionary()
 
 
@@ -33,7 +34,7 @@ def compare(
     """
     rec = rec_ids if isinstance(rec_ids, list) else list(rec_ids)
     if ref_ids is None:
-        return Verdict("unchecked", rec_len=len(rec), explanation="unchecked (not verified): no reference ids to check this sample against")
+        return Verdict("unchecked", rec_len=len(rec), explanation=UNCHECKED)
     ref = ref_ids if isinstance(ref_ids, list) else list(ref_ids)
     stop_ids = stop_token_ids(profile, tokenizer)
     truncated = not ref or ref[-1] not in stop_ids

@@ -359,29 +359,29 @@ def apply(fp: FidelityProfile, f: "Fields", profile: Profile) -> Applied:
         else:
             reasoning = ""
             used.append("empty_reasoning_dropped")
-    if reasoning is not None and not reasoning.strip():
+    if reasoning is not None and _blank(reasoning):
         reasoning = edge("reasoning.blank", reasoning, "lead")
     elif reasoning:
         last = truncated and not content and not calls
         reasoning = edge("reasoning.lead", reasoning, "lead")
         reasoning = edge("reasoning.trail" + ("@cut" if last else ""), reasoning, "trail")
-    if content.strip():
+    if not _blank(content):
         content = edge("content.lead" + ("" if reasoning is not None else "@noreason"), content, "lead")
         content = edge("content.trail" + ("@tools" if calls else "@cut" if truncated else ""), content, "trail")
     else:
         content = edge("content.blank" + _blank_ctx(reasoning is not None, bool(calls)), content, "lead")
     nc = obs.get("no_content", {})
-    if calls and not content.strip() and nc.get("deleted"):
+    if calls and _blank(content) and nc.get("deleted"):
         if nc.get("absent") or nc.get("kept"):
             flags.append(UNINVERTIBLE + "no_content")
         else:
             content = content + NO_CONTENT
             used.append("no_content")
-    js = {s: n for s, n in obs.get("json", {}).items() if s != "same"}
-    ids = {s: n for s, n in obs.get("tool_ids", {}).items() if s != "same"}
+    js = {s: n for s, n in obs.get("json", {}).items() if s != "same"} if calls else {}
+    ids = {s: n for s, n in obs.get("tool_ids", {}).items() if s != "same"} if calls else {}
     for k, call in enumerate(calls):
         args = call.arguments
-        if args.strip():
+        if not _blank(args):
             args = edge("tool.arguments.lead", args, "lead")
             args = edge("tool.arguments.trail", args, "trail")
         if js:
@@ -395,7 +395,7 @@ def apply(fp: FidelityProfile, f: "Fields", profile: Profile) -> Applied:
                 flags.append(UNINVERTIBLE + "json_reserialised")
         call_id = call.id
         if profile.tool_id_in_stream:
-            if call_id.strip():
+            if not _blank(call_id):
                 call_id = edge("tool.id.lead", call_id, "lead")
                 call_id = edge("tool.id.trail", call_id, "trail")
             if ids:
@@ -410,7 +410,11 @@ def apply(fp: FidelityProfile, f: "Fields", profile: Profile) -> Applied:
             calls[k] = replace(call, id=call_id, arguments=args)
     if (reasoning, content) != (f.reasoning, f.content) or any(a is not b for a, b in zip(calls, f.tool_calls)):
         f = replace(f, reasoning=reasoning, content=content, tool_calls=tuple(calls))
-    return Applied(f, tuple(dict.fromkeys(used)), tuple(dict.fromkeys(flags)))
+    return Applied(f, tuple(dict.fromkeys(used)) if used else (), tuple(dict.fromkeys(flags)) if flags else ())
+
+
+def _blank(s: str) -> bool:
+    return not s or s.isspace()  # no copy, unlike s.strip()
 
 
 _PLANS: dict[int, tuple[FidelityProfile, dict[str, tuple[str, str | None]]]] = {}
