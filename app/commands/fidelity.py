@@ -13,6 +13,7 @@ import json
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 EXAMPLE = """\
 eaglewatch fidelity --db /tmp/eaglewatch-demo.db
@@ -32,29 +33,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @dataclass
 class Row:
-    """The report line of one endpoint and upstream provider."""
+    """The report line of one endpoint and upstream provider: the quality gate's tally plus the suspects."""
 
     endpoint: str
     provider: str | None
+    measured: Any = None  # app.engine.quality.FidelityTally of the verified samples (None: none)
     samples: int = 0
-    verified: int = 0
-    exact: int = 0
-    benign: int = 0
-    corrupt: Counter = field(default_factory=Counter)
     suspects: int = 0
     suspect_flags: Counter = field(default_factory=Counter)
-    example_pk: int | None = None
     steps: list = field(default_factory=list)
 
-    @property
-    def corrupt_rate(self) -> float:
-        return sum(self.corrupt.values()) / self.verified if self.verified else 0.0
-
     def as_json(self) -> dict:
-        return {"endpoint": self.endpoint, "provider": self.provider, "samples": self.samples, "verified": self.verified,
-                "exact": self.exact, "benign": self.benign, "corrupt": dict(self.corrupt),
-                "corrupt_rate": round(self.corrupt_rate, 6), "suspects": self.suspects,
-                "suspect_flags": dict(self.suspect_flags), "example_corrupt_pk": self.example_pk, "steps": self.steps}
+        t = self.measured
+        return {"endpoint": self.endpoint, "provider": self.provider, "samples": self.samples,
+                "verified": t.verified if t else 0, "exact": t.exact if t else 0, "benign": t.benign if t else 0,
+                "corrupt": dict(t.corrupt) if t else {}, "corrupt_rate": round(t.corrupt_rate, 6) if t else 0.0,
+                "suspects": self.suspects, "suspect_flags": dict(self.suspect_flags),
+                "example_corrupt_pk": t.example_pk if t else None, "steps": self.steps}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,58 +75,61 @@ def run(args: argparse.Namespace) -> int:
 
 def build_rows(measurements) -> dict[tuple[str, str | None], Row]:
     """Report rows keyed by (endpoint, provider) from stored measurements (app.store.fidelity.Measurement)."""
-    from app.records import CORRUPT_VERDICTS
+    from app.engine.quality import tally
     from app.tokens.flags import IDS_TEXT, suspect_flags, text_path_of
 
     rows: dict[tuple[str, str | None], Row] = {}
+    verified = []
     for m in measurements:
         row = rows.setdefault((m.endpoint, m.provider), Row(m.endpoint, m.provider))
         row.samples += 1
         measured = text_path_of(m.flags)
         if measured is not None:
-            row.verified += 1
-            if measured == "exact":
-                row.exact += 1
-            elif measured in CORRUPT_VERDICTS:
-                row.corrupt[measured] += 1
-                row.example_pk = row.example_pk if row.example_pk is not None else m.sample_pk
-            else:
-                row.benign += 1
+            verified.append((m.endpoint, m.provider, measured, m.sample_pk))
         suspects = suspect_flags(m.flags) if m.ids_source in (None, IDS_TEXT) else ()
         if suspects:
             row.suspects += 1
             row.suspect_flags.update(suspects)
+    for t in tally(verified):
+        rows[(t.endpoint, t.provider)].measured = t
     return rows
 
 
 def advise(rows: list[Row], max_rate: float, min_verified: int) -> list[str]:
-    """Sentences for the operator: which provider to pin or ignore, where to measure more, what is flagged."""
+    """Sentences for the operator: which provider to pin or ignore, where to measure more, what is flagged.
+
+    The judgement is the quality gate's (app.engine.quality.judge), so the advice and a run's gate agree.
+    """
+    from app.engine.quality import judge
+
     out: list[str] = []
     by_endpoint: dict[str, list[Row]] = {}
     for r in rows:
         by_endpoint.setdefault(r.endpoint, []).append(r)
     for endpoint, group in by_endpoint.items():
-        judged = [r for r in group if r.verified >= min_verified]
-        bad = [r for r in judged if r.corrupt_rate > max_rate]
-        good = [r for r in judged if r.corrupt_rate <= max_rate]
-        for r in bad:
-            what = f"provider {r.provider!r}" if r.provider else f"endpoint {endpoint!r}"
-            kinds = ", ".join(f"{k} {n}" for k, n in sorted(r.corrupt.items()))
-            verb = f"ignore {what} (OpenRouter provider.ignore)" if r.provider else f"stop using {what} for text rebuilds"
-            out.append(f"{verb}: measured corrupt rate {r.corrupt_rate:.1%} ({kinds} of {r.verified} verified; "
-                       f"e.g. sample pk {r.example_pk})")
-        named_good = [r for r in good if r.provider]
-        if bad and named_good:
-            best = min(named_good, key=lambda r: (r.corrupt_rate, -r.verified))
+        tallies = [r.measured for r in group if r.measured is not None]
+        bad = judge(tallies, max_rate, min_verified, "route_around")
+        bad_names = {d.provider for d in bad}
+        for d in bad:
+            t = next(t for t in tallies if t.provider == d.provider)
+            kinds = ", ".join(f"{k} {n}" for k, n in sorted(t.corrupt.items()))
+            verb = (f"ignore provider {d.provider!r} (OpenRouter provider.ignore)" if d.action == "route_around"
+                    else f"stop using endpoint {endpoint!r} for text rebuilds")
+            out.append(f"{verb}: measured corrupt rate {d.rate:.1%} ({kinds} of {d.verified} verified; "
+                       f"e.g. sample pk {d.example_pk})")
+        good = [t for t in tallies if t.provider and t.provider not in bad_names and t.verified >= min_verified]
+        if bad and good:
+            best = min(good, key=lambda t: (t.corrupt_rate, -t.verified))
             out.append(f"pin provider {best.provider!r} on {endpoint!r} (OpenRouter provider.order / only): "
                        f"{best.corrupt_rate:.1%} corrupt over {best.verified} verified samples")
         for r in group:
             who = endpoint + (f" / {r.provider}" if r.provider else "")
-            if r.verified == 0:
+            n = r.measured.verified if r.measured else 0
+            if n == 0:
                 out.append(f"{who}: no verified samples — all {r.samples} are unchecked (not verified); ask for "
                            "server ids or logprobs on a probe fraction, or run `eaglewatch calibrate`")
-            elif r.verified < min_verified:
-                out.append(f"{who}: only {r.verified} verified sample(s) (need {min_verified} to judge); measure more")
+            elif n < min_verified:
+                out.append(f"{who}: only {n} verified sample(s) (need {min_verified} to judge); measure more")
             for s in r.steps:
                 if not s["invertible"]:
                     out.append(f"{who}: {s['name']} ({s['where']}) cannot be inverted from text; "
@@ -146,10 +144,11 @@ def _print(rows: list[Row], advice: list[str], db) -> None:
               f"{'corrupt':>7} {'rate':>7} {'suspect':>7}\n")
     for r in rows:
         who = r.endpoint + (f" / {r.provider}" if r.provider else "")
-        out.write(f"  {who:<32} {r.samples:>7} {r.verified:>8} {r.exact:>6} {r.benign:>6} "
-                  f"{sum(r.corrupt.values()):>7} {r.corrupt_rate:>7.1%} {r.suspects:>7}\n")
-        if r.corrupt:
-            out.write("      corrupt by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(r.corrupt.items())) + "\n")
+        t = r.as_json()
+        out.write(f"  {who:<32} {r.samples:>7} {t['verified']:>8} {t['exact']:>6} {t['benign']:>6} "
+                  f"{sum(t['corrupt'].values()):>7} {t['corrupt_rate']:>7.1%} {r.suspects:>7}\n")
+        if t["corrupt"]:
+            out.write("      corrupt by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(t["corrupt"].items())) + "\n")
         if r.suspect_flags:
             out.write("      suspect flags: " + ", ".join(f"{k} {n}" for k, n in sorted(r.suspect_flags.items())) + "\n")
         for s in r.steps:
