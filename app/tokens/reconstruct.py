@@ -16,12 +16,14 @@ unrepairable sample costs little more than one encode. What text cannot recover 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, replace
 from itertools import product
 from typing import Iterator, Sequence
 
 from app.records import Completion, Reconstruction, TokenLogprob, ToolCall, Verdict
 from app.tokens import flags as fl
+from app.tokens.align import common_prefix, common_suffix
 from app.tokens.compare import UNCHECKED, compare
 from app.tokens.fidelity import FidelityProfile
 from app.tokens.fidelity import apply as apply_fidelity
@@ -294,60 +296,71 @@ class Reconstructor:
                                ids_source=fl.IDS_TEXT, flags=flags)
         if ref is None:
             return self._finish(plain, c, None, fields)
-        verdict = compare(ids, ref, self.tokenizer, self.profile)
+        # an exact rebuild never decodes; otherwise each side is decoded once for everything below
+        ref_bytes = rec_bytes = None
+        if ids != ref:
+            ref_bytes, rec_bytes = self.tokenizer.decode_bytes(ref), self.tokenizer.decode_bytes(ids)
+        verdict = compare(ids, ref, self.tokenizer, self.profile, ref_bytes=ref_bytes, rec_bytes=rec_bytes)
         if verdict.category in BENIGN:
             return replace(plain, roundtrip=True), (_with_repair(verdict, plain.repair) if plain.repair else verdict)
         if not assisted:
-            return replace(plain, roundtrip=False, notes=self._notes(Fields.of(c), ref, verdict)), verdict
-        found = self._assisted_search(fields, ids, ref, list(used))
+            return replace(plain, roundtrip=False, notes=self._notes(Fields.of(c), ref, verdict, ref_bytes)), verdict
+        found = self._assisted_search(fields, ids, rec_bytes, ref, ref_bytes, list(used))
         if found is not None:
             key, label, v2 = found
             return replace(plain, output_ids=key, repair=label, roundtrip=True), _with_repair(v2, label)
-        return replace(plain, roundtrip=False, notes=self._notes(Fields.of(c), ref, verdict)), verdict
+        return replace(plain, roundtrip=False, notes=self._notes(Fields.of(c), ref, verdict, ref_bytes)), verdict
 
     def _assisted_search(
-        self, fields: Fields, ids: list[int], ref: list[int], used: list[str]
+        self, fields: Fields, ids: list[int], ids_bytes: bytes, ref: list[int], ref_bytes: bytes, used: list[str]
     ) -> tuple[tuple[int, ...], str, Verdict] | None:
         """The reference-informed repair search: (ids, repair label, verdict) of the first benign variant."""
-        ref_bytes = self.tokenizer.decode_bytes(ref)
         ref_truncated = not ref or ref[-1] not in self._stop_ids
-        ref_view = split_output(ref, self.profile, self.tokenizer)
-        # Variants are judged by their text bytes and encoded only when the bytes agree with the reference,
-        # which holds when encoding keeps bytes (byte-level BPE; normaliser bypassed): then a sample no
-        # repair fixes costs string joins, not encodes. Otherwise every variant is encoded, as before.
-        text_bytes = self._text(fields).encode("utf-8")
-        by_text = self.search_by_text and self.tokenizer.decode_bytes(ids) == text_bytes
-        seen = {text_bytes}
+        # the reference as text, once: surrogateescape keeps stray bytes (a cut inside a character) distinct
+        ref_text = ref_bytes.decode("utf-8", "surrogateescape")
+        end = b"" if ref_truncated else self.tokenizer.token_bytes(ref[-1])
+        ref_view = parse_output(ref_bytes[: len(ref_bytes) - len(end)].decode("utf-8", "replace"), self.profile,
+                                not ref_truncated)
+        # Variants are judged by their text and encoded only when it agrees with the reference, which is
+        # exact when encoding keeps bytes (byte-level BPE, tiktoken; normaliser bypassed): a sample no repair
+        # fixes then costs string joins, not encodes. Otherwise every variant is encoded, as before.
+        texts = self._texts(fields)
+        by_text = self.search_by_text and ids_bytes == "".join(texts).encode("utf-8", "surrogatepass")
+        # A variant is its tuple of piece texts: unchanged pieces are the same str objects in every
+        # variant, so hashing (cached per str) and comparing them (identity first) costs nothing, and
+        # agreement with the reference walks the pieces (startswith/endswith, no joined copy).
+        seen = {tuple(texts)}
+        seen_bytes: set[bytes] = set()
         cache: dict[str, list[int]] = {}
-        near = max(0, len(ref_bytes) - 3)  # a truncated reference may end inside a character
+        near = max(0, len(ref_text) - 3)  # a truncated reference may end inside a character
         # Greedy: servers apply several steps at once (vLLM: think_spaces + no_content + tool_whitespace),
-        # so after a round without a match, keep the variant that agrees with the most reference bytes at
+        # so after a round without a match, keep the variant that agrees with the most reference text at
         # both ends and invert the next step on top of it (at most MAX_CHAIN steps).
         current = fields
-        best = _agreement(text_bytes if by_text else self.tokenizer.decode_bytes(ids), ref_bytes)
+        best = _piece_agreement(texts, ref_text)[0] if by_text else _agreement(ids_bytes, ref_bytes)
         for _ in range(MAX_CHAIN):
             step: tuple[str, Fields, int] | None = None
             for name, variant in self._repair_candidates(current, ref_view):
                 if name in used:
                     continue
+                key = tuple(self._texts(variant))
+                if key in seen:
+                    continue
+                seen.add(key)
                 if by_text:
-                    got = self._text(variant).encode("utf-8")
-                    if got in seen:
-                        continue
-                    seen.add(got)
-                    score = _agreement(got, ref_bytes)
-                    close = got == ref_bytes or (ref_truncated and score >= near)
+                    score, equal = _piece_agreement(key, ref_text)
+                    close = equal or (ref_truncated and score >= near)
                     ids2 = self._encode_cached(variant, cache) if close else None
                 else:
                     ids2 = self._encode_cached(variant, cache)
                     got = self.tokenizer.decode_bytes(ids2)
-                    if got in seen:
+                    if got in seen_bytes:
                         continue
-                    seen.add(got)
+                    seen_bytes.add(got)
                     score = _agreement(got, ref_bytes)
                     close = ref_truncated or got == ref_bytes
                 if close and ids2 is not None:
-                    v2 = compare(ids2, ref, self.tokenizer, self.profile)
+                    v2 = compare(ids2, ref, self.tokenizer, self.profile, ref_bytes=ref_bytes)
                     if v2.category in BENIGN:
                         label = "+".join(sorted(dict.fromkeys([*used, name]), key=_repair_order))
                         return tuple(ids2), label, v2
@@ -361,6 +374,9 @@ class Reconstructor:
 
     def _text(self, f: Fields) -> str:
         return "".join(t for _, t in self._pieces(f))
+
+    def _texts(self, f: Fields) -> list[str]:
+        return [t for _, t in self._pieces(f)]
 
     def _finish(
         self, rec: Reconstruction, c: Completion, ref: list[int] | None, fields: Fields | None = None
@@ -459,32 +475,30 @@ class Reconstructor:
                     )
                     yield "tool_ids_reindexed", replace(f, tool_calls=calls)
 
-    def _notes(self, f: Fields, ref: list[int] | None, verdict: Verdict | None) -> tuple[str, ...]:
+    def _notes(
+        self, f: Fields, ref: list[int] | None, verdict: Verdict | None, ref_bytes: bytes | None = None
+    ) -> tuple[str, ...]:
         """What text cannot recover, found in the returned fields or the reference (never guessed)."""
         notes: list[str] = []
-        texts = [f.reasoning or "", f.content, *(t.arguments for t in f.tool_calls), *(t.id for t in f.tool_calls)]
-        ref_text = self.tokenizer.decode(ref) if ref is not None else ""
-        if any("\ufffd" in t for t in texts) or "\ufffd" in ref_text:
+        blob = "\x00".join([f.reasoning or "", f.content, *(t.arguments for t in f.tool_calls),
+                            *(t.id for t in f.tool_calls)])
+        if ref is not None and ref_bytes is None:
+            ref_bytes = self.tokenizer.decode_bytes(ref)
+        ref_text = ref_bytes.decode("utf-8", "replace") if ref_bytes is not None else ""
+        if "\ufffd" in blob or "\ufffd" in ref_text:
             notes.append("replacement_char")
-        if any(m in t for t in texts for m in self._markers) or (ref is not None and self._marker_spelled(ref)):
+        if any(m in blob for m in self._markers) or (ref is not None and self._marker_spelled(ref, ref_text)):
             notes.append("marker_as_text")
-        normalize = getattr(self.tokenizer, "normalize", None)
-        if normalize is not None and getattr(self.tokenizer, "has_normalizer", False):
-            if any(normalize(t) != t for t in texts if t) or (ref_text and normalize(ref_text) != ref_text):
-                notes.append("normaliser")
+        if self.tokenizer.changes_text(blob) or (ref_text and self.tokenizer.changes_text(ref_text)):
+            notes.append("normaliser")
         return tuple(notes)
 
-    def _marker_spelled(self, ref: list[int]) -> bool:
+    def _marker_spelled(self, ref: list[int], ref_text: str) -> bool:
         # A marker string inside a run of ordinary tokens: the model spelled it out; text cannot tell.
-        special = self.tokenizer.special_ids
-        start = 0
-        for k in [*(k for k, i in enumerate(ref) if i in special), len(ref)]:
-            if k > start:
-                text = self.tokenizer.decode(ref[start:k])
-                if any(m in text for m in self._markers):
-                    return True
-            start = k + 1
-        return False
+        # The decoded text holds every marker token's text plus any spelled one, so more occurrences of a
+        # marker than marker tokens means spelled (markers never contain one another).
+        counts = Counter(filter(self.tokenizer.special_ids.__contains__, ref))
+        return any(ref_text.count(m) > counts.get(self._marker_ids.get(m, -1), 0) for m in self._markers)
 
 
 def _runs(pieces: list[Piece]) -> list[Piece]:
@@ -504,49 +518,37 @@ def _runs(pieces: list[Piece]) -> list[Piece]:
     return out
 
 
-def _agreement(a: bytes, b: bytes) -> int:
-    """Bytes that a and b share at the start plus at the end (never more than the shorter one's length)."""
-    n = min(len(a), len(b))
-    prefix = _common_prefix(a, b, n)
-    return prefix + _common_suffix(a, b, n - prefix)
+def _agreement(a: Sequence, b: Sequence) -> int:
+    """Items (bytes or characters) that a and b share at the start plus at the end (at most the shorter length)."""
+    prefix = common_prefix(a, b)
+    return prefix + common_suffix(a, b, min(len(a), len(b)) - prefix)
 
 
-_CHUNK = 4096
-
-
-def _common_prefix(a: bytes, b: bytes, n: int) -> int:
-    # Chunked slice comparisons (memcmp) then a binary search inside the first differing chunk: linear in
-    # the shared length with a small constant, where memoryview comparisons cost a Python step per byte.
-    i = 0
-    while i < n and a[i:i + _CHUNK] == b[i:i + _CHUNK]:
-        i += _CHUNK
-    if i >= n:
-        return n
-    lo, hi = i, min(i + _CHUNK, n)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[i:mid] == b[i:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def _common_suffix(a: bytes, b: bytes, n: int) -> int:
-    la, lb = len(a), len(b)
-    i = 0
-    while i < n and a[la - i - min(_CHUNK, n - i):la - i] == b[lb - i - min(_CHUNK, n - i):lb - i]:
-        i += min(_CHUNK, n - i)
-    if i >= n:
-        return n
-    lo, hi = i, min(i + _CHUNK, n)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[la - mid:la - i] == b[lb - mid:lb - i]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+def _piece_agreement(texts: Sequence[str], ref: str) -> tuple[int, bool]:
+    """(_agreement of "".join(texts) with ref, whether they are equal), without joining the texts."""
+    total = sum(map(len, texts))
+    n = len(texts)
+    pos = k = 0
+    while k < n and ref.startswith(texts[k], pos):
+        pos += len(texts[k])
+        k += 1
+    if k == n:
+        if total == len(ref):
+            return total, True
+        prefix = total
+    else:
+        piece = texts[k]
+        prefix = pos + common_prefix(piece, ref[pos:pos + len(piece)])
+    limit = min(total, len(ref)) - prefix  # the shared end never overlaps the shared start
+    end, j = len(ref), n - 1
+    while j >= 0 and len(ref) - end + len(texts[j]) <= limit and ref.endswith(texts[j], 0, end):
+        end -= len(texts[j])
+        j -= 1
+    suffix = len(ref) - end
+    if j >= 0 and suffix < limit:
+        piece = texts[j]
+        suffix += common_suffix(piece, ref[max(0, end - len(piece)):end], limit - suffix)
+    return prefix + suffix, False
 
 
 def _restore_edges(got: str | None, truth: str | None) -> str | None:
