@@ -16,6 +16,7 @@ unrepairable sample costs little more than one encode. What text cannot recover 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass, replace
 from itertools import product
@@ -75,7 +76,11 @@ class Reconstructor:
         self._marker_ids = profile.marker_ids(tokenizer)  # InputError when the tokenizer lacks a marker
         self._stop_ids = frozenset(i for t in profile.stop_tokens if (i := tokenizer.special_id(t)) is not None)
         self._markers = tuple(profile.markers)
-        self._markers_no_think = tuple(m for m in self._markers if m not in (profile.think_open, profile.think_close))
+        # one compiled alternation: a single scan of the text finds any marker (the raw-layout variant
+        # leaves out the think tags, which a server without a reasoning parser returns inside content)
+        self._marker_re = re.compile("|".join(map(re.escape, self._markers)))
+        self._marker_re_no_think = re.compile("|".join(
+            re.escape(m) for m in self._markers if m not in (profile.think_open, profile.think_close)) or "(?!)")
         self._marker_set = frozenset(self._markers)
 
     # --- public -------------------------------------------------------------------------------------
@@ -161,8 +166,8 @@ class Reconstructor:
         if "\ufffd" in blob:
             out.append(fl.REPLACEMENT_CHAR)
         # raw layout (no reasoning field, think tags inside content) is read as markers, not as spelled text
-        markers = self._markers if f.reasoning is not None else self._markers_no_think
-        if any(m in blob for m in markers):
+        markers = self._marker_re if f.reasoning is not None else self._marker_re_no_think
+        if markers.search(blob):
             out.append(fl.MARKER_AS_TEXT)
         if self.tokenizer.changes_text(blob):
             out.append(fl.NORMALISER)
