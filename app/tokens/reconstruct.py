@@ -69,10 +69,15 @@ class Reconstructor:
     # so that bench/reconstruct.py can show the difference in the same run).
     search_by_text = True
 
-    def __init__(self, profile: Profile, tokenizer: Tokenizer, fidelity: FidelityProfile | None = None) -> None:
+    def __init__(
+        self, profile: Profile, tokenizer: Tokenizer, fidelity: FidelityProfile | None = None, *, measure: bool = True
+    ) -> None:
         self.profile = profile
         self.tokenizer = tokenizer
         self.fidelity = fidelity  # the endpoint's learned server-side steps (None: none known)
+        # measure the text path of every sample with true ids (one more encode each); False leaves it to
+        # callers that measure only a probe fraction (measure_text_path)
+        self.measure = measure
         self._marker_ids = profile.marker_ids(tokenizer)  # InputError when the tokenizer lacks a marker
         self._stop_ids = frozenset(i for t in profile.stop_tokens if (i := tokenizer.special_id(t)) is not None)
         self._markers = tuple(profile.markers)
@@ -103,8 +108,9 @@ class Reconstructor:
             rec = None
         if rec is None:
             return self._canonical(completion, ref, assisted)
-        measured = self.measure_text_path(completion, rec.output_ids)
-        rec = replace(rec, flags=rec.flags + (fl.text_path_flag(measured.category),))
+        if self.measure:
+            measured = self.measure_text_path(completion, rec.output_ids)
+            rec = replace(rec, flags=rec.flags + (fl.text_path_flag(measured.category),))
         return self._finish(rec, completion, ref)
 
     def ground_truth(self, c: Completion) -> tuple[tuple[int, ...], str] | None:

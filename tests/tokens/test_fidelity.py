@@ -123,6 +123,8 @@ def test_a_sample_with_true_ids_gets_its_text_path_measured(sample_tok, renderer
     fp = _profile(renderer, refs, MIXES["vllm-kimi"], sample_tok)
     out, _ = Reconstructor(KIMI, sample_tok, fp).process(with_ids)
     assert text_path_of(out.flags) in BENIGN
+    out, _ = Reconstructor(KIMI, sample_tok, fp, measure=False).process(with_ids)
+    assert text_path_of(out.flags) is None and out.ids_source == "server"
 
 
 def test_suspect_flags_without_ground_truth(sample_rec):
