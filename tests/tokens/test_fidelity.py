@@ -160,3 +160,25 @@ def test_learned_template_whitespace_that_is_absent_is_flagged(family_tokenizers
     assert verdict.category == "exact" and out.repair == "template_whitespace_kept"
     out, _ = rec.process(Completion(content="\n\nthe answer", reasoning="the plan\n", finish_reason="stop"))
     assert "template_whitespace_missing" in out.flags
+
+
+def test_transformers_serve_non_streaming_steps_are_learned(family_tokenizers):
+    # transformers serve, non-streaming, Qwen3: empty thinking becomes no reasoning field and tool arguments
+    # are re-serialised with json.dumps (issue 11); the model here always writes compact JSON.
+    tok = family_tokenizers["qwen3"]
+    qwen = get_profile("qwen3")
+
+    def sample(word):
+        ids = tok.encode('<think>\n\n</think>\n\n' + word + '\n<tool_call>\n{"name": "f", "arguments": {"a":1}}\n'
+                         '</tool_call><|im_end|>')
+        served = Completion(content=word, reasoning=None, finish_reason="tool_calls",
+                            tool_calls=(ToolCall("call_0", "f", '{"a": 1}'),))
+        return served, ids
+
+    probes = [sample(w) for w in ("Ok.", "Sure.", "Fine.")]
+    fp = learn(probes, qwen, tok, endpoint="tserve")
+    assert {(s.name, s.invertible) for s in fp.steps()} == {("empty_reasoning_dropped", True), ("json_reserialised", True)}
+    served, ids = sample("Right.")
+    out, verdict = Reconstructor(qwen, tok, fp).process(served, ids)
+    assert verdict.category == "exact", verdict.explanation
+    assert out.repair == "empty_reasoning_dropped+json_reserialised" and not is_suspect(out.flags)
