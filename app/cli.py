@@ -26,6 +26,8 @@ VERBS: dict[str, str] = {
     "status": "per-run counts by state, cost so far and verdict counts",
     "validate": "check reconstruction against ground-truth output_ids from a reference file",
     "audit": "check a tokenizer's special tokens (and given id constants) against a template profile",
+    "calibrate": "learn each endpoint's fidelity profile (server-side text steps) from probes with true ids",
+    "fidelity": "measured text-path fidelity per endpoint and upstream provider, with advice",
     "reprocess": "reconstruct stored responses again after a tokenizer or profile fix (no API calls)",
     "export": "write training data: sglang-raw, specforge or eagle3-shards",
     "extract": "launch hidden-state extraction jobs (local GPUs or Slurm) headless",

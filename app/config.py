@@ -203,6 +203,13 @@ class Limits(_Section):
     tokens_per_min: int | None = Field(None, gt=0, description="Token rate cap (prompt + completion).")
     budget_usd: float | None = Field(None, ge=0, description="Stop leasing new samples once this much is spent.")
     lease_s: float = Field(600.0, gt=0, description="A leased sample returns to pending after this long (crash safety).")
+    max_corrupt_rate: float | None = Field(
+        None, ge=0, le=1, description="Pause (or route around) an endpoint/provider whose measured corrupt rate exceeds this."
+    )
+    min_verified_samples: int = Field(20, gt=0, description="Verified samples needed before max_corrupt_rate is judged.")
+    on_corrupt: Literal["pause", "route_around"] = Field(
+        "pause", description="What crossing max_corrupt_rate does: pause the run, or ignore that upstream provider."
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> Limits:

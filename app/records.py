@@ -84,6 +84,8 @@ class Reconstruction:
     roundtrip: decoding output_ids gives back the returned text.
     notes: what text could not recover ("replacement_char", "marker_as_text", "normaliser") and
     evidence such as "<field>_logprobs_mismatch" (logprobs that did not spell the field's text).
+    ids_source: server | logprobs | text (app.tokens.flags.IDS_SOURCES; server and logprobs are ground truth).
+    flags: suspect signs and measurements, names from app.tokens.flags (`is_suspect` tells the export).
     """
 
     output_ids: tuple[int, ...]
@@ -91,6 +93,8 @@ class Reconstruction:
     repair: str | None = None
     roundtrip: bool | None = None
     notes: tuple[str, ...] = ()
+    ids_source: str | None = None
+    flags: tuple[str, ...] = ()
 
 
 class Category(StrEnum):

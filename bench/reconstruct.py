@@ -6,9 +6,16 @@ Measured in the same run, best of --repeat rounds:
   - canonical: `Reconstructor.process(completion, reference_ids)` over the same samples (render, encode,
     compare); also without a reference (render, encode, round-trip check);
   - logprobs: the same completions carrying per-token logprob bytes for reasoning and content;
+  - learned repairs: the completions as a quirky server returns them (think_spaces + json_reserialised,
+    the simulator's renderer), rebuilt without a reference through a fidelity profile learned from
+    every 4th sample (production: the learned inverses, one encode);
+  - unrepairable 32k: one 32k-token sample (reasoning, content, a tool call) whose reference differs
+    in the middle, through the reference-assisted repair search (`assisted=True`), against a bare
+    decode + encode of that sample (target <= 3x); also the old search that encodes every variant;
   - align: `align(ref, rec)` for a 32k-token pair with 64 injected non-canonical splits, and for two
     unrelated 32k-token sequences (the worst case).
-Ratios are tokens/s divided by the bare-encode baseline (target: canonical >= 0.8x; align < 0.5 s).
+Ratios are tokens/s divided by the bare-encode baseline (target: canonical and learned repairs >= 0.8x;
+align < 0.5 s).
 Results go to bench/results/reconstruct.json.
 
     python bench/reconstruct.py [--tokenizer sample_data/tokenizer] [--repeat 5]
@@ -96,6 +103,56 @@ def main() -> int:
         "logprobs": lambda: [rec.process(c, r) for c, r in zip(lp_completions, refs)],
     })
     t_bare, t_canon, t_canon_unchecked, t_lp = (times[k] for k in ("bare", "canonical", "unchecked", "logprobs"))
+
+    # learned repairs: a quirky server's text, a profile learned from probes, no reference
+    from app.records import Completion, ToolCall
+    from app.simulator.render import OutputRenderer
+    from app.tokens.fidelity import learn
+
+    quirks = frozenset({"think_spaces", "json_reserialised"})
+    renderer = OutputRenderer(tok, profile)
+
+    def served(ids):
+        o = renderer.render(tuple(ids), quirks, 0)
+        calls = tuple(ToolCall(c.id, c.name, c.arguments, i) for i, c in enumerate(o.tool_calls))
+        return Completion(content=o.content or "", reasoning=o.reasoning, tool_calls=calls, finish_reason=o.finish_reason)
+
+    quirky = [served(ids) for ids in refs]
+    fp = learn([(c, ids) for c, ids in list(zip(quirky, refs))[::4]], profile, tok, endpoint="bench")
+    learned = Reconstructor(profile, tok, fp)
+    learned_ok = sum(learned.process(c, r)[1].category in ("exact", "bpe_equivalent", "truncated") for c, r in zip(quirky, refs))
+    times = best_of(args.repeat, {
+        "bare": bare,
+        "learned": lambda: [learned.process(c) for c in quirky],
+        "learned_ref": lambda: [learned.process(c, r) for c, r in zip(quirky, refs)],
+    })
+    t_bare2, t_learned, t_learned_ref = times["bare"], times["learned"], times["learned_ref"]
+
+    # the worst case: a 32k-token sample no repair can fix, through the reference-assisted search
+    body_ids = [i for ids in refs for i in ids if not tok.is_special(i)]
+    while len(body_ids) < 16_000:
+        body_ids += body_ids
+    reasoning_text = tok.decode(body_ids[:15_000])
+    content_text = tok.decode(body_ids[15_000:31_000])
+    call = '<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{"a": 1}' \
+        '<|tool_call_end|><|tool_calls_section_end|>' if profile.name == "kimi-k2.5" else ""
+    big_text = f"{reasoning_text}{profile.think_close}{content_text}{call}{profile.end_of_turn}"
+    big_ref = tok.encode(big_text)
+    mid = len(content_text) // 2
+    wrong = f"{reasoning_text}{profile.think_close}{content_text[:mid]}XYZZY{content_text[mid:]}{call}{profile.end_of_turn}"
+    big_view = split_output(tok.encode(wrong), profile, tok).to_completion()  # the text lost nothing repairable
+    old_search = Reconstructor(profile, tok)
+    old_search.search_by_text = False
+    bare_big = (lambda: tok.encoding.encode(big_text, allowed_special="all")) if tok.kind == "tiktoken" else \
+        (lambda: tok.backend.encode(big_text, add_special_tokens=False).ids)
+    times = best_of(args.repeat, {
+        "bare": lambda: (tok.decode(big_ref), bare_big()),
+        "assisted": lambda: rec.process(big_view, big_ref, assisted=True),
+        "production": lambda: rec.process(big_view, big_ref),
+        "old": lambda: old_search.process(big_view, big_ref, assisted=True),
+    })
+    t_big_bare, t_big_assisted, t_big_prod, t_big_old = (times[k] for k in ("bare", "assisted", "production", "old"))
+    big_verdict = rec.process(big_view, big_ref, assisted=True)[1].category
     strategies = {}
     for c, r in zip(lp_completions, refs):
         s = rec.process(c, r)[0].strategy
@@ -135,6 +192,8 @@ def main() -> int:
         ("canonical + compare", n_tokens / t_canon, t_bare / t_canon),
         ("canonical, unchecked + round-trip", n_tokens / t_canon_unchecked, t_bare / t_canon_unchecked),
         ("logprobs + compare", n_tokens / t_lp, t_bare / t_lp),
+        ("learned repairs, unchecked", n_tokens / t_learned, t_bare2 / t_learned),
+        ("learned repairs + compare", n_tokens / t_learned_ref, t_bare2 / t_learned_ref),
     ]
     print(f"reconstruction over {len(refs)} samples, {n_tokens} tokens, tokenizer {tok.path} ({tok.kind})")
     print(f"{'path':<36} {'tokens/s':>12} {'vs bare':>8}")
@@ -142,6 +201,12 @@ def main() -> int:
         print(f"{name:<36} {tps:>12,.0f} {ratio:>7.2f}x")
     print(f"align 32k pair, {done} splits: {t_align * 1000:.0f} ms; unrelated 32k pair: {t_align_worst * 1000:.0f} ms")
     print(f"logprob run strategies: {strategies}")
+    print(f"learned repairs ({', '.join(sorted(quirks))}; profile from {fp.probes} probes): "
+          f"{learned_ok}/{len(refs)} benign against the reference")
+    print(f"unrepairable {len(big_ref)}-token sample ({big_verdict}): bare decode+encode {t_big_bare * 1000:.1f} ms; "
+          f"assisted search {t_big_assisted * 1000:.1f} ms ({t_big_assisted / t_big_bare:.2f}x); "
+          f"production {t_big_prod * 1000:.1f} ms ({t_big_prod / t_big_bare:.2f}x); "
+          f"old encode-every-variant search {t_big_old * 1000:.1f} ms ({t_big_old / t_big_bare:.2f}x)")
 
     result = {
         "tokenizer": str(tok.path), "kind": tok.kind, "samples": len(refs), "tokens": n_tokens,
@@ -151,16 +216,24 @@ def main() -> int:
         "canonical_unchecked_ratio": t_bare / t_canon_unchecked,
         "logprobs_tokens_per_s": n_tokens / t_lp, "logprobs_ratio": t_bare / t_lp,
         "align_32k_s": t_align, "align_32k_unrelated_s": t_align_worst,
+        "learned_tokens_per_s": n_tokens / t_learned, "learned_ratio": t_bare2 / t_learned,
+        "learned_compare_ratio": t_bare2 / t_learned_ref, "learned_benign": learned_ok,
+        "unrepairable_32k_tokens": len(big_ref), "unrepairable_bare_s": t_big_bare,
+        "unrepairable_assisted_s": t_big_assisted, "unrepairable_assisted_ratio": t_big_assisted / t_big_bare,
+        "unrepairable_production_ratio": t_big_prod / t_big_bare, "unrepairable_old_search_ratio": t_big_old / t_big_bare,
         "python": platform.python_version(), "machine": platform.machine(),
     }
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "reconstruct.json").write_text(json.dumps(result, indent=1) + "\n")
     print()
-    print("| reconstruction (tokenizer) | canonical vs bare encode | logprobs vs bare | align 32k (64 splits / unrelated) |")
-    print("|---|---|---|---|")
+    print("| reconstruction (tokenizer) | canonical vs bare encode | learned repairs vs bare | logprobs vs bare | "
+          "unrepairable 32k vs bare decode+encode | align 32k (64 splits / unrelated) |")
+    print("|---|---|---|---|---|---|")
     print(f"| {tok.kind} {Path(tok.path).name} | {t_bare / t_canon:.2f}x ({n_tokens / t_canon:,.0f} tok/s) | "
-          f"{t_bare / t_lp:.2f}x ({n_tokens / t_lp:,.0f} tok/s) | {t_align * 1000:.0f} ms / {t_align_worst * 1000:.0f} ms |")
+          f"{t_bare2 / t_learned:.2f}x ({n_tokens / t_learned:,.0f} tok/s) | "
+          f"{t_bare / t_lp:.2f}x ({n_tokens / t_lp:,.0f} tok/s) | {t_big_assisted / t_big_bare:.2f}x "
+          f"(was {t_big_old / t_big_bare:.1f}x) | {t_align * 1000:.0f} ms / {t_align_worst * 1000:.0f} ms |")
     return 0
 
 

@@ -368,6 +368,19 @@ CREATE INDEX reconstructions_by_run_category_length ON reconstructions (run_id, 
 ALTER TABLE responses ADD COLUMN prompt_ids BLOB;
 ALTER TABLE reconstructions ADD COLUMN prompt_check TEXT;
 ALTER TABLE reconstructions ADD COLUMN prompt_first_diff INTEGER;
+-- issue 12: learned fidelity profiles (app.tokens.fidelity), one per endpoint, upstream provider and profile;
+-- provider '' when the endpoint reports none; body is FidelityProfile.to_json()
+CREATE TABLE fidelity_profiles (
+    id         INTEGER PRIMARY KEY,
+    endpoint   TEXT NOT NULL,
+    provider   TEXT NOT NULL DEFAULT '',
+    profile    TEXT NOT NULL,
+    tokenizer  TEXT NOT NULL DEFAULT '',
+    probes     INTEGER NOT NULL,
+    body       TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    UNIQUE (endpoint, provider, profile)
+);
 """
 
 MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)

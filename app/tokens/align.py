@@ -22,17 +22,57 @@ Match = tuple[int, int, int]  # (a_start, b_start, length)
 _TOKEN_CACHE: "weakref.WeakKeyDictionary[Tokenizer, dict[int, AlignedToken]]" = weakref.WeakKeyDictionary()
 
 
+_CHUNK = 4096
+
+
+def common_prefix(a: Sequence, b: Sequence, limit: int | None = None) -> int:
+    """Length of the shared start of `a` and `b` (lists, bytes or str), at most `limit`.
+
+    Chunked slice comparisons (C-level) then a binary search inside the first differing chunk: linear
+    in the shared length with a small constant, where an element loop costs a Python step per item.
+    """
+    n = min(len(a), len(b)) if limit is None else min(limit, len(a), len(b))
+    i = 0
+    while i + _CHUNK <= n and a[i:i + _CHUNK] == b[i:i + _CHUNK]:
+        i += _CHUNK
+    if a[i:n] == b[i:n]:
+        return n
+    lo, hi = i, min(i + _CHUNK, n)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[i:mid] == b[i:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def common_suffix(a: Sequence, b: Sequence, limit: int | None = None) -> int:
+    """Length of the shared end of `a` and `b`, at most `limit` (see common_prefix)."""
+    la, lb = len(a), len(b)
+    n = min(la, lb) if limit is None else min(limit, la, lb)
+    i = 0
+    while i + _CHUNK <= n and a[la - i - _CHUNK:la - i] == b[lb - i - _CHUNK:lb - i]:
+        i += _CHUNK
+    if a[la - n:la - i] == b[lb - n:lb - i]:
+        return n
+    lo, hi = i, min(i + _CHUNK, n)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[la - mid:la - i] == b[lb - mid:lb - i]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def matching_runs(a: Sequence[int], b: Sequence[int]) -> list[Match]:
     """Runs of equal tokens shared by `a` and `b`, in order (a longest-common-subsequence style diff)."""
     a, b = list(a), list(b)
     n, m = len(a), len(b)
-    pre = 0
     limit = min(n, m)
-    while pre < limit and a[pre] == b[pre]:
-        pre += 1
-    suf = 0
-    while suf < limit - pre and a[n - 1 - suf] == b[m - 1 - suf]:
-        suf += 1
+    pre = common_prefix(a, b)
+    suf = common_suffix(a, b, limit - pre)
     runs: list[Match] = []
     if pre:
         runs.append((0, 0, pre))

@@ -6,11 +6,12 @@ import weakref
 from typing import Sequence
 
 from app.records import DiffSpan, Verdict
-from app.tokens.align import diff_spans
+from app.tokens.align import common_prefix, diff_spans
 from app.tokens.profile import Profile
 from app.tokens.tokenizer import Tokenizer
 
 _SNIPPET = 40
+UNCHECKED = "unchecked (not verified): no reference ids to check this sample against"
 _STOP_IDS: "weakref.WeakKeyDictionary[Tokenizer, dict[str, frozenset[int]]]" = weakref.WeakKeyDictionary()
 
 
@@ -24,16 +25,19 @@ def stop_token_ids(profile: Profile, tokenizer: Tokenizer) -> frozenset[int]:
 
 
 def compare(
-    rec_ids: Sequence[int], ref_ids: Sequence[int] | None, tokenizer: Tokenizer, profile: Profile
+    rec_ids: Sequence[int], ref_ids: Sequence[int] | None, tokenizer: Tokenizer, profile: Profile, *,
+    ref_bytes: bytes | None = None, rec_bytes: bytes | None = None,
 ) -> Verdict:
     """Verdict of rebuilt ids vs reference ids (see app.records.VERDICTS), with an explanation sentence.
 
     structure_mismatch: the special-token sequence differs; bpe_equivalent: same bytes, other split;
     truncated: the reference has no stop token and the two agree (up to a partial UTF-8 tail).
+    `ref_bytes` / `rec_bytes`: the decoded bytes when the caller has them (saves decoding long ids again;
+    `rec_bytes` must be those of `rec_ids` as given).
     """
     rec = rec_ids if isinstance(rec_ids, list) else list(rec_ids)
     if ref_ids is None:
-        return Verdict("unchecked", rec_len=len(rec), explanation="unchecked: no reference ids for this sample")
+        return Verdict("unchecked", rec_len=len(rec), explanation=UNCHECKED)
     ref = ref_ids if isinstance(ref_ids, list) else list(ref_ids)
     stop_ids = stop_token_ids(profile, tokenizer)
     truncated = not ref or ref[-1] not in stop_ids
@@ -42,17 +46,21 @@ def compare(
             return Verdict("truncated", None, len(ref), len(rec), (),
                            f"truncated: no end-of-turn token; all {len(ref)} ids match")
         return Verdict("exact", None, len(ref), len(rec), (), f"exact: all {len(ref)} ids match")
-    first = next((i for i, (x, y) in enumerate(zip(ref, rec)) if x != y), min(len(ref), len(rec)))
+    first = common_prefix(ref, rec)
     spans = diff_spans(ref, rec)
-    ref_marks = [i for i in ref if tokenizer.is_special(i)]
-    rec_marks = [i for i in rec if tokenizer.is_special(i)]
+    special = tokenizer.special_ids
+    ref_marks = list(filter(special.__contains__, ref))  # C-level filter: long id lists
+    rec_marks = list(filter(special.__contains__, rec))
     if ref_marks != rec_marks and not (truncated and _prefix_layout(ref_marks, rec_marks, stop_ids)):
         return Verdict("structure_mismatch", first, len(ref), len(rec), spans, _layout_sentence(ref_marks, rec_marks, tokenizer))
-    ref_bytes = tokenizer.decode_bytes(ref)
+    if ref_bytes is None:
+        ref_bytes = tokenizer.decode_bytes(ref)
     if truncated:
         while rec and rec[-1] in stop_ids and len(rec) > len(ref):
             rec = rec[:-1]
-    rec_bytes = tokenizer.decode_bytes(rec)
+            rec_bytes = None  # the given bytes included the stop token
+    if rec_bytes is None:
+        rec_bytes = tokenizer.decode_bytes(rec)
     if ref_bytes == rec_bytes:
         cat = "truncated" if truncated else "bpe_equivalent"
         return Verdict(cat, first, len(ref), len(rec), spans, _resplit_sentence(ref, rec, spans, tokenizer, truncated))
@@ -68,10 +76,7 @@ def _prefix_layout(ref_marks: list[int], rec_marks: list[int], stop_ids: frozens
 
 
 def _same_but_partial_tail(ref_bytes: bytes, rec_bytes: bytes) -> bool:
-    n = 0
-    limit = min(len(ref_bytes), len(rec_bytes))
-    while n < limit and ref_bytes[n] == rec_bytes[n]:
-        n += 1
+    n = common_prefix(ref_bytes, rec_bytes)
     tail = ref_bytes[n:]
     if len(tail) > 3 or not tail:
         return False

@@ -52,6 +52,10 @@ class Tokenizer:
         """Ids of `text` with special-token strings treated as plain text."""
         raise NotImplementedError
 
+    def changes_text(self, text: str) -> bool:
+        """True when the tokenizer's normaliser would change `text` (False for tokenizers without one)."""
+        return False
+
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids` with specials as text; invalid UTF-8 becomes U+FFFD."""
         raise NotImplementedError
@@ -67,6 +71,11 @@ class Tokenizer:
     def is_special(self, token_id: int) -> bool:
         """True when `token_id` is a special or added token (a marker), not ordinary BPE."""
         return token_id in self._special_ids
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """The ids of every special/added token (for fast membership tests over long id lists)."""
+        return self._special_ids
 
     def special_tokens(self) -> dict[str, int]:
         """All special/added tokens: text -> id."""
@@ -243,6 +252,9 @@ class HFTokenizer(Tokenizer):
         vocab = self._tok.get_vocab(with_added_tokens=False)
         self._byte_level = _uses_byte_level(raw)
         self._has_normalizer = raw.get("normalizer") is not None
+        # The same tokenizer without its normaliser: a model can emit text its normaliser would change
+        # (e.g. a decomposed accent under NFC); such text is encoded raw so the ids decode to exactly it.
+        self._raw_tok = RustTokenizer.from_str(json.dumps(dict(raw, normalizer=None))) if self._has_normalizer else None
         self._id_to_bytes: dict[int, bytes] = {}
         if self._byte_level:
             inverse = {c: b for b, c in _bytes_to_unicode().items()}
@@ -277,13 +289,19 @@ class HFTokenizer(Tokenizer):
         norm = self._tok.normalizer
         return norm.normalize_str(text) if norm is not None else text
 
+    def changes_text(self, text: str) -> bool:
+        """True when the normaliser would change `text` (ASCII never changes under NFC-style normalisers)."""
+        return self._raw_tok is not None and not text.isascii() and self._tok.normalizer.normalize_str(text) != text
+
     def encode(self, text: str) -> list[int]:
+        # Text the normaliser would change is encoded without it (pre-tokeniser + BPE on the raw text), so
+        # the ids carry the returned bytes exactly; everything else takes the tokenizer's own path.
+        if self._raw_tok is not None and self.changes_text(text):
+            return self._raw_tok.encode(text, add_special_tokens=False).ids
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_ordinary(self, text: str) -> list[int]:
-        # Bypass the added-token matcher: normaliser, pre-tokeniser and model only.
-        if self._tok.normalizer is not None:
-            text = self._tok.normalizer.normalize_str(text)
+        # Bypass the added-token matcher: pre-tokeniser and model only (no normaliser, as in `encode`).
         pieces = self._tok.pre_tokenizer.pre_tokenize_str(text) if self._tok.pre_tokenizer else [(text, None)]
         model = self._tok.model
         return [t.id for piece, _ in pieces for t in model.tokenize(piece)]

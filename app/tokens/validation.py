@@ -1,13 +1,18 @@
-"""The classic check on ground truth: ids -> provider text -> rebuilt ids -> verdict, and its summary."""
+"""The check on ground truth: ids -> provider text -> rebuilt ids -> verdict, and its summary.
+
+By default the rebuild is what production does (the reference only judges); `assisted` gives the
+reference-assisted upper bound.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from app.records import CORRUPT_VERDICTS, VERDICTS, Completion, Reconstruction, Verdict
+from app.tokens.flags import TEXT_PATH, is_suspect
 from app.tokens.reconstruct import Reconstructor
 from app.tokens.template import split_output
 
@@ -27,13 +32,20 @@ class ValidationResult:
 
 @dataclass(frozen=True)
 class ValidationSummary:
-    """Counts per verdict (every verdict present), rates, strategy/repair/notes counts, worst examples."""
+    """Counts per verdict (every verdict present), rates, strategy/repair/notes/flag counts, worst examples.
+
+    suspects: samples with a suspect flag; wrong_kept: corrupt samples that are *not* suspect (what a
+    default export would keep).
+    """
 
     total: int
     verdicts: dict[str, int]
     repairs: dict[str, int] = field(default_factory=dict)
     notes: dict[str, int] = field(default_factory=dict)
     worst: tuple[ValidationResult, ...] = ()
+    flags: dict[str, int] = field(default_factory=dict)
+    suspects: int = 0
+    wrong_kept: int = 0
 
     def rate(self, category: str) -> float:
         """Share of samples with this verdict (0.0 for an empty set)."""
@@ -47,6 +59,9 @@ class ValidationSummary:
             "rates": {k: round(self.rate(k), 6) for k in self.verdicts},
             "repairs": dict(self.repairs),
             "notes": dict(self.notes),
+            "flags": dict(self.flags),
+            "suspects": self.suspects,
+            "wrong_kept": self.wrong_kept,
             "worst": [
                 {"sample_id": r.sample_id, "category": r.verdict.category, "first_diff": r.verdict.first_diff,
                  "explanation": r.verdict.explanation}
@@ -55,22 +70,37 @@ class ValidationSummary:
         }
 
 
-def validate_sample(reconstructor: Reconstructor, sample_id: str, reference_ids: Sequence[int]) -> ValidationResult:
-    """Split the reference ids as a provider would, rebuild them from that text, and compare."""
-    view = split_output(reference_ids, reconstructor.profile, reconstructor.tokenizer)
-    completion = view.to_completion(provider="reference")
-    rec, verdict = reconstructor.process(completion, reference_ids)
+Serve = Callable[[Sequence[int]], Completion]  # reference ids -> what a server returns for them
+
+
+def ideal_view(reconstructor: Reconstructor) -> Serve:
+    """The provider view of an ideal server: the reference ids split, no server-side text steps."""
+    return lambda ids: split_output(ids, reconstructor.profile, reconstructor.tokenizer).to_completion(provider="reference")
+
+
+def validate_sample(
+    reconstructor: Reconstructor, sample_id: str, reference_ids: Sequence[int], *,
+    serve: Serve | None = None, assisted: bool = False,
+) -> ValidationResult:
+    """Turn the reference ids into provider text (`serve`, default the ideal split), rebuild, and compare.
+
+    The reference only judges, as in production; `assisted` lets the repair search read it (upper bound).
+    """
+    completion = (serve or ideal_view(reconstructor))(reference_ids)
+    rec, verdict = reconstructor.process(completion, reference_ids, assisted=assisted)
     return ValidationResult(sample_id, tuple(reference_ids), completion, rec, verdict)
 
 
 def validate_all(
-    reconstructor: Reconstructor, samples: Iterable[tuple[str, Sequence[int]]], workers: int = 1
+    reconstructor: Reconstructor, samples: Iterable[tuple[str, Sequence[int]]], workers: int = 1, *,
+    serve: Serve | None = None, assisted: bool = False,
 ) -> list[ValidationResult]:
     """validate_sample over many (sample_id, ids) pairs, in order, on `workers` threads."""
+    one = lambda s: validate_sample(reconstructor, s[0], s[1], serve=serve, assisted=assisted)  # noqa: E731
     if workers <= 1:
-        return [validate_sample(reconstructor, sid, ids) for sid, ids in samples]
+        return [one(s) for s in samples]
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="eaglewatch-validate") as pool:
-        return list(pool.map(lambda s: validate_sample(reconstructor, s[0], s[1]), samples))
+        return list(pool.map(one, samples))
 
 
 def summarize(results: Sequence[ValidationResult], n_worst: int = 8) -> ValidationSummary:
@@ -79,8 +109,12 @@ def summarize(results: Sequence[ValidationResult], n_worst: int = 8) -> Validati
     verdicts.update(Counter(r.verdict.category for r in results))
     repairs = Counter(r.reconstruction.repair for r in results if r.reconstruction.repair)
     notes = Counter(n for r in results for n in r.reconstruction.notes)
+    flags = Counter(f for r in results for f in r.reconstruction.flags if not f.startswith(TEXT_PATH))
+    suspect = [is_suspect(r.reconstruction.flags) for r in results]
+    wrong_kept = sum(1 for r, s in zip(results, suspect) if not s and r.verdict.category in CORRUPT_VERDICTS)
     ordered = sorted(
         (r for r in results if r.verdict.category in (*CORRUPT_VERDICTS, "bpe_equivalent")),
         key=lambda r: (_SEVERITY.get(r.verdict.category, 9), r.sample_id),
     )
-    return ValidationSummary(len(results), verdicts, dict(repairs), dict(notes), tuple(ordered[:n_worst]))
+    return ValidationSummary(len(results), verdicts, dict(repairs), dict(notes), tuple(ordered[:n_worst]),
+                             dict(flags), sum(suspect), wrong_kept)

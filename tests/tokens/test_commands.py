@@ -120,3 +120,29 @@ def test_audit_cli_rejects_163533(tmp_path, capsys, kimi_tokenizer_dir):
     assert main(["audit", "--tokenizer", str(kimi_tokenizer_dir), "--profile", "kimi-k2.5", "--constants", str(consts)]) == 1
     captured = capsys.readouterr()
     assert "decodes to 'chas'" in captured.out and "audit failed" in captured.err
+
+
+def test_validate_measures_production_and_shows_the_assisted_bound(capsys, sample_reference, sample_tokenizer_dir):
+    quirks = ("--quirks", "think_spaces,no_content", "--json")
+    assert _validate(*quirks, "--assisted", sample_reference=sample_reference, sample_tokenizer_dir=sample_tokenizer_dir) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["regime"] == "production" and out["verdicts"]["text_mismatch"] > 0  # no profile: nothing inverted
+    assert out["assisted"]["verdicts"]["text_mismatch"] == 0  # the reference-assisted upper bound
+    assert _validate(*quirks, "--calibrate", "75", sample_reference=sample_reference,
+                     sample_tokenizer_dir=sample_tokenizer_dir) == 0
+    calibrated = json.loads(capsys.readouterr().out)
+    assert calibrated["wrong_kept"] == 0 < calibrated["suspects"]
+    assert calibrated["verdicts"]["text_mismatch"] < out["verdicts"]["text_mismatch"]
+    assert {s["name"] for s in calibrated["fidelity"]["steps"]} >= {"think_spaces", "no_content"}
+
+
+def test_validate_table_shows_both_regimes_and_the_learned_steps(capsys, sample_reference, sample_tokenizer_dir):
+    assert _validate("--quirks", "json_reserialised", "--calibrate", "40", "--assisted",
+                     sample_reference=sample_reference, sample_tokenizer_dir=sample_tokenizer_dir) == 0
+    out = capsys.readouterr().out
+    assert "production" in out and "assisted" in out and "json_reserialised" in out and "corrupt, not flagged" in out
+
+
+def test_validate_rejects_an_unknown_quirk(capsys, sample_reference, sample_tokenizer_dir):
+    assert _validate("--quirks", "nope", sample_reference=sample_reference, sample_tokenizer_dir=sample_tokenizer_dir) == 2
+    assert "unknown server step(s) nope" in capsys.readouterr().err

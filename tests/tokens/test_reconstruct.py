@@ -121,7 +121,17 @@ def _repaired(rec, text, quirk):
     c = quirk(_view(rec, ids))
     plain = rec.encode_fields(__import__("app.tokens", fromlist=["Fields"]).Fields.of(c))
     assert plain != ids, "the quirk must change the plain rebuild"
-    return rec.process(c, ids)
+    return rec.process(c, ids, assisted=True)
+
+
+def test_without_assistance_the_reference_only_judges(sample_rec):
+    ids = sample_rec.tokenizer.encode("Think first.\n</think>\n\nAnswer here.<|im_end|>")
+    c = _view(sample_rec, ids)
+    c = replace(c, reasoning=c.reasoning.strip(), content=c.content.strip())
+    out, v = sample_rec.process(c, ids)
+    assert (v.category, out.repair, out.roundtrip) == ("text_mismatch", None, False)
+    out, v = sample_rec.process(c, ids, assisted=True)
+    assert (v.category, out.repair) == ("exact", "strip_whitespace")
 
 
 def test_repair_stripped_whitespace(sample_rec):
@@ -207,7 +217,9 @@ def test_no_reasoning_at_all_output_starts_with_think_close(sample_rec):
 
 def test_no_reasoning_field_when_the_output_opened_with_think_close(sample_rec):
     ids = sample_rec.tokenizer.encode("</think>Straight answer.<|im_end|>")
-    out, v = sample_rec.process(Completion(content="Straight answer.", reasoning=None, finish_reason="stop"), ids)
+    c = Completion(content="Straight answer.", reasoning=None, finish_reason="stop")
+    assert sample_rec.process(c, ids)[1].category == "structure_mismatch"  # production: text cannot tell
+    out, v = sample_rec.process(c, ids, assisted=True)
     assert (v.category, out.repair) == ("exact", "think_close")
 
 
@@ -236,7 +248,8 @@ def test_truncated_response_has_no_end_token(sample_rec):
 
 
 def test_truncated_right_after_think_close(sample_rec):
-    out, v, _ = _check(sample_rec, "reasoning done</think>")
+    ids = sample_rec.tokenizer.encode("reasoning done</think>")
+    out, v = sample_rec.process(_view(sample_rec, ids), ids, assisted=True)  # text alone cannot tell
     assert v.category == "truncated" and out.repair == "think_close"
 
 
@@ -296,14 +309,28 @@ def test_reconstructor_is_thread_safe(sample_rec):
     assert [o.output_ids for o, _ in got] == [tuple(r) for r in refs]
 
 
-def test_normaliser_effects_are_classified(nfc_qwen_tokenizer):
+# The four ways text can differ from its NFC form; a model may emit any of them token by token.
+NFC_CASES = {
+    "cjk_compatibility_ideograph": "\uf900 and \uf91d",  # NFC maps them to the unified ideographs
+    "decomposed_accent": "cafe\u0301 and re\u0301sume\u0301",
+    "non_canonical_mark_order": "a\u0307\u0323 q\u0301\u0327",  # NFC reorders the combining marks
+    "hangul_conjoining_jamo": "\u1100\u1161\u11a8 \u1112\u1161\u11ab",  # NFC composes the syllables
+}
+
+
+@pytest.mark.parametrize("case", sorted(NFC_CASES))
+def test_no_normaliser_false_alarm(nfc_qwen_tokenizer, case):
     tok = nfc_qwen_tokenizer
+    text = NFC_CASES[case]
+    assert tok.normalize(text) != text, "the case must be one the normaliser changes"
     rec = Reconstructor(get_profile("qwen3"), tok)
-    # The model wrote 'e' + U+0301 (NFD); re-encoding composes it (NFC) into other ids and other text.
-    nfd = [tok.id_of_bytes(b"e")] + [tok.id_of_bytes(bytes([b])) for b in "\u0301".encode()]
-    ref = tok.encode("<think>\nr\n</think>\n\ncaf") + nfd + tok.encode("<|im_end|>")
+    # The model's ids: the raw text's bytes as BPE tokens (no normaliser runs inside a model).
+    raw = [t for ch in text.encode() for t in [tok.id_of_bytes(bytes([ch]))]]
+    ref = tok.encode("<think>\nr\n</think>\n\nsee ") + raw + tok.encode("<|im_end|>")
     out, v = rec.process(_view(rec, ref), ref)
-    assert v.category == "text_mismatch" and "normaliser" in out.notes
+    assert v.category in ("exact", "bpe_equivalent"), v.explanation
+    assert tok.decode_bytes(out.output_ids) == tok.decode_bytes(ref)
+    assert "normaliser" not in out.notes and "normaliser" in out.flags  # suspect without ground truth
 
 
 def test_logprobs_for_reasoning_only(sample_rec):

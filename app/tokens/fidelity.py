@@ -1,0 +1,439 @@
+"""Fidelity profiles: which server-side text steps one endpoint (or upstream provider) applies, learned
+from probe samples that carry true ids, and their inverses applied in production without a reference.
+
+Learning compares, per probe, the fields an ideal provider would return for the true ids (`split_output`)
+with the fields this endpoint returned, and counts what changed at each edge of each field (whitespace
+removed or added), whether the "(no content)" placeholder or empty thinking went missing, how tool
+arguments were re-serialised and how tool ids were renumbered. A step is *invertible* when every probe
+that could show it showed the same change: its inverse is then a constant. A step seen with different
+changes cannot be inverted from text: `apply` flags the affected samples (`uninvertible:<step>`) and
+leaves their text as returned, never guessing.
+
+Pure: no I/O. The store keeps a profile as `FidelityProfile.to_json()`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+from app.records import Completion, ToolCall
+from app.tokens.flags import TEMPLATE_WHITESPACE_MISSING, UNINVERTIBLE
+from app.tokens.profile import Profile
+from app.tokens.template import split_output
+
+if TYPE_CHECKING:
+    from app.tokens.reconstruct import Fields
+    from app.tokens.tokenizer import Tokenizer
+
+NO_CONTENT = "(no content)"
+_BLANK_KEYS = ("blank", "blank@noreason", "blank@tools", "blank@noreason@tools")
+# json.dumps styles a model or server may write arguments in; the key names one in a profile
+JSON_STYLES: dict[str, dict] = {
+    "default": {"ensure_ascii": False},
+    "ascii": {"ensure_ascii": True},
+    "compact": {"separators": (",", ":"), "ensure_ascii": False},
+    "compact_ascii": {"separators": (",", ":"), "ensure_ascii": True},
+    "indent2": {"ensure_ascii": False, "indent": 2},
+}
+_KIMI_ID = re.compile(r"(?:functions\.)?(.+?):(\d+)", re.S)
+
+
+@dataclass(frozen=True, slots=True)
+class LearnedStep:
+    """One server-side text step as a profile knows it: where, what the inverse does, how often seen.
+
+    invertible False: probes disagreed (e.g. a strip removed "\\n" in some, nothing in others), so the
+    samples it may touch are flagged instead of repaired.
+    """
+
+    name: str
+    where: str
+    inverse: str
+    invertible: bool
+    seen: int
+    of: int
+
+
+@dataclass(frozen=True)
+class FidelityProfile:
+    """Observation counts per key (see module doc) learned from `probes` samples of one endpoint/provider.
+
+    observations: key -> {observed change -> probes}. Keys: "edge:<field>.<side>[@context]" with changes
+    "" (none), "-X" (server removed X), "+X" (server added X), "~" (the field's core text differed);
+    "empty_reasoning" {dropped, kept, absent}; "no_content" {deleted, kept, absent}; "json"
+    {<model style>|irregular|same}; "tool_ids" {offset:<k>|other|same}; "other" {<field>: n}.
+    """
+
+    endpoint: str
+    provider: str | None
+    profile: str
+    probes: int
+    observations: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        """The stored form (a JSON object; `from_json` reads it back)."""
+        return json.dumps({"endpoint": self.endpoint, "provider": self.provider, "profile": self.profile,
+                           "probes": self.probes, "observations": self.observations}, ensure_ascii=False, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "FidelityProfile":
+        """A profile from `to_json` output; ValueError naming the problem when the text is not one."""
+        try:
+            d = json.loads(text)
+            return cls(str(d["endpoint"]), d.get("provider"), str(d["profile"]), int(d["probes"]),
+                       {str(k): {str(a): int(b) for a, b in v.items()} for k, v in d["observations"].items()})
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a stored fidelity profile ({exc})") from None
+
+    def steps(self) -> tuple[LearnedStep, ...]:
+        """The steps this endpoint was seen to apply (changes only; keys where nothing changed are left out)."""
+        out: list[LearnedStep] = []
+        for key, counts in sorted(self.observations.items()):
+            total = sum(counts.values())
+            if key.startswith("edge:"):
+                where = key[5:]
+                changes = {c: n for c, n in counts.items() if c not in ("", "~")}
+                if not changes:
+                    continue
+                name = _edge_step_name(where, changes)
+                ok = len(changes) == 1 and counts.get("", 0) == 0
+                inverse = _edge_inverse_text(next(iter(changes))) if ok else "mixed: " + ", ".join(
+                    f"{_edge_inverse_text(c)} ×{n}" for c, n in sorted(changes.items())) + f", none ×{counts.get('', 0)}"
+                out.append(LearnedStep(name, where, inverse, ok, sum(changes.values()), total))
+            elif key == "empty_reasoning" and counts.get("dropped"):
+                ok = not counts.get("absent") and not counts.get("kept")
+                out.append(LearnedStep("empty_reasoning_dropped", "reasoning", "no reasoning field -> empty thinking",
+                                       ok, counts["dropped"], total))
+            elif key == "no_content" and counts.get("deleted"):
+                ok = not counts.get("absent") and not counts.get("kept")
+                out.append(LearnedStep("no_content", "content", f"blank content before tool calls -> {NO_CONTENT!r}",
+                                       ok, counts["deleted"], total))
+            elif key == "json":
+                styles = {s: n for s, n in counts.items() if s != "same"}
+                if styles:
+                    ok = len(styles) == 1 and "irregular" not in styles and not counts.get("same")
+                    style = next(iter(styles))
+                    out.append(LearnedStep("json_reserialised", "tool.arguments",
+                                           f"re-dump in the model's style {style!r}" if ok else "model style unknown",
+                                           ok, sum(styles.values()), total))
+            elif key == "tool_ids":
+                offsets = {s: n for s, n in counts.items() if s != "same"}
+                if offsets:
+                    ok = len(offsets) == 1 and next(iter(offsets)).startswith("offset:") and not counts.get("same")
+                    out.append(LearnedStep("tool_ids_reindexed", "tool.id",
+                                           f"index {next(iter(offsets))}" if ok else "model ids unknown",
+                                           ok, sum(offsets.values()), total))
+        return tuple(out)
+
+    def uninvertible(self) -> tuple[str, ...]:
+        """Names of the steps seen that text cannot invert (samples they may touch get flagged)."""
+        return tuple(dict.fromkeys(s.name for s in self.steps() if not s.invertible))
+
+    def unexplained(self) -> dict[str, int]:
+        """Fields whose core text differed from the true ids' text in ways no known step explains."""
+        return dict(self.observations.get("other", {}))
+
+
+# ---- learning --------------------------------------------------------------------------------------------
+
+
+def learn(
+    probes: Iterable[tuple[Completion, Sequence[int]]], profile: Profile, tokenizer: "Tokenizer", *,
+    endpoint: str, provider: str | None = None,
+) -> FidelityProfile:
+    """Learn a profile from (returned completion, true output ids) pairs of one endpoint/provider."""
+    obs: dict[str, Counter] = {}
+    n = 0
+    for completion, ids in probes:
+        ideal = split_output(list(ids), profile, tokenizer)
+        _observe(obs, ideal.reasoning, ideal.content, ideal.tool_calls, ideal.finish_reason, completion, profile)
+        n += 1
+    return FidelityProfile(endpoint, provider, profile.name, n, {k: dict(v) for k, v in sorted(obs.items())})
+
+
+def merge(a: FidelityProfile, b: FidelityProfile) -> FidelityProfile:
+    """Both profiles' observations together (same endpoint/provider; a's names are kept)."""
+    obs = {k: dict(v) for k, v in a.observations.items()}
+    for k, v in b.observations.items():
+        slot = obs.setdefault(k, {})
+        for c, m in v.items():
+            slot[c] = slot.get(c, 0) + m
+    return replace(a, probes=a.probes + b.probes, observations=obs)
+
+
+def _observe(obs: dict[str, Counter], ir: str | None, ic: str, icalls: Sequence[ToolCall], finish: str,
+             c: Completion, profile: Profile) -> None:
+    def bump(key: str, change: str) -> None:
+        obs.setdefault(key, Counter())[change] += 1
+
+    truncated = finish == "length"
+    gr, gc = c.reasoning, c.content or ""
+    # reasoning: empty thinking may come back as no field at all
+    if gr is None:
+        bump("empty_reasoning", "dropped" if ir == "" else "absent" if ir is None else "other")
+    elif ir is not None and not ir.strip() and not gr.strip():
+        if ir == "":
+            bump("empty_reasoning", "kept")
+        bump("edge:reasoning.blank", _change_lead(ir, gr))  # e.g. ' ' added around the tags of empty thinking
+    elif ir is not None:
+        last = truncated and not ic and not icalls
+        _edges(bump, "reasoning", ir, gr, trail_ctx="@cut" if last else "")
+    # content: the Kimi "(no content)" placeholder before tool calls may be deleted
+    if icalls and NO_CONTENT in ic:
+        if NO_CONTENT not in gc:
+            bump("no_content", "deleted")
+            ic = ic.replace(NO_CONTENT, "")
+        else:
+            bump("no_content", "kept")
+    elif icalls and not gc.strip():
+        bump("no_content", "absent")
+    if ic.strip() or gc.strip():
+        lead = "" if ir is not None else "@noreason"
+        trail = "@tools" if icalls else "@cut" if truncated else ""
+        _edges(bump, "content", ic, gc, lead_ctx=lead, trail_ctx=trail)
+    else:
+        bump("edge:content.blank" + _blank_ctx(ir is not None, bool(icalls)), _change_lead(ic, gc))
+    # tool calls, pairwise
+    for k, (want, got) in enumerate(zip(icalls, c.tool_calls)):
+        args_w, args_g = want.arguments, got.arguments
+        if args_w != args_g and args_w.strip() == args_g.strip() and args_w.strip():
+            _edges(bump, "tool.arguments", args_w, args_g)
+            args_w, args_g = args_w.strip(), args_g.strip()
+        elif args_w.strip():
+            bump("edge:tool.arguments.lead", "")
+            bump("edge:tool.arguments.trail", "")
+        if args_w.strip() != args_g.strip():
+            style = _json_style(args_w.strip())
+            redumped = any(_redump(args_w, kw) == args_g.strip() for kw in JSON_STYLES.values())
+            if redumped:
+                bump("json", style or "irregular")
+            else:
+                obs.setdefault("other", Counter())["tool.arguments"] += 1
+        else:
+            bump("json", "same")
+        if profile.tool_id_in_stream:
+            id_w, id_g = want.id, got.id
+            if id_w.strip() == id_g.strip() and id_w != id_g:
+                _edges(bump, "tool.id", id_w, id_g)
+            id_w, id_g = id_w.strip(), id_g.strip()
+            if id_w == id_g:
+                bump("tool_ids", "same")
+            else:
+                mw, mg = _KIMI_ID.fullmatch(id_w), _KIMI_ID.fullmatch(id_g)
+                if mw and mg and mw.group(1) == mg.group(1):
+                    # the server's index is `history + k`; the model's index relative to k is the offset
+                    bump("tool_ids", f"offset:{int(mw.group(2)) - int(mg.group(2))}")
+                else:
+                    bump("tool_ids", "other")
+
+
+def _edges(bump, name: str, want: str, got: str, lead_ctx: str = "", trail_ctx: str = "") -> None:
+    """Count the whitespace change at both edges of one field (or "~" when its core text differs)."""
+    if not want.strip() and not got.strip():
+        return  # a blank field has no edges to tell apart
+    if want.strip() != got.strip():
+        bump(f"edge:{name}.lead{lead_ctx}", "~")
+        bump(f"edge:{name}.trail{trail_ctx}", "~")
+        bump("other", name)
+        return
+    wl, gl = _lead(want), _lead(got)
+    wt, gt = _trail(want), _trail(got)
+    bump(f"edge:{name}.lead{lead_ctx}", _change_lead(wl, gl))
+    bump(f"edge:{name}.trail{trail_ctx}", _change_trail(wt, gt))
+
+
+def _blank_ctx(has_reasoning: bool, has_calls: bool) -> str:
+    return ("" if has_reasoning else "@noreason") + ("@tools" if has_calls else "")
+
+
+def _lead(s: str) -> str:
+    return s[: len(s) - len(s.lstrip())]
+
+
+def _trail(s: str) -> str:
+    return s[len(s.rstrip()):]
+
+
+def _change_lead(want: str, got: str) -> str:
+    if want == got:
+        return ""
+    if want.endswith(got):
+        return "-" + want[: len(want) - len(got)]
+    if got.endswith(want):
+        return "+" + got[: len(got) - len(want)]
+    return "~"
+
+
+def _change_trail(want: str, got: str) -> str:
+    if want == got:
+        return ""
+    if want.startswith(got):
+        return "-" + want[len(got):]
+    if got.startswith(want):
+        return "+" + got[len(want):]
+    return "~"
+
+
+def _json_style(text: str) -> str | None:
+    for name, kw in JSON_STYLES.items():
+        if _redump(text, kw) == text:
+            return name
+    return None
+
+
+def _redump(arguments: str, kwargs: dict) -> str:
+    try:
+        return json.dumps(json.loads(arguments), **kwargs)
+    except (ValueError, TypeError):
+        return arguments
+
+
+def _edge_step_name(where: str, changes: dict[str, int]) -> str:
+    if where.startswith("tool."):
+        return "tool_whitespace"
+    if all(c == "+ " for c in changes):
+        return "think_spaces"
+    if all(c.startswith("+") for c in changes):
+        return "template_whitespace_kept"
+    return "strip_whitespace"
+
+
+def _edge_inverse_text(change: str) -> str:
+    if change.startswith("-"):
+        return f"add back {change[1:]!r}"
+    if change.startswith("+"):
+        return f"remove {change[1:]!r}"
+    return "none"
+
+
+# ---- applying (production) -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """The fields after a profile's inverses, the step names used, and the flags raised."""
+
+    fields: "Fields"
+    used: tuple[str, ...]
+    flags: tuple[str, ...]
+
+
+def apply(fp: FidelityProfile, f: "Fields", profile: Profile) -> Applied:
+    """Invert the learned steps on `f` (no reference): constant inverses applied, uninvertible ones flagged."""
+    used: list[str] = []
+    flags: list[str] = []
+    obs = fp.observations
+    plan = _edge_plan(fp)
+    if not obs:
+        return Applied(f, (), ())
+
+    def edge(key: str, text: str, side: str) -> str:
+        step = plan.get(key)
+        if step is None or ((not text or text.isspace()) and not key.endswith(_BLANK_KEYS)):
+            return text
+        name, change = step
+        if change is None:
+            flags.append(UNINVERTIBLE + name)
+            return text
+        ws = change[1:]
+        if change.startswith("-"):
+            used.append(name)
+            return ws + text if side == "lead" else text + ws
+        has = text.startswith(ws) if side == "lead" else text.endswith(ws)
+        if not has:  # the server adds this always, so its absence means something else removed it
+            flags.append(TEMPLATE_WHITESPACE_MISSING if name == "template_whitespace_kept" else UNINVERTIBLE + name)
+            return text
+        used.append(name)
+        return text[len(ws):] if side == "lead" else text[: len(text) - len(ws)]
+
+    truncated = f.finish_reason == "length"
+    reasoning, content, calls = f.reasoning, f.content, list(f.tool_calls)
+    er = obs.get("empty_reasoning", {})
+    if reasoning is None and er.get("dropped"):
+        if er.get("absent") or er.get("kept"):
+            flags.append(UNINVERTIBLE + "empty_reasoning_dropped")
+        else:
+            reasoning = ""
+            used.append("empty_reasoning_dropped")
+    if reasoning is not None and _blank(reasoning):
+        reasoning = edge("reasoning.blank", reasoning, "lead")
+    elif reasoning:
+        last = truncated and not content and not calls
+        reasoning = edge("reasoning.lead", reasoning, "lead")
+        reasoning = edge("reasoning.trail" + ("@cut" if last else ""), reasoning, "trail")
+    if not _blank(content):
+        content = edge("content.lead" + ("" if reasoning is not None else "@noreason"), content, "lead")
+        content = edge("content.trail" + ("@tools" if calls else "@cut" if truncated else ""), content, "trail")
+    else:
+        content = edge("content.blank" + _blank_ctx(reasoning is not None, bool(calls)), content, "lead")
+    nc = obs.get("no_content", {})
+    if calls and _blank(content) and nc.get("deleted"):
+        if nc.get("absent") or nc.get("kept"):
+            flags.append(UNINVERTIBLE + "no_content")
+        else:
+            content = content + NO_CONTENT
+            used.append("no_content")
+    js = {s: n for s, n in obs.get("json", {}).items() if s != "same"} if calls else {}
+    ids = {s: n for s, n in obs.get("tool_ids", {}).items() if s != "same"} if calls else {}
+    for k, call in enumerate(calls):
+        args = call.arguments
+        if not _blank(args):
+            args = edge("tool.arguments.lead", args, "lead")
+            args = edge("tool.arguments.trail", args, "trail")
+        if js:
+            style = next(iter(js))
+            if len(js) == 1 and style in JSON_STYLES and not obs["json"].get("same"):
+                redone = _redump(args, JSON_STYLES[style])
+                if redone != args:
+                    args = redone
+                    used.append("json_reserialised")
+            else:
+                flags.append(UNINVERTIBLE + "json_reserialised")
+        call_id = call.id
+        if profile.tool_id_in_stream:
+            if not _blank(call_id):
+                call_id = edge("tool.id.lead", call_id, "lead")
+                call_id = edge("tool.id.trail", call_id, "trail")
+            if ids:
+                offset = next(iter(ids))
+                m = _KIMI_ID.fullmatch(call_id.strip())
+                if len(ids) == 1 and offset.startswith("offset:") and not obs["tool_ids"].get("same") and m:
+                    call_id = f"functions.{m.group(1)}:{int(m.group(2)) + int(offset[7:])}"
+                    used.append("tool_ids_reindexed")
+                else:
+                    flags.append(UNINVERTIBLE + "tool_ids_reindexed")
+        if (call_id, args) != (call.id, call.arguments):
+            calls[k] = replace(call, id=call_id, arguments=args)
+    if (reasoning, content) != (f.reasoning, f.content) or any(a is not b for a, b in zip(calls, f.tool_calls)):
+        f = replace(f, reasoning=reasoning, content=content, tool_calls=tuple(calls))
+    return Applied(f, tuple(dict.fromkeys(used)) if used else (), tuple(dict.fromkeys(flags)) if flags else ())
+
+
+def _blank(s: str) -> bool:
+    return not s or s.isspace()  # no copy, unlike s.strip()
+
+
+_PLANS: dict[int, tuple[FidelityProfile, dict[str, tuple[str, str | None]]]] = {}
+
+
+def _edge_plan(fp: FidelityProfile) -> dict[str, tuple[str, str | None]]:
+    """Edge key -> (step name, the one change to invert or None when probes disagreed), computed once per profile."""
+    hit = _PLANS.get(id(fp))
+    if hit is not None and hit[0] is fp:
+        return hit[1]
+    plan: dict[str, tuple[str, str | None]] = {}
+    for key, counts in fp.observations.items():
+        if not key.startswith("edge:"):
+            continue
+        changes = {c: n for c, n in counts.items() if c not in ("", "~")}
+        if changes:
+            ok = len(changes) == 1 and not counts.get("", 0)
+            plan[key[5:]] = (_edge_step_name(key[5:], changes), next(iter(changes)) if ok else None)
+    if len(_PLANS) > 64:  # profiles are few and long-lived; keep the cache from growing without bound
+        _PLANS.clear()
+    _PLANS[id(fp)] = (fp, plan)
+    return plan
