@@ -359,6 +359,18 @@ _V5 = """
 -- provenance and suspect flags (issues 12, 13)
 ALTER TABLE reconstructions ADD COLUMN ids_source TEXT;
 ALTER TABLE reconstructions ADD COLUMN flags TEXT;
+
+-- issue 14: the engine's heartbeat and live snapshot, so an attached viewer and `status` show what the engine
+-- shows and say ENGINE GONE within seconds of a crash (app/store/heartbeat.py)
+CREATE TABLE engine_heartbeats (
+    run_id     INTEGER PRIMARY KEY REFERENCES runs(id) ON DELETE CASCADE,
+    pid        INTEGER NOT NULL,
+    host       TEXT NOT NULL,
+    started_at REAL NOT NULL,                    -- when this engine process started the run
+    beat_at    REAL NOT NULL,                    -- last beat (unix s); about once a second while it runs
+    stopped_at REAL,                             -- set on a clean exit; NULL while running or after a crash
+    snapshot   TEXT                              -- the engine's MetricsSnapshot as JSON (app.engine.snapshot_codec)
+);
 """
 
 MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
