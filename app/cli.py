@@ -22,6 +22,7 @@ VERBS: dict[str, str] = {
     "demo": "run the built-in provider simulator over sample data and watch it live (no network, no key)",
     "run": "generate responses for a run config (TUI, or --headless with progress on stderr)",
     "watch": "open the monitor over a run database (attached: steer a headless run, or --readonly)",
+    "serve": "serve the monitor of a run database to a web browser (read-only unless --control)",
     "ingest": "stream prompt datasets into a run without generating",
     "status": "per-run counts by state, cost so far and verdict counts",
     "validate": "check reconstruction against ground-truth output_ids from a reference file",

@@ -380,6 +380,16 @@ CREATE TABLE fidelity_profiles (
     body       TEXT NOT NULL,
     created_at REAL NOT NULL,
     UNIQUE (endpoint, provider, profile)
+-- issue 14: the engine's heartbeat and live snapshot, so an attached viewer and `status` show what the engine
+-- shows and say ENGINE GONE within seconds of a crash (app/store/heartbeat.py)
+CREATE TABLE engine_heartbeats (
+    run_id     INTEGER PRIMARY KEY REFERENCES runs(id) ON DELETE CASCADE,
+    pid        INTEGER NOT NULL,
+    host       TEXT NOT NULL,
+    started_at REAL NOT NULL,                    -- when this engine process started the run
+    beat_at    REAL NOT NULL,                    -- last beat (unix s); about once a second while it runs
+    stopped_at REAL,                             -- set on a clean exit; NULL while running or after a crash
+    snapshot   TEXT                              -- the engine's MetricsSnapshot as JSON (app.engine.snapshot_codec)
 );
 """
 
