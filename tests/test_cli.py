@@ -14,7 +14,7 @@ import pytest
 from app.cli import VERBS, main
 
 ALL_VERBS = (
-    "demo", "run", "watch", "ingest", "status", "validate", "audit", "calibrate", "fidelity",
+    "demo", "run", "watch", "serve", "ingest", "status", "validate", "audit", "calibrate", "fidelity",
     "reprocess", "export", "extract", "jobs", "simulate", "config",
 )
 

@@ -363,11 +363,13 @@ ALTER TABLE reconstructions ADD COLUMN flags TEXT;
 -- issue 9: the mismatch list's "longest first" order walks an index, as its other orders do; per verdict
 -- (category before length), since long exact rows would otherwise sit between the mismatches
 CREATE INDEX reconstructions_by_run_category_length ON reconstructions (run_id, category, n_tokens DESC, sample_pk);
+
 -- issue 11: the server's prompt ids (vLLM return_token_ids, SGLang return_prompt_token_ids) and how they compare
 -- with the rendered prompt (app.tokens.prompt_check.PromptCheck: agree | differ | no_server_ids)
 ALTER TABLE responses ADD COLUMN prompt_ids BLOB;
 ALTER TABLE reconstructions ADD COLUMN prompt_check TEXT;
 ALTER TABLE reconstructions ADD COLUMN prompt_first_diff INTEGER;
+
 -- issue 12: learned fidelity profiles (app.tokens.fidelity), one per endpoint, upstream provider and profile;
 -- provider '' when the endpoint reports none; body is FidelityProfile.to_json()
 CREATE TABLE fidelity_profiles (
@@ -380,6 +382,8 @@ CREATE TABLE fidelity_profiles (
     body       TEXT NOT NULL,
     created_at REAL NOT NULL,
     UNIQUE (endpoint, provider, profile)
+);
+
 -- issue 14: the engine's heartbeat and live snapshot, so an attached viewer and `status` show what the engine
 -- shows and say ENGINE GONE within seconds of a crash (app/store/heartbeat.py)
 CREATE TABLE engine_heartbeats (
