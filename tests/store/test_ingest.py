@@ -12,12 +12,24 @@ from pathlib import Path
 
 import pytest
 
-from app.commands.ingest import ingest_config
+from app.engine.ingest import ingest_config as _ingest_config
 from app.config import load_config
 from app.datasets import ReadStats, content_id, iter_prompts, iter_references
 from app.errors import InputError
 from app.store import queries
 from app.store.run_store import RunStore
+
+
+TOKENIZER = Path(__file__).resolve().parents[2] / "sample_data" / "tokenizer"
+
+
+async def ingest_config(config, **kw):
+    """Open the config's store, ingest it with the one `ingest_config`, close."""
+    store = await RunStore.open(config.run.database)
+    try:
+        return await _ingest_config(store, config, **kw)
+    finally:
+        await store.close()
 
 
 def write_lines(path: Path, lines: list[object]) -> Path:
@@ -41,7 +53,7 @@ format = "{fmt}"
 
 [model]
 name = "m"
-tokenizer = "tok"
+tokenizer = "{tokenizer}"
 
 [[endpoints]]
 base_url = "http://127.0.0.1:1/v1"
@@ -50,7 +62,7 @@ base_url = "http://127.0.0.1:1/v1"
 
 def config_file(tmp_path: Path, fmt: str = "openai-messages", reference: bool = False) -> Path:
     path = tmp_path / "run.toml"
-    path.write_text(CONFIG.format(fmt=fmt, reference='reference = "ref.jsonl"' if reference else ""))
+    path.write_text(CONFIG.format(fmt=fmt, reference='reference = "ref.jsonl"' if reference else "", tokenizer=TOKENIZER))
     return path
 
 
@@ -185,13 +197,15 @@ async def test_ingest_config_is_idempotent_and_attaches_references(tmp_path: Pat
     write_lines(tmp_path / "ref.jsonl", [{"id": f"s{i}", "output_ids": [i, i + 1]} for i in range(0, 20, 2)] + [{"id": "zz", "output_ids": [1]}])
     config = load_config(config_file(tmp_path, reference=True))
     first = await ingest_config(config)
-    second = await ingest_config(config)
+    unchanged = await ingest_config(config)  # nothing changed: no file is read again
+    assert [f.state for f in unchanged.files] == ["unchanged", "unchanged"] and unchanged.summary() is None
+    second = await ingest_config(config, force=True)
     d1, d2 = first.datasets[0], second.datasets[0]
     assert (d1.added, d1.already_present, d1.bad_lines) == (20, 0, 1)
     assert (d2.added, d2.already_present, d2.bad_lines) == (0, 20, 1)
-    assert d1.bad_examples == [f"{tmp_path / 'prompts.jsonl'}:21: invalid JSON (Expecting value at column 1)"]
-    assert first.reference is not None and (first.reference["attached"], first.reference["unmatched"]) == (10, 1)
-    assert second.reference is not None and second.reference["attached"] == 0
+    assert d1.bad_examples == (f"{tmp_path / 'prompts.jsonl'}:21: invalid JSON (Expecting value at column 1)",)
+    assert first.reference is not None and (first.reference.attached, first.reference.unmatched) == (10, 1)
+    assert second.reference is not None and second.reference.attached == 0
 
     conn = queries.connect_readonly(tmp_path / "runs.db")
     run = queries.resolve_run(conn, None)
