@@ -51,7 +51,9 @@ class Job:
 def connect(path: Path, *, create: bool = True) -> sqlite3.Connection:
     """Open (creating and migrating if needed) the run database for job bookkeeping."""
     path = Path(path)
-    migrate(path, create=create)
+    # job bookkeeping opens the database on every poll: the whole-file quick_check is left to the verbs that
+    # open it once (run, ingest, export, status)
+    migrate(path, create=create, check=False)
     try:
         conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
         configure(conn, busy_timeout_s=30.0)
@@ -67,7 +69,7 @@ class JobStore:
     def __init__(self, path: Path, *, create: bool = True, readonly: bool = False) -> None:
         self.path = Path(path)
         if readonly:  # faces polling job state: no write lock, safe from a thread
-            self.conn = connect_readonly(self.path)
+            self.conn = connect_readonly(self.path, check=False)
             self.conn.row_factory = sqlite3.Row
         else:
             self.conn = connect(self.path, create=create)

@@ -139,10 +139,12 @@ def migrate(
     create: bool = True,
     busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
     migrations: tuple[str, ...] = MIGRATIONS,
+    check: bool = True,
 ) -> int:
     """Bring the database at `path` to the current schema (creating it when `create`); return the version.
 
-    Raises InputError (file untouched) for a non-SQLite file, a locked file or a newer schema.
+    Raises InputError (file untouched) for a non-SQLite file, another program's SQLite file, a damaged file
+    (`PRAGMA quick_check` when `check`), a read-only folder, a locked file or a newer schema.
     """
     path = Path(path)
     target = len(migrations)
@@ -161,7 +163,8 @@ def migrate(
         _refuse_newer(path, version, target)
         if exists:
             _refuse_foreign(conn, path, version)
-            _quick_check(conn, path)
+            if check:
+                _quick_check(conn, path)
         # Take the write lock even when there is nothing to migrate: a writer that cannot get it now
         # would fail later, halfway through its work.
         try:

@@ -568,3 +568,45 @@ async def test_re_ingest_commits_chunk_by_chunk(tmp_path: Path) -> None:
         assert store.commits - before >= 3  # 12,000 lines in chunks of 5,000 (+ progress rows)
     finally:
         await store.close()
+
+
+async def test_a_writer_in_another_connection_gets_the_lock_during_a_re_ingest(tmp_path: Path) -> None:
+    """A live engine's writes (here: a thread with its own connection and a 2 s busy timeout, as a second
+    process would have) go through between the re-ingest's chunk transactions instead of failing."""
+    import sqlite3
+
+    _quick_file(tmp_path / "prompts.jsonl", 40_000)
+    config = load_config(config_file(tmp_path))
+    await ingest_config(config)
+    stop = threading.Event()
+    written: list[float] = []
+    failures: list[str] = []
+
+    def live_writer() -> None:
+        conn = sqlite3.connect(config.run.database, timeout=2.0, isolation_level=None)
+        try:
+            while not stop.is_set():
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                    conn.execute("INSERT INTO events (run_id, ts, level, kind, message) VALUES (1, ?, 'info', 'x', 'y')",
+                                 (time.time(),))
+                    conn.execute("COMMIT")
+                    written.append(time.monotonic())
+                except sqlite3.OperationalError as exc:
+                    failures.append(str(exc))
+                time.sleep(0.01)
+        finally:
+            conn.close()
+
+    thread = threading.Thread(target=live_writer)
+    thread.start()
+    try:
+        started = time.monotonic()
+        report = await ingest_config(config, force=True)
+        ended = time.monotonic()
+    finally:
+        stop.set()
+        thread.join()
+    assert report.datasets[0].already_present == 40_000
+    assert failures == []
+    assert sum(started <= t <= ended for t in written) >= 2  # it wrote while the re-ingest ran
