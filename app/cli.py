@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sqlite3
 import sys
 
 from app.errors import EaglewatchError
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        _check_names(args)
         return int(args._module.run(args) or 0)
     except EaglewatchError as exc:
         print(f"eaglewatch {args.verb}: error: {exc}", file=sys.stderr)
@@ -103,6 +105,24 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"eaglewatch {args.verb}: interrupted", file=sys.stderr)
         return 130
+    except sqlite3.DatabaseError as exc:
+        # the last line of defence: a damaged page met after the open-time check (or a disk error)
+        print(f"eaglewatch {args.verb}: error: the run database failed: {exc}. If it says 'malformed', the file "
+              "is damaged: restore it from a backup or recover it with `sqlite3 DB .recover`", file=sys.stderr)
+        return 2
+
+
+# flags that name a run, dataset, endpoint or job: refused here, before any verb sees them
+_NAME_FLAGS = {"run": "--run", "run_name": "--run"}
+
+
+def _check_names(args: argparse.Namespace) -> None:
+    for attr, flag in _NAME_FLAGS.items():
+        value = getattr(args, attr, None)
+        if isinstance(value, str):
+            from app.config import check_name
+
+            check_name(value, flag)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,39 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SECRET_KEY = re.compile(r"(^|_)(api_?key|key|secret|password|token|authorization|auth)$", re.IGNORECASE)
 
 
+# a name becomes a file name, a log label, a Slurm job name and a line of a generated script: no control
+# characters (newline, tab, escape, DEL, the Unicode line separators) and no path separators
+_BAD_NAME_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029/\\]")
+
+
+def name_problem(value: str) -> str | None:
+    """Why `value` cannot be a run, dataset, endpoint or job name (control character, path separator), or None."""
+    m = _BAD_NAME_CHARS.search(value)
+    if m is None:
+        return None
+    ch = m.group(0)
+    kind = "a path separator" if ch in "/\\" else "a control character"
+    return f"{value!r} contains {kind} ({ch!r} at position {m.start()}); use letters, digits, '-', '_', '.' or spaces"
+
+
+def check_name(value: str, what: str = "name") -> str:
+    """Return `value` if it is usable as a name; InputError naming `what` (e.g. "--run") otherwise."""
+    problem = name_problem(value)
+    if problem is not None:
+        raise InputError(f"{what}: {problem}")
+    return value
+
+
+def _valid_name(value: str) -> str:
+    problem = name_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+Name = Annotated[str, AfterValidator(_valid_name)]
+
+
 def _resolve_path(value: Path, info: ValidationInfo) -> Path:
     """Resolve a relative path against the config file's directory (the `base_dir` validation context)."""
     value = value.expanduser()
@@ -57,7 +90,8 @@ class _Section(BaseModel):
 class RunSection(_Section):
     """[run]: what the run is called and where it writes."""
 
-    name: str = Field(min_length=1, description="Run name; a database can hold several runs (select one with --run).")
+    name: Name = Field(min_length=1, description="Run name; a database can hold several runs (select one with --run). "
+                       "No control characters or path separators.")
     database: ConfigPath = Field(Path("eaglewatch.db"), description="SQLite run store (created if missing).")
     output_dir: ConfigPath = Field(Path("out"), description="Where exports and job outputs go.")
 
@@ -69,11 +103,15 @@ class Dataset(_Section):
     format: DatasetFormat = Field("openai-messages", description="Line format of the file.")
     id_field: str = Field("id", min_length=1, description="Field holding the sample id (a content hash when absent).")
     limit: int | None = Field(None, gt=0, description="Ingest at most this many samples from the file.")
-    name: str = Field("", description="Dataset name recorded with each sample (default: the file's stem).")
+    name: Name = Field("", description="Dataset name recorded with each sample (default: the file's stem); "
+                       "no control characters or path separators.")
 
     @model_validator(mode="after")
     def _default_name(self) -> Dataset:
         if not self.name:
+            problem = name_problem(self.path.stem)
+            if problem is not None:
+                raise ValueError(f"the file name stem {problem}; set `name` for this dataset")
             object.__setattr__(self, "name", self.path.stem)
         return self
 
@@ -112,7 +150,8 @@ class SimulatorOptions(_Section):
     latency_p95_ms: float = Field(1200.0, ge=0, description="95th percentile time to the first byte.")
     tokens_per_s: float = Field(0.0, ge=0, description="Streaming pace per request; 0 = unpaced.")
     faults: dict[str, float] = Field(
-        default_factory=dict, description="Fault kind -> rate in 0..1 (e.g. rate_limit = 0.02)."
+        default_factory=dict, description="Fault kind -> rate in 0..1 (e.g. rate_limit = 0.02); an unknown kind is "
+        "refused at load, naming the kinds the simulator knows."
     )
     quirks: list[str] = Field(default_factory=list, description="Server-side text steps to imitate.")
     logprobs: bool = Field(True, description="Return per-token logprobs when asked.")
@@ -129,6 +168,18 @@ class SimulatorOptions(_Section):
         return value
 
     @model_validator(mode="after")
+    def _simulator_check(self) -> SimulatorOptions:
+        # the simulator's own check (fault kinds, rates, their sum, quirks), run at load so `config check` and
+        # `run` refuse an unknown kind before anything starts
+        from app.simulator.options import check_options
+
+        try:
+            check_options(self)
+        except InputError as exc:
+            raise ValueError(str(exc).replace("simulator faults: ", "faults: ").replace("simulator quirks: ", "quirks: "))
+        return self
+
+    @model_validator(mode="after")
     def _p95(self) -> SimulatorOptions:
         if self.latency_p95_ms < self.latency_median_ms:
             raise ValueError(
@@ -140,7 +191,8 @@ class SimulatorOptions(_Section):
 class Endpoint(_Section):
     """[[endpoints]]: an OpenAI-compatible API (base_url) or the built-in simulator; requests are spread by weight."""
 
-    name: str = Field("", description="Label in logs and the TUI (default: the URL's host, or 'simulator').")
+    name: Name = Field("", description="Label in logs and the TUI (default: the URL's host, or 'simulator'); "
+                       "no control characters or path separators.")
     base_url: str | None = Field(None, description="OpenAI-compatible base URL, e.g. https://openrouter.ai/api/v1.")
     simulator: SimulatorOptions | None = Field(None, description="Use the built-in simulator (set instead of base_url).")
     api_key_env: str | None = Field(None, description="Name of the environment variable holding the API key (never the key).")

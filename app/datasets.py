@@ -208,7 +208,7 @@ def iter_prompts(
             stats.reject(f"{path}:{number}", str(exc))
             continue
         stats.good += 1
-        yield SampleInput(sid, name, messages, tools)
+        yield SampleInput(sid, name, messages, tools, line=number)
 
 
 def iter_dataset(ds: Any, stats: ReadStats | None = None) -> Iterator[SampleInput]:
@@ -225,8 +225,27 @@ def _finish_reason(meta: Any) -> str | None:
     return fr if isinstance(fr, str) else None
 
 
-def iter_references(path: str | Path, *, id_field: str = "id", stats: ReadStats | None = None) -> Iterator[ReferenceRecord]:
-    """Yield a ReferenceRecord per good line of an SGLang-style reference JSONL file."""
+def out_of_vocab(output_ids: tuple[int, ...] | list[int], vocab_size: int) -> str | None:
+    """Why reference ids cannot come from a tokenizer of `vocab_size` tokens (the first id outside it), or None.
+
+    The one check `validate` and ingest share: a row that fails it is refused with its file:line.
+    """
+    if not output_ids or max(output_ids) < vocab_size:
+        return None
+    bad = next(t for t in output_ids if t >= vocab_size)
+    return (
+        f"output id {bad} is outside the tokenizer's vocabulary (size {vocab_size}); "
+        "is the tokenizer the model that produced this file?"
+    )
+
+
+def iter_references(
+    path: str | Path, *, id_field: str = "id", stats: ReadStats | None = None, vocab_size: int | None = None
+) -> Iterator[ReferenceRecord]:
+    """Yield a ReferenceRecord per good line of an SGLang-style reference JSONL file.
+
+    With `vocab_size`, a line holding an id outside the vocabulary is a bad line too (`out_of_vocab`).
+    """
     path = Path(path)
     strict = stats is None
     stats = stats if stats is not None else ReadStats()
@@ -238,6 +257,10 @@ def iter_references(path: str | Path, *, id_field: str = "id", stats: ReadStats 
                 isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**32 for t in ids
             ):
                 raise _BadLine("'output_ids' must be a list of non-negative integer token ids")
+            if vocab_size is not None:
+                problem = out_of_vocab(ids, vocab_size)
+                if problem is not None:
+                    raise _BadLine(problem)
             messages = obj.get("messages")
             sid = _sample_id(obj, id_field)
             if messages is not None:
@@ -253,3 +276,108 @@ def iter_references(path: str | Path, *, id_field: str = "id", stats: ReadStats 
             continue
         stats.good += 1
         yield ReferenceRecord(sid, tuple(ids), _finish_reason(obj.get("meta_info")), messages, number)
+
+
+def file_fingerprint(path: str | Path) -> str:
+    """`sha256:<hex>` of a file's bytes: the content fingerprint an ingest is recorded under."""
+    try:
+        with Path(path).open("rb") as fh:
+            return "sha256:" + hashlib.file_digest(fh, "sha256").hexdigest()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file; check the path in the config") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+
+
+@dataclass(frozen=True, slots=True)
+class InputsCheck:
+    """What checking a config's input files found: errors (the run must not start), warnings, the vocab size."""
+
+    errors: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    vocab_size: int | None = None
+    references_checked: int = 0
+
+
+REFERENCE_SAMPLE = 2000
+
+
+def _file_problem(path: Path, what: str) -> str | None:
+    if not path.exists():
+        return f"{path} does not exist; fix the path ({what}; relative paths are relative to the config file)"
+    if path.is_dir():
+        return f"{path} is a directory; give the path of the {what}"
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        return f"{path} cannot be read ({exc.strerror or exc}); check its permissions"
+    return None
+
+
+def check_inputs(config: Any, *, reference_sample: int | None = REFERENCE_SAMPLE) -> InputsCheck:
+    """Check everything a config names on disk without running: each dataset and reference file exists and is
+    readable, the tokenizer directory loads (and the profile is known), and the first `reference_sample` lines
+    of each reference file parse with ids inside the vocabulary (None: every line).
+
+    Messages read `<key>: <problem>; <what to do>`. A reference whose every sampled line is refused is an error
+    (the wrong tokenizer, most likely); some refused lines are a warning (ingest skips them by file:line).
+    """
+    from app.tokens import get_profile, load_tokenizer
+
+    label = str(config.source) if getattr(config, "source", None) else "config"
+    errors: list[str] = []
+    warnings: list[str] = []
+    for i, ds in enumerate(config.data.datasets):
+        problem = _file_problem(Path(ds.path), "prompt JSONL file")
+        if problem:
+            errors.append(f"{label}: data.datasets[{i}].path: {problem}")
+    references: list[tuple[str, Path]] = []
+    if config.data.reference is not None:
+        references.append(("data.reference", Path(config.data.reference)))
+    for i, ep in enumerate(config.endpoints):
+        sim = ep.simulator
+        if sim is not None and sim.reference is not None and sim.reference != config.data.reference:
+            references.append((f"endpoints[{i}].simulator.reference", Path(sim.reference)))
+    readable_refs = []
+    for key, path in references:
+        problem = _file_problem(path, "reference JSONL file")
+        if problem:
+            errors.append(f"{label}: {key}: {problem}")
+        else:
+            readable_refs.append((key, path))
+    vocab_size = None
+    pattern = None
+    try:
+        pattern = get_profile(config.model.profile).pretokenizer_pattern
+    except (InputError, KeyError, ValueError) as exc:
+        errors.append(f"{label}: model.profile: {exc}")
+    try:
+        vocab_size = load_tokenizer(config.model.tokenizer, pattern).vocab_size
+    except (InputError, OSError, ValueError) as exc:
+        errors.append(f"{label}: model.tokenizer: {exc}")
+    checked = 0
+    if vocab_size is not None:
+        for key, path in readable_refs:
+            stats = ReadStats()
+            try:
+                for _ in iter_references(path, stats=stats, vocab_size=vocab_size):
+                    if reference_sample is not None and stats.good + stats.bad >= reference_sample:
+                        break
+            except InputError as exc:
+                errors.append(f"{label}: {key}: {exc}")
+                continue
+            seen = stats.good + stats.bad
+            checked += seen
+            scope = f"the first {seen}" if reference_sample is not None and seen >= reference_sample else f"all {seen}"
+            if stats.bad and not stats.good:
+                errors.append(
+                    f"{label}: {key}: every one of {scope} lines checked is refused, e.g. {stats.examples[0]}; "
+                    "is model.tokenizer the model that produced this file?"
+                )
+            elif stats.bad:
+                warnings.append(
+                    f"{key}: {stats.bad} of {scope} lines checked are refused (ingest skips them), "
+                    f"e.g. {stats.examples[0]}"
+                )
+    return InputsCheck(tuple(errors), tuple(warnings), vocab_size, checked)

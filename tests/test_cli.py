@@ -98,3 +98,36 @@ def test_config_reference_verb_prints_the_generated_reference(capsys: pytest.Cap
 
     assert main(["config", "reference"]) == 0
     assert capsys.readouterr().out == config_reference_markdown()
+
+
+@pytest.mark.parametrize("verb", ["status", "export", "ingest", "run"])
+def test_a_run_name_with_a_control_character_is_refused_at_the_command_line(tmp_path: Path, verb: str) -> None:
+    extra = {"export": ["--format", "specforge", "--out", str(tmp_path / "o")], "ingest": ["cfg.toml"],
+             "run": ["--headless", "cfg.toml"]}.get(verb, [])
+    out = eaglewatch(verb, "--db", str(tmp_path / "none.db"), "--run", "a\n$(touch pwned)", *extra, cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert "--run: 'a\\n$(touch pwned)' contains a control character ('\\n' at position 1)" in out.stderr
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "none.db").exists()
+
+
+def test_run_checks_the_config_inputs_before_ingesting(tmp_path: Path, sample_data_dir: Path) -> None:
+    """`run` goes through the one ingest_config, whose inputs check fails before any sample is written."""
+    import sqlite3
+
+    text = (sample_data_dir / "demo.toml").read_text()
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(text.replace('"prompts.openai.jsonl"', '"missing.jsonl"'))
+    assert "missing.jsonl" in cfg.read_text()
+    # the demo's relative paths resolve against sample_data: point the rest there
+    cfg.write_text(cfg.read_text().replace('"missing.jsonl"', f'"{tmp_path / "missing.jsonl"}"'))
+    for rel in ("reference.jsonl", "tokenizer", "prompts.sharegpt.jsonl", "prompts.specforge.jsonl"):
+        cfg.write_text(cfg.read_text().replace(f'"{rel}"', f'"{sample_data_dir / rel}"'))
+    db = tmp_path / "h.db"
+    out = eaglewatch("run", "--headless", str(cfg), "--db", str(db), cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert "data.datasets[0].path:" in out.stderr and "missing.jsonl does not exist" in out.stderr
+    assert "Traceback" not in out.stderr
+    if db.exists():
+        conn = sqlite3.connect(db)
+        assert conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0] == 0
+        conn.close()

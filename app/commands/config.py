@@ -1,4 +1,8 @@
-"""`eaglewatch config check FILE`: validate a run config and print the effective configuration.
+"""`eaglewatch config check FILE`: validate a run config, check what it names on disk, print the effective config.
+
+The check is `app.datasets.check_inputs` (the same `run` and `ingest` run before writing): dataset and
+reference files exist and are readable, the tokenizer directory loads, a sample of reference lines parse with
+ids inside the vocabulary. An error exits 2 with `file: key: problem; what to do` lines.
 
 The printout is TOML with every default filled in and every path resolved; secrets never appear
 (keys live in environment variables named by `api_key_env`, whose presence is noted, never the value).
@@ -33,21 +37,31 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.file:
         raise InputError("config check needs the path of a run config TOML file, e.g. sample_data/demo.toml")
+    from app.datasets import check_inputs
+
     config = load_config(args.file)
     data = config.redacted()
     keys = {ep["name"]: ep.get("api_key_env") for ep in data["endpoints"]}
-    missing = missing_inputs(config)
+    inputs = check_inputs(config)
     if args.json:
-        payload = {"ok": True, "file": str(config.source), "config": data,
+        payload = {"ok": not inputs.errors, "file": str(config.source), "config": data,
                    "api_keys": {name: _key_state(env) for name, env in keys.items()},
-                   "missing_inputs": missing}
+                   "errors": list(inputs.errors), "warnings": list(inputs.warnings),
+                   "references_checked": inputs.references_checked, "vocab_size": inputs.vocab_size}
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
-        return 0
+        return 2 if inputs.errors else 0
+    if inputs.errors:
+        raise InputError("\n".join(inputs.errors) + "\n(`run` and `ingest` refuse this config until these are fixed)")
     out = [f"# {config.source}: valid", "# effective configuration (defaults filled in, paths resolved, secrets redacted)"]
     for name, env in keys.items():
         if env:
             out.append(f"# endpoint {name!r}: API key from ${env} ({_key_state(env)})")
-    for line in missing:
+    if inputs.vocab_size is not None:
+        out.append(f"# model.tokenizer: loads, vocabulary of {inputs.vocab_size} tokens")
+    if inputs.references_checked:
+        out.append(f"# reference ids: {inputs.references_checked} lines checked against the vocabulary "
+                   "(a sample; ingest checks every line)")
+    for line in inputs.warnings:
         out.append(f"# warning: {line}")
     out += price_lines(config)
     out.append("")
@@ -66,18 +80,6 @@ def price_lines(config: Any) -> list[str]:
     return [f"# warning: no [pricing.\"{config.model.name}\"] (nor for its base model); the run asks each "
             "endpoint's GET /models at start, else counts only API-reported cost and the budget guard has no "
             "estimate before the first result"]
-
-
-def missing_inputs(config: Any) -> list[str]:
-    """`key: path does not exist` for each input file or directory the config names that is not there (yet)."""
-    wanted: list[tuple[str, Any]] = [(f"data.datasets[{i}].path", ds.path) for i, ds in enumerate(config.data.datasets)]
-    wanted += [("data.reference", config.data.reference), ("model.tokenizer", config.model.tokenizer)]
-    wanted += [
-        (f"endpoints[{i}].simulator.reference", ep.simulator.reference)
-        for i, ep in enumerate(config.endpoints)
-        if ep.simulator is not None and ep.simulator.reference != config.data.reference
-    ]
-    return [f"{key}: {path} does not exist" for key, path in wanted if path is not None and not path.exists()]
 
 
 def _key_state(env: str | None) -> str:

@@ -1,7 +1,9 @@
 """`eaglewatch ingest CONFIG`: stream the config's prompt datasets (and reference ids) into a run.
 
-Nothing is generated. Re-running adds nothing new: sample ids are unique per run. Bad lines are reported
-with file:line and the reason, counted and skipped; the rest ingests.
+Nothing is generated. Re-running adds only what is new: a file unchanged since its last complete ingest is
+skipped, an interrupted or changed one is read again (sample ids are unique per run). Bad lines, and lines
+whose id the run already holds with other content, are reported with file:line, counted and skipped.
+The work is `app.engine.ingest.ingest_config`, the same one `run` calls.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ import argparse
 import asyncio
 import json
 import sys
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,34 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", metavar="PATH", help="run database (overrides run.database)")
     parser.add_argument("--run", metavar="NAME", help="run name (overrides run.name)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
-
-
-@dataclass
-class DatasetSummary:
-    """What ingesting one file did."""
-
-    name: str
-    path: str
-    format: str
-    read: int = 0
-    added: int = 0
-    already_present: int = 0
-    conflicts: int = 0
-    conflict_examples: list[str] = field(default_factory=list)
-    bad_lines: int = 0
-    bad_examples: list[str] = field(default_factory=list)
-
-
-@dataclass
-class IngestSummary:
-    run: str
-    database: str
-    datasets: list[DatasetSummary] = field(default_factory=list)
-    reference: dict[str, Any] | None = None
-
-    @property
-    def added(self) -> int:
-        return sum(d.added for d in self.datasets)
+    parser.add_argument("--force", action="store_true",
+                        help="read every file again, even one unchanged since its last complete ingest")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,68 +34,30 @@ def run(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     config = apply_overrides(config, {"run.database": args.db, "run.name": args.run})
-    summary = asyncio.run(ingest_config(config, progress=sys.stderr.isatty() and not args.json))
+    show = sys.stderr.isatty() and not args.json
+    report = asyncio.run(_ingest(config, progress=_Progress if show else None, force=args.force))
     if args.json:
-        payload = asdict(summary)
-        payload["added"] = summary.added
-        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+        sys.stdout.write(json.dumps(report.as_json(), indent=2) + "\n")
     else:
-        sys.stdout.write(_render(summary))
+        sys.stdout.write(_render(report))
     return 0
 
 
-async def ingest_config(config: Any, *, progress: bool = False) -> IngestSummary:
-    """Ingest every dataset of `config` (then its reference file) into the run it names; return what happened."""
-    from app.datasets import ReadStats, iter_dataset, iter_references
+async def _ingest(config: Any, **kw: Any) -> Any:
+    from app.engine.ingest import ingest_config
     from app.store.run_store import RunStore
 
-    summary = IngestSummary(run=config.run.name, database=str(config.run.database))
     store = await RunStore.open(config.run.database)
     try:
-        run_id = await store.ensure_run(config.run.name, config.redacted())
-        for ds in config.data.datasets:
-            stats = ReadStats()
-            async with _Progress(progress, f"{ds.name}", Path(ds.path), stats):
-                report = await store.ingest(run_id, iter_dataset(ds, stats))
-            summary.datasets.append(
-                DatasetSummary(
-                    name=ds.name,
-                    path=str(ds.path),
-                    format=ds.format,
-                    read=stats.good,
-                    added=report.added,
-                    already_present=report.already_present,
-                    conflicts=report.conflicts,
-                    conflict_examples=list(report.conflict_examples),
-                    bad_lines=stats.bad,
-                    bad_examples=list(stats.examples),
-                )
-            )
-        if config.data.reference is not None:
-            stats = ReadStats()
-            ref = Path(config.data.reference)
-            async with _Progress(progress, "reference", ref, stats):
-                attached, unmatched = await store.attach_references(run_id, iter_references(ref, stats=stats))
-            summary.reference = {
-                "path": str(ref),
-                "read": stats.good,
-                "attached": attached,
-                "unmatched": unmatched,
-                "bad_lines": stats.bad,
-                "bad_examples": list(stats.examples),
-            }
-        await store.add_event(
-            run_id, "info", "ingest", f"ingested {summary.added} new samples from {len(summary.datasets)} dataset(s)"
-        )
+        return await ingest_config(store, config, **kw)
     finally:
         await store.close()
-    return summary
 
 
 class _Progress:
     """A rich progress bar on stderr following a reader's byte count (only on a terminal)."""
 
-    def __init__(self, enabled: bool, label: str, path: Path, stats: Any) -> None:
+    def __init__(self, label: str, path: Path, stats: Any, enabled: bool = True) -> None:
         self.enabled = enabled
         self.label = label
         self.path = path
@@ -163,26 +100,41 @@ class _Progress:
             self._progress.stop()
 
 
-def _render(s: IngestSummary) -> str:
+def _render(s: Any) -> str:
     out = [f"run {s.run!r} in {s.database}"]
+    for w in s.warnings:
+        out.append(f"  warning: {w}")
     for d in s.datasets:
+        if d.state == "unchanged":
+            out.append(f"  {d.name} ({d.format}): unchanged since its last complete ingest (--force reads it again)")
+            continue
         line = f"  {d.name} ({d.format}): {d.added} added, {d.already_present} already present"
+        if d.state == "resumed":
+            line += " (finished an interrupted ingest)"
         if d.conflicts:
-            line += f", {d.conflicts} ids held by another dataset (skipped)"
+            line += f", {d.conflicts} skipped: id already held with other content"
         line += f", {d.bad_lines} bad line{'s' if d.bad_lines != 1 else ''}"
         out.append(line)
-        for ex in d.bad_examples:
-            out.append(f"    {ex}")
-        if d.bad_lines > len(d.bad_examples):
-            out.append(f"    ... and {d.bad_lines - len(d.bad_examples)} more")
-        if d.conflict_examples:
-            out.append(f"    ids already held by another dataset: {', '.join(d.conflict_examples)}")
-    if s.reference is not None:
-        r = s.reference
-        out.append(
-            f"  reference {r['path']}: {r['attached']} samples got reference ids, "
-            f"{r['unmatched']} reference lines match no sample, {r['bad_lines']} bad lines"
-        )
-        for ex in r["bad_examples"]:
-            out.append(f"    {ex}")
+        _examples(out, d.bad_examples, d.bad_lines)
+        _examples(out, d.conflict_examples, d.conflicts)
+    r = s.reference
+    if r is not None:
+        if r.state == "unchanged":
+            out.append(f"  reference {r.path}: unchanged since its last complete ingest")
+        else:
+            out.append(
+                f"  reference {r.path}: {r.attached} samples got reference ids, "
+                f"{r.unmatched} reference lines match no sample, {r.bad_lines} bad lines"
+            )
+            _examples(out, r.bad_examples, r.bad_lines)
+    for f in s.files:
+        if f.state == "failed":
+            out.append(f"  NOT ingested: {f.name}: {f.error}")
     return "\n".join(out) + "\n"
+
+
+def _examples(out: list[str], examples: tuple[str, ...], total: int) -> None:
+    for ex in examples:
+        out.append(f"    {ex}")
+    if total > len(examples):
+        out.append(f"    ... and {total - len(examples)} more")

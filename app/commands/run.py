@@ -77,12 +77,12 @@ async def run_headless(config, *, progress: bool = True, stream=None) -> int:
     from app.engine.run import Run
     from app.store.run_store import RunStore
 
-    from app.engine.ingest import ensure_ingested
+    from app.engine.ingest import ingest_config
 
     stream = stream or sys.stderr
     store = await RunStore.open(config.run.database)
     try:
-        summary = await ensure_ingested(store, config)
+        summary = (await ingest_config(store, config)).summary()
         if summary:
             print(f"{summary} ({config.run.database})", file=stream)
         engine = Run(config, store, reconstructor=build_reconstructor(config),

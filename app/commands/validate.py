@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.datasets import ReadStats, iter_references
+    from app.datasets import ReadStats, iter_references, out_of_vocab
     from app.tokens import Reconstructor, get_profile, load_tokenizer
     from app.tokens.validation import summarize, validate_all
 
@@ -67,12 +67,9 @@ def run(args: argparse.Namespace) -> int:
     stats = ReadStats()
     references = list(iter_references(path, stats=stats))
     for rec in references:
-        bad = next((t for t in rec.output_ids if t >= tokenizer.vocab_size), None)
-        if bad is not None:
-            raise InputError(
-                f"{path}:{rec.line}: sample {rec.sample_id}: output id {bad} is outside the tokenizer's vocabulary "
-                f"(size {tokenizer.vocab_size}); is --tokenizer the model that produced this file?"
-            )
+        problem = out_of_vocab(rec.output_ids, tokenizer.vocab_size)
+        if problem is not None:
+            raise InputError(f"{path}:{rec.line}: sample {rec.sample_id}: {problem}")
     pairs = [(r.sample_id, r.output_ids) for r in references]
     fidelity = None
     if args.calibrate:

@@ -8,6 +8,7 @@ restart. The command is an argv list, never a shell string; `{shard}`, `{out}`, 
 from __future__ import annotations
 
 import json
+import re
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 from app.errors import InputError
 
 BUILTIN_PLACEHOLDERS = ("shard", "out", "manifest", "num_shards")
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # exported by name in the Slurm batch script
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,15 @@ class JobSpec:
     slurm: tuple[tuple[str, str], ...] = ()  # partition, account, qos, extra args ("extra": "--foo bar")
 
     def __post_init__(self) -> None:
+        from app.config import name_problem
+
+        problem = name_problem(self.name)
+        if problem is not None:
+            raise InputError(f"job name {problem}")
+        for key, _ in self.env:
+            if not _ENV_KEY.match(key):
+                raise InputError(f"job {self.name!r}: environment variable name {key!r} is not a valid shell name "
+                                 "(letters, digits and '_', not starting with a digit)")
         if not self.argv:
             raise InputError(f"job {self.name!r}: the command (argv) is empty; give the extractor command as a list")
         if isinstance(self.argv, str):

@@ -51,7 +51,9 @@ class Job:
 def connect(path: Path, *, create: bool = True) -> sqlite3.Connection:
     """Open (creating and migrating if needed) the run database for job bookkeeping."""
     path = Path(path)
-    migrate(path, create=create)
+    # job bookkeeping opens the database on every poll: the whole-file quick_check is left to the verbs that
+    # open it once (run, ingest, export, status)
+    migrate(path, create=create, check=False)
     try:
         conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
         configure(conn, busy_timeout_s=30.0)
@@ -67,13 +69,10 @@ class JobStore:
     def __init__(self, path: Path, *, create: bool = True, readonly: bool = False) -> None:
         self.path = Path(path)
         if readonly:  # faces polling job state: no write lock, safe from a thread
-            self.conn = connect_readonly(self.path)
+            self.conn = connect_readonly(self.path, check=False)
             self.conn.row_factory = sqlite3.Row
         else:
             self.conn = connect(self.path, create=create)
-        sql = self.conn.execute("SELECT sql FROM sqlite_master WHERE name = 'jobs'").fetchone()[0]
-        # 'paused' is a job state once the schema allows it; until then a pause lives in the error column
-        self._paused_state = "'paused'" in sql
 
     def close(self) -> None:
         self.conn.close()
@@ -107,14 +106,12 @@ class JobStore:
         return [self._job(r) for r in self.conn.execute("SELECT * FROM jobs ORDER BY id DESC")]
 
     def _job(self, row: sqlite3.Row) -> Job:
-        paused = row["state"] == "paused" if self._paused_state else (row["error"] or "").startswith(_PAUSE_NOTE)
         state = row["state"]
-        if paused and state not in FINAL_STATES:
-            state = "paused"
+        paused = state == "paused"
         return Job(
             id=row["id"], name=row["name"], executor=row["executor"], state=state, paused=paused,
             n_shards=row["n_shards"], output_dir=row["output_dir"], external_id=row["external_id"],
-            error=None if (row["error"] or "").startswith(_PAUSE_NOTE) else row["error"],
+            error=row["error"],
             created_at=row["created_at"], started_at=row["started_at"], ended_at=row["ended_at"],
             spec=JobSpec.from_json(row["spec"]),
         )
@@ -133,10 +130,7 @@ class JobStore:
         job = self.job(job_id)
         if job.state in FINAL_STATES:
             return
-        if self._paused_state:
-            self.set_job(job_id, state="paused" if paused else "running")
-        else:
-            self.set_job(job_id, error=_PAUSE_NOTE if paused else None)
+        self.set_job(job_id, state="paused" if paused else "running")
 
     # --- shards ---------------------------------------------------------------------------------
     def shards(self, job_id: int) -> list[JobShard]:
@@ -168,9 +162,6 @@ class JobStore:
 
     def _tx(self) -> _Tx:
         return _Tx(self.conn)
-
-
-_PAUSE_NOTE = "paused by operator"
 
 
 class _Tx:

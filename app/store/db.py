@@ -1,7 +1,16 @@
 """Opening a run database safely: refuse what is not ours, migrate forward, set the connection pragmas.
 
 Every check that can refuse a file runs before anything is written, so a refused file is left exactly as
-it was: not SQLite, locked by another process, or written by a newer eaglewatch.
+it was: not SQLite, another program's SQLite file (tables but no eaglewatch schema), damaged (`PRAGMA
+quick_check`), in a read-only folder (for a writer), locked by another process, or written by a newer
+eaglewatch.
+
+Two ways in:
+- `migrate(path)` before a writer (RunStore, JobStore) opens: creates or upgrades, after the checks above.
+- `connect_readonly(path)` for the reading verbs (status, watch, export, reprocess's reads): `mode=ro`,
+  never creates, never migrates unless `upgrade` and the file is an older eaglewatch database; in a folder
+  it cannot write (no -shm can be made) it falls back to `immutable=1`. It runs `quick_check` too, so a
+  damaged file fails with a sentence instead of a traceback halfway through a report.
 """
 
 from __future__ import annotations
@@ -50,9 +59,70 @@ def _read_version(conn: sqlite3.Connection, path: Path) -> int:
     except sqlite3.OperationalError as exc:
         if "locked" in str(exc) or "busy" in str(exc):
             raise _locked(path, exc) from None
+        if "unable to open" in str(exc) and _readonly_folder(path):
+            raise InputError(f"{path}: cannot be opened in its read-only folder {path.parent} ({exc})") from None
         raise InputError(f"{path}: is not a usable SQLite database ({exc}); pass another --db") from None
     except sqlite3.DatabaseError as exc:
+        if "malformed" in str(exc):
+            raise _damaged(path, str(exc)) from None
         raise InputError(f"{path}: is not a usable SQLite database ({exc}); pass another --db") from None
+
+
+def _damaged(path: Path, detail: str) -> InputError:
+    return InputError(
+        f"{path}: the database is damaged ({detail}); restore it from a backup, or recover what is readable with "
+        f"`sqlite3 {path} .recover | sqlite3 recovered.db`, and pass that with --db"
+    )
+
+
+def _quick_check(conn: sqlite3.Connection, path: Path) -> None:
+    """Raise InputError naming the damage when `PRAGMA quick_check` finds any (O(database size), no writes)."""
+    try:
+        rows = conn.execute("PRAGMA quick_check(3)").fetchall()
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            raise _locked(path, exc) from None
+        raise _damaged(path, str(exc)) from None
+    except sqlite3.DatabaseError as exc:
+        raise _damaged(path, str(exc)) from None
+    problems = [r[0] for r in rows if r[0] != "ok"]
+    if problems:
+        raise _damaged(path, "; ".join(problems))
+
+
+def _tables(conn: sqlite3.Connection, path: Path) -> set[str]:
+    try:
+        return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.DatabaseError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            raise _locked(path, exc) from None
+        raise _damaged(path, str(exc)) from None
+
+
+def _refuse_foreign(conn: sqlite3.Connection, path: Path, version: int) -> None:
+    """Refuse an SQLite file that is not an eaglewatch database (another program's tables, no runs table)."""
+    tables = _tables(conn, path)
+    if (version == 0 and tables) or (version > 0 and "runs" not in tables):
+        shown = ", ".join(sorted(tables)[:5]) + (" ..." if len(tables) > 5 else "")
+        raise InputError(
+            f"{path}: is an SQLite database but not an eaglewatch run database (it holds tables {shown}); "
+            "eaglewatch leaves it untouched: pass the path of a run database (or a new file) with --db"
+        )
+
+
+def _readonly_folder(path: Path) -> bool:
+    import os
+
+    return not os.access(path.parent, os.W_OK) or _mounted_readonly(path.parent)
+
+
+def _mounted_readonly(folder: Path) -> bool:
+    import os
+
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def _refuse_newer(path: Path, version: int, known: int = SCHEMA_VERSION) -> None:
@@ -69,20 +139,32 @@ def migrate(
     create: bool = True,
     busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
     migrations: tuple[str, ...] = MIGRATIONS,
+    check: bool = True,
 ) -> int:
     """Bring the database at `path` to the current schema (creating it when `create`); return the version.
 
-    Raises InputError (file untouched) for a non-SQLite file, a locked file or a newer schema.
+    Raises InputError (file untouched) for a non-SQLite file, another program's SQLite file, a damaged file
+    (`PRAGMA quick_check` when `check`), a read-only folder, a locked file or a newer schema.
     """
     path = Path(path)
     target = len(migrations)
     exists = check_file(path)
     if not exists and not create:
         raise InputError(f"{path}: no such database; run `eaglewatch ingest CONFIG` first or pass another --db")
+    if _readonly_folder(path):
+        raise InputError(
+            f"{path}: its folder {path.parent} is read-only, and a run database is written with a journal beside "
+            "it (-wal, -shm); copy it to a writable folder for this command. The reading verbs (status, watch "
+            "--readonly, export) work where it is."
+        )
     conn = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None)
     try:
         version = _read_version(conn, path)
         _refuse_newer(path, version, target)
+        if exists:
+            _refuse_foreign(conn, path, version)
+            if check:
+                _quick_check(conn, path)
         # Take the write lock even when there is nothing to migrate: a writer that cannot get it now
         # would fail later, halfway through its work.
         try:
@@ -92,6 +174,7 @@ def migrate(
         try:
             version = _read_version(conn, path)  # another process may have migrated meanwhile
             _refuse_newer(path, version, target)
+            _refuse_foreign(conn, path, version)
             for step in range(version, target):
                 for statement in _statements(migrations[step]):
                     conn.execute(statement)
@@ -134,29 +217,39 @@ def configure(conn: sqlite3.Connection, busy_timeout_s: float = DEFAULT_BUSY_TIM
 
 
 def connect_readonly(
-    path: str | Path, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S, upgrade: bool = False
+    path: str | Path, *, busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S, upgrade: bool = False, check: bool = True
 ) -> sqlite3.Connection:
-    """A read-only connection (usable from any thread) to an existing, current run database.
+    """A read-only connection (usable from any thread) to an existing, current eaglewatch run database.
 
-    An older schema is migrated first when `upgrade`, else refused with the command that upgrades it.
+    Never writes to a file that is not an eaglewatch database (refused, untouched) and never creates one.
+    An older eaglewatch schema is migrated first when `upgrade`, else refused with the command that upgrades
+    it. `check` runs `PRAGMA quick_check` (a damaged file is an InputError). In a read-only folder the file
+    is opened `immutable=1` (changes still in a -wal file there are not seen; a writer cannot exist there).
     """
     path = Path(path)
     if not check_file(path):
         raise InputError(f"{path}: no such database; run `eaglewatch ingest CONFIG` first or pass another --db")
-    uri = f"{path.resolve().as_uri()}?mode=ro"
+    immutable = _readonly_folder(path)
+    uri = f"{path.resolve().as_uri()}?mode=ro" + ("&immutable=1" if immutable else "")
     conn = sqlite3.connect(uri, uri=True, timeout=busy_timeout_s, check_same_thread=False, isolation_level=None)
     try:
         version = _read_version(conn, path)
         _refuse_newer(path, version)
-        if version < SCHEMA_VERSION and upgrade:
+        if version == 0 and not _tables(conn, path):
+            raise InputError(f"{path}: is an empty database, not a run yet; run `eaglewatch ingest CONFIG` first")
+        _refuse_foreign(conn, path, version)
+        if version < SCHEMA_VERSION and upgrade and not immutable:
             conn.close()
             migrate(path, create=False, busy_timeout_s=busy_timeout_s)
-            return connect_readonly(path, busy_timeout_s=busy_timeout_s)
+            return connect_readonly(path, busy_timeout_s=busy_timeout_s, check=False)
         if version < SCHEMA_VERSION:
+            how = (f"copy it to a writable folder and run `eaglewatch status --db COPY` to upgrade it" if immutable
+                   else f"upgrade it with `eaglewatch status --db {path}`")
             raise InputError(
-                f"{path}: has schema version {version}, older than this eaglewatch's {SCHEMA_VERSION}; "
-                f"upgrade it with `eaglewatch status --db {path}`"
+                f"{path}: has schema version {version}, older than this eaglewatch's {SCHEMA_VERSION}; {how}"
             )
+        if check:
+            _quick_check(conn, path)
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
         conn.execute("PRAGMA query_only = ON")
     except BaseException:

@@ -15,6 +15,7 @@ class SampleInput:
     messages: list[dict[str, Any]]
     tools: list[Any] | None = None
     reference_ids: tuple[int, ...] | None = None
+    line: int = 0  # line number in its file (0 when not from a file): conflicts are reported as file:line
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +31,8 @@ class ReferenceRecord:
 
 @dataclass(frozen=True, slots=True)
 class IngestReport:
-    """What one ingest did: rows added, rows already there, ids that another dataset already holds."""
+    """What one ingest did: rows added, identical rows already there, and conflicts (an id the run holds with
+    different content), the first few as `file:line: ...` sentences."""
 
     added: int = 0
     already_present: int = 0

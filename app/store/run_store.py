@@ -10,12 +10,10 @@ Readers use their own connections (`app.store.queries`), which WAL lets run whil
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,17 +23,17 @@ import orjson
 from app.errors import EaglewatchError, InputError
 from app.records import Completion, Reconstruction, Verdict
 from app.store.db import DEFAULT_BUSY_TIMEOUT_S, configure, migrate
-from app.store.ids import pack_ids, unpack_ids
+from app.store.ids import unpack_ids
 from app.store import rows, tallies
 from app.store.records import Command, IngestReport, LeasedSample, ReferenceRecord, SampleInput
 from app.store.schema import RUN_STATES, SAMPLE_STATES
-from app.store.tallies import add_ingested
+from app.store import ingest as ingest_ops
+from app.store.ingest import INGEST_CHUNK
 
 T = TypeVar("T")
 Operation = Callable[[sqlite3.Connection], Any]
 
 _STOP = object()
-INGEST_CHUNK = 5000
 
 
 def _dumps(value: Any) -> str:
@@ -185,62 +183,15 @@ class RunStore:
 
     # ------------------------------------------------------------------------------------ ingest
 
-    async def ingest(self, run_id: int, samples: Iterable[SampleInput], *, chunk: int = INGEST_CHUNK) -> IngestReport:
-        """Insert samples (pending) that the run does not hold yet; existing sample ids are left untouched.
+    async def ingest(self, run_id: int, samples: Iterable[SampleInput], *, chunk: int = INGEST_CHUNK,
+                     source: str = "", track: tuple[str, str] | None = None) -> IngestReport:
+        """Insert samples the run does not hold yet, in chunked transactions (see `app.store.ingest.ingest`)."""
+        return await ingest_ops.ingest(self, run_id, samples, chunk=chunk, source=source, track=track)
 
-        The iterable is consumed in chunks on a worker thread while the previous chunk is inserted, so a
-        generator over a large file is never materialised and reading overlaps writing.
-        """
-        it = iter(samples)
-        report = IngestReport()
-        batch = await asyncio.to_thread(_sample_batch, it, chunk)
-        while batch.n:
-            pending = asyncio.ensure_future(self.write(_insert_samples_op(run_id, batch)))
-            try:
-                nxt = await asyncio.to_thread(_sample_batch, it, chunk)
-            finally:
-                part = await pending
-            report = report + part
-            batch = nxt
-        return report
-
-    async def attach_references(self, run_id: int, references: Iterable[ReferenceRecord], *, chunk: int = INGEST_CHUNK) -> tuple[int, int]:
+    async def attach_references(self, run_id: int, references: Iterable[ReferenceRecord], *,
+                                chunk: int = INGEST_CHUNK, track: tuple[str, str] | None = None) -> tuple[int, int]:
         """Set reference ids on samples that have none yet; return (attached, unmatched sample ids)."""
-        it = iter(references)
-        attached = unmatched = 0
-
-        def take() -> list[tuple[Any, ...]]:
-            return [
-                (pack_ids(r.output_ids), r.finish_reason, time.time(), run_id, r.sample_id)
-                for r in itertools.islice(it, chunk)
-            ]
-
-        def op_for(rows: list[tuple[Any, ...]]) -> tuple[int, int]:
-            def op(conn: sqlite3.Connection) -> tuple[int, int]:
-                changed = missing = 0
-                for row in rows:
-                    cur = conn.execute(
-                        "UPDATE samples SET reference_ids = ?, reference_finish = ?, updated_at = ? "
-                        "WHERE run_id = ? AND sample_id = ? AND reference_ids IS NULL",
-                        row,
-                    )
-                    if cur.rowcount:
-                        changed += 1
-                    elif conn.execute(
-                        "SELECT 1 FROM samples WHERE run_id = ? AND sample_id = ?", (run_id, row[4])
-                    ).fetchone() is None:
-                        missing += 1
-                return changed, missing
-
-            return op
-
-        rows = await asyncio.to_thread(take)
-        while rows:
-            a, m = await self.write(op_for(rows))
-            attached += a
-            unmatched += m
-            rows = await asyncio.to_thread(take)
-        return attached, unmatched
+        return await ingest_ops.attach_references(self, run_id, references, chunk=chunk, track=track)
 
     # ------------------------------------------------------------------------------------ leases
 
@@ -500,63 +451,6 @@ def _store_error(path: Path, exc: BaseException) -> EaglewatchError:
     err = EaglewatchError(f"{path}: a database write failed ({type(exc).__name__}: {text})")
     err.__cause__ = exc
     return err
-
-
-@dataclass(frozen=True, slots=True)
-class _SampleBatch:
-    """A chunk of samples as one JSON array of [sample_id, dataset, messages, tools] (NULL-free ids)."""
-
-    n: int
-    rows_json: str
-    references: list[tuple[str, bytes]]  # (sample_id, packed ids) for the few samples that carry them
-
-
-def _sample_batch(it: Iterator[SampleInput], chunk: int) -> _SampleBatch:
-    part = list(itertools.islice(it, chunk))
-    refs = [(s.sample_id, pack_ids(s.reference_ids)) for s in part if s.reference_ids is not None]
-    rows = [(s.sample_id, s.dataset, s.messages, s.tools) for s in part]
-    return _SampleBatch(len(part), orjson.dumps(rows).decode("utf-8"), refs)  # type: ignore[arg-type]
-
-
-# The whole chunk is inserted by ONE statement over json_each: sqlite3 then runs it without holding the
-# GIL, so the next chunk is parsed in parallel (executemany re-takes the GIL for every row).
-_INSERT_SAMPLES = (
-    "INSERT OR IGNORE INTO samples (run_id, sample_id, dataset, messages, tools, updated_at) "
-    "SELECT ?1, json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'), "
-    "CASE json_type(value, '$[3]') WHEN 'null' THEN NULL ELSE json_extract(value, '$[3]') END, ?2 "
-    "FROM json_each(?3)"
-)
-_CONFLICTS = (
-    "SELECT s.sample_id FROM json_each(?2) AS j JOIN samples AS s ON s.run_id = ?1 "
-    "AND s.sample_id = json_extract(j.value, '$[0]') AND s.dataset != json_extract(j.value, '$[1]') LIMIT 1000000"
-)
-
-
-def _insert_samples_op(run_id: int, batch: _SampleBatch) -> Operation:
-    def op(conn: sqlite3.Connection) -> IngestReport:
-        max_pk_before = conn.execute("SELECT COALESCE(MAX(pk), 0) FROM samples").fetchone()[0]
-        before = conn.total_changes
-        conn.execute(_INSERT_SAMPLES, (run_id, time.time(), batch.rows_json))
-        added = conn.total_changes - before
-        add_ingested(conn, run_id, added, max_pk_before)  # no per-row INSERT trigger: ingest counts its own
-        ignored = batch.n - added
-        conflicts: list[str] = []
-        if ignored:
-            # an id already present from a different dataset is a collision worth reporting
-            conflicts = [r[0] for r in conn.execute(_CONFLICTS, (run_id, batch.rows_json))]
-        if batch.references:
-            conn.executemany(
-                "UPDATE samples SET reference_ids = ? WHERE run_id = ? AND sample_id = ? AND reference_ids IS NULL",
-                [(blob, run_id, sid) for sid, blob in batch.references],
-            )
-        return IngestReport(
-            added=added,
-            already_present=ignored - len(conflicts),
-            conflicts=len(conflicts),
-            conflict_examples=tuple(conflicts[:5]),
-        )
-
-    return op
 
 
 # The row codecs live in app.store.rows; these names stay for callers of the old ones.

@@ -395,6 +395,29 @@ CREATE TABLE engine_heartbeats (
     stopped_at REAL,                             -- set on a clean exit; NULL while running or after a crash
     snapshot   TEXT                              -- the engine's MetricsSnapshot as JSON (app.engine.snapshot_codec)
 );
+
+-- issue 10: per input file ingest progress, so an interrupted ingest is finished on restart, never taken
+-- for a whole one. role: dataset | reference; name: the dataset's name ('reference' for the reference);
+-- fingerprint: sha256 of the file's bytes; options: the read options (format, id_field, limit) as JSON;
+-- lines_done: the last line whose chunk committed (written in that chunk's transaction);
+-- complete: 1 once the last chunk committed. A run with a row at complete = 0 is half-ingested.
+-- Read it with app.store.ingest.ingest_status(conn, run_id).
+CREATE TABLE ingest_files (
+    run_id      INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    role        TEXT NOT NULL CHECK (role IN ('dataset','reference')),
+    name        TEXT NOT NULL,
+    path        TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    options     TEXT NOT NULL DEFAULT '{}',
+    lines_done  INTEGER NOT NULL DEFAULT 0,
+    complete    INTEGER NOT NULL DEFAULT 0,
+    bad_lines   INTEGER NOT NULL DEFAULT 0,      -- lines refused by the last complete pass
+    conflicts   INTEGER NOT NULL DEFAULT 0,      -- lines whose id the run holds with other content
+    started_at  REAL,
+    finished_at REAL,
+    updated_at  REAL,
+    PRIMARY KEY (run_id, role, name)
+) WITHOUT ROWID;
 """
 
 MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)

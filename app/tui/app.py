@@ -253,7 +253,7 @@ async def _run_in_process(config: Any, *, mouse: bool, theme: str) -> int:
     from app.errors import EaglewatchError
 
     try:
-        from app.engine.ingest import ensure_ingested
+        from app.engine.ingest import ingest_config
         from app.engine.reconstruct import build_reconstructor
         from app.engine.run import Run
         from app.store.run_store import RunStore
@@ -264,7 +264,7 @@ async def _run_in_process(config: Any, *, mouse: bool, theme: str) -> int:
         ) from None
     store = await RunStore.open(config.run.database)
     try:
-        await ensure_ingested(store, config)
+        await ingest_config(store, config)
         engine = Run(config, store, reconstructor=build_reconstructor(config), db_path=config.run.database,
                      resume_paused=True)
         await engine.start()

@@ -236,15 +236,89 @@ def test_unknown_key_inside_nested_tables_lists_that_tables_keys(tmp_path: Path)
     assert "data.datasets[0].fromat: unknown key (allowed here: path, format, id_field, limit, name)" in msg
 
 
-def test_config_check_warns_about_missing_inputs(tmp_path: Path, sample_data_dir: Path) -> None:
-    from app.commands.config import missing_inputs
+def test_check_inputs_names_every_missing_path_with_its_key(tmp_path: Path, sample_data_dir: Path) -> None:
+    from app.datasets import check_inputs
 
     config = load_config(write(tmp_path, MINIMAL))
-    assert missing_inputs(config) == [
-        f"data.datasets[0].path: {tmp_path / 'prompts.jsonl'} does not exist",
-        f"data.reference: {tmp_path / 'ref.jsonl'} does not exist",
-        f"model.tokenizer: {tmp_path / 'tok'} does not exist",
-    ]
+    errors = check_inputs(config).errors
+    label = tmp_path / "run.toml"
+    assert errors[0] == (f"{label}: data.datasets[0].path: {tmp_path / 'prompts.jsonl'} does not exist; fix the path "
+                         "(prompt JSONL file; relative paths are relative to the config file)")
+    assert errors[1].startswith(f"{label}: data.reference: {tmp_path / 'ref.jsonl'} does not exist")
+    assert errors[2].startswith(f"{label}: model.tokenizer: tokenizer directory {tmp_path / 'tok'} does not exist")
+    assert len(errors) == 3
     (tmp_path / "prompts.jsonl").write_text("")
-    assert len(missing_inputs(load_config(tmp_path / "run.toml"))) == 2
-    assert missing_inputs(load_config(sample_data_dir / "demo.toml")) == []
+    assert len(check_inputs(load_config(tmp_path / "run.toml")).errors) == 2
+    demo = check_inputs(load_config(sample_data_dir / "demo.toml"))
+    assert demo.errors == () and demo.warnings == () and demo.vocab_size and demo.references_checked > 100
+
+
+def test_check_inputs_samples_reference_ids_against_the_vocabulary(tmp_path: Path, sample_tokenizer_dir: Path) -> None:
+    from app.datasets import check_inputs
+
+    (tmp_path / "prompts.jsonl").write_text("")
+    text = MINIMAL.replace('tokenizer = "tok"', f'tokenizer = "{sample_tokenizer_dir}"')
+    ref = tmp_path / "ref.jsonl"
+    ref.write_text('{"id": "a", "output_ids": [1, 2]}\n{"id": "b", "output_ids": [99999999]}\n{"id": "c", "output_ids": ["x"]}\n')
+    check = check_inputs(load_config(write(tmp_path, text)))
+    assert check.errors == () and check.references_checked == 3
+    (warning,) = check.warnings
+    assert warning.startswith("data.reference: 2 of all 3 lines checked are refused (ingest skips them), e.g. "
+                              f"{ref}:2: output id 99999999 is outside the tokenizer's vocabulary")
+    ref.write_text('{"id": "b", "output_ids": [99999999]}\n')  # every line refused: the wrong tokenizer
+    (error,) = check_inputs(load_config(tmp_path / "run.toml")).errors
+    assert "data.reference: every one of all 1 lines checked is refused" in error and "model.tokenizer" in error
+
+
+def test_unknown_fault_kind_is_refused_naming_the_field(tmp_path: Path) -> None:
+    text = MINIMAL.replace(
+        'base_url = "https://openrouter.ai/api/v1"\napi_key_env = "OPENROUTER_API_KEY"\n',
+        "[endpoints.simulator]\nfaults = { rate_limt = 0.1 }\n",
+    )
+    msg = error_of(tmp_path, text)
+    assert "endpoints[0].simulator: faults: unknown fault kind 'rate_limt'" in msg and "rate_limit" in msg
+    msg = error_of(tmp_path, text.replace("faults = { rate_limt = 0.1 }", 'quirks = ["nope"]'))
+    assert "endpoints[0].simulator: quirks: unknown quirk 'nope'" in msg
+
+
+@pytest.mark.parametrize("bad", ["a\nb", "a/b", "a\\b", "tab\there", "esc\x1b[2J", "nul\x00", "ls\u2028x"])
+def test_names_with_control_characters_or_separators_are_refused(tmp_path: Path, bad: str) -> None:
+    import json
+
+    quoted = json.dumps(bad)
+    assert "run.name: " in error_of(tmp_path, MINIMAL.replace('name = "t"', f"name = {quoted}"))
+    msg = error_of(tmp_path, MINIMAL.replace('format = "sharegpt"', f'format = "sharegpt"\nname = {quoted}'))
+    assert "data.datasets[0].name: " in msg and "contains a" in msg
+    msg = error_of(tmp_path, MINIMAL.replace('api_key_env = "OPENROUTER_API_KEY"', f'api_key_env = "K"\nname = {quoted}'))
+    assert "endpoints[0].name: " in msg
+    config = load_config(write(tmp_path, MINIMAL))
+    with pytest.raises(InputError, match="command-line override: run.name: "):
+        apply_overrides(config, {"run.name": bad})
+
+
+def test_a_dataset_file_stem_that_is_not_a_name_asks_for_one(tmp_path: Path) -> None:
+    msg = error_of(tmp_path, MINIMAL.replace('path = "prompts.jsonl"', 'path = "bad\\nname.jsonl"'))
+    assert "data.datasets[0]: the file name stem" in msg and "set `name` for this dataset" in msg
+
+
+def test_hostile_but_printable_names_are_kept(tmp_path: Path) -> None:
+    import json
+
+    name = "x; $(touch pwned) 'q\" `id`"
+    config = load_config(write(tmp_path, MINIMAL.replace('name = "t"', f"name = {json.dumps(name)}")))
+    assert config.run.name == name
+
+
+def test_config_check_verb_fails_on_a_missing_path_and_passes_on_the_demo(tmp_path: Path, sample_data_dir: Path) -> None:
+    import subprocess
+    import sys
+
+    write(tmp_path, MINIMAL)
+    out = subprocess.run([sys.executable, "-m", "app.cli", "config", "check", str(tmp_path / "run.toml")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "data.datasets[0].path:" in out.stderr and "model.tokenizer:" in out.stderr
+    ok = subprocess.run([sys.executable, "-m", "app.cli", "config", "check", str(sample_data_dir / "demo.toml")],
+                        capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    assert "lines checked against the vocabulary" in ok.stdout

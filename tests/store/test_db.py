@@ -161,3 +161,124 @@ def test_ids_layout_and_errors() -> None:
         pack_ids([2**32])
     with pytest.raises(ValueError, match="multiple of 4"):
         unpack_ids(b"\x00\x01\x02")
+
+
+# ---------------------------------------------------------------------------------------------- issue 10
+
+import hashlib  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def eaglewatch(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def foreign_db(path: Path) -> Path:
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)")
+    conn.execute("INSERT INTO notes (body) VALUES ('mine')")
+    conn.commit()
+    conn.close()
+    return path
+
+
+def test_another_programs_sqlite_file_is_left_untouched_by_every_verb(tmp_path: Path) -> None:
+    db = foreign_db(tmp_path / "other.sqlite")
+    before = digest(db)
+    for args in (["status", "--db", str(db)], ["export", "--db", str(db), "--format", "specforge", "--out",
+                                                  str(tmp_path / "out")]):
+        out = eaglewatch(*args, cwd=tmp_path)
+        assert out.returncode == 2, out.stderr
+        assert "is an SQLite database but not an eaglewatch run database (it holds tables notes)" in out.stderr
+        assert "Traceback" not in out.stderr
+    with pytest.raises(InputError, match="not an eaglewatch run database"):
+        migrate(db)  # the writers' way in refuses it too
+    assert digest(db) == before and tables(db) == {"notes"}
+    assert not Path(f"{db}-wal").exists()
+
+
+def _run_config(tmp_path: Path, db: Path, n: int = 3000) -> Path:
+    with (tmp_path / "prompts.jsonl").open("w") as fh:
+        for i in range(n):
+            fh.write('{"id": "s%d", "messages": [{"role": "user", "content": "question %d %s"}]}\n' % (i, i, "x" * 200))
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(
+        f'[run]\nname = "t"\ndatabase = "{db}"\n\n[data]\n\n[[data.datasets]]\npath = "prompts.jsonl"\n\n'
+        f'[model]\nname = "m"\ntokenizer = "{ROOT / "sample_data" / "tokenizer"}"\n\n'
+        '[[endpoints]]\nbase_url = "http://127.0.0.1:1/v1"\n'
+    )
+    return cfg
+
+
+def test_a_database_corrupted_mid_file_fails_status_run_and_export_with_a_sentence(tmp_path: Path) -> None:
+    db = tmp_path / "runs.db"
+    cfg = _run_config(tmp_path, db)
+    assert eaglewatch("ingest", str(cfg), cwd=tmp_path).returncode == 0
+    assert not Path(f"{db}-wal").exists() or Path(f"{db}-wal").stat().st_size == 0  # checkpointed on close
+    size = db.stat().st_size
+    with db.open("r+b") as fh:  # garbage over a few pages in the middle of the file
+        fh.seek(size // 2)
+        fh.write(os.urandom(4096 * 3))
+    for args in (["status", "--db", str(db)],
+                 ["run", "--headless", str(cfg)],
+                 ["ingest", str(cfg)],
+                 ["export", "--db", str(db), "--format", "specforge", "--out", str(tmp_path / "out")]):
+        out = eaglewatch(*args, cwd=tmp_path)
+        assert out.returncode == 2, (args, out.stderr)
+        assert "Traceback" not in out.stderr, out.stderr
+        assert f"{db}: the database is damaged" in out.stderr and ".recover" in out.stderr, out.stderr
+
+
+@pytest.fixture
+def readonly_folder(tmp_path: Path):
+    """A folder the process cannot write, even as root: a read-only bind mount of a writable one."""
+    src, ro = tmp_path / "src", tmp_path / "ro"
+    src.mkdir()
+    ro.mkdir()
+    if subprocess.run(["mount", "--bind", str(src), str(ro)], capture_output=True).returncode != 0:
+        pytest.skip("cannot bind-mount here (needs CAP_SYS_ADMIN); the read-only folder case is untested")
+    try:
+        if subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)], capture_output=True).returncode != 0:
+            pytest.skip("cannot remount read-only here")
+        yield src, ro
+    finally:
+        subprocess.run(["umount", str(ro)], capture_output=True)
+
+
+def test_a_read_only_folder_has_its_own_message_and_read_verbs_work_there(tmp_path: Path, readonly_folder) -> None:
+    src, ro = readonly_folder
+    cfg = _run_config(tmp_path, src / "runs.db", n=20)
+    assert eaglewatch("ingest", str(cfg), cwd=tmp_path).returncode == 0
+    assert not (src / "runs.db-wal").exists()
+    db = ro / "runs.db"
+    with pytest.raises(OSError):
+        (ro / "probe").write_text("x")  # really read-only
+
+    status = eaglewatch("status", "--db", str(db), "--json", cwd=tmp_path)
+    assert status.returncode == 0, status.stderr
+    assert __import__("json").loads(status.stdout)["runs"][0]["states"]["pending"] == 20
+    conn = connect_readonly(db)
+    assert conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0] == 20
+    conn.close()
+
+    write = eaglewatch("ingest", str(cfg), "--db", str(db), cwd=tmp_path)
+    assert write.returncode == 2 and "Traceback" not in write.stderr
+    assert f"its folder {ro} is read-only" in write.stderr and "status, watch" in write.stderr
+
+
+def test_an_empty_file_is_not_a_run_for_the_read_verbs(tmp_path: Path) -> None:
+    db = tmp_path / "empty.db"
+    db.write_bytes(b"")
+    with pytest.raises(InputError, match="is an empty database, not a run yet"):
+        connect_readonly(db)
+    assert db.read_bytes() == b""

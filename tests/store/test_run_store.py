@@ -70,7 +70,10 @@ async def test_ingest_reports_ids_held_by_another_dataset(tmp_path: Path) -> Non
     await store.ingest(run_id, samples(3, dataset="a"))
     report = await store.ingest(run_id, samples(3, dataset="b", start=1))
     assert (report.added, report.already_present, report.conflicts) == (1, 0, 2)
-    assert report.conflict_examples == ("s1", "s2")
+    assert report.conflict_examples == (
+        "id 's1' held by dataset 'a'; skipped (give the line a distinct id)",
+        "id 's2' held by dataset 'a'; skipped (give the line a distinct id)",
+    )
     await store.close()
 
 
