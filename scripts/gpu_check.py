@@ -220,7 +220,7 @@ def main() -> int:
         summary["aux_layers"] = aux.metadata()
 
         t = time.monotonic()
-        target = load_target(options, aux, args.device, dtype)
+        target = load_target(options.model_path, aux, args.device, dtype)
         steps["load_target"] = round(time.monotonic() - t, 2)
         summary["device_map"] = str(getattr(target.model, "hf_device_map", None))
         summary["accelerate"] = importlib.util.find_spec("accelerate") is not None
