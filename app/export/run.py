@@ -85,7 +85,7 @@ def export_run(
 
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
-        writer = make_writer(fmt, work, tokenizer, profile, shard_size)
+        writer = make_writer(fmt, work, tokenizer, profile, shard_size, renderer.template)
         samples_fh = (work / SAMPLES).open("w", encoding="utf-8")
         samples_fh.write("id\tids_source\tverdict\ttokens\n")
 

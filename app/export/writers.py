@@ -145,12 +145,39 @@ class SpecforgeWriter(_ConversationWriter):
 
 class ModeloptWriter(_ConversationWriter):
     """`modelopt.jsonl`: `{"conversation_id", "conversations", "tools"?}`, what Model-Optimizer's
-    `compute_hidden_states_*` scripts read (`entry.get("conversation_id", entry.get("uuid"))`)."""
+    `compute_hidden_states_*` scripts read (`entry.get("conversation_id", entry.get("uuid"))`).
+
+    Those scripts re-render the conversation with `apply_chat_template(add_generation_prompt=False)` and no
+    template kwargs, which renders the final assistant turn's reasoning only where the template is told to
+    keep it: `chat_template.jinja` beside the manifest is the template with the run's kwargs (and
+    `preserve_thinking`, when the template knows it) set at its top, for their `--chat-template` flag."""
 
     id_key = "conversation_id"
+    TEMPLATE = "chat_template.jinja"
 
-    def __init__(self, out: Path, tokenizer, profile) -> None:
+    def __init__(self, out: Path, tokenizer, profile, template=None) -> None:
         super().__init__(out, "modelopt", tokenizer, profile)
+        self.template_written = False
+        self.with_tools = 0
+        if template is not None:
+            settings = dict(template.kwargs)
+            if "preserve_thinking" in template.text:
+                settings.setdefault("preserve_thinking", True)
+            head = "".join(f"{{%- set {k} = {json.dumps(v)} -%}}\n" for k, v in settings.items()
+                           if k.isidentifier() and isinstance(v, (bool, int, float, str)))
+            (out / self.TEMPLATE).write_text(head + template.text, encoding="utf-8")
+            self.template_written = True
+
+    def manifest_extra(self) -> dict[str, Any]:
+        # Model-Optimizer's readers pass no `tools` to apply_chat_template (hf_streaming_dataset.py
+        # `_tokenize_with_loss_mask`, collect_hidden_states/common.py): those rows re-render without the tool
+        # declaration; hidden states from `eaglewatch extract --layout modelopt` keep eaglewatch's ids
+        return {"modelopt": {"input_data": self.rel, "chat_template": self.TEMPLATE if self.template_written else None,
+                             "rows_with_tools": self.with_tools}}
+
+    def write(self, row, prompt_ids, output_ids, ids_source):
+        self.with_tools += bool(row.tools)
+        return super().write(row, prompt_ids, output_ids, ids_source)
 
 
 class SpecforgeTextWriter(_SingleFile):
@@ -267,7 +294,7 @@ class ShardWriter(Writer):
         return list(self.shards)
 
 
-def make_writer(fmt: str, out: Path, tokenizer, profile, shard_size: int) -> Writer:
+def make_writer(fmt: str, out: Path, tokenizer, profile, shard_size: int, template=None) -> Writer:
     """The writer for format `fmt` (one of FORMATS), its files under `out/data/`."""
     (out / DATA_DIR).mkdir(parents=True, exist_ok=True)
     if fmt == "sglang-raw":
@@ -277,7 +304,7 @@ def make_writer(fmt: str, out: Path, tokenizer, profile, shard_size: int) -> Wri
     if fmt == "specforge-text":
         return SpecforgeTextWriter(out, tokenizer, profile)
     if fmt == "modelopt":
-        return ModeloptWriter(out, tokenizer, profile)
+        return ModeloptWriter(out, tokenizer, profile, template)
     if fmt == "speculators":
         return ShardWriter(out, shard_size, SHARD_PREFIX[fmt], extra_columns=False)
     return ShardWriter(out, shard_size, SHARD_PREFIX["eagle3-shards"])
