@@ -31,7 +31,7 @@ from app.extract.model import (  # noqa: F401  (re-exported: the extractor's one
     resolve_device,
     resolve_dtype,
 )
-from app.extract.output import FORMAT, done_marker_path, shard_is_complete, write_done_marker
+from app.extract.output import FORMAT, done_marker_path, read_done_marker, shard_is_complete, write_done_marker
 from app.extract.progress import ProgressLog
 # threads that wait for a batch's copies, check it and write it (pwrite at disjoint offsets, so batches
 # are written in parallel: one thread cannot keep up with a GPU at ~32 KB of states per token)
@@ -272,6 +272,7 @@ def run_extraction(
     options = replace(options, out_dir=Path(options.out_dir).resolve(), model_path=Path(options.model_path).resolve())
     manifest = read_manifest(manifest_path)
     options.out_dir.mkdir(parents=True, exist_ok=True)
+    _check_done_layouts(options.out_dir, shards, options)
     todo = pending_shards(manifest, shards, options.out_dir)
     target = None
     if todo:  # a run with every shard done never touches the model
@@ -306,6 +307,26 @@ def run_extraction(
         more = f" ({len(failures) - 1} more shard(s) failed too)" if len(failures) > 1 else ""
         raise ExtractionError(f"{first}{more}", shard=first.shard, sample_id=first.sample_id)
     return results
+
+
+def _check_done_layouts(out_dir: Path, shards: Sequence[int], options: ExtractOptions) -> None:
+    """Refuse when a requested shard is already done in another layout, or with other layers than the ones
+    asked for explicitly (the model is not read for this)."""
+    layout = options.layout
+    for index in dict.fromkeys(shards):
+        marker = read_done_marker(out_dir, index)
+        if marker is None:
+            continue
+        kind = marker.get("layout")
+        have = "packed" if kind in ("shard", "per-sample", None) else kind
+        if have != layout:
+            raise InputError(f"{out_dir}: shard {index} is done in layout {have!r}, not {layout!r}; a folder must "
+                             "hold one layout, one set of layers and one norm convention; choose another --out")
+        if options.aux_layers is not None and (list(options.aux_layers) != marker.get("aux_layers")
+                                               or options.convention != marker.get("layer_convention")):
+            raise InputError(f"{out_dir}: shard {index} is done with aux layers {marker.get('aux_layers')} "
+                             f"({marker.get('layer_convention')} convention), not {list(options.aux_layers)} "
+                             f"({options.convention}); choose another --out")
 
 
 def _skip(manifest: Manifest, shard: int, options: ExtractOptions, log: ProgressLog) -> ShardResult:
