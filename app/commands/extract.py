@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job", type=int, default=None, metavar="ID",
                         help="follow an existing job instead of starting one (resumes it after a restart)")
     parser.add_argument("--detach", action="store_true", help="start the job and return (Slurm jobs keep going)")
-    parser.add_argument("--dry-run", action="store_true", help="print the planned command per shard and the disk estimate")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the planned command per shard and the disk estimate; works without a GPU")
     parser.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help="print the plan or the final job as JSON on stdout")
 
@@ -49,7 +50,18 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     kind = args.executor or config.extraction.executor
     db = args.db or config.run.database
-    slots = local_slots(config.extraction.gpus, args.slots) if kind == "local" else None
+    notes: list[str] = []
+    try:
+        slots = local_slots(config.extraction.gpus, args.slots) if kind == "local" else None
+    except InputError as exc:
+        if not args.dry_run:
+            raise
+        # a dry run plans on any machine (a login node, a laptop): say what a real run would need
+        slots, notes = None, [f"not runnable here: {exc}"]
+    if args.dry_run and config.extraction.extractor == "builtin" and config.extraction.model_path is None:
+        notes.append("extraction.model_path is not set: {model} stays a placeholder and the disk estimate needs it")
+        config = config.model_copy(update={"extraction": config.extraction.model_copy(
+            update={"model_path": Path("{model}")})})
 
     if args.job is not None:
         store = JobStore(db, create=False)
@@ -61,12 +73,14 @@ def run(args: argparse.Namespace) -> int:
 
     manifest = args.manifest or Path(config.run.output_dir) / "eagle3-shards"
     spec = spec_from_config(config, manifest, shards=_parse_shards(args.shards))
-    estimate = _disk_estimate(config, spec)
+    estimate = None if any("model_path" in n for n in notes) else _disk_estimate(config, spec)
 
     if args.dry_run:
         plan = {
             "executor": kind,
             "slots": slots,
+            "layout": config.extraction.layout if config.extraction.extractor == "builtin" else None,
+            "notes": notes,
             "output_dir": str(spec.output_dir),
             "shards": {str(s): spec.argv_for(s) for s in spec.shards},
             "estimate_bytes": estimate,
@@ -79,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(plan, indent=2))
             return 0
         print(f"executor: {kind}" + (f" ({len(slots)} slot(s): {', '.join(s or 'cpu' for s in slots)})" if slots else ""))
+        if plan["layout"]:
+            print(f"layout: {plan['layout']}")
+        for note in notes:
+            print(f"note: {note}")
         if kind == "slurm":
             print("sbatch: " + shlex.join(plan["sbatch"]))
         for s in spec.shards:
