@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TARGET=${1:-${EAGLEWATCH_TRAINERS_SITE:-.trainers/site}}
-PY=${PYTHON:-python}
+PY=${TRAINER_PYTHON:-python}  # the eaglewatch venv's python (the tests run the loaders with it)
 PACKAGES=(
   "specforge==0.2.0" "speculators==0.9.0" "nvidia-modelopt==0.47.0" "hs-connectors==0.9.0"
   # what their data loaders import that the eaglewatch venv lacks (datasets <= 5.1.0 is speculators' pin)
@@ -21,7 +21,7 @@ PACKAGES=(
 STAMP="$TARGET/.eaglewatch-stamp"
 WANT=$(printf '%s\n' "${PACKAGES[@]}" "$("$PY" -c 'import sys; print(sys.version_info[:2])')" | sha256sum | cut -c1-16)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
-  echo "$TARGET"
+  (cd "$TARGET" && pwd)
   exit 0
 fi
 echo "== building the trainer environment in $TARGET (specforge, speculators, nvidia-modelopt; --no-deps)" >&2
@@ -29,4 +29,4 @@ rm -rf "$TARGET"
 mkdir -p "$TARGET"
 "$PY" -m pip install -q --disable-pip-version-check --no-deps --no-compile --target "$TARGET" "${PACKAGES[@]}" >&2
 echo "$WANT" > "$STAMP"
-echo "$TARGET"
+(cd "$TARGET" && pwd)
