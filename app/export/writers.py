@@ -15,7 +15,6 @@ Consumers' readers (read from their source):
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -235,18 +234,34 @@ def specforge_mask_delta(text: str, prompt_ids: list[int], ids: list[int], heade
                          tokenizer) -> int:
     """Tokens where SpecForge's last-turn loss mask of `text` differs from eaglewatch's (prompt 0, output 1).
 
-    SpecForge's span starts at the token count of `text[:end of the last assistant_header]` and ends at that
-    of `text[:end of the next end_of_turn_token]` (or the end of the text)."""
-    matches = list(re.finditer(re.escape(header) + r"([\s\S]*?(?:" + re.escape(end_of_turn) + "|$))", text))
-    if not matches:
+    SpecForge's span (`GeneralParser.parse`, last regex match of header..end_of_turn) starts at the token count
+    of `text[:end of the last assistant_header]` and ends at that of `text[:end of the next end_of_turn_token]`
+    (or of the text). Token counts at a boundary inside the prompt's tail come from decoding the tail tokens
+    (the usual case: a generation prompt of a few special tokens), else from encoding the prefix."""
+    at = text.rfind(header)
+    if at < 0:
         return len(ids) - len(prompt_ids)
-    start_char, end_char = matches[-1].start(1), matches[-1].end(1)
-    prompt_chars = len(tokenizer.decode(prompt_ids))
-    start = len(prompt_ids) if start_char == prompt_chars else len(tokenizer.encode(text[:start_char]))
+    start_char = at + len(header)
+    stop = text.find(end_of_turn, start_char)
+    end_char = len(text) if stop < 0 else stop + len(end_of_turn)
+    output_chars = len(tokenizer.decode(ids[len(prompt_ids):]))
+    prompt_chars = len(text) - output_chars
+    start = _tokens_before(text, start_char, prompt_ids, prompt_chars, tokenizer)
     end = len(ids) if end_char == len(text) else len(tokenizer.encode(text[:end_char]))
-    theirs_on = set(range(start, end))
-    ours_on = set(range(len(prompt_ids), len(ids)))
-    return len(theirs_on ^ ours_on)
+    p, n = len(prompt_ids), len(ids)
+    # |symmetric difference| of [start, end) and [p, n)
+    overlap = max(0, min(end, n) - max(start, p))
+    return (end - start) + (n - p) - 2 * overlap
+
+
+def _tokens_before(text: str, char: int, prompt_ids: list[int], prompt_chars: int, tokenizer) -> int:
+    if char == prompt_chars:
+        return len(prompt_ids)
+    if char < prompt_chars:
+        for k in range(1, min(8, len(prompt_ids)) + 1):
+            if prompt_chars - len(tokenizer.decode(prompt_ids[-k:])) == char:
+                return len(prompt_ids) - k
+    return len(tokenizer.encode(text[:char]))
 
 
 class ShardWriter(Writer):
