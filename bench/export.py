@@ -87,18 +87,23 @@ def bare_read_write(db: Path, out: Path) -> int:
     return n
 
 
-def bare_render(db: Path, out: Path, tokenizer_dir: Path) -> int:
+def _bare_template(tokenizer_dir: Path):
+    """The sample tokenizer's chat template compiled by plain jinja2 (no sandbox): the baselines' renderer."""
     import jinja2
     from jinja2.ext import loopcontrols
 
+    cfg = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = lambda x, separators=None, **_: json.dumps(x, ensure_ascii=False, separators=separators)
+    return env.from_string(cfg["chat_template"])
+
+
+def bare_render(db: Path, out: Path, tokenizer_dir: Path) -> int:
     from app.store.ids import unpack_ids
     from app.tokens import load_tokenizer
 
     tok = load_tokenizer(tokenizer_dir)
-    cfg = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
-    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.filters["tojson"] = lambda x, separators=None, **_: json.dumps(x, ensure_ascii=False, separators=separators)
-    template = env.from_string(cfg["chat_template"])
+    template = _bare_template(tokenizer_dir)
     conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
     n = 0
     with out.open("w") as fh:
@@ -116,18 +121,12 @@ def bare_render(db: Path, out: Path, tokenizer_dir: Path) -> int:
 def bare_format(db: Path, out: Path, tokenizer_dir: Path, fmt: str) -> int:
     """The bare render plus the irreducible work of `fmt`: specforge-text decodes the ids and encodes the text
     back (the check that its tokenisation is the ids); modelopt splits the output into an assistant turn."""
-    import jinja2
-    from jinja2.ext import loopcontrols
-
     from app.store.ids import unpack_ids
     from app.tokens import get_profile, load_tokenizer, split_output
 
     tok = load_tokenizer(tokenizer_dir)
     profile = get_profile("kimi-k2.5")
-    cfg = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
-    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.filters["tojson"] = lambda x, separators=None, **_: json.dumps(x, ensure_ascii=False, separators=separators)
-    template = env.from_string(cfg["chat_template"])
+    template = _bare_template(tokenizer_dir)
     conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
     n = 0
     with out.open("w") as fh:
