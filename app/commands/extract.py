@@ -18,7 +18,7 @@ from app.errors import InputError
 
 EXAMPLE = """\
 eaglewatch extract sample_data/demo.toml --manifest /tmp/demo-shards --dry-run
-eaglewatch extract run.toml --manifest out/eagle3-shards --executor slurm
+eaglewatch extract run.toml --manifest out/eagle3-shards --executor slurm --layout speculators
 eaglewatch extract run.toml --job 3          # follow (or, after a restart, resume) job 3"""
 
 
@@ -29,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="eagle3-shards manifest.json or its folder (default: <run.output_dir>/eagle3-shards)")
     parser.add_argument("--executor", choices=("local", "slurm"), default=None,
                         help="where shards run (default: extraction.executor)")
+    parser.add_argument("--layout", choices=("packed", "specforge", "speculators", "modelopt"), default=None,
+                        help="built-in extractor: files as that consumer reads them (default: extraction.layout)")
     parser.add_argument("--shards", default=None, metavar="LIST", help="only these shards, e.g. 0-3,7")
     parser.add_argument("--slots", type=int, default=1, metavar="N",
                         help="local executor with extraction.gpus = 0: shards run in parallel on the CPU (default 1)")
@@ -48,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
     from app.jobs.store import JobStore
 
     config = load_config(args.config)
+    if args.layout is not None:
+        config = config.model_copy(update={"extraction": config.extraction.model_copy(update={"layout": args.layout})})
     kind = args.executor or config.extraction.executor
     db = args.db or config.run.database
     notes: list[str] = []
