@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import orjson
 from typing import Any
 
 from app.records import ToolCall
@@ -37,8 +39,14 @@ SPECFORGE_TEMPLATES = {
 }
 
 
-def _jsonl(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n"
+def _jsonl(obj: Any) -> bytes:
+    """One compact UTF-8 JSON line (orjson: the writers' cost is mostly this; the stdlib for what orjson refuses,
+    such as a lone surrogate kept from a stored message)."""
+    try:
+        return orjson.dumps(obj) + b"\n"
+    except TypeError:  # orjson.JSONEncodeError subclasses TypeError
+        # ASCII escapes (\\ud800) keep the line valid UTF-8 JSON for every reader
+        return (json.dumps(obj, separators=(",", ":")) + "\n").encode("ascii")
 
 
 def assistant_turn(view) -> dict[str, Any]:
@@ -73,7 +81,7 @@ class Writer:
 class _SingleFile(Writer):
     def __init__(self, out: Path, fmt: str) -> None:
         self.rel = f"{DATA_DIR}/{SINGLE_FILE[fmt]}"
-        self.fh = (out / self.rel).open("w", encoding="utf-8")
+        self.fh = (out / self.rel).open("wb")
         self.n = 0
         self.tokens = 0
 
@@ -280,7 +288,7 @@ class ShardWriter(Writer):
     def _open(self) -> None:
         index = len(self.shards)
         rel = f"{DATA_DIR}/{self.prefix}_{index:05d}.jsonl"
-        self.fh = (self.out / rel).open("w", encoding="utf-8")
+        self.fh = (self.out / rel).open("wb")
         self.shards.append({"index": index, "path": rel, "samples": 0, "tokens": 0})
         self.in_shard = 0
 

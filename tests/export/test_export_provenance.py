@@ -113,3 +113,11 @@ def test_a_folder_of_other_files_is_refused(run_db, tmp_path):
         export_run(built.db, tmp_path / "mine", "eagle3-shards", overwrite=True)
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
     shutil.rmtree(tmp_path / "mine")
+
+
+def test_a_lone_surrogate_in_a_message_still_writes_valid_json(tmp_path):
+    from app.export.writers import _jsonl
+
+    line = _jsonl({"id": "x", "messages": [{"role": "user", "content": "a\ud800b"}]})
+    assert json.loads(line.decode("utf-8"))["messages"][0]["content"] == "a\ud800b"
+    assert _jsonl({"t": "é"}) == '{"t":"é"}\n'.encode()

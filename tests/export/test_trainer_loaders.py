@@ -1,6 +1,6 @@
 """Every sample of a demo export loaded through the trainers' own code (SpecForge, speculators,
 Model-Optimizer; scripts/trainer_venv.sh builds their environment) with zero differences from eaglewatch's ids
-and masks. The loaders run in a child process (tests/trainers/consumers.py names the function each calls)."""
+and masks. The loaders run in a child process (tests/export/trainers/consumers.py names the function each calls)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from app.export import ExportPolicy, export_run
 from app.extract.manifest import read_manifest, read_shard
-from tests.trainers.env import run_consumer, trainer_site
+from tests.export.trainers.env import run_consumer, trainer_site
 
 torch = pytest.importorskip("torch")
 

@@ -1,5 +1,5 @@
 """Hidden-state layouts per consumer on a tiny random model: each loads through its consumer's own loader
-(SpecForge, speculators, Model-Optimizer; tests/trainers/consumers.py) with tensors equal to eaglewatch's packed
+(SpecForge, speculators, Model-Optimizer; tests/export/trainers/consumers.py) with tensors equal to eaglewatch's packed
 output; the speculators layout's last slot is the pre-norm state (the norm test); a mixed folder is refused."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from app.extract.layouts import LAYOUT_FILE
 from app.extract.manifest import read_manifest, read_shard
 from app.extract.output import load_shard_output, shard_data_path
 from app.extract.progress import ProgressLog
-from tests.trainers.env import run_consumer
+from tests.export.trainers.env import run_consumer
 
 from .conftest import make_samples, write_shards
 

@@ -1,4 +1,4 @@
-"""Load eaglewatch's outputs through the trainers' own loader functions (run by tests/trainers/env.py in the
+"""Load eaglewatch's outputs through the trainers' own loader functions (run by tests/export/trainers/env.py in the
 trainer environment). Usage: consumers.py CHECK ARGS... RESULT.pt — RESULT gets what the loader returned,
 stdout's last line a JSON summary.
 

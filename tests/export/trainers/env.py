@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def trainer_site() -> Path:
@@ -32,12 +32,12 @@ def trainer_site() -> Path:
 
 
 def run_consumer(check: str, *args: str | Path, result: Path) -> dict:
-    """Run `tests/trainers/consumers.py CHECK ARGS... RESULT` in the trainer env; return its JSON summary
+    """Run `tests/export/trainers/consumers.py CHECK ARGS... RESULT` in the trainer env; return its JSON summary
     (the tensors it loaded are in RESULT, a torch.save file)."""
     site = trainer_site()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)]), "TOKENIZERS_PARALLELISM": "false",
            "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(result.parent / "hf-cache")}
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "trainers" / "consumers.py"), check,
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("consumers.py")), check,
                            *map(str, args), str(result)], capture_output=True, text=True, env=env, timeout=600)
     if proc.returncode != 0:
         raise AssertionError(f"consumer check {check} failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
