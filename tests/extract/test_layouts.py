@@ -52,7 +52,16 @@ def _layout_dir(shards, tiny_model, tmp_path, layout):
     return out, record
 
 
-def test_specforge_offline_dataset_loads_the_ckpt_files(shards, packed, tiny_model, tmp_path):
+def _lm_head_argmax_is_the_models(reference, ids, state) -> None:
+    """SpecForge's TargetHead (specforge/modeling/target/target_head.py: `self.fc(hidden_states)`, no norm)
+    and Model-Optimizer (`hidden_states_prenorm` False: no norm re-applied) put the LM head straight on the
+    stored last state, so it must be post-norm: the head over it gives the model's own argmax."""
+    with torch.no_grad():
+        own = reference(ids[None]).logits[0].argmax(-1)
+        assert torch.equal(reference.lm_head(state).argmax(-1), own)
+
+
+def test_specforge_offline_dataset_loads_the_ckpt_files(shards, packed, tiny_model, tiny_reference, tmp_path):
     out, record = _layout_dir(shards, tiny_model, tmp_path, "specforge")
     assert record["last_hidden_state"] == "post_norm"
     run_consumer("specforge-hs", out, result=tmp_path / "r.pt")
@@ -70,6 +79,7 @@ def test_specforge_offline_dataset_loads_the_ckpt_files(shards, packed, tiny_mod
         assert torch.equal(item["target"][0], want["hidden_states"])
         assert torch.equal(item["hidden_state"][0], want["aux_hidden_states"])
         assert item["loss_mask"][0].tolist() == [*want["loss_mask"].tolist()[:-1], 0]  # SpecForge zeroes the last
+        _lm_head_argmax_is_the_models(tiny_reference, want["input_ids"], item["target"][0])
 
 
 def test_speculators_trainer_dataset_loads_the_hs_files(shards, packed, tiny_model, tiny_reference,
@@ -95,7 +105,7 @@ def test_speculators_trainer_dataset_loads_the_hs_files(shards, packed, tiny_mod
         assert not torch.allclose(item["verifier_last_hidden_states"], want["hidden_states"], atol=1e-3)
 
 
-def test_modelopt_offline_dataset_loads_the_pt_files(shards, packed, tiny_model, tmp_path):
+def test_modelopt_offline_dataset_loads_the_pt_files(shards, packed, tiny_model, tiny_reference, tmp_path):
     out, record = _layout_dir(shards, tiny_model, tmp_path, "modelopt")
     assert record["last_hidden_state"] == "post_norm"
     run_consumer("modelopt-hs", out, result=tmp_path / "r.pt")
@@ -108,6 +118,7 @@ def test_modelopt_offline_dataset_loads_the_pt_files(shards, packed, tiny_model,
         assert torch.equal(item["aux_hidden_states"], want["aux_hidden_states"])
         assert item["base_hidden_prenorm"] is False
         assert item["labels"][:-1].tolist() == want["input_ids"][1:].tolist()
+        _lm_head_argmax_is_the_models(tiny_reference, want["input_ids"], item["base_model_hidden_states"])
 
 
 def test_speculators_last_slot_normalised_gives_the_models_own_next_token(shards, tiny_model, tiny_reference, tmp_path):
