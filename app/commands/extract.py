@@ -185,4 +185,4 @@ def _disk_estimate(config, spec) -> int | None:
     if not config_json.exists():
         raise InputError(f"{config_json}: missing; extraction.model_path must be a model folder with config.json")
     return estimate_output_bytes(spec.manifest, config_json, ext.aux_layers, "bf16" if ext.gpus else "fp32",
-                                 shards=spec.shards)
+                                 shards=spec.shards, per_sample_files=ext.layout != "packed")

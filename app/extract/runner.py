@@ -282,7 +282,8 @@ def run_extraction(
         prenorm = last_is_prenorm(options.layout)
         # the norm trap: one folder, one layout, one set of layers, one norm convention
         check_folder(options.out_dir, layout_record(options.layout, aux.metadata(), str(options.model_path), dtype))
-        needed = estimate_output_bytes(manifest, options.model_path, aux.ids, dtype, shards=todo)
+        needed = estimate_output_bytes(manifest, options.model_path, aux.ids, dtype, shards=todo,
+                                       per_sample_files=options.per_sample or options.layout != "packed")
         check_disk_room(options.out_dir, needed, f"{len(todo)} shard(s) of hidden states")
         target = load_target(options.model_path, aux, device, dtype, trust_remote_code=options.trust_remote_code,
                              last_prenorm=prenorm)

@@ -159,3 +159,14 @@ def test_a_folder_holds_one_layout(shards, tiny_model, tmp_path):
     with pytest.raises(InputError, match="holds hidden-state files without"):
         run_extraction(shards, [0, 1], ExtractOptions(model_path=tiny_model, out_dir=out, device="cpu",
                                                       layout="modelopt", batch_tokens=96), ProgressLog(io.StringIO()))
+
+
+@pytest.mark.parametrize("layout", ["specforge", "speculators", "modelopt"])
+def test_the_disk_estimate_covers_each_layout(shards, tiny_model, tmp_path, layout):
+    from app.extract.budget import estimate_output_bytes
+
+    out = tmp_path / layout
+    _extract(shards, out, tiny_model, layout)
+    written = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    estimate = estimate_output_bytes(shards, tiny_model, None, "fp32", per_sample_files=True)
+    assert written <= estimate <= 4 * written + 2 * 64 * 1024
