@@ -68,9 +68,11 @@ class Writer:
     the files written (paths relative to the export folder) with their counts."""
 
     def write(self, row, prompt_ids: list[int], output_ids: tuple[int, ...], ids_source: str) -> str | None:
+        """Write one kept sample; None when written, else the skip reason (this format cannot hold it)."""
         raise NotImplementedError
 
     def close(self) -> list[dict[str, Any]]:
+        """Close the files; their paths (relative to the export folder) with sample and token counts."""
         raise NotImplementedError
 
     def manifest_extra(self) -> dict[str, Any]:

@@ -243,9 +243,11 @@ class _PerSampleFiles:
         raise NotImplementedError
 
     def tensors(self, k: int, ids: Any, last: Any, aux: Any) -> dict[str, Any]:
+        """The dict this consumer's loader reads for sample k, from its ids, last state and aux states."""
         raise NotImplementedError
 
     def save(self, tensors: dict[str, Any], path: Path) -> None:
+        """Write one sample's dict (torch.save unless the consumer reads safetensors)."""
         import torch
 
         torch.save(tensors, path)
@@ -261,6 +263,7 @@ class _PerSampleFiles:
             self.written[k] = True
 
     def finish(self) -> tuple[Path, int]:
+        """Rename every sample's file into place; (the output folder, bytes written)."""
         if not all(self.written):
             raise AssertionError(f"{self.written.count(False)} samples were never written")
         for rel in self.files:
@@ -268,6 +271,7 @@ class _PerSampleFiles:
         return self.out_dir, self.bytes
 
     def abort(self) -> None:
+        """Remove the partial files of a failed shard."""
         for rel in self.files:
             (self.out_dir / (rel + ".partial")).unlink(missing_ok=True)
 
