@@ -121,3 +121,19 @@ def test_a_lone_surrogate_in_a_message_still_writes_valid_json(tmp_path):
     line = _jsonl({"id": "x", "messages": [{"role": "user", "content": "a\ud800b"}]})
     assert json.loads(line.decode("utf-8"))["messages"][0]["content"] == "a\ud800b"
     assert _jsonl({"t": "é"}) == '{"t":"é"}\n'.encode()
+
+
+def test_the_cli_keeps_suspect_and_failed_samples_when_asked(run_db, tmp_path, capsys):
+    from app.cli import main
+
+    built, roles, _ = run_db
+    out = tmp_path / "cli"
+    assert main(["export", "--db", str(built.db), "--format", "speculators", "--out", str(out), "--keep-suspect",
+                 "--keep-roundtrip-failed", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ids_sources"]["server"] == 1 and "suspect" not in report["skipped"]
+    assert {roles["suspect"], roles["roundtrip"]} <= set(_sources(out))
+    assert report["files"][0] == "data/speculators_00000.jsonl"
+    assert main(["export", "--db", str(built.db), "--format", "modelopt", "--out", str(tmp_path / "text")]) == 0
+    line = capsys.readouterr().out
+    assert "ids from: " in line and "1 suspect" in line and "1 roundtrip" in line
