@@ -101,7 +101,7 @@ def main() -> int:
         tokens = sum(len(s.input_ids) for s in samples)
         aux = resolve_aux_layers(None, "output", args.layers)
         options = ExtractOptions(tmp_path / "model", tmp_path / "hs", batch_tokens=args.batch_tokens, device="cpu")
-        target = load_target(options, aux, "cpu", "fp32")
+        target = load_target(options.model_path, aux, "cpu", "fp32")
         plan = plan_batches([len(s.input_ids) for s in samples], args.batch_tokens)
         batches = [[list(samples[k].input_ids) for k in b] for b in plan]
 

@@ -9,7 +9,9 @@ eagle3 shards, then:
      (`output_hidden_states=True`: hidden_states[-1] and hidden_states[i+1] of the aux layers) within bf16
      tolerance;
   4. runs `python -m app.extract` as a subprocess on shard 2 (progress lines, done-marker), checks its
-     states, then runs it again to see the shard skipped.
+     states, then runs it again to see the shard skipped;
+  5. the norm trap on the GPU: `--layout speculators` on shard 2 (last state before the final norm), and the
+     model's own norm + LM head over that last slot must give the model's next-token argmax (bf16: >= 99%).
 Prints a table and a JSON summary; writes `$OUT/gpu_check.json` when OUT is set. Exit 0 when every
 correctness check passed.
 
@@ -220,7 +222,7 @@ def main() -> int:
         summary["aux_layers"] = aux.metadata()
 
         t = time.monotonic()
-        target = load_target(options, aux, args.device, dtype)
+        target = load_target(options.model_path, aux, args.device, dtype)
         steps["load_target"] = round(time.monotonic() - t, 2)
         summary["device_map"] = str(getattr(target.model, "hf_device_map", None))
         summary["accelerate"] = importlib.util.find_spec("accelerate") is not None
@@ -314,6 +316,14 @@ def main() -> int:
             ok &= bool(cli_ok)
             log(f"CLI subprocess on shard 2: {'ok' if cli_ok else 'FAILED'} in {steps['cli_shard']}s")
         target.close()
+        if time.monotonic() - t0 > SOFT_DEADLINE_S:
+            summary["skipped_steps"].append("speculators layout norm check")
+        else:
+            t = time.monotonic()
+            summary["speculators_norm"] = norm_check(work, manifest, samples[2], aux, args, dtype)
+            steps["speculators_layout"] = round(time.monotonic() - t, 2)
+            ok &= summary["speculators_norm"]["ok"]
+            log(f"speculators layout: argmax agreement {summary['speculators_norm']['agreement']:.4f}")
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -329,6 +339,8 @@ def main() -> int:
     print(f"| extractor (to safetensors) | {summary['extractor_tokens_per_s']:,} tokens/s ({summary['ratio']:.2f}x) |")
     print(f"| states vs direct forward | {sum(c['ok'] for c in checks)}/{len(checks)} within bf16 tolerance |")
     print(f"| CLI + resume | {summary.get('cli', {}).get('ok', 'skipped')} |")
+    print(f"| speculators layout: norm + LM head of the last slot = model argmax | "
+          f"{summary.get('speculators_norm', {}).get('agreement', 'skipped')} |")
     print(f"| total | {summary['total_s']} s, ok={summary['ok']} |")
     text = json.dumps(summary, indent=1, default=str)
     print(text)
@@ -336,6 +348,42 @@ def main() -> int:
         Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
         (Path(os.environ["OUT"]) / "gpu_check.json").write_text(text + "\n")
     return 0 if ok else 1
+
+
+def norm_check(work: Path, manifest, samples, aux, args, dtype: str) -> dict:
+    """Extract shard 2 in the speculators layout (pre-norm last slot) and check that the model's own final norm
+    and LM head over that slot give its next-token argmax on every token (bf16 rounding allows <1% flips)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from app.extract.layouts import global_offsets
+    from app.extract.progress import ProgressLog
+    from app.extract.runner import ExtractOptions, extract_shard, load_target
+
+    out = work / "hs_speculators"
+    out.mkdir()
+    options = ExtractOptions(work / "model", out, batch_tokens=args.batch_tokens, device=args.device, dtype=dtype,
+                             layout="speculators")
+    target = load_target(options.model_path, aux, args.device, dtype, last_prenorm=True)
+    try:
+        extract_shard(target, manifest, 2, options, ProgressLog(io.StringIO()))
+        model = target.model
+        norm = target.decoder.norm
+        first = global_offsets(manifest)[2]
+        agree = total = 0
+        for k, sample in enumerate(samples[:8]):
+            saved = load_file(str(out / "hidden_states" / f"hs_{first + k}.safetensors"))
+            ids = torch.tensor([sample.input_ids], device=target.input_device)
+            with torch.inference_mode():
+                own = model(input_ids=ids).logits[0].argmax(-1).cpu()
+                slot = saved["hidden_states"][:, -1].to(target.input_device)
+                ours = model.lm_head(norm(slot)).argmax(-1).cpu()
+            agree += int((own == ours).sum())
+            total += len(sample.input_ids)
+    finally:
+        target.close()
+    agreement = agree / max(total, 1)
+    return {"tokens": total, "agreement": round(agreement, 4), "ok": agreement >= 0.99}
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""`eaglewatch export`: write a run's done samples as training data (sglang-raw, specforge, eagle3-shards)."""
+"""`eaglewatch export`: write a run's done samples as training data, one format per consumer (see FORMATS)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from app.errors import InputError
 
 EXAMPLE = """\
 eaglewatch export --db /tmp/eaglewatch-demo.db --run demo --format eagle3-shards --out /tmp/demo-shards
-eaglewatch export --db runs.db --format specforge --out out/specforge --drop-bpe-equivalent --max-length 8192"""
+eaglewatch export --db runs.db --format specforge-text --out out/specforge-text --max-length 8192
+eaglewatch export --db runs.db --format speculators --out out/speculators --keep-suspect"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,9 +22,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--format",
         required=True,
-        choices=("sglang-raw", "specforge", "eagle3-shards"),
-        help="sglang-raw: id, messages, output_ids, meta_info; specforge: conversations with reasoning_content; "
-        "eagle3-shards: input_ids + loss_mask shards and manifest.json for hidden-state extraction",
+        choices=("sglang-raw", "specforge", "specforge-text", "speculators", "modelopt", "eagle3-shards"),
+        help="sglang-raw: id, messages, output_ids, meta_info; specforge: conversations with reasoning_content "
+        "(SpecForge re-renders them); specforge-text: SpecForge pre-formatted {id, text} rows whose tokenisation "
+        "is the exported ids; speculators: input_ids + loss_mask rows for speculators' prepare_data / trainer; "
+        "modelopt: {conversation_id, conversations} for Model-Optimizer's scripts; eagle3-shards: input_ids + "
+        "loss_mask shards for hidden-state extraction. Data goes to OUT/data/, manifest.json beside it",
     )
     parser.add_argument("--out", type=Path, required=True, help="output directory (created if missing)")
     bpe = parser.add_mutually_exclusive_group()
@@ -35,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also export text_mismatch / structure_mismatch samples (dropped by default)")
     parser.add_argument("--keep-truncated", action="store_true",
                         help="also export samples cut at max_tokens (dropped by default)")
+    parser.add_argument("--keep-roundtrip-failed", action="store_true",
+                        help="also export samples whose rebuilt ids failed the round-trip check (dropped by default)")
+    parser.add_argument("--keep-suspect", action="store_true",
+                        help="also export samples flagged suspect by the reconstruction (dropped by default)")
     parser.add_argument("--max-length", type=int, default=None, metavar="N",
                         help="skip samples whose prompt + completion exceed N tokens (never cut)")
     parser.add_argument("--shard-size", type=int, default=1000, metavar="N", help="samples per eagle3 shard (default 1000)")
@@ -86,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
         keep_bpe_equivalent=args.keep_bpe,
         keep_mismatches=args.keep_mismatches,
         keep_truncated=args.keep_truncated,
+        keep_roundtrip_failed=args.keep_roundtrip_failed,
+        keep_suspect=args.keep_suspect,
         max_length=args.max_length,
     )
     progress = _Progress()
@@ -109,8 +119,10 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report.as_dict(), indent=1))
     else:
         skipped = ", ".join(f"{n} {k}" for k, n in report.skipped.items()) or "none"
+        sources = ", ".join(f"{n} {k}" for k, n in report.ids_sources.items()) or "none"
         print(
-            f"exported {report.exported} samples of run {report.run!r} as {report.format} to {report.out_dir} "
-            f"({report.tokens} tokens, {report.loss_tokens} in the loss) in {report.seconds:.1f}s; skipped: {skipped}"
+            f"exported {report.exported} samples of run {report.run!r} as {report.format} to {report.out_dir}/data "
+            f"({report.tokens} tokens, {report.loss_tokens} in the loss) in {report.seconds:.1f}s; ids from: "
+            f"{sources}; skipped: {skipped}"
         )
     return 0

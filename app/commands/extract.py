@@ -18,7 +18,7 @@ from app.errors import InputError
 
 EXAMPLE = """\
 eaglewatch extract sample_data/demo.toml --manifest /tmp/demo-shards --dry-run
-eaglewatch extract run.toml --manifest out/eagle3-shards --executor slurm
+eaglewatch extract run.toml --manifest out/eagle3-shards --executor slurm --layout speculators
 eaglewatch extract run.toml --job 3          # follow (or, after a restart, resume) job 3"""
 
 
@@ -29,13 +29,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="eagle3-shards manifest.json or its folder (default: <run.output_dir>/eagle3-shards)")
     parser.add_argument("--executor", choices=("local", "slurm"), default=None,
                         help="where shards run (default: extraction.executor)")
+    parser.add_argument("--layout", choices=("packed", "specforge", "speculators", "modelopt"), default=None,
+                        help="built-in extractor: files as that consumer reads them (default: extraction.layout)")
     parser.add_argument("--shards", default=None, metavar="LIST", help="only these shards, e.g. 0-3,7")
     parser.add_argument("--slots", type=int, default=1, metavar="N",
                         help="local executor with extraction.gpus = 0: shards run in parallel on the CPU (default 1)")
     parser.add_argument("--job", type=int, default=None, metavar="ID",
                         help="follow an existing job instead of starting one (resumes it after a restart)")
     parser.add_argument("--detach", action="store_true", help="start the job and return (Slurm jobs keep going)")
-    parser.add_argument("--dry-run", action="store_true", help="print the planned command per shard and the disk estimate")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the planned command per shard and the disk estimate; works without a GPU")
     parser.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help="print the plan or the final job as JSON on stdout")
 
@@ -47,9 +50,22 @@ def run(args: argparse.Namespace) -> int:
     from app.jobs.store import JobStore
 
     config = load_config(args.config)
+    if args.layout is not None:
+        config = config.model_copy(update={"extraction": config.extraction.model_copy(update={"layout": args.layout})})
     kind = args.executor or config.extraction.executor
     db = args.db or config.run.database
-    slots = local_slots(config.extraction.gpus, args.slots) if kind == "local" else None
+    notes: list[str] = []
+    try:
+        slots = local_slots(config.extraction.gpus, args.slots) if kind == "local" else None
+    except InputError as exc:
+        if not args.dry_run:
+            raise
+        # a dry run plans on any machine (a login node, a laptop): say what a real run would need
+        slots, notes = None, [f"not runnable here: {exc}"]
+    if args.dry_run and config.extraction.extractor == "builtin" and config.extraction.model_path is None:
+        notes.append("extraction.model_path is not set: {model} stays a placeholder and the disk estimate needs it")
+        config = config.model_copy(update={"extraction": config.extraction.model_copy(
+            update={"model_path": Path("{model}")})})
 
     if args.job is not None:
         store = JobStore(db, create=False)
@@ -61,12 +77,14 @@ def run(args: argparse.Namespace) -> int:
 
     manifest = args.manifest or Path(config.run.output_dir) / "eagle3-shards"
     spec = spec_from_config(config, manifest, shards=_parse_shards(args.shards))
-    estimate = _disk_estimate(config, spec)
+    estimate = None if any("model_path" in n for n in notes) else _disk_estimate(config, spec)
 
     if args.dry_run:
         plan = {
             "executor": kind,
             "slots": slots,
+            "layout": config.extraction.layout if config.extraction.extractor == "builtin" else None,
+            "notes": notes,
             "output_dir": str(spec.output_dir),
             "shards": {str(s): spec.argv_for(s) for s in spec.shards},
             "estimate_bytes": estimate,
@@ -79,6 +97,10 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(plan, indent=2))
             return 0
         print(f"executor: {kind}" + (f" ({len(slots)} slot(s): {', '.join(s or 'cpu' for s in slots)})" if slots else ""))
+        if plan["layout"]:
+            print(f"layout: {plan['layout']}")
+        for note in notes:
+            print(f"note: {note}")
         if kind == "slurm":
             print("sbatch: " + shlex.join(plan["sbatch"]))
         for s in spec.shards:
@@ -163,4 +185,4 @@ def _disk_estimate(config, spec) -> int | None:
     if not config_json.exists():
         raise InputError(f"{config_json}: missing; extraction.model_path must be a model folder with config.json")
     return estimate_output_bytes(spec.manifest, config_json, ext.aux_layers, "bf16" if ext.gpus else "fp32",
-                                 shards=spec.shards)
+                                 shards=spec.shards, per_sample_files=ext.layout != "packed")

@@ -1,7 +1,9 @@
 """The built-in EAGLE-3 hidden-state extractor that runs inside a job (`python -m app.extract`).
 
 Importing this package never imports torch: the launcher uses the torch-free parts (disk budget, layer
-conventions, done-markers); only `app.extract.runner` (the extraction itself) needs the `extract` extra.
+conventions, done-markers); `app.extract.runner` (the shard loop), `app.extract.model` (loading the target,
+hooks, the pre/post-norm last state) and the writers of `app.extract.layouts` (one layout per consumer) need
+the `extract` extra.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 ID_BYTES_PER_TOKEN = 16
 # safetensors header + done-marker + per-sample file headers, generously
 FILE_OVERHEAD_BYTES = 64 * 1024
+# one file per sample (layouts specforge, speculators, modelopt; packed --per-sample): torch.save's zip and
+# pickle, or a safetensors header (about 2.4 KB measured for a torch.save dict of 4 tensors), generously
+PER_SAMPLE_FILE_BYTES = 8 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,11 +78,13 @@ def estimate_output_bytes(
     aux_layers: int | Iterable[int] | None,
     dtype: str,
     shards: Iterable[int] | None = None,
+    per_sample_files: bool = False,
 ) -> int:
     """Bytes the extractor will write for `shards` (default: all) of `manifest`.
 
     tokens x hidden_size x (aux layers + 1) x dtype size, plus ids/mask and file overheads.
-    `aux_layers` is the list of captured layers (or their count; None = the 3 default layers).
+    `aux_layers` is the list of captured layers (or their count; None = the 3 default layers);
+    `per_sample_files` adds each sample's file overhead (every layout but packed writes one file per sample).
     """
     if not isinstance(manifest, Manifest):
         manifest = read_manifest(manifest)
@@ -101,6 +106,8 @@ def estimate_output_bytes(
                 "estimated; export the shards again"
             )
         total += entry.tokens * bytes_per_token(shape, n_aux, dtype) + FILE_OVERHEAD_BYTES
+        if per_sample_files:
+            total += (entry.samples or 0) * PER_SAMPLE_FILE_BYTES
     return total
 
 

@@ -15,7 +15,7 @@ from app.errors import EaglewatchError
 
 EXAMPLE = """\
 python -m app.extract --manifest export/manifest.json --shard 0 --shard 1 \\
-    --model /models/Qwen3-8B --out /scratch/hidden --aux-layers 1,17,32 --batch-tokens 16384"""
+    --model /models/Qwen3-8B --out /scratch/hidden --aux-layers 1,17,32 --batch-tokens 16384 --layout speculators"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,8 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m app.extract",
         description=(
-            "Run the target model over eagle3-shards and save EAGLE-3 hidden states (last hidden state after "
-            "the final norm, plus the auxiliary layers) as safetensors, one JSON progress line per batch on "
+            "Run the target model over eagle3-shards and save EAGLE-3 hidden states (the last hidden state, "
+            "before or after the final norm as the --layout's consumer wants it, plus the auxiliary layers), one "
+            "JSON progress line per batch on "
             "stdout. Shards that already have a complete output and a shard_<i>.done marker are skipped."
         ),
         epilog="Example:\n  " + EXAMPLE.replace("\n", "\n  "),
@@ -47,8 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="compute and storage dtype (default: bf16 on GPUs, fp32 on the CPU)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="cuda loads with device_map='auto' over the visible GPUs; default auto")
+    parser.add_argument("--layout", choices=("packed", "specforge", "speculators", "modelopt"), default="packed",
+                        help="files as their consumer reads them: packed (shard_<i>.safetensors, last state after the "
+                             "norm), specforge (rows_*/data_<k>.ckpt), speculators (hidden_states/hs_<k>.safetensors, "
+                             "[T, n+1, H], last state BEFORE the norm), modelopt (<conversation_id>.pt); default packed")
     parser.add_argument("--per-sample", action="store_true",
-                        help="one safetensors file per sample in shard_<i>/ instead of one file per shard")
+                        help="packed layout: one safetensors file per sample in shard_<i>/ instead of one per shard")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="allow the model folder's own Python code (only for models that need it)")
     return parser
@@ -73,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             dtype=args.dtype,
             device=args.device,
             per_sample=args.per_sample,
+            layout=args.layout,
             trust_remote_code=args.trust_remote_code,
         )
         run_extraction(args.manifest, args.shard, options)

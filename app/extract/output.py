@@ -10,6 +10,8 @@ Layout under the output folder (`--out`):
   both conventions, the model, dtype and the manifest (see `app.extract.layers.AuxLayers.metadata`).
 - `shard_<i>/<k:06d>.safetensors` with `--per-sample`: the same four keys for sample k alone (no
   `sample_offsets`), `sample_id` in its metadata, and `shard_<i>/index.json` mapping positions to sample ids.
+- consumer layouts (`--layout specforge | speculators | modelopt`): see `app.extract.layouts`; their markers
+  list every file of the shard (`files`).
 - `shard_<i>.done`: JSON written last (after the data is renamed into place); a shard counts as finished
   only when the marker parses and the data it names is complete.
 
@@ -58,6 +60,9 @@ def shard_is_complete(out_dir: str | Path, shard: int) -> bool:
         return False
     path = Path(out_dir) / marker["path"]
     try:
+        if isinstance(marker.get("files"), list):  # a consumer layout: one file per sample, all listed
+            files = marker["files"]
+            return len(files) == marker.get("samples") and all((Path(out_dir) / f).is_file() for f in files)
         if marker.get("layout") == "per-sample":
             index = json.loads((path / "index.json").read_text(encoding="utf-8"))
             files = [row["file"] for row in index["samples"]]

@@ -21,7 +21,8 @@ class BuiltRun:
     db: Path
     records: dict[str, dict]
     categories: dict[str, str]
-    output_ids: dict[str, list[int]]
+    output_ids: dict[str, list[int]]  # as stored in reconstructions.output_ids
+    exported_ids: dict[str, list[int]]  # what an export writes: the reference (true ids) for exact/bpe_equivalent
 
 
 def build_run_db(db: Path, reference: Path, tokenizer_dir: Path, cases: dict, *, name: str = "demo",
@@ -46,7 +47,7 @@ def build_run_db(db: Path, reference: Path, tokenizer_dir: Path, cases: dict, *,
         "INSERT INTO runs (name, config, state, created_at, updated_at) VALUES (?, ?, 'done', ?, ?)",
         (name, json.dumps(config), now, now),
     ).lastrowid
-    records, categories, outputs = {}, {}, {}
+    records, categories, outputs, exported = {}, {}, {}, {}
     left_to_corrupt = mismatches
     for n, line in enumerate(reference.read_text(encoding="utf-8").splitlines()):
         if limit is not None and n >= limit:
@@ -84,9 +85,10 @@ def build_run_db(db: Path, reference: Path, tokenizer_dir: Path, cases: dict, *,
              pack_ids(ref), category, len(out), len(ref), now),
         )
         records[sid], categories[sid], outputs[sid] = rec, category, out
+        exported[sid] = list(ref) if category in ("exact", "bpe_equivalent") else out
     conn.execute("COMMIT")
     conn.close()
-    return BuiltRun(db=db, records=records, categories=categories, output_ids=outputs)
+    return BuiltRun(db=db, records=records, categories=categories, output_ids=outputs, exported_ids=exported)
 
 
 @pytest.fixture(scope="session")

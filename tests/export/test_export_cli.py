@@ -15,7 +15,7 @@ def test_export_prints_a_json_report(built_run, tmp_path, capsys):
     report = json.loads(captured.out)
     assert report["format"] == "eagle3-shards"
     assert report["exported"] == sum(c == "exact" for c in built_run.categories.values())
-    assert report["files"][-1] == "manifest.json"
+    assert report["files"][-2:] == ["manifest.json", "samples.tsv"]
     assert "export:" in captured.err  # progress goes to stderr
 
 

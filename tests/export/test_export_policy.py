@@ -13,7 +13,7 @@ from tests.export.conftest import build_run_db
 
 
 def _ids(out, name="sglang_raw.jsonl"):
-    return {json.loads(line)["id"] for line in (out / name).read_text().splitlines()}
+    return {json.loads(line)["id"] for line in (out / "data" / name).read_text().splitlines()}
 
 
 def _with(built_run, *categories):
@@ -40,21 +40,21 @@ def test_keep_mismatches_and_truncated(built_run, tmp_path):
 def test_truncated_shards_have_no_end_of_turn(built_run, tmp_path, hf_sample_tokenizer):
     export_run(built_run.db, tmp_path, "eagle3-shards", policy=ExportPolicy(keep_truncated=True))
     im_end = hf_sample_tokenizer.convert_tokens_to_ids("<|im_end|>")
-    rows = [json.loads(line) for p in sorted(tmp_path.glob("shard_*.jsonl")) for line in p.read_text().splitlines()]
+    rows = [json.loads(line) for p in sorted((tmp_path / "data").glob("shard_*.jsonl")) for line in p.read_text().splitlines()]
     truncated = [r for r in rows if built_run.categories[r["id"]] == "truncated"]
     assert truncated
     for r in truncated:
         assert r["input_ids"][-1] != im_end
-        assert r["input_ids"][-len(built_run.output_ids[r["id"]]):] == built_run.output_ids[r["id"]]
+        assert r["input_ids"][-len(built_run.exported_ids[r["id"]]):] == built_run.exported_ids[r["id"]]
 
 
 def test_max_length_skips_long_samples_without_cutting(built_run, tmp_path):
     report = export_run(built_run.db, tmp_path, "eagle3-shards", policy=ExportPolicy(max_length=600))
-    rows = [json.loads(line) for p in sorted(tmp_path.glob("shard_*.jsonl")) for line in p.read_text().splitlines()]
+    rows = [json.loads(line) for p in sorted((tmp_path / "data").glob("shard_*.jsonl")) for line in p.read_text().splitlines()]
     assert rows and all(len(r["input_ids"]) <= 600 for r in rows)
     assert report.skipped["too_long"] > 0
     for r in rows:
-        assert r["input_ids"][-len(built_run.output_ids[r["id"]]):] == built_run.output_ids[r["id"]]
+        assert r["input_ids"][-len(built_run.exported_ids[r["id"]]):] == built_run.exported_ids[r["id"]]
 
 
 def test_an_existing_export_is_not_overwritten_without_asking(built_run, tmp_path):
@@ -106,7 +106,7 @@ def test_template_kwargs_from_the_run_reach_the_prompt(tmp_path, sample_referenc
 
     tok = load_tokenizer(sample_tokenizer_dir)
     export_run(db, tmp_path / "out", "eagle3-shards", policy=ExportPolicy(keep_truncated=True))
-    row = json.loads((tmp_path / "out" / "shard_00000.jsonl").read_text().splitlines()[0])
+    row = json.loads((tmp_path / "out" / "data" / "shard_00000.jsonl").read_text().splitlines()[0])
     n_prompt = row["loss_mask"].index(1)
     assert tok.decode(row["input_ids"][:n_prompt]).endswith("<|im_assistant|>assistant<|im_middle|><think></think>")
 
@@ -135,8 +135,9 @@ def test_a_tokenizer_without_template_needs_one(tmp_path, sample_reference, samp
 def test_parallel_prompt_rendering_writes_the_same_files(built_run, tmp_path):
     export_run(built_run.db, tmp_path / "one", "eagle3-shards", shard_size=50)
     export_run(built_run.db, tmp_path / "two", "eagle3-shards", shard_size=50, workers=2)
-    names = sorted(p.name for p in (tmp_path / "one").iterdir())
-    assert names == sorted(p.name for p in (tmp_path / "two").iterdir())
+    names = sorted(str(p.relative_to(tmp_path / "one")) for p in (tmp_path / "one").rglob("*") if p.is_file())
+    assert names == sorted(str(p.relative_to(tmp_path / "two")) for p in (tmp_path / "two").rglob("*") if p.is_file())
+    assert "data/shard_00000.jsonl" in names
     for name in names:
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
 

@@ -119,3 +119,47 @@ def test_a_marker_without_complete_data_does_not_count_as_done(tmp_path):
     assert shard_is_complete(tmp_path, 2)
     done_marker_path(tmp_path, 2).write_text("{not json")
     assert not shard_is_complete(tmp_path, 2)
+
+
+def test_dry_run_plans_without_a_gpu(tmp_path, capsys, monkeypatch):
+    """`eaglewatch extract --dry-run` on a machine with no GPU: the plan, the disk estimate and the argv (with
+    the configured layout), and a note that a real run needs the GPUs the config asks for."""
+    import json as _json
+
+    from app.cli import main
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(_json.dumps({"hidden_size": 64, "num_hidden_layers": 8, "vocab_size": 512}))
+    manifest = write_shards(tmp_path / "export", [make_samples(4, seed=1), make_samples(3, seed=2)])
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(f"""
+[run]
+name = "t"
+database = "{tmp_path / 'run.db'}"
+[data]
+[[data.datasets]]
+path = "prompts.jsonl"
+[model]
+name = "m"
+tokenizer = "tok"
+[[endpoints]]
+name = "e"
+base_url = "http://127.0.0.1:9"
+[extraction]
+model_path = "{model}"
+output_dir = "{tmp_path / 'hidden'}"
+gpus = 2
+layout = "speculators"
+""")
+    assert main(["extract", str(cfg), "--manifest", str(manifest), "--dry-run", "--json"]) == 0
+    plan = _json.loads(capsys.readouterr().out)
+    assert plan["slots"] is None and "0 GPU(s)" in plan["notes"][0]
+    assert plan["layout"] == "speculators" and plan["estimate_bytes"] > 0
+    argv = plan["shards"]["1"]
+    assert argv[argv.index("--layout") + 1] == "speculators" and argv[argv.index("--shard") + 1] == "1"
+    assert main(["extract", str(cfg), "--manifest", str(manifest), "--dry-run", "--layout", "modelopt"]) == 0
+    text = capsys.readouterr().out
+    assert "note: not runnable here" in text and "disk: about" in text and "--layout modelopt" in text
+    assert not (tmp_path / "run.db").exists()  # a plan starts nothing

@@ -1,0 +1,72 @@
+"""Which samples an export keeps, and which output ids it writes for each (true ids first)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from app.store.export_reads import ExportRow
+
+# skip reasons, in the order they are checked (also the keys of ExportReport.skipped); `not_reproducible`:
+# specforge-text only, the decoded text does not encode back to the sample's ids
+SKIP_REASONS = ("no_reconstruction", "roundtrip", "suspect", "text_mismatch", "structure_mismatch", "bpe_equivalent",
+                "truncated", "too_long", "not_reproducible")
+# where a sample's exported output ids came from, best first
+IDS_SOURCES = ("server", "logprobs", "reference", "text")
+
+
+@dataclass(frozen=True)
+class ExportPolicy:
+    """Which samples to export: bpe_equivalent kept by default; mismatches, truncated, failed round-trips and
+    suspect samples (reconstruction flags set) dropped by default."""
+
+    keep_bpe_equivalent: bool = True
+    keep_mismatches: bool = False
+    keep_truncated: bool = False
+    keep_roundtrip_failed: bool = False
+    keep_suspect: bool = False
+    max_length: int | None = None  # prompt + completion tokens; longer samples are skipped, never cut
+
+    def as_dict(self) -> dict[str, Any]:
+        """The policy as JSON-ready data (recorded in the manifest)."""
+        return {
+            "keep_bpe_equivalent": self.keep_bpe_equivalent,
+            "keep_mismatches": self.keep_mismatches,
+            "keep_truncated": self.keep_truncated,
+            "keep_roundtrip_failed": self.keep_roundtrip_failed,
+            "keep_suspect": self.keep_suspect,
+            "max_length": self.max_length,
+        }
+
+
+def skip_reason(row: ExportRow, policy: ExportPolicy) -> str | None:
+    """Why the policy drops this row before rendering (None: keep it so far). See SKIP_REASONS."""
+    if row.output_ids is None or not row.output_ids:
+        return "no_reconstruction"
+    if row.roundtrip is False and not policy.keep_roundtrip_failed:
+        return "roundtrip"
+    if row.flags and not policy.keep_suspect:
+        return "suspect"
+    if row.category in ("text_mismatch", "structure_mismatch") and not policy.keep_mismatches:
+        return row.category
+    if row.category == "bpe_equivalent" and not policy.keep_bpe_equivalent:
+        return "bpe_equivalent"
+    if (row.category == "truncated" or row.finish_reason == "length") and not policy.keep_truncated:
+        return "truncated"
+    return None
+
+
+def true_ids(row: ExportRow) -> tuple[tuple[int, ...], str]:
+    """The output ids to export and their source (one of IDS_SOURCES): the server's own ids when it returned
+    them, the logprob-rebuilt ids, the sample's reference when the verdict says it is this very text
+    (`exact` / `bpe_equivalent`), and the re-encoded text only otherwise."""
+    if row.server_ids:
+        return row.server_ids, "server"
+    ids = row.output_ids or ()
+    if row.ids_source in ("server", "logprobs", "reference"):
+        return ids, row.ids_source
+    if row.strategy in ("server_ids", "logprobs"):
+        return ids, "server" if row.strategy == "server_ids" else "logprobs"
+    if row.reference_ids and row.category in ("exact", "bpe_equivalent"):
+        return row.reference_ids, "reference"
+    return ids, "text"

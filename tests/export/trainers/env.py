@@ -1,0 +1,44 @@
+"""The trainer environment (scripts/trainer_venv.sh): where it is, and running the consumers' own loaders in it.
+
+The consumers' code runs in a child process whose PYTHONPATH puts the trainer folder (SpecForge, speculators,
+Model-Optimizer, installed with --no-deps) before the checkout, so nothing of it leaks into the test process.
+Without the folder the tests skip with a loud reason; with EAGLEWATCH_REQUIRE_TRAINERS=1 (scripts/test sets
+it after building the folder) they fail instead, so CI cannot pass by skipping them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def trainer_site() -> Path:
+    """The trainer folder, or skip (fail under EAGLEWATCH_REQUIRE_TRAINERS=1) when it was not built."""
+    site = Path(os.environ.get("EAGLEWATCH_TRAINERS_SITE") or ROOT / ".trainers" / "site")
+    if not (site / ".eaglewatch-stamp").exists():
+        reason = (f"TRAINER ENV ABSENT: {site} not built; run scripts/trainer_venv.sh to test eaglewatch's outputs "
+                  "through SpecForge, speculators and Model-Optimizer's own loaders")
+        if os.environ.get("EAGLEWATCH_REQUIRE_TRAINERS"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return site
+
+
+def run_consumer(check: str, *args: str | Path, result: Path) -> dict:
+    """Run `tests/export/trainers/consumers.py CHECK ARGS... RESULT` in the trainer env; return its JSON summary
+    (the tensors it loaded are in RESULT, a torch.save file)."""
+    site = trainer_site()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)]), "TOKENIZERS_PARALLELISM": "false",
+           "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(result.parent / "hf-cache")}
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("consumers.py")), check,
+                           *map(str, args), str(result)], capture_output=True, text=True, env=env, timeout=600)
+    if proc.returncode != 0:
+        raise AssertionError(f"consumer check {check} failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
