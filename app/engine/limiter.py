@@ -131,6 +131,7 @@ class AdaptiveLimit:
         # it was sent); a request as deep sent no earlier and served proves it was noise
         self._suspect: tuple[int, int, int | None, int, int, float] | None = None
         self._deep: list[int] = []  # levels of successes above the ceiling, not yet a proof
+        self._since_probe = 0
         self._fresh_epoch = 0  # successes of requests started in this epoch or later may grow the limit
         self._now = 0.0
 
@@ -163,6 +164,7 @@ class AdaptiveLimit:
                    now: float | None = None) -> LimitChange | None:
         """Record a success (its ticket, latency — TTFT when streaming — and clock); may grow or, on a
         rising latency, cut the limit. `saturated`: the limit was the bottleneck (work was waiting)."""
+        clocked = now is not None
         if now is not None:
             self._now = max(self._now, now)
         now = self._now
@@ -196,14 +198,19 @@ class AdaptiveLimit:
                 if self.ceiling >= self.limit:  # the whole probe is proven: probe further, sooner
                     self._probe_step = min(self._probe_step * 2, 64)
                     self._probe_gap_s = self.min_probe_gap_s
-        if not saturated or now < self.cooldown_until or (ticket is not None and ticket.epoch < self._fresh_epoch):
+        if (not saturated or (clocked and now < self.cooldown_until)
+                or (ticket is not None and ticket.epoch < self._fresh_epoch)):
             return None  # grow only on requests started since the last cut (TCP: ACKs of new data)
         cap = self._cap()
         if self.ceiling is None or self.limit < self.ceiling:
             self.limit = min(cap, self.limit + 1)  # slow start, or recovery back to the ceiling
-        elif now >= self._next_probe:
+        elif (now >= self._next_probe) if clocked else self._since_probe >= self.limit:
+            # (without a clock reading, a round of successes as large as the limit stands for the gap)
             self.limit = min(cap, self.ceiling + self._probe_step)
             self._next_probe = now + self._probe_gap_s
+            self._since_probe = 0
+        else:
+            self._since_probe += 1
         if self.limit != old:
             self._latency_held = False
             return LimitChange(old, self.limit, 0.0, "growing")
@@ -251,9 +258,12 @@ class AdaptiveLimit:
         stale = ticket is not None and ticket.epoch < self._epoch
         if not stale:
             self._outcomes.append(True)  # a burst from before a cut is already answered by that cut
-        if self.operator_cap is not None and self.limit >= self.operator_cap:
+        if (self.operator_cap is not None and self.limit >= self.operator_cap) or self.limit <= self.minimum:
+            # the limit cannot answer this overload itself (pinned, or already at its minimum): wait out the
+            # server's Retry-After on this endpoint before starting anything else
             self.cooldown_until = max(self.cooldown_until, now + self._cooldown(retry_after_s))
-            return None
+            if self.operator_cap is not None:
+                return None
         old = self.limit
         window = list(self._outcomes)[-max(2 * self.limit, 50):]
         bad = sum(window)
