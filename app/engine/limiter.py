@@ -2,36 +2,43 @@
 
 The rule, per endpoint (pure and synchronous: the caller passes the clock reading):
 
-- **Levels.** `take()` returns a `Ticket` carrying the *level* of the request: how many requests were in flight
-  on the endpoint with it. A success at level n proves the provider served n at once; a 429 at level n says
-  it would not. The highest proven level since the last cut is the `capacity_estimate` (the *ceiling*).
-- **Slow start** (TCP slow start, RFC 5681 §3.1): while no overload has been seen, every success while the limit
-  was the bottleneck adds one, so the limit doubles per round trip. The first overload at level n ends it with
-  limit = ceiling = n - 1: the level the server demonstrably admitted, not a blind multiplicative cut.
-- **Recovery and probing** (CUBIC, RFC 9438: grow fast back to the last known maximum, then probe gently
-  above it): below the ceiling the limit grows by one per success again; at the ceiling it probes one round
-  at a time above it (step 1, 2, 4, ... while probes succeed). A success above the ceiling raises it, so a
-  ceiling set by one random 429 is forgotten at the first successful probe. A 429 above the ceiling is a
-  failed probe: back to the ceiling, and the next probe waits twice as long (up to `max_probe_gap_s`), so a
-  hard cap costs one 429 per probe and probes thin out.
-- **Noise.** A 429 at a level already proven is a random one (an upstream hiccup, quota jitter) and is
-  forgiven unless such overloads exceed `noise_tolerance` of the last max(2 x limit, 50) outcomes (at least
-  three of them): then the capacity fell (a cap that drops mid-run, a requests/min quota running dry) and
-  the limit is cut by `reduce_factor` (CUBIC's beta = 0.7), the ceiling with it, and the endpoint waits out
-  the server's Retry-After (`cooldown_until`). Only requests started after a cut can cause the next one
-  (its *epoch*), so one overload burst cuts once (TCP's one reduction per window of data).
-- **Latency** (HyStart's delay-increase exit, Netflix concurrency-limits' Gradient2 and Envoy's adaptive
-  concurrency gradient controller): servers that queue (SGLang, vLLM) never answer 429, their latency
-  grows. Latencies are gathered in rounds of max(`round_min`, limit) successes; the *floor* is the lowest
-  round median of the last `floor_window_s`. When a round's median exceeds `latency_tolerance` x floor, the
-  limit is multiplied by the gradient tolerance x floor / median (at least 0.5) and held there as the new
-  ceiling. A tolerance of 2 lets a queueing server keep its batch slots full (throughput is flat beyond
-  them, latency grows), and keeps a lognormal latency's round-to-round noise from reading as a queue.
-- `set_limit` pins the limit (operator): nothing adapts it until a later `set_limit`.
+- **Levels.** `take(now)` returns a `Ticket` with the request's *level* (how many requests were in flight on
+  the endpoint with it), its start time and the limiter's *epoch* (cuts so far). A success at level n shows
+  the provider served n at once; a 429 at level n says it would not. The ceiling (`capacity_estimate`) is
+  the level proven since the last cut; two successes above it are needed to raise it (one alone may have
+  slipped in while a refused request was still on its way back: the client counted it, the server did not).
+- **Slow start** (TCP slow start, RFC 5681 3.1): until an overload, each success while the limit was the
+  bottleneck adds one, so the limit doubles per round trip. The first 429 at level n ends it with
+  limit = ceiling = n - 1, the level the server demonstrably admitted, not a blind multiplicative cut.
+- **Recovery and probing** (CUBIC, RFC 9438: grow fast back to the last maximum, probe gently above it):
+  below the ceiling the limit grows by one per success; at the ceiling it probes above it once per gap
+  (step 1, 2, 4, ... while probes are served). A 429 above the ceiling fails the probe: back to the ceiling,
+  and the gap doubles (up to `max_probe_gap_s`), so a hard cap costs one 429 per probe and probes thin out.
+- **A single random 429 is forgotten.** A 429 that set the ceiling stays *suspect*: when a deeper request
+  sent no earlier is served, it was noise and the limiter goes back to where it was (slow start resumes).
+  A 429 at a level already proven is noise too, unless overloads exceed `noise_tolerance` of the last
+  max(2 x limit, 50) outcomes (three at least): then the capacity fell (a cap that drops mid-run, a quota run
+  dry), the limit is cut by `reduce_factor` (CUBIC's beta, 0.7) and rediscovered from there by slow start.
+  Only requests started since the last cut count (their epoch): one burst cuts once, and the successes of
+  requests from before a cut do not grow the limit (TCP's one reduction per window; ACKs of new data only).
+- **Retry-After** is honoured per endpoint (`cooldown_until`: nothing new starts there) when the limit cannot
+  answer the overload itself: on a cut for falling capacity, at the minimum limit, and when pinned. A 429
+  answered by the level (slow start's end, a failed probe) or forgiven as noise only delays its own retry.
+- **Latency** (HyStart's delay-increase exit; Netflix concurrency-limits `Gradient2Limit`; Envoy's adaptive
+  concurrency gradient controller): queueing servers (SGLang, vLLM) never answer 429, their latency grows.
+  Latencies (TTFT when streaming) gather in rounds of max(`round_min`, limit) successes; the floor is the
+  lowest round median of the last `floor_window_s`. A round whose median is over `latency_tolerance` x floor
+  multiplies the limit by tolerance x floor / median (at least 0.5) and holds it there as the ceiling. A
+  tolerance of 2 keeps a queueing server's batch slots full (its throughput is flat beyond them) and keeps a
+  lognormal latency's round-to-round noise from reading as a queue.
+- `set_limit` pins the limit (operator): nothing adapts it until the next `set_limit`.
 
-References: RFC 5681 (TCP congestion control, slow start), RFC 9438 (CUBIC), HyStart (Ha & Rhee 2011),
-Netflix concurrency-limits `Gradient2Limit.java`, Envoy `adaptive_concurrency` gradient controller
-(`source/extensions/filters/http/adaptive_concurrency/controller/gradient_controller.cc`).
+The engine's older call sites (`take()`, `on_success(saturated)`, `on_overload(now, retry_after)` without
+tickets) still work, with the in-flight count standing for the level and success rounds for the clock.
+
+References: RFC 5681 (TCP congestion control), RFC 9438 (CUBIC), Ha & Rhee, "Taming the elephants: new TCP
+slow start" (HyStart, 2011), Netflix concurrency-limits `concurrency-limits-core/.../limit/Gradient2Limit.java`,
+Envoy `source/extensions/filters/http/adaptive_concurrency/controller/gradient_controller.cc`.
 """
 
 from __future__ import annotations
