@@ -131,6 +131,8 @@ class AdaptiveLimit:
         self._probe_gap_s = min_probe_gap_s
         self._next_probe = 0.0
         self._round: list[float] = []
+        self._round_size = round_min
+        self._slow_rounds = 0  # consecutive rounds over tolerance x floor
         self._round_medians: deque[tuple[float, float]] = deque()  # (clock, median latency s)
         self._recent_latency: float | None = None
         self._latency_held = False  # the last cut came from latency
@@ -209,6 +211,8 @@ class AdaptiveLimit:
                 or (ticket is not None and ticket.epoch < self._fresh_epoch)):
             return None  # grow only on requests started since the last cut (TCP: ACKs of new data)
         cap = self._cap()
+        if self._latency_held:
+            return None  # latency rounds move the limit now (on_latency)
         if self.ceiling is None or self.limit < self.ceiling:
             self.limit = min(cap, self.limit + 1)  # slow start, or recovery back to the ceiling
         elif (now >= self._next_probe) if clocked else self._since_probe >= self.limit:
@@ -228,8 +232,11 @@ class AdaptiveLimit:
         self._now = max(self._now, now)
         if ticket is not None and ticket.epoch < self._epoch:
             return None  # started before the last cut: says nothing about the current limit
+        if not self._round:  # a round's size is fixed when it starts (slow start would stretch the first one)
+            # (in slow start short rounds, so a queue ends it within a round trip or two, as in HyStart)
+            self._round_size = self.round_min if self.ceiling is None else max(self.round_min, self.limit)
         self._round.append(latency_s)
-        if len(self._round) < max(self.round_min, self.limit):
+        if len(self._round) < self._round_size:
             return None
         values = sorted(self._round)
         self._round = []
@@ -239,10 +246,22 @@ class AdaptiveLimit:
             self._round_medians.popleft()
         self._round_medians.append((now, median))
         floor = min(m for _, m in self._round_medians)
-        if floor <= 0 or median <= self.latency_tolerance * floor:
+        if self.operator_cap is not None or floor <= 0:
             return None
-        if self.operator_cap is not None:
+        if median <= self.latency_tolerance * floor:
+            if self._latency_held and self.limit < self._cap():
+                # held by latency: grow by Gradient2's queue allowance, sqrt(limit), per round within tolerance
+                # (never more than one past the proven ceiling: a hard cap may sit there too)
+                old = self.limit
+                grown = self.limit + max(1, math.isqrt(self.limit))
+                self.limit = min(self._cap(), grown if self.ceiling is None else min(grown, self.ceiling + 1))
+                self._slow_rounds = 0
+                return LimitChange(old, self.limit, 0.0, "growing") if self.limit != old else None
+            self._slow_rounds = 0
             return None
+        self._slow_rounds += 1
+        if self._slow_rounds < 2:
+            return None  # two rounds in a row: one slow round is the lognormal tail, not a queue
         gradient = max(0.5, self.latency_tolerance * floor / median)
         old = self.limit
         self.limit = max(self.minimum, min(self.limit, math.floor(self.limit * gradient)))
