@@ -96,6 +96,7 @@ async def client_run(base_url: str, policy, n: int, messages: list, stats: dict)
     wake = asyncio.Event()
     done = 0
     limits: list[int] = []
+    latencies: list[float] = []
     t0 = loop.time()
     body_of = [json.dumps({"model": "moonshotai/kimi-k2.5", "messages": messages[i % len(messages)],
                            "max_tokens": 8192}).encode() for i in range(len(messages))]
@@ -116,6 +117,7 @@ async def client_run(base_url: str, policy, n: int, messages: list, stats: dict)
             policy.release()
             if status == 200:
                 done += 1
+                latencies.append(now - started)
                 policy.on_success(bool(queue) or policy.in_flight + 1 >= getattr(policy, "limit", MAX),
                                   ticket=ticket, latency_s=now - started, now=now)
             else:
@@ -152,6 +154,8 @@ async def client_run(base_url: str, policy, n: int, messages: list, stats: dict)
         for t in list(tasks):
             t.cancel()
     stats["mean_limit"] = sum(limits) / max(1, len(limits))
+    latencies.sort()
+    stats["p50_ms"] = 1000 * latencies[len(latencies) // 2] if latencies else None
     return wall
 
 
@@ -221,13 +225,15 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "capacity.json").write_text(json.dumps({"n": args.n, "median_ms": args.median_ms, "p95_ms": args.p95_ms,
                                                    "time": time.time(), "results": results}, indent=1))
-    print("\n| profile | adaptive | oracle | naive 64 | adaptive / oracle | adaptive / naive | 429 rate (adaptive / naive) |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| profile | adaptive | oracle | naive 64 | adaptive / oracle | adaptive / naive | 429 rate (adaptive / naive) "
+          "| p50 latency (adaptive / oracle / naive) |")
+    print("|---|---|---|---|---|---|---|---|")
     for row in results:
         a, o, nv = row["adaptive"], row["oracle"], row["naive"]
         print(f"| {PROFILES[a['profile']][0]} | {a['wall_s']:.1f} s | {o['wall_s']:.1f} s | {nv['wall_s']:.1f} s | "
               f"{a['wall_s'] / o['wall_s']:.2f}x | {a['wall_s'] / nv['wall_s']:.2f}x | "
-              f"{a['rate_429']:.1%} / {nv['rate_429']:.1%} |")
+              f"{a['rate_429']:.1%} / {nv['rate_429']:.1%} | "
+              f"{a['p50_ms']:.0f} / {o['p50_ms']:.0f} / {nv['p50_ms']:.0f} ms |")
     return 0
 
 
