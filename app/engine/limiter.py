@@ -97,7 +97,7 @@ class AdaptiveLimit:
         reduce_factor: float = 0.7,
         noise_tolerance: float = 0.10,
         latency_tolerance: float = 2.0,
-        round_min: int = 16,
+        round_min: int = 32,
         floor_window_s: float = 300.0,
         min_probe_gap_s: float = 0.25,
         max_probe_gap_s: float = 8.0,
@@ -132,6 +132,7 @@ class AdaptiveLimit:
         self._next_probe = 0.0
         self._round: list[float] = []
         self._round_size = round_min
+        self._rounds = 0
         self._slow_rounds = 0  # consecutive rounds over tolerance x floor
         self._round_medians: deque[tuple[float, float]] = deque()  # (clock, median latency s)
         self._recent_latency: float | None = None
@@ -234,7 +235,8 @@ class AdaptiveLimit:
             return None  # started before the last cut: says nothing about the current limit
         if not self._round:  # a round's size is fixed when it starts (slow start would stretch the first one)
             # (in slow start short rounds, so a queue ends it within a round trip or two, as in HyStart)
-            self._round_size = self.round_min if self.ceiling is None else max(self.round_min, self.limit)
+            self._round_size = (max(8, self.round_min // 2) if self.ceiling is None
+                                else max(self.round_min, self.limit))
         self._round.append(latency_s)
         if len(self._round) < self._round_size:
             return None
@@ -244,6 +246,9 @@ class AdaptiveLimit:
         self._recent_latency = median
         while self._round_medians and self._round_medians[0][0] < now - self.floor_window_s:
             self._round_medians.popleft()
+        self._rounds += 1
+        if self._rounds == 1:
+            return None  # the first round is the fastest of the first wave: too low for a floor
         self._round_medians.append((now, median))
         floor = min(m for _, m in self._round_medians)
         if self.operator_cap is not None or floor <= 0:
