@@ -26,11 +26,14 @@ The rule, per endpoint (pure and synchronous: the caller passes the clock readin
   answered by the level (slow start's end, a failed probe) or forgiven as noise only delays its own retry.
 - **Latency** (HyStart's delay-increase exit; Netflix concurrency-limits `Gradient2Limit`; Envoy's adaptive
   concurrency gradient controller): queueing servers (SGLang, vLLM) never answer 429, their latency grows.
-  Latencies (TTFT when streaming) gather in rounds of max(`round_min`, limit) successes; the floor is the
-  lowest round median of the last `floor_window_s`. A round whose median is over `latency_tolerance` x floor
-  multiplies the limit by tolerance x floor / median (at least 0.5) and holds it there as the ceiling. A
-  tolerance of 2 keeps a queueing server's batch slots full (its throughput is flat beyond them) and keeps a
-  lognormal latency's round-to-round noise from reading as a queue.
+  Latencies (TTFT when streaming) gather in rounds, sized when they start: half of `round_min` in slow
+  start (so a queue ends it within a round trip or two), max(`round_min`, limit) after. The floor is the
+  lowest round median of the last `floor_window_s`, the first round left out (it holds the fastest of the
+  first wave). Two rounds in a row over `latency_tolerance` x floor multiply the limit by tolerance x floor /
+  median (at least 0.5); while latency holds the limit, each round within tolerance adds sqrt(limit)
+  (Gradient2's queue allowance), never past the proven ceiling + 1. A tolerance of 2 keeps a queueing
+  server's batch slots full (its throughput is flat beyond them) and keeps a lognormal latency's noise
+  from reading as a queue.
 - `set_limit` pins the limit (operator): nothing adapts it until the next `set_limit`.
 
 The engine's older call sites (`take()`, `on_success(saturated)`, `on_overload(now, retry_after)` without
@@ -298,7 +301,8 @@ class AdaptiveLimit:
         old = self.limit
         window = list(self._outcomes)[-max(2 * self.limit, 50):]
         bad = sum(window)
-        if not stale and bad >= 3 and bad > self.noise_tolerance * len(window):
+        at_proven = self.ceiling is not None and level <= self.ceiling
+        if at_proven and not stale and bad >= 3 and bad > self.noise_tolerance * len(window):
             # frequent overloads: the capacity fell (or a quota ran dry). Cut, wait out Retry-After, and
             # rediscover the capacity from the cut value (the next fresh 429's level says what is admitted)
             cooldown = self._cooldown(retry_after_s)
