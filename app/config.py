@@ -158,6 +158,14 @@ class SimulatorOptions(_Section):
     seed: int = Field(0, description="Random seed: the same seed gives the same faults and latencies.")
     personality: Literal["openrouter", "sglang", "vllm", "transformers-serve"] = Field(
         "openrouter", description="Which real server to answer as (field names, ids, text steps, errors).")
+    # issue 15: load-dependent capacity (app/simulator/capacity.py); 0 / empty = none
+    concurrency_cap: int = Field(0, ge=0, description="Most requests at once; more get 429 + Retry-After (0 = no cap).")
+    cap_changes: list[tuple[float, int]] = Field(
+        default_factory=list, description="[[seconds, cap], ...]: the cap from that time after start (e.g. [[30.0, 16]])."
+    )
+    requests_per_min: float = Field(0.0, ge=0, description="Requests/min quota; 429 when exceeded (0 = none).")
+    tokens_per_min: float = Field(0.0, ge=0, description="Tokens/min quota (prompt + output); 429 when exceeded (0 = none).")
+    batch_slots: int = Field(0, ge=0, description="Queueing server: requests run at once, the rest wait (never 429; 0 = off).")
 
     @field_validator("faults")
     @classmethod

@@ -12,7 +12,8 @@ EXAMPLE = (
     "eaglewatch simulate sample_data/demo.toml --port 8765     # the config's simulator endpoint\n"
     "eaglewatch simulate --port 8765 --reference sample_data/reference.jsonl --tokenizer sample_data/tokenizer \\\n"
     "    --faults 429=0.05,500=0.02,keepalive=0.1 --quirks strip_whitespace --latency-median-ms 200\n"
-    "eaglewatch simulate --port 8000 --personality vllm      # answer as vLLM: token_ids, prompt_token_ids"
+    "eaglewatch simulate --port 8000 --personality vllm      # answer as vLLM: token_ids, prompt_token_ids\n"
+    "eaglewatch simulate --port 8765 --concurrency-cap 24 --cap-changes 30:16 --rpm 3000   # a provider with capacity"
 )
 
 
@@ -39,10 +40,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu", type=int, default=None, help="pin the server process to this CPU core")
     parser.add_argument("--personality", default=None,
                         help="answer as this real server: openrouter (default), sglang, vllm, transformers-serve")
+    # issue 15: capacity (app/simulator/capacity.py)
+    parser.add_argument("--concurrency-cap", type=int, default=None, help="most requests at once; more get 429")
+    parser.add_argument("--cap-changes", default=None, help="cap schedule SECONDS:CAP,..., e.g. 30:16")
+    parser.add_argument("--rpm", type=float, default=None, help="requests/min quota (429 when exceeded)")
+    parser.add_argument("--tpm", type=float, default=None, help="tokens/min quota (429 when exceeded)")
+    parser.add_argument("--batch-slots", type=int, default=None, help="queueing server: slots; the rest wait")
 
 
 def run(args: argparse.Namespace) -> int:
     from app.errors import InputError
+    from app.simulator.capacity import parse_cap_changes
     from app.simulator.options import SimulatorOptions, check_options, parse_faults, parse_quirks
     from app.simulator.server import DEFAULT_MODEL, DEFAULT_PRICING, SimulatorServer
 
@@ -59,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
                 reference=sim.reference or config.data.reference, latency_median_ms=sim.latency_median_ms,
                 latency_p95_ms=sim.latency_p95_ms, tokens_per_s=sim.tokens_per_s, faults=dict(sim.faults),
                 quirks=list(sim.quirks), logprobs=sim.logprobs, seed=sim.seed, personality=sim.personality,
+                concurrency_cap=sim.concurrency_cap, cap_changes=list(sim.cap_changes),
+                requests_per_min=sim.requests_per_min, tokens_per_min=sim.tokens_per_min, batch_slots=sim.batch_slots,
             )
         else:
             base = SimulatorOptions(reference=config.data.reference)
@@ -81,6 +91,11 @@ def run(args: argparse.Namespace) -> int:
         logprobs=base.logprobs and not args.no_logprobs,
         seed=pick(args.seed, base.seed),
         personality=pick(args.personality, base.personality),
+        concurrency_cap=pick(args.concurrency_cap, base.concurrency_cap),
+        cap_changes=parse_cap_changes(args.cap_changes) if args.cap_changes is not None else base.cap_changes,
+        requests_per_min=pick(args.rpm, base.requests_per_min),
+        tokens_per_min=pick(args.tpm, base.tokens_per_min),
+        batch_slots=pick(args.batch_slots, base.batch_slots),
     )
     args.tokenizer = pick(args.tokenizer, tokenizer)
     check_options(options)

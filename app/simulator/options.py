@@ -61,7 +61,8 @@ class SimulatorOptions:
 
     latency: lognormal with this median and p95 (ms; 0 = no added latency); tokens_per_s paces
     generation (0 = unpaced, for benchmarks); faults: rate per kind in FAULT_KINDS plus "keepalive";
-    quirks: names from QUIRKS; logprobs: whether logprobs are returned when asked.
+    quirks: names from QUIRKS; logprobs: whether logprobs are returned when asked; concurrency_cap,
+    cap_changes, requests_per_min, tokens_per_min, batch_slots: capacity (app/simulator/capacity.py).
     """
 
     reference: Path | None = None
@@ -73,6 +74,12 @@ class SimulatorOptions:
     logprobs: bool = True
     seed: int = 0
     personality: str = "openrouter"  # app.simulator.personalities: which real server to behave like
+    # issue 15: load-dependent capacity (app/simulator/capacity.py); all 0/empty = faults only, as before
+    concurrency_cap: int = 0
+    cap_changes: list[tuple[float, int]] = field(default_factory=list)
+    requests_per_min: float = 0.0
+    tokens_per_min: float = 0.0
+    batch_slots: int = 0
 
 
 def canonical_faults(faults: dict[str, float] | None) -> dict[str, float]:
@@ -85,7 +92,10 @@ def canonical_faults(faults: dict[str, float] | None) -> dict[str, float]:
 
 
 def check_options(options: object) -> None:
-    """Raise InputError naming the bad fault kind, rate or quirk."""
+    """Raise InputError naming the bad fault kind, rate, quirk or capacity option."""
+    from app.simulator.capacity import check_capacity  # issue 15
+
+    check_capacity(options)
     faults = canonical_faults(getattr(options, "faults", None))
     for kind, rate in faults.items():
         if kind not in FAULT_KINDS and kind != KEEPALIVE and not (kind.isdigit() and len(kind) == 3):

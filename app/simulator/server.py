@@ -34,6 +34,7 @@ from aiohttp import web
 
 from app.providers.pricing import ModelPricing, cost_of
 from app.records import Usage
+from app.simulator.capacity import CapacityGate, has_capacity, retry_after_headers
 from app.simulator.options import FAULT_KINDS, KEEPALIVE, SimulatorOptions, canonical_faults, check_options
 from app.simulator.personalities import OPENAI_CHAT_FIELDS, Personality, get_personality
 from app.simulator.reference import ReferenceBook
@@ -126,6 +127,8 @@ class SimulatorServer:
         self._stream_cache: dict[tuple[int, int, bool, int], tuple[list[tuple[bytes, int]], int]] = {}
         self._runner: web.AppRunner | None = None
         self._served = 0
+        # issue 15: load-dependent capacity (app/simulator/capacity.py); None keeps the faults-only behaviour
+        self.capacity = CapacityGate(self.options, retry_after_s=retry_after_s) if has_capacity(self.options) else None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -137,8 +140,8 @@ class SimulatorServer:
     async def start(self) -> None:
         """Bind and serve; after this `port` and `base_url` are real."""
         app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/api/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/chat/completions", self._chat_gated)
+        app.router.add_post("/api/v1/chat/completions", self._chat_gated)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/api/v1/models", self._models)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5)
@@ -332,6 +335,28 @@ class SimulatorServer:
                                      "logprobs", "top_logprobs", "stream"],
         }
         return web.Response(body=_json({"data": [entry]}), content_type="application/json")
+
+    async def _chat_gated(self, request: web.Request) -> web.StreamResponse:
+        """`_chat` behind the capacity model (issue 15): refused with 429 + Retry-After, or queued for a slot."""
+        if self.capacity is None:
+            return await self._chat(request)
+        tokens = 0
+        if self.capacity.model.charges_tokens:  # charge the sample's prompt + output tokens
+            try:
+                sample = self.book.samples[self.book.pick(json.loads(await request.read())["messages"])[0]]
+                tokens = sample.prompt_tokens + len(sample.output_ids)
+            except (ValueError, KeyError, TypeError):
+                tokens = 0  # _chat answers 400
+        admission = await self.capacity.admit(tokens)
+        if not admission.admitted:
+            self.counters[f"429_{admission.reason}"] += 1
+            response = self._error(429)
+            response.headers.update(retry_after_headers(admission.retry_after_s))
+            return response
+        try:
+            return await self._chat(request)
+        finally:
+            self.capacity.release()
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
