@@ -60,6 +60,8 @@ class RunSection(_Section):
     name: str = Field(min_length=1, description="Run name; a database can hold several runs (select one with --run).")
     database: ConfigPath = Field(Path("eaglewatch.db"), description="SQLite run store (created if missing).")
     output_dir: ConfigPath = Field(Path("out"), description="Where exports and job outputs go.")
+    keep_raw: bool = Field(False, description="Store each response's raw body (streamed: every chunk) in responses.raw.")
+    keep_raw_max_bytes: int = Field(1_000_000, gt=0, description="A raw body larger than this is stored as a note of its size.")
 
 
 class Dataset(_Section):

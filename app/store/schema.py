@@ -359,6 +359,10 @@ _V5 = """
 -- provenance and suspect flags (issues 12, 13)
 ALTER TABLE reconstructions ADD COLUMN ids_source TEXT;
 ALTER TABLE reconstructions ADD COLUMN flags TEXT;
+-- issue 10: requests sent per sample across leases and restarts (generation.attempts bounds it), and who holds
+-- a lease (host:pid) so a starting engine returns only its own host's dead leases at once
+ALTER TABLE samples ADD COLUMN tries INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE samples ADD COLUMN lease_owner TEXT;
 """
 
 MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)

@@ -113,7 +113,9 @@ async def test_budget_pauses_before_spending_could_cross_it(tmp_path, sample_dat
     spent = db.execute("SELECT SUM(cost_usd) FROM responses").fetchone()[0]
     assert 0 < spent <= budget
     assert _states(config)["done"] < 300
-    assert db.execute("SELECT COUNT(*) FROM events WHERE kind = 'budget'").fetchone()[0] == 1
+    # one pause event; a warning may come first when a response costs more than its reserved worst case
+    # (the simulator does not cut responses at max_tokens, so it can bill past the reservation)
+    assert db.execute("SELECT COUNT(*) FROM events WHERE kind = 'budget' AND message LIKE 'budget $%'").fetchone()[0] == 1
 
 
 async def test_attached_viewer_commands_steer_the_engine(tmp_path, sample_data):
