@@ -2,9 +2,9 @@
 
 The Run is the scheduler over small parts: `endpoints` builds the clients (starting simulators, reading
 keys), `attempt.request_sample` carries one sample from its first request to an Outcome (done | failed |
-released | stopping), `Run._settle` records that Outcome in one place, `SampleCounts` mirrors the store's
-counts, `StoreGate` retries writes the database refuses for a while, and the store (`RunStore`) holds every
-statement. One asyncio task schedules: it leases samples in batches, checks pause, budget and the rate
+released | stopping), `settle.Settler` records that Outcome in one place, `SampleCounts` mirrors the
+store's counts, `StoreGate` retries writes the database refuses for a while, `EventLog` keeps the operator's
+events, and the store (`RunStore`) holds every statement. One asyncio task schedules: it leases samples in batches, checks pause, budget and the rate
 buckets, waits for a slot on some endpoint (adaptive limit per endpoint, picked by weight) and starts one
 request task per sample; the slot is held until the result is stored. Two more tasks poll the `commands`
 table (attached viewers) and keep the leases (heartbeat and expiry).
@@ -14,13 +14,15 @@ most the requests in flight (finished-but-unstored results hold their slot). Lea
 (host:pid): a starting engine (holding the lock file next to the database, so no other engine on this host
 runs the run) returns this host's leases at once; while it runs it extends its own leases every lease_s/3
 and returns any lease past its expiry (an engine elsewhere that stopped) to pending.
+
+Why this module is ~600 lines: what is left is one state machine (run state, lease queue, flights, pause,
+the store's health) whose parts read and change the same few fields; split further, each part would take
+the Run's internals as arguments.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import fcntl
 import os
 import socket
 import time
@@ -30,35 +32,30 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
-
 from app.config import RunConfig
 from app.engine.attempt import Flight, Outcome, request_sample
 from app.engine.budget import BudgetGuard, Prices, cost_per_hour, estimate_prompt_tokens, projected_total
 from app.engine.buckets import TokenBucket
 from app.engine.counts import SampleCounts
 from app.engine.endpoints import CompletionClient, Endpoint, Endpoints, close_endpoints, open_endpoints, set_total_limit
-from app.engine.limiter import LimitChange
+from app.engine.events import EngineEvent, EventLog
+from app.engine.lock import EngineLock
 from app.engine.metrics import EndpointMetrics
 from app.engine.reconstruct import CompletionReconstructor, PassThroughReconstructor
+from app.engine.settle import Settler
 from app.engine.slots import EndpointSlots
 from app.engine.snapshot import MetricsSnapshot
 from app.engine.writes import StoreGate, disk_full_advice
-from app.errors import EaglewatchError, InputError
-from app.providers.errors import ProviderError, RetryableError
-from app.providers.pricing import cost_of
+from app.errors import InputError
 from app.providers.retry import RetryPolicy
 from app.records import Completion, Reconstruction, Verdict
-from app.store.queries import EventRow
 from app.store.records import LeasedSample
 from app.store.run_store import RunStore, StoreWriteError
 
-OVERLOAD_STATUSES = (429, 503, 529)
-OVERLOAD_CLASSES = ("429", "rate_limited", "overloaded", "529")
 COMMAND_POLL_S = 1.0
 CLOSE_GRACE_S = 30.0  # how long close() waits for finished results to be stored before giving them up
 
-EngineEvent = EventRow  # an operator event as the engine wrote it (also in the `events` table)
+__all__ = ["EngineEvent", "EngineLock", "Run", "RunOutcome"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,52 +65,6 @@ class RunOutcome:
     state: str
     reason: str | None
     stopping_error: bool = False
-
-
-class EngineLock:
-    """An exclusive lock file per (database, run): a second engine on the same run (same host) is refused."""
-
-    def __init__(self, db_path: Path, run_name: str) -> None:
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in run_name)
-        self.path = Path(f"{db_path}.{safe}.lock")
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        """Take the lock or raise EaglewatchError naming the holder's pid."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise EaglewatchError(
-                f"another engine (pid {holder}) is already running this run ({self.path} is locked); "
-                "attach to it with 'eaglewatch watch' or stop it first"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        self._fd = fd
-
-    def release(self) -> None:
-        """Free the lock (idempotent)."""
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
-
-
-def capped_raw(completion: Completion, max_bytes: int) -> Completion:
-    """The completion with its raw body replaced by a note of its size when the body is over `max_bytes`."""
-    if completion.raw is None:
-        return completion
-    try:
-        size = len(orjson.dumps(completion.raw))
-    except (TypeError, ValueError):
-        return completion
-    if size <= max_bytes:
-        return completion
-    note = {"omitted": f"raw body of {size} bytes is over run.keep_raw_max_bytes ({max_bytes})", "bytes": size}
-    return dataclasses.replace(completion, raw=note)
 
 
 class Run:
@@ -159,9 +110,6 @@ class Run:
         self._finished = asyncio.Event()
         self._idle = asyncio.Event()
         self._pool: ThreadPoolExecutor | None = None
-        self._events: deque[EngineEvent] = deque(maxlen=1000)
-        self._event_seq = 0
-        self._unsaved: deque[tuple[str, str, str]] = deque(maxlen=1000)  # events the store could not take yet
         self._state_dirty = False
         self._t0 = time.time()
         self._m0 = time.monotonic()
@@ -173,6 +121,8 @@ class Run:
         self._req_bucket: TokenBucket | None = None
         self._tok_bucket: TokenBucket | None = None
         self._gate = StoreGate(self._on_store_change)
+        self.events = EventLog(store, self._gate)
+        self._settler: Settler | None = None
         prices = config.pricing.get(config.model.name)
         self.budget = BudgetGuard(
             config.limits.budget_usd,
@@ -205,7 +155,7 @@ class Run:
 
     async def _start(self) -> None:
         cfg = self.config
-        self.run_id = await self.store.ensure_run(cfg.run.name, cfg.redacted())
+        self.run_id = self.events.run_id = await self.store.ensure_run(cfg.run.name, cfg.redacted())
         recovered = await self.store.recover_leases(self.run_id, socket.gethostname())
         if recovered:
             await self._event("info", "run", f"{recovered} leased samples from an earlier engine returned to pending")
@@ -222,6 +172,10 @@ class Run:
             self._tok_bucket = TokenBucket(cfg.limits.tokens_per_min, now=now)
         self._eps = await open_endpoints(cfg, started=self._m0, clients=self._given_clients, on_event=self._event)
         self._slots = EndpointSlots([e.limit for e in self._endpoints], [e.config.weight for e in self._endpoints])
+        self._settler = Settler(
+            cfg, self.store, self.run_id, self._gate, self.events, self._counts, self.budget, self._endpoints,
+            self._slots, self.total_metrics, self._verdicts, self._strategies, self._tok_bucket,
+            self._tokenizer_fingerprint)
         if not isinstance(self.reconstructor, PassThroughReconstructor):
             self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="reconstruct")
         if stored_state == "paused" and not self.resume_paused:
@@ -453,9 +407,14 @@ class Run:
         try:
             outcome = await request_sample(
                 f, endpoints=self._endpoints, slots=self._slots, policy=self.policy, model=self.config.model.name,
-                reconstruct=self._reconstruct, on_retry=self._on_retry,
+                reconstruct=self._reconstruct, on_retry=self._settler.on_retry,
             )
-            await self._settle(f, outcome)
+            first_stop = self._stop_leasing(outcome)
+            await self._settler.settle(f, outcome)
+            if first_stop:
+                await self._event("error", "endpoint", f"{self._endpoints[f.last].name}: {outcome.error} — the run is "
+                                  "paused so the queue is not burnt; fix the cause (key, credits, permissions) and resume")
+                await self.pause(reason=self.state_reason)
         except asyncio.CancelledError:
             self.budget.settle(f.reserved_usd, 0.0)
             raise
@@ -479,122 +438,14 @@ class Run:
         return await asyncio.get_running_loop().run_in_executor(
             self._pool, self.reconstructor.process, completion, reference_ids)
 
-    async def _on_retry(self, f: Flight, exc: RetryableError) -> None:
-        """A failed request that will be retried: count it, cut the limit on overload, give back the slot while
-        waiting, and log the attempt with what it was billed."""
-        ep = self._endpoints[f.last]
-        self._note_overload(ep, exc)  # before the release wakes a waiter
-        if f.index is not None:
-            self._slots.release(f.index)
-            f.index = None
-        self._note_error(ep, exc.error_class, final=False, retried=True)
-        if exc.cost_usd:
-            self.budget.settle(0.0, exc.cost_usd)
-            f.billed_usd += exc.cost_usd
-        await self._gate.commit(lambda: self.store.log_attempt(
-            self.run_id, f.sample.pk, f.tries, ep.name, exc.cost_usd, exc.error_class, str(exc)))
-
-    async def _settle(self, f: Flight, o: Outcome) -> None:
-        """Record an Outcome: store it (retried while the database refuses), then move the counts, the budget
-        and the metrics. The one place a sample's requests end."""
-        f.settling = True
-        s, run_id, ep = f.sample, self.run_id, self._endpoints[f.last]
-        if o.completion is not None:  # paid: stored whatever else went wrong
-            completion = o.completion
-            cost = cost_of(completion.usage, self.config.pricing.get(self.config.model.name))
-            self._charge(f, cost)
-            keep = self.config.run.keep_raw
-            if keep:
-                completion = capped_raw(completion, self.config.run.keep_raw_max_bytes)
-            state = "done" if o.kind == "done" else "failed"
-            await self._gate.commit(lambda: asyncio.shield(self.store.record_result(
-                run_id, s.pk, o.attempt, ep.name, completion, cost, o.reconstruction, o.verdict, s.reference_ids,
-                state, profile=self.config.model.profile, tokenizer=self._tokenizer_fingerprint, keep_raw=keep,
-                error_class=o.error_class, error=o.message)))
-            self._counts.ended(state)
-            self._account_completion(ep, completion, cost, s)
-            if o.verdict is not None:
-                self._verdicts[o.verdict.category] += 1
-            if o.reconstruction is not None:
-                self._strategies[o.reconstruction.strategy] += 1
-        elif o.kind == "failed":
-            if isinstance(o.error, RetryableError):
-                self._note_overload(ep, o.error)
-            if o.attempt:
-                self._note_error(ep, o.error_class or "error", final=True, retried=False)
-            self._charge(f, o.cost_usd)
-            await self._gate.commit(lambda: self.store.record_failure(
-                run_id, s.pk, o.error_class or "error", o.message or "", final=True, cost_usd=o.cost_usd,
-                endpoint=ep.name if o.attempt else None, attempt=o.attempt or None))
-            self._counts.ended("failed")
-        else:  # stopping (released is the same without the pause)
-            await self._settle_stopping(f, o, ep)
-        if o.unexpected:
-            await self._event("error", "sample", f"sample {s.sample_id!r} ({s.dataset}) failed: {o.error_class}: "
-                              f"{o.message}"[:1000] + " — the run goes on; fix the input and run 'eaglewatch reprocess'"
-                              " or re-ingest it")
-
-    async def _settle_stopping(self, f: Flight, o: Outcome, ep: Endpoint) -> None:
-        exc = o.error
-        first = o.kind == "stopping" and self.state == "running"
-        if first:  # stop leasing before any await lets the scheduler start another request
-            self.state, self.state_reason = "paused", f"{o.error_class}: {o.message}"[:200]
-            self.stopping_error = True
-        if f.index is not None:
-            self._slots.release(f.index)
-            f.index = None
-        self._note_error(ep, o.error_class or "error", final=False, retried=False)
-        self._charge(f, o.cost_usd)
-        if isinstance(exc, ProviderError) and o.attempt:
-            await self._gate.commit(lambda: self.store.log_attempt(
-                self.run_id, f.sample.pk, o.attempt, ep.name, o.cost_usd, o.error_class or "error", o.message or ""))
-        await self._gate.commit(lambda: self.store.release(self.run_id, [f.sample.pk]))
-        self._counts.released()
-        if first:
-            await self._event("error", "endpoint", f"{ep.name}: {exc} — the run is paused so the queue is not burnt; "
-                              "fix the cause (key, credits, permissions) and resume")
-            await self.pause(reason=self.state_reason)
-
-    def _charge(self, f: Flight, cost: float) -> None:
-        """Replace the flight's reservation with its last request's cost; report spending beyond the reservation."""
-        over = f.billed_usd + cost - f.reserved_usd
-        self.budget.settle(f.reserved_usd, cost)
-        f.reserved_usd = 0.0
-        if over > 1e-12 and self.budget.budget_usd is not None:
-            first = self.budget.overshoot_usd == 0.0
-            self.budget.overshoot_usd += over
-            if first:
-                asyncio.get_running_loop().create_task(self._event(
-                    "warning", "budget", f"sample {f.sample.sample_id!r} cost ${over:.6f} more than its reserved worst "
-                    f"case: [pricing] for {self.config.model.name!r} is below what the provider bills (or retries "
-                    "were billed), so the budget can be passed by such overshoots"))
-
-    def _account_completion(self, ep: Endpoint, completion: Completion, cost: float, s: LeasedSample) -> None:
-        if self._tok_bucket is not None:
-            used = completion.usage.prompt_tokens + completion.usage.completion_tokens
-            est = estimate_prompt_tokens(s.messages, s.tools) + self.config.generation.max_tokens
-            self._tok_bucket.adjust(used - est, asyncio.get_running_loop().time())
-        saturated = self._slots.waiting > 0 or ep.limit.in_flight >= ep.limit.limit
-        if ep.limit.on_success(saturated) is not None:
-            self._slots.wake()
-        now = time.monotonic()
-        for m in (ep.metrics, self.total_metrics):
-            m.record_completion(now, completion.usage.completion_tokens, completion.total_s, completion.ttft_s,
-                                cost, completion.truncated)
-
-    def _note_overload(self, ep: Endpoint, exc: RetryableError) -> None:
-        if exc.status in OVERLOAD_STATUSES or exc.error_class in OVERLOAD_CLASSES:
-            change = ep.limit.on_overload(asyncio.get_running_loop().time(), exc.retry_after_s)
-            if change is not None:
-                self._limit_event(ep, change)
-
-    def _limit_event(self, ep: Endpoint, change: LimitChange) -> None:
-        msg = f"{ep.name}: concurrency reduced from {change.old} to {change.new} (retrying in {change.cooldown_s:g}s)"
-        asyncio.get_running_loop().create_task(self._event("warning", "concurrency", msg))
-
-    def _note_error(self, ep: Endpoint, error_class: str, *, final: bool, retried: bool) -> None:
-        for m in (ep.metrics, self.total_metrics):
-            m.record_error(error_class, final=final, retried=retried)
+    def _stop_leasing(self, o: Outcome) -> bool:
+        """A run-stopping error: pause before any await lets the scheduler start another request. True for the
+        first such error (which tells the operator)."""
+        if o.kind != "stopping" or self.state != "running":
+            return False
+        self.state, self.state_reason = "paused", f"{o.error_class}: {o.message}"[:200]
+        self.stopping_error = True
+        return True
 
     async def _cancel_in_flight(self, reason: str, *, settling: bool = False) -> None:
         """Cancel the requests in flight (with settling=True also results not yet stored) and return their leases."""
@@ -695,23 +546,17 @@ class Run:
             if self.state == "running":
                 self.state, self.state_reason = "paused", f"disk full: {advice}"[:300]
                 self._state_dirty = True
-            self._record_event("error", "store", f"{advice}. The run is paused; finished results are held and "
+            self.events.note("error", "store", f"{advice}. The run is paused; finished results are held and "
                                "stored as soon as the disk has room")
         else:
-            self._record_event("warning", "store", f"the database refuses writes ({error}); leasing is paused and "
+            self.events.note("warning", "store", f"the database refuses writes ({error}); leasing is paused and "
                                "finished results are held until it writes again")
 
     async def _store_recovered(self) -> None:
-        self._record_event("info", "store", "the database writes again; held results are being stored")
+        self.events.note("info", "store", "the database writes again; held results are being stored")
         if self._state_dirty:
             await self._set_state(self.state, self.state_reason)
-        while self._unsaved and self._gate.blocked is None:
-            level, kind, message = self._unsaved[0]
-            try:
-                await self.store.add_event(self.run_id, level, kind, message)
-            except StoreWriteError:
-                return
-            self._unsaved.popleft()
+        await self.events.flush()
         self._check_idle()
 
     # ---- state and events ------------------------------------------------------------------------
@@ -726,29 +571,12 @@ class Run:
         except StoreWriteError:
             self._state_dirty = True  # written when the store recovers
 
-    def _record_event(self, level: str, kind: str, message: str) -> None:
-        """An event kept in memory now and written to the store when it can take it."""
-        self._event_seq += 1
-        self._events.append(EngineEvent(self._event_seq, time.time(), level, kind, message))
-        if self.run_id is not None:
-            self._unsaved.append((level, kind, message))
-
     async def _event(self, level: str, kind: str, message: str) -> None:
-        self._event_seq += 1
-        self._events.append(EngineEvent(self._event_seq, time.time(), level, kind, message))
-        if self.run_id is None:
-            return
-        if self._gate.blocked is not None:
-            self._unsaved.append((level, kind, message))
-            return
-        try:
-            await self.store.add_event(self.run_id, level, kind, message)
-        except StoreWriteError:
-            self._unsaved.append((level, kind, message))
+        await self.events.add(level, kind, message)
 
     def events_since(self, after_id: int) -> list[EngineEvent]:
         """Events this engine wrote after `after_id` (the latest 1,000 are kept in memory)."""
-        return [e for e in self._events if e.id > after_id]
+        return self.events.since(after_id)
 
     # ---- metrics ---------------------------------------------------------------------------------
 
