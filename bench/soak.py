@@ -1,6 +1,6 @@
 """Soak: one long engine run with faults, checked for loss, duplicates, cost drift, memory growth and slowdown.
 
-    python bench/soak.py [--n 100000] [--faults 500=0.02,429=0.02,reset=0.01,malformed=0.01]
+    python bench/soak.py [--n 100000] [--faults 500=0.02,502=0.01,reset=0.01,malformed=0.01,429=0.002]
                          [--concurrency 64] [--stream] [--reconstruct] [--latency-ms 5]
 
 The built-in simulator (a real loopback HTTP server in this process) answers with the given faults; the
@@ -139,7 +139,7 @@ async def soak(args: argparse.Namespace, db_dir: Path) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=100_000, help="samples (default 100,000; use e.g. 20000 for a quick run)")
-    ap.add_argument("--faults", default="500=0.02,429=0.02,reset=0.01,malformed=0.01",
+    ap.add_argument("--faults", default="500=0.02,502=0.01,reset=0.01,malformed=0.01,429=0.002",
                     help="simulator fault kinds and rates, comma-separated KIND=RATE")
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--latency-ms", type=float, default=5.0, help="simulator median latency")
