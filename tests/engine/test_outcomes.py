@@ -16,15 +16,8 @@ from app.errors import InputError
 from app.providers.retry import RetryPolicy
 from app.store.records import SampleInput
 from app.store.run_store import RunStore
-from tests.engine.conftest import make_config, open_ingested, sample_inputs
-
-
-async def _until(pred, timeout=20.0):
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not await pred() if asyncio.iscoroutinefunction(pred) else not pred():
-        assert loop.time() < end, "condition not reached"
-        await asyncio.sleep(0.02)
+from tests.engine.conftest import make_config, open_ingested, run_to_end, sample_inputs
+from tests.engine.conftest import until as _until
 
 
 async def test_a_reference_id_beyond_the_vocabulary_fails_that_sample_and_keeps_its_paid_response(tmp_path, sample_data):
@@ -150,14 +143,7 @@ async def test_keep_raw_stores_every_streamed_chunk_up_to_the_cap(tmp_path, samp
     config = make_config(tmp_path, sample_data, stream=True)
     run_cfg = {"keep_raw": True} if cap is None else {"keep_raw": True, "keep_raw_max_bytes": cap}
     config = config.model_copy(update={"run": config.run.model_copy(update=run_cfg)})
-    store, _ = await open_ingested(config, sample_data, 5)
-    run = Run(config, store)
-    try:
-        await run.start()
-        await asyncio.wait_for(run.wait(), 30)
-    finally:
-        await run.close()
-        await store.close()
+    await run_to_end(config, sample_data, 5)
     raws = [json.loads(r[0]) for r in sqlite3.connect(config.run.database).execute("SELECT raw FROM responses")]
     assert len(raws) == 5
     if cap is None:
@@ -168,14 +154,7 @@ async def test_keep_raw_stores_every_streamed_chunk_up_to_the_cap(tmp_path, samp
 
 async def test_without_keep_raw_no_body_is_stored(tmp_path, sample_data):
     config = make_config(tmp_path, sample_data, stream=True)
-    store, _ = await open_ingested(config, sample_data, 3)
-    run = Run(config, store)
-    try:
-        await run.start()
-        await asyncio.wait_for(run.wait(), 30)
-    finally:
-        await run.close()
-        await store.close()
+    await run_to_end(config, sample_data, 3)
     assert sqlite3.connect(config.run.database).execute("SELECT COUNT(raw) FROM responses").fetchone()[0] == 0
 
 

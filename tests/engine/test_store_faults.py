@@ -23,6 +23,7 @@ from app.simulator.options import SimulatorOptions
 from app.simulator.server import SimulatorServer
 from app.store.run_store import RunStore
 from tests.engine.conftest import make_config, sample_inputs
+from tests.engine.conftest import until as _until
 
 
 class BillingClient:
@@ -38,14 +39,6 @@ class BillingClient:
         self.billed += out.usage.cost_usd or 0.0
         self.responses += 1
         return out
-
-
-async def _until(pred, timeout=30.0):
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not pred():
-        assert loop.time() < end, "condition not reached"
-        await asyncio.sleep(0.02)
 
 
 async def _setup(tmp_path, sample_data, db_path: Path, n: int, *, busy_timeout_s: float = 10.0):
