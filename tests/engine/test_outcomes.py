@@ -180,3 +180,27 @@ async def test_the_engine_is_the_run_control_and_set_concurrency_sticks(tmp_path
         await store.close()
     db = sqlite3.connect(config.run.database)
     assert db.execute("SELECT COUNT(*) FROM events WHERE message LIKE 'set_concurrency needs a limit%'").fetchone()[0] == 1
+
+
+async def test_prices_below_the_bill_are_reported_as_an_overshoot_not_as_reached(tmp_path, sample_data):
+    from app.simulator.options import SimulatorOptions
+    from app.simulator.server import SimulatorServer
+
+    billed = make_config(tmp_path, sample_data).pricing["moonshotai/kimi-k2.5"]  # what the provider charges
+    sim = SimulatorServer(SimulatorOptions(seed=2), tokenizer_dir=sample_data / "tokenizer",
+                          reference=sample_data / "reference.jsonl", pricing=billed)
+    await sim.start()
+    try:
+        # the config's prices are 10x too low, so each reservation is 10x too small
+        config = make_config(tmp_path, sample_data, limits={"budget_usd": 0.01}, generation={"max_tokens": 512},
+                             pricing={"moonshotai/kimi-k2.5": {"prompt_per_m": 0.06, "completion_per_m": 0.25}},
+                             endpoints=[{"name": "sim", "base_url": sim.base_url, "timeout_s": 5}])
+        run, outcome = await run_to_end(config, sample_data, 300)
+    finally:
+        await sim.close()
+    assert outcome.state == "paused" and outcome.reason == "budget reached"
+    messages = [e.message for e in run.events_since(0) if e.kind == "budget"]
+    assert any("more than its reserved worst case" in m for m in messages)
+    final = messages[-1]
+    assert final.startswith("budget $0.0100 passed") and "beyond what was reserved" in final
+    assert run.budget.overshoot_usd > 0
