@@ -94,6 +94,8 @@ class RunSection(_Section):
                        "No control characters or path separators.")
     database: ConfigPath = Field(Path("eaglewatch.db"), description="SQLite run store (created if missing).")
     output_dir: ConfigPath = Field(Path("out"), description="Where exports and job outputs go.")
+    keep_raw: bool = Field(False, description="Store each response's raw body (streamed: every chunk) in responses.raw.")
+    keep_raw_max_bytes: int = Field(1_000_000, gt=0, description="A raw body larger than this is stored as a note of its size.")
 
 
 class Dataset(_Section):

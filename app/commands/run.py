@@ -73,21 +73,12 @@ def run(args: argparse.Namespace) -> int:
 
 async def run_headless(config, *, progress: bool = True, stream=None) -> int:
     """Run to the end (exit 0), a run-stopping error (3) or a budget/operator pause (1); Ctrl-C pauses."""
-    from app.engine.reconstruct import build_reconstructor
-    from app.engine.run import Run
-    from app.store.run_store import RunStore
-
-    from app.engine.ingest import ingest_config
+    from app.engine.session import open_run
 
     stream = stream or sys.stderr
-    store = await RunStore.open(config.run.database)
-    try:
-        summary = (await ingest_config(store, config)).summary()
-        if summary:
-            print(f"{summary} ({config.run.database})", file=stream)
-        engine = Run(config, store, reconstructor=build_reconstructor(config),
-                     db_path=config.run.database, resume_paused=True)
-        await engine.start()
+    database = config.run.database
+    async with open_run(config, on_ingested=lambda summary: print(f"{summary} ({database})", file=stream)) as opened:
+        engine = opened.run
         loop = asyncio.get_running_loop()
         interrupts = 0
 
@@ -108,9 +99,6 @@ async def run_headless(config, *, progress: bool = True, stream=None) -> int:
         finally:
             loop.remove_signal_handler(signal.SIGINT)
             loop.remove_signal_handler(signal.SIGTERM)
-            await engine.close(cancel_in_flight=True)
-    finally:
-        await store.close()
     if outcome.state == "done":
         return 0
     print(f"run paused: {outcome.reason}; run the same command again to resume", file=stream)

@@ -3,8 +3,9 @@
 Every request in flight reserves its worst-case cost (prompt estimate at the prompt price plus
 `max_tokens` at the completion price); a result replaces its reservation with its real cost. A new request
 may start only while spent + reserved + its own worst case stays within the budget. Without a price for
-the model, the worst case is the dearest response seen so far (x1.5), so the guard still holds once the
-first costs arrive. Pure arithmetic: no I/O, no clock of its own.
+the model there is no worst case to reserve, so the engine refuses a budget then (`Run.start`). What a
+request costs beyond its reservation (prices below the provider's bill, billed retries) is summed in
+`overshoot_usd` so the operator is told the budget was passed, not "reached". Pure arithmetic: no I/O.
 """
 
 from __future__ import annotations
@@ -38,13 +39,13 @@ class BudgetGuard:
         self.max_tokens = max_tokens
         self.spent_usd = spent_usd
         self.reserved_usd = 0.0
-        self._dearest = 0.0
+        self.overshoot_usd = 0.0  # spent beyond the reservations (the engine adds to it)
 
     def worst_case(self, prompt_tokens: int) -> float:
-        """The most one request with this prompt could cost."""
+        """The most one request with this prompt could cost (0 without prices: no budget is allowed then)."""
         if self.prices is not None:
             return (prompt_tokens * self.prices.prompt_per_m + self.max_tokens * self.prices.completion_per_m) / 1e6
-        return self._dearest * 1.5
+        return 0.0
 
     def allows(self, worst_case_usd: float) -> bool:
         """True when a request with this worst case may start without any risk of crossing the budget."""
@@ -57,13 +58,13 @@ class BudgetGuard:
         return self.budget_usd is not None and self.spent_usd >= self.budget_usd
 
     def reserve(self, worst_case_usd: float) -> None:
+        """Hold a starting request's worst case until `settle`."""
         self.reserved_usd += worst_case_usd
 
     def settle(self, reserved_usd: float, cost_usd: float) -> None:
         """Replace a reservation with what the request really cost (0 for a request that failed unbilled)."""
         self.reserved_usd = max(0.0, self.reserved_usd - reserved_usd)
         self.spent_usd += cost_usd
-        self._dearest = max(self._dearest, cost_usd)
 
 
 def cost_per_hour(spent_usd: float, elapsed_s: float) -> float:

@@ -1,24 +1,23 @@
-"""The one control interface over a run (architecture rule 5).
+"""The one control interface over a generation run (architecture rule 5).
 
-In-process faces call the engine's implementation directly; an attached viewer uses
-`app.store`'s command queue implementation, which writes a row to the `commands` table that the
-engine polls. Both satisfy this protocol.
+The engine (`app.engine.run.Run`) implements it in-process; an attached viewer's implementation writes a
+row to the `commands` table (verbs `pause` {"now": bool}, `resume`, `set_concurrency` {"limit": n}) that
+the engine polls about once a second and hands to `Run.apply_command`. Extraction jobs are steered by the
+jobs runner, not through this interface.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
+@runtime_checkable
 class RunControl(Protocol):
     async def pause(self, now: bool = False) -> None:
         """Lease nothing new; with now=True also cancel in-flight requests (providers may still bill)."""
 
     async def resume(self) -> None:
-        """Continue leasing after a pause (operator, budget or run-stopping error)."""
+        """Continue leasing after a pause (operator, budget, run-stopping error or a full disk)."""
 
     async def set_concurrency(self, limit: int) -> None:
-        """Set the in-flight limit, clamped to the configured min/max."""
-
-    async def job_command(self, job_id: int, verb: str) -> None:
-        """Pause, resume or cancel an extraction job (verb: pause | resume | cancel)."""
+        """Set the run's total in-flight limit, spread over the endpoints by weight, clamped to min/max."""

@@ -6,9 +6,15 @@ of scheduling): the response text is stored as is and no reconstruction row is w
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from app.records import Completion, Reconstruction, Verdict
+
+
+class CompletionReconstructor(Protocol):
+    """What the engine needs to rebuild a response's token ids (`app.tokens.Reconstructor`)."""
+
+    def process(self, completion: Completion, reference_ids: tuple[int, ...] | None) -> tuple[Reconstruction | None, Verdict | None]: ...
 
 
 class PassThroughReconstructor:

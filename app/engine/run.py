@@ -1,48 +1,61 @@
 """A Run: lease pending samples, send them to the endpoints, store every result, steer it live.
 
-One asyncio task schedules: it leases samples in batches, checks pause, budget and the rate buckets,
-waits for a slot on some endpoint (adaptive limit per endpoint, picked by weight) and starts one request
-task per sample. A request task retries retryable errors itself (releasing its slot while it waits, so
-each retry is paced under the current limit), passes the completion through the Reconstructor in a
-thread pool, and stores response, reconstruction, cost and the sample's new state in one transaction.
-A second task polls the `commands` table about once a second for attached viewers.
+The Run is the scheduler over small parts: `endpoints` builds the clients (starting simulators, reading
+keys), `attempt.request_sample` carries one sample from its first request to an Outcome (done | failed |
+released | stopping), `settle.Settler` records that Outcome in one place, `SampleCounts` mirrors the
+store's counts, `StoreGate` retries writes the database refuses for a while, `EventLog` keeps the operator's
+events, and the store (`RunStore`) holds every statement. One asyncio task schedules: it leases samples in batches, checks pause, budget and the rate
+buckets, waits for a slot on some endpoint (adaptive limit per endpoint, picked by weight) and starts one
+request task per sample; the slot is held until the result is stored. Two more tasks poll the `commands`
+table (attached viewers) and keep the leases (heartbeat and expiry).
 
-Crash safety comes from the store: a sample is `leased` until its result commits; a fresh engine expires
-every lease of its own run at start (an exclusive lock file next to the database makes sure no other
-engine is running it), so a SIGKILL loses at most the requests that were in flight.
+Crash safety comes from the store: a sample is `leased` until its result commits, and a SIGKILL loses at
+most the requests in flight (finished-but-unstored results hold their slot). Leases carry an owner
+(host:pid): a starting engine (holding the lock file next to the database, so no other engine on this host
+runs the run) returns this host's leases at once; while it runs it extends its own leases every lease_s/3
+and returns any lease past its expiry (an engine elsewhere that stopped) to pending.
+
+Why this module is ~600 lines: what is left is one state machine (run state, lease queue, flights, pause,
+the store's health) whose parts read and change the same few fields; split further, each part would take
+the Run's internals as arguments.
 """
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import math
 import os
+import socket
 import time
 from collections import Counter, deque
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from app.config import RunConfig
+from app.engine.attempt import Flight, Outcome, request_sample
 from app.engine.budget import BudgetGuard, Prices, cost_per_hour, estimate_prompt_tokens, projected_total
 from app.engine.buckets import TokenBucket
-from app.engine.limiter import AdaptiveLimit, LimitChange
+from app.engine.counts import SampleCounts
+from app.engine.endpoints import CompletionClient, Endpoint, Endpoints, close_endpoints, open_endpoints, set_total_limit
+from app.engine.events import EngineEvent, EventLog
+from app.engine.lock import EngineLock
 from app.engine.metrics import EndpointMetrics
-from app.engine.reconstruct import PassThroughReconstructor
-from app.store import tallies
-from app.store.queries import EventRow
+from app.engine.reconstruct import CompletionReconstructor, PassThroughReconstructor
+from app.engine.settle import Settler
 from app.engine.slots import EndpointSlots
 from app.engine.snapshot import MetricsSnapshot
-from app.errors import EaglewatchError, InputError
-from app.records import Completion
+from app.engine.writes import StoreGate, disk_full_advice
+from app.errors import InputError
+from app.providers.retry import RetryPolicy
+from app.records import Completion, Reconstruction, Verdict
+from app.store.records import LeasedSample
+from app.store.run_store import RunStore, StoreWriteError
 
-OVERLOAD_STATUSES = (429, 503, 529)
-OVERLOAD_CLASSES = ("429", "rate_limited", "overloaded", "529")
 COMMAND_POLL_S = 1.0
+CLOSE_GRACE_S = 30.0  # how long close() waits for finished results to be stored before giving them up
 
-
-EngineEvent = EventRow  # an operator event as the engine wrote it (also in the `events` table)
+__all__ = ["EngineEvent", "EngineLock", "Run", "RunOutcome"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,129 +67,85 @@ class RunOutcome:
     stopping_error: bool = False
 
 
-def _expire_all_leases_op(run_id: int):
-    """Every lease of this run back to pending: called only while holding the run's EngineLock, so no
-    other engine can own a lease (what remains is from an engine that died)."""
-
-    def op(conn) -> int:
-        return conn.execute(
-            "UPDATE samples SET state = 'pending', lease_expires = NULL, updated_at = ? "
-            "WHERE run_id = ? AND state = 'leased'",
-            (time.time(), run_id),
-        ).rowcount
-
-    return op
-
-
-class EngineLock:
-    """An exclusive lock file per (database, run): a second engine on the same run is refused."""
-
-    def __init__(self, db_path: Path, run_name: str) -> None:
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in run_name)
-        self.path = Path(f"{db_path}.{safe}.lock")
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        """Take the lock or raise EaglewatchError naming the holder's pid."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise EaglewatchError(
-                f"another engine (pid {holder}) is already running this run ({self.path} is locked); "
-                "attach to it with 'eaglewatch watch' or stop it first"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
-
-
-class _Endpoint:
-    """What the engine keeps per endpoint: its client, limit and metrics."""
-
-    def __init__(self, config: Any, client: Any, limit: AdaptiveLimit, started: float) -> None:
-        self.config = config
-        self.name: str = config.name
-        self.client = client
-        self.limit = limit
-        self.metrics = EndpointMetrics(config.name, started)
-
-
 class Run:
-    """One run of a config over a store; implements `RunControl` in-process."""
+    """One run of a config over a store; the engine's implementation of `RunControl`."""
 
     def __init__(
         self,
-        config: Any,
-        store: Any,
+        config: RunConfig,
+        store: RunStore,
         *,
-        reconstructor: Any | None = None,
+        reconstructor: CompletionReconstructor | None = None,
         db_path: Path | None = None,
         resume_paused: bool = False,
-        clients: dict[str, Any] | None = None,
+        clients: Mapping[str, CompletionClient] | None = None,
         lease_batch: int | None = None,
-        retry_policy: Any | None = None,
+        retry_policy: RetryPolicy | None = None,
     ) -> None:
         self.config = config
         self.store = store
-        self.reconstructor = reconstructor or PassThroughReconstructor()
+        self.reconstructor: CompletionReconstructor = reconstructor or PassThroughReconstructor()
         tok = getattr(self.reconstructor, "tokenizer", None)
         self._tokenizer_fingerprint = str(getattr(tok, "fingerprint", "") or "")
-        self.db_path = Path(db_path or getattr(store, "path", None) or config.run.database)
+        self.db_path = Path(db_path or store.path or config.run.database)
         self.resume_paused = resume_paused
-        self._given_clients = clients or {}
+        self._given_clients = dict(clients or {})
         self._lease_batch = lease_batch
-        self._retry_policy = retry_policy
+        self.policy = retry_policy or RetryPolicy(attempts=config.generation.attempts)
+        self.owner = f"{socket.gethostname()}:{os.getpid()}"
         self.run_id: int | None = None
         self.state = "idle"
         self.state_reason: str | None = None
         self.stopping_error = False
         self._lock = EngineLock(self.db_path, config.run.name)
-        self._endpoints: list[_Endpoint] = []
+        self._eps = Endpoints()
         self._slots: EndpointSlots | None = None
-        self._simulators: list[Any] = []
-        self._queue: deque[Any] = deque()
-        self._prefetch: asyncio.Future | None = None
+        self._queue: deque[LeasedSample] = deque()
+        self._prefetch: asyncio.Future[list[LeasedSample]] | None = None
         self._lease_empty_at = -1e9
-        self._tasks: set[asyncio.Task] = set()
-        self._inflight_pks: dict[asyncio.Task, int] = {}
+        self._flights: dict[asyncio.Task, Flight] = {}
         self._main: list[asyncio.Task] = []
         self._wake = asyncio.Event()
         self._settled = asyncio.Event()
         self._finished = asyncio.Event()
         self._idle = asyncio.Event()
         self._pool: ThreadPoolExecutor | None = None
-        self._events: deque[EngineEvent] = deque(maxlen=1000)
-        self._event_seq = 0
+        self._state_dirty = False
         self._t0 = time.time()
         self._m0 = time.monotonic()
         self.total_metrics = EndpointMetrics("all", self._m0)
-        self._counts: Counter[str] = Counter()
+        self._counts = SampleCounts()
         self._verdicts: Counter[str] = Counter()
         self._strategies: Counter[str] = Counter()
         self._spent_at_start = 0.0
         self._req_bucket: TokenBucket | None = None
         self._tok_bucket: TokenBucket | None = None
-        lim = config.limits
+        self._gate = StoreGate(self._on_store_change)
+        self.events = EventLog(store, self._gate)
+        self._settler: Settler | None = None
         prices = config.pricing.get(config.model.name)
         self.budget = BudgetGuard(
-            lim.budget_usd,
+            config.limits.budget_usd,
             Prices(prices.prompt_per_m, prices.completion_per_m) if prices else None,
             config.generation.max_tokens,
         )
+
+    @property
+    def _endpoints(self) -> list[Endpoint]:
+        return self._eps.items
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Take the run's lock, recover leases, start simulators and clients, and begin scheduling."""
+        cfg = self.config
+        if cfg.limits.budget_usd is not None and self.budget.prices is None:
+            raise InputError(
+                f"limits.budget_usd is {cfg.limits.budget_usd:g} but [pricing] has no prices for "
+                f"{cfg.model.name!r}: the budget guard cannot know what a request may cost before it is billed; "
+                f"add [pricing.\"{cfg.model.name}\"] prompt_per_m and completion_per_m (the worst case you accept), "
+                "or drop the budget"
+            )
         self._lock.acquire()
         try:
             await self._start()
@@ -186,23 +155,28 @@ class Run:
 
     async def _start(self) -> None:
         cfg = self.config
-        self.run_id = await self.store.ensure_run(cfg.run.name, cfg.redacted())
-        recovered = await self.store.write(_expire_all_leases_op(self.run_id))
+        self.run_id = self.events.run_id = await self.store.ensure_run(cfg.run.name, cfg.redacted())
+        recovered = await self.store.recover_leases(self.run_id, socket.gethostname())
         if recovered:
             await self._event("info", "run", f"{recovered} leased samples from an earlier engine returned to pending")
-        self._counts = Counter(await self.store.counts(self.run_id))
+        self._counts.reset(await self.store.counts(self.run_id))
         self._spent_at_start = await self.store.spent_usd(self.run_id)
         self.budget.spent_usd = self._spent_at_start
-        await self._load_verdict_counts()
-        stored_state, stored_reason = await self._stored_state()
-        loop = asyncio.get_running_loop()
-        now = loop.time()
+        verdicts, strategies = await self.store.outcome_counts(self.run_id)
+        self._verdicts, self._strategies = Counter(verdicts), Counter(strategies)
+        stored_state, stored_reason = await self.store.run_state(self.run_id)
+        now = asyncio.get_running_loop().time()
         if cfg.limits.requests_per_min:
             self._req_bucket = TokenBucket(cfg.limits.requests_per_min, now=now)
         if cfg.limits.tokens_per_min:
             self._tok_bucket = TokenBucket(cfg.limits.tokens_per_min, now=now)
-        await self._open_endpoints()
-        if self.reconstructor is not None and not isinstance(self.reconstructor, PassThroughReconstructor):
+        self._eps = await open_endpoints(cfg, started=self._m0, clients=self._given_clients, on_event=self._event)
+        self._slots = EndpointSlots([e.limit for e in self._endpoints], [e.config.weight for e in self._endpoints])
+        self._settler = Settler(
+            cfg, self.store, self.run_id, self._gate, self.events, self._counts, self.budget, self._endpoints,
+            self._slots, self.total_metrics, self._verdicts, self._strategies, self._tok_bucket,
+            self._tokenizer_fingerprint)
+        if not isinstance(self.reconstructor, PassThroughReconstructor):
             self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="reconstruct")
         if stored_state == "paused" and not self.resume_paused:
             self.state, self.state_reason = "paused", stored_reason or "paused before restart"
@@ -213,55 +187,8 @@ class Run:
         self._main = [
             asyncio.create_task(self._schedule(), name="eaglewatch-schedule"),
             asyncio.create_task(self._poll_commands(), name="eaglewatch-commands"),
+            asyncio.create_task(self._keep_leases(), name="eaglewatch-leases"),
         ]
-
-    async def _open_endpoints(self) -> None:
-        cfg = self.config
-        lim = cfg.limits
-        total_w = sum(e.weight for e in cfg.endpoints)
-        limits = []
-        for ep in cfg.endpoints:
-            share = ep.weight / total_w
-            # the configured min/max bound the run's total; each endpoint gets its weight's share
-            maximum = max(1, min(ep.max_concurrency, math.ceil(lim.concurrency_max * share)))
-            minimum = min(max(1, math.floor(lim.concurrency_min * share)), maximum)
-            initial = max(minimum, round(lim.concurrency_initial * share))
-            limit = AdaptiveLimit(initial, minimum, maximum)
-            client = self._given_clients.get(ep.name)
-            if client is None:
-                client = await self._make_client(ep)
-            self._endpoints.append(_Endpoint(ep, client, limit, self._m0))
-            limits.append(limit)
-        self._slots = EndpointSlots(limits, [e.weight for e in cfg.endpoints])
-
-    async def _make_client(self, ep: Any) -> Any:
-        from app.providers.client import ChatClient
-
-        if ep.simulator is not None:
-            from app.simulator.server import SimulatorServer
-
-            cfg = self.config
-            kwargs = {}
-            if cfg.pricing.get(cfg.model.name) is not None:
-                kwargs["pricing"] = cfg.pricing[cfg.model.name]
-            server = SimulatorServer(
-                ep.simulator, tokenizer_dir=cfg.model.tokenizer,
-                reference=ep.simulator.reference or cfg.data.reference, model=cfg.model.name,
-                profile=cfg.model.profile, **kwargs,
-            )
-            await server.start()
-            self._simulators.append(server)
-            ep = ep.model_copy(update={"base_url": server.base_url, "simulator": None})
-            await self._event("info", "endpoint", f"{ep.name}: built-in simulator listening on {server.base_url}")
-        api_key = None
-        if ep.api_key_env:
-            api_key = os.environ.get(ep.api_key_env)
-            if not api_key:
-                raise InputError(
-                    f"endpoint {ep.name!r}: the environment variable {ep.api_key_env} named by api_key_env is "
-                    "not set or empty; export it before starting the run"
-                )
-        return ChatClient(ep, self.config.generation, api_key)
 
     async def wait(self) -> RunOutcome:
         """Wait until every sample has ended, or the run is paused with nothing in flight."""
@@ -274,10 +201,13 @@ class Run:
 
     @property
     def outcome(self) -> RunOutcome:
+        """The run's state now, as a RunOutcome."""
         return RunOutcome(self.state, self.state_reason, self.stopping_error)
 
     async def close(self, *, cancel_in_flight: bool = True) -> None:
-        """Stop scheduling; cancel (or let finish) in-flight requests, release leases, free the lock."""
+        """Stop scheduling; cancel (or let finish) in-flight requests, release leases, free the lock.
+
+        Results already received are stored first (up to CLOSE_GRACE_S while the database refuses writes)."""
         for t in self._main:
             t.cancel()
         for t in self._main:
@@ -288,32 +218,18 @@ class Run:
         self._main = []
         if cancel_in_flight:
             await self._cancel_in_flight(reason="engine closing")
-        elif self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        if self._flights:
+            _, late = await asyncio.wait(list(self._flights), timeout=CLOSE_GRACE_S)
+            if late:
+                await self._cancel_in_flight(reason="the database refused writes at close", settling=True)
         await self._release_queue()
         if self.state == "running":
             # Viewers attached to the database must not show a live run that no engine drives.
-            self.state, self.state_reason = "paused", "engine stopped"
-            try:
-                await self.store.set_run_state(self.run_id, "paused", self.state_reason)
-            except Exception:
-                pass
+            await self._set_state("paused", "engine stopped")
         await self._teardown()
 
     async def _teardown(self) -> None:
-        for ep in self._endpoints:
-            aclose = getattr(ep.client, "aclose", None)
-            if aclose is not None and ep.name not in self._given_clients:
-                try:
-                    await aclose()
-                except Exception:
-                    pass
-        for server in self._simulators:
-            try:
-                await server.close()
-            except Exception:
-                pass
-        self._simulators = []
+        await close_endpoints(self._eps)
         if self._slots is not None:
             self._slots.close()
         if self._pool is not None:
@@ -325,7 +241,7 @@ class Run:
 
     async def pause(self, now: bool = False, reason: str = "operator") -> None:
         """Lease nothing new; with now=True also cancel in-flight requests (providers may still bill)."""
-        if self.state in ("done",):
+        if self.state == "done":
             return
         await self._set_state("paused", reason)
         await self._event("info", "run", f"run paused ({reason})")
@@ -336,7 +252,7 @@ class Run:
         self._check_idle()
 
     async def resume(self) -> None:
-        """Continue leasing after a pause (operator, budget or run-stopping error)."""
+        """Continue leasing after a pause (operator, budget, run-stopping error or a full disk)."""
         if self.state != "paused":
             return
         self.stopping_error = False
@@ -347,17 +263,28 @@ class Run:
 
     async def set_concurrency(self, limit: int) -> None:
         """Set the total in-flight limit, spread over the endpoints by weight and clamped to min/max."""
-        total_w = sum(e.config.weight for e in self._endpoints)
-        parts = []
-        for ep in self._endpoints:
-            parts.append(ep.limit.set_limit(max(1, round(limit * ep.config.weight / total_w))))
-        await self._event("info", "concurrency", f"concurrency set to {sum(parts)} by the operator")
+        total = set_total_limit(self._endpoints, limit)
+        await self._event("info", "concurrency", f"concurrency set to {total} by the operator")
         if self._slots is not None:
             self._slots.wake()
 
-    async def job_command(self, job_id: int, verb: str) -> None:
-        """Extraction jobs are steered by the jobs runner, not the generation engine."""
-        await self._event("warning", "job", f"job {job_id}: '{verb}' must be sent to the jobs runner, not the engine")
+    async def apply_command(self, verb: str, args: dict) -> None:
+        """Carry out one control command from the `commands` table (pause, resume, set_concurrency)."""
+        if verb == "pause":
+            await self.pause(now=bool(args.get("now", False)))
+        elif verb == "resume":
+            await self.resume()
+        elif verb == "set_concurrency":
+            try:
+                limit = int(args.get("limit", 0))
+            except (TypeError, ValueError):
+                limit = 0
+            if limit < 1:
+                await self._event("warning", "run", f"set_concurrency needs a limit of at least 1, got {args!r}; ignored")
+                return
+            await self.set_concurrency(limit)
+        else:
+            await self._event("warning", "run", f"unknown operator command {verb!r} ignored")
 
     # ---- scheduling ------------------------------------------------------------------------------
 
@@ -370,11 +297,11 @@ class Run:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # never stall silently: tell the operator and let wait() return
-            self.state, self.state_reason = "failed", f"engine error: {exc}"[:200]
+            self.state, self.state_reason = "paused", f"engine error: {exc}"[:200]
             try:
                 await self._event("error", "run", f"the scheduler stopped: {exc!r}; the run can be resumed by "
                                   "running it again once the cause is fixed")
-                await self.store.set_run_state(self.run_id, "paused", self.state_reason)
+                await self._set_state("paused", self.state_reason)
             finally:
                 self._idle.set()
 
@@ -382,45 +309,37 @@ class Run:
         loop = asyncio.get_running_loop()
         lease_s = self.config.limits.lease_s
         while True:
-            if self.state != "running":
+            if self.state != "running" or self._gate.blocked is not None:
+                # paused, or the store cannot write: start nothing (results already held keep retrying)
                 self._check_idle()
-                self._wake.clear()
-                await self._wake.wait()
+                await self._nap(0.5)
                 continue
             self._absorb_prefetch()
             if len(self._queue) <= self._total_limit() and self._prefetch is None \
                     and loop.time() - self._lease_empty_at > 0.5:
                 n = self._lease_batch or max(16, min(512, 2 * self._total_limit()))
-                self._prefetch = asyncio.ensure_future(self.store.lease(self.run_id, n, lease_s))
+                self._prefetch = asyncio.ensure_future(
+                    self._gate.commit(lambda: self.store.lease(self.run_id, n, lease_s, self.owner)))
             if not self._queue:
                 if self._prefetch is not None:
                     await asyncio.wait({self._prefetch})
                     self._absorb_prefetch()
                 if not self._queue:
-                    if not self._tasks and self._prefetch is None:
+                    if not self._flights and self._prefetch is None:
                         await self._finish_if_ended()
                         if self.state != "running":
                             continue
-                    self._wake.clear()
-                    try:
-                        await asyncio.wait_for(self._wake.wait(), 0.5)
-                    except TimeoutError:
-                        pass
+                    await self._nap(0.5)
                     continue
             sample = self._queue[0]
             prompt_est = estimate_prompt_tokens(sample.messages, sample.tools)
             worst = self.budget.worst_case(prompt_est)
             if not self.budget.allows(worst):
-                if self._tasks:
+                if self._flights:
                     self._settled.clear()
                     await self._settled.wait()
                     continue
-                spent = self.budget.spent_usd
-                await self._event(
-                    "warning", "budget",
-                    f"budget ${self.config.limits.budget_usd:.4f} reached: spent ${spent:.4f}, the next request "
-                    f"could cost up to ${worst:.4f}; raise limits.budget_usd and resume to continue",
-                )
+                await self._event("warning", "budget", self._budget_message(worst))
                 await self.pause(reason="budget reached")
                 continue
             if not await self._wait_buckets(loop, prompt_est):
@@ -432,9 +351,28 @@ class Run:
                 continue
             self._queue.popleft()
             self.budget.reserve(worst)
-            task = asyncio.create_task(self._request(sample, index, worst, prompt_est))
-            self._tasks.add(task)
-            self._inflight_pks[task] = sample.pk
+            flight = Flight(sample, worst, index)
+            task = asyncio.create_task(self._fly(flight), name=f"eaglewatch-sample-{sample.pk}")
+            self._flights[task] = flight
+
+    async def _nap(self, timeout: float) -> None:
+        """Wait for a wake-up or `timeout` (asyncio.wait: unlike 3.11's wait_for it never swallows a cancel)."""
+        self._wake.clear()
+        waiter = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({waiter}, timeout=timeout)
+        finally:
+            waiter.cancel()
+
+    def _budget_message(self, worst: float) -> str:
+        budget, spent = self.config.limits.budget_usd or 0.0, self.budget.spent_usd
+        over = self.budget.overshoot_usd
+        if spent > budget + 1e-12:
+            return (f"budget ${budget:.4f} passed: spent ${spent:.4f}, ${over:.4f} beyond what was reserved "
+                    f"(responses cost more than [pricing] predicts for {self.config.model.name!r}, or failed "
+                    "requests were billed); correct the prices, raise limits.budget_usd and resume")
+        return (f"budget ${budget:.4f} reached: spent ${spent:.4f}, the next request could cost up to ${worst:.4f}; "
+                "raise limits.budget_usd and resume to continue")
 
     def _absorb_prefetch(self) -> None:
         """Move a finished background lease into the queue (leases are fetched ahead so the queue never runs dry)."""
@@ -442,13 +380,12 @@ class Run:
         if fut is None or not fut.done():
             return
         self._prefetch = None
-        leased = fut.result()
+        leased = fut.result()  # a lasting store error ends the scheduler with an operator event
         if not leased:
             self._lease_empty_at = asyncio.get_running_loop().time()
             return
         self._queue.extend(leased)
-        self._counts["pending"] -= len(leased)
-        self._counts["leased"] += len(leased)
+        self._counts.leased(len(leased))
 
     async def _wait_buckets(self, loop: asyncio.AbstractEventLoop, prompt_est: int) -> bool:
         for bucket, amount in ((self._req_bucket, 1), (self._tok_bucket, prompt_est + self.config.generation.max_tokens)):
@@ -463,189 +400,93 @@ class Run:
                     return False
         return True
 
-    async def _request(self, sample: Any, index: int, reserved: float, prompt_est: int) -> None:
-        loop = asyncio.get_running_loop()
-        from app.providers.errors import RetryableError, RunStoppingError, SampleFatalError
-        from app.providers.retry import RetryPolicy, delay_for
+    # ---- one sample: request, then settle --------------------------------------------------------
 
-        policy = self._retry_policy or RetryPolicy(attempts=self.config.generation.attempts)
-        ep = self._endpoints[index]
-        slot_held = True
-        settled = False
+    async def _fly(self, f: Flight) -> None:
+        """A request task: whatever happens ends in a settled Outcome (or a cancellation that returns the lease)."""
         try:
-            for n in range(policy.attempts):
-                ep = self._endpoints[index]
-                try:
-                    completion = await ep.client.complete(
-                        sample.messages, sample.tools, model=self.config.model.name, extra=ep.config.extra or None
-                    )
-                except RetryableError as exc:
-                    self._note_overload(ep, exc, loop.time())  # before the release wakes a waiter
-                    self._release_slot(index)
-                    slot_held = False
-                    final = n + 1 >= policy.attempts
-                    self._note_error(ep, exc.error_class, final=final, retried=not final)
-                    if exc.cost_usd:
-                        self.budget.settle(0.0, exc.cost_usd)
-                    if final:
-                        self.budget.settle(reserved, 0.0)
-                        settled = True
-                        await self.store.record_failure(
-                            self.run_id, sample.pk, exc.error_class, str(exc), final=True, cost_usd=exc.cost_usd,
-                            endpoint=ep.name, attempt=sample.attempts,
-                        )
-                        self._counts["leased"] -= 1
-                        self._counts["failed"] += 1
-                        return
-                    await self._log_attempt(sample.pk, sample.attempts, ep.name, exc)
-                    await asyncio.sleep(delay_for(exc, n, policy))
-                    index = await self._slots.acquire()
-                    slot_held = True
-                    continue
-                except SampleFatalError as exc:
-                    self._release_slot(index)
-                    slot_held = False
-                    self._note_error(ep, exc.error_class, final=True, retried=False)
-                    self.budget.settle(reserved, exc.cost_usd)
-                    settled = True
-                    await self.store.record_failure(
-                        self.run_id, sample.pk, exc.error_class, str(exc), final=True, cost_usd=exc.cost_usd,
-                        endpoint=ep.name, attempt=sample.attempts,
-                    )
-                    self._counts["leased"] -= 1
-                    self._counts["failed"] += 1
-                    return
-                except RunStoppingError as exc:
-                    first = self.state == "running"
-                    if first:  # stop leasing before any await lets the scheduler start another request
-                        self.state, self.state_reason = "paused", f"{exc.error_class}: {exc}"[:200]
-                        self.stopping_error = True
-                    self._release_slot(index)
-                    slot_held = False
-                    self._note_error(ep, exc.error_class, final=False, retried=False)
-                    self.budget.settle(reserved, exc.cost_usd)
-                    settled = True
-                    await self._log_attempt(sample.pk, sample.attempts, ep.name, exc)
-                    await self.store.release(self.run_id, [sample.pk])
-                    self._counts["leased"] -= 1
-                    self._counts["pending"] += 1
-                    if first:
-                        await self._event(
-                            "error", "endpoint",
-                            f"{ep.name}: {exc} — the run is paused so the queue is not burnt; fix the cause "
-                            "(key, credits, permissions) and resume",
-                        )
-                        await self.pause(reason=self.state_reason)
-                    return
-                # success
-                saturated = self._slots.waiting > 0 or ep.limit.in_flight >= ep.limit.limit
-                self._release_slot(index)
-                slot_held = False
-                change = ep.limit.on_success(saturated)
-                if change is not None:
-                    self._slots.wake()
-                settled = True  # _store_result settles the reservation with the real cost
-                await self._store_result(sample, ep, completion, reserved)
-                return
+            outcome = await request_sample(
+                f, endpoints=self._endpoints, slots=self._slots, policy=self.policy, model=self.config.model.name,
+                reconstruct=self._reconstruct, on_retry=self._settler.on_retry,
+            )
+            first_stop = self._stop_leasing(outcome)
+            await self._settler.settle(f, outcome)
+            if first_stop:
+                await self._event("error", "endpoint", f"{self._endpoints[f.last].name}: {outcome.error} — the run is "
+                                  "paused so the queue is not burnt; fix the cause (key, credits, permissions) and resume")
+                await self.pause(reason=self.state_reason)
         except asyncio.CancelledError:
-            if slot_held:
-                self._release_slot(index)
-            if not settled:
-                self.budget.settle(reserved, 0.0)
+            self.budget.settle(f.reserved_usd, 0.0)
             raise
+        except Exception as exc:  # a bug in settling itself: tell the operator; the lease returns at restart
+            await self._event("error", "sample", f"sample {f.sample.sample_id!r} (pk {f.sample.pk}): recording its "
+                              f"outcome failed ({type(exc).__name__}: {exc}); it stays leased until the run restarts")
         finally:
-            task = asyncio.current_task()
-            self._tasks.discard(task)
-            self._inflight_pks.pop(task, None)
+            if f.index is not None:
+                self._slots.release(f.index)
+                f.index = None
+            self._flights.pop(asyncio.current_task(), None)
             self._settled.set()
-            if not self._tasks:
+            if not self._flights:
                 self._wake.set()
                 self._check_idle()
 
-    async def _store_result(self, sample: Any, ep: _Endpoint, completion: Completion, reserved: float) -> None:
-        from app.providers.pricing import cost_of
+    async def _reconstruct(self, completion: Completion, reference_ids: tuple[int, ...] | None
+                           ) -> tuple[Reconstruction | None, Verdict | None]:
+        if self._pool is None:
+            return self.reconstructor.process(completion, reference_ids)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._pool, self.reconstructor.process, completion, reference_ids)
 
-        cost = cost_of(completion.usage, self.config.pricing.get(self.config.model.name))
-        if self._pool is not None:
-            loop = asyncio.get_running_loop()
-            reconstruction, verdict = await loop.run_in_executor(
-                self._pool, self.reconstructor.process, completion, sample.reference_ids
-            )
-        else:
-            reconstruction, verdict = self.reconstructor.process(completion, sample.reference_ids)
-        truncated = completion.truncated
-        self.budget.settle(reserved, cost)
-        # shielded: a pause-now cancellation must not abandon a result that is already being committed
-        await asyncio.shield(self.store.record_result(
-            self.run_id, sample.pk, sample.attempts, ep.name, completion, cost,
-            reconstruction, verdict, sample.reference_ids,
-            profile=self.config.model.profile, tokenizer=self._tokenizer_fingerprint,
-        ))
-        if self._tok_bucket is not None:
-            used = completion.usage.prompt_tokens + completion.usage.completion_tokens
-            est = estimate_prompt_tokens(sample.messages, sample.tools) + self.config.generation.max_tokens
-            self._tok_bucket.adjust(used - est, asyncio.get_running_loop().time())
-        now = time.monotonic()
-        for m in (ep.metrics, self.total_metrics):
-            m.record_completion(now, completion.usage.completion_tokens, completion.total_s, completion.ttft_s,
-                                cost, truncated)
-        self._counts["leased"] -= 1
-        self._counts["done"] += 1
-        if verdict is not None:
-            self._verdicts[verdict.category] += 1
-        if reconstruction is not None:
-            self._strategies[reconstruction.strategy] += 1
+    def _stop_leasing(self, o: Outcome) -> bool:
+        """A run-stopping error: pause before any await lets the scheduler start another request. True for the
+        first such error (which tells the operator)."""
+        if o.kind != "stopping" or self.state != "running":
+            return False
+        self.state, self.state_reason = "paused", f"{o.error_class}: {o.message}"[:200]
+        self.stopping_error = True
+        return True
 
-    def _release_slot(self, index: int) -> None:
-        self._slots.release(index)
-
-    def _note_overload(self, ep: _Endpoint, exc: Any, now: float) -> None:
-        if exc.status in OVERLOAD_STATUSES or exc.error_class in OVERLOAD_CLASSES:
-            change = ep.limit.on_overload(now, exc.retry_after_s)
-            if change is not None:
-                self._limit_event(ep, change)
-
-    def _limit_event(self, ep: _Endpoint, change: LimitChange) -> None:
-        msg = f"{ep.name}: concurrency reduced from {change.old} to {change.new} (retrying in {change.cooldown_s:g}s)"
-        asyncio.get_running_loop().create_task(self._event("warning", "concurrency", msg))
-
-    def _note_error(self, ep: _Endpoint, error_class: str, *, final: bool, retried: bool) -> None:
-        for m in (ep.metrics, self.total_metrics):
-            m.record_error(error_class, final=final, retried=retried)
-
-    async def _cancel_in_flight(self, reason: str) -> None:
-        tasks = list(self._tasks)
-        if not tasks:
+    async def _cancel_in_flight(self, reason: str, *, settling: bool = False) -> None:
+        """Cancel the requests in flight (with settling=True also results not yet stored) and return their leases."""
+        chosen = [(t, f) for t, f in self._flights.items() if settling or not f.settling]
+        if not chosen:
             return
-        pks = [self._inflight_pks[t] for t in tasks if t in self._inflight_pks]
-        for t in tasks:
+        for t, _ in chosen:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if pks:
+        await asyncio.gather(*(t for t, _ in chosen), return_exceptions=True)
+        pks = [f.sample.pk for _, f in chosen]
+        try:
             await self.store.release(self.run_id, pks)
-            self._counts["leased"] -= len(pks)
-            self._counts["pending"] += len(pks)
-            await self._event(
-                "warning", "run",
-                f"cancelled {len(pks)} in-flight requests ({reason}); their samples return to pending. "
-                "Providers may still bill for requests they had started.",
-            )
+        except StoreWriteError:
+            pass  # they stay leased under this host: the next start returns them
+        self._counts.released(len(pks))
+        await self._event(
+            "warning", "run",
+            f"cancelled {len(pks)} in-flight requests ({reason}); their samples return to pending. "
+            "Providers may still bill for requests they had started.",
+        )
 
     async def _release_queue(self) -> None:
         if self._prefetch is not None:
             await asyncio.wait({self._prefetch})
-            self._absorb_prefetch()
+            try:
+                self._absorb_prefetch()
+            except Exception:
+                pass
         if not self._queue:
             return
         pks = [s.pk for s in self._queue]
+        try:
+            await self.store.release(self.run_id, pks)
+        except StoreWriteError:
+            return  # kept queued: resume uses them, a restart returns them
         self._queue.clear()
-        await self.store.release(self.run_id, pks)
-        self._counts["leased"] -= len(pks)
-        self._counts["pending"] += len(pks)
+        self._counts.released(len(pks))
 
     async def _finish_if_ended(self) -> None:
         counts = await self.store.counts(self.run_id)
-        self._counts = Counter(counts)
+        self._counts.reset(counts)
         if counts.get("pending", 0) == 0 and counts.get("leased", 0) == 0:
             await self._set_state("done", None)
             done, failed = counts.get("done", 0), counts.get("failed", 0)
@@ -654,75 +495,88 @@ class Run:
             self._idle.set()
 
     def _check_idle(self) -> None:
-        if self.state == "done" or (self.state == "paused" and not self._tasks):
+        if self.state == "done" or (self.state == "paused" and not self._flights):
             self._idle.set()
 
     async def _poll_commands(self) -> None:
         while True:
             await asyncio.sleep(COMMAND_POLL_S)
+            if self._gate.blocked is not None:
+                continue
             try:
                 commands = await self.store.take_commands(self.run_id)
+            except StoreWriteError:
+                continue  # the next poll tries again; a lasting refusal shows in the results' writes
             except Exception as exc:  # a transient database error must not kill the engine
                 await self._event("warning", "run", f"could not read operator commands: {exc}")
                 continue
             for cmd in commands:
                 await self.apply_command(cmd.verb, cmd.args or {})
 
-    async def apply_command(self, verb: str, args: dict) -> None:
-        """Carry out one control command from the `commands` table."""
-        if verb == "pause":
-            await self.pause(now=bool(args.get("now", False)))
-        elif verb == "resume":
-            await self.resume()
-        elif verb == "set_concurrency":
-            await self.set_concurrency(int(args.get("limit", args.get("value", 0)) or 0))
+    async def _keep_leases(self) -> None:
+        """The lease heartbeat: extend this engine's leases and return expired ones, every lease_s/3."""
+        lease_s = self.config.limits.lease_s
+        period = max(0.05, min(lease_s / 3.0, 30.0))
+        while True:
+            await asyncio.sleep(period)
+            if self._gate.blocked is not None:
+                continue
+            mine = [f.sample.pk for f in self._flights.values()] + [s.pk for s in self._queue]
+            try:
+                expired = await self.store.keep_leases(self.run_id, mine, lease_s, self.owner)
+            except StoreWriteError:
+                continue
+            if expired:
+                self._counts.released(expired)
+                self._lease_empty_at = -1e9
+                self._wake.set()
+                await self._event("warning", "run", f"{expired} leases expired (held longer than lease_s = {lease_s:g}s "
+                                  "by an engine that stopped); their samples return to pending")
+
+    # ---- the store's health ----------------------------------------------------------------------
+
+    def _on_store_change(self, error: StoreWriteError | None) -> None:
+        loop = asyncio.get_running_loop()
+        if error is None:
+            loop.create_task(self._store_recovered())
+            self._wake.set()
+            return
+        if error.kind == "full":
+            advice = disk_full_advice(self.db_path)
+            if self.state == "running":
+                self.state, self.state_reason = "paused", f"disk full: {advice}"[:300]
+                self._state_dirty = True
+            self.events.note("error", "store", f"{advice}. The run is paused; finished results are held and "
+                               "stored as soon as the disk has room")
         else:
-            await self._event("warning", "run", f"unknown operator command {verb!r} ignored")
+            self.events.note("warning", "store", f"the database refuses writes ({error}); leasing is paused and "
+                               "finished results are held until it writes again")
+
+    async def _store_recovered(self) -> None:
+        self.events.note("info", "store", "the database writes again; held results are being stored")
+        if self._state_dirty:
+            await self._set_state(self.state, self.state_reason)
+        await self.events.flush()
+        self._check_idle()
 
     # ---- state and events ------------------------------------------------------------------------
 
     async def _set_state(self, state: str, reason: str | None) -> None:
         self.state, self.state_reason = state, reason
-        await self.store.set_run_state(self.run_id, state, reason)
+        if self.run_id is None:
+            return
+        try:
+            await self.store.set_run_state(self.run_id, state, reason)
+            self._state_dirty = False
+        except StoreWriteError:
+            self._state_dirty = True  # written when the store recovers
 
     async def _event(self, level: str, kind: str, message: str) -> None:
-        self._event_seq += 1
-        self._events.append(EngineEvent(self._event_seq, time.time(), level, kind, message))
-        if self.run_id is not None:
-            await self.store.add_event(self.run_id, level, kind, message)
+        await self.events.add(level, kind, message)
 
     def events_since(self, after_id: int) -> list[EngineEvent]:
         """Events this engine wrote after `after_id` (the latest 1,000 are kept in memory)."""
-        return [e for e in self._events if e.id > after_id]
-
-    async def _stored_state(self) -> tuple[str | None, str | None]:
-        run_id = self.run_id
-        row = await self.store.read(
-            lambda conn: conn.execute("SELECT state, reason FROM runs WHERE id = ?", (run_id,)).fetchone()
-        )
-        return (row[0], row[1]) if row else (None, None)
-
-    async def _load_verdict_counts(self) -> None:
-        run_id = self.run_id
-
-        def fn(conn):
-            return tallies.verdict_counts(conn, run_id), tallies.strategy_counts(conn, run_id)
-
-        v, s = await self.store.read(fn)
-        self._verdicts, self._strategies = Counter(v), Counter(s)
-
-    async def _log_attempt(self, pk: int, attempt: int, endpoint: str, exc: Any) -> None:
-        """Log a failed attempt (with what it was billed) without changing the sample's state."""
-        row = (self.run_id, pk, attempt, endpoint, float(exc.cost_usd or 0.0), exc.error_class, str(exc)[:2000], time.time())
-
-        def op(conn) -> None:
-            conn.execute(
-                "INSERT INTO responses (run_id, sample_pk, attempt, endpoint, cost_usd, error_class, error, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                row,
-            )
-
-        await self.store.write(op)
+        return self.events.since(after_id)
 
     # ---- metrics ---------------------------------------------------------------------------------
 
@@ -736,17 +590,16 @@ class Run:
         t50, t95 = tot.ttft_ms.quantiles(now)
         rate = tot.rates.rate(now)
         c = self._counts
-        total = sum(max(0, v) for v in c.values())
-        remaining = max(0, c["pending"]) + max(0, c["leased"])
+        total, remaining = c.total, c.remaining
         speed = rate.req_s_1m or rate.req_s_10s
         eta = remaining / speed if speed > 0 and remaining else (0.0 if not remaining else None)
         spent = self.budget.spent_usd
         return MetricsSnapshot(
             run_name=self.config.run.name, state=self.state, state_reason=self.state_reason,
             started_at=self._t0, elapsed_s=elapsed, eta_s=eta, total=total,
-            pending=max(0, c["pending"]), leased=max(0, c["leased"]), done=c["done"], failed=c["failed"],
+            pending=c["pending"], leased=c["leased"], done=c["done"], failed=c["failed"],
             skipped=c["skipped"], truncated=tot.truncated, retried=tot.retried,
-            in_flight=len(self._tasks), concurrency_limit=self._total_limit(), rate=rate,
+            in_flight=len(self._flights), concurrency_limit=self._total_limit(), rate=rate,
             throughput_history=tot.rates.history(now), latency_p50_ms=lat50, latency_p95_ms=lat95,
             ttft_p50_ms=t50, ttft_p95_ms=t95, errors_by_class=tuple(sorted(tot.errors.items())),
             cost_usd=spent, cost_per_hour=cost_per_hour(spent - self._spent_at_start, elapsed),

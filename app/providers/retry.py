@@ -3,7 +3,8 @@
 Only `RetryableError` is retried; `SampleFatalError` and `RunStoppingError` pass straight through.
 Cost is never double-counted: a failed attempt returns no Completion, so only the successful attempt's
 usage is ever accounted. A failed attempt the provider did bill carries it in `error.cost_usd`; the
-engine records that with the failure (`RunStore.record_failure(cost_usd=...)`), once per attempt.
+engine records that once per attempt (`RunStore.log_attempt` from `on_retry`, `RunStore.record_failure` for
+the last). `with_retries` is the engine's one retry loop (`app.engine.attempt.request_sample`).
 """
 
 from __future__ import annotations

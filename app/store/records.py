@@ -61,6 +61,7 @@ class LeasedSample:
     attempts: int
     reference_ids: tuple[int, ...] | None
     lease_expires: float = 0.0
+    tries: int = 0  # requests already sent for this sample, over every lease and restart
 
 
 @dataclass(frozen=True, slots=True)

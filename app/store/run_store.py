@@ -195,8 +195,9 @@ class RunStore:
 
     # ------------------------------------------------------------------------------------ leases
 
-    async def lease(self, run_id: int, n: int, lease_s: float) -> list[LeasedSample]:
-        """Hand out up to n pending samples (oldest first) until now + lease_s; each lease counts an attempt."""
+    async def lease(self, run_id: int, n: int, lease_s: float, owner: str | None = None) -> list[LeasedSample]:
+        """Hand out up to n pending samples (oldest first) until now + lease_s, held by `owner` (host:pid); each
+        lease counts one in `attempts`, and `tries` says how many requests the sample has already cost."""
         if n <= 0:
             return []
 
@@ -204,10 +205,11 @@ class RunStore:
             now = time.time()
             expires = now + lease_s
             rows = conn.execute(
-                "UPDATE samples SET state = 'leased', lease_expires = ?, attempts = attempts + 1, updated_at = ? "
+                "UPDATE samples SET state = 'leased', lease_expires = ?, lease_owner = ?, attempts = attempts + 1, "
+                "updated_at = ? "
                 "WHERE pk IN (SELECT pk FROM samples WHERE run_id = ? AND state = 'pending' ORDER BY pk LIMIT ?) "
-                "RETURNING pk, sample_id, dataset, messages, tools, attempts, reference_ids",
-                (expires, now, run_id, n),
+                "RETURNING pk, sample_id, dataset, messages, tools, attempts, reference_ids, tries",
+                (expires, owner, now, run_id, n),
             ).fetchall()
             rows.sort(key=lambda r: r[0])
             return [
@@ -220,6 +222,7 @@ class RunStore:
                     attempts=r[5],
                     reference_ids=unpack_ids(r[6]),
                     lease_expires=expires,
+                    tries=r[7],
                 )
                 for r in rows
             ]
@@ -235,6 +238,41 @@ class RunStore:
                 "UPDATE samples SET state = 'pending', lease_expires = NULL, updated_at = ? "
                 "WHERE run_id = ? AND state = 'leased' AND lease_expires <= ?",
                 (now, run_id, now),
+            ).rowcount
+
+        return await self.write(op)
+
+    async def keep_leases(self, run_id: int, pks: Iterable[int], lease_s: float, owner: str | None = None) -> int:
+        """The lease heartbeat, in one transaction: extend the leases this engine holds (`pks`) to now + lease_s,
+        then return every other lease of the run that has expired to pending. Returns how many expired."""
+        keep = list(pks)
+
+        def op(conn: sqlite3.Connection) -> int:
+            now = time.time()
+            conn.executemany(
+                "UPDATE samples SET lease_expires = ?, lease_owner = ? WHERE run_id = ? AND pk = ? AND state = 'leased'",
+                [(now + lease_s, owner, run_id, pk) for pk in keep],
+            )
+            return conn.execute(
+                "UPDATE samples SET state = 'pending', lease_expires = NULL, lease_owner = NULL, updated_at = ? "
+                "WHERE run_id = ? AND state = 'leased' AND lease_expires <= ?",
+                (now, run_id, now),
+            ).rowcount
+
+        return await self.write(op)
+
+    async def recover_leases(self, run_id: int, host: str) -> int:
+        """At engine start (holding the run's lock file): return to pending the leases of engines on `host`
+        (they are dead: the lock says no live one runs this run here), leases with no owner, and expired
+        leases of any owner. Another host's live leases are left to expire. Returns how many came back."""
+
+        def op(conn: sqlite3.Connection) -> int:
+            now = time.time()
+            return conn.execute(
+                "UPDATE samples SET state = 'pending', lease_expires = NULL, lease_owner = NULL, updated_at = ? "
+                "WHERE run_id = ? AND state = 'leased' AND (lease_owner IS NULL OR lease_owner = ? "
+                "OR substr(lease_owner, 1, ?) = ? OR lease_expires <= ?)",
+                (now, run_id, host, len(host) + 1, host + ":", now),
             ).rowcount
 
         return await self.write(op)
@@ -273,11 +311,15 @@ class RunStore:
         profile: str = "",
         tokenizer: str = "",
         keep_raw: bool = False,
+        error_class: str | None = None,
+        error: str | None = None,
     ) -> int:
         """Store a response (+ its reconstruction and verdict) and set the sample's state, in one transaction.
 
         Returns the response row id once committed. `profile` / `tokenizer` (fingerprint) label the
-        reconstruction; `keep_raw` stores the provider's parsed body too.
+        reconstruction; `keep_raw` stores the provider's parsed body too. `attempt` is the request's number
+        for this sample (over every lease); a paid response whose sample still failed (state `failed`, e.g.
+        reconstruction raised) names why in `error_class` / `error` on the sample.
         """
         if state not in SAMPLE_STATES:
             raise ValueError(f"unknown sample state {state!r}")
@@ -293,9 +335,9 @@ class RunStore:
             if rec_row is not None:
                 conn.execute(rows.UPSERT_RECONSTRUCTION, rows.encode_reconstruction(rec_row, response_id=response_id))
             conn.execute(
-                "UPDATE samples SET state = ?, lease_expires = NULL, error_class = NULL, last_error = NULL, "
-                "updated_at = ? WHERE pk = ? AND run_id = ?",
-                (state, time.time(), pk, run_id),
+                "UPDATE samples SET state = ?, lease_expires = NULL, lease_owner = NULL, error_class = ?, "
+                "last_error = ?, tries = MAX(tries, ?), updated_at = ? WHERE pk = ? AND run_id = ?",
+                (state, error_class, error, attempt, time.time(), pk, run_id),
             )
             return response_id
 
@@ -322,20 +364,27 @@ class RunStore:
         def op(conn: sqlite3.Connection) -> None:
             now = time.time()
             conn.execute(
-                "UPDATE samples SET state = ?, lease_expires = NULL, error_class = ?, last_error = ?, updated_at = ? "
-                "WHERE pk = ? AND run_id = ?",
+                "UPDATE samples SET state = ?, lease_expires = NULL, lease_owner = NULL, error_class = ?, "
+                "last_error = ?, updated_at = ? WHERE pk = ? AND run_id = ?",
                 ("failed" if final else "pending", error_class, message, now, pk, run_id),
             )
             if endpoint is not None or cost_usd:
                 n = attempt
                 if n is None:
-                    row = conn.execute("SELECT attempts FROM samples WHERE pk = ?", (pk,)).fetchone()
-                    n = row[0] if row else 0
-                conn.execute(
-                    "INSERT INTO responses (run_id, sample_pk, attempt, endpoint, cost_usd, error_class, error, created_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (run_id, pk, n, endpoint or "", cost_usd, error_class, message, now),
-                )
+                    row = conn.execute("SELECT tries FROM samples WHERE pk = ?", (pk,)).fetchone()
+                    n = (row[0] if row else 0) + 1
+                _insert_attempt(conn, run_id, pk, n, endpoint or "", cost_usd, error_class, message, now)
+
+        await self.write(op)
+
+    async def log_attempt(
+        self, run_id: int, pk: int, attempt: int, endpoint: str, cost_usd: float, error_class: str, message: str
+    ) -> None:
+        """Log a failed request (number `attempt` of this sample, with what it was billed) without changing the
+        sample's state; the sample's `tries` counts it."""
+
+        def op(conn: sqlite3.Connection) -> None:
+            _insert_attempt(conn, run_id, pk, attempt, endpoint, cost_usd, error_class, message, time.time())
 
         await self.write(op)
 
@@ -403,6 +452,17 @@ class RunStore:
         """The run's cost ledger: the sum of every stored attempt's cost."""
         return await self.read(lambda conn: sum(t.cost_usd for t in tallies.response_tallies(conn, run_id)))
 
+    async def run_state(self, run_id: int) -> tuple[str | None, str | None]:
+        """The run's stored (state, reason), (None, None) for an unknown id."""
+        row = await self.read(
+            lambda conn: conn.execute("SELECT state, reason FROM runs WHERE id = ?", (run_id,)).fetchone()
+        )
+        return (row[0], row[1]) if row else (None, None)
+
+    async def outcome_counts(self, run_id: int) -> tuple[dict[str, int], dict[str, int]]:
+        """The run's (verdict counts, reconstruction strategy counts) as stored."""
+        return await self.read(lambda conn: (tallies.verdict_counts(conn, run_id), tallies.strategy_counts(conn, run_id)))
+
     async def counts(self, run_id: int) -> dict[str, int]:
         """Samples per state, every state present (0 when none)."""
 
@@ -444,13 +504,42 @@ def _run_batch(conn: sqlite3.Connection, ops: list[Operation], path: Path) -> li
     return results
 
 
-def _store_error(path: Path, exc: BaseException) -> EaglewatchError:
+class StoreWriteError(InputError):
+    """A write the database refused. `kind`: "locked" (another process holds the write lock past the busy
+    timeout), "full" (the disk or the filesystem quota is full), "io" (another I/O or operational error) or
+    "other" (a constraint or a bug: retrying will not help). `transient` says whether a retry may succeed."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+    @property
+    def transient(self) -> bool:
+        return self.kind in ("locked", "full", "io")
+
+
+def _store_error(path: Path, exc: BaseException) -> StoreWriteError:
     text = str(exc)
     if "locked" in text or "busy" in text:
-        return InputError(f"{path}: is locked by another process ({text}); wait for it or pass another --db")
-    err = EaglewatchError(f"{path}: a database write failed ({type(exc).__name__}: {text})")
+        err = StoreWriteError(f"{path}: is locked by another process ({text}); wait for it or pass another --db", "locked")
+    elif "full" in text or getattr(exc, "sqlite_errorcode", None) == 13:  # SQLITE_FULL
+        err = StoreWriteError(f"{path}: the disk is full ({text}); free space on the filesystem that holds it", "full")
+    else:
+        kind = "io" if isinstance(exc, sqlite3.OperationalError) else "other"
+        err = StoreWriteError(f"{path}: a database write failed ({type(exc).__name__}: {text})", kind)
     err.__cause__ = exc
     return err
+
+
+def _insert_attempt(conn: sqlite3.Connection, run_id: int, pk: int, attempt: int, endpoint: str, cost_usd: float,
+                    error_class: str, message: str, now: float) -> None:
+    """One failed request in the cost ledger (`responses` without content) and in the sample's `tries`."""
+    conn.execute(
+        "INSERT INTO responses (run_id, sample_pk, attempt, endpoint, cost_usd, error_class, error, created_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (run_id, pk, attempt, endpoint, float(cost_usd or 0.0), error_class, message[:2000], now),
+    )
+    conn.execute("UPDATE samples SET tries = MAX(tries, ?) WHERE pk = ?", (attempt, pk))
 
 
 # The row codecs live in app.store.rows; these names stay for callers of the old ones.

@@ -418,6 +418,11 @@ CREATE TABLE ingest_files (
     updated_at  REAL,
     PRIMARY KEY (run_id, role, name)
 ) WITHOUT ROWID;
+
+-- issue 10: requests sent per sample across leases and restarts (generation.attempts bounds it), and who holds
+-- a lease (host:pid) so a starting engine returns only its own host's dead leases at once
+ALTER TABLE samples ADD COLUMN tries INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE samples ADD COLUMN lease_owner TEXT;
 """
 
 MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)

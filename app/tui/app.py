@@ -253,25 +253,12 @@ async def _run_in_process(config: Any, *, mouse: bool, theme: str) -> int:
     from app.errors import EaglewatchError
 
     try:
-        from app.engine.ingest import ingest_config
-        from app.engine.reconstruct import build_reconstructor
-        from app.engine.run import Run
-        from app.store.run_store import RunStore
+        from app.engine.session import open_run
     except ImportError as exc:
         raise EaglewatchError(
             f"the generation engine is not available in this build ({exc.name} is missing); "
             "watch an existing run with 'eaglewatch watch DB' instead"
         ) from None
-    store = await RunStore.open(config.run.database)
-    try:
-        await ingest_config(store, config)
-        engine = Run(config, store, reconstructor=build_reconstructor(config), db_path=config.run.database,
-                     resume_paused=True)
-        await engine.start()
-        try:
-            await host_run(config=config, run=engine, mouse=mouse, theme=theme)
-        finally:
-            await engine.close(cancel_in_flight=True)
-    finally:
-        await store.close()
+    async with open_run(config) as opened:
+        await host_run(config=config, run=opened.run, mouse=mouse, theme=theme)
     return 0

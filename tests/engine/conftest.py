@@ -63,3 +63,31 @@ async def open_ingested(config, sample_data: Path, n: int | None = None) -> tupl
 @pytest.fixture
 def sample_data(sample_data_dir: Path) -> Path:
     return sample_data_dir
+
+
+async def until(pred, timeout: float = 20.0) -> None:
+    """Poll `pred()` every 20 ms until it is true; fail the test after `timeout` seconds."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not pred():
+        assert loop.time() < end, "condition not reached"
+        await asyncio.sleep(0.02)
+
+
+async def run_to_end(config, sample_data: Path, n: int, **kw):
+    """Ingest n samples, run them with a fresh Run(config, store, **kw) until it is idle; return (run, outcome)."""
+    import asyncio
+
+    from app.engine.run import Run
+
+    store, _ = await open_ingested(config, sample_data, n)
+    run = Run(config, store, **kw)
+    try:
+        await run.start()
+        outcome = await asyncio.wait_for(run.wait(), 30)
+    finally:
+        await run.close()
+        await store.close()
+    return run, outcome

@@ -1,7 +1,8 @@
-"""A whole engine in its own process, for the crash-safety test: `python engine_process.py CONFIG.json`.
+"""A whole engine in its own process, for the crash-safety tests: `python engine_process.py CONFIG.json [--reconstruct]`.
 
 Runs the config's run to the end (the database must already hold the samples) and exits 0; prints the
-engine's in-memory spent figure as `spent=<usd>` on the way out.
+engine's in-memory spent figure as `spent=<usd>` on the way out. `--reconstruct` rebuilds token ids with the
+config's tokenizer (the reconstruction pool in the path, as in a real run).
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from app.engine.run import Run  # noqa: E402
 from app.store.run_store import RunStore  # noqa: E402
 
 
-async def main(path: str) -> int:
+async def main(path: str, reconstruct: bool) -> int:
+    from app.engine.reconstruct import build_reconstructor
+
     config = parse_config(json.loads(Path(path).read_text()), base_dir=Path(path).parent)
     store = await RunStore.open(config.run.database)
-    run = Run(config, store, resume_paused=True)
+    run = Run(config, store, resume_paused=True, reconstructor=build_reconstructor(config) if reconstruct else None)
     try:
         await run.start()
         print("started", flush=True)
@@ -34,4 +37,4 @@ async def main(path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main(sys.argv[1])))
+    sys.exit(asyncio.run(main(sys.argv[1], "--reconstruct" in sys.argv[2:])))

@@ -12,7 +12,7 @@ from app.engine.run import Run
 from app.errors import EaglewatchError
 from app.simulator.options import SimulatorOptions
 from app.simulator.server import SimulatorServer
-from tests.engine.conftest import make_config, open_ingested
+from tests.engine.conftest import make_config, open_ingested, run_to_end
 
 SLOW = {"latency_median_ms": 40.0, "latency_p95_ms": 60.0}
 
@@ -100,20 +100,15 @@ async def test_paused_state_survives_a_restart(tmp_path, sample_data):
 async def test_budget_pauses_before_spending_could_cross_it(tmp_path, sample_data):
     budget = 0.02
     config = make_config(tmp_path, sample_data, limits={"budget_usd": budget}, generation={"max_tokens": 1024})
-    store, _ = await open_ingested(config, sample_data, 300)
-    run = Run(config, store)
-    try:
-        await run.start()
-        outcome = await asyncio.wait_for(run.wait(), 30)
-    finally:
-        await run.close()
-        await store.close()
+    _, outcome = await run_to_end(config, sample_data, 300)
     assert outcome.state == "paused" and outcome.reason == "budget reached"
     db = sqlite3.connect(config.run.database)
     spent = db.execute("SELECT SUM(cost_usd) FROM responses").fetchone()[0]
     assert 0 < spent <= budget
     assert _states(config)["done"] < 300
-    assert db.execute("SELECT COUNT(*) FROM events WHERE kind = 'budget'").fetchone()[0] == 1
+    # one pause event; a warning may come first when a response costs more than its reserved worst case
+    # (the simulator does not cut responses at max_tokens, so it can bill past the reservation)
+    assert db.execute("SELECT COUNT(*) FROM events WHERE kind = 'budget' AND message LIKE 'budget $%'").fetchone()[0] == 1
 
 
 async def test_attached_viewer_commands_steer_the_engine(tmp_path, sample_data):

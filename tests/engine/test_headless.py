@@ -59,6 +59,22 @@ def _states(tmp_path: Path) -> dict:
     return dict(db.execute("SELECT state, COUNT(*) FROM samples GROUP BY state").fetchall())
 
 
+def _done_so_far(tmp_path: Path) -> int:
+    """Done samples, 0 until the engine has written the schema (the file exists before its tables do)."""
+    path = tmp_path / "h.db"
+    if not path.exists():
+        return 0
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'samples'").fetchone() is None:
+            return 0
+        return db.execute("SELECT COUNT(*) FROM samples WHERE state = 'done'").fetchone()[0]
+    except sqlite3.OperationalError:  # mid-migration: locked for a moment
+        return 0
+    finally:
+        db.close()
+
+
 def test_headless_run_ingests_and_exits_0_when_every_sample_has_ended(tmp_path, sample_data):
     cfg = _config(tmp_path, sample_data)
     out, err = _eaglewatch(str(cfg), "--limit", "25").communicate(timeout=120)
@@ -73,7 +89,7 @@ def test_ctrl_c_pauses_and_the_same_command_resumes(tmp_path, sample_data):
     cfg = _config(tmp_path, sample_data, latency_ms=200.0)
     p = _eaglewatch(str(cfg), "--limit", "60", "--concurrency", "4")
     deadline = time.monotonic() + 60
-    while _states(tmp_path).get("done", 0) < 3 if (tmp_path / "h.db").exists() else True:
+    while _done_so_far(tmp_path) < 3:
         assert time.monotonic() < deadline
         time.sleep(0.1)
     p.send_signal(signal.SIGINT)

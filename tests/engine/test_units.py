@@ -102,11 +102,10 @@ def test_budget_guard_refuses_a_request_that_could_cross():
     assert g.spent_usd == pytest.approx(0.02)
 
 
-def test_budget_guard_without_prices_uses_dearest_seen():
-    g = BudgetGuard(1.0, None, max_tokens=100)
-    g.settle(0.0, 0.4)
-    assert g.worst_case(10) == pytest.approx(0.6)
-    assert not g.allows(0.61)
+def test_budget_guard_without_prices_has_no_worst_case_to_reserve():
+    # the engine refuses a budget without prices (test_control); the guard itself reserves nothing then
+    g = BudgetGuard(None, None, max_tokens=100)
+    assert g.worst_case(10) == 0.0 and g.allows(1e9)
 
 
 def test_projection():

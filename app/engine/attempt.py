@@ -1,0 +1,118 @@
+"""One sample's requests, from its first try to an `Outcome`: done, failed, released or stopping.
+
+`request_sample` sends the sample (retrying retryable errors under the one retry policy,
+`app.providers.retry.with_retries`, with the slot given back while it waits), rebuilds the token ids of a
+success, and turns whatever happened into an Outcome: it never raises except on cancellation. The
+engine settles the Outcome in one place (`Run._settle`). The slot stays held from the request until the
+engine has stored the result, so finished-but-unstored responses count against the in-flight bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from app.engine.endpoints import Endpoint
+from app.engine.slots import EndpointSlots
+from app.providers.errors import ProviderError, RetryableError, RunStoppingError, SampleFatalError
+from app.providers.retry import RetryPolicy, with_retries
+from app.records import Completion, Reconstruction, Verdict
+from app.store.records import LeasedSample
+
+OutcomeKind = Literal["done", "failed", "released", "stopping"]
+Reconstruct = Callable[[Completion, "tuple[int, ...] | None"], Awaitable["tuple[Reconstruction | None, Verdict | None]"]]
+
+
+@dataclass
+class Flight:
+    """One sample in flight: the slot it holds (endpoint index, None while it waits to retry), the budget
+    it reserved and how many requests the sample has cost so far (over every lease)."""
+
+    sample: LeasedSample
+    reserved_usd: float
+    index: int | None
+    tries: int = 0
+    last: int = 0  # the endpoint of the latest request
+    billed_usd: float = 0.0  # what failed earlier requests of this flight were billed
+    settling: bool = False  # a response arrived: pause-now leaves it to be rebuilt and stored
+
+    def __post_init__(self) -> None:
+        self.tries = self.sample.tries
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a sample's requests ended. `attempt` is the sample's number of the last request (0: none sent);
+    `cost_usd` what a failed last request was billed; `unexpected` marks an error that is not a provider's
+    (a bug or bad data), which the operator sees as an event naming the sample."""
+
+    kind: OutcomeKind
+    attempt: int
+    completion: Completion | None = None
+    reconstruction: Reconstruction | None = None
+    verdict: Verdict | None = None
+    error: ProviderError | None = None
+    error_class: str | None = None
+    message: str | None = None
+    cost_usd: float = 0.0
+    unexpected: bool = False
+
+
+# Called before each retry's wait with the failed attempt: the engine counts it, cuts the limit on overload,
+# gives back the slot and logs the attempt with its cost.
+OnRetry = Callable[[Flight, RetryableError], Awaitable[None]]
+
+
+async def request_sample(
+    flight: Flight,
+    *,
+    endpoints: list[Endpoint],
+    slots: EndpointSlots,
+    policy: RetryPolicy,
+    model: str,
+    reconstruct: Reconstruct,
+    on_retry: OnRetry,
+) -> Outcome:
+    """Send `flight.sample` until it succeeds or fails for good, and rebuild its ids; see the module doc."""
+    sample = flight.sample
+    left = policy.attempts - flight.tries
+    if left <= 0:
+        return Outcome("failed", flight.tries, error_class="attempts_exhausted",
+                       message=f"{flight.tries} requests sent over earlier leases; generation.attempts is {policy.attempts}")
+
+    async def send() -> Completion:
+        if flight.index is None:
+            flight.index = await slots.acquire()
+        ep = endpoints[flight.index]
+        flight.last = flight.index
+        flight.tries += 1
+        return await ep.client.complete(sample.messages, sample.tools, model=model, extra=ep.config.extra or None)
+
+    async def retrying(_n: int, exc: RetryableError, _delay: float) -> None:
+        await on_retry(flight, exc)
+
+    try:
+        completion = await with_retries(send, dataclasses.replace(policy, attempts=left), on_retry=retrying)
+    except asyncio.CancelledError:
+        raise
+    except RunStoppingError as exc:
+        return Outcome("stopping", flight.tries, error=exc, error_class=exc.error_class, message=str(exc),
+                       cost_usd=exc.cost_usd)
+    except (RetryableError, SampleFatalError) as exc:
+        return Outcome("failed", flight.tries, error=exc, error_class=exc.error_class, message=str(exc),
+                       cost_usd=exc.cost_usd)
+    except Exception as exc:  # not a provider error: a bug or bad data; the sample fails, the run goes on
+        return Outcome("failed", flight.tries, error_class="internal", message=f"{type(exc).__name__}: {exc}",
+                       unexpected=True)
+    flight.settling = True
+    try:
+        reconstruction, verdict = await reconstruct(completion, sample.reference_ids)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # e.g. a reference id beyond the vocabulary: the paid response is still stored
+        return Outcome("failed", flight.tries, completion=completion, error_class="reconstruct",
+                       message=f"{type(exc).__name__}: {exc}", unexpected=True)
+    return Outcome("done", flight.tries, completion=completion, reconstruction=reconstruction, verdict=verdict)

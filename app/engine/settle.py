@@ -1,0 +1,182 @@
+"""Settling a sample's Outcome: the one place its requests end in the store, the counts, the budget and the metrics.
+
+`Settler.settle` stores a paid response whatever else went wrong (done, or failed with the reason when its
+ids could not be rebuilt), a failure with its error named, or a stopped sample's lease given back; every
+write goes through the StoreGate, so a database that refuses writes for a while delays the result but never
+drops it. `Settler.on_retry` books a failed request that will be retried. The slot is given back by the
+request task once this returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections import Counter
+
+import orjson
+
+from app.config import RunConfig
+from app.engine.attempt import Flight, Outcome
+from app.engine.budget import BudgetGuard, estimate_prompt_tokens
+from app.engine.buckets import TokenBucket
+from app.engine.counts import SampleCounts
+from app.engine.endpoints import Endpoint
+from app.engine.events import EventLog
+from app.engine.limiter import LimitChange
+from app.engine.metrics import EndpointMetrics
+from app.engine.slots import EndpointSlots
+from app.engine.writes import StoreGate
+from app.providers.errors import ProviderError, RetryableError
+from app.providers.pricing import cost_of
+from app.records import Completion
+from app.store.records import LeasedSample
+from app.store.run_store import RunStore
+
+OVERLOAD_STATUSES = (429, 503, 529)
+OVERLOAD_CLASSES = ("429", "rate_limited", "overloaded", "529")
+
+
+def capped_raw(completion: Completion, max_bytes: int) -> Completion:
+    """The completion with its raw body replaced by a note of its size when the body is over `max_bytes`."""
+    if completion.raw is None:
+        return completion
+    try:
+        size = len(orjson.dumps(completion.raw))
+    except (TypeError, ValueError):
+        return completion
+    if size <= max_bytes:
+        return completion
+    note = {"omitted": f"raw body of {size} bytes is over run.keep_raw_max_bytes ({max_bytes})", "bytes": size}
+    return dataclasses.replace(completion, raw=note)
+
+
+@dataclasses.dataclass
+class Settler:
+    """What settling touches; built by the Run once its endpoints, slots and buckets exist."""
+
+    config: RunConfig
+    store: RunStore
+    run_id: int
+    gate: StoreGate
+    events: EventLog
+    counts: SampleCounts
+    budget: BudgetGuard
+    endpoints: list[Endpoint]
+    slots: EndpointSlots
+    total_metrics: EndpointMetrics
+    verdicts: Counter[str]
+    strategies: Counter[str]
+    tok_bucket: TokenBucket | None = None
+    tokenizer_fingerprint: str = ""
+
+    async def settle(self, f: Flight, o: Outcome) -> None:
+        """Record an Outcome (see the module doc); returns once the store has it."""
+        f.settling = True
+        s, ep = f.sample, self.endpoints[f.last]
+        if o.completion is not None:
+            await self._paid(f, o, ep)
+        elif o.kind == "failed":
+            if isinstance(o.error, RetryableError):
+                self.note_overload(ep, o.error)
+            if o.attempt:
+                self.note_error(ep, o.error_class or "error", final=True, retried=False)
+            self._charge(f, o.cost_usd)
+            await self.gate.commit(lambda: self.store.record_failure(
+                self.run_id, s.pk, o.error_class or "error", o.message or "", final=True, cost_usd=o.cost_usd,
+                endpoint=ep.name if o.attempt else None, attempt=o.attempt or None))
+            self.counts.ended("failed")
+        else:  # stopping or released: the lease goes back, the attempt is logged with its cost
+            if f.index is not None:
+                self.slots.release(f.index)
+                f.index = None
+            self.note_error(ep, o.error_class or "error", final=False, retried=False)
+            self._charge(f, o.cost_usd)
+            if isinstance(o.error, ProviderError) and o.attempt:
+                await self.gate.commit(lambda: self.store.log_attempt(
+                    self.run_id, s.pk, o.attempt, ep.name, o.cost_usd, o.error_class or "error", o.message or ""))
+            await self.gate.commit(lambda: self.store.release(self.run_id, [s.pk]))
+            self.counts.released()
+        if o.unexpected:
+            await self.events.add("error", "sample", f"sample {s.sample_id!r} ({s.dataset}) failed: {o.error_class}: "
+                                  f"{o.message}"[:1000] + " — the run goes on; fix the input and reprocess or "
+                                  "re-ingest it")
+
+    async def _paid(self, f: Flight, o: Outcome, ep: Endpoint) -> None:
+        s, completion = f.sample, o.completion
+        cost = cost_of(completion.usage, self.config.pricing.get(self.config.model.name))
+        self._charge(f, cost)
+        keep = self.config.run.keep_raw
+        if keep:
+            completion = capped_raw(completion, self.config.run.keep_raw_max_bytes)
+        state = "done" if o.kind == "done" else "failed"
+        # shielded: a cancellation must not abandon a result that is already being committed
+        await self.gate.commit(lambda: asyncio.shield(self.store.record_result(
+            self.run_id, s.pk, o.attempt, ep.name, completion, cost, o.reconstruction, o.verdict, s.reference_ids,
+            state, profile=self.config.model.profile, tokenizer=self.tokenizer_fingerprint, keep_raw=keep,
+            error_class=o.error_class, error=o.message)))
+        self.counts.ended(state)
+        self._account(ep, completion, cost, s)
+        if o.verdict is not None:
+            self.verdicts[o.verdict.category] += 1
+        if o.reconstruction is not None:
+            self.strategies[o.reconstruction.strategy] += 1
+
+    async def on_retry(self, f: Flight, exc: RetryableError) -> None:
+        """A failed request that will be retried: count it, cut the limit on overload, give back the slot while
+        waiting, and log the attempt with what it was billed."""
+        ep = self.endpoints[f.last]
+        self.note_overload(ep, exc)  # before the release wakes a waiter
+        if f.index is not None:
+            self.slots.release(f.index)
+            f.index = None
+        self.note_error(ep, exc.error_class, final=False, retried=True)
+        if exc.cost_usd:
+            self.budget.settle(0.0, exc.cost_usd)
+            f.billed_usd += exc.cost_usd
+        await self.gate.commit(lambda: self.store.log_attempt(
+            self.run_id, f.sample.pk, f.tries, ep.name, exc.cost_usd, exc.error_class, str(exc)))
+
+    def _charge(self, f: Flight, cost: float) -> None:
+        """Replace the flight's reservation with its last request's cost; report spending beyond the reservation."""
+        over = f.billed_usd + cost - f.reserved_usd
+        self.budget.settle(f.reserved_usd, cost)
+        f.reserved_usd = 0.0
+        if over > 1e-12 and self.budget.budget_usd is not None:
+            first = self.budget.overshoot_usd == 0.0
+            self.budget.overshoot_usd += over
+            if first:
+                self.events.note(
+                    "warning", "budget", f"sample {f.sample.sample_id!r} cost ${over:.6f} more than its reserved worst "
+                    f"case: [pricing] for {self.config.model.name!r} is below what the provider bills (or retries "
+                    "were billed), so the budget can be passed by such overshoots")
+                asyncio.get_running_loop().create_task(self.events.flush())
+
+    def _account(self, ep: Endpoint, completion: Completion, cost: float, s: LeasedSample) -> None:
+        if self.tok_bucket is not None:
+            used = completion.usage.prompt_tokens + completion.usage.completion_tokens
+            est = estimate_prompt_tokens(s.messages, s.tools) + self.config.generation.max_tokens
+            self.tok_bucket.adjust(used - est, asyncio.get_running_loop().time())
+        saturated = self.slots.waiting > 0 or ep.limit.in_flight >= ep.limit.limit
+        if ep.limit.on_success(saturated) is not None:
+            self.slots.wake()
+        now = time.monotonic()
+        for m in (ep.metrics, self.total_metrics):
+            m.record_completion(now, completion.usage.completion_tokens, completion.total_s, completion.ttft_s,
+                                cost, completion.truncated)
+
+    def note_overload(self, ep: Endpoint, exc: RetryableError) -> None:
+        """Cut the endpoint's limit on a 429/503/529 (the first of a burst) and tell the operator."""
+        if exc.status in OVERLOAD_STATUSES or exc.error_class in OVERLOAD_CLASSES:
+            change = ep.limit.on_overload(asyncio.get_running_loop().time(), exc.retry_after_s)
+            if change is not None:
+                self._limit_event(ep, change)
+
+    def _limit_event(self, ep: Endpoint, change: LimitChange) -> None:
+        msg = f"{ep.name}: concurrency reduced from {change.old} to {change.new} (retrying in {change.cooldown_s:g}s)"
+        asyncio.get_running_loop().create_task(self.events.add("warning", "concurrency", msg))
+
+    def note_error(self, ep: Endpoint, error_class: str, *, final: bool, retried: bool) -> None:
+        """Count an error in the endpoint's and the run's metrics."""
+        for m in (ep.metrics, self.total_metrics):
+            m.record_error(error_class, final=final, retried=retried)
