@@ -126,9 +126,12 @@ async def open_endpoints(
 async def _start_simulator(config: RunConfig, ep: EndpointConfig):
     from app.simulator.server import SimulatorServer
 
+    from app.providers.pricing import resolve_pricing
+
     kwargs = {}
-    if config.pricing.get(config.model.name) is not None:
-        kwargs["pricing"] = config.pricing[config.model.name]
+    pricing, _ = resolve_pricing(config.model.name, config.pricing)  # a variant bills at its base model's price
+    if pricing is not None:
+        kwargs["pricing"] = pricing
     server = SimulatorServer(
         ep.simulator, tokenizer_dir=config.model.tokenizer,
         reference=ep.simulator.reference or config.data.reference, model=config.model.name,

@@ -47,6 +47,7 @@ from app.engine.slots import EndpointSlots
 from app.engine.snapshot import MetricsSnapshot
 from app.engine.writes import StoreGate, disk_full_advice
 from app.errors import InputError
+from app.providers.pricing import prices_at_start, resolve_pricing
 from app.providers.retry import RetryPolicy
 from app.records import Completion, Reconstruction, Verdict
 from app.store.records import LeasedSample
@@ -123,7 +124,9 @@ class Run:
         self._gate = StoreGate(self._on_store_change)
         self.events = EventLog(store, self._gate)
         self._settler: Settler | None = None
-        prices = config.pricing.get(config.model.name)
+        # a variant (":floor", ":nitro", ...) takes its base model's price unless priced itself
+        prices, _ = resolve_pricing(config.model.name, config.pricing)
+        self.pricing = prices
         self.budget = BudgetGuard(
             config.limits.budget_usd,
             Prices(prices.prompt_per_m, prices.completion_per_m) if prices else None,
@@ -138,14 +141,6 @@ class Run:
 
     async def start(self) -> None:
         """Take the run's lock, recover leases, start simulators and clients, and begin scheduling."""
-        cfg = self.config
-        if cfg.limits.budget_usd is not None and self.budget.prices is None:
-            raise InputError(
-                f"limits.budget_usd is {cfg.limits.budget_usd:g} but [pricing] has no prices for "
-                f"{cfg.model.name!r}: the budget guard cannot know what a request may cost before it is billed; "
-                f"add [pricing.\"{cfg.model.name}\"] prompt_per_m and completion_per_m (the worst case you accept), "
-                "or drop the budget"
-            )
         self._lock.acquire()
         try:
             await self._start()
@@ -171,11 +166,12 @@ class Run:
         if cfg.limits.tokens_per_min:
             self._tok_bucket = TokenBucket(cfg.limits.tokens_per_min, now=now)
         self._eps = await open_endpoints(cfg, started=self._m0, clients=self._given_clients, on_event=self._event)
+        await self._settle_prices()
         self._slots = EndpointSlots([e.limit for e in self._endpoints], [e.config.weight for e in self._endpoints])
         self._settler = Settler(
             cfg, self.store, self.run_id, self._gate, self.events, self._counts, self.budget, self._endpoints,
             self._slots, self.total_metrics, self._verdicts, self._strategies, self._tok_bucket,
-            self._tokenizer_fingerprint)
+            self._tokenizer_fingerprint, self.pricing)
         if not isinstance(self.reconstructor, PassThroughReconstructor):
             self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="reconstruct")
         if stored_state == "paused" and not self.resume_paused:
@@ -189,6 +185,26 @@ class Run:
             asyncio.create_task(self._poll_commands(), name="eaglewatch-commands"),
             asyncio.create_task(self._keep_leases(), name="eaglewatch-leases"),
         ]
+
+    async def _settle_prices(self) -> None:
+        """Prices for the budget guard and the cost of each result: the config's, else an endpoint's GET /models;
+        a budget with no price anywhere is refused (the guard could not know what a request may cost)."""
+        cfg = self.config
+        quote = await prices_at_start(cfg.model.name, cfg.pricing, {e.name: e.client for e in self._endpoints
+                                                                    if hasattr(e.client, "fetch_pricing")})
+        if quote.pricing is not None and self.pricing is None:
+            self.pricing = quote.pricing
+            self.budget.prices = Prices(quote.pricing.prompt_per_m, quote.pricing.completion_per_m)
+        if quote.source != "config":
+            await self._event("info" if quote.pricing is not None else "warning", "budget", quote.describe())
+        if cfg.limits.budget_usd is not None and self.budget.prices is None:
+            raise InputError(
+                f"limits.budget_usd is {cfg.limits.budget_usd:g} but no price is known for {cfg.model.name!r} "
+                "(no [pricing] entry for it or its base model, and no endpoint's GET /models lists it): the budget "
+                "guard cannot know what a request may cost before it is billed; add "
+                f"[pricing.\"{cfg.model.name}\"] prompt_per_m and completion_per_m (the worst case you accept), "
+                "or drop the budget"
+            )
 
     async def wait(self) -> RunOutcome:
         """Wait until every sample has ended, or the run is paused with nothing in flight."""

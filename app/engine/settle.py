@@ -28,7 +28,7 @@ from app.engine.metrics import EndpointMetrics
 from app.engine.slots import EndpointSlots
 from app.engine.writes import StoreGate
 from app.providers.errors import ProviderError, RetryableError
-from app.providers.pricing import cost_of
+from app.providers.pricing import ModelPricing, cost_of
 from app.records import Completion
 from app.store.records import LeasedSample
 from app.store.run_store import RunStore
@@ -69,6 +69,7 @@ class Settler:
     strategies: Counter[str]
     tok_bucket: TokenBucket | None = None
     tokenizer_fingerprint: str = ""
+    pricing: ModelPricing | None = None  # the run's list prices (config, variant rules, or GET /models at start)
 
     async def settle(self, f: Flight, o: Outcome) -> None:
         """Record an Outcome (see the module doc); returns once the store has it."""
@@ -104,7 +105,7 @@ class Settler:
 
     async def _paid(self, f: Flight, o: Outcome, ep: Endpoint) -> None:
         s, completion = f.sample, o.completion
-        cost = cost_of(completion.usage, self.config.pricing.get(self.config.model.name))
+        cost = cost_of(completion.usage, self.pricing)
         self._charge(f, cost)
         keep = self.config.run.keep_raw
         if keep:

@@ -11,12 +11,13 @@ import pytest
 
 from app.engine.control import RunControl
 from app.engine.reconstruct import build_reconstructor
+from app.config import parse_config
 from app.engine.run import Run
 from app.errors import InputError
 from app.providers.retry import RetryPolicy
 from app.store.records import SampleInput
 from app.store.run_store import RunStore
-from tests.engine.conftest import make_config, open_ingested, run_to_end, sample_inputs
+from tests.engine.conftest import config_data, make_config, open_ingested, run_to_end, sample_inputs
 from tests.engine.conftest import until as _until
 
 
@@ -65,7 +66,15 @@ async def test_credentials_in_base_url_are_refused_before_anything_is_leased(tmp
     assert db.execute("SELECT state, COUNT(*) FROM samples GROUP BY state").fetchall() == [("pending", 3)]
 
 
-async def test_a_budget_without_prices_is_refused_with_what_to_add(tmp_path, sample_data):
+async def test_a_budget_without_prices_is_refused_with_what_to_add(tmp_path, sample_data, monkeypatch):
+    # no [pricing] and no endpoint that lists the model in GET /models
+    from app.engine import run as run_module
+    from app.providers.pricing import PriceQuote
+
+    async def nowhere(model, table, clients):
+        return PriceQuote(model, None, "none")
+
+    monkeypatch.setattr(run_module, "prices_at_start", nowhere)
     config = make_config(tmp_path, sample_data, pricing={}, limits={"budget_usd": 0.005})
     store, _ = await open_ingested(config, sample_data, 3)
     try:
@@ -73,6 +82,23 @@ async def test_a_budget_without_prices_is_refused_with_what_to_add(tmp_path, sam
             await Run(config, store).start()
     finally:
         await store.close()
+
+
+async def test_a_budget_without_config_prices_takes_the_endpoints_models_prices(tmp_path, sample_data):
+    # the built-in simulator serves GET /v1/models with pricing, as OpenRouter does
+    config = make_config(tmp_path, sample_data, pricing={}, limits={"budget_usd": 5.0})
+    store, _ = await open_ingested(config, sample_data, 3)
+    run = Run(config, store)
+    try:
+        await run.start()
+        assert run.budget.prices is not None and run.budget.prices.completion_per_m > 0
+        await run.events.flush()
+    finally:
+        await run.close()
+        await store.close()
+    db = sqlite3.connect(config.run.database)
+    messages = [m for (m,) in db.execute("SELECT message FROM events WHERE kind = 'budget'")]
+    assert any("GET /models" in m or "/models" in m for m in messages), messages
 
 
 async def test_attempts_are_counted_per_sample_across_restarts(tmp_path, sample_data):
@@ -204,3 +230,22 @@ async def test_prices_below_the_bill_are_reported_as_an_overshoot_not_as_reached
     final = messages[-1]
     assert final.startswith("budget $0.0100 passed") and "beyond what was reserved" in final
     assert run.budget.overshoot_usd > 0
+
+
+async def test_a_model_variant_is_billed_at_its_base_models_config_price(tmp_path, sample_data):
+    data = config_data(tmp_path, sample_data, pricing={"moonshotai/kimi-k2.5": {"prompt_per_m": 0.6, "completion_per_m": 2.5}})
+    data["model"]["name"] = "moonshotai/kimi-k2.5:floor"
+    config = parse_config(data, base_dir=tmp_path)
+    store, _ = await open_ingested(config, sample_data, 3)
+    run = Run(config, store)
+    try:
+        await run.start()
+        await run.wait()
+        assert run.pricing is not None and run.pricing.completion_per_m == 2.5
+    finally:
+        await run.close()
+        await store.close()
+    db = sqlite3.connect(config.run.database)
+    tokens, cost = db.execute("SELECT SUM(prompt_tokens), SUM(cost_usd) FROM responses WHERE error_class IS NULL").fetchone()
+    completion = db.execute("SELECT SUM(completion_tokens) FROM responses WHERE error_class IS NULL").fetchone()[0]
+    assert cost == pytest.approx((tokens * 0.6 + completion * 2.5) / 1e6, rel=1e-6)
