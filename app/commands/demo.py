@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
 from app.commands.watch import add_theme_arguments
@@ -17,9 +16,16 @@ eaglewatch demo --db /tmp/demo.db --no-mouse --theme ansi-dark"""
 DEMO_CONFIG = Path(__file__).resolve().parents[2] / "sample_data" / "demo.toml"
 
 
+def default_demo_config() -> Path:
+    """sample_data/demo.toml of the checkout you are in (a clone's root), else the one beside this package."""
+    here = Path("sample_data") / "demo.toml"
+    return here.resolve() if here.is_file() else DEMO_CONFIG
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--db", type=Path, help="run database to create or resume (default: a fresh one under the temp dir)")
-    parser.add_argument("--config", type=Path, default=DEMO_CONFIG, help="demo config (default: sample_data/demo.toml)")
+    parser.add_argument("--db", type=Path, help="run database to create or resume (default: the demo config's, /tmp/eaglewatch-demo.db, started afresh)")
+    parser.add_argument("--config", type=Path, default=None,
+                        help="demo config (default: ./sample_data/demo.toml in a checkout, else the package's)")
     add_theme_arguments(parser)
 
 
@@ -27,15 +33,43 @@ def run(args: argparse.Namespace) -> int:
     from app.config import apply_overrides, load_config
     from app.tui.app import run_tui
 
+    args.config = args.config or default_demo_config()
     if not args.config.exists():
         raise EaglewatchError(
             f"{args.config}: the demo config is missing; reinstall eaglewatch from a checkout that has sample_data/",
             exit_code=2,
         )
     config = load_config(args.config)
-    # A fresh database each time, so the demo always shows a live run; --db resumes a chosen one.
-    database = args.db.resolve() if args.db is not None else Path(tempfile.mkdtemp(prefix="eaglewatch-demo-")) / "demo.db"
-    config = apply_overrides(config, {"run.database": str(database)})
+    if args.db is not None:  # --db resumes (or starts) a chosen database
+        database = args.db.resolve()
+        config = apply_overrides(config, {"run.database": str(database)})
+    else:
+        # the config's own database (/tmp/eaglewatch-demo.db, where the README's next commands look), started
+        # afresh each time so the demo always shows a live run
+        database = Path(config.run.database)
+        fresh_demo_database(database, config.run.name)
     status = run_tui(config=config, mouse=not args.no_mouse, theme=args.theme)
     print(f"demo run database: {database}  (look again with: eaglewatch watch {database})", file=sys.stderr)
     return status
+
+
+def fresh_demo_database(database: Path, run_name: str) -> None:
+    """Remove an earlier demo's database (and its -wal/-shm) unless an engine is running on it now."""
+    from app.engine.lock import EngineLock
+
+    if not database.exists():
+        return
+    lock = EngineLock(database, run_name)
+    try:
+        lock.acquire()
+    except EaglewatchError:
+        raise EaglewatchError(
+            f"{database}: a demo engine is running on it now; watch it with `eaglewatch watch {database}`, "
+            "or start another demo with --db PATH",
+            exit_code=2,
+        ) from None
+    try:
+        for path in (database, Path(f"{database}-wal"), Path(f"{database}-shm")):
+            path.unlink(missing_ok=True)
+    finally:
+        lock.release()

@@ -177,6 +177,12 @@ class Reconstructor:
             out.append(fl.MARKER_AS_TEXT)
         if self.tokenizer.changes_text(blob):
             out.append(fl.NORMALISER)
+        if (not p.output_opens_with_think and f.reasoning is None and p.think_close not in f.content
+                and (f.content or f.tool_calls or f.finish_reason != "length")):
+            # The prompt opens the think block, so the answer either closed it with empty thinking (a stream never
+            # sends an empty field; some servers drop it) or ended inside it: text cannot tell which. A fidelity
+            # profile that learned `empty_reasoning_dropped` has already filled reasoning="" here.
+            out.append(fl.REASONING_MISSING)
         # raw layout inside content (no reasoning field): the template's whitespace after the tags must be there
         if f.reasoning is None and p.think_close in f.content:
             head, _, tail = f.content.partition(p.think_close)

@@ -12,9 +12,11 @@ def test_demo_config_loads_and_points_at_the_sample_files(sample_data_dir):
     assert [d.path for d in config.data.datasets] == [sample_data_dir / "prompts.openai.jsonl"]
     assert config.data.reference == sample_data_dir / "reference.jsonl"
     assert (config.model.tokenizer / "tokenizer.json").exists()
-    (endpoint,) = config.endpoints
+    endpoint, quirky = config.endpoints
     assert endpoint.name == "simulator" and endpoint.simulator is not None
     assert endpoint.simulator.reference == sample_data_dir / "reference.jsonl"
+    # a small second upstream changes the text, so the first run shows real corruptions
+    assert quirky.simulator is not None and quirky.simulator.quirks and quirky.weight < endpoint.weight
     assert config.model.name in config.pricing
 
 
@@ -22,5 +24,6 @@ def test_demo_simulator_options_are_accepted_by_the_simulator(sample_data_dir):
     from app.simulator.options import check_options
 
     config = load_config(sample_data_dir / "demo.toml")
-    check_options(config.endpoints[0].simulator)
+    for endpoint in config.endpoints:
+        check_options(endpoint.simulator)
     assert config.endpoints[0].simulator.faults  # the demo shows retries
