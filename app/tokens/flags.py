@@ -25,6 +25,7 @@ REPLACEMENT_CHAR = "replacement_char"  # U+FFFD in the text: bytes were lost on 
 MARKER_AS_TEXT = "marker_as_text"  # a special-token string of the profile spelled inside a field
 NORMALISER = "normaliser"  # the tokenizer's normaliser would change the text (encoded raw; model ids unknown)
 TEMPLATE_WHITESPACE_MISSING = "template_whitespace_missing"  # whitespace the template always emits is absent
+TEMPLATE_WHITESPACE_DOUBLED = "template_whitespace_doubled"  # the fields already hold the template's whitespace
 REASONING_MISSING = "reasoning_missing"  # no reasoning field where the prompt opened the think block: empty
 # thinking dropped by the server, or an answer that ended inside the think block (text cannot tell)
 UNINVERTIBLE = "uninvertible:"  # + a step of app.tokens.fidelity.STEPS the endpoint's profile cannot invert
@@ -41,7 +42,8 @@ STEPS = (
     "tool_ids_reindexed",  # tool-call ids re-made by the server
 )
 
-SUSPECT_FLAGS = (REPLACEMENT_CHAR, MARKER_AS_TEXT, NORMALISER, TEMPLATE_WHITESPACE_MISSING, REASONING_MISSING,
+SUSPECT_FLAGS = (REPLACEMENT_CHAR, MARKER_AS_TEXT, NORMALISER, TEMPLATE_WHITESPACE_MISSING, TEMPLATE_WHITESPACE_DOUBLED,
+                 REASONING_MISSING,
                  *(UNINVERTIBLE + s for s in STEPS))
 
 # ---- informational --------------------------------------------------------------------------------------

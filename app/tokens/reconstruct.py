@@ -183,6 +183,15 @@ class Reconstructor:
             # sends an empty field; some servers drop it) or ended inside it: text cannot tell which. A fidelity
             # profile that learned `empty_reasoning_dropped` has already filled reasoning="" here.
             out.append(fl.REASONING_MISSING)
+        if f.reasoning is not None and (
+            (p.reasoning_prefix and p.reasoning_suffix and len(f.reasoning) >= len(p.reasoning_prefix + p.reasoning_suffix)
+             and f.reasoning.startswith(p.reasoning_prefix) and f.reasoning.endswith(p.reasoning_suffix))
+            or (p.content_prefix and f.content.startswith(p.content_prefix))
+        ):
+            # the fields already carry the whitespace the template puts around the think tags (a server that
+            # returns the raw regions, e.g. a stream): rendering adds it again unless a fidelity profile learned
+            # `template_whitespace_kept` (which strips it before this check)
+            out.append(fl.TEMPLATE_WHITESPACE_DOUBLED)
         # raw layout inside content (no reasoning field): the template's whitespace after the tags must be there
         if f.reasoning is None and p.think_close in f.content:
             head, _, tail = f.content.partition(p.think_close)
