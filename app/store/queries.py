@@ -182,10 +182,21 @@ _SORT_KEYS: dict[str, Callable[[tuple[Any, ...]], tuple[Any, ...]]] = {
 _INDEXES = {"n_diff": ("reconstructions_by_run_n_diff", "n_diff")}
 
 
+# The trigram index needs 3 characters; a 1-2 character filter (rare) falls back to the LIKE scan.
+_TRIGRAM = 3
+
+
 def _text_condition(text: str | None) -> tuple[str, list[Any]]:
-    """The SQL (samples joined as `s`) matching `text` literally in a sample id, dataset or explanation."""
+    """The SQL (samples joined as `s`) matching `text` literally in a sample id, dataset or explanation.
+
+    Three characters or more walk the trigram index `mismatch_text` (schema v5); both paths match a literal,
+    case-insensitive (ASCII) substring, so results do not depend on the length of the text.
+    """
     if not text:
         return "", []
+    if len(text) >= _TRIGRAM:
+        phrase = '"' + text.replace('"', '""') + '"'  # one FTS5 phrase: every character literal
+        return " AND r.sample_pk IN (SELECT rowid FROM mismatch_text WHERE mismatch_text MATCH ?)", [phrase]
     pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
     sql = (" AND (s.sample_id LIKE ? ESCAPE '\\' OR s.dataset LIKE ? ESCAPE '\\'"
            " OR r.explanation LIKE ? ESCAPE '\\')")

@@ -423,6 +423,33 @@ CREATE TABLE ingest_files (
 -- a lease (host:pid) so a starting engine returns only its own host's dead leases at once
 ALTER TABLE samples ADD COLUMN tries INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE samples ADD COLUMN lease_owner TEXT;
+-- issue 14: the mismatch list's free-text filter walks a trigram index instead of a LIKE scan over every row.
+-- One row per reconstruction (rowid = sample_pk): the sample id, its dataset and the verdict's explanation;
+-- kept by triggers in the writers' transactions (samples' ids and datasets never change once ingested).
+CREATE VIRTUAL TABLE mismatch_text USING fts5(sample_id, dataset, explanation, tokenize = 'trigram');
+
+CREATE TRIGGER reconstructions_text_insert AFTER INSERT ON reconstructions
+BEGIN
+    INSERT INTO mismatch_text (rowid, sample_id, dataset, explanation)
+    SELECT new.sample_pk, s.sample_id, s.dataset, COALESCE(new.explanation, '') FROM samples s WHERE s.pk = new.sample_pk;
+END;
+
+CREATE TRIGGER reconstructions_text_update AFTER UPDATE OF explanation, sample_pk ON reconstructions
+WHEN old.explanation IS NOT new.explanation OR old.sample_pk IS NOT new.sample_pk
+BEGIN
+    DELETE FROM mismatch_text WHERE rowid = old.sample_pk;
+    INSERT INTO mismatch_text (rowid, sample_id, dataset, explanation)
+    SELECT new.sample_pk, s.sample_id, s.dataset, COALESCE(new.explanation, '') FROM samples s WHERE s.pk = new.sample_pk;
+END;
+
+CREATE TRIGGER reconstructions_text_delete AFTER DELETE ON reconstructions
+BEGIN
+    DELETE FROM mismatch_text WHERE rowid = old.sample_pk;
+END;
+
+INSERT INTO mismatch_text (rowid, sample_id, dataset, explanation)
+SELECT r.sample_pk, s.sample_id, s.dataset, COALESCE(r.explanation, '')
+  FROM reconstructions r JOIN samples s ON s.pk = r.sample_pk;
 """
 
 MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)

@@ -202,3 +202,32 @@ def test_run_reader_chooses_the_run_once_and_reads_keep_raw(tmp_path: Path) -> N
         reader.close()
     with pytest.raises(InputError, match="has no run named 'x'"):
         queries.RunReader(db, "x")
+
+
+@pytest.mark.parametrize("text", ["marker as", "MARKER", "s00004", "r a", 'say "hi"', "100%_"])
+def test_the_indexed_text_filter_finds_what_a_like_scan_finds(reader: sqlite3.Connection, text: str) -> None:
+    pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+    expected = [pk for (pk,) in reader.execute(
+        "SELECT r.sample_pk FROM reconstructions r JOIN samples s ON s.pk = r.sample_pk WHERE r.run_id = 1 AND "
+        "(s.sample_id LIKE ?1 ESCAPE '\\' OR s.dataset LIKE ?1 ESCAPE '\\' OR r.explanation LIKE ?1 ESCAPE '\\') "
+        "ORDER BY r.sample_pk", (pattern,))]
+    page = queries.mismatch_page(reader, 1, None, text, "sample", 0, 100_000)
+    assert [r.pk for r in page.rows] == expected and page.total == len(expected)
+    plan = _plans(reader, lambda: queries.mismatch_page(reader, 1, None, text, "sample", 0, 10))
+    assert any("mismatch_text" in step for step in plan), plan  # the trigram index, not a LIKE scan
+
+
+def test_the_text_index_follows_a_reprocessed_explanation(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    migrate(db)
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("INSERT INTO runs (id, name, created_at, updated_at) VALUES (1, 'r', 0, 0)")
+    conn.execute("INSERT INTO samples (pk, run_id, sample_id, dataset, messages) VALUES (7, 1, 'abc-7', 'chat', '[]')")
+    conn.execute("INSERT INTO reconstructions (run_id, sample_pk, strategy, output_ids, category, n_tokens, explanation, "
+                 "created_at) VALUES (1, 7, 'canonical', x'01000000', 'text_mismatch', 1, 'old words', 0)")
+    assert queries.mismatch_count(conn, 1, None, "old words") == 1
+    conn.execute("UPDATE reconstructions SET explanation = 'new words' WHERE sample_pk = 7")
+    assert queries.mismatch_count(conn, 1, None, "old words") == 0
+    assert queries.mismatch_count(conn, 1, None, "new words") == 1
+    conn.execute("DELETE FROM reconstructions WHERE sample_pk = 7")
+    assert conn.execute("SELECT COUNT(*) FROM mismatch_text").fetchone()[0] == 0
