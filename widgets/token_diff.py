@@ -22,8 +22,10 @@ from textual.strip import Strip
 
 from app.records import AlignedToken, Alignment
 
-GUTTER = 7  # "123456 " ref position column
+GUTTER = 7  # "▶12345" + the row's mark: current-difference pointer, then the side's token index
+REC_GUTTER = 6  # "12345 " the rebuilt side's token index, side by side
 SEPARATOR = " │ "
+REFERENCE, REBUILT = "reference", "rebuilt"
 NARROW_WIDTH = 100  # below this many cells the view stacks reference above reconstructed
 NEWLINE_MARKS = ("⏎", "↵", "\n")
 
@@ -34,7 +36,8 @@ class DiffRow:
 
     role: "equal" (both sides the same), "pair" (side by side differing), "ref" / "rec"
     (stacked layout: one side of a differing block). `position` is the first token's index on the
-    reference side (or the reconstructed side for "rec" rows), for the gutter.
+    reference side and `rec_position` on the rebuilt side (None where that side has no token on the row):
+    each side's gutter shows its own index, never the other's.
     """
 
     block: int
@@ -42,25 +45,55 @@ class DiffRow:
     left: tuple[AlignedToken, ...]
     right: tuple[AlignedToken, ...]
     position: int | None
+    rec_position: int | None = None
 
 
 def token_label(token: AlignedToken, with_id: bool) -> str:
     """How one token is shown: its visible text, prefixed by its id where ids matter."""
     # The row break already shows a newline; a raw "\n" must never reach a Segment.
     text = token.text.replace("\n", "") if token.text else "∅"
-    return f"[{token.id}]{text}" if with_id else text
+    return f"[{token.id}]{text}" if with_id and token.id >= 0 else text
+
+
+def split_long(tokens: tuple[AlignedToken, ...], width: int, with_id: bool) -> tuple[AlignedToken, ...]:
+    """Tokens whose label is wider than `width` cut into pieces that fit (nothing is ever clipped off screen).
+
+    The first piece keeps the id (shown as `[id]` where ids are shown); the rest continue its text.
+    """
+    width = max(width, 4)
+    out: list[AlignedToken] = []
+    for token in tokens:
+        label = token_label(token, with_id)
+        if cell_len(label) <= width:
+            out.append(token)
+            continue
+        prefix = f"[{token.id}]" if with_id else ""
+        newline = "\n" if token.text.endswith("\n") else ""
+        text, first = token.text.replace("\n", ""), True
+        while text or first:
+            room = width - (cell_len(prefix) if first else 1)
+            piece = _clip(text, max(room, 1)) or text[:1]
+            text = text[len(piece):]
+            piece += newline if not text else ""  # the row still breaks after a newline token
+            if first:
+                out.append(AlignedToken(token.id, piece, token.special))
+            else:
+                out.append(AlignedToken(-1, "↪" + piece, token.special))  # id -1: a continuation, no id shown
+            first = False
+    return tuple(out)
 
 
 def wrap_tokens(
     tokens: tuple[AlignedToken, ...], width: int, with_id: bool
 ) -> list[tuple[AlignedToken, ...]]:
-    """Split tokens into rows no wider than `width` cells; a newline token ends its row."""
+    """Split tokens into rows no wider than `width` cells; a newline token ends its row; a token wider than
+    a row is cut into pieces over several rows (`split_long`), never clipped."""
     rows: list[tuple[AlignedToken, ...]] = []
     current: list[AlignedToken] = []
     used = 0
     width = max(width, 4)
-    for token in tokens:
-        cells = min(cell_len(token_label(token, with_id)), width)
+    for token in split_long(tokens, width, with_id):
+        cells = cell_len(token_label(token, with_id))
         if current and used + cells > width:
             rows.append(tuple(current))
             current, used = [], 0
@@ -81,10 +114,14 @@ def build_rows(alignment: Alignment, side_width: int, stacked: bool, show_ids: b
     for index, block in enumerate(alignment.blocks):
         if block.equal:
             wrapped = wrap_tokens(block.ref, side_width, show_ids)
-            position = block.ref_start
+            position, rec_position = block.ref_start, block.rec_start
             for line in wrapped:
-                rows.append(DiffRow(index, "equal", line, line, position))
-                position += len(line)
+                starts = _count(line) > 0  # a row of continuation pieces starts no token: no index
+                rows.append(DiffRow(index, "equal", line, line, position if starts else None,
+                                    rec_position if starts else None))
+                n = _count(line)
+                position += n
+                rec_position += n
             continue
         hunk_rows.append(len(rows))
         left = wrap_tokens(block.ref, side_width, True) if block.ref else []
@@ -92,12 +129,12 @@ def build_rows(alignment: Alignment, side_width: int, stacked: bool, show_ids: b
         if stacked:
             position = block.ref_start
             for line in left:
-                rows.append(DiffRow(index, "ref", line, (), position))
-                position += len(line)
+                rows.append(DiffRow(index, "ref", line, (), position if _count(line) else None))
+                position += _count(line)
             position = block.rec_start
             for line in right:
-                rows.append(DiffRow(index, "rec", (), line, position))
-                position += len(line)
+                rows.append(DiffRow(index, "rec", (), line, None, position if _count(line) else None))
+                position += _count(line)
             if not left and not right:
                 rows.append(DiffRow(index, "ref", (), (), block.ref_start))
             continue
@@ -105,9 +142,10 @@ def build_rows(alignment: Alignment, side_width: int, stacked: bool, show_ids: b
         for i in range(max(len(left), len(right), 1)):
             lline = left[i] if i < len(left) else ()
             rline = right[i] if i < len(right) else ()
-            rows.append(DiffRow(index, "pair", lline, rline, left_pos if lline else None))
-            left_pos += len(lline)
-            right_pos += len(rline)
+            rows.append(DiffRow(index, "pair", lline, rline, left_pos if _count(lline) else None,
+                                right_pos if _count(rline) else None))
+            left_pos += _count(lline)
+            right_pos += _count(rline)
     return rows, hunk_rows
 
 
@@ -212,7 +250,7 @@ class TokenDiffView(ScrollView, can_focus=True):
         width = max(self.size.width - self.scrollbar_size_vertical, 20)
         if stacked:
             return width - GUTTER - 2
-        return max((width - GUTTER - len(SEPARATOR)) // 2, 8)
+        return max((width - GUTTER - len(SEPARATOR) - REC_GUTTER) // 2, 8)
 
     def _ensure_model(self) -> None:
         stacked = self.stacked
@@ -223,7 +261,8 @@ class TokenDiffView(ScrollView, can_focus=True):
         self._model_key = key
         self._model_stacked = stacked
         self._strips.clear()
-        self.virtual_size = Size(max(self.size.width - self.scrollbar_size_vertical, 1), len(self._rows))
+        # one more line than the rows: the header naming each side stays on the first line of the view
+        self.virtual_size = Size(max(self.size.width - self.scrollbar_size_vertical, 1), len(self._rows) + 1)
 
     def on_resize(self) -> None:
         self._ensure_model()
@@ -279,10 +318,33 @@ class TokenDiffView(ScrollView, can_focus=True):
         self._ensure_model()
         return len(self._rows)
 
+    def header_text(self) -> str:
+        """The first line of the view: which side is the reference and which the rebuilt ids."""
+        self._ensure_model()
+        return "".join(segment.text for segment in self._render_header(self.size.width)).rstrip()
+
     # --- rendering -------------------------------------------------------------------------
+    def _render_header(self, width: int) -> list[Segment]:
+        style = self.get_component_rich_style("tokendiff--gutter") + self.get_component_rich_style("tokendiff--current")
+        delete = self.get_component_rich_style("tokendiff--delete")
+        insert = self.get_component_rich_style("tokendiff--insert")
+        if self._model_stacked:
+            segs = [Segment(f"{'index':>{GUTTER - 1}} ", style), Segment(f"- {REFERENCE} (ground truth)", delete),
+                    Segment("  "), Segment(f"+ {REBUILT} (eaglewatch)", insert)]
+        else:
+            side = self._side_width(False)
+            segs = [Segment(f"{'ref':>{GUTTER - 1}} ", style), Segment(f"{REFERENCE} (ground truth)"[:side].ljust(side), delete),
+                    Segment(SEPARATOR, self.get_component_rich_style("tokendiff--separator")),
+                    Segment(f"{'rec':<{REC_GUTTER}}", style), Segment(f"{REBUILT} (eaglewatch)"[:side], insert)]
+        used = sum(cell_len(seg.text) for seg in segs)
+        return segs + ([Segment(" " * (width - used))] if used < width else [])
+
     def render_line(self, y: int) -> Strip:
         self._ensure_model()
-        row_index = self.scroll_offset.y + y
+        width = self.scrollable_content_region.width
+        if y == 0:
+            return Strip(self._render_header(width)).adjust_cell_length(width, self.rich_style)
+        row_index = self.scroll_offset.y + y - 1
         width = self.scrollable_content_region.width
         key = (row_index, width, self._model_key, self.current_diff)
         strip = self._strips.get(key)
@@ -328,10 +390,13 @@ class TokenDiffView(ScrollView, can_focus=True):
             and self._alignment.diff_blocks[self.current_diff] == row.block
         )
         marker_style = self.get_component_rich_style("tokendiff--current") if is_current else gutter_style
-        position = "" if row.position is None else str(row.position)
-        segments = [Segment(f"{position:>{GUTTER - 1}}", gutter_style)]
+        # each side's own index: the reference's on the left (stacked: the row's side), the rebuilt one's beside it
+        own = row.rec_position if row.role == "rec" else row.position
+        position = "" if own is None else str(own)
+        pointer = "▶" if is_current and row.role != "equal" else " "
+        segments = [Segment(pointer, marker_style), Segment(f"{position:>{GUTTER - 2}}", gutter_style)]
         marks = {"equal": " ", "pair": "≠", "ref": "-", "rec": "+"}
-        segments.append(Segment("▶" if is_current and row.role != "equal" else marks[row.role], marker_style))
+        segments.append(Segment(marks[row.role], marker_style))  # the mark keeps its meaning on the current one
         if self._model_stacked:
             side = max(width - GUTTER - 2, 4)
             segments.append(Segment(" ", base))
@@ -344,15 +409,22 @@ class TokenDiffView(ScrollView, can_focus=True):
             return segments
         side = self._side_width(False)
         separator = Segment(SEPARATOR, self.get_component_rich_style("tokendiff--separator"))
+        rec_position = "" if row.rec_position is None else str(row.rec_position)
+        rec_gutter = Segment(f"{rec_position:<{REC_GUTTER}}"[:REC_GUTTER], gutter_style)
         if row.role == "equal":
             segments += self._tokens(row.left, side, "equal-a", self.show_ids)
-            segments.append(separator)
+            segments += [separator, rec_gutter]
             segments += self._tokens(row.right, side, "equal-a", self.show_ids)
         else:
             segments += self._tokens(row.left, side, "delete", True)
-            segments.append(separator)
+            segments += [separator, rec_gutter]
             segments += self._tokens(row.right, side, "insert", True)
         return segments
+
+
+def _count(line: tuple[AlignedToken, ...]) -> int:
+    """Tokens on a display row (continuation pieces of a cut token are not tokens of their own)."""
+    return sum(1 for t in line if t.id >= 0)
 
 
 def _clip(text: str, cells: int) -> str:

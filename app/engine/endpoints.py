@@ -173,5 +173,18 @@ async def close_endpoints(endpoints: Endpoints) -> None:
 def set_total_limit(endpoints: list[Endpoint], limit: int) -> int:
     """Spread an operator's total in-flight limit over the endpoints by weight (each clamped to its min/max);
     return the new total."""
-    total_w = sum(e.config.weight for e in endpoints)
-    return sum(ep.limit.set_limit(max(1, round(limit * ep.config.weight / total_w))) for ep in endpoints)
+    return sum(ep.limit.set_limit(n) for ep, n in zip(endpoints, split_by_weight(limit, [e.config.weight for e in endpoints])))
+
+
+def split_by_weight(total: int, weights: list[float]) -> list[int]:
+    """`total` split by weight, each at least 1, summing to max(total, len(weights)) (largest remainders)."""
+    n = len(weights)
+    if n == 0:
+        return []
+    spare = max(total, n) - n
+    total_w = sum(weights) or 1.0
+    exact = [spare * w / total_w for w in weights]
+    parts = [1 + math.floor(x) for x in exact]
+    for i in sorted(range(n), key=lambda i: exact[i] - math.floor(exact[i]), reverse=True)[: spare - sum(p - 1 for p in parts)]:
+        parts[i] += 1
+    return parts

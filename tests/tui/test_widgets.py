@@ -121,3 +121,60 @@ def test_fit_pads_and_cuts_to_cells() -> None:
     assert fit("ab", 4) == "ab  "
     assert fit("abcdef", 4) == "abc…"
     assert cell_len(fit("日本語テキスト", 6)) == 6
+
+
+def _lines(view: TokenDiffView, n: int) -> list[str]:
+    return ["".join(seg.text for seg in view.render_line(y)._segments).rstrip() for y in range(n)]
+
+
+def test_a_token_wider_than_its_side_is_cut_into_pieces_never_clipped() -> None:
+    long = (AlignedToken(24830, "a" * 70),)
+    rows = wrap_tokens(long, 20, with_id=True)
+    labels = [token_label(t, True) for row in rows for t in row]
+    assert labels[0].startswith("[24830]")  # the id is whole
+    assert "".join(label.removeprefix("[24830]").lstrip("↪") for label in labels) == "a" * 70
+    assert all(cell_len(label) <= 20 for label in labels)
+
+
+async def test_the_header_names_each_side_and_the_current_difference_keeps_its_marks() -> None:
+    for width, stacked in ((80, True), (120, False)):
+        app = DiffHost()
+        async with app.run_test(size=(width, 16)) as pilot:
+            view = app.query_one(TokenDiffView)
+            view.set_alignment(sample_alignment(2))
+            await pilot.pause()
+            await pilot.pause()
+            lines = _lines(view, 14)
+            assert "reference" in lines[0] and "rebuilt" in lines[0]  # the first line says which side is which
+            current = [line for line in lines[1:] if line.startswith("▶")]
+            if stacked:
+                assert any("- [" in line for line in current) and any("+ [" in line for line in current)
+            else:
+                assert current and all("≠" in line for line in current)
+
+
+async def test_side_by_side_shows_each_sides_own_index() -> None:
+    app = DiffHost()
+    async with app.run_test(size=(120, 30)) as pilot:
+        view = app.query_one(TokenDiffView)
+        view.set_alignment(sample_alignment(2))
+        await pilot.pause()
+        await pilot.pause()
+        rows = [r for r in view._rows if r.role == "equal"]
+        # after the first 1-vs-2 token difference the rebuilt side runs one index ahead of the reference
+        later = [r for r in rows if r.position is not None and r.position > 18]
+        assert later and all(r.rec_position == r.position + 1 for r in later[:3])
+        text = _lines(view, 12)
+        assert any(f"│ {later[0].rec_position}" in line for line in text)
+
+
+async def test_at_80_columns_side_by_side_drops_no_character_of_a_long_id() -> None:
+    alignment = Alignment((AlignBlock(False, 0, 0, (AlignedToken(24830, "x" * 60),), (AlignedToken(5, "b"),)),), 1, 1)
+    app = DiffHost()
+    async with app.run_test(size=(80, 24)) as pilot:
+        view = app.query_one(TokenDiffView)
+        view.set_alignment(alignment)
+        view.force_stacked = False
+        await pilot.pause()
+        text = "\n".join(_lines(view, 10))
+        assert "[24830]" in text and text.count("x") == 60 and "…" not in text
