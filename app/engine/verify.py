@@ -76,9 +76,17 @@ class Rebuilder:
         r = self.reconstructor_for(endpoint, completion.provider)
         rec, verdict = r.process(completion, reference_ids)
         measured = None
-        if measure and rec.ids_source in fl.VERIFIED_SOURCES:
-            measured = str(r.measure_text_path(completion, rec.output_ids).category)
-            rec = replace(rec, flags=tuple(rec.flags) + (fl.text_path_flag(measured),))
+        if measure:
+            if rec.ids_source in fl.VERIFIED_SOURCES:
+                truth: Sequence[int] | None = rec.output_ids
+            else:
+                # process() fell back to the text because the server changed it (e.g. stripped edges); the
+                # logprob tokens are still what the model generated: measure the text path against them
+                found = r.ground_truth(completion)
+                truth = found[0] if found is not None else None
+            if truth is not None:
+                measured = str(r.measure_text_path(completion, truth).category)
+                rec = replace(rec, flags=tuple(rec.flags) + (fl.text_path_flag(measured),))
         check = None
         if completion.prompt_token_ids is not None:
             check = check_prompt(self.tokenizer, self.profile, messages, tools, completion.prompt_token_ids)
