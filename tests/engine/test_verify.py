@@ -155,3 +155,13 @@ def test_route_around_adds_the_provider_to_ignore() -> None:
     extra, _ = v.request_extra(0)
     assert extra == {"provider": {"sort": "price", "ignore": ["BadCloud"]}}
     assert v.observe("or", "BadCloud", 3, "s3", "text_mismatch").decisions == ()  # decided once
+
+
+def test_dashboard_match_tile_shows_the_measured_rate_with_its_count() -> None:
+    from app.engine.snapshot import FidelitySnapshot, MetricsSnapshot
+    from app.tui.screens.dashboard import reconstruction_lines
+
+    snap = MetricsSnapshot("r", "running", fidelity=(FidelitySnapshot("a", None, 40, 30, 6, 4),
+                                                   FidelitySnapshot("a", "X", 40, 30, 6, 4)))
+    assert reconstruction_lines(snap)[-1] == "match 90.0% n=40"
+    assert reconstruction_lines(MetricsSnapshot("r", "running"))[-1].startswith("mix ")  # no probes yet
