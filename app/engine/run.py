@@ -46,7 +46,7 @@ from app.engine.reconstruct import CompletionReconstructor, PassThroughReconstru
 from app.engine.settle import Settler
 from app.engine.slots import EndpointSlots
 from app.engine.snapshot import MetricsSnapshot
-from app.engine.verify import Rebuilt, Verifier
+from app.engine.verify import Rebuilt, Verifier, seed_from_store
 from app.engine.writes import StoreGate, disk_full_advice
 from app.errors import InputError
 from app.providers.retry import RetryPolicy
@@ -446,6 +446,7 @@ class Run:
         self.reconstructor, notes = await open_rebuilder(self.reconstructor, self.config, self.db_path)
         for note in notes:
             await self._event("info", "fidelity", note)
+        await seed_from_store(self._verifier, self.db_path, self.config.run.name)
         self._settler.verifier, self._settler.on_decision = self._verifier, self._on_quality
 
     def _on_quality(self, d: QualityDecision) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from app.engine import quality
 from app.engine.snapshot import FidelitySnapshot
-from app.records import CORRUPT_VERDICTS, Completion, Reconstruction, Verdict
+from app.records import Completion, Reconstruction, Verdict
 from app.tokens import flags as fl
 
 # what asks an OpenRouter-style endpoint for logprobs with bytes (the ids ground truth); OpenRouter passes
@@ -133,7 +133,7 @@ class Verifier:
     min_verified: int = 20
     on_corrupt: str = "pause"
     _probes: list[_Probes] = field(default_factory=list)
-    _rows: list[tuple[str, str | None, str, int]] = field(default_factory=list)
+    tallies: dict[tuple[str, str | None], quality.FidelityTally] = field(default_factory=dict)
     _decided: set[tuple[str, str | None]] = field(default_factory=set)
     ignored: dict[str, list[str]] = field(default_factory=dict)  # endpoint -> upstream providers routed around
     prompt_checks: dict[str, int] = field(default_factory=dict)  # agree / differ -> count
@@ -147,6 +147,20 @@ class Verifier:
         """The Verifier for a RunConfig's endpoints and limits."""
         lim = config.limits
         return cls(list(config.endpoints), lim.max_corrupt_rate, lim.min_verified_samples, lim.on_corrupt)
+
+    def seed(self, measurements: Iterable[Any], prompt_counts: dict[str, int]) -> None:
+        """Start from what earlier engines of this run stored (app.store.fidelity Measurements with a
+        `text_path:` flag, prompt-check counts), so the gate and the match rate cover the whole run and the
+        run's prompt-mismatch event is not repeated after a restart."""
+        for m in measurements:
+            measured = fl.text_path_of(m.flags)
+            if measured is not None:
+                self._count(m.endpoint, m.provider, measured, m.sample_pk)
+        for status, n in prompt_counts.items():
+            if status != "no_server_ids":
+                self.prompt_checks[status] = self.prompt_checks.get(status, 0) + n
+        if self.prompt_checks.get("differ"):
+            self.first_differ = ("", None, "reported by an earlier engine of this run")
 
     def request_extra(self, index: int) -> tuple[dict | None, bool]:
         """(the request's extra body fields, whether it is a probe) for a request to endpoint `index`."""
@@ -178,10 +192,8 @@ class Verifier:
                     "mismatches are counted in the snapshot (prompt_checks), not reported one by one")
         if measured is None:
             return Observed((), prompt_event)
-        self._rows.append((endpoint, provider, measured, pk))
-        tallies = [t for t in quality.tally(self._rows)
-                   if (t.endpoint, t.provider) == (endpoint, provider)]
-        decisions = tuple(d for d in quality.judge(tallies, self.max_corrupt_rate, self.min_verified, self.on_corrupt)
+        t = self._count(endpoint, provider, measured, pk)
+        decisions = tuple(d for d in quality.judge((t,), self.max_corrupt_rate, self.min_verified, self.on_corrupt)
                           if (d.endpoint, d.provider) not in self._decided)
         for d in decisions:
             self._decided.add((d.endpoint, d.provider))
@@ -189,16 +201,41 @@ class Verifier:
                 self.ignored.setdefault(d.endpoint, []).append(d.provider)
         return Observed(decisions, prompt_event)
 
+    def _count(self, endpoint: str, provider: str | None, measured: str, pk: int) -> quality.FidelityTally:
+        key = (endpoint, provider)
+        t = self.tallies[key] = quality.add(self.tallies.get(key) or quality.FidelityTally(endpoint, provider),
+                                            measured, pk)
+        return t
+
+    @property
+    def verified(self) -> int:
+        """Verified (measured) samples over every endpoint and provider."""
+        return sum(t.verified for t in self.tallies.values())
+
     def views(self) -> tuple[FidelitySnapshot, ...]:
         """Measured fidelity per endpoint (provider None) and per endpoint and upstream provider."""
         per: dict[tuple[str, str | None], list[int]] = {}
-        for endpoint, provider, category, _ in self._rows:
-            kinds = [(endpoint, None)] + ([(endpoint, provider)] if provider else [])
-            for key in kinds:
+        for (endpoint, provider), t in self.tallies.items():
+            for key in [(endpoint, None)] + ([(endpoint, provider)] if provider else []):
                 c = per.setdefault(key, [0, 0, 0, 0])
-                c[0] += 1
-                c[1 if category == "exact" else 3 if category in CORRUPT_VERDICTS else 2] += 1
-        return tuple(FidelitySnapshot(e, p, *c) for (e, p), c in per.items())
+                for i, n in enumerate((t.verified, t.exact, t.benign, t.corrupt_total)):
+                    c[i] += n
+        return tuple(FidelitySnapshot(e, p, *c) for (e, p), c in sorted(per.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")))
+
+
+async def seed_from_store(verifier: Verifier, db_path: Any, run_name: str) -> int:
+    """Seed `verifier` with the run's stored measurements (read-only, in a thread); returns how many."""
+    import asyncio
+
+    from app.store.fidelity import prompt_check_counts, read_measurements
+
+    def read() -> tuple[list[Any], dict[str, int]]:
+        return list(read_measurements(db_path, run_name)), prompt_check_counts(db_path, run_name)
+
+    measurements, counts = await asyncio.to_thread(read)
+    before = verifier.verified
+    verifier.seed(measurements, counts)
+    return verifier.verified - before
 
 
 def probe_fraction_of_kind(endpoint: Any) -> str:

@@ -102,7 +102,7 @@ async def test_prompt_mismatch_is_stored_and_reported_once(tmp_path, sample_data
     assert main(["export", "--db", str(config.run.database), "--format", "eagle3-shards", "--out", str(out), "--json",
                  "--require-prompt-agreement"]) in (0, 1)
     report = json.loads(capsys.readouterr().out)
-    print(report); assert report["skipped"].get("prompt_unverified") == 6, report
+    assert report["skipped"].get("prompt_unverified") == 6, report
 
 
 async def test_prompt_ids_agree_with_the_right_template(tmp_path, sample_data) -> None:
@@ -135,7 +135,6 @@ async def test_quality_gate_pauses_a_corrupting_endpoint(tmp_path, sample_data) 
     assert outcome.state == "paused" and "quality gate" in (outcome.reason or ""), outcome
     events = [e.message for e in run.events_since(0) if e.kind == "quality"]
     assert len(events) == 1, events
-    print(events[0], run.snapshot().measured)
     assert "endpoint 'bad'" in events[0] and "measured corrupt rate" in events[0] and "example sample pk" in events[0]
     assert "exceeds limits.max_corrupt_rate 20.0%" in events[0]
     snap = run.snapshot()
@@ -165,3 +164,70 @@ def test_dashboard_match_tile_shows_the_measured_rate_with_its_count() -> None:
                                                    FidelitySnapshot("a", "X", 40, 30, 6, 4)))
     assert reconstruction_lines(snap)[-1] == "match 90.0% n=40"
     assert reconstruction_lines(MetricsSnapshot("r", "running"))[-1].startswith("mix ")  # no probes yet
+
+
+def _toml(data: dict) -> str:
+    """A TOML text of the simple config dicts these tests use (tables, arrays of tables, scalars, lists)."""
+    def value(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{json.dumps(k)} = {value(x)}" for k, x in v.items()) + "}"
+        raise TypeError(v)
+
+    lines = []
+    for section, body in data.items():
+        if isinstance(body, list):
+            for item in body:
+                lines.append(f"[[{section}]]")
+                lines += [f"{k} = {value(v)}" for k, v in item.items()]
+        else:
+            lines.append(f"[{section}]")
+            lines += [f"{json.dumps(k)} = {value(v)}" for k, v in body.items()]
+    return "\n".join(lines) + "\n"
+
+
+async def test_a_calibrated_profile_is_loaded_and_keeps_the_gate_closed(tmp_path, sample_data, capsys) -> None:
+    # `calibrate` learns the think_spaces step of this endpoint and stores it; the engine loads it at start,
+    # applies its inverse to rebuilds from text, and the measured text path is no longer corrupt
+    import asyncio
+
+    from tests.engine.conftest import config_data
+
+    data = config_data(tmp_path, sample_data, endpoints=[
+        {"name": "spaces", "simulator": _sim(quirks=["think_spaces"]), "timeout_s": 5.0, "probe_fraction": 1.0}],
+        limits={"max_corrupt_rate": 0.2, "min_verified_samples": 4})
+    path = tmp_path / "run.toml"
+    path.write_text(_toml(data))
+    assert await asyncio.to_thread(main, ["calibrate", str(path), "--samples", "12"]) == 0
+    config = make_config(tmp_path, sample_data, endpoints=data["endpoints"], limits=data["limits"])
+    run, outcome = await run_to_end(config, sample_data, 16, reconstructor=build_reconstructor(config))
+    notes = [e.message for e in run.events_since(0) if e.kind == "fidelity"]
+    assert notes and "spaces" in notes[0] and "learned fidelity profile" in notes[0], notes
+    assert outcome.state == "done", outcome
+    m = run.snapshot().measured
+    assert m.verified == 16 and m.corrupt == 0, m
+
+
+async def test_a_restarted_engine_keeps_the_runs_measurements_and_prompt_event(tmp_path, sample_data) -> None:
+    from dataclasses import replace
+
+    from app.tokens import Reconstructor
+
+    config = make_config(tmp_path, sample_data, endpoints=[
+        {"name": "vllm", "simulator": _sim(personality="vllm", logprobs=False), "timeout_s": 5.0}])
+    base = build_reconstructor(config)
+    wrong = Reconstructor(replace(base.profile, **_wrong_template(base.profile)), base.tokenizer)
+    first, _ = await run_to_end(config, sample_data, 4, reconstructor=wrong)
+    assert len([e for e in first.events_since(0) if e.kind == "prompt"]) == 1
+    second, outcome = await run_to_end(config, sample_data, 8, reconstructor=wrong)
+    assert outcome.state == "done"
+    assert not [e for e in second.events_since(0) if e.kind == "prompt"]  # one per run, not per engine
+    snap = second.snapshot()
+    assert dict(snap.prompt_checks) == {"differ": 8} and snap.measured.verified == 8
