@@ -231,3 +231,41 @@ async def test_a_restarted_engine_keeps_the_runs_measurements_and_prompt_event(t
     assert not [e for e in second.events_since(0) if e.kind == "prompt"]  # one per run, not per engine
     snap = second.snapshot()
     assert dict(snap.prompt_checks) == {"differ": 8} and snap.measured.verified == 8
+
+
+async def test_route_around_ignores_the_corrupting_provider_in_later_requests(tmp_path, sample_data) -> None:
+    # on_corrupt = route_around: no pause; a warning names the provider, and every request after the decision
+    # carries it in OpenRouter's provider.ignore (bodies recorded by a real ChatClient over loopback HTTP)
+    from app.engine.endpoints import _start_simulator
+    from app.providers.client import ChatClient
+
+    class Recording(ChatClient):
+        bodies: list[dict] = []
+
+        def build_request(self, *a, **kw) -> dict:
+            body = super().build_request(*a, **kw)
+            self.bodies.append(body)
+            return body
+
+    config = make_config(
+        tmp_path, sample_data,
+        endpoints=[{"name": "or", "simulator": _sim(quirks=["think_spaces"]), "timeout_s": 5.0,
+                    "probe_fraction": 1.0, "extra": {"provider": {"sort": "price"}}}],
+        limits={"max_corrupt_rate": 0.2, "min_verified_samples": 3, "on_corrupt": "route_around",
+                "concurrency_initial": 1, "concurrency_max": 1})
+    server = await _start_simulator(config, config.endpoints[0])
+    ep = config.endpoints[0].model_copy(update={"base_url": server.base_url, "simulator": None, "server": "openrouter"})
+    client = Recording(ep, config.generation, None)
+    try:
+        run, outcome = await run_to_end(config, sample_data, 10, reconstructor=build_reconstructor(config),
+                                        clients={"or": client})
+    finally:
+        await client.aclose()
+        await server.close()
+    assert outcome.state == "done", outcome
+    warnings = [e.message for e in run.events_since(0) if e.kind == "quality"]
+    assert len(warnings) == 1 and "ignoring provider 'eaglewatch-simulator'" in warnings[0], warnings
+    bodies = Recording.bodies
+    assert len(bodies) == 10 and all(b["logprobs"] is True and b["top_logprobs"] == 0 for b in bodies)
+    assert [b["provider"] for b in bodies[:3]] == [{"sort": "price"}] * 3
+    assert all(b["provider"] == {"sort": "price", "ignore": ["eaglewatch-simulator"]} for b in bodies[3:])  # the slot is held until the decision
