@@ -132,6 +132,7 @@ class Verifier:
     max_corrupt_rate: float | None = None
     min_verified: int = 20
     on_corrupt: str = "pause"
+    asks_logprobs: bool = False  # generation.logprobs: every request asks already (with its own top_logprobs)
     _probes: list[_Probes] = field(default_factory=list)
     tallies: dict[tuple[str, str | None], quality.FidelityTally] = field(default_factory=dict)
     _decided: set[tuple[str, str | None]] = field(default_factory=set)
@@ -146,7 +147,8 @@ class Verifier:
     def of(cls, config: Any) -> "Verifier":
         """The Verifier for a RunConfig's endpoints and limits."""
         lim = config.limits
-        return cls(list(config.endpoints), lim.max_corrupt_rate, lim.min_verified_samples, lim.on_corrupt)
+        return cls(list(config.endpoints), lim.max_corrupt_rate, lim.min_verified_samples, lim.on_corrupt,
+                   bool(config.generation.logprobs))
 
     def seed(self, measurements: Iterable[Any], prompt_counts: dict[str, int]) -> None:
         """Start from what earlier engines of this run stored (app.store.fidelity Measurements with a
@@ -167,7 +169,7 @@ class Verifier:
         ep = self.endpoints[index]
         probe = self._probes[index].next()
         extra = dict(ep.extra or {})
-        if probe and probe_fraction_of_kind(ep) == "logprobs":
+        if probe and not self.asks_logprobs and probe_fraction_of_kind(ep) == "logprobs":
             extra.update(LOGPROB_PROBE_FIELDS)
         ignored = self.ignored.get(ep.name)
         if ignored:

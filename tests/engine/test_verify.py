@@ -269,3 +269,20 @@ async def test_route_around_ignores_the_corrupting_provider_in_later_requests(tm
     assert len(bodies) == 10 and all(b["logprobs"] is True and b["top_logprobs"] == 0 for b in bodies)
     assert [b["provider"] for b in bodies[:3]] == [{"sort": "price"}] * 3
     assert all(b["provider"] == {"sort": "price", "ignore": ["eaglewatch-simulator"]} for b in bodies[3:])  # the slot is held until the decision
+
+
+def test_probe_fields_respect_generation_logprobs_and_the_snapshot_codec_keeps_fidelity() -> None:
+    from app.config import Endpoint
+    from app.engine.snapshot import FidelitySnapshot, MetricsSnapshot
+    from app.engine.snapshot_codec import snapshot_from_json, snapshot_to_json
+
+    ep = Endpoint(name="or", base_url="https://openrouter.ai/api/v1", probe_fraction=1.0)
+    assert Verifier([ep]).request_extra(0) == ({"logprobs": True, "top_logprobs": 0}, True)
+    # generation.logprobs already asks every request (with its own top_logprobs): nothing is overridden
+    assert Verifier([ep], asks_logprobs=True).request_extra(0) == (None, True)
+    vllm = Endpoint(name="v", base_url="http://127.0.0.1:8000/v1", server="vllm")
+    assert Verifier([vllm]).request_extra(0) == (None, True)  # ids come anyway: every request is a probe
+    snap = MetricsSnapshot("r", "running", fidelity=(FidelitySnapshot("a", None, 3, 1, 1, 1),
+                                                   FidelitySnapshot("a", "P", 3, 1, 1, 1)),
+                           prompt_checks=(("differ", 2),))
+    assert snapshot_from_json(snapshot_to_json(snap)) == snap
