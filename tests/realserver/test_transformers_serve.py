@@ -216,9 +216,10 @@ def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
 
 def _exported(tmp_path, db: Path) -> dict[str, dict]:
     out = tmp_path / f"export-{db.stem}"
+    # every sample, whatever its verdict, round-trip or flags: each is judged against generate() below
     _cli("export", "--db", str(db), "--format", "sglang-raw", "--out", str(out), "--keep-mismatches",
-         "--keep-truncated", timeout=120)
-    return {row["id"]: row for row in map(json.loads, (out / "sglang_raw.jsonl").read_text().splitlines())}
+         "--keep-truncated", "--keep-roundtrip-failed", "--keep-suspect", timeout=120)
+    return {row["id"]: row for row in map(json.loads, (out / "data" / "sglang_raw.jsonl").read_text().splitlines())}
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
