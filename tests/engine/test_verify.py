@@ -105,11 +105,15 @@ async def test_prompt_mismatch_is_stored_and_reported_once(tmp_path, sample_data
     assert report["skipped"].get("prompt_unverified") == 6, report
 
 
-async def test_prompt_ids_agree_with_the_right_template(tmp_path, sample_data) -> None:
-    config = make_config(tmp_path, sample_data, endpoints=[
-        {"name": "vllm", "simulator": _sim(personality="vllm", logprobs=False), "timeout_s": 5.0}])
+@pytest.mark.parametrize(("personality", "stream"), [("vllm", False), ("vllm", True), ("sglang", False)])
+async def test_prompt_ids_agree_with_the_right_template(tmp_path, sample_data, personality, stream) -> None:
+    # vLLM: prompt_token_ids on the response (first chunk when streaming); SGLang: choices[].prompt_token_ids
+    config = make_config(tmp_path, sample_data, stream=stream, endpoints=[
+        {"name": "srv", "simulator": _sim(personality=personality, logprobs=False), "timeout_s": 5.0}])
     run, outcome = await run_to_end(config, sample_data, 4, reconstructor=build_reconstructor(config))
-    assert {r[2] for r in _rows(config.run.database)} == {"agree"}
+    rows = _rows(config.run.database)
+    assert {r[2] for r in rows} == {"agree"} and all(r[4] for r in rows) and {r[0] for r in rows} == {"server"}
+    assert dict(run.snapshot().prompt_checks) == {"agree": 4}
     assert not [e for e in run.events_since(0) if e.kind == "prompt"]
 
 
