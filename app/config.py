@@ -211,6 +211,10 @@ class Endpoint(_Section):
     weight: float = Field(1.0, gt=0, description="Share of requests relative to the other endpoints.")
     max_concurrency: int = Field(64, gt=0, description="Most requests in flight to this endpoint.")
     timeout_s: float = Field(600.0, gt=0, description="Per-request timeout.")
+    probe_fraction: float | None = Field(
+        None, ge=0, le=1, description="Share of requests that ask for true ids (logprobs on OpenRouter) so the text "
+        "path's fidelity is measured live and the quality gate can judge it; default 1 for vllm/sglang servers "
+        "(they return ids anyway), else 0.")
     extra: dict[str, Any] = Field(
         default_factory=dict, description="Merged into every request body (reasoning options, provider routing)."
     )

@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also export samples whose rebuilt ids failed the round-trip check (dropped by default)")
     parser.add_argument("--keep-suspect", action="store_true",
                         help="also export samples flagged suspect by the reconstruction (dropped by default)")
+    parser.add_argument("--require-prompt-agreement", action="store_true",
+                        help="export only samples whose server prompt ids (vLLM/SGLang) agreed with the rendered "
+                        "prompt; the rest are skipped as prompt_unverified")
     parser.add_argument("--max-length", type=int, default=None, metavar="N",
                         help="skip samples whose prompt + completion exceed N tokens (never cut)")
     parser.add_argument("--shard-size", type=int, default=1000, metavar="N", help="samples per eagle3 shard (default 1000)")
@@ -96,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         keep_truncated=args.keep_truncated,
         keep_roundtrip_failed=args.keep_roundtrip_failed,
         keep_suspect=args.keep_suspect,
+        require_prompt_agreement=args.require_prompt_agreement,
         max_length=args.max_length,
     )
     progress = _Progress()

@@ -13,17 +13,21 @@ import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from app.engine.endpoints import Endpoint
 from app.engine.slots import EndpointSlots
+from app.engine.verify import Rebuilt
 from app.providers.errors import ProviderError, RetryableError, RunStoppingError, SampleFatalError
 from app.providers.retry import RetryPolicy, with_retries
 from app.records import Completion, Reconstruction, Verdict
 from app.store.records import LeasedSample
 
 OutcomeKind = Literal["done", "failed", "released", "stopping"]
-Reconstruct = Callable[[Completion, "tuple[int, ...] | None"], Awaitable["tuple[Reconstruction | None, Verdict | None]"]]
+# (completion, flight) -> the rebuilt ids, verdict, text-path measurement and prompt check (app.engine.verify)
+Reconstruct = Callable[[Completion, "Flight"], Awaitable[Rebuilt]]
+# endpoint index -> (the request's extra body fields, whether it is a probe); default: the endpoint's `extra`
+RequestExtra = Callable[[int], "tuple[dict | None, bool]"]
 
 
 @dataclass
@@ -38,6 +42,7 @@ class Flight:
     last: int = 0  # the endpoint of the latest request
     billed_usd: float = 0.0  # what failed earlier requests of this flight were billed
     settling: bool = False  # a response arrived: pause-now leaves it to be rebuilt and stored
+    probe: bool = False  # the latest request asked for true ids (app.engine.verify): its text path is measured
 
     def __post_init__(self) -> None:
         self.tries = self.sample.tries
@@ -59,6 +64,8 @@ class Outcome:
     message: str | None = None
     cost_usd: float = 0.0
     unexpected: bool = False
+    measured: str | None = None  # the text-path verdict of a probe with true ids (app.engine.verify)
+    prompt_check: Any = None  # app.tokens.prompt_check.PromptCheck when the server returned prompt ids
 
 
 # Called before each retry's wait with the failed attempt: the engine counts it, cuts the limit on overload,
@@ -75,6 +82,7 @@ async def request_sample(
     model: str,
     reconstruct: Reconstruct,
     on_retry: OnRetry,
+    request_extra: RequestExtra | None = None,
 ) -> Outcome:
     """Send `flight.sample` until it succeeds or fails for good, and rebuild its ids; see the module doc."""
     sample = flight.sample
@@ -89,7 +97,11 @@ async def request_sample(
         ep = endpoints[flight.index]
         flight.last = flight.index
         flight.tries += 1
-        return await ep.client.complete(sample.messages, sample.tools, model=model, extra=ep.config.extra or None)
+        if request_extra is None:
+            extra, flight.probe = ep.config.extra or None, False
+        else:
+            extra, flight.probe = request_extra(flight.index)
+        return await ep.client.complete(sample.messages, sample.tools, model=model, extra=extra)
 
     async def retrying(_n: int, exc: RetryableError, _delay: float) -> None:
         await on_retry(flight, exc)
@@ -109,10 +121,11 @@ async def request_sample(
                        unexpected=True)
     flight.settling = True
     try:
-        reconstruction, verdict = await reconstruct(completion, sample.reference_ids)
+        rebuilt = await reconstruct(completion, flight)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # e.g. a reference id beyond the vocabulary: the paid response is still stored
         return Outcome("failed", flight.tries, completion=completion, error_class="reconstruct",
                        message=f"{type(exc).__name__}: {exc}", unexpected=True)
-    return Outcome("done", flight.tries, completion=completion, reconstruction=reconstruction, verdict=verdict)
+    return Outcome("done", flight.tries, completion=completion, reconstruction=rebuilt.reconstruction,
+                   verdict=rebuilt.verdict, measured=rebuilt.measured, prompt_check=rebuilt.prompt_check)

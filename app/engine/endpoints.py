@@ -111,7 +111,9 @@ async def open_endpoints(
             if ep.simulator is not None:
                 server = await _start_simulator(config, ep)
                 out.simulators.append(server)
-                ep = ep.model_copy(update={"base_url": server.base_url, "simulator": None})
+                # the client asks for ids as the personality's server would be asked (app.providers.servers)
+                ep = ep.model_copy(update={"base_url": server.base_url, "simulator": None,
+                                           "server": ep.server or ep.simulator.personality})
                 if on_event is not None:
                     await on_event("info", "endpoint", f"{ep.name}: built-in simulator listening on {server.base_url}")
             check_base_url(ep)

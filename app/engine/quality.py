@@ -9,7 +9,7 @@ The engine feeds `tally(...)` from its results and acts on `judge(...)`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable
 
 from app.records import CORRUPT_VERDICTS
@@ -54,24 +54,23 @@ class QualityDecision:
     message: str
 
 
+def add(t: FidelityTally, category: str, pk: int) -> FidelityTally:
+    """`t` with one more verified sample of text-path verdict `category` (sample `pk`)."""
+    if category == "exact":
+        return replace(t, verified=t.verified + 1, exact=t.exact + 1)
+    if category in CORRUPT_VERDICTS:
+        return replace(t, verified=t.verified + 1, corrupt={**t.corrupt, category: t.corrupt.get(category, 0) + 1},
+                       example_pk=t.example_pk if t.example_pk is not None else pk)
+    return replace(t, verified=t.verified + 1, benign=t.benign + 1)
+
+
 def tally(rows: Iterable[tuple[str, str | None, str, int]]) -> tuple[FidelityTally, ...]:
     """Tallies from (endpoint, provider, text-path verdict, sample pk) rows, one per endpoint/provider, in order seen."""
-    acc: dict[tuple[str, str | None], dict] = {}
+    acc: dict[tuple[str, str | None], FidelityTally] = {}
     for endpoint, provider, category, pk in rows:
-        t = acc.setdefault((endpoint, provider), {"verified": 0, "exact": 0, "benign": 0, "corrupt": {}, "example": None})
-        t["verified"] += 1
-        if category == "exact":
-            t["exact"] += 1
-        elif category in CORRUPT_VERDICTS:
-            t["corrupt"][category] = t["corrupt"].get(category, 0) + 1
-            if t["example"] is None:
-                t["example"] = pk
-        else:
-            t["benign"] += 1
-    return tuple(
-        FidelityTally(e, p, t["verified"], t["exact"], t["benign"], dict(t["corrupt"]), t["example"])
-        for (e, p), t in acc.items()
-    )
+        key = (endpoint, provider)
+        acc[key] = add(acc.get(key) or FidelityTally(endpoint, provider), category, pk)
+    return tuple(acc.values())
 
 
 def judge(

@@ -41,15 +41,17 @@ from app.engine.endpoints import CompletionClient, Endpoint, Endpoints, close_en
 from app.engine.events import EngineEvent, EventLog
 from app.engine.lock import EngineLock
 from app.engine.metrics import EndpointMetrics
-from app.engine.reconstruct import CompletionReconstructor, PassThroughReconstructor
+from app.engine.quality import QualityDecision
+from app.engine.reconstruct import CompletionReconstructor, PassThroughReconstructor, open_rebuilder, rebuild
 from app.engine.settle import Settler
 from app.engine.slots import EndpointSlots
 from app.engine.snapshot import MetricsSnapshot
+from app.engine.verify import Rebuilt, Verifier, seed_from_store
 from app.engine.writes import StoreGate, disk_full_advice
 from app.errors import InputError
 from app.providers.pricing import prices_at_start, resolve_pricing
 from app.providers.retry import RetryPolicy
-from app.records import Completion, Reconstruction, Verdict
+from app.records import Completion
 from app.store.records import LeasedSample
 from app.store.run_store import RunStore, StoreWriteError
 
@@ -124,6 +126,7 @@ class Run:
         self._gate = StoreGate(self._on_store_change)
         self.events = EventLog(store, self._gate)
         self._settler: Settler | None = None
+        self._verifier = Verifier.of(config)
         # a variant (":floor", ":nitro", ...) takes its base model's price unless priced itself
         prices, _ = resolve_pricing(config.model.name, config.pricing)
         self.pricing = prices
@@ -172,6 +175,7 @@ class Run:
             cfg, self.store, self.run_id, self._gate, self.events, self._counts, self.budget, self._endpoints,
             self._slots, self.total_metrics, self._verdicts, self._strategies, self._tok_bucket,
             self._tokenizer_fingerprint, self.pricing)
+        await self._start_verify()
         if not isinstance(self.reconstructor, PassThroughReconstructor):
             self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="reconstruct")
         if stored_state == "paused" and not self.resume_paused:
@@ -424,6 +428,7 @@ class Run:
             outcome = await request_sample(
                 f, endpoints=self._endpoints, slots=self._slots, policy=self.policy, model=self.config.model.name,
                 reconstruct=self._reconstruct, on_retry=self._settler.on_retry,
+                request_extra=self._verifier.request_extra,
             )
             first_stop = self._stop_leasing(outcome)
             await self._settler.settle(f, outcome)
@@ -447,12 +452,32 @@ class Run:
                 self._wake.set()
                 self._check_idle()
 
-    async def _reconstruct(self, completion: Completion, reference_ids: tuple[int, ...] | None
-                           ) -> tuple[Reconstruction | None, Verdict | None]:
-        if self._pool is None:
-            return self.reconstructor.process(completion, reference_ids)
-        return await asyncio.get_running_loop().run_in_executor(
-            self._pool, self.reconstructor.process, completion, reference_ids)
+    async def _reconstruct(self, completion: Completion, f: Flight) -> Rebuilt:
+        return await rebuild(self._pool, self.reconstructor, completion, f, self._endpoints[f.last].name)
+
+    # ---- live fidelity and the quality gate (app.engine.verify) ----------------------------------
+
+    async def _start_verify(self) -> None:
+        """Wrap the reconstructor with the endpoints' stored fidelity profiles; let the Settler feed the gate."""
+        self.reconstructor, notes = await open_rebuilder(self.reconstructor, self.config, self.db_path)
+        for note in notes:
+            await self._event("info", "fidelity", note)
+        await seed_from_store(self._verifier, self.db_path, self.config.run.name)
+        self._settler.verifier, self._settler.on_decision = self._verifier, self._on_quality
+
+    def _on_quality(self, d: QualityDecision) -> None:
+        """A gate decision: pause at once (before the scheduler leases more), or note the route-around."""
+        loop = asyncio.get_running_loop()
+        if d.action == "pause" and self.state == "running":
+            self.state, self.state_reason = "paused", f"quality gate: {d.endpoint}" + (
+                f" / {d.provider}" if d.provider else "") + f" corrupt rate {d.rate:.1%}"
+            loop.create_task(self._quality_pause(d))
+        elif d.action == "route_around":
+            loop.create_task(self._event("warning", "quality", d.message))
+
+    async def _quality_pause(self, d: QualityDecision) -> None:
+        await self._event("error", "quality", d.message)
+        await self.pause(reason=self.state_reason or "quality gate")
 
     def _stop_leasing(self, o: Outcome) -> bool:
         """A run-stopping error: pause before any await lets the scheduler start another request. True for the
@@ -622,5 +647,6 @@ class Run:
             projected_cost_usd=projected_total(spent, c["done"], remaining),
             budget_usd=self.config.limits.budget_usd,
             verdicts=tuple(sorted(self._verdicts.items())), strategies=tuple(sorted(self._strategies.items())),
-            endpoints=eps,
+            endpoints=eps, fidelity=self._verifier.views(),
+            prompt_checks=tuple(sorted(self._verifier.prompt_checks.items())),
         )

@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import orjson
 
@@ -26,6 +27,8 @@ from app.engine.events import EventLog
 from app.engine.limiter import LimitChange
 from app.engine.metrics import EndpointMetrics
 from app.engine.slots import EndpointSlots
+from app.engine.quality import QualityDecision
+from app.engine.verify import Verifier
 from app.engine.writes import StoreGate
 from app.providers.errors import ProviderError, RetryableError
 from app.providers.pricing import ModelPricing, cost_of
@@ -70,6 +73,9 @@ class Settler:
     tok_bucket: TokenBucket | None = None
     tokenizer_fingerprint: str = ""
     pricing: ModelPricing | None = None  # the run's list prices (config, variant rules, or GET /models at start)
+    # live fidelity (app.engine.verify): tallies measured results; the Run acts on the gate's decisions
+    verifier: Verifier | None = None
+    on_decision: Callable[[QualityDecision], None] | None = None
 
     async def settle(self, f: Flight, o: Outcome) -> None:
         """Record an Outcome (see the module doc); returns once the store has it."""
@@ -115,13 +121,30 @@ class Settler:
         await self.gate.commit(lambda: asyncio.shield(self.store.record_result(
             self.run_id, s.pk, o.attempt, ep.name, completion, cost, o.reconstruction, o.verdict, s.reference_ids,
             state, profile=self.config.model.profile, tokenizer=self.tokenizer_fingerprint, keep_raw=keep,
-            error_class=o.error_class, error=o.message)))
+            error_class=o.error_class, error=o.message,
+            prompt_check=o.prompt_check.status if o.prompt_check is not None else None,
+            prompt_first_diff=o.prompt_check.first_diff if o.prompt_check is not None else None)))
         self.counts.ended(state)
+        self._verify(f, o, ep)
         self._account(ep, completion, cost, s)
         if o.verdict is not None:
             self.verdicts[o.verdict.category] += 1
         if o.reconstruction is not None:
             self.strategies[o.reconstruction.strategy] += 1
+
+    def _verify(self, f: Flight, o: Outcome, ep: Endpoint) -> None:
+        """Count a stored result's measurement and prompt check; hand the gate's decisions to the Run at once
+        (before anything awaits, so the scheduler leases nothing more after a pause decision)."""
+        if self.verifier is None:
+            return
+        seen = self.verifier.observe(ep.name, o.completion.provider, f.sample.pk, f.sample.sample_id, o.measured,
+                                     o.prompt_check)
+        if seen.prompt_event is not None:
+            self.events.note("warning", "prompt", seen.prompt_event)
+            asyncio.get_running_loop().create_task(self.events.flush())
+        for d in seen.decisions:
+            if self.on_decision is not None:
+                self.on_decision(d)
 
     async def on_retry(self, f: Flight, exc: RetryableError) -> None:
         """A failed request that will be retried: count it, cut the limit on overload, give back the slot while

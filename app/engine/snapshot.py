@@ -40,6 +40,25 @@ class EndpointSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class FidelitySnapshot:
+    """Measured fidelity of the text path on one endpoint (provider None: all its upstream providers) or one
+    upstream provider behind it: samples with true ids (`verified`) whose text-only rebuild was exact,
+    benign (bpe_equivalent / truncated) or corrupt."""
+
+    endpoint: str
+    provider: str | None = None
+    verified: int = 0
+    exact: int = 0
+    benign: int = 0
+    corrupt: int = 0
+
+    @property
+    def match_rate(self) -> float | None:
+        """(exact + benign) / verified; None before the first verified sample."""
+        return (self.exact + self.benign) / self.verified if self.verified else None
+
+
+@dataclass(frozen=True, slots=True)
 class MetricsSnapshot:
     """One moment of a run, for dashboards and `status`.
 
@@ -47,6 +66,8 @@ class MetricsSnapshot:
     or stopped (e.g. "402: out of credits", "budget reached", "operator").
     `verdicts` maps verdict category -> count, `strategies` maps strategy -> count.
     `throughput_history` is output tokens/s per recent 10 s bucket, oldest first (for a sparkline).
+    `fidelity` is the live measured fidelity (probes with true ids), per endpoint then per upstream provider;
+    `prompt_checks` maps agree | differ -> samples whose server prompt ids were compared.
     """
 
     run_name: str
@@ -79,3 +100,12 @@ class MetricsSnapshot:
     verdicts: tuple[tuple[str, int], ...] = ()
     strategies: tuple[tuple[str, int], ...] = ()
     endpoints: tuple[EndpointSnapshot, ...] = ()
+    fidelity: tuple[FidelitySnapshot, ...] = ()
+    prompt_checks: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def measured(self) -> FidelitySnapshot:
+        """The run's measured fidelity over every endpoint (the dashboard's match-rate tile)."""
+        rows = [f for f in self.fidelity if f.provider is None]
+        return FidelitySnapshot("all", None, sum(f.verified for f in rows), sum(f.exact for f in rows),
+                                sum(f.benign for f in rows), sum(f.corrupt for f in rows))

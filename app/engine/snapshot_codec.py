@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, fields
 from typing import Any
 
-from app.engine.snapshot import EndpointSnapshot, MetricsSnapshot, Rate
+from app.engine.snapshot import EndpointSnapshot, FidelitySnapshot, MetricsSnapshot, Rate
 
 
 def snapshot_to_json(snapshot: MetricsSnapshot) -> str:
@@ -30,7 +30,9 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
             value = _build(Rate, value)
         elif key == "endpoints":
             value = tuple(_build(EndpointSnapshot, e) for e in value)
-        elif key in ("errors_by_class", "verdicts", "strategies"):
+        elif key == "fidelity":
+            value = tuple(_build(FidelitySnapshot, e) for e in value)
+        elif key in ("errors_by_class", "verdicts", "strategies", "prompt_checks"):
             value = tuple((str(k), int(n)) for k, n in value)
         elif isinstance(value, list):
             value = tuple(value)

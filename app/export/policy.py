@@ -6,11 +6,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.store.export_reads import ExportRow
+from app.tokens.flags import is_suspect
 
 # skip reasons, in the order they are checked (also the keys of ExportReport.skipped); `not_reproducible`:
 # specforge-text only, the decoded text does not encode back to the sample's ids
-SKIP_REASONS = ("no_reconstruction", "roundtrip", "suspect", "text_mismatch", "structure_mismatch", "bpe_equivalent",
-                "truncated", "too_long", "not_reproducible")
+SKIP_REASONS = ("no_reconstruction", "roundtrip", "suspect", "prompt_unverified", "text_mismatch",
+                "structure_mismatch", "bpe_equivalent", "truncated", "too_long", "not_reproducible")
 # where a sample's exported output ids came from, best first
 IDS_SOURCES = ("server", "logprobs", "reference", "text")
 
@@ -18,13 +19,16 @@ IDS_SOURCES = ("server", "logprobs", "reference", "text")
 @dataclass(frozen=True)
 class ExportPolicy:
     """Which samples to export: bpe_equivalent kept by default; mismatches, truncated, failed round-trips and
-    suspect samples (reconstruction flags set) dropped by default."""
+    suspect samples (app.tokens.flags.is_suspect) dropped by default; with `require_prompt_agreement` only samples
+    whose server prompt ids agreed with the rendered prompt are kept."""
 
     keep_bpe_equivalent: bool = True
     keep_mismatches: bool = False
     keep_truncated: bool = False
     keep_roundtrip_failed: bool = False
     keep_suspect: bool = False
+    # only samples whose server prompt ids agreed with the rendered prompt (app.tokens.prompt_check)
+    require_prompt_agreement: bool = False
     max_length: int | None = None  # prompt + completion tokens; longer samples are skipped, never cut
 
     def as_dict(self) -> dict[str, Any]:
@@ -35,6 +39,7 @@ class ExportPolicy:
             "keep_truncated": self.keep_truncated,
             "keep_roundtrip_failed": self.keep_roundtrip_failed,
             "keep_suspect": self.keep_suspect,
+            "require_prompt_agreement": self.require_prompt_agreement,
             "max_length": self.max_length,
         }
 
@@ -45,8 +50,10 @@ def skip_reason(row: ExportRow, policy: ExportPolicy) -> str | None:
         return "no_reconstruction"
     if row.roundtrip is False and not policy.keep_roundtrip_failed:
         return "roundtrip"
-    if row.flags and not policy.keep_suspect:
+    if is_suspect(row.flags) and not policy.keep_suspect:  # text_path:<verdict> flags are informational
         return "suspect"
+    if policy.require_prompt_agreement and row.prompt_check != "agree":
+        return "prompt_unverified"
     if row.category in ("text_mismatch", "structure_mismatch") and not policy.keep_mismatches:
         return row.category
     if row.category == "bpe_equivalent" and not policy.keep_bpe_equivalent:

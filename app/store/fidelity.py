@@ -92,6 +92,18 @@ def read_measurements(path: str | Path, run: str | None = None) -> Iterator[Meas
         conn.close()
 
 
+def prompt_check_counts(path: str | Path, run: str) -> dict[str, int]:
+    """How many of the run's reconstructions had each prompt-check status (agree | differ | no_server_ids)."""
+    conn = connect_readonly(path)
+    try:
+        rows = conn.execute(
+            "SELECT rc.prompt_check, COUNT(*) FROM reconstructions rc JOIN runs ru ON ru.id = rc.run_id "
+            "WHERE ru.name = ? AND rc.prompt_check IS NOT NULL GROUP BY rc.prompt_check", (run,)).fetchall()
+    finally:
+        conn.close()
+    return {str(status): int(n) for status, n in rows}
+
+
 def _flags(text: str | None) -> tuple[str, ...]:
     # reconstructions.flags is a JSON list (schema v5); tolerate NULL and a plain comma list
     if not text:

@@ -45,7 +45,7 @@ def loads(text: str | bytes | None, default: Any = None) -> Any:
 RESPONSE_COLUMNS = (
     "run_id", "sample_pk", "attempt", "endpoint", "provider", "model", "generation_id", "finish_reason",
     "reasoning", "content", "tool_calls", "logprobs", "token_ids", "usage", "prompt_tokens", "completion_tokens",
-    "reasoning_tokens", "cached_tokens", "cost_usd", "latency_ms", "ttft_ms", "raw", "created_at",
+    "reasoning_tokens", "cached_tokens", "cost_usd", "latency_ms", "ttft_ms", "raw", "created_at", "prompt_ids",
 )
 INSERT_RESPONSE = (
     f"INSERT INTO responses ({', '.join(RESPONSE_COLUMNS)}) VALUES ({', '.join('?' * len(RESPONSE_COLUMNS))})"
@@ -146,6 +146,7 @@ def encode_response(
         completion.ttft_s * 1000.0 if completion.ttft_s is not None else None,
         encode_raw(completion.raw, raw_max_bytes) if keep_raw else None,
         time.time() if created_at is None else created_at,
+        pack_ids(completion.prompt_token_ids),
     )
 
 
@@ -166,6 +167,7 @@ def decode_completion(row: Mapping[str, Any]) -> Completion:
         provider=row.get("provider"),
         model=row.get("model"),
         generation_id=row.get("generation_id"),
+        prompt_token_ids=unpack_ids(row.get("prompt_ids")),
     )
 
 
@@ -210,6 +212,8 @@ class ReconstructionRow:
     created_at: float = 0.0
     ids_source: str | None = None
     flags: tuple[str, ...] | None = None
+    prompt_check: str | None = None  # agree | differ | no_server_ids (app.tokens.prompt_check); None: not checked
+    prompt_first_diff: int | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -229,6 +233,8 @@ def reconstruction_row(
     tokenizer: str = "",
     ids_source: str | None = None,
     flags: Sequence[str] | None = None,
+    prompt_check: str | None = None,
+    prompt_first_diff: int | None = None,
     created_at: float | None = None,
 ) -> ReconstructionRow:
     """The row of one rebuilt sample (no verdict: unchecked). `tokenizer` is the tokenizer's fingerprint."""
@@ -254,6 +260,8 @@ def reconstruction_row(
         created_at=time.time() if created_at is None else created_at,
         ids_source=ids_source,
         flags=tuple(flags) if flags is not None else None,
+        prompt_check=prompt_check,
+        prompt_first_diff=prompt_first_diff,
     )
 
 
@@ -261,7 +269,7 @@ def reconstruction_row(
 RECONSTRUCTION_COLUMNS = (
     "run_id", "sample_pk", "response_id", "profile", "tokenizer", "strategy", "repair", "roundtrip", "notes",
     "output_ids", "reference_ids", "category", "first_diff", "n_tokens", "ref_len", "explanation", "detail",
-    "created_at", "ids_source", "flags",
+    "created_at", "ids_source", "flags", "prompt_check", "prompt_first_diff",
 )
 UPSERT_RECONSTRUCTION = (
     f"INSERT INTO reconstructions ({', '.join(RECONSTRUCTION_COLUMNS)}, n_diff) "
@@ -295,6 +303,8 @@ def encode_reconstruction(row: ReconstructionRow, **override: Any) -> dict[str, 
         "created_at": row.created_at,
         "ids_source": row.ids_source,
         "flags": dumps(list(row.flags)) if row.flags is not None else None,
+        "prompt_check": row.prompt_check,
+        "prompt_first_diff": row.prompt_first_diff,
     }
     unknown = set(override) - params.keys()
     if unknown:
@@ -329,6 +339,8 @@ def decode_reconstruction(row: Mapping[str, Any]) -> ReconstructionRow:
         created_at=row.get("created_at") or 0.0,
         ids_source=row.get("ids_source"),
         flags=tuple(flags) if flags is not None else None,
+        prompt_check=row.get("prompt_check"),
+        prompt_first_diff=row.get("prompt_first_diff"),
     )
 
 

@@ -313,11 +313,15 @@ class RunStore:
         keep_raw: bool = False,
         error_class: str | None = None,
         error: str | None = None,
+        prompt_check: str | None = None,
+        prompt_first_diff: int | None = None,
     ) -> int:
         """Store a response (+ its reconstruction and verdict) and set the sample's state, in one transaction.
 
         Returns the response row id once committed. `profile` / `tokenizer` (fingerprint) label the
-        reconstruction; `keep_raw` stores the provider's parsed body too. `attempt` is the request's number
+        reconstruction, which also keeps where its ids came from and its flags (Reconstruction.ids_source /
+        .flags) and `prompt_check` / `prompt_first_diff` (app.tokens.prompt_check: the server's prompt ids against the
+        rendered prompt, None when not checked); `keep_raw` stores the provider's parsed body too. `attempt` is the request's number
         for this sample (over every lease); a paid response whose sample still failed (state `failed`, e.g.
         reconstruction raised) names why in `error_class` / `error` on the sample.
         """
@@ -327,7 +331,9 @@ class RunStore:
         rec_row = None
         if reconstruction is not None:
             rec_row = rows.reconstruction_row(
-                run_id, pk, reconstruction, verdict, reference_ids, profile=profile, tokenizer=tokenizer
+                run_id, pk, reconstruction, verdict, reference_ids, profile=profile, tokenizer=tokenizer,
+                ids_source=reconstruction.ids_source, flags=reconstruction.flags,
+                prompt_check=prompt_check, prompt_first_diff=prompt_first_diff,
             )
 
         def op(conn: sqlite3.Connection) -> int:

@@ -60,7 +60,8 @@ async def test_a_reconstruction_row_is_built_once_and_read_back_whole(tmp_path: 
         (7, 8, 9), (7, 1, 9), "text_mismatch", 1, 3)
     assert (first.repair, first.roundtrip, first.notes, first.spans) == ("think_spaces", False, ("normaliser",), ((1, 2, 1, 3),))
     assert (first.profile, first.tokenizer, first.explanation) == ("p", "fp", "text differs at token 1")
-    assert (first.ids_source, first.flags) == (None, None)
+    # record_result stores the Reconstruction's own provenance (none given here: no source, no flags)
+    assert (first.ids_source, first.flags, first.prompt_check, first.prompt_first_diff) == (None, (), None, None)
     assert (second.ids_source, second.flags, second.reference_ids) == ("server", ("suspect_space",), None)
     assert n_diff == {a.pk: 2, b.pk: 0}  # computed from the spans by the upsert
 

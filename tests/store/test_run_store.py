@@ -151,7 +151,8 @@ async def test_record_result_stores_response_reconstruction_cost_and_state_toget
     assert rec_row.reference_ids == (1, 9, 3)
     assert rec_row.spans == ((1, 2, 1, 2),)
     assert (rec_row.profile, rec_row.tokenizer) == ("kimi-k2.5", "fp1")
-    assert (rec_row.repair, rec_row.roundtrip, rec_row.ids_source, rec_row.flags) == ("strip_whitespace", True, None, None)
+    # the Reconstruction gave no ids_source and no flags: stored as such (engine tests cover filled ones)
+    assert (rec_row.repair, rec_row.roundtrip, rec_row.ids_source, rec_row.flags) == ("strip_whitespace", True, None, ())
     assert queries.verdict_counts(conn, run_id)["text_mismatch"] == 1
     assert queries.strategy_counts(conn, run_id) == {"logprobs": 1}
     raw = sqlite3.connect(tmp_path / "runs.db")

@@ -101,13 +101,16 @@ def reconstruction_lines(snap: MetricsSnapshot) -> tuple[str, ...]:
     strategies = sorted(snap.strategies, key=lambda item: -item[1])
     total_strategies = sum(n for _, n in strategies)
     mix = " ".join(f"{name} {100 * n / total_strategies:.0f}%" for name, n in strategies[:3]) or "-"
+    measured = snap.measured  # live match rate: probes with true ids whose text-only rebuild matched
+    last = (f"match {fmt.percent(measured.exact + measured.benign, measured.verified)} n={measured.verified:,}"
+            if measured.verified else f"mix {mix}")
     return (
         f"exact   {exact:>7,} {fmt.percent(exact, checked):>6}",
         f"benign  {benign:>7,} {fmt.percent(benign, checked):>6}",
         f"corrupt {corrupt:>7,} {fmt.percent(corrupt, checked):>6}",
         f"  text {counts.get(Category.TEXT_MISMATCH, 0):,} · structure {counts.get(Category.STRUCTURE_MISMATCH, 0):,}",
         f"trunc {counts.get(Category.TRUNCATED, 0):,} · unchecked {counts.get(Category.UNCHECKED, 0):,}",
-        f"mix {mix}",
+        last,
     )
 
 
