@@ -53,6 +53,13 @@ from dataclasses import dataclass
 REASONS = ("growing", "at ceiling", "cooling down after 429", "latency rising", "pinned")
 
 
+def limiter_latency(completion) -> float:
+    """The latency signal of one success: its time to first token when streamed (what a queueing server
+    delays), else its whole latency (`app.records.Completion` ttft_s / total_s)."""
+    ttft = getattr(completion, "ttft_s", None)
+    return float(ttft) if ttft is not None else float(completion.total_s)
+
+
 @dataclass(frozen=True, slots=True)
 class LimitChange:
     """A change of the limit worth an operator event ("concurrency reduced from 20 to 15 ...")."""

@@ -45,10 +45,12 @@ from app.engine.reconstruct import CompletionReconstructor, PassThroughReconstru
 from app.engine.settle import Settler
 from app.engine.slots import EndpointSlots
 from app.engine.snapshot import MetricsSnapshot
+from app.engine.snapshot_codec import snapshot_to_json
 from app.engine.writes import StoreGate, disk_full_advice
 from app.errors import InputError
 from app.providers.retry import RetryPolicy
 from app.records import Completion, Reconstruction, Verdict
+from app.store.heartbeat import BEAT_INTERVAL_S, beat_op, stop_op, this_host
 from app.store.records import LeasedSample
 from app.store.run_store import RunStore, StoreWriteError
 
@@ -113,6 +115,7 @@ class Run:
         self._state_dirty = False
         self._t0 = time.time()
         self._m0 = time.monotonic()
+        self._ended_m: float | None = None  # when the run reached DONE: elapsed and $/h freeze there
         self.total_metrics = EndpointMetrics("all", self._m0)
         self._counts = SampleCounts()
         self._verdicts: Counter[str] = Counter()
@@ -188,6 +191,7 @@ class Run:
             asyncio.create_task(self._schedule(), name="eaglewatch-schedule"),
             asyncio.create_task(self._poll_commands(), name="eaglewatch-commands"),
             asyncio.create_task(self._keep_leases(), name="eaglewatch-leases"),
+            asyncio.create_task(self._beat(), name="eaglewatch-heartbeat"),
         ]
 
     async def wait(self) -> RunOutcome:
@@ -226,6 +230,7 @@ class Run:
         if self.state == "running":
             # Viewers attached to the database must not show a live run that no engine drives.
             await self._set_state("paused", "engine stopped")
+        await self._stop_beating()
         await self._teardown()
 
     async def _teardown(self) -> None:
@@ -344,14 +349,14 @@ class Run:
                 continue
             if not await self._wait_buckets(loop, prompt_est):
                 continue
-            index = await self._slots.acquire()
+            index, ticket = await self._slots.acquire_ticket()
             # A pause (or pause-now) while we waited for a slot may have emptied or refilled the queue.
             if self.state != "running" or not self._queue or self._queue[0] is not sample:
                 self._slots.release(index)
                 continue
             self._queue.popleft()
             self.budget.reserve(worst)
-            flight = Flight(sample, worst, index)
+            flight = Flight(sample, worst, index, ticket=ticket)
             task = asyncio.create_task(self._fly(flight), name=f"eaglewatch-sample-{sample.pk}")
             self._flights[task] = flight
 
@@ -488,6 +493,7 @@ class Run:
         counts = await self.store.counts(self.run_id)
         self._counts.reset(counts)
         if counts.get("pending", 0) == 0 and counts.get("leased", 0) == 0:
+            self._ended_m = time.monotonic()
             await self._set_state("done", None)
             done, failed = counts.get("done", 0), counts.get("failed", 0)
             await self._event("info", "run", f"run finished: {done} done, {failed} failed")
@@ -532,6 +538,38 @@ class Run:
                 self._wake.set()
                 await self._event("warning", "run", f"{expired} leases expired (held longer than lease_s = {lease_s:g}s "
                                   "by an engine that stopped); their samples return to pending")
+
+    # ---- the heartbeat (issue 14) -----------------------------------------------------------------
+
+    def _beat_op(self, *, final: bool):
+        snap = snapshot_to_json(self.snapshot())
+        if final:
+            return stop_op(self.run_id, pid=os.getpid(), now=time.time(), snapshot_json=snap)
+        return beat_op(self.run_id, pid=os.getpid(), host=this_host(), started_at=self._t0, now=time.time(),
+                       snapshot_json=snap)
+
+    async def _beat(self) -> None:
+        """Write the heartbeat with the live snapshot about once a second, so attached viewers and `status`
+        show this engine's numbers and can tell a crash (app.store.heartbeat). Through the StoreGate: a store
+        that refuses writes delays a beat (each retry writes a fresh one) and never ends this task."""
+        while True:
+            try:
+                await self._gate.commit(lambda: self.store.write(self._beat_op(final=False)))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a lasting store error: say so once a minute at most, keep beating
+                self.events.note("warning", "store", f"could not write the engine heartbeat: {exc}")
+                await asyncio.sleep(60.0)
+            await asyncio.sleep(BEAT_INTERVAL_S)
+
+    async def _stop_beating(self) -> None:
+        """A clean close: the final snapshot and `stopped_at`, so readers say 'exited', not 'gone'."""
+        if self.run_id is None:
+            return
+        try:
+            await self.store.write(self._beat_op(final=True))
+        except Exception:
+            pass  # readers then call it gone once the beats are stale: still true enough
 
     # ---- the store's health ----------------------------------------------------------------------
 
@@ -580,11 +618,36 @@ class Run:
 
     # ---- metrics ---------------------------------------------------------------------------------
 
+    def _flight_counts(self) -> tuple[list[int], list[int]]:
+        """Per endpoint: requests on the wire (a slot held, no response yet) and samples waiting (to retry,
+        or with a response being rebuilt and stored), so the tile and the endpoint rows count the same."""
+        wire = [0] * len(self._endpoints)
+        waiting = [0] * len(self._endpoints)
+        for f in self._flights.values():
+            if f.index is not None and not f.settling:
+                wire[f.index] += 1
+            elif 0 <= f.last < len(waiting):
+                waiting[f.last] += 1
+        return wire, waiting
+
+    @staticmethod
+    def _loop_now() -> float | None:
+        """The event loop's clock (the limiter's), or None off the loop (the limiter then uses its last)."""
+        try:
+            return asyncio.get_running_loop().time()
+        except RuntimeError:
+            return None
+
     def snapshot(self) -> MetricsSnapshot:
         """An immutable view of the run now (no I/O; cheap enough for 4 Hz polling)."""
         now = time.monotonic()
-        elapsed = now - self._m0
-        eps = tuple(ep.metrics.snapshot(now, ep.limit.in_flight, ep.limit.limit) for ep in self._endpoints)
+        elapsed = (self._ended_m if self.state == "done" and self._ended_m is not None else now) - self._m0
+        wire, waiting = self._flight_counts()
+        loop_now = self._loop_now()
+        eps = tuple(
+            ep.metrics.snapshot(now, wire[i], ep.limit.limit, waiting=waiting[i],
+                                limit_reason=ep.limit.reason(loop_now), capacity=ep.limit.capacity_estimate)
+            for i, ep in enumerate(self._endpoints))
         tot = self.total_metrics
         lat50, lat95 = tot.latency_ms.quantiles(now)
         t50, t95 = tot.ttft_ms.quantiles(now)
@@ -599,7 +662,7 @@ class Run:
             started_at=self._t0, elapsed_s=elapsed, eta_s=eta, total=total,
             pending=c["pending"], leased=c["leased"], done=c["done"], failed=c["failed"],
             skipped=c["skipped"], truncated=tot.truncated, retried=tot.retried,
-            in_flight=len(self._flights), concurrency_limit=self._total_limit(), rate=rate,
+            in_flight=sum(wire), waiting=sum(waiting), concurrency_limit=self._total_limit(), rate=rate,
             throughput_history=tot.rates.history(now), latency_p50_ms=lat50, latency_p95_ms=lat95,
             ttft_p50_ms=t50, ttft_p95_ms=t95, errors_by_class=tuple(sorted(tot.errors.items())),
             cost_usd=spent, cost_per_hour=cost_per_hour(spent - self._spent_at_start, elapsed),
