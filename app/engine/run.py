@@ -34,9 +34,10 @@ from pathlib import Path
 
 from app.config import RunConfig
 from app.engine.attempt import Flight, Outcome, request_sample
-from app.engine.budget import BudgetGuard, Prices, cost_per_hour, estimate_prompt_tokens, projected_total
+from app.engine.budget import BudgetGuard, Prices, cost_per_hour, estimate_prompt_tokens
 from app.engine.buckets import TokenBucket
 from app.engine.counts import SampleCounts
+from app.engine.eta import Projector
 from app.engine.endpoints import CompletionClient, Endpoint, Endpoints, close_endpoints, open_endpoints, set_total_limit
 from app.engine.events import EngineEvent, EventLog
 from app.engine.lock import EngineLock
@@ -48,6 +49,7 @@ from app.engine.snapshot import MetricsSnapshot
 from app.engine.snapshot_codec import snapshot_to_json
 from app.engine.writes import StoreGate, disk_full_advice
 from app.errors import InputError
+from app.providers.pricing import cost_of
 from app.providers.retry import RetryPolicy
 from app.records import Completion, Reconstruction, Verdict
 from app.store.heartbeat import BEAT_INTERVAL_S, beat_op, stop_op, this_host
@@ -55,6 +57,7 @@ from app.store.records import LeasedSample
 from app.store.run_store import RunStore, StoreWriteError
 
 COMMAND_POLL_S = 1.0
+_CHARS_PER_TOKEN = 4  # prompt JSON characters per token, for the ETA's projection (not for the budget)
 CLOSE_GRACE_S = 30.0  # how long close() waits for finished results to be stored before giving them up
 
 __all__ = ["EngineEvent", "EngineLock", "Run", "RunOutcome"]
@@ -132,6 +135,8 @@ class Run:
             Prices(prices.prompt_per_m, prices.completion_per_m) if prices else None,
             config.generation.max_tokens,
         )
+        # the ETA and projected cost from the tokens still expected (issue 15, app.engine.eta)
+        self._projector = Projector(self.budget.prices)
 
     @property
     def _endpoints(self) -> list[Endpoint]:
@@ -165,6 +170,9 @@ class Run:
         self._counts.reset(await self.store.counts(self.run_id))
         self._spent_at_start = await self.store.spent_usd(self.run_id)
         self.budget.spent_usd = self._spent_at_start
+        for dataset, (n, chars) in (await self.store.open_prompt_sizes(self.run_id)).items():
+            # ~4 JSON characters per prompt token (estimate_prompt_tokens' 2 is a deliberate worst case)
+            self._projector.add_pending(dataset, chars // max(1, n) // _CHARS_PER_TOKEN, n)
         verdicts, strategies = await self.store.outcome_counts(self.run_id)
         self._verdicts, self._strategies = Counter(verdicts), Counter(strategies)
         stored_state, stored_reason = await self.store.run_state(self.run_id)
@@ -357,6 +365,8 @@ class Run:
             self._queue.popleft()
             self.budget.reserve(worst)
             flight = Flight(sample, worst, index, ticket=ticket)
+            self._projector.started(sample.pk, sample.dataset, 2 * (prompt_est - 16) // _CHARS_PER_TOKEN,
+                                    time.monotonic())
             task = asyncio.create_task(self._fly(flight), name=f"eaglewatch-sample-{sample.pk}")
             self._flights[task] = flight
 
@@ -416,12 +426,14 @@ class Run:
             )
             first_stop = self._stop_leasing(outcome)
             await self._settler.settle(f, outcome)
+            self._project(f, outcome)
             if first_stop:
                 await self._event("error", "endpoint", f"{self._endpoints[f.last].name}: {outcome.error} — the run is "
                                   "paused so the queue is not burnt; fix the cause (key, credits, permissions) and resume")
                 await self.pause(reason=self.state_reason)
         except asyncio.CancelledError:
             self.budget.settle(f.reserved_usd, 0.0)
+            self._projector.requeued(f.sample.pk, time.monotonic())
             raise
         except Exception as exc:  # a bug in settling itself: tell the operator; the lease returns at restart
             await self._event("error", "sample", f"sample {f.sample.sample_id!r} (pk {f.sample.pk}): recording its "
@@ -435,6 +447,18 @@ class Run:
             if not self._flights:
                 self._wake.set()
                 self._check_idle()
+
+    def _project(self, f: Flight, o: Outcome) -> None:
+        """Tell the projector how a sample ended: answered (its tokens and time), failed, or back to pending."""
+        now = time.monotonic()
+        c = o.completion
+        if c is not None:
+            cost = cost_of(c.usage, self.config.pricing.get(self.config.model.name))
+            self._projector.finished(f.sample.pk, c.usage.completion_tokens, c.total_s, c.ttft_s, cost, now)
+        elif o.kind == "failed":
+            self._projector.dropped(f.sample.pk, now)
+        else:
+            self._projector.requeued(f.sample.pk, now)
 
     async def _reconstruct(self, completion: Completion, reference_ids: tuple[int, ...] | None
                            ) -> tuple[Reconstruction | None, Verdict | None]:
@@ -638,6 +662,15 @@ class Run:
         except RuntimeError:
             return None
 
+    def _projection(self, now: float, spent: float, remaining: int) -> tuple[float | None, float | None]:
+        """ETA and projected total cost from the tokens still expected over the concurrency held (the limit
+        while nothing is held, e.g. paused); (0, spent) once nothing remains."""
+        if not remaining:
+            return 0.0, spent
+        held = self._projector.concurrency(now)
+        p = self._projector.project(now, spent, concurrency=held if held >= 1.0 else float(self._total_limit()))
+        return p.eta_s, p.projected_cost_usd
+
     def snapshot(self) -> MetricsSnapshot:
         """An immutable view of the run now (no I/O; cheap enough for 4 Hz polling)."""
         now = time.monotonic()
@@ -654,9 +687,8 @@ class Run:
         rate = tot.rates.rate(now)
         c = self._counts
         total, remaining = c.total, c.remaining
-        speed = rate.req_s_1m or rate.req_s_10s
-        eta = remaining / speed if speed > 0 and remaining else (0.0 if not remaining else None)
         spent = self.budget.spent_usd
+        eta, projected = self._projection(now, spent, remaining)
         return MetricsSnapshot(
             run_name=self.config.run.name, state=self.state, state_reason=self.state_reason,
             started_at=self._t0, elapsed_s=elapsed, eta_s=eta, total=total,
@@ -666,7 +698,7 @@ class Run:
             throughput_history=tot.rates.history(now), latency_p50_ms=lat50, latency_p95_ms=lat95,
             ttft_p50_ms=t50, ttft_p95_ms=t95, errors_by_class=tuple(sorted(tot.errors.items())),
             cost_usd=spent, cost_per_hour=cost_per_hour(spent - self._spent_at_start, elapsed),
-            projected_cost_usd=projected_total(spent, c["done"], remaining),
+            projected_cost_usd=projected,
             budget_usd=self.config.limits.budget_usd,
             verdicts=tuple(sorted(self._verdicts.items())), strategies=tuple(sorted(self._strategies.items())),
             endpoints=eps,

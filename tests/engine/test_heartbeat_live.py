@@ -99,6 +99,8 @@ def test_attached_viewer_sees_the_live_engine_its_crash_and_its_rerun_to_done(tm
         assert ep.name == "sim" and ep.concurrency_limit == live.concurrency_limit
         assert ep.limit_reason in ("growing", "at ceiling", "cooling down after 429", "latency rising")
         assert "RUNNING" in status_line(live).plain
+        # the ETA and the projection are the engine's (tokens still expected), not an average over the database
+        assert live.eta_s is not None and live.eta_s > 0 and live.projected_cost_usd > live.cost_usd
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         killed = time.monotonic()
