@@ -15,51 +15,15 @@ import time
 from pathlib import Path
 
 from app.tui.db_source import AttachedSource
+from tests.engine.test_headless import _config as headless_config
 from app.tui.screens.dashboard import engine_gone, status_line
 
 
 def _config(tmp_path: Path, sample_data: Path) -> Path:
-    # demo-like: the built-in simulator with the demo's latency, streaming, a few random 429s
-    text = f"""
-[run]
-name = "live"
-database = "{tmp_path / 'live.db'}"
-
-[data]
-reference = "{sample_data / 'reference.jsonl'}"
-
-[[data.datasets]]
-path = "{sample_data / 'prompts.openai.jsonl'}"
-
-[model]
-name = "moonshotai/kimi-k2.5"
-tokenizer = "{sample_data / 'tokenizer'}"
-
-[[endpoints]]
-name = "sim"
-timeout_s = 10.0
-
-[endpoints.simulator]
-latency_median_ms = 300.0
-latency_p95_ms = 600.0
-tokens_per_s = 400.0
-seed = 3
-faults = {{ "429" = 0.02 }}
-
-[generation]
-max_tokens = 4096
-stream = true
-
-[limits]
-concurrency_initial = 4
-concurrency_max = 8
-
-[pricing."moonshotai/kimi-k2.5"]
-prompt_per_m = 0.6
-completion_per_m = 2.5
-"""
-    path = tmp_path / "live.toml"
-    path.write_text(text)
+    """test_headless's config (run "h" in h.db, the built-in simulator) at the demo's latency with a few
+    random 429s, and a limit of at most 8, so a run of 120 samples lasts long enough to be killed mid-way."""
+    path = headless_config(tmp_path, sample_data, faults='"429" = 0.02', latency_ms=300.0)
+    path.write_text(path.read_text() + "\n[limits]\nconcurrency_initial = 4\nconcurrency_max = 8\n")
     return path
 
 
@@ -86,7 +50,7 @@ def _until(pred, timeout: float, what: str, source: list) -> object:
 
 def test_attached_viewer_sees_the_live_engine_its_crash_and_its_rerun_to_done(tmp_path, sample_data):
     cfg = _config(tmp_path, sample_data)
-    db = tmp_path / "live.db"
+    db = tmp_path / "h.db"
     src: list = [None, db]
     n = 120
     proc = _engine(cfg, n)

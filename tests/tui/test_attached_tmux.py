@@ -36,13 +36,13 @@ def _wait_db(db: Path, timeout: float = 60.0) -> None:
 
 def test_watch_says_engine_gone_after_a_sigkill_and_follows_the_rerun_to_done(tmp_path: Path, sample_data_dir: Path):
     cfg = _config(tmp_path, sample_data_dir)
-    db = tmp_path / "live.db"
+    db = tmp_path / "h.db"
     proc = _engine(cfg, 120)
     term = None
     try:
         _wait_db(db)
         term = Terminal(f"ew-attach-{os.getpid()}", f"{sys.executable} -m app.cli watch --no-mouse {db}", 80, 24)
-        screen = term.wait_for(r"RUNNING\s+live", timeout=25)
+        screen = term.wait_for(r"RUNNING\s+h ", timeout=25)
         term.wait_for(r"in flight [1-9]\d*/\d+", timeout=15)  # from the heartbeat: the engine's own count
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
@@ -51,8 +51,8 @@ def test_watch_says_engine_gone_after_a_sigkill_and_follows_the_rerun_to_done(tm
         assert time.monotonic() - killed < 6.0
         assert "RUNNING" not in screen and "ETA" not in screen
         proc = _engine(cfg, 120)
-        term.wait_for(r"RUNNING\s+live", timeout=60)
-        term.wait_for(r"DONE\s+live · 120/120", timeout=180)
+        term.wait_for(r"RUNNING\s+h ", timeout=60)
+        term.wait_for(r"DONE\s+h · 120/120", timeout=180)
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
