@@ -36,8 +36,11 @@ The rule, per endpoint (pure and synchronous: the caller passes the clock readin
   from reading as a queue.
 - `set_limit` pins the limit (operator): nothing adapts it until the next `set_limit`.
 
-The engine's older call sites (`take()`, `on_success(saturated)`, `on_overload(now, retry_after)` without
-tickets) still work, with the in-flight count standing for the level and success rounds for the clock.
+The engine gives every signal: `EndpointSlots` takes slots with `take(now)` on the loop's clock and keeps
+the ticket on the request's Flight; `Settler` answers with `on_success(saturated, ticket=, latency_s=, now=)`
+(`limiter_latency`: TTFT when streamed) and `on_overload(now, retry_after_s, ticket=)`. Calls without
+tickets or a clock still work, with the in-flight count standing for the level and success rounds for the
+clock.
 
 References: RFC 5681 (TCP congestion control), RFC 9438 (CUBIC), Ha & Rhee, "Taming the elephants: new TCP
 slow start" (HyStart, 2011), Netflix concurrency-limits `concurrency-limits-core/.../limit/Gradient2Limit.java`,

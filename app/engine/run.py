@@ -6,8 +6,10 @@ released | stopping), `settle.Settler` records that Outcome in one place, `Sampl
 store's counts, `StoreGate` retries writes the database refuses for a while, `EventLog` keeps the operator's
 events, and the store (`RunStore`) holds every statement. One asyncio task schedules: it leases samples in batches, checks pause, budget and the rate
 buckets, waits for a slot on some endpoint (adaptive limit per endpoint, picked by weight) and starts one
-request task per sample; the slot is held until the result is stored. Two more tasks poll the `commands`
-table (attached viewers) and keep the leases (heartbeat and expiry).
+request task per sample; the slot is held until the result is stored. Three more tasks poll the `commands`
+table (attached viewers), keep the leases (extension and expiry) and write the engine's heartbeat with its
+live snapshot about once a second (`app.store.heartbeat`: what attached viewers and `status` show, and how
+they tell a crashed engine).
 
 Crash safety comes from the store: a sample is `leased` until its result commits, and a SIGKILL loses at
 most the requests in flight (finished-but-unstored results hold their slot). Leases carry an owner
