@@ -61,11 +61,13 @@ def status_line(snap: MetricsSnapshot) -> Text:
     finished = snap.done + snap.failed + snap.skipped
     text.append(f"  {snap.run_name}", style="bold")
     text.append(f" · {finished:,}/{snap.total:,} ({fmt.percent(finished, snap.total)})")
-    text.append(f" · elapsed {fmt.duration(snap.elapsed_s)}")
-    if snap.state == "running" and not engine_gone(snap):
-        text.append(f" · ETA {fmt.duration(snap.eta_s)}")
     if engine_gone(snap):
-        text.append(" · p/P/c off: rerun the engine", style="dim")
+        # elapsed and ETA mean nothing for a dead engine; the keys would queue what nothing reads (80 columns)
+        text.append(" · run keys off", style="dim")
+        return text
+    text.append(f" · elapsed {fmt.duration(snap.elapsed_s)}")
+    if snap.state == "running":
+        text.append(f" · ETA {fmt.duration(snap.eta_s)}")
     return text
 
 
