@@ -50,6 +50,7 @@ def status_line(snap: MetricsSnapshot) -> Text:
     if engine_gone(snap):
         # the database says running (or paused) but nothing beats: say what is true, and that no key acts
         text.append(f"✗ {snap.engine_text or 'ENGINE GONE'}", style="bold red")
+        text.append(" · keys off", style="dim")  # the keys would queue commands nothing reads
     else:
         label = STATE_LABELS.get(snap.state, snap.state.upper())
         style = {"running": "bold green", "paused": "bold yellow", "failed": "bold red", "stopped": "bold red"}.get(
@@ -62,9 +63,7 @@ def status_line(snap: MetricsSnapshot) -> Text:
     text.append(f"  {snap.run_name}", style="bold")
     text.append(f" · {finished:,}/{snap.total:,} ({fmt.percent(finished, snap.total)})")
     if engine_gone(snap):
-        # elapsed and ETA mean nothing for a dead engine; the keys would queue what nothing reads (80 columns)
-        text.append(" · run keys off", style="dim")
-        return text
+        return text  # elapsed and ETA mean nothing for a dead engine (and 80 columns are few)
     text.append(f" · elapsed {fmt.duration(snap.elapsed_s)}")
     if snap.state == "running":
         text.append(f" · ETA {fmt.duration(snap.eta_s)}")
