@@ -144,7 +144,7 @@ def progress_line(s) -> str:
     """req/s, tok/s, $ and ETA of a MetricsSnapshot in one short line."""
     eta = "-" if s.eta_s is None else time.strftime("%H:%M:%S", time.gmtime(s.eta_s))
     return (f"{s.rate.req_s_10s:.1f} req/s {s.rate.tok_s_10s:.0f} tok/s ${s.cost_usd:.4f} ETA {eta} "
-            f"in flight {s.in_flight}/{s.concurrency_limit} failed {s.failed}")
+            f"in flight {s.in_flight}/{s.concurrency_limit} waiting {s.waiting} failed {s.failed}")
 
 
 def _print_events(engine, console, after_id: int) -> int:

@@ -54,7 +54,8 @@ def _database(args: argparse.Namespace) -> Path:
 
 
 def run_status(conn: Any, run: Any) -> dict[str, Any]:
-    """One run's status as JSON-ready data."""
+    """One run's status as JSON-ready data; `engine` is the heartbeat's verdict (running | stopped | gone |
+    never) and, while the engine runs, its live in-flight, waiting, limit and ETA."""
     from app.store import queries
 
     states = queries.state_counts(conn, run.id)
@@ -67,7 +68,30 @@ def run_status(conn: Any, run: Any) -> dict[str, Any]:
         "cost_usd": round(queries.cost_total(conn, run.id), 6),
         "verdicts": queries.verdict_counts(conn, run.id),
         "strategies": queries.strategy_counts(conn, run.id),
+        "engine": engine_status(conn, run),
     }
+
+
+def engine_status(conn: Any, run: Any) -> dict[str, Any]:
+    """The run's engine as its heartbeat tells (app.store.heartbeat), with the live numbers while it beats."""
+    import time
+
+    from app.engine.dbsnapshot import with_engine
+    from app.engine.snapshot import MetricsSnapshot
+    from app.store.heartbeat import liveness, read_heartbeat
+
+    try:
+        hb = read_heartbeat(conn, run.id)
+    except Exception:  # a database from before heartbeats
+        hb = None
+    live = liveness(hb, time.time())
+    out: dict[str, Any] = {"state": live.state, "text": live.text, "pid": live.pid, "host": live.host,
+                           "last_seen_s": None if live.age_s is None else round(live.age_s, 1)}
+    if live.alive:
+        snap = with_engine(MetricsSnapshot(run.name, run.state), hb, live)
+        out.update(in_flight=snap.in_flight, waiting=snap.waiting, concurrency_limit=snap.concurrency_limit,
+                   eta_s=None if snap.eta_s is None else round(snap.eta_s, 1))
+    return out
 
 
 def _print(report: dict[str, Any]) -> None:
@@ -79,8 +103,17 @@ def _print(report: dict[str, Any]) -> None:
         console.print(f"{report['database']}: no runs yet (`eaglewatch ingest CONFIG` adds one)")
         return
     for r in report["runs"]:
-        head = f"[b]{r['name']}[/b]  {r['state']}" + (f" ({r['reason']})" if r["reason"] else "")
+        engine = r["engine"]
+        if engine["state"] == "gone" and r["state"] in ("running", "paused"):
+            # the database says live, but no engine beats: the state shown is the truth, not the row
+            head = f"[b]{r['name']}[/b]  [b red]{engine['text']}[/b red] (recorded {r['state']})"
+        else:
+            head = f"[b]{r['name']}[/b]  {r['state']}" + (f" ({r['reason']})" if r["reason"] else "")
         console.print(f"{head}  {r['samples']} samples  ${r['cost_usd']:.4f} spent")
+        if engine["state"] == "running":
+            eta = "" if engine.get("eta_s") is None else f"  ETA {engine['eta_s']:.0f} s"
+            console.print(f"{engine['text']}: {engine['in_flight']} in flight/{engine['concurrency_limit']}, "
+                          f"{engine['waiting']} waiting{eta}")
         table = Table(box=None, pad_edge=False, show_header=True)
         for name in r["states"]:
             table.add_column(name, justify="right")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from app.engine.endpoints import Endpoint
+from app.engine.limiter import Ticket
 from app.engine.slots import EndpointSlots
 from app.engine.verify import Rebuilt
 from app.providers.errors import ProviderError, RetryableError, RunStoppingError, SampleFatalError
@@ -43,6 +44,7 @@ class Flight:
     billed_usd: float = 0.0  # what failed earlier requests of this flight were billed
     settling: bool = False  # a response arrived: pause-now leaves it to be rebuilt and stored
     probe: bool = False  # the latest request asked for true ids (app.engine.verify): its text path is measured
+    ticket: Ticket | None = None  # the limiter's ticket of the latest request (its level and epoch)
 
     def __post_init__(self) -> None:
         self.tries = self.sample.tries
@@ -93,7 +95,7 @@ async def request_sample(
 
     async def send() -> Completion:
         if flight.index is None:
-            flight.index = await slots.acquire()
+            flight.index, flight.ticket = await slots.acquire_ticket()
         ep = endpoints[flight.index]
         flight.last = flight.index
         flight.tries += 1

@@ -5,18 +5,24 @@ engine). Totals (states, cost, errors, verdicts, per-endpoint sums) come from th
 `app.store.tallies`, so they cost the same at a million rows as at ten. Rates (trailing 10 s / 1 min /
 5 min), percentiles (latest 1,024 responses) and the throughput history come from ONE index range over
 `responses (run_id, created_at)`: the last five minutes. Rows may be tuples or `sqlite3.Row`s.
-In-flight and the concurrency limit are unknown to the database: they show as 0 (leased is close).
+In-flight, waiting, the concurrency limits, the per-endpoint metrics, the ETA and the projected cost come
+from the engine's heartbeat (`app.store.heartbeat`: its live snapshot, written about once a second) while
+that engine is alive, so an attached viewer shows the numbers the in-process face shows; when it is gone,
+stopped or never ran they show as 0 (leased is close) and `engine` / `engine_text` say which.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 import time
 
 from app.engine.budget import cost_per_hour, projected_total
 from app.engine.metrics import HISTORY_BUCKET_S, WINDOW_S, percentile
 from app.engine.snapshot import EndpointSnapshot, MetricsSnapshot, Rate
+from app.engine.snapshot_codec import snapshot_from_json
 from app.store.db import connect_readonly  # noqa: F401  (the one connect_readonly; callers import it from here)
+from app.store.heartbeat import Heartbeat, Liveness, liveness, read_heartbeat
 from app.store.queries import resolve_run
 from app.store.tallies import failed_by_class, response_tallies, sample_counts, strategy_counts, verdict_counts
 
@@ -118,15 +124,50 @@ def snapshot_from_db(conn: sqlite3.Connection, run_name: str | None = None, *, n
     speed = rate.req_s_1m or rate.req_s_10s
     budget = (run.config.get("limits") or {}).get("budget_usd")
     retried = sum(errors.values())
-    return MetricsSnapshot(
-        run_name=name, state=state, state_reason=reason, started_at=started, elapsed_s=now - started,
+    hb = _heartbeat(conn, run_id)
+    live = liveness(hb, now)
+    end = now
+    if state == "done":  # numbers freeze at DONE: the run ended with its last response
+        end = conn.execute("SELECT MAX(created_at) FROM responses WHERE run_id = ?", (run_id,)).fetchone()[0] or now
+        end = max(started, min(end, now))
+    snap = MetricsSnapshot(
+        run_name=name, state=state, state_reason=reason, started_at=started, elapsed_s=end - started,
         eta_s=(remaining / speed if speed > 0 else None) if remaining else 0.0,
         total=sum(counts.values()), pending=pending, leased=leased, done=counts.get("done", 0),
         failed=counts.get("failed", 0), skipped=counts.get("skipped", 0), truncated=truncated,
         retried=retried, in_flight=0, concurrency_limit=0, rate=rate, throughput_history=tuple(hist),
         latency_p50_ms=lat[0], latency_p95_ms=lat[1], ttft_p50_ms=ttft[0], ttft_p95_ms=ttft[1],
         errors_by_class=tuple(sorted(err.items())), cost_usd=spent,
-        cost_per_hour=cost_per_hour(spent, now - started),
+        cost_per_hour=cost_per_hour(spent, end - started),
         projected_cost_usd=projected_total(spent, counts.get("done", 0), remaining), budget_usd=budget,
         verdicts=tuple(sorted(verdicts)), strategies=tuple(sorted(strategies)), endpoints=tuple(endpoints),
+        engine=live.state, engine_text=live.short,
     )
+    return with_engine(snap, hb, live)
+
+
+def _heartbeat(conn: sqlite3.Connection, run_id: int) -> Heartbeat | None:
+    try:
+        return read_heartbeat(conn, run_id)
+    except sqlite3.OperationalError:  # a database from before heartbeats (schema < 5), opened without upgrade
+        return None
+
+
+# What only the engine knows, taken from its heartbeat snapshot while it is alive; everything else (counts,
+# cost, verdicts) stays the database's, which is never older than the beat.
+_LIVE_FIELDS = ("in_flight", "waiting", "concurrency_limit", "eta_s", "projected_cost_usd")
+
+
+def with_engine(snap: MetricsSnapshot, hb: Heartbeat | None, live: Liveness) -> MetricsSnapshot:
+    """`snap` (from the database) with the live engine's in-flight, limits, endpoints, ETA and projection."""
+    if not live.alive or hb is None or not hb.snapshot_json:
+        return snap
+    try:
+        beat = snapshot_from_json(hb.snapshot_json)
+    except (ValueError, TypeError, KeyError):  # a torn or foreign row: show the database's numbers
+        return snap
+    endpoints = beat.endpoints
+    if beat.state == "done" or snap.state == "done":
+        endpoints = tuple(dataclasses.replace(e, in_flight=0, waiting=0) for e in endpoints)
+    return dataclasses.replace(
+        snap, endpoints=endpoints or snap.endpoints, **{f: getattr(beat, f) for f in _LIVE_FIELDS})

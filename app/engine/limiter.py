@@ -36,8 +36,11 @@ The rule, per endpoint (pure and synchronous: the caller passes the clock readin
   from reading as a queue.
 - `set_limit` pins the limit (operator): nothing adapts it until the next `set_limit`.
 
-The engine's older call sites (`take()`, `on_success(saturated)`, `on_overload(now, retry_after)` without
-tickets) still work, with the in-flight count standing for the level and success rounds for the clock.
+The engine gives every signal: `EndpointSlots` takes slots with `take(now)` on the loop's clock and keeps
+the ticket on the request's Flight; `Settler` answers with `on_success(saturated, ticket=, latency_s=, now=)`
+(`limiter_latency`: TTFT when streamed) and `on_overload(now, retry_after_s, ticket=)`. Calls without
+tickets or a clock still work, with the in-flight count standing for the level and success rounds for the
+clock.
 
 References: RFC 5681 (TCP congestion control), RFC 9438 (CUBIC), Ha & Rhee, "Taming the elephants: new TCP
 slow start" (HyStart, 2011), Netflix concurrency-limits `concurrency-limits-core/.../limit/Gradient2Limit.java`,
@@ -51,6 +54,13 @@ from collections import deque
 from dataclasses import dataclass
 
 REASONS = ("growing", "at ceiling", "cooling down after 429", "latency rising", "pinned")
+
+
+def limiter_latency(completion) -> float:
+    """The latency signal of one success: its time to first token when streamed (what a queueing server
+    delays), else its whole latency (`app.records.Completion` ttft_s / total_s)."""
+    ttft = getattr(completion, "ttft_s", None)
+    return float(ttft) if ttft is not None else float(completion.total_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -134,8 +134,9 @@ class EndpointMetrics:
         if final:
             self.failed += 1
 
-    def snapshot(self, now: float, in_flight: int, limit: int) -> EndpointSnapshot:
-        """An immutable view of this endpoint now."""
+    def snapshot(self, now: float, in_flight: int, limit: int, *, waiting: int = 0, limit_reason: str | None = None,
+                 capacity: int | None = None) -> EndpointSnapshot:
+        """An immutable view of this endpoint now (in_flight: requests on the wire; the limiter's state)."""
         lat50, lat95 = self.latency_ms.quantiles(now)
         t50, t95 = self.ttft_ms.quantiles(now)
         return EndpointSnapshot(
@@ -143,4 +144,5 @@ class EndpointMetrics:
             in_flight=in_flight, concurrency_limit=limit, rate=self.rates.rate(now),
             latency_p50_ms=lat50, latency_p95_ms=lat95, ttft_p50_ms=t50, ttft_p95_ms=t95,
             errors_by_class=tuple(sorted(self.errors.items())), cost_usd=self.cost_usd,
+            waiting=waiting, limit_reason=limit_reason, capacity=capacity,
         )

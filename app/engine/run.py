@@ -6,8 +6,10 @@ released | stopping), `settle.Settler` records that Outcome in one place, `Sampl
 store's counts, `StoreGate` retries writes the database refuses for a while, `EventLog` keeps the operator's
 events, and the store (`RunStore`) holds every statement. One asyncio task schedules: it leases samples in batches, checks pause, budget and the rate
 buckets, waits for a slot on some endpoint (adaptive limit per endpoint, picked by weight) and starts one
-request task per sample; the slot is held until the result is stored. Two more tasks poll the `commands`
-table (attached viewers) and keep the leases (heartbeat and expiry).
+request task per sample; the slot is held until the result is stored. Three more tasks poll the `commands`
+table (attached viewers), keep the leases (extension and expiry) and write the engine's heartbeat with its
+live snapshot about once a second (`app.store.heartbeat`: what attached viewers and `status` show, and how
+they tell a crashed engine).
 
 Crash safety comes from the store: a sample is `leased` until its result commits, and a SIGKILL loses at
 most the requests in flight (finished-but-unstored results hold their slot). Leases carry an owner
@@ -34,9 +36,10 @@ from pathlib import Path
 
 from app.config import RunConfig
 from app.engine.attempt import Flight, Outcome, request_sample
-from app.engine.budget import BudgetGuard, Prices, cost_per_hour, estimate_prompt_tokens, projected_total
+from app.engine.budget import BudgetGuard, Prices, cost_per_hour, estimate_prompt_tokens
 from app.engine.buckets import TokenBucket
 from app.engine.counts import SampleCounts
+from app.engine.eta import Projector
 from app.engine.endpoints import CompletionClient, Endpoint, Endpoints, close_endpoints, open_endpoints, set_total_limit
 from app.engine.events import EngineEvent, EventLog
 from app.engine.lock import EngineLock
@@ -49,13 +52,16 @@ from app.engine.snapshot import MetricsSnapshot
 from app.engine.verify import Rebuilt, Verifier, seed_from_store
 from app.engine.writes import StoreGate, disk_full_advice
 from app.errors import InputError
-from app.providers.pricing import prices_at_start, resolve_pricing
+from app.engine.snapshot_codec import snapshot_to_json
+from app.providers.pricing import cost_of, prices_at_start, resolve_pricing
 from app.providers.retry import RetryPolicy
 from app.records import Completion
+from app.store.heartbeat import BEAT_INTERVAL_S, beat_op, stop_op, this_host
 from app.store.records import LeasedSample
 from app.store.run_store import RunStore, StoreWriteError
 
 COMMAND_POLL_S = 1.0
+_CHARS_PER_TOKEN = 4  # prompt JSON characters per token, for the ETA's projection (not for the budget)
 CLOSE_GRACE_S = 30.0  # how long close() waits for finished results to be stored before giving them up
 
 __all__ = ["EngineEvent", "EngineLock", "Run", "RunOutcome"]
@@ -116,6 +122,7 @@ class Run:
         self._state_dirty = False
         self._t0 = time.time()
         self._m0 = time.monotonic()
+        self._ended_m: float | None = None  # when the run reached DONE: elapsed and $/h freeze there
         self.total_metrics = EndpointMetrics("all", self._m0)
         self._counts = SampleCounts()
         self._verdicts: Counter[str] = Counter()
@@ -135,6 +142,8 @@ class Run:
             Prices(prices.prompt_per_m, prices.completion_per_m) if prices else None,
             config.generation.max_tokens,
         )
+        # the ETA and projected cost from the tokens still expected (issue 15, app.engine.eta)
+        self._projector = Projector(self.budget.prices)
 
     @property
     def _endpoints(self) -> list[Endpoint]:
@@ -160,6 +169,9 @@ class Run:
         self._counts.reset(await self.store.counts(self.run_id))
         self._spent_at_start = await self.store.spent_usd(self.run_id)
         self.budget.spent_usd = self._spent_at_start
+        for dataset, (n, chars) in (await self.store.open_prompt_sizes(self.run_id)).items():
+            # ~4 JSON characters per prompt token (estimate_prompt_tokens' 2 is a deliberate worst case)
+            self._projector.add_pending(dataset, chars // max(1, n) // _CHARS_PER_TOKEN, n)
         verdicts, strategies = await self.store.outcome_counts(self.run_id)
         self._verdicts, self._strategies = Counter(verdicts), Counter(strategies)
         stored_state, stored_reason = await self.store.run_state(self.run_id)
@@ -188,6 +200,7 @@ class Run:
             asyncio.create_task(self._schedule(), name="eaglewatch-schedule"),
             asyncio.create_task(self._poll_commands(), name="eaglewatch-commands"),
             asyncio.create_task(self._keep_leases(), name="eaglewatch-leases"),
+            asyncio.create_task(self._beat(), name="eaglewatch-heartbeat"),
         ]
 
     async def _settle_prices(self) -> None:
@@ -199,6 +212,7 @@ class Run:
         if quote.pricing is not None and self.pricing is None:
             self.pricing = quote.pricing
             self.budget.prices = Prices(quote.pricing.prompt_per_m, quote.pricing.completion_per_m)
+            self._projector.prices = self.budget.prices
         if quote.source != "config":
             await self._event("info" if quote.pricing is not None else "warning", "budget", quote.describe())
         if cfg.limits.budget_usd is not None and self.budget.prices is None:
@@ -246,6 +260,7 @@ class Run:
         if self.state == "running":
             # Viewers attached to the database must not show a live run that no engine drives.
             await self._set_state("paused", "engine stopped")
+        await self._stop_beating()
         await self._teardown()
 
     async def _teardown(self) -> None:
@@ -364,14 +379,16 @@ class Run:
                 continue
             if not await self._wait_buckets(loop, prompt_est):
                 continue
-            index = await self._slots.acquire()
+            index, ticket = await self._slots.acquire_ticket()
             # A pause (or pause-now) while we waited for a slot may have emptied or refilled the queue.
             if self.state != "running" or not self._queue or self._queue[0] is not sample:
                 self._slots.release(index)
                 continue
             self._queue.popleft()
             self.budget.reserve(worst)
-            flight = Flight(sample, worst, index)
+            flight = Flight(sample, worst, index, ticket=ticket)
+            self._projector.started(sample.pk, sample.dataset, 2 * (prompt_est - 16) // _CHARS_PER_TOKEN,
+                                    time.monotonic())
             task = asyncio.create_task(self._fly(flight), name=f"eaglewatch-sample-{sample.pk}")
             self._flights[task] = flight
 
@@ -432,12 +449,14 @@ class Run:
             )
             first_stop = self._stop_leasing(outcome)
             await self._settler.settle(f, outcome)
+            self._project(f, outcome)
             if first_stop:
                 await self._event("error", "endpoint", f"{self._endpoints[f.last].name}: {outcome.error} — the run is "
                                   "paused so the queue is not burnt; fix the cause (key, credits, permissions) and resume")
                 await self.pause(reason=self.state_reason)
         except asyncio.CancelledError:
             self.budget.settle(f.reserved_usd, 0.0)
+            self._projector.requeued(f.sample.pk, time.monotonic())
             raise
         except Exception as exc:  # a bug in settling itself: tell the operator; the lease returns at restart
             await self._event("error", "sample", f"sample {f.sample.sample_id!r} (pk {f.sample.pk}): recording its "
@@ -451,6 +470,18 @@ class Run:
             if not self._flights:
                 self._wake.set()
                 self._check_idle()
+
+    def _project(self, f: Flight, o: Outcome) -> None:
+        """Tell the projector how a sample ended: answered (its tokens and time), failed, or back to pending."""
+        now = time.monotonic()
+        c = o.completion
+        if c is not None:
+            cost = cost_of(c.usage, self.pricing)
+            self._projector.finished(f.sample.pk, c.usage.completion_tokens, c.total_s, c.ttft_s, cost, now)
+        elif o.kind == "failed":
+            self._projector.dropped(f.sample.pk, now)
+        else:
+            self._projector.requeued(f.sample.pk, now)
 
     async def _reconstruct(self, completion: Completion, f: Flight) -> Rebuilt:
         return await rebuild(self._pool, self.reconstructor, completion, f, self._endpoints[f.last].name)
@@ -529,6 +560,7 @@ class Run:
         counts = await self.store.counts(self.run_id)
         self._counts.reset(counts)
         if counts.get("pending", 0) == 0 and counts.get("leased", 0) == 0:
+            self._ended_m = time.monotonic()
             await self._set_state("done", None)
             done, failed = counts.get("done", 0), counts.get("failed", 0)
             await self._event("info", "run", f"run finished: {done} done, {failed} failed")
@@ -573,6 +605,38 @@ class Run:
                 self._wake.set()
                 await self._event("warning", "run", f"{expired} leases expired (held longer than lease_s = {lease_s:g}s "
                                   "by an engine that stopped); their samples return to pending")
+
+    # ---- the heartbeat (issue 14) -----------------------------------------------------------------
+
+    def _beat_op(self, *, final: bool):
+        snap = snapshot_to_json(self.snapshot())
+        if final:
+            return stop_op(self.run_id, pid=os.getpid(), now=time.time(), snapshot_json=snap)
+        return beat_op(self.run_id, pid=os.getpid(), host=this_host(), started_at=self._t0, now=time.time(),
+                       snapshot_json=snap)
+
+    async def _beat(self) -> None:
+        """Write the heartbeat with the live snapshot about once a second, so attached viewers and `status`
+        show this engine's numbers and can tell a crash (app.store.heartbeat). Through the StoreGate: a store
+        that refuses writes delays a beat (each retry writes a fresh one) and never ends this task."""
+        while True:
+            try:
+                await self._gate.commit(lambda: self.store.write(self._beat_op(final=False)))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a lasting store error: say so once a minute at most, keep beating
+                self.events.note("warning", "store", f"could not write the engine heartbeat: {exc}")
+                await asyncio.sleep(60.0)
+            await asyncio.sleep(BEAT_INTERVAL_S)
+
+    async def _stop_beating(self) -> None:
+        """A clean close: the final snapshot and `stopped_at`, so readers say 'exited', not 'gone'."""
+        if self.run_id is None:
+            return
+        try:
+            await self.store.write(self._beat_op(final=True))
+        except Exception:
+            pass  # readers then call it gone once the beats are stale: still true enough
 
     # ---- the store's health ----------------------------------------------------------------------
 
@@ -621,30 +685,63 @@ class Run:
 
     # ---- metrics ---------------------------------------------------------------------------------
 
+    def _flight_counts(self) -> tuple[list[int], list[int]]:
+        """Per endpoint: requests on the wire (a slot held, no response yet) and samples waiting (to retry,
+        or with a response being rebuilt and stored), so the tile and the endpoint rows count the same."""
+        wire = [0] * len(self._endpoints)
+        waiting = [0] * len(self._endpoints)
+        for f in self._flights.values():
+            if f.index is not None and not f.settling:
+                wire[f.index] += 1
+            elif 0 <= f.last < len(waiting):
+                waiting[f.last] += 1
+        return wire, waiting
+
+    @staticmethod
+    def _loop_now() -> float | None:
+        """The event loop's clock (the limiter's), or None off the loop (the limiter then uses its last)."""
+        try:
+            return asyncio.get_running_loop().time()
+        except RuntimeError:
+            return None
+
+    def _projection(self, now: float, spent: float, remaining: int) -> tuple[float | None, float | None]:
+        """ETA and projected total cost from the tokens still expected over the concurrency held (the limit
+        while nothing is held, e.g. paused); (0, spent) once nothing remains."""
+        if not remaining:
+            return 0.0, spent
+        held = self._projector.concurrency(now)
+        p = self._projector.project(now, spent, concurrency=held if held >= 1.0 else float(self._total_limit()))
+        return p.eta_s, p.projected_cost_usd
+
     def snapshot(self) -> MetricsSnapshot:
         """An immutable view of the run now (no I/O; cheap enough for 4 Hz polling)."""
         now = time.monotonic()
-        elapsed = now - self._m0
-        eps = tuple(ep.metrics.snapshot(now, ep.limit.in_flight, ep.limit.limit) for ep in self._endpoints)
+        elapsed = (self._ended_m if self.state == "done" and self._ended_m is not None else now) - self._m0
+        wire, waiting = self._flight_counts()
+        loop_now = self._loop_now()
+        eps = tuple(
+            ep.metrics.snapshot(now, wire[i], ep.limit.limit, waiting=waiting[i],
+                                limit_reason=ep.limit.reason(loop_now), capacity=ep.limit.capacity_estimate)
+            for i, ep in enumerate(self._endpoints))
         tot = self.total_metrics
         lat50, lat95 = tot.latency_ms.quantiles(now)
         t50, t95 = tot.ttft_ms.quantiles(now)
         rate = tot.rates.rate(now)
         c = self._counts
         total, remaining = c.total, c.remaining
-        speed = rate.req_s_1m or rate.req_s_10s
-        eta = remaining / speed if speed > 0 and remaining else (0.0 if not remaining else None)
         spent = self.budget.spent_usd
+        eta, projected = self._projection(now, spent, remaining)
         return MetricsSnapshot(
             run_name=self.config.run.name, state=self.state, state_reason=self.state_reason,
             started_at=self._t0, elapsed_s=elapsed, eta_s=eta, total=total,
             pending=c["pending"], leased=c["leased"], done=c["done"], failed=c["failed"],
             skipped=c["skipped"], truncated=tot.truncated, retried=tot.retried,
-            in_flight=len(self._flights), concurrency_limit=self._total_limit(), rate=rate,
+            in_flight=sum(wire), waiting=sum(waiting), concurrency_limit=self._total_limit(), rate=rate,
             throughput_history=tot.rates.history(now), latency_p50_ms=lat50, latency_p95_ms=lat95,
             ttft_p50_ms=t50, ttft_p95_ms=t95, errors_by_class=tuple(sorted(tot.errors.items())),
             cost_usd=spent, cost_per_hour=cost_per_hour(spent - self._spent_at_start, elapsed),
-            projected_cost_usd=projected_total(spent, c["done"], remaining),
+            projected_cost_usd=projected,
             budget_usd=self.config.limits.budget_usd,
             verdicts=tuple(sorted(self._verdicts.items())), strategies=tuple(sorted(self._strategies.items())),
             endpoints=eps, fidelity=self._verifier.views(),

@@ -24,7 +24,7 @@ from app.engine.buckets import TokenBucket
 from app.engine.counts import SampleCounts
 from app.engine.endpoints import Endpoint
 from app.engine.events import EventLog
-from app.engine.limiter import LimitChange
+from app.engine.limiter import LimitChange, Ticket, limiter_latency
 from app.engine.metrics import EndpointMetrics
 from app.engine.slots import EndpointSlots
 from app.engine.quality import QualityDecision
@@ -85,7 +85,7 @@ class Settler:
             await self._paid(f, o, ep)
         elif o.kind == "failed":
             if isinstance(o.error, RetryableError):
-                self.note_overload(ep, o.error)
+                self.note_overload(ep, o.error, f.ticket)
             if o.attempt:
                 self.note_error(ep, o.error_class or "error", final=True, retried=False)
             self._charge(f, o.cost_usd)
@@ -126,7 +126,7 @@ class Settler:
             prompt_first_diff=o.prompt_check.first_diff if o.prompt_check is not None else None)))
         self.counts.ended(state)
         self._verify(f, o, ep)
-        self._account(ep, completion, cost, s)
+        self._account(ep, completion, cost, s, f)
         if o.verdict is not None:
             self.verdicts[o.verdict.category] += 1
         if o.reconstruction is not None:
@@ -150,7 +150,7 @@ class Settler:
         """A failed request that will be retried: count it, cut the limit on overload, give back the slot while
         waiting, and log the attempt with what it was billed."""
         ep = self.endpoints[f.last]
-        self.note_overload(ep, exc)  # before the release wakes a waiter
+        self.note_overload(ep, exc, f.ticket)  # before the release wakes a waiter
         if f.index is not None:
             self.slots.release(f.index)
             f.index = None
@@ -176,28 +176,36 @@ class Settler:
                     "were billed), so the budget can be passed by such overshoots")
                 asyncio.get_running_loop().create_task(self.events.flush())
 
-    def _account(self, ep: Endpoint, completion: Completion, cost: float, s: LeasedSample) -> None:
+    def _account(self, ep: Endpoint, completion: Completion, cost: float, s: LeasedSample, f: Flight) -> None:
         if self.tok_bucket is not None:
             used = completion.usage.prompt_tokens + completion.usage.completion_tokens
             est = estimate_prompt_tokens(s.messages, s.tools) + self.config.generation.max_tokens
             self.tok_bucket.adjust(used - est, asyncio.get_running_loop().time())
         saturated = self.slots.waiting > 0 or ep.limit.in_flight >= ep.limit.limit
-        if ep.limit.on_success(saturated) is not None:
+        # the limiter's signals: the request's ticket (its level) and its latency, TTFT when streaming (a
+        # queueing server's first byte waits for a batch slot), on the loop's clock, as the slots take it
+        change = ep.limit.on_success(saturated, ticket=f.ticket, latency_s=limiter_latency(completion),
+                                     now=asyncio.get_running_loop().time())
+        if change is not None:
             self.slots.wake()
+            if change.new < change.old:
+                self._limit_event(ep, change)
         now = time.monotonic()
         for m in (ep.metrics, self.total_metrics):
             m.record_completion(now, completion.usage.completion_tokens, completion.total_s, completion.ttft_s,
                                 cost, completion.truncated)
 
-    def note_overload(self, ep: Endpoint, exc: RetryableError) -> None:
-        """Cut the endpoint's limit on a 429/503/529 (the first of a burst) and tell the operator."""
+    def note_overload(self, ep: Endpoint, exc: RetryableError, ticket: Ticket | None = None) -> None:
+        """Tell the endpoint's limiter of a 429/503/529 with the request's ticket and Retry-After (it cuts, or
+        answers with the level, or forgives noise) and tell the operator of a cut."""
         if exc.status in OVERLOAD_STATUSES or exc.error_class in OVERLOAD_CLASSES:
-            change = ep.limit.on_overload(asyncio.get_running_loop().time(), exc.retry_after_s)
+            change = ep.limit.on_overload(asyncio.get_running_loop().time(), exc.retry_after_s, ticket=ticket)
             if change is not None:
                 self._limit_event(ep, change)
 
     def _limit_event(self, ep: Endpoint, change: LimitChange) -> None:
-        msg = f"{ep.name}: concurrency reduced from {change.old} to {change.new} (retrying in {change.cooldown_s:g}s)"
+        msg = f"{ep.name}: concurrency reduced from {change.old} to {change.new} ({change.reason}"
+        msg += f"; retrying in {change.cooldown_s:g}s)" if change.cooldown_s else ")"
         asyncio.get_running_loop().create_task(self.events.add("warning", "concurrency", msg))
 
     def note_error(self, ep: Endpoint, error_class: str, *, final: bool, retried: bool) -> None:

@@ -1,7 +1,8 @@
 """Request slots over several endpoints: each endpoint's adaptive limit, picked by weight.
 
-`EndpointSlots.acquire()` waits until some endpoint can start a request (a free slot, no cooldown) and
-returns its index; among the endpoints that can, the pick follows the weights (smooth weighted round
+`EndpointSlots.acquire_ticket()` waits until some endpoint can start a request (a free slot, no cooldown)
+and returns its index with the limiter's `Ticket` (the request's level, start and epoch, which the outcome
+gives back to the limiter; `acquire()` returns the index alone); among the endpoints that can, the pick follows the weights (smooth weighted round
 robin). Waiters are served first come, first served; a cooldown's end wakes them with a timer.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from app.engine.limiter import AdaptiveLimit
+from app.engine.limiter import AdaptiveLimit, Ticket
 from app.engine.weights import WeightedRoundRobin
 
 
@@ -20,7 +21,7 @@ class EndpointSlots:
     def __init__(self, limits: list[AdaptiveLimit], weights: list[float]) -> None:
         self.limits = limits
         self._rr = WeightedRoundRobin(weights)
-        self._waiters: deque[asyncio.Future[int]] = deque()
+        self._waiters: deque[asyncio.Future[tuple[int, Ticket]]] = deque()
         self._timer: asyncio.TimerHandle | None = None
 
     @property
@@ -30,26 +31,30 @@ class EndpointSlots:
     def _now(self) -> float:
         return asyncio.get_running_loop().time()
 
-    def _pick(self, now: float) -> int | None:
+    def _pick(self, now: float) -> tuple[int, Ticket] | None:
         i = self._rr.pick([lim.can_start(now) for lim in self.limits])
-        if i is not None:
-            self.limits[i].take()
-        return i
+        if i is None:
+            return None
+        return i, self.limits[i].take(now)
 
     async def acquire(self) -> int:
         """Wait for a slot on some endpoint and return that endpoint's index (the slot is taken)."""
+        return (await self.acquire_ticket())[0]
+
+    async def acquire_ticket(self) -> tuple[int, Ticket]:
+        """Wait for a slot on some endpoint; return its index and the limiter's ticket for the request."""
         if not self._waiters:
-            i = self._pick(self._now())
-            if i is not None:
-                return i
-        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            got = self._pick(self._now())
+            if got is not None:
+                return got
+        fut: asyncio.Future[tuple[int, Ticket]] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
         self._arm_timer()
         try:
             return await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
-                self.release(fut.result())  # granted just as we were cancelled: give it back
+                self.release(fut.result()[0])  # granted just as we were cancelled: give it back
             else:
                 try:
                     self._waiters.remove(fut)
@@ -70,11 +75,11 @@ class EndpointSlots:
             if fut.done():
                 self._waiters.popleft()
                 continue
-            i = self._pick(now)
-            if i is None:
+            got = self._pick(now)
+            if got is None:
                 break
             self._waiters.popleft()
-            fut.set_result(i)
+            fut.set_result(got)
         self._arm_timer()
 
     def _arm_timer(self) -> None:

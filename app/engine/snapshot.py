@@ -37,6 +37,12 @@ class EndpointSnapshot:
     ttft_p95_ms: float | None = None
     errors_by_class: tuple[tuple[str, int], ...] = ()
     cost_usd: float = 0.0
+    # the adaptive limit (issue 15): why it is where it is (app.engine.limiter.REASONS) and the capacity
+    # measured so far (None while still growing); waiting: samples of this endpoint between requests (a
+    # retry's wait) or being stored, which hold no request on the wire
+    waiting: int = 0
+    limit_reason: str | None = None
+    capacity: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +74,10 @@ class MetricsSnapshot:
     `throughput_history` is output tokens/s per recent 10 s bucket, oldest first (for a sparkline).
     `fidelity` is the live measured fidelity (probes with true ids), per endpoint then per upstream provider;
     `prompt_checks` maps agree | differ -> samples whose server prompt ids were compared.
+    `in_flight` counts requests on the wire; `waiting` the samples between requests (waiting to retry) or
+    waiting to be stored. `engine` is the engine's liveness as an attached reader judges it from the
+    heartbeat (app.store.heartbeat: running | stopped | gone | never; None in-process, where the engine is
+    this process) and `engine_text` says it in words ("ENGINE GONE (last seen 12 s ago, pid 4242 on gpu-1)").
     """
 
     run_name: str
@@ -109,3 +119,7 @@ class MetricsSnapshot:
         rows = [f for f in self.fidelity if f.provider is None]
         return FidelitySnapshot("all", None, sum(f.verified for f in rows), sum(f.exact for f in rows),
                                 sum(f.benign for f in rows), sum(f.corrupt for f in rows))
+    # issue 14: requests waiting (not on the wire) and the engine's liveness (see the docstring)
+    waiting: int = 0
+    engine: str | None = None
+    engine_text: str | None = None

@@ -61,6 +61,13 @@ class Liveness:
             return f"engine exited {_age(self.age_s)} ago"
         return "no engine has run this"
 
+    @property
+    def short(self) -> str:
+        """The status line's words when the engine is gone: 'ENGINE GONE (last seen 12 s ago)'; else `text`."""
+        if self.state == "gone":
+            return f"ENGINE GONE (last seen {_age(self.age_s)} ago)"
+        return self.text
+
 
 def this_host() -> str:
     """The name a beat records for this machine."""

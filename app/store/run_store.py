@@ -465,6 +465,14 @@ class RunStore:
         )
         return (row[0], row[1]) if row else (None, None)
 
+    async def open_prompt_sizes(self, run_id: int) -> dict[str, tuple[int, int]]:
+        """Per dataset, the samples still to run (pending or leased) and their prompts' JSON characters
+        (messages + tools): what the ETA's prompt-token projection starts from. One scan at engine start."""
+        rows = await self.read(lambda conn: conn.execute(
+            "SELECT dataset, COUNT(*), TOTAL(LENGTH(messages) + COALESCE(LENGTH(tools), 0)) FROM samples "
+            "WHERE run_id = ? AND state IN ('pending', 'leased') GROUP BY dataset", (run_id,)).fetchall())
+        return {str(d): (int(n), int(c)) for d, n, c in rows}
+
     async def outcome_counts(self, run_id: int) -> tuple[dict[str, int], dict[str, int]]:
         """The run's (verdict counts, reconstruction strategy counts) as stored."""
         return await self.read(lambda conn: (tallies.verdict_counts(conn, run_id), tallies.strategy_counts(conn, run_id)))

@@ -19,7 +19,7 @@ from textual.worker import Worker, WorkerState
 
 from app.engine.snapshot import MetricsSnapshot
 from app.tui.screens.confirm import ConfirmScreen, NumberScreen
-from app.tui.screens.dashboard import DashboardScreen
+from app.tui.screens.dashboard import DashboardScreen, engine_gone
 from app.tui.screens.diff import DiffScreen
 from app.tui.screens.help import HelpScreen
 from app.tui.screens.jobs import JobsScreen
@@ -95,7 +95,7 @@ class EaglewatchApp(App):
     def _snapshot_polled(self, message: DashboardScreen.Polled) -> None:
         """The dashboard's polls bubble here: keep the snapshot, and re-check the run keys on a state change."""
         previous, self._run_snapshot = self._run_snapshot, message.result.snapshot
-        if previous is None or previous.state != self._run_snapshot.state:
+        if previous is None or (previous.state, previous.engine) != (self._run_snapshot.state, self._run_snapshot.engine):
             self.refresh_bindings()  # `p`, `P` and `c` show only while they apply
 
     # --- navigation ------------------------------------------------------------------------
@@ -134,6 +134,8 @@ class EaglewatchApp(App):
             snap = self.last_snapshot
             if not self.source.can_control or isinstance(self.screen, JobsScreen) or snap is None:
                 return False
+            if engine_gone(snap):
+                return False  # no engine polls the commands table: a key would queue what nothing acts on
             if action == "pause_now":
                 return snap.state == "running"
             return snap.state in ("running", "paused")

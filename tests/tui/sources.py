@@ -24,6 +24,7 @@ SNAPSHOT = MetricsSnapshot(
     failed=12,
     retried=31,
     in_flight=8,
+    waiting=2,
     concurrency_limit=16,
     rate=Rate(req_s_10s=3.4, req_s_1m=3.1, req_s_5m=2.9, tok_s_10s=1530.0, tok_s_1m=1402.0, tok_s_5m=1390.0),
     throughput_history=(800.0, 1100.0, 1250.0, 1400.0, 1530.0, 1490.0, 1510.0),
@@ -38,8 +39,10 @@ SNAPSHOT = MetricsSnapshot(
     verdicts=(("exact", 431), ("bpe_equivalent", 17), ("text_mismatch", 3), ("truncated", 9)),
     strategies=(("canonical", 380), ("logprobs", 80)),
     endpoints=(
-        EndpointSnapshot(name="sim-a", completed=300, failed=8, in_flight=5, concurrency_limit=10, latency_p50_ms=2000.0, latency_p95_ms=6000.0, cost_usd=0.84),
-        EndpointSnapshot(name="sim-b", completed=160, failed=4, in_flight=3, concurrency_limit=6, latency_p50_ms=2400.0, latency_p95_ms=7100.0, cost_usd=0.44),
+        EndpointSnapshot(name="sim-a", completed=300, failed=8, in_flight=5, concurrency_limit=10, latency_p50_ms=2000.0, latency_p95_ms=6000.0, cost_usd=0.84,
+                         waiting=1, limit_reason="at ceiling", capacity=10),
+        EndpointSnapshot(name="sim-b", completed=160, failed=4, in_flight=3, concurrency_limit=6, latency_p50_ms=2400.0, latency_p95_ms=7100.0, cost_usd=0.44,
+                         waiting=1, limit_reason="at ceiling", capacity=6),
     ),
 )
 

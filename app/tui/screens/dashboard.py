@@ -47,34 +47,74 @@ class DashboardData:
 def status_line(snap: MetricsSnapshot) -> Text:
     """`● RUNNING demo · 412/1,000 (41.2%) · elapsed 1m23s · ETA 2m00s` (reason after PAUSED/STOPPED)."""
     text = Text()
-    label = STATE_LABELS.get(snap.state, snap.state.upper())
-    style = {"running": "bold green", "paused": "bold yellow", "failed": "bold red", "stopped": "bold red"}.get(
-        snap.state, "bold"
-    )
-    text.append(label, style=style)
-    if snap.state_reason:
-        text.append(f" ({snap.state_reason})", style=style)
+    if engine_gone(snap):
+        # the database says running (or paused) but nothing beats: say what is true, and that no key acts
+        text.append(f"✗ {snap.engine_text or 'ENGINE GONE'}", style="bold red")
+        text.append(" · keys off", style="dim")  # the keys would queue commands nothing reads
+    else:
+        label = STATE_LABELS.get(snap.state, snap.state.upper())
+        style = {"running": "bold green", "paused": "bold yellow", "failed": "bold red", "stopped": "bold red"}.get(
+            snap.state, "bold"
+        )
+        text.append(label, style=style)
+        if snap.state_reason:
+            text.append(f" ({snap.state_reason})", style=style)
     finished = snap.done + snap.failed + snap.skipped
     text.append(f"  {snap.run_name}", style="bold")
     text.append(f" · {finished:,}/{snap.total:,} ({fmt.percent(finished, snap.total)})")
+    if engine_gone(snap):
+        return text  # elapsed and ETA mean nothing for a dead engine (and 80 columns are few)
     text.append(f" · elapsed {fmt.duration(snap.elapsed_s)}")
     if snap.state == "running":
         text.append(f" · ETA {fmt.duration(snap.eta_s)}")
     return text
 
 
-def throughput_lines(snap: MetricsSnapshot) -> tuple[str, ...]:
+def engine_gone(snap: MetricsSnapshot) -> bool:
+    """An attached snapshot whose run is live in the database while its engine stopped beating (crashed)."""
+    return snap.engine == "gone" and snap.state not in ("done", "failed")
+
+
+# the limiter's reasons (app.engine.limiter.REASONS) in fewer letters, for tiles narrower than the full words
+COMPACT_REASONS = {"growing": "grow", "at ceiling": "ceiling", "cooling down after 429": "429 wait",
+                   "latency rising": "lat. up", "pinned": "pinned", "mixed": "mixed"}
+
+
+def _fit(width: int, *candidates: str) -> str:
+    """The first candidate that fits `width` columns (the last one when none does)."""
+    return next((c for c in candidates if len(c) <= width), candidates[-1])
+
+
+def throughput_lines(snap: MetricsSnapshot, width: int = 40) -> tuple[str, ...]:
+    """The throughput tile in `width` columns: rates, latency, TTFT, requests on the wire / the limit and what
+    waits, and the limit's reason and measured capacity (fewer letters when narrow; never wrapped)."""
     rate = snap.rate
-    return (
+    lines = [
         f"req/s {rate.req_s_10s:6.1f}  1m {rate.req_s_1m:.1f}",
         f"tok/s {rate.tok_s_10s:6.0f}  1m {rate.tok_s_1m:.0f}",
         f"p50 {fmt.ms(snap.latency_p50_ms)}  p95 {fmt.ms(snap.latency_p95_ms)}",
-        f"ttft p50 {fmt.ms(snap.ttft_p50_ms)}",
-        # An attached viewer cannot know the engine's limit (0): leased samples are what is in flight.
-        f"in flight {snap.in_flight}/{snap.concurrency_limit}  retried {snap.retried:,}"
-        if snap.concurrency_limit
-        else f"leased {snap.leased:,}  retried {snap.retried:,}",
-    )
+        _fit(width, f"ttft p50 {fmt.ms(snap.ttft_p50_ms)}  p95 {fmt.ms(snap.ttft_p95_ms)}",
+             f"ttft {fmt.ms(snap.ttft_p50_ms)} p95 {fmt.ms(snap.ttft_p95_ms)}"),
+    ]
+    if not snap.concurrency_limit:
+        # No live engine to ask (attached, engine stopped or gone): leased samples are what is out.
+        lines.append(f"leased {snap.leased:,}")
+        return tuple(lines)
+    a, b, w = snap.in_flight, snap.concurrency_limit, snap.waiting
+    lines.append(_fit(width, f"in flight {a}/{b}  waiting {w}", f"in flight {a}/{b} wait {w}", f"flight {a}/{b} wait {w}"))
+    lines.append(limit_line(snap, width))
+    return tuple(lines)
+
+
+def limit_line(snap: MetricsSnapshot, width: int = 40) -> str:
+    """`limit 24 at ceiling · capacity 24`: the adaptive limit, why it is there, what was measured."""
+    reasons = {e.limit_reason for e in snap.endpoints if e.limit_reason}
+    reason = reasons.pop() if len(reasons) == 1 else ("mixed" if reasons else "")
+    caps = [e.capacity for e in snap.endpoints]
+    cap = str(sum(caps)) if caps and all(c is not None for c in caps) else "?"
+    n, short = snap.concurrency_limit, COMPACT_REASONS.get(reason, reason)
+    return _fit(width, f"limit {n} {reason} · capacity {cap}", f"limit {n} {reason} · cap {cap}",
+                f"limit {n} {short} cap {cap}", f"lim {n} {short} cap {cap}").replace("  ", " ")
 
 
 def cost_lines(snap: MetricsSnapshot) -> tuple[str, ...]:
@@ -116,10 +156,11 @@ def reconstruction_lines(snap: MetricsSnapshot) -> tuple[str, ...]:
 
 def error_lines(snap: MetricsSnapshot) -> tuple[str, ...]:
     if not snap.errors_by_class:
-        return (f"none  (failed {snap.failed:,})",)
+        return (f"none  (failed {snap.failed:,})", f"retried {snap.retried:,}")
     ranked = sorted(snap.errors_by_class, key=lambda item: -item[1])
     lines = [f"{name[:14]:<14} {n:>6,}" for name, n in ranked[:4]]
     lines.append(f"failed samples {snap.failed:,}")
+    lines.append(f"retried {snap.retried:,}")
     return tuple(lines)
 
 
@@ -170,6 +211,7 @@ class DashboardScreen(Screen):
         self._not_before = 0.0
         self._fetch_started = 0.0
         self._endpoint_rows: dict[str, tuple[str, ...]] = {}
+        self._last: MetricsSnapshot | None = None
         self.poll()
         self._timer = self.set_interval(REFRESH_S, self.poll)
 
@@ -232,7 +274,8 @@ class DashboardScreen(Screen):
             self.query_one("#run-status", Static).update(status_line(snap), layout=False)
             progress = self.query_one("#run-progress", ProgressBar)
             progress.update(total=max(snap.total, 1), progress=snap.done + snap.failed + snap.skipped)
-            self.query_one("#tile-throughput", MetricTile).show(*throughput_lines(snap))
+            self._last = snap
+            self._show_throughput()
             self.query_one("#tile-cost", MetricTile).show(*cost_lines(snap))
             self.query_one("#tile-reconstruction", MetricTile).show(*reconstruction_lines(snap))
             self.query_one("#tile-errors", MetricTile).show(*error_lines(snap))
@@ -243,6 +286,16 @@ class DashboardScreen(Screen):
             self._show_endpoints(snap)
             self.query_one("#dashboard-jobs", JobsTable).show(data.jobs)
             self.query_one("#events", EventTail).show(data.events)
+
+    def _show_throughput(self) -> None:
+        """The throughput tile in its current width (its lines pick fewer letters when the tile is narrow)."""
+        if self._last is not None:
+            tile = self.query_one("#tile-throughput", MetricTile)
+            tile.show(*throughput_lines(self._last, tile.content_size.width or 40))
+
+    def on_resize(self) -> None:
+        # a new size may change the grid (2 or 4 tiles a row): refit once the layout has the new widths
+        self.call_after_refresh(self._show_throughput)
 
     def _show_endpoints(self, snap: MetricsSnapshot) -> None:
         table = self.query_one("#endpoints", DataTable)

@@ -1,0 +1,56 @@
+"""The attached viewer over a run whose engine stopped beating: it says ENGINE GONE instead of RUNNING and
+offers no run key (nothing would act on a queued command); a fresh beat brings the engine's numbers."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+from app.engine.snapshot import EndpointSnapshot, MetricsSnapshot
+from app.engine.snapshot_codec import snapshot_to_json
+from app.store.heartbeat import beat_op
+from app.tui.app import EaglewatchApp
+from app.tui.db_source import AttachedSource
+from tests.tui.test_screens import settle
+
+
+def _beat(run_db: Path, *, age_s: float, snapshot: MetricsSnapshot | None = None) -> None:
+    conn = sqlite3.connect(run_db, isolation_level=None)
+    try:
+        run_id, state = conn.execute("SELECT id, state FROM runs").fetchone()
+        assert state == "running"
+        now = time.time() - age_s
+        # another host, so only the beat's age tells (no pid check)
+        beat_op(run_id, pid=4242, host="gpu-elsewhere", started_at=now - 60, now=now,
+                snapshot_json=snapshot_to_json(snapshot) if snapshot else None)(conn)
+    finally:
+        conn.close()
+
+
+async def test_a_stale_heartbeat_reads_engine_gone_and_the_run_keys_are_off(run_db: Path) -> None:
+    _beat(run_db, age_s=12.0)
+    app = EaglewatchApp(AttachedSource(run_db))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        line = str(app.screen.query_one("#run-status").render())
+        assert "ENGINE GONE (last seen 12 s ago)" in line and "RUNNING" not in line
+        assert not app.check_action("toggle_pause", ()) and not app.check_action("pause_now", ())
+        await pilot.press("p")
+        await settle(pilot)
+    assert sqlite3.connect(run_db).execute("SELECT COUNT(*) FROM commands").fetchone()[0] == 0
+
+
+async def test_a_fresh_heartbeat_gives_the_engine_numbers_to_the_attached_face(run_db: Path) -> None:
+    live = MetricsSnapshot("x", "running", in_flight=7, waiting=2, concurrency_limit=9, eta_s=42.0,
+                           endpoints=(EndpointSnapshot("sim", in_flight=7, waiting=2, concurrency_limit=9,
+                                                       limit_reason="at ceiling", capacity=9),))
+    _beat(run_db, age_s=0.0, snapshot=live)
+    src = AttachedSource(run_db)
+    try:
+        snap = src.snapshot()
+    finally:
+        src.close()
+    assert snap.engine == "running"
+    assert (snap.in_flight, snap.waiting, snap.concurrency_limit, snap.eta_s) == (7, 2, 9, 42.0)
+    assert snap.endpoints[0].limit_reason == "at ceiling" and snap.endpoints[0].capacity == 9
