@@ -29,7 +29,7 @@ from app.tokens.compare import UNCHECKED, compare
 from app.tokens.fidelity import FidelityProfile
 from app.tokens.fidelity import apply as apply_fidelity
 from app.tokens.profile import Profile
-from app.tokens.template import Piece, ProviderView, kimi_tool_id, parse_output, render_output, split_output
+from app.tokens.template import Piece, ProviderView, kimi_tool_id, parse_output, render_output
 from app.tokens.tokenizer import Tokenizer
 
 BENIGN = ("exact", "bpe_equivalent", "truncated")
