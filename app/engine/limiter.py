@@ -29,7 +29,8 @@ The rule, per endpoint (pure and synchronous: the caller passes the clock readin
   Latencies (TTFT when streaming) gather in rounds, sized when they start: half of `round_min` in slow
   start (so a queue ends it within a round trip or two), max(`round_min`, limit) after. The floor is the
   lowest round median of the last `floor_window_s`, the first round left out (it holds the fastest of the
-  first wave). Two rounds in a row over `latency_tolerance` x floor multiply the limit by tolerance x floor /
+  first wave). Two rounds in a row over `latency_tolerance` x floor (and `latency_slack_s` past it, so a
+  fast server's floor of a few ms does not read the client's own CPU jitter as a queue) multiply the limit by tolerance x floor /
   median (at least 0.5); while latency holds the limit, each round within tolerance adds sqrt(limit)
   (Gradient2's queue allowance), never past the proven ceiling + 1. A tolerance of 2 keeps a queueing
   server's batch slots full (its throughput is flat beyond them) and keeps a lognormal latency's noise
@@ -110,6 +111,7 @@ class AdaptiveLimit:
         reduce_factor: float = 0.7,
         noise_tolerance: float = 0.10,
         latency_tolerance: float = 2.0,
+        latency_slack_s: float = 0.025,
         round_min: int = 32,
         floor_window_s: float = 300.0,
         min_probe_gap_s: float = 0.25,
@@ -126,6 +128,9 @@ class AdaptiveLimit:
         self.reduce_factor = reduce_factor
         self.noise_tolerance = noise_tolerance
         self.latency_tolerance = latency_tolerance
+        # a queue must add at least this much too: on a fast server (a floor of a few ms) the client's own CPU
+        # jitter doubles the latency without any queue behind it
+        self.latency_slack_s = latency_slack_s
         self.round_min = round_min
         self.floor_window_s = floor_window_s
         self.min_probe_gap_s = min_probe_gap_s
@@ -266,7 +271,7 @@ class AdaptiveLimit:
         floor = min(m for _, m in self._round_medians)
         if self.operator_cap is not None or floor <= 0:
             return None
-        if median <= self.latency_tolerance * floor:
+        if median <= max(self.latency_tolerance * floor, floor + self.latency_slack_s):
             if self._latency_held and self.limit < self._cap():
                 # held by latency: grow by Gradient2's queue allowance, sqrt(limit), per round within tolerance
                 # (never more than one past the proven ceiling: a hard cap may sit there too)
