@@ -55,11 +55,8 @@ def is_loopback(host: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        from textual_serve.server import Server
-    except ImportError as exc:
-        raise InputError("`serve` needs textual-serve: pip install textual-serve (it is a core dependency; reinstall eaglewatch)") from exc
     from app.tui.db_source import open_attached
+    from app.tui.serve import serve_command
 
     if not args.db.exists():
         raise InputError(f"{args.db}: no such run database; pass the run's eaglewatch.db (see `eaglewatch status --db`)")
@@ -77,6 +74,6 @@ def run(args: argparse.Namespace) -> int:
         )
     mode = "with control" if args.control else "view only"
     print(f"serving the monitor of {args.db} at http://{args.host}:{args.port} ({mode}); Ctrl-C stops", file=sys.stderr)
-    Server(watch_command(args.db, args.run_name, control=args.control), host=args.host, port=args.port,
-           title=f"eaglewatch · {args.db.name}").serve()
+    serve_command(watch_command(args.db, args.run_name, control=args.control), host=args.host, port=args.port,
+                  title=f"eaglewatch · {args.db.name}")
     return 0
