@@ -15,6 +15,7 @@ Two ways in:
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 
@@ -33,16 +34,24 @@ def check_file(path: Path) -> bool:
         if not path.parent.is_dir():
             raise InputError(f"{path}: its directory {path.parent} does not exist; create it or pass another --db")
         return False
+    if not os.access(path, os.R_OK):
+        raise InputError(f"{path}: cannot be read (permission denied); check its owner and mode")
+    # Ask SQLite, never open() the file here: closing any descriptor of a file drops every POSIX lock this
+    # process holds on it, so a header read beside a live connection (the engine's, a viewer's) would let
+    # another process take the database for unused and delete its -wal and -shm under us.
     try:
-        with path.open("rb") as fh:
-            head = fh.read(len(SQLITE_HEADER))
-    except OSError as exc:
-        raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    if head and head != SQLITE_HEADER:
-        raise InputError(
-            f"{path}: is not an SQLite database (it does not start with the SQLite header); "
-            "pass another --db path or move this file away"
-        )
+        probe = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            probe.execute("PRAGMA schema_version").fetchone()
+        finally:
+            probe.close()
+    except sqlite3.DatabaseError as exc:
+        if "not a database" in str(exc) or "encrypted" in str(exc):
+            raise InputError(
+                f"{path}: is not an SQLite database (it does not start with the SQLite header); "
+                "pass another --db path or move this file away"
+            ) from None
+        # locked, busy or damaged further in: the caller's open says which
     return True
 
 

@@ -282,3 +282,31 @@ def test_an_empty_file_is_not_a_run_for_the_read_verbs(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="is an empty database, not a run yet"):
         connect_readonly(db)
     assert db.read_bytes() == b""
+
+
+def test_checking_a_file_beside_a_live_connection_keeps_its_wal_for_everyone(tmp_path: Path) -> None:
+    """Regression: check_file used to open() the database to read its header; closing that descriptor dropped
+    this process's POSIX locks, so another process's closing connection took the database for unused and
+    deleted the -wal/-shm the live connection still used (an attached viewer then froze; a headless engine's
+    later writes vanished)."""
+    import subprocess
+    import sys
+
+    from app.store.db import check_file, connect_readonly
+
+    db = tmp_path / "live.db"
+    migrate(db)
+    live = sqlite3.connect(db, isolation_level=None)  # the engine's connection, kept open
+    live.execute("INSERT INTO runs (name, created_at, updated_at) VALUES ('r', 0, 0)")
+    assert (tmp_path / "live.db-wal").exists()
+    check_file(db)  # what every read verb and viewer open does, in this same process
+    connect_readonly(db, check=False).close()
+    other = ("import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('SELECT COUNT(*) FROM runs').fetchone(); "
+             "c.close()")
+    subprocess.run([sys.executable, "-c", other, str(db)], check=True)  # another process opens and closes
+    assert (tmp_path / "live.db-wal").exists(), "another process deleted the WAL of a live connection"
+    live.execute("INSERT INTO runs (name, created_at, updated_at) VALUES ('s', 0, 0)")
+    reader = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    assert reader.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 2  # the live writes stay visible
+    reader.close()
+    live.close()
