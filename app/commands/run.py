@@ -73,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def run_headless(config, *, progress: bool = True, stream=None) -> int:
     """Run to the end (exit 0), a run-stopping error (3) or a budget/operator pause (1); Ctrl-C pauses."""
+    from app.engine.run import VIEWER_PAUSE
     from app.engine.session import open_run
 
     stream = stream or sys.stderr
@@ -96,6 +97,13 @@ async def run_headless(config, *, progress: bool = True, stream=None) -> int:
         loop.add_signal_handler(signal.SIGTERM, on_sigint)
         try:
             outcome = await _watch(engine, stream, progress)
+            # paused from an attached viewer: stay alive for its resume (p and P alike), until Ctrl-C here
+            while outcome.state == "paused" and outcome.reason == VIEWER_PAUSE and not interrupts:
+                print("paused from an attached viewer: waiting for its resume (Ctrl-C here stops this engine)",
+                      file=stream)
+                while engine.state == "paused" and engine.state_reason == VIEWER_PAUSE and not interrupts:
+                    await asyncio.sleep(0.25)
+                outcome = await _watch(engine, stream, progress)
         finally:
             loop.remove_signal_handler(signal.SIGINT)
             loop.remove_signal_handler(signal.SIGTERM)

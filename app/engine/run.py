@@ -67,6 +67,11 @@ CLOSE_GRACE_S = 30.0  # how long close() waits for finished results to be stored
 __all__ = ["EngineEvent", "EngineLock", "Run", "RunOutcome"]
 
 
+# The reason a pause sent through the commands table (an attached viewer, `watch`/`serve --control`) carries:
+# a headless engine stays alive through such a pause, waiting for that viewer's resume.
+VIEWER_PAUSE = "operator (attached viewer)"
+
+
 @dataclass(frozen=True, slots=True)
 class RunOutcome:
     """How a run ended in this process: done (every sample ended) or paused (with the reason)."""
@@ -306,7 +311,7 @@ class Run:
     async def apply_command(self, verb: str, args: dict) -> None:
         """Carry out one control command from the `commands` table (pause, resume, set_concurrency)."""
         if verb == "pause":
-            await self.pause(now=bool(args.get("now", False)))
+            await self.pause(now=bool(args.get("now", False)), reason=VIEWER_PAUSE)
         elif verb == "resume":
             await self.resume()
         elif verb == "set_concurrency":

@@ -113,3 +113,45 @@ def test_out_of_credits_exits_3_with_the_reason(tmp_path, sample_data):
     assert p.returncode == 3, err
     assert "run paused" in err and "resume" in err
     assert _states(tmp_path) == {"pending": 10}
+
+
+def _command(tmp_path: Path, verb: str, args: str = "{}") -> None:
+    """What an attached viewer does: one row in the commands table (app.tui.db_source.AttachedControl)."""
+    db = sqlite3.connect(tmp_path / "h.db")
+    with db:
+        db.execute("INSERT INTO commands (run_id, verb, args, created_at) VALUES ((SELECT id FROM runs WHERE name = 'h'), "
+                   "?, ?, ?)", (verb, args, time.time()))
+    db.close()
+
+
+def _run_state(tmp_path: Path) -> str:
+    db = sqlite3.connect(f"file:{tmp_path / 'h.db'}?mode=ro", uri=True)
+    try:
+        return db.execute("SELECT state FROM runs WHERE name = 'h'").fetchone()[0]
+    finally:
+        db.close()
+
+
+def test_pause_now_from_an_attached_viewer_keeps_the_headless_engine_alive_for_its_resume(tmp_path, sample_data):
+    cfg = _config(tmp_path, sample_data, latency_ms=500.0)
+    proc = _eaglewatch(str(cfg), "--limit", "80")
+    try:
+        deadline = time.monotonic() + 60
+        while _done_so_far(tmp_path) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() is not None else ""
+            time.sleep(0.1)
+        _command(tmp_path, "pause", '{"now": true}')  # P in the viewer: cancel in flight, keep the engine
+        while (state := _run_state(tmp_path)) != "paused":
+            assert state != "done", "the run ended before the pause arrived: give it more work"
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(3.0)
+        assert proc.poll() is None, f"the engine exited on a viewer's pause: {proc.communicate()}"
+        _command(tmp_path, "resume")
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "waiting for its resume" in err
+    assert _states(tmp_path) == {"done": 80}
