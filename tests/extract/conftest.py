@@ -38,6 +38,31 @@ def build_tiny_model(path: Path, *, arch: str = "llama", seed: int = 0, nan_toke
     return path
 
 
+def extraction_config(tmp_path: Path, model: Path, **extraction: object) -> Path:
+    """A run config with nothing but what `eaglewatch extract` needs, plus these `[extraction]` keys."""
+    keys = "\n".join(f"{k} = {json.dumps(v)}" for k, v in extraction.items())
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(f"""
+[run]
+name = "t"
+database = "{tmp_path / 'run.db'}"
+[data]
+[[data.datasets]]
+path = "prompts.jsonl"
+[model]
+name = "m"
+tokenizer = "tok"
+[[endpoints]]
+name = "e"
+base_url = "http://127.0.0.1:9"
+[extraction]
+model_path = "{model}"
+output_dir = "{tmp_path / 'hidden'}"
+{keys}
+""")
+    return cfg
+
+
 def make_samples(n: int, seed: int, *, lo: int = 3, hi: int = 40, vocab: int = VOCAB) -> list[dict]:
     """`n` samples of random length with ids in 1..vocab-1 and a loss mask over the second half."""
     rng = random.Random(seed)

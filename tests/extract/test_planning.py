@@ -25,7 +25,7 @@ from app.extract import (
 from app.extract.batching import plan_batches
 from app.extract.budget import model_shape
 
-from .conftest import HIDDEN, make_samples, write_shards
+from .conftest import HIDDEN, extraction_config, make_samples, write_shards
 
 
 def test_importing_the_package_and_cli_needs_no_torch(repo_root):
@@ -133,26 +133,7 @@ def test_dry_run_plans_without_a_gpu(tmp_path, capsys, monkeypatch):
     model.mkdir()
     (model / "config.json").write_text(_json.dumps({"hidden_size": 64, "num_hidden_layers": 8, "vocab_size": 512}))
     manifest = write_shards(tmp_path / "export", [make_samples(4, seed=1), make_samples(3, seed=2)])
-    cfg = tmp_path / "run.toml"
-    cfg.write_text(f"""
-[run]
-name = "t"
-database = "{tmp_path / 'run.db'}"
-[data]
-[[data.datasets]]
-path = "prompts.jsonl"
-[model]
-name = "m"
-tokenizer = "tok"
-[[endpoints]]
-name = "e"
-base_url = "http://127.0.0.1:9"
-[extraction]
-model_path = "{model}"
-output_dir = "{tmp_path / 'hidden'}"
-gpus = 2
-layout = "speculators"
-""")
+    cfg = extraction_config(tmp_path, model, gpus=2, layout="speculators")
     assert main(["extract", str(cfg), "--manifest", str(manifest), "--dry-run", "--json"]) == 0
     plan = _json.loads(capsys.readouterr().out)
     assert plan["slots"] is None and "0 GPU(s)" in plan["notes"][0]

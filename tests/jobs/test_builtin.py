@@ -7,7 +7,7 @@ import json
 import pytest
 
 from app.cli import main
-from tests.extract.conftest import build_tiny_model, make_samples, write_shards
+from tests.extract.conftest import build_tiny_model, extraction_config, make_samples, write_shards
 
 
 @pytest.mark.slow
@@ -15,25 +15,7 @@ def test_extract_runs_the_builtin_extractor_per_shard(tmp_path, capsys):
     pytest.importorskip("torch")
     model = build_tiny_model(tmp_path / "model")
     manifest = write_shards(tmp_path / "export", [make_samples(3, seed=1)])
-    cfg = tmp_path / "run.toml"
-    cfg.write_text(f"""
-[run]
-name = "t"
-database = "{tmp_path / 'run.db'}"
-[data]
-[[data.datasets]]
-path = "prompts.jsonl"
-[model]
-name = "m"
-tokenizer = "tok"
-[[endpoints]]
-name = "e"
-base_url = "http://127.0.0.1:9"
-[extraction]
-model_path = "{model}"
-output_dir = "{tmp_path / 'hidden'}"
-gpus = 0
-""")
+    cfg = extraction_config(tmp_path, model, gpus=0)
     assert main(["extract", str(cfg), "--manifest", str(manifest), "--dry-run"]) == 0
     plan = capsys.readouterr().out
     assert "-m app.extract --manifest" in plan and "--device cpu" in plan and "disk: about" in plan
