@@ -115,25 +115,33 @@ async def test_a_write_lock_held_past_the_busy_timeout_holds_results_until_it_is
     assert "Traceback" not in err and "never retrieved" not in err
 
 
-def _fill(folder: Path) -> Path:
-    """Write a file until the filesystem is full; return it."""
-    filler = folder / f"filler-{uuid.uuid4().hex}"
-    with open(filler, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-                f.flush()
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
-    # a last few bytes too, so not even a page is left
-    try:
-        with open(folder / "filler-tail", "wb") as f:
-            while True:
-                f.write(b"\0" * 512)
-                f.flush()
-    except OSError:
-        pass
-    return filler
+class _Filler:
+    """Files that fill a filesystem on demand, opened up front.
+
+    Opening a file needs a directory entry; on a filesystem the engine may already have brought to its last
+    pages, a late `open` can itself fail with ENOSPC before a byte is written, so both are opened before the
+    run starts and only written when the test fills the disk."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / f"filler-{uuid.uuid4().hex}"
+        self._main = open(self.path, "wb")
+        self._tail = open(folder / "filler-tail", "wb")
+
+    def fill(self) -> Path:
+        """Write until the filesystem is full, then a last few bytes so not even a page is left; return the file."""
+        for f, chunk in ((self._main, b"\0" * 65536), (self._tail, b"\0" * 512)):
+            try:
+                while True:
+                    f.write(chunk)
+                    f.flush()
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+            finally:
+                try:
+                    f.close()
+                except OSError:  # the buffered remainder cannot be flushed to a full disk: it is dropped
+                    pass
+        return self.path
 
 
 @pytest.fixture
@@ -154,10 +162,11 @@ async def test_a_full_disk_pauses_the_run_says_what_to_free_and_loses_nothing_bi
     db_path = small_tmpfs / "run.db"
     sim, config, store, client = await _setup(tmp_path, sample_data, db_path, 150)
     run = Run(config, store, clients={"sim": client})
+    filler_files = _Filler(small_tmpfs)
     try:
         await run.start()
         await _until(lambda: run.snapshot().done >= 10)
-        filler = _fill(small_tmpfs)
+        filler = filler_files.fill()
         await _until(lambda: run.state == "paused", 30)
         assert run.state_reason.startswith("disk full")
         await asyncio.sleep(0.5)  # results keep arriving for the requests in flight, and are held
