@@ -131,6 +131,7 @@ def export_run(
                 progress(seen, exported)
         files = writer.close()
         samples_fh.close()
+        warnings = tuple(writer.warnings())
 
         manifest: dict[str, Any] = {
             "format": fmt,
@@ -156,6 +157,7 @@ def export_run(
                 "mean": round(tokens / exported, 2) if exported else None,
             },
             **writer.manifest_extra(),
+            "warnings": list(warnings),
         }
         if fmt in SHARDED:
             manifest["shard_size"] = shard_size
@@ -182,6 +184,7 @@ def export_run(
         files=tuple(f["path"] for f in files) + (MANIFEST, SAMPLES),
         seconds=time.perf_counter() - started,
         ids_sources=dict(sorted(sources.items())),
+        warnings=warnings,
     )
 
 
