@@ -130,3 +130,37 @@ def test_modelopt_conversations_tokenise_to_the_shard_ids(truth, built_run, samp
             assert ids == want[sid][0], sid
             checked += 1
     assert checked > len(got) // 3
+
+
+def test_specforge_text_masks_qwen3_exactly_and_says_nothing(tmp_path):
+    """Where the generation prompt ends at the template's assistant_header (Qwen3 thinking: `<|im_start|>
+    assistant\\n`, the model writes `<think>` itself), SpecForge's pre-formatted route gives eaglewatch's ids
+    and masks exactly and the export warns of nothing: the K2.5 warning is measured, not assumed."""
+    from tests.export.conftest import build_run_db
+    from tests.realserver.tiny_qwen3 import CASES, build_tokenizer
+
+    trainer_site()
+    tok_dir = tmp_path / "qwen3"
+    hf = build_tokenizer(tok_dir)
+    rows = [{"id": f"q{i}", "messages": m, **({"tools": t} if t else {}), "meta_info": {"finish_reason": {"type": "stop"}},
+             "output_ids": hf.encode(target, add_special_tokens=False)} for i, (m, t, target) in enumerate(CASES)]
+    reference = tmp_path / "reference.jsonl"
+    reference.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    db = tmp_path / "run.db"
+    build_run_db(db, reference, tok_dir, {"samples": {r["id"]: {"kinds": ["short"]} for r in rows}}, mismatches=0)
+    export_run(db, tmp_path / "shards", "eagle3-shards", profile_name="qwen3")
+    want = {s.sample_id: (list(s.input_ids), list(s.loss_mask))
+            for e in read_manifest(tmp_path / "shards").shards for s in read_shard(e)}
+    report = export_run(db, tmp_path / "sf", "specforge-text", profile_name="qwen3")
+    manifest = json.loads((tmp_path / "sf" / "manifest.json").read_text())
+    assert report.exported == len(rows) and report.warnings == () and manifest["warnings"] == []
+    assert manifest["specforge"]["data"]["chat_template"] == "qwen3-thinking"
+    assert manifest["specforge"]["loss_mask_differs"] == {"samples": 0, "tokens": 0, "prompt_text_in_loss": {}}
+    run_consumer("specforge-text", tmp_path / "sf", tok_dir, result=tmp_path / "r.pt")
+    got = torch.load(tmp_path / "r.pt")
+    assert {sid: (r["input_ids"], r["loss_mask"]) for sid, r in got.items()} == want
+    # the same prompts with thinking switched off end `<think>\n\n</think>\n\n` after the header: measured, warned
+    off = export_run(db, tmp_path / "sf-off", "specforge-text", profile_name="qwen3",
+                     template_kwargs={"enable_thinking": False})
+    differs = json.loads((tmp_path / "sf-off" / "manifest.json").read_text())["specforge"]["loss_mask_differs"]
+    assert differs["prompt_text_in_loss"] == {"<think>\n\n</think>\n\n": len(rows)} and len(off.warnings) == 1
