@@ -239,7 +239,7 @@ class SpecforgeTextWriter(_SingleFile):
         prefill = ", ".join(f"{text!r} in {n}" for text, n in self.prefills.most_common(3) if text)
         why = (f"the generation prompt continues past the template's assistant_header {self.template[1]!r} "
                f"({prefill} samples: prompt tokens the server prefilled, never generated)" if prefill else
-               f"its span does not start where the output does")
+               "its span does not start where the output does")
         return [
             f"specforge-text: SpecForge's pre-formatted route (data.is_preformatted with chat_template "
             f"{self.template[0]}) masks {self.mask_tokens} tokens in {self.mask_samples} of {self.n} samples "

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from app.export import ExportPolicy, export_run
+from app.export import export_run
 from app.extract.manifest import read_manifest, read_shard
 from tests.export.trainers.env import run_consumer, trainer_site
 
