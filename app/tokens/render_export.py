@@ -26,31 +26,37 @@ class ChatTemplate:
                **extra: Any) -> str:
         """The conversation as text, exactly as transformers' `apply_chat_template(tokenize=False)` renders it.
 
-        `messages` and `tools` must be JSON data (as read from the store). The template is compiled once by
-        transformers' own compiler (its sandbox, filters and globals) and rendered directly, without the
-        per-call deep copy transformers makes to defuse rich objects, which plain JSON data never holds;
-        tests/export/test_fast_renderer.py checks the output equals apply_chat_template's byte for byte."""
+        Dict messages and tools of JSON data (as read from the store) with JSON-scalar kwargs: the template,
+        compiled once by transformers' own compiler (its sandbox, filters and globals), is rendered directly,
+        without the per-call deep copy transformers makes to defuse rich objects, which JSON data never holds.
+        Anything else goes through transformers' `render_jinja_template`. tests/export/test_fast_renderer.py
+        checks both equal apply_chat_template's output byte for byte."""
+        settings = {**self.special_tokens, **self.kwargs, **extra}
         fast = _fast_renderer()
-        if fast is None:  # a transformers without the helpers: its own (slower) entry point
+        if (fast is None or not all(isinstance(m, dict) for m in messages)
+                or (tools and not all(isinstance(t, dict) for t in tools))
+                or not all(type(v) in _SCALARS for v in settings.values())):
+            # transformers' own entry point: no fast helpers, or inputs it converts or rejects (tools given as
+            # functions, non-dict messages, template kwargs that are not JSON scalars)
             rendered, _ = _jinja_renderer()(
                 conversations=[list(messages)],
                 tools=list(tools) if tools else None,
                 chat_template=self.text,
                 add_generation_prompt=add_generation_prompt,
-                **{**self.special_tokens, **self.kwargs, **extra},
+                **settings,
             )
             return rendered[0]
         compile_template, alias_reasoning = fast
-        for message in messages:
-            if not isinstance(message, dict):  # what render_jinja_template raises for it
-                raise TypeError(f"Chat messages should be dicts, dataclasses or pydantic models, but got {message!r}.")
         return compile_template(self.text).render(
             messages=alias_reasoning(messages),
             tools=list(tools) if tools else None,
             documents=None,
             add_generation_prompt=add_generation_prompt,
-            **{**self.special_tokens, **self.kwargs, **extra},
+            **settings,
         )
+
+
+_SCALARS = (str, int, float, bool, type(None))
 
 
 def _jinja_renderer() -> Callable[..., tuple[list[str], Any]]:

@@ -85,3 +85,33 @@ def test_a_template_error_names_the_sample(sample_tokenizer_dir, tmp_path):
 
     with pytest.raises(InputError, match=r"sample 's1'.*bad\.jinja.*TemplateError: no system turns here"):
         renderer.prompt_ids([{"role": "user", "content": "x"}], None, "s1")
+
+
+def test_plain_data_takes_the_fast_path_and_the_rest_transformers_own(sample_tokenizer_dir, monkeypatch):
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(sample_tokenizer_dir))
+    template = load_chat_template(sample_tokenizer_dir)
+    messages = [{"role": "user", "content": "weather?"}]
+
+    def get_weather(city: str) -> str:
+        """Weather of a city.
+
+        Args:
+            city: the city
+        """
+        return city
+
+    want = hf.apply_chat_template(messages, tools=[get_weather], add_generation_prompt=True, tokenize=False,
+                                  extra_list=[1, 2])
+    assert '"name":"get_weather"' in want
+    # a tool given as a function and a non-scalar kwarg: transformers converts them, so its own entry point renders
+    assert template.render(messages, [get_weather], add_generation_prompt=True, extra_list=[1, 2]) == want
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("plain JSON data should not need transformers' wrapper")
+
+    monkeypatch.setattr(render_export, "_jinja_renderer", lambda: refuse)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    assert template.render(messages, tools, add_generation_prompt=True) == hf.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=False)
