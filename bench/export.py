@@ -122,7 +122,8 @@ def bare_render(db: Path, out: Path, tokenizer_dir: Path) -> int:
 
 def bare_format(db: Path, out: Path, tokenizer_dir: Path, fmt: str) -> int:
     """The bare render plus the irreducible work of `fmt`: specforge-text decodes the ids and encodes the text
-    back (the check that its tokenisation is the ids); modelopt splits the output into an assistant turn."""
+    back (the check that its tokenisation is the ids); modelopt splits the output into an assistant turn and
+    writes the same record as the export (tests/export/test_bench_baselines.py compares the bytes)."""
     from app.store.ids import unpack_ids
     from app.tokens import get_profile, load_tokenizer, split_output
 
@@ -133,8 +134,8 @@ def bare_format(db: Path, out: Path, tokenizer_dir: Path, fmt: str) -> int:
     n = 0
     with out.open("w") as fh:
         for sid, messages, tools, ids in conn.execute(_SQL):
-            msgs = json.loads(messages)
-            prompt = tok.encode(template.render(messages=msgs, tools=json.loads(tools) if tools else None,
+            msgs, tool_list = json.loads(messages), (json.loads(tools) if tools else None)
+            prompt = tok.encode(template.render(messages=msgs, tools=tool_list,
                                                 add_generation_prompt=True))
             output = list(unpack_ids(ids))
             if fmt == "specforge-text":
@@ -145,9 +146,19 @@ def bare_format(db: Path, out: Path, tokenizer_dir: Path, fmt: str) -> int:
                 fh.write(json.dumps({"id": sid, "text": text}, ensure_ascii=False, separators=(",", ":")) + "\n")
                 continue
             else:
+                # the record the modelopt format holds: the assistant turn with its reasoning and tool calls,
+                # and the tool declarations
                 view = split_output(output, profile, tok)
-                turn = {"role": "assistant", "content": view.content, "reasoning_content": view.reasoning}
+                turn = {"role": "assistant", "content": view.content}
+                if view.reasoning is not None:
+                    turn["reasoning_content"] = view.reasoning
+                if view.tool_calls:
+                    turn["tool_calls"] = [{"id": c.id, "type": c.type or "function",
+                                           "function": {"name": c.name, "arguments": c.arguments}}
+                                          for c in view.tool_calls]
                 record = {"conversation_id": sid, "conversations": [*msgs, turn]}
+                if tool_list:
+                    record["tools"] = tool_list
             fh.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
             n += 1
     conn.close()
