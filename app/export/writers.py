@@ -31,6 +31,7 @@ SINGLE_FILE = {
     "modelopt": "modelopt.jsonl",
 }
 SHARD_PREFIX = {"eagle3-shards": "shard", "speculators": "speculators"}
+WRITE_BUFFER = 1 << 20  # bytes: few large writes for long rows
 
 # SpecForge's registered chat templates (specforge/data/template.py, TEMPLATE_REGISTRY) whose assistant
 # span matches a profile's prompts: name, assistant_header, end_of_turn_token
@@ -88,7 +89,7 @@ class Writer:
 class _SingleFile(Writer):
     def __init__(self, out: Path, fmt: str) -> None:
         self.rel = f"{DATA_DIR}/{SINGLE_FILE[fmt]}"
-        self.fh = (out / self.rel).open("wb")
+        self.fh = (out / self.rel).open("wb", buffering=WRITE_BUFFER)
         self.n = 0
         self.tokens = 0
 
@@ -319,7 +320,7 @@ class ShardWriter(Writer):
     def _open(self) -> None:
         index = len(self.shards)
         rel = f"{DATA_DIR}/{self.prefix}_{index:05d}.jsonl"
-        self.fh = (self.out / rel).open("wb")
+        self.fh = (self.out / rel).open("wb", buffering=WRITE_BUFFER)
         self.shards.append({"index": index, "path": rel, "samples": 0, "tokens": 0})
         self.in_shard = 0
 

@@ -115,3 +115,21 @@ def test_plain_data_takes_the_fast_path_and_the_rest_transformers_own(sample_tok
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
     assert template.render(messages, tools, add_generation_prompt=True) == hf.apply_chat_template(
         messages, tools=tools, add_generation_prompt=True, tokenize=False)
+
+
+@pytest.mark.kimi
+def test_kimi_files_special_tokens_render_as_transformers_renders(kimi_tokenizer_dir, sample_tokenizer_dir,
+                                                                   sample_reference, tmp_path):
+    """With the real Kimi K2.5 files (no template of their own: the K2.5-style one given as --chat-template), the
+    fast path equals transformers' `render_jinja_template` given the same special tokens: what
+    apply_chat_template calls, which cannot be built here (the Kimi tokenizer class is remote code)."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    override = tmp_path / "k25.jinja"
+    override.write_text(load_chat_template(sample_tokenizer_dir).text, encoding="utf-8")
+    template = load_chat_template(kimi_tokenizer_dir, override)
+    assert template.special_tokens["eos_token"] == "[EOS]"
+    for messages, tools in _conversations(sample_reference):
+        [want], _ = render_jinja_template(conversations=[messages], tools=tools, chat_template=template.text,
+                                          add_generation_prompt=True, **template.special_tokens)
+        assert template.render(messages, tools, add_generation_prompt=True) == want
