@@ -119,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
         progress=progress,
     )
     progress.done()
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     if args.json:
         print(json.dumps(report.as_dict(), indent=1))
     else:

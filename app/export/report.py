@@ -9,7 +9,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class ExportReport:
-    """What an export wrote: counts by outcome, token totals, ids sources and the files (relative to `out_dir`)."""
+    """What an export wrote: counts by outcome, token totals, ids sources, the files (relative to `out_dir`) and
+    warnings about how its consumer reads them."""
 
     run: str
     format: str
@@ -23,6 +24,7 @@ class ExportReport:
     files: tuple[str, ...]
     seconds: float
     ids_sources: dict[str, int] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()  # what the consumer will do differently (also in the manifest)
 
     def as_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data (`export --json`)."""
@@ -39,4 +41,5 @@ class ExportReport:
             "max_length": self.max_length,
             "files": list(self.files),
             "seconds": round(self.seconds, 3),
+            "warnings": list(self.warnings),
         }

@@ -22,7 +22,7 @@ from app.export.parallel import prepare_parallel, prepare_serial
 from app.export.policy import ExportPolicy, skip_reason, true_ids
 from app.export.report import ExportReport
 from app.export.templates import load_chat_template, template_kwargs_of_run
-from app.export.writers import DATA_DIR, make_writer
+from app.export.writers import DATA_DIR, WRITE_BUFFER, make_writer
 from app.store.export_reads import ExportRow, iter_rows
 from app.tokens.render_export import PromptRenderer
 
@@ -86,7 +86,7 @@ def export_run(
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
         writer = make_writer(fmt, work, tokenizer, profile, shard_size, renderer.template)
-        samples_fh = (work / SAMPLES).open("w", encoding="utf-8")
+        samples_fh = (work / SAMPLES).open("w", encoding="utf-8", buffering=WRITE_BUFFER)
         samples_fh.write("id\tids_source\tverdict\ttokens\n")
 
         skipped: Counter[str] = Counter()
@@ -131,6 +131,7 @@ def export_run(
                 progress(seen, exported)
         files = writer.close()
         samples_fh.close()
+        warnings = tuple(writer.warnings())
 
         manifest: dict[str, Any] = {
             "format": fmt,
@@ -156,6 +157,7 @@ def export_run(
                 "mean": round(tokens / exported, 2) if exported else None,
             },
             **writer.manifest_extra(),
+            "warnings": list(warnings),
         }
         if fmt in SHARDED:
             manifest["shard_size"] = shard_size
@@ -182,6 +184,7 @@ def export_run(
         files=tuple(f["path"] for f in files) + (MANIFEST, SAMPLES),
         seconds=time.perf_counter() - started,
         ids_sources=dict(sorted(sources.items())),
+        warnings=warnings,
     )
 
 

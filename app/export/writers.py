@@ -15,6 +15,7 @@ Consumers' readers (read from their source):
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import orjson
@@ -30,6 +31,7 @@ SINGLE_FILE = {
     "modelopt": "modelopt.jsonl",
 }
 SHARD_PREFIX = {"eagle3-shards": "shard", "speculators": "speculators"}
+WRITE_BUFFER = 1 << 20  # bytes: few large writes for long rows
 
 # SpecForge's registered chat templates (specforge/data/template.py, TEMPLATE_REGISTRY) whose assistant
 # span matches a profile's prompts: name, assistant_header, end_of_turn_token
@@ -79,11 +81,15 @@ class Writer:
         """What this format adds to the manifest (how its consumer is pointed at the files)."""
         return {}
 
+    def warnings(self) -> list[str]:
+        """What the person exporting must know about this export's consumer (called after the last write)."""
+        return []
+
 
 class _SingleFile(Writer):
     def __init__(self, out: Path, fmt: str) -> None:
         self.rel = f"{DATA_DIR}/{SINGLE_FILE[fmt]}"
-        self.fh = (out / self.rel).open("wb")
+        self.fh = (out / self.rel).open("wb", buffering=WRITE_BUFFER)
         self.n = 0
         self.tokens = 0
 
@@ -197,8 +203,10 @@ class SpecforgeTextWriter(_SingleFile):
     SpecForge masks a pre-formatted row by regex (specforge/data/parse.py `GeneralParser.parse`): from the end
     of the template's `assistant_header` to its `end_of_turn_token`, every assistant turn unless
     `train_only_last_turn`. With the last turn only, the span is eaglewatch's output except what the
-    generation prompt adds after the header (K2.5's `<think>`): the differences are counted here and
-    recorded in the manifest."""
+    generation prompt adds after the header (K2.5's `<think>`, which the server prefilled and the model never
+    generated; no SpecForge 0.2 template's header includes it, and `data.chat_template` takes only a registered
+    name). The differences are counted, recorded in the manifest and reported as a warning that points at the
+    exact route: the pre-tokenized rows of `eagle3-shards` in SpecForge's `data.prompts_path`."""
 
     def __init__(self, out: Path, tokenizer, profile) -> None:
         super().__init__(out, "specforge-text")
@@ -206,6 +214,7 @@ class SpecforgeTextWriter(_SingleFile):
         self.template = SPECFORGE_TEMPLATES.get(profile.name)
         self.mask_samples = 0
         self.mask_tokens = 0
+        self.prefills: Counter[str] = Counter()  # prompt text SpecForge puts in the loss -> samples
         self.longest = 0
 
     def write(self, row, prompt_ids, output_ids, ids_source):
@@ -214,13 +223,31 @@ class SpecforgeTextWriter(_SingleFile):
         if self.tokenizer.encode(text) != ids:
             return "not_reproducible"
         if self.template is not None:
-            delta = specforge_mask_delta(text, prompt_ids, ids, self.template[1], self.template[2], self.tokenizer)
+            delta, prefill = specforge_mask_delta(text, prompt_ids, ids, self.template[1], self.template[2],
+                                                  self.tokenizer)
             if delta:
                 self.mask_samples += 1
                 self.mask_tokens += delta
+                self.prefills[prefill] += 1
         self.longest = max(self.longest, len(ids))
         self._emit({"id": row.sample_id, "text": text}, len(ids))
         return None
+
+    def warnings(self) -> list[str]:
+        if not self.mask_samples:
+            return []
+        assert self.template is not None
+        prefill = ", ".join(f"{text!r} in {n}" for text, n in self.prefills.most_common(3) if text)
+        why = (f"the generation prompt continues past the template's assistant_header {self.template[1]!r} "
+               f"({prefill} samples: prompt tokens the server prefilled, never generated)" if prefill else
+               "its span does not start where the output does")
+        return [
+            f"specforge-text: SpecForge's pre-formatted route (data.is_preformatted with chat_template "
+            f"{self.template[0]}) masks {self.mask_tokens} tokens in {self.mask_samples} of {self.n} samples "
+            f"differently from eaglewatch: {why}; no SpecForge 0.2 template matches it. For eaglewatch's ids AND "
+            "masks exactly, export --format eagle3-shards (one shard: --shard-size at least the samples) and run "
+            "specforge train with data.prompts_path=OUT/data/shard_00000.jsonl (pre-tokenized rows; docs/jobs.md)"
+        ]
 
     def manifest_extra(self) -> dict[str, Any]:
         data = {
@@ -233,7 +260,9 @@ class SpecforgeTextWriter(_SingleFile):
         return {
             "specforge": {
                 "data": data,
-                "loss_mask_differs": {"samples": self.mask_samples, "tokens": self.mask_tokens},
+                "loss_mask_differs": {"samples": self.mask_samples, "tokens": self.mask_tokens,
+                                      "prompt_text_in_loss": dict(self.prefills.most_common())},
+                "exact_route": "eagle3-shards rows as data.prompts_path" if self.mask_samples else None,
                 "note": None if self.template else "no SpecForge template is registered for this profile; choose "
                 "one whose assistant_header ends where this profile's generation prompt starts",
             }
@@ -241,8 +270,9 @@ class SpecforgeTextWriter(_SingleFile):
 
 
 def specforge_mask_delta(text: str, prompt_ids: list[int], ids: list[int], header: str, end_of_turn: str,
-                         tokenizer) -> int:
-    """Tokens where SpecForge's last-turn loss mask of `text` differs from eaglewatch's (prompt 0, output 1).
+                         tokenizer) -> tuple[int, str]:
+    """Tokens where SpecForge's last-turn loss mask of `text` differs from eaglewatch's (prompt 0, output 1),
+    and the prompt text SpecForge's span takes in ("" when it starts at or after the output).
 
     SpecForge's span (`GeneralParser.parse`, last regex match of header..end_of_turn) starts at the token count
     of `text[:end of the last assistant_header]` and ends at that of `text[:end of the next end_of_turn_token]`
@@ -250,7 +280,7 @@ def specforge_mask_delta(text: str, prompt_ids: list[int], ids: list[int], heade
     (the usual case: a generation prompt of a few special tokens), else from encoding the prefix."""
     at = text.rfind(header)
     if at < 0:
-        return len(ids) - len(prompt_ids)
+        return len(ids) - len(prompt_ids), ""
     start_char = at + len(header)
     stop = text.find(end_of_turn, start_char)
     end_char = len(text) if stop < 0 else stop + len(end_of_turn)
@@ -261,7 +291,7 @@ def specforge_mask_delta(text: str, prompt_ids: list[int], ids: list[int], heade
     p, n = len(prompt_ids), len(ids)
     # |symmetric difference| of [start, end) and [p, n)
     overlap = max(0, min(end, n) - max(start, p))
-    return (end - start) + (n - p) - 2 * overlap
+    return (end - start) + (n - p) - 2 * overlap, text[start_char:prompt_chars]
 
 
 def _tokens_before(text: str, char: int, prompt_ids: list[int], prompt_chars: int, tokenizer) -> int:
@@ -290,7 +320,7 @@ class ShardWriter(Writer):
     def _open(self) -> None:
         index = len(self.shards)
         rel = f"{DATA_DIR}/{self.prefix}_{index:05d}.jsonl"
-        self.fh = (self.out / rel).open("wb")
+        self.fh = (self.out / rel).open("wb", buffering=WRITE_BUFFER)
         self.shards.append({"index": index, "path": rel, "samples": 0, "tokens": 0})
         self.in_shard = 0
 

@@ -48,3 +48,15 @@ def test_help_ends_with_an_example(capsys):
         main(["export", "--help"])
     out = capsys.readouterr().out
     assert "Example:" in out and "eaglewatch export --db" in out
+
+
+def test_specforge_text_for_k25_warns_on_stderr_and_names_the_exact_route(built_run, tmp_path, capsys):
+    code = main(["export", "--db", str(built_run.db), "--format", "specforge-text", "--out", str(tmp_path / "sf")])
+    captured = capsys.readouterr()
+    assert code == 0 and "exported" in captured.out
+    [line] = [x for x in captured.err.splitlines() if x.startswith("warning: ")]
+    assert "specforge-text: SpecForge's pre-formatted route" in line and "'<think>'" in line
+    assert "data.prompts_path" in line
+    # the formats whose consumer reads eaglewatch's ids and masks as written say nothing
+    assert main(["export", "--db", str(built_run.db), "--format", "speculators", "--out", str(tmp_path / "s")]) == 0
+    assert "warning:" not in capsys.readouterr().err

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from app.export import ExportPolicy, export_run
+from app.export import export_run
 from app.extract.manifest import read_manifest, read_shard
 from tests.export.trainers.env import run_consumer, trainer_site
 
@@ -26,11 +26,19 @@ def truth(built_run, tmp_path_factory):
     return out, {s.sample_id: (list(s.input_ids), list(s.loss_mask)) for s in samples}, [s.sample_id for s in samples]
 
 
-def test_specforge_preformatted_text_gives_the_shard_ids(truth, built_run, sample_tokenizer_dir, tmp_path):
-    _, want, _ = truth
-    out = tmp_path / "sf"
+@pytest.fixture(scope="module")
+def specforge_text(built_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("sf") / "sf"
     report = export_run(built_run.db, out, "specforge-text")
-    manifest = json.loads((out / "manifest.json").read_text())
+    return out, report, json.loads((out / "manifest.json").read_text())
+
+
+def test_specforge_preformatted_text_gives_the_shard_ids(truth, built_run, specforge_text, sample_tokenizer_dir,
+                                                         tmp_path):
+    """SpecForge's pre-formatted route gives eaglewatch's ids for every sample; its mask adds K2.5's prefilled
+    `<think>` (the last prompt token) to the loss of every sample, and the export says so, measured."""
+    _, want, _ = truth
+    out, report, manifest = specforge_text
     assert manifest["specforge"]["data"]["chat_template"] == "kimi-k2-thinking"
     run_consumer("specforge-text", out, sample_tokenizer_dir, result=tmp_path / "r.pt")
     got = torch.load(tmp_path / "r.pt")
@@ -44,9 +52,43 @@ def test_specforge_preformatted_text_gives_the_shard_ids(truth, built_run, sampl
         # SpecForge's span starts after the template's assistant_header; K2.5's generation prompt adds
         # `<think>` after it, the one token eaglewatch leaves out of the loss (the server prefilled it)
         diff = [i for i, (a, b) in enumerate(zip(row["loss_mask"], mask, strict=True)) if a != b]
-        assert diff in ([], [mask.index(1) - 1]), sid
+        assert diff == [mask.index(1) - 1], sid
         extra += len(diff)
-    assert manifest["specforge"]["loss_mask_differs"] == {"samples": extra, "tokens": extra}
+    assert extra == len(got)
+    differs = manifest["specforge"]["loss_mask_differs"]
+    assert differs == {"samples": extra, "tokens": extra, "prompt_text_in_loss": {"<think>": extra}}
+    assert manifest["specforge"]["exact_route"] == "eagle3-shards rows as data.prompts_path"
+    [warning] = report.warnings
+    assert manifest["warnings"] == [warning]
+    for part in (f"masks {extra} tokens in {extra} of {len(got)} samples", "'<think>'", "kimi-k2-thinking",
+                 "--format eagle3-shards", "data.prompts_path"):
+        assert part in warning, part
+
+
+def test_no_specforge_template_masks_k25_text_exactly(truth, specforge_text, sample_tokenizer_dir, tmp_path):
+    """Every template SpecForge 0.2 registers (all `data.chat_template` can name), last turn only or every
+    turn: none gives eaglewatch's mask for all samples; the Kimi ones miss by exactly the prefilled `<think>`.
+    So the warning's route (pre-tokenized rows) is the only exact one, proven by the next test."""
+    _, want, _ = truth
+    out, _, _ = specforge_text
+    run_consumer("specforge-text-templates", out, sample_tokenizer_dir, result=tmp_path / "r.pt")
+    got = torch.load(tmp_path / "r.pt")
+    assert {"kimi-k2-thinking", "kimi-k2-instruct", "kimi-k3-thinking", "qwen3-thinking", "llama3"} <= set(got)
+    failed = set()
+    for name, by_turns in got.items():
+        for turns, rows in by_turns.items():
+            if isinstance(rows, str):  # SpecForge cannot parse this text with it at all (e.g. no end_of_turn_token)
+                failed.add(name)
+                continue
+            exact = sum(rows[sid][1].tolist() == want[sid][1] for sid in rows)
+            assert all(rows[sid][0].tolist() == want[sid][0] for sid in rows), (name, turns)
+            assert exact < len(rows), f"{name} ({turns} turns) masks every sample as eaglewatch does"
+            if name.startswith("kimi-k2") and turns == "last":
+                assert exact == 0
+                for sid, (_, mask) in rows.items():
+                    ours = want[sid][1]
+                    assert [i for i, (a, b) in enumerate(zip(mask.tolist(), ours)) if a != b] == [ours.index(1) - 1]
+    assert len(failed) < len(got) // 4, failed
 
 
 def test_specforge_reads_the_shards_as_pretokenized_prompts(truth, tmp_path):
@@ -88,3 +130,37 @@ def test_modelopt_conversations_tokenise_to_the_shard_ids(truth, built_run, samp
             assert ids == want[sid][0], sid
             checked += 1
     assert checked > len(got) // 3
+
+
+def test_specforge_text_masks_qwen3_exactly_and_says_nothing(tmp_path):
+    """Where the generation prompt ends at the template's assistant_header (Qwen3 thinking: `<|im_start|>
+    assistant\\n`, the model writes `<think>` itself), SpecForge's pre-formatted route gives eaglewatch's ids
+    and masks exactly and the export warns of nothing: the K2.5 warning is measured, not assumed."""
+    from tests.export.conftest import build_run_db
+    from tests.realserver.tiny_qwen3 import CASES, build_tokenizer
+
+    trainer_site()
+    tok_dir = tmp_path / "qwen3"
+    hf = build_tokenizer(tok_dir)
+    rows = [{"id": f"q{i}", "messages": m, **({"tools": t} if t else {}), "meta_info": {"finish_reason": {"type": "stop"}},
+             "output_ids": hf.encode(target, add_special_tokens=False)} for i, (m, t, target) in enumerate(CASES)]
+    reference = tmp_path / "reference.jsonl"
+    reference.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    db = tmp_path / "run.db"
+    build_run_db(db, reference, tok_dir, {"samples": {r["id"]: {"kinds": ["short"]} for r in rows}}, mismatches=0)
+    export_run(db, tmp_path / "shards", "eagle3-shards", profile_name="qwen3")
+    want = {s.sample_id: (list(s.input_ids), list(s.loss_mask))
+            for e in read_manifest(tmp_path / "shards").shards for s in read_shard(e)}
+    report = export_run(db, tmp_path / "sf", "specforge-text", profile_name="qwen3")
+    manifest = json.loads((tmp_path / "sf" / "manifest.json").read_text())
+    assert report.exported == len(rows) and report.warnings == () and manifest["warnings"] == []
+    assert manifest["specforge"]["data"]["chat_template"] == "qwen3-thinking"
+    assert manifest["specforge"]["loss_mask_differs"] == {"samples": 0, "tokens": 0, "prompt_text_in_loss": {}}
+    run_consumer("specforge-text", tmp_path / "sf", tok_dir, result=tmp_path / "r.pt")
+    got = torch.load(tmp_path / "r.pt")
+    assert {sid: (r["input_ids"], r["loss_mask"]) for sid, r in got.items()} == want
+    # the same prompts with thinking switched off end `<think>\n\n</think>\n\n` after the header: measured, warned
+    off = export_run(db, tmp_path / "sf-off", "specforge-text", profile_name="qwen3",
+                     template_kwargs={"enable_thinking": False})
+    differs = json.loads((tmp_path / "sf-off" / "manifest.json").read_text())["specforge"]["loss_mask_differs"]
+    assert differs["prompt_text_in_loss"] == {"<think>\n\n</think>\n\n": len(rows)} and len(off.warnings) == 1

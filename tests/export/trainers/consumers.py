@@ -46,6 +46,31 @@ def specforge_text(export_dir: str, tokenizer_dir: str) -> dict:
             for r, ids, mask in zip(rows, out["input_ids"], out["loss_mask"], strict=True)}
 
 
+def specforge_text_templates(export_dir: str, tokenizer_dir: str) -> dict:
+    """The same `preprocess_conversations` call over the rows' `text` with every template SpecForge registers
+    (`TEMPLATE_REGISTRY`, what `data.chat_template` names), last turn only and every turn: template name ->
+    {"last" | "all": {id: (input_ids, loss_mask) or the error}}."""
+    from specforge.data.preprocessing import preprocess_conversations
+    from specforge.data.template import TEMPLATE_REGISTRY
+
+    manifest = json.loads((Path(export_dir) / "manifest.json").read_text())
+    rows = _jsonl(Path(export_dir) / manifest["specforge"]["data"]["train_data_path"])
+    tok = _hf_tokenizer(tokenizer_dir)
+    out: dict = {}
+    for name in TEMPLATE_REGISTRY.get_all_template_names():
+        template = TEMPLATE_REGISTRY.get(name)
+        out[name] = {}
+        for key, last in (("last", True), ("all", False)):
+            try:
+                got = preprocess_conversations(tok, [r["text"] for r in rows], template, 10**6, is_preformatted=True,
+                                               train_only_last_turn=last, tools=[[] for _ in rows])
+                out[name][key] = {r["id"]: (ids[0].to(torch.int32), mask[0].to(torch.int8))
+                                  for r, ids, mask in zip(rows, got["input_ids"], got["loss_mask"], strict=True)}
+            except Exception as exc:  # a template this text cannot go through at all
+                out[name][key] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
 def specforge_prompts(data_file: str) -> dict:
     """SpecForge's online trainer reads `data.prompts_path` through `prepare_prompt_tasks`: pre-tokenized
     `input_ids` + `loss_mask` rows pass without re-tokenisation (specforge/data/prompt_builder.py)."""
@@ -154,7 +179,8 @@ def modelopt_data(data_file: str, tokenizer_dir: str) -> dict:
 
 
 CHECKS = {
-    "specforge-text": specforge_text, "specforge-prompts": specforge_prompts, "specforge-hs": specforge_hs,
+    "specforge-text": specforge_text, "specforge-text-templates": specforge_text_templates,
+    "specforge-prompts": specforge_prompts, "specforge-hs": specforge_hs,
     "speculators-data": speculators_data, "speculators-hs": speculators_hs, "modelopt-hs": modelopt_hs,
     "modelopt-data": modelopt_data,
 }
