@@ -79,7 +79,8 @@ class Reconstructor:
         # callers that measure only a probe fraction (measure_text_path)
         self.measure = measure
         self._marker_ids = profile.marker_ids(tokenizer)  # InputError when the tokenizer lacks a marker
-        self._stop_ids = frozenset(i for t in profile.stop_tokens if (i := tokenizer.special_id(t)) is not None)
+        self._stop_text = {i: t for t in profile.stop_tokens if (i := tokenizer.special_id(t)) is not None}
+        self._stop_ids = frozenset(self._stop_text)
         self._markers = tuple(profile.markers)
         # one compiled alternation: a single scan of the text finds any marker (the raw-layout variant
         # leaves out the think tags, which a server without a reasoning parser returns inside content)
@@ -235,11 +236,18 @@ class Reconstructor:
         """True when these ids, returned by an ideal provider, give back the completion's fields."""
         return self._roundtrip_fields(ids, Fields.of(completion))
 
-    def _roundtrip_fields(self, ids: Sequence[int], f: Fields) -> bool:
+    def _roundtrip_fields(self, ids: Sequence[int], f: Fields, text: str | None = None) -> bool:
         # With learned repairs the ids must give back the repaired fields (what the model is taken to have said).
-        # split_output's steps with this reconstructor's stop ids (computed once, not per call)
+        # split_output's steps with this reconstructor's stop ids (computed once, not per call). `text`: what
+        # the ids are known to decode to (Tokenizer.encode_known said so for the text they were encoded from),
+        # so it is not decoded again.
         has_end = bool(ids) and ids[-1] in self._stop_ids
-        view = parse_output(self.tokenizer.decode(ids[:-1] if has_end else ids), self.profile, has_end)
+        if text is not None:
+            end = self._stop_text[ids[-1]] if has_end else ""
+            decoded = text[: len(text) - len(end)] if text.endswith(end) else self.tokenizer.decode(ids[:-1])
+        else:
+            decoded = self.tokenizer.decode(ids[:-1] if has_end else ids)
+        view = parse_output(decoded, self.profile, has_end)
         return _same_text(view.reasoning, f.reasoning) and view.content == f.content and [
             (c.name, c.arguments) for c in view.tool_calls
         ] == [(c.name, c.arguments) for c in f.tool_calls]
@@ -317,18 +325,23 @@ class Reconstructor:
 
     def _canonical(self, c: Completion, ref: list[int] | None, assisted: bool) -> tuple[Reconstruction, Verdict]:
         fields, used, flags = self.production_fields(c)
-        ids = self.encode_fields(fields)
-        plain = Reconstruction(output_ids=tuple(ids), strategy="canonical", repair="+".join(used) or None,
-                               ids_source=fl.IDS_TEXT, flags=flags)
+        text = self._text(fields)
+        ids, known = self.tokenizer.encode_known(text)  # the same ids as encode_fields
+        repair = "+".join(used) or None
+        # Reconstructions built directly (no dataclasses.replace) on the per-sample paths
         if ref is None:
-            return self._finish(plain, c, None, fields)
+            plain = Reconstruction(tuple(ids), "canonical", repair, None, (), fl.IDS_TEXT, flags)
+            return self._finish(plain, c, None, fields, text if known else None)
         # an exact rebuild never decodes; otherwise each side is decoded once for everything below
         ref_bytes = rec_bytes = None
         if ids != ref:
-            ref_bytes, rec_bytes = self.tokenizer.decode_bytes(ref), self.tokenizer.decode_bytes(ids)
+            ref_bytes = self.tokenizer.decode_bytes(ref)
+            rec_bytes = text.encode("utf-8") if known else self.tokenizer.decode_bytes(ids)
         verdict = compare(ids, ref, self.tokenizer, self.profile, ref_bytes=ref_bytes, rec_bytes=rec_bytes)
         if verdict.category in BENIGN:
-            return replace(plain, roundtrip=True), (_with_repair(verdict, plain.repair) if plain.repair else verdict)
+            return (Reconstruction(tuple(ids), "canonical", repair, True, (), fl.IDS_TEXT, flags),
+                    _with_repair(verdict, repair) if repair else verdict)
+        plain = Reconstruction(tuple(ids), "canonical", repair, None, (), fl.IDS_TEXT, flags)
         if not assisted:
             return replace(plain, roundtrip=False, notes=self._notes(Fields.of(c), ref, verdict, ref_bytes)), verdict
         found = self._assisted_search(fields, ids, rec_bytes, ref, ref_bytes, list(used))
@@ -405,10 +418,11 @@ class Reconstructor:
         return [t for _, t in self._pieces(f)]
 
     def _finish(
-        self, rec: Reconstruction, c: Completion, ref: list[int] | None, fields: Fields | None = None
+        self, rec: Reconstruction, c: Completion, ref: list[int] | None, fields: Fields | None = None,
+        text: str | None = None,
     ) -> tuple[Reconstruction, Verdict]:
         if ref is None:
-            ok = self._roundtrip_fields(rec.output_ids, fields if fields is not None else Fields.of(c))
+            ok = self._roundtrip_fields(rec.output_ids, fields if fields is not None else Fields.of(c), text)
             notes = rec.notes + (() if ok else self._notes(Fields.of(c), None, None))
             sentence = "round-trip ok" if ok else "round-trip FAILED: decoding the ids does not give back the returned text"
             if rec.repair:
@@ -611,5 +625,5 @@ def _repair_order(name: str) -> int:
     return REPAIRS.index(name) if name in REPAIRS else len(REPAIRS) + fl.STEPS.index(name) if name in fl.STEPS else 99
 
 
-def _with_repair(verdict: Verdict, name: str) -> Verdict:
-    return replace(verdict, explanation=f"{verdict.explanation} (after repair {name})")
+def _with_repair(v: Verdict, name: str) -> Verdict:
+    return Verdict(v.category, v.first_diff, v.ref_len, v.rec_len, v.spans, f"{v.explanation} (after repair {name})")

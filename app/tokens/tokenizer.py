@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -55,6 +56,11 @@ class Tokenizer:
     def changes_text(self, text: str) -> bool:
         """True when the tokenizer's normaliser would change `text` (False for tokenizers without one)."""
         return False
+
+    def encode_known(self, text: str) -> tuple[list[int], bool]:
+        """`encode(text)` and whether those ids are known to decode to exactly `text` without decoding them
+        (True only for a lossless backend on text without lone surrogates; False: not known, decode to see)."""
+        return self.encode(text), False
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids` with specials as text; invalid UTF-8 becomes U+FFFD."""
@@ -159,6 +165,15 @@ class TiktokenTokenizer(Tokenizer):
             raise InputError(f"{model}: tiktoken rejected the vocabulary or pattern ({exc})") from None
         self._core = self._enc._core_bpe
         self._allowed = set(specials)
+        # tiktoken finds special tokens with one regex alternation over all 256 (a third of its encode time on
+        # typical output); a trie-shaped Python pattern finds the same matches faster, and the text between them
+        # goes to encode_ordinary. Exact only when no special is a prefix of another (then at most one special
+        # matches at any position, whatever the order tiktoken's alternation tries them in); else tiktoken's way.
+        self._special_re = _special_pattern(specials)
+        # decode(encode(text)) == text when every character falls in some match of the pre-tokeniser pattern
+        # (Kimi's does: letters, numbers, Han, `[^\s\p{L}\p{N}]+`, `\s+`; tests/tokens/test_tokenizer.py checks
+        # every code point) and every single byte has a rank (BPE then spells any match exactly)
+        self._lossless = pattern == KIMI_PATTERN and all(bytes([b]) in ranks for b in range(256))
         self._specials = specials
         self._special_ids = frozenset(specials.values())
         self._bytes_to_id = ranks
@@ -172,9 +187,45 @@ class TiktokenTokenizer(Tokenizer):
         """The underlying `tiktoken.Encoding` (for benchmarks and equivalence tests)."""
         return self._enc
 
+    def encode_known(self, text: str) -> tuple[list[int], bool]:
+        try:
+            return self._encode_split(text), self._lossless
+        except UnicodeEncodeError:  # lone surrogates: tiktoken replaces them, so the ids decode to other text
+            return self._core_encode(text), False
+
     def encode(self, text: str) -> list[int]:
-        # tiktoken's Python wrapper rebuilds the disallowed-special set on every call; with every special
-        # allowed there is nothing to check, so go to the core encoder (same ids, less overhead).
+        try:
+            return self._encode_split(text)
+        except UnicodeEncodeError:  # lone surrogates
+            return self._core_encode(text)
+
+    def _encode_split(self, text: str) -> list[int]:
+        # Same ids as tiktoken's `encode(text, allowed_special="all")` (tiktoken's Rust loop: find the next special,
+        # regex-split and BPE the text before it, emit the special's id), with the special search done here.
+        # (The Python wrapper itself rebuilds the disallowed-special set on every call: skipped as well.)
+        # Raises UnicodeEncodeError on lone surrogates (the callers fall back to tiktoken's own handling).
+        rx = self._special_re
+        if rx is None:
+            return self._core.encode(text, self._allowed)
+        ordinary = self._core.encode_ordinary
+        m = rx.search(text)
+        if m is None:
+            return ordinary(text)
+        out: list[int] = []
+        pos = 0
+        specials = self._specials
+        while m is not None:
+            start = m.start()
+            if start > pos:
+                out += ordinary(text[pos:start])
+            out.append(specials[m.group()])
+            pos = m.end()
+            m = rx.search(text, pos)
+        if pos < len(text):
+            out += ordinary(text[pos:])
+        return out
+
+    def _core_encode(self, text: str) -> list[int]:
         try:
             return self._core.encode(text, self._allowed)
         except UnicodeEncodeError:  # lone surrogates: tiktoken's own fallback
@@ -195,6 +246,36 @@ class TiktokenTokenizer(Tokenizer):
             return self._id_to_bytes[token_id]
         except KeyError:
             raise ValueError(f"token id {token_id} is outside the vocabulary of {self.path} (size {self.vocab_size})") from None
+
+
+def _special_pattern(specials: dict[str, int]) -> "re.Pattern[str] | None":
+    """A regex matching exactly the special-token strings, shaped as a trie (one branch per next character, so a
+    candidate position costs a few character tests, not one per special); None when a special is a prefix of
+    another (the leftmost match would then depend on the order of alternatives)."""
+    if not specials:
+        return None
+    trie: dict = {}
+    for s in specials:
+        if not s:
+            return None
+        node = trie
+        for ch in s:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+    def emit(node: dict) -> str | None:
+        if "" in node and len(node) > 1:
+            return None  # a special ends where a longer one goes on: a prefix relation
+        alts = []
+        for ch in sorted(k for k in node if k):
+            rest = emit(node[ch])
+            if rest is None:
+                return None
+            alts.append(re.escape(ch) + rest)
+        if len(alts) <= 1:
+            return alts[0] if alts else ""
+        return "(?:" + "|".join(alts) + ")"
+    pattern = emit(trie)
+    return re.compile(pattern, re.S) if pattern else None
 
 
 def _load_ranks(model: Path) -> dict[bytes, int]:
