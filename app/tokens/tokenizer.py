@@ -207,22 +207,16 @@ class TiktokenTokenizer(Tokenizer):
         rx = self._special_re
         if rx is None:
             return self._core.encode(text, self._allowed)
+        parts = rx.split(text)  # [text, special, text, special, ..., text]: one C call finds every special
         ordinary = self._core.encode_ordinary
-        m = rx.search(text)
-        if m is None:
+        if len(parts) == 1:
             return ordinary(text)
-        out: list[int] = []
-        pos = 0
         specials = self._specials
-        while m is not None:
-            start = m.start()
-            if start > pos:
-                out += ordinary(text[pos:start])
-            out.append(specials[m.group()])
-            pos = m.end()
-            m = rx.search(text, pos)
-        if pos < len(text):
-            out += ordinary(text[pos:])
+        out: list[int] = ordinary(parts[0]) if parts[0] else []
+        for k in range(1, len(parts), 2):
+            out.append(specials[parts[k]])
+            if parts[k + 1]:
+                out += ordinary(parts[k + 1])
         return out
 
     def _core_encode(self, text: str) -> list[int]:
@@ -275,7 +269,7 @@ def _special_pattern(specials: dict[str, int]) -> "re.Pattern[str] | None":
             return alts[0] if alts else ""
         return "(?:" + "|".join(alts) + ")"
     pattern = emit(trie)
-    return re.compile(pattern, re.S) if pattern else None
+    return re.compile(f"({pattern})", re.S) if pattern else None  # one group: re.split keeps the specials
 
 
 def _load_ranks(model: Path) -> dict[bytes, int]:
