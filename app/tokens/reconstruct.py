@@ -218,7 +218,7 @@ class Reconstructor:
 
     def encode_fields(self, fields: Fields) -> list[int]:
         """Canonical ids of `fields`: the output string with markers as text, encoded once."""
-        text = "".join(t for _, t in self._pieces(fields))
+        text = "".join([t for _, t in self._pieces(fields)])
         return self.tokenizer.encode(text)
 
     def _encode_cached(self, fields: Fields, cache: dict[str, list[int]]) -> list[int]:
@@ -393,7 +393,7 @@ class Reconstructor:
         return None
 
     def _text(self, f: Fields) -> str:
-        return "".join(t for _, t in self._pieces(f))
+        return "".join([t for _, t in self._pieces(f)])  # a list: join sizes it once
 
     def _texts(self, f: Fields) -> list[str]:
         return [t for _, t in self._pieces(f)]
