@@ -6,7 +6,6 @@ fidelity report counts; the changed text is named in the notes, not taken for a 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sqlite3
 from pathlib import Path
@@ -16,8 +15,7 @@ import pytest
 from app.cli import main
 from app.engine.reconstruct import build_reconstructor
 from app.store.ids import unpack_ids
-from app.store.records import SampleInput
-from tests.engine.conftest import make_config, sample_inputs
+from tests.engine.conftest import make_config, run_to_end, sample_inputs
 
 N = 8
 CORRUPT = ("text_mismatch", "structure_mismatch")
@@ -27,25 +25,6 @@ def _sim(**kw) -> dict:
     sim = {"latency_median_ms": 0.0, "latency_p95_ms": 0.0, "tokens_per_s": 0.0, "seed": 3, "quirks": ["think_spaces"]}
     sim.update(kw)
     return sim
-
-
-async def _run_without_references(config, sample_data: Path, n: int):
-    """Ingest n sample prompts WITHOUT their reference ids (production has none) and run them to the end."""
-    from app.engine.run import Run
-    from app.store.run_store import RunStore
-
-    store = await RunStore.open(config.run.database)
-    run_id = await store.ensure_run(config.run.name, config.redacted())
-    await store.ingest(run_id, [SampleInput(s.sample_id, s.dataset, s.messages, s.tools, None)
-                                for s in sample_inputs(sample_data, n)])
-    run = Run(config, store, reconstructor=build_reconstructor(config))
-    try:
-        await run.start()
-        outcome = await asyncio.wait_for(run.wait(), 30)
-    finally:
-        await run.close()
-        await store.close()
-    return run, outcome
 
 
 def _stored(db: Path) -> list[dict]:
@@ -95,7 +74,8 @@ async def test_server_ids_are_stored_and_exported_while_the_text_path_counts_its
         tmp_path, sample_data, capsys, stream) -> None:
     config = make_config(tmp_path, sample_data, stream=stream, endpoints=[
         {"name": "vllm", "simulator": _sim(personality="vllm", logprobs=False), "timeout_s": 5.0}])
-    run, outcome = await _run_without_references(config, sample_data, N)
+    run, outcome = await run_to_end(config, sample_data, N, references=False,
+                                    reconstructor=build_reconstructor(config))
     assert outcome.state == "done", outcome
     rows = _stored(config.run.database)
     assert len(rows) == N
@@ -127,7 +107,8 @@ async def test_logprob_ids_are_stored_and_exported_while_the_text_path_counts_it
     # OpenRouter-style: every request a probe asks for logprobs (with bytes); the text has ' ' around the tags
     config = make_config(tmp_path, sample_data, endpoints=[
         {"name": "or", "simulator": _sim(logprobs=True), "timeout_s": 5.0, "probe_fraction": 1.0}])
-    run, outcome = await _run_without_references(config, sample_data, N)
+    run, outcome = await run_to_end(config, sample_data, N, references=False,
+                                    reconstructor=build_reconstructor(config))
     assert outcome.state == "done", outcome
     rows = _stored(config.run.database)
     refs = {s.sample_id: s.reference_ids for s in sample_inputs(sample_data, N)}
