@@ -347,6 +347,7 @@ class HFTokenizer(Tokenizer):
                 self._bytes_to_id[self._id_to_bytes[i]] = i
         for t, i in self._specials.items():
             self._id_to_bytes[i] = t.encode("utf-8")
+        self._lossless = _hf_lossless(raw, vocab)
         self.fingerprint = _fingerprint(directory)
 
     @property
@@ -367,6 +368,10 @@ class HFTokenizer(Tokenizer):
     def changes_text(self, text: str) -> bool:
         """True when the normaliser would change `text` (ASCII never changes under NFC-style normalisers)."""
         return self._raw_tok is not None and not text.isascii() and self._tok.normalizer.normalize_str(text) != text
+
+    def encode_known(self, text: str) -> tuple[list[int], bool]:
+        # decode here is the tokens' bytes (byte-level), so a lossless encode (see _hf_lossless) is known
+        return self.encode(text), self._lossless
 
     def encode(self, text: str) -> list[int]:
         # Text the normaliser would change is encoded without it (pre-tokeniser + BPE on the raw text), so
@@ -391,6 +396,45 @@ class HFTokenizer(Tokenizer):
             return self._id_to_bytes[token_id]
         except KeyError:
             raise ValueError(f"token id {token_id} is outside the vocabulary of {self.path} (size {self.vocab_size})") from None
+
+
+_IDENTITY_ON_UNCHANGED = ("NFC", "NFD", "NFKC", "NFKD")  # normalisers that keep ASCII (changes_text skips it)
+_KEEPS_TEXT_SPLITS = ("Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous")  # not "Removed"
+
+
+def _hf_lossless(raw: dict, vocab: dict[str, int]) -> bool:
+    """True when the bytes of `encode(text)`'s tokens are always text's UTF-8 (so `decode`, which joins those
+    bytes on a byte-level tokenizer, gives text back): byte-level BPE with every byte's symbol in the vocabulary,
+    a pre-tokeniser of ByteLevel without an added prefix space and Splits that keep all text, a normaliser that
+    `encode` bypasses whenever it would change the text, and added tokens that strip no whitespace. Anything
+    else: False (not known; callers decode)."""
+    model = raw.get("model") or {}
+    if model.get("type") != "BPE" or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix") \
+            or not all(c in vocab for c in _bytes_to_unicode().values()):
+        return False
+
+    def pre_ok(node) -> bool:
+        kind = node.get("type") if isinstance(node, dict) else None
+        if kind == "Sequence":
+            return all(pre_ok(n) for n in node.get("pretokenizers") or ())
+        if kind == "ByteLevel":
+            return not node.get("add_prefix_space")
+        if kind == "Split":
+            return node.get("behavior") in _KEEPS_TEXT_SPLITS
+        return False
+
+    def norm_ok(node) -> bool:
+        if node is None:
+            return True
+        kind = node.get("type") if isinstance(node, dict) else None
+        if kind == "Sequence":
+            return all(norm_ok(n) for n in node.get("normalizers") or ())
+        return kind in _IDENTITY_ON_UNCHANGED
+
+    pre = raw.get("pre_tokenizer")
+    has_byte_level = '"ByteLevel"' in json.dumps(pre)
+    return (has_byte_level and pre_ok(pre) and norm_ok(raw.get("normalizer"))
+            and all(not t.get("lstrip") and not t.get("rstrip") for t in raw.get("added_tokens", [])))
 
 
 def _uses_byte_level(raw: dict) -> bool:

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -22,7 +23,7 @@ from app.tokens.fidelity import JSON_STYLES, NO_CONTENT, Applied, FidelityProfil
 from app.tokens.fidelity import _BLANK_KEYS, _KIMI_ID, _redump, apply
 from app.tokens.flags import TEMPLATE_WHITESPACE_MISSING, UNINVERTIBLE
 from app.tokens.reconstruct import Fields
-from tests.tokens.conftest import build_tiktoken_dir
+from tests.tokens.conftest import build_hf_tokenizer, build_tiktoken_dir
 
 KIMI = get_profile("kimi-k2.5")
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -83,10 +84,31 @@ def test_kimi_pattern_covers_every_code_point(tiny_kimi):
         assert tiny_kimi.decode_bytes(tiny_kimi.encoding.encode_ordinary(text)) == text.encode("utf-8"), hex(points[k])
 
 
-def test_other_patterns_and_vocabularies_never_claim_to_know(tmp_path, sample_tok):
+def test_other_patterns_and_vocabularies_never_claim_to_know(tmp_path):
     tok = load_tokenizer(build_tiktoken_dir(tmp_path / "t"), r"\w+")  # \w+ drops spaces: not lossless
     assert tok.encode_known("a b") == (tok.encode("a b"), False)
-    assert sample_tok.encode_known("a b")[1] is False  # HF backends: decode to see
+    # HF: a pre-tokeniser that removes whitespace, a prefix space, an added token that strips: not known
+    base = json.loads((build_hf_tokenizer(tmp_path / "h", [("<|im_end|>", True)]) / "tokenizer.json").read_text())
+    assert load_tokenizer(tmp_path / "h").encode_known("a b")[1] is True
+    for k, change in enumerate((
+            {"pre_tokenizer": {"type": "Whitespace"}},
+            {"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}},
+            {"added_tokens": [dict(t, lstrip=True) for t in base["added_tokens"]]},
+            {"normalizer": {"type": "Lowercase"}})):
+        d = tmp_path / f"h{k}"
+        d.mkdir()
+        (d / "tokenizer.json").write_text(json.dumps(dict(base, **change)))
+        tok = load_tokenizer(d)
+        assert tok.encode_known("a b") == (tok.encode("a b"), False), change
+
+
+@SETTINGS
+@given(text=TEXT)
+def test_hf_known_ids_decode_to_the_text(sample_tok, family_tokenizers, nfc_qwen_tokenizer, text):
+    for tok in (sample_tok, nfc_qwen_tokenizer, *family_tokenizers.values()):
+        ids, known = tok.encode_known(text)
+        assert ids == tok.encode(text) and known, tok.path
+        assert tok.decode_bytes(ids) == text.encode("utf-8") and tok.decode(ids) == text
 
 
 # ---- the round-trip check --------------------------------------------------------------------------------
@@ -120,14 +142,22 @@ class _Unknowing:
 
 @SETTINGS
 @given(c=completions())
-def test_round_trip_from_the_encoded_text_is_the_decoding_round_trip(request, c):
-    for tok in _tokenizers(request):
+def test_round_trip_from_the_encoded_text_is_the_decoding_round_trip(request, sample_tok, c):
+    for tok in (*_tokenizers(request), sample_tok):
         fast, full = Reconstructor(KIMI, tok), Reconstructor(KIMI, _Unknowing(tok))
         assert fast.process(c) == full.process(c)
         rec, _ = fast.process(c)
         fields = fast.production_fields(c)[0]
         text = "".join(t for _, t in fast._pieces(fields))
         assert fast._roundtrip_fields(rec.output_ids, fields, text) == fast._roundtrip_fields(rec.output_ids, fields)
+
+
+@SETTINGS
+@given(c=completions())
+def test_round_trip_shortcut_on_the_other_families(family_tokenizers, nfc_qwen_tokenizer, c):
+    for name, tok in (*family_tokenizers.items(), ("qwen3", nfc_qwen_tokenizer)):
+        profile = get_profile(name)
+        assert Reconstructor(profile, tok).process(c) == Reconstructor(profile, _Unknowing(tok)).process(c), name
 
 
 # ---- the fidelity profile's plan ---------------------------------------------------------------------------
