@@ -162,8 +162,9 @@ class Reconstructor:
 
     def measure_text_path(self, completion: Completion, true_ids: Sequence[int]) -> Verdict:
         """Verdict of the text-only rebuild (fidelity profile applied, no reference help) against true ids."""
-        rec, _ = self._canonical(completion, None, False)
-        return compare(rec.output_ids, list(true_ids), self.tokenizer, self.profile)
+        # the production rebuild's ids (no round-trip check: only the ids are compared)
+        return compare(self.encode_fields(self.production_fields(completion)[0]), list(true_ids), self.tokenizer,
+                       self.profile)
 
     def production_fields(self, completion: Completion) -> tuple[Fields, tuple[str, ...], tuple[str, ...]]:
         """The fields production encodes (learned inverses applied), the inverses used and the flags raised."""
