@@ -290,6 +290,14 @@ class Reconstructor:
         return Reconstruction(output_ids=tuple(ids), strategy="server_ids", ids_source=fl.IDS_SERVER)
 
     def _lp_ids(self, logprobs: Sequence[TokenLogprob]) -> list[int] | None:
+        # Fast path: no token is a marker's text and every token's bytes are an ordinary token (the usual case):
+        # one lookup per token in C. Otherwise the loop below decides each token (markers first, then bytes, then
+        # an added token spelled by its text), as before.
+        if self._marker_set.isdisjoint([lp.token for lp in logprobs]):
+            ids = self.tokenizer.ids_of_bytes([bytes(lp.bytes) if lp.bytes is not None else _token_str_bytes(lp.token)
+                                               for lp in logprobs])
+            if None not in ids:
+                return ids
         out: list[int] = []
         for lp in logprobs:
             special = self.tokenizer.special_id(lp.token) if lp.token in self._marker_set else None

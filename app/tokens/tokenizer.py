@@ -100,6 +100,10 @@ class Tokenizer:
         """The ordinary (non-special) token whose bytes are `data`, or None."""
         return self._bytes_to_id.get(data)
 
+    def ids_of_bytes(self, datas: Iterable[bytes]) -> list[int | None]:
+        """`id_of_bytes` of each of `datas`, in order (one C-level pass: logprob tokens of a whole response)."""
+        return list(map(self._bytes_to_id.get, datas))
+
     _specials: dict[str, int]
     _special_ids: frozenset[int]
     _bytes_to_id: dict[bytes, int]
