@@ -1,5 +1,9 @@
 """Rebuild the output ids of a Completion: server ids, logprob bytes, or canonical encoding with repairs.
 
+True ids (server ids, logprob tokens) are kept as they are, whatever the server did to the text: that change
+is named in `Reconstruction.notes` (`<field>_text_differs`) and leaves the round-trip unjudged (None), while the
+text-only rebuild measured against the true ids (`text_path:<verdict>`) is the endpoint's fidelity.
+
 Canonical (production): render the returned fields into the output string (markers as text), after the
 inverses of the server-side text steps the endpoint's *fidelity profile* learned (app.tokens.fidelity),
 and encode it once; `Reconstruction.repair` names the inverses used and `Reconstruction.flags` the
@@ -11,6 +15,11 @@ section 7) is tried, some reading the lost whitespace from the reference; the fi
 matches is kept. The search compares text bytes and encodes only a variant whose bytes agree, so an
 unrepairable sample costs little more than one encode. What text cannot recover is named in
 `Reconstruction.notes`, never guessed.
+
+The per-sample path without a reference is kept cheap without changing a result (tests/tokens/test_fast_paths.py
+compares each shortcut with the full path): a lossless encode (`Tokenizer.encode_known`) lets the round-trip
+parse the text just encoded instead of decoding the ids, Reconstructions are built directly, and the fidelity
+profile's plan is worked out once per profile (app.tokens.fidelity).
 """
 
 from __future__ import annotations
