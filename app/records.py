@@ -83,7 +83,8 @@ class Reconstruction:
     "json_reserialised", "tool_ids_reindexed"); several chained steps are joined with "+".
     roundtrip: decoding output_ids gives back the returned text.
     notes: what text could not recover ("replacement_char", "marker_as_text", "normaliser") and
-    evidence such as "<field>_logprobs_mismatch" (logprobs that did not spell the field's text).
+    on true ids, the fields whose returned text is not the text of those ids ("<field>_text_differs": a
+    server-side text step; roundtrip is then None, not judged).
     ids_source: server | logprobs | text (app.tokens.flags.IDS_SOURCES; server and logprobs are ground truth).
     flags: suspect signs and measurements, names from app.tokens.flags (`is_suspect` tells the export).
     """

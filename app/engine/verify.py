@@ -4,8 +4,10 @@ Data flow (docs/architecture.md, "Live fidelity"): for each request `Verifier.re
 it is a *probe* (per endpoint `probe_fraction`, spread evenly) and adds the fields that ask for true ids
 (logprobs on OpenRouter; servers that return ids need nothing extra, `app.providers.servers`) plus the
 upstream providers the gate routes around (`provider.ignore`). In the reconstruction thread
-`Rebuilder.rebuild` rebuilds the ids with the endpoint's learned fidelity profile, measures the text-only
-rebuild of every probe that came back with true ids (a `text_path:<verdict>` flag) and compares the server's
+`Rebuilder.rebuild` keeps the true ids of a result that carries them (server ids, logprob tokens: stored and
+exported as they are, whatever the server did to the text), rebuilds the rest from text with the endpoint's
+learned fidelity profile, measures the text-only rebuild of every probe that came back with true ids (a
+`text_path:<verdict>` flag) and compares the server's
 prompt ids with the rendered prompt. After the result is stored, `Verifier.observe` tallies the measurement
 per (endpoint, upstream provider), keeps the prompt-check counts and asks `app.engine.quality.judge` whether
 to pause or route around; the Run acts on the decisions it returns.
@@ -76,17 +78,11 @@ class Rebuilder:
         r = self.reconstructor_for(endpoint, completion.provider)
         rec, verdict = r.process(completion, reference_ids)
         measured = None
-        if measure:
-            if rec.ids_source in fl.VERIFIED_SOURCES:
-                truth: Sequence[int] | None = rec.output_ids
-            else:
-                # process() fell back to the text because the server changed it (e.g. stripped edges); the
-                # logprob tokens are still what the model generated: measure the text path against them
-                found = r.ground_truth(completion)
-                truth = found[0] if found is not None else None
-            if truth is not None:
-                measured = str(r.measure_text_path(completion, truth).category)
-                rec = replace(rec, flags=tuple(rec.flags) + (fl.text_path_flag(measured),))
+        if measure and rec.ids_source in fl.VERIFIED_SOURCES:
+            # process() stored the true ids (server ids or logprob tokens, whatever the server did to the text):
+            # the text-only rebuild is measured against them
+            measured = str(r.measure_text_path(completion, rec.output_ids).category)
+            rec = replace(rec, flags=tuple(rec.flags) + (fl.text_path_flag(measured),))
         check = None
         if completion.prompt_token_ids is not None:
             check = check_prompt(self.tokenizer, self.profile, messages, tools, completion.prompt_token_ids)

@@ -324,15 +324,15 @@ class Applied:
 
 def apply(fp: FidelityProfile, f: "Fields", profile: Profile) -> Applied:
     """Invert the learned steps on `f` (no reference): constant inverses applied, uninvertible ones flagged."""
+    if not fp.observations:
+        return Applied(f, (), ())
+    plan = _plan_of(fp)
+    edges = plan.edges
     used: list[str] = []
     flags: list[str] = []
-    obs = fp.observations
-    plan = _edge_plan(fp)
-    if not obs:
-        return Applied(f, (), ())
 
     def edge(key: str, text: str, side: str) -> str:
-        step = plan.get(key)
+        step = edges.get(key)
         if step is None or ((not text or text.isspace()) and not key.endswith(_BLANK_KEYS)):
             return text
         name, change = step
@@ -351,65 +351,74 @@ def apply(fp: FidelityProfile, f: "Fields", profile: Profile) -> Applied:
         return text[len(ws):] if side == "lead" else text[: len(text) - len(ws)]
 
     truncated = f.finish_reason == "length"
-    reasoning, content, calls = f.reasoning, f.content, list(f.tool_calls)
-    er = obs.get("empty_reasoning", {})
-    if reasoning is None and er.get("dropped"):
-        if er.get("absent") or er.get("kept"):
-            flags.append(UNINVERTIBLE + "empty_reasoning_dropped")
-        else:
+    reasoning, content, calls = f.reasoning, f.content, f.tool_calls
+    if reasoning is None and plan.empty_reasoning is not None:
+        if plan.empty_reasoning:
             reasoning = ""
             used.append("empty_reasoning_dropped")
-    if reasoning is not None and _blank(reasoning):
-        reasoning = edge("reasoning.blank", reasoning, "lead")
-    elif reasoning:
-        last = truncated and not content and not calls
-        reasoning = edge("reasoning.lead", reasoning, "lead")
-        reasoning = edge("reasoning.trail" + ("@cut" if last else ""), reasoning, "trail")
-    if not _blank(content):
-        content = edge("content.lead" + ("" if reasoning is not None else "@noreason"), content, "lead")
-        content = edge("content.trail" + ("@tools" if calls else "@cut" if truncated else ""), content, "trail")
-    else:
-        content = edge("content.blank" + _blank_ctx(reasoning is not None, bool(calls)), content, "lead")
-    nc = obs.get("no_content", {})
-    if calls and _blank(content) and nc.get("deleted"):
-        if nc.get("absent") or nc.get("kept"):
-            flags.append(UNINVERTIBLE + "no_content")
         else:
+            flags.append(UNINVERTIBLE + "empty_reasoning_dropped")
+    # (an edge key absent from the plan leaves the text as it is: skipped without a call)
+    if reasoning is not None and _blank(reasoning):
+        if "reasoning.blank" in edges:
+            reasoning = edge("reasoning.blank", reasoning, "lead")
+    elif reasoning:
+        if "reasoning.lead" in edges:
+            reasoning = edge("reasoning.lead", reasoning, "lead")
+        key = "reasoning.trail@cut" if truncated and not content and not calls else "reasoning.trail"
+        if key in edges:
+            reasoning = edge(key, reasoning, "trail")
+    if not _blank(content):
+        key = "content.lead" if reasoning is not None else "content.lead@noreason"
+        if key in edges:
+            content = edge(key, content, "lead")
+        key = "content.trail@tools" if calls else "content.trail@cut" if truncated else "content.trail"
+        if key in edges:
+            content = edge(key, content, "trail")
+    else:
+        key = "content.blank" + _blank_ctx(reasoning is not None, bool(calls))
+        if key in edges:
+            content = edge(key, content, "lead")
+    if calls and plan.no_content is not None and _blank(content):
+        if plan.no_content:
             content = content + NO_CONTENT
             used.append("no_content")
-    js = {s: n for s, n in obs.get("json", {}).items() if s != "same"} if calls else {}
-    ids = {s: n for s, n in obs.get("tool_ids", {}).items() if s != "same"} if calls else {}
-    for k, call in enumerate(calls):
-        args = call.arguments
-        if not _blank(args):
-            args = edge("tool.arguments.lead", args, "lead")
-            args = edge("tool.arguments.trail", args, "trail")
-        if js:
-            style = next(iter(js))
-            if len(js) == 1 and style in JSON_STYLES and not obs["json"].get("same"):
-                redone = _redump(args, JSON_STYLES[style])
-                if redone != args:
-                    args = redone
-                    used.append("json_reserialised")
-            else:
-                flags.append(UNINVERTIBLE + "json_reserialised")
-        call_id = call.id
-        if profile.tool_id_in_stream:
-            if not _blank(call_id):
-                call_id = edge("tool.id.lead", call_id, "lead")
-                call_id = edge("tool.id.trail", call_id, "trail")
-            if ids:
-                offset = next(iter(ids))
-                m = _KIMI_ID.fullmatch(call_id.strip())
-                if len(ids) == 1 and offset.startswith("offset:") and not obs["tool_ids"].get("same") and m:
-                    call_id = f"functions.{m.group(1)}:{int(m.group(2)) + int(offset[7:])}"
-                    used.append("tool_ids_reindexed")
+        else:
+            flags.append(UNINVERTIBLE + "no_content")
+    if calls and (plan.tool_edges or plan.json is not None or (profile.tool_id_in_stream and plan.tool_ids is not None)):
+        calls = list(calls)
+        for k, call in enumerate(calls):
+            args = call.arguments
+            if not _blank(args) and plan.tool_edges:
+                args = edge("tool.arguments.lead", args, "lead")
+                args = edge("tool.arguments.trail", args, "trail")
+            if plan.json is not None:
+                if plan.json:
+                    redone = _redump(args, plan.json)
+                    if redone != args:
+                        args = redone
+                        used.append("json_reserialised")
                 else:
-                    flags.append(UNINVERTIBLE + "tool_ids_reindexed")
-        if (call_id, args) != (call.id, call.arguments):
-            calls[k] = replace(call, id=call_id, arguments=args)
-    if (reasoning, content) != (f.reasoning, f.content) or any(a is not b for a, b in zip(calls, f.tool_calls)):
-        f = replace(f, reasoning=reasoning, content=content, tool_calls=tuple(calls))
+                    flags.append(UNINVERTIBLE + "json_reserialised")
+            call_id = call.id
+            if profile.tool_id_in_stream:
+                if not _blank(call_id) and plan.tool_edges:
+                    call_id = edge("tool.id.lead", call_id, "lead")
+                    call_id = edge("tool.id.trail", call_id, "trail")
+                if plan.tool_ids is not None:
+                    m = _KIMI_ID.fullmatch(call_id.strip()) if plan.tool_ids is not False else None
+                    if m:
+                        call_id = f"functions.{m.group(1)}:{int(m.group(2)) + plan.tool_ids}"
+                        used.append("tool_ids_reindexed")
+                    else:
+                        flags.append(UNINVERTIBLE + "tool_ids_reindexed")
+            if call_id != call.id or args != call.arguments:
+                # the constructor, not dataclasses.replace: this runs per sample in production
+                calls[k] = ToolCall(call_id, call.name, args, call.index, call.type)
+        calls = tuple(calls)
+    if reasoning != f.reasoning or content != f.content or (
+            calls is not f.tool_calls and any(a is not b for a, b in zip(calls, f.tool_calls))):
+        f = type(f)(reasoning, content, calls, f.finish_reason, f.close_think)
     return Applied(f, tuple(dict.fromkeys(used)) if used else (), tuple(dict.fromkeys(flags)) if flags else ())
 
 
@@ -417,22 +426,59 @@ def _blank(s: str) -> bool:
     return not s or s.isspace()  # no copy, unlike s.strip()
 
 
-_PLANS: dict[int, tuple[FidelityProfile, dict[str, tuple[str, str | None]]]] = {}
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What `apply` does for one profile, worked out once from its observations.
+
+    edges: edge key -> (step name, the one change to invert, or None when probes disagreed); tool_edges: any
+    tool.* key among them. empty_reasoning / no_content: None (never seen), True (invert), False (flag).
+    json: None (never re-serialised), the json.dumps keywords of the model's style, or {} (flag).
+    tool_ids: None (never re-indexed), the index offset to add, or False (flag).
+    """
+
+    edges: dict[str, tuple[str, str | None]]
+    tool_edges: bool
+    empty_reasoning: bool | None
+    no_content: bool | None
+    json: dict | None
+    tool_ids: int | bool | None
 
 
-def _edge_plan(fp: FidelityProfile) -> dict[str, tuple[str, str | None]]:
-    """Edge key -> (step name, the one change to invert or None when probes disagreed), computed once per profile."""
+_PLANS: dict[int, tuple[FidelityProfile, _Plan]] = {}
+
+
+def _plan_of(fp: FidelityProfile) -> _Plan:
+    """The profile's plan (see _Plan), computed once per profile object."""
     hit = _PLANS.get(id(fp))
     if hit is not None and hit[0] is fp:
         return hit[1]
-    plan: dict[str, tuple[str, str | None]] = {}
-    for key, counts in fp.observations.items():
+    obs = fp.observations
+    edges: dict[str, tuple[str, str | None]] = {}
+    for key, counts in obs.items():
         if not key.startswith("edge:"):
             continue
         changes = {c: n for c, n in counts.items() if c not in ("", "~")}
         if changes:
             ok = len(changes) == 1 and not counts.get("", 0)
-            plan[key[5:]] = (_edge_step_name(key[5:], changes), next(iter(changes)) if ok else None)
+            edges[key[5:]] = (_edge_step_name(key[5:], changes), next(iter(changes)) if ok else None)
+    er, nc = obs.get("empty_reasoning", {}), obs.get("no_content", {})
+    js = {s: n for s, n in obs.get("json", {}).items() if s != "same"}
+    json_plan: dict | None = None
+    if js:
+        style = next(iter(js))
+        ok = len(js) == 1 and style in JSON_STYLES and not obs["json"].get("same")
+        json_plan = JSON_STYLES[style] if ok else {}
+    ids = {s: n for s, n in obs.get("tool_ids", {}).items() if s != "same"}
+    ids_plan: int | bool | None = None
+    if ids:
+        offset = next(iter(ids))
+        ok = len(ids) == 1 and offset.startswith("offset:") and not obs["tool_ids"].get("same")
+        ids_plan = int(offset[7:]) if ok else False
+    plan = _Plan(
+        edges, any(k.startswith("tool.") for k in edges),
+        (not er.get("absent") and not er.get("kept")) if er.get("dropped") else None,
+        (not nc.get("absent") and not nc.get("kept")) if nc.get("deleted") else None,
+        json_plan, ids_plan)
     if len(_PLANS) > 64:  # profiles are few and long-lived; keep the cache from growing without bound
         _PLANS.clear()
     _PLANS[id(fp)] = (fp, plan)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -56,6 +57,11 @@ class Tokenizer:
         """True when the tokenizer's normaliser would change `text` (False for tokenizers without one)."""
         return False
 
+    def encode_known(self, text: str) -> tuple[list[int], bool]:
+        """`encode(text)` and whether those ids are known to decode to exactly `text` without decoding them
+        (True only for a lossless backend on text without lone surrogates; False: not known, decode to see)."""
+        return self.encode(text), False
+
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids` with specials as text; invalid UTF-8 becomes U+FFFD."""
         raise NotImplementedError
@@ -93,6 +99,10 @@ class Tokenizer:
     def id_of_bytes(self, data: bytes) -> int | None:
         """The ordinary (non-special) token whose bytes are `data`, or None."""
         return self._bytes_to_id.get(data)
+
+    def ids_of_bytes(self, datas: Iterable[bytes]) -> list[int | None]:
+        """`id_of_bytes` of each of `datas`, in order (one C-level pass: logprob tokens of a whole response)."""
+        return list(map(self._bytes_to_id.get, datas))
 
     _specials: dict[str, int]
     _special_ids: frozenset[int]
@@ -159,6 +169,15 @@ class TiktokenTokenizer(Tokenizer):
             raise InputError(f"{model}: tiktoken rejected the vocabulary or pattern ({exc})") from None
         self._core = self._enc._core_bpe
         self._allowed = set(specials)
+        # tiktoken finds special tokens with one regex alternation over all 256 (a third of its encode time on
+        # typical output); a trie-shaped Python pattern finds the same matches faster, and the text between them
+        # goes to encode_ordinary. Exact only when no special is a prefix of another (then at most one special
+        # matches at any position, whatever the order tiktoken's alternation tries them in); else tiktoken's way.
+        self._special_re = _special_pattern(specials)
+        # decode(encode(text)) == text when every character falls in some match of the pre-tokeniser pattern
+        # (Kimi's does: letters, numbers, Han, `[^\s\p{L}\p{N}]+`, `\s+`; tests/tokens/test_tokenizer.py checks
+        # every code point) and every single byte has a rank (BPE then spells any match exactly)
+        self._lossless = pattern == KIMI_PATTERN and all(bytes([b]) in ranks for b in range(256))
         self._specials = specials
         self._special_ids = frozenset(specials.values())
         self._bytes_to_id = ranks
@@ -172,9 +191,39 @@ class TiktokenTokenizer(Tokenizer):
         """The underlying `tiktoken.Encoding` (for benchmarks and equivalence tests)."""
         return self._enc
 
+    def encode_known(self, text: str) -> tuple[list[int], bool]:
+        try:
+            return self._encode_split(text), self._lossless
+        except UnicodeEncodeError:  # lone surrogates: tiktoken replaces them, so the ids decode to other text
+            return self._core_encode(text), False
+
     def encode(self, text: str) -> list[int]:
-        # tiktoken's Python wrapper rebuilds the disallowed-special set on every call; with every special
-        # allowed there is nothing to check, so go to the core encoder (same ids, less overhead).
+        try:
+            return self._encode_split(text)
+        except UnicodeEncodeError:  # lone surrogates
+            return self._core_encode(text)
+
+    def _encode_split(self, text: str) -> list[int]:
+        # Same ids as tiktoken's `encode(text, allowed_special="all")` (tiktoken's Rust loop: find the next special,
+        # regex-split and BPE the text before it, emit the special's id), with the special search done here.
+        # (The Python wrapper itself rebuilds the disallowed-special set on every call: skipped as well.)
+        # Raises UnicodeEncodeError on lone surrogates (the callers fall back to tiktoken's own handling).
+        rx = self._special_re
+        if rx is None:
+            return self._core.encode(text, self._allowed)
+        parts = rx.split(text)  # [text, special, text, special, ..., text]: one C call finds every special
+        ordinary = self._core.encode_ordinary
+        if len(parts) == 1:
+            return ordinary(text)
+        specials = self._specials
+        out: list[int] = ordinary(parts[0]) if parts[0] else []
+        for k in range(1, len(parts), 2):
+            out.append(specials[parts[k]])
+            if parts[k + 1]:
+                out += ordinary(parts[k + 1])
+        return out
+
+    def _core_encode(self, text: str) -> list[int]:
         try:
             return self._core.encode(text, self._allowed)
         except UnicodeEncodeError:  # lone surrogates: tiktoken's own fallback
@@ -195,6 +244,36 @@ class TiktokenTokenizer(Tokenizer):
             return self._id_to_bytes[token_id]
         except KeyError:
             raise ValueError(f"token id {token_id} is outside the vocabulary of {self.path} (size {self.vocab_size})") from None
+
+
+def _special_pattern(specials: dict[str, int]) -> "re.Pattern[str] | None":
+    """A regex matching exactly the special-token strings, shaped as a trie (one branch per next character, so a
+    candidate position costs a few character tests, not one per special); None when a special is a prefix of
+    another (the leftmost match would then depend on the order of alternatives)."""
+    if not specials:
+        return None
+    trie: dict = {}
+    for s in specials:
+        if not s:
+            return None
+        node = trie
+        for ch in s:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+    def emit(node: dict) -> str | None:
+        if "" in node and len(node) > 1:
+            return None  # a special ends where a longer one goes on: a prefix relation
+        alts = []
+        for ch in sorted(k for k in node if k):
+            rest = emit(node[ch])
+            if rest is None:
+                return None
+            alts.append(re.escape(ch) + rest)
+        if len(alts) <= 1:
+            return alts[0] if alts else ""
+        return "(?:" + "|".join(alts) + ")"
+    pattern = emit(trie)
+    return re.compile(f"({pattern})", re.S) if pattern else None  # one group: re.split keeps the specials
 
 
 def _load_ranks(model: Path) -> dict[bytes, int]:
@@ -272,6 +351,7 @@ class HFTokenizer(Tokenizer):
                 self._bytes_to_id[self._id_to_bytes[i]] = i
         for t, i in self._specials.items():
             self._id_to_bytes[i] = t.encode("utf-8")
+        self._lossless = _hf_lossless(raw, vocab)
         self.fingerprint = _fingerprint(directory)
 
     @property
@@ -292,6 +372,10 @@ class HFTokenizer(Tokenizer):
     def changes_text(self, text: str) -> bool:
         """True when the normaliser would change `text` (ASCII never changes under NFC-style normalisers)."""
         return self._raw_tok is not None and not text.isascii() and self._tok.normalizer.normalize_str(text) != text
+
+    def encode_known(self, text: str) -> tuple[list[int], bool]:
+        # decode here is the tokens' bytes (byte-level), so a lossless encode (see _hf_lossless) is known
+        return self.encode(text), self._lossless
 
     def encode(self, text: str) -> list[int]:
         # Text the normaliser would change is encoded without it (pre-tokeniser + BPE on the raw text), so
@@ -316,6 +400,45 @@ class HFTokenizer(Tokenizer):
             return self._id_to_bytes[token_id]
         except KeyError:
             raise ValueError(f"token id {token_id} is outside the vocabulary of {self.path} (size {self.vocab_size})") from None
+
+
+_IDENTITY_ON_UNCHANGED = ("NFC", "NFD", "NFKC", "NFKD")  # normalisers that keep ASCII (changes_text skips it)
+_KEEPS_TEXT_SPLITS = ("Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous")  # not "Removed"
+
+
+def _hf_lossless(raw: dict, vocab: dict[str, int]) -> bool:
+    """True when the bytes of `encode(text)`'s tokens are always text's UTF-8 (so `decode`, which joins those
+    bytes on a byte-level tokenizer, gives text back): byte-level BPE with every byte's symbol in the vocabulary,
+    a pre-tokeniser of ByteLevel without an added prefix space and Splits that keep all text, a normaliser that
+    `encode` bypasses whenever it would change the text, and added tokens that strip no whitespace. Anything
+    else: False (not known; callers decode)."""
+    model = raw.get("model") or {}
+    if model.get("type") != "BPE" or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix") \
+            or not all(c in vocab for c in _bytes_to_unicode().values()):
+        return False
+
+    def pre_ok(node) -> bool:
+        kind = node.get("type") if isinstance(node, dict) else None
+        if kind == "Sequence":
+            return all(pre_ok(n) for n in node.get("pretokenizers") or ())
+        if kind == "ByteLevel":
+            return not node.get("add_prefix_space")
+        if kind == "Split":
+            return node.get("behavior") in _KEEPS_TEXT_SPLITS
+        return False
+
+    def norm_ok(node) -> bool:
+        if node is None:
+            return True
+        kind = node.get("type") if isinstance(node, dict) else None
+        if kind == "Sequence":
+            return all(norm_ok(n) for n in node.get("normalizers") or ())
+        return kind in _IDENTITY_ON_UNCHANGED
+
+    pre = raw.get("pre_tokenizer")
+    has_byte_level = '"ByteLevel"' in json.dumps(pre)
+    return (has_byte_level and pre_ok(pre) and norm_ok(raw.get("normalizer"))
+            and all(not t.get("lstrip") and not t.get("rstrip") for t in raw.get("added_tokens", [])))
 
 
 def _uses_byte_level(raw: dict) -> bool:

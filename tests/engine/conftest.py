@@ -38,8 +38,8 @@ def config_data(tmp_path: Path, sample_data: Path, *, faults: dict | None = None
     return data
 
 
-def sample_inputs(sample_data: Path, n: int | None = None) -> list[SampleInput]:
-    """The first n sample prompts with their reference ids."""
+def sample_inputs(sample_data: Path, n: int | None = None, references: bool = True) -> list[SampleInput]:
+    """The first n sample prompts with their reference ids (none with references=False, as in production)."""
     refs = {}
     for line in (sample_data / "reference.jsonl").read_text().splitlines():
         obj = json.loads(line)
@@ -47,16 +47,18 @@ def sample_inputs(sample_data: Path, n: int | None = None) -> list[SampleInput]:
     out = []
     for line in (sample_data / "prompts.openai.jsonl").read_text().splitlines():
         obj = json.loads(line)
-        out.append(SampleInput(obj["id"], "prompts", obj["messages"], obj.get("tools"), refs.get(obj["id"])))
+        out.append(SampleInput(obj["id"], "prompts", obj["messages"], obj.get("tools"),
+                               refs.get(obj["id"]) if references else None))
         if n is not None and len(out) >= n:
             break
     return out
 
 
-async def open_ingested(config, sample_data: Path, n: int | None = None) -> tuple[RunStore, int]:
+async def open_ingested(config, sample_data: Path, n: int | None = None,
+                        references: bool = True) -> tuple[RunStore, int]:
     store = await RunStore.open(config.run.database)
     run_id = await store.ensure_run(config.run.name, config.redacted())
-    await store.ingest(run_id, sample_inputs(sample_data, n))
+    await store.ingest(run_id, sample_inputs(sample_data, n, references))
     return store, run_id
 
 
@@ -76,13 +78,14 @@ async def until(pred, timeout: float = 20.0) -> None:
         await asyncio.sleep(0.02)
 
 
-async def run_to_end(config, sample_data: Path, n: int, **kw):
-    """Ingest n samples, run them with a fresh Run(config, store, **kw) until it is idle; return (run, outcome)."""
+async def run_to_end(config, sample_data: Path, n: int, *, references: bool = True, **kw):
+    """Ingest n samples (with their reference ids unless references=False), run them with a fresh
+    Run(config, store, **kw) until it is idle; return (run, outcome)."""
     import asyncio
 
     from app.engine.run import Run
 
-    store, _ = await open_ingested(config, sample_data, n)
+    store, _ = await open_ingested(config, sample_data, n, references)
     run = Run(config, store, **kw)
     try:
         await run.start()

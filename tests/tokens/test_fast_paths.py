@@ -1,0 +1,306 @@
+"""The reconstruction's fast paths give exactly what the full paths give (issue 12's throughput work).
+
+- tiktoken `encode`: specials found by a trie pattern, the text between them encoded ordinary, against
+  tiktoken's own `encode(text, allowed_special="all")`, on a tiny vocabulary and on the real Kimi K2.5 files;
+- `encode_known`: "known" ids decode to exactly the text (and Kimi's pre-tokeniser covers every code point);
+- the round-trip check that parses the encoded text instead of decoding the ids, through `process`, against a
+  tokenizer that never claims to know;
+- the fidelity profile's per-profile plan against the released `apply` (kept here as the oracle).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from app.records import Completion, ToolCall
+from app.tokens import Reconstructor, get_profile, load_tokenizer
+from app.tokens.fidelity import JSON_STYLES, NO_CONTENT, Applied, FidelityProfile, _blank, _blank_ctx, _edge_step_name
+from app.tokens.fidelity import _BLANK_KEYS, _KIMI_ID, _redump, apply
+from app.tokens.flags import TEMPLATE_WHITESPACE_MISSING, UNINVERTIBLE
+from app.tokens.reconstruct import Fields
+from tests.tokens.conftest import build_hf_tokenizer, build_tiktoken_dir
+
+KIMI = get_profile("kimi-k2.5")
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+# text pieces that stress the special search: every marker, spelled halves of markers, other specials,
+# the characters specials start with, unicode, whitespace
+PIECES = [*KIMI.markers, "<|reserved_token_163600|>", "[BOS]", "<|im_user|>", "<|im_", "end|>", "<|", "|>", "<", "[",
+          "]", "|", "<think", "/think>", "</", "[EOS", "EOS]", "hello", " world", "chas", "a", " ", "  ", "\n", "\n\n",
+          "\t", "世界", "北京", "🙂", "é", "e\u0301", "ß", "{\"city\": \"Paris\"}", "\ufffd", "0123"]
+TEXT = st.lists(st.sampled_from(PIECES), max_size=25).map("".join)
+
+
+@pytest.fixture(scope="module")
+def tiny_kimi(tmp_path_factory):
+    """A tiny tiktoken vocabulary whose special slots carry every Kimi marker (so CI needs no shared files)."""
+    base = 256 + 11
+    names = {base + i: m for i, m in enumerate(dict.fromkeys([*KIMI.markers, "[BOS]", "<|im_user|>"]))}
+    return load_tokenizer(build_tiktoken_dir(tmp_path_factory.mktemp("tinykimi"), names), KIMI.pretokenizer_pattern)
+
+
+def _tokenizers(request) -> list:
+    toks = [request.getfixturevalue("tiny_kimi")]
+    try:
+        toks.append(request.getfixturevalue("kimi_tok"))
+    except pytest.skip.Exception:
+        pass  # the real files are not here: the tiny vocabulary still checks the same code
+    return toks
+
+
+
+# ---- tiktoken encode -------------------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(text=TEXT)
+def test_tiktoken_encode_is_tiktokens_own_encode(request, text):
+    for tok in _tokenizers(request):
+        assert tok.encode(text) == tok.encoding.encode(text, allowed_special="all"), (tok.path, text)
+        ids, known = tok.encode_known(text)
+        assert ids == tok.encode(text)
+        assert known and tok.decode(ids) == text and tok.decode_bytes(ids) == text.encode("utf-8")
+
+
+def test_tiktoken_encode_with_lone_surrogates_falls_back_as_tiktoken_does(request):
+    for tok in _tokenizers(request):
+        for text in ("a\ud800b", "<|im_end|>\udfff", "\ud83d"):
+            ids, known = tok.encode_known(text)
+            assert ids == tok.encode(text) == tok.encoding.encode(text, allowed_special="all")
+            assert not known  # the surrogate became U+FFFD: the ids do not decode to this text
+
+
+def test_kimi_pattern_covers_every_code_point(tiny_kimi):
+    # `lossless` rests on this: every character falls in some match of the pre-tokeniser, so none is dropped
+    assert tiny_kimi.encode_known("x")[1]
+    points = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+    for k in range(0, len(points), 997):
+        text = "".join(map(chr, points[k:k + 997]))
+        assert tiny_kimi.decode_bytes(tiny_kimi.encoding.encode_ordinary(text)) == text.encode("utf-8"), hex(points[k])
+
+
+def test_other_patterns_and_vocabularies_never_claim_to_know(tmp_path):
+    tok = load_tokenizer(build_tiktoken_dir(tmp_path / "t"), r"\w+")  # \w+ drops spaces: not lossless
+    assert tok.encode_known("a b") == (tok.encode("a b"), False)
+    # HF: a pre-tokeniser that removes whitespace, a prefix space, an added token that strips: not known
+    base = json.loads((build_hf_tokenizer(tmp_path / "h", [("<|im_end|>", True)]) / "tokenizer.json").read_text())
+    assert load_tokenizer(tmp_path / "h").encode_known("a b")[1] is True
+    for k, change in enumerate((
+            {"pre_tokenizer": {"type": "Whitespace"}},
+            {"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}},
+            {"added_tokens": [dict(t, lstrip=True) for t in base["added_tokens"]]},
+            {"normalizer": {"type": "Lowercase"}})):
+        d = tmp_path / f"h{k}"
+        d.mkdir()
+        (d / "tokenizer.json").write_text(json.dumps(dict(base, **change)))
+        tok = load_tokenizer(d)
+        assert tok.encode_known("a b") == (tok.encode("a b"), False), change
+
+
+@SETTINGS
+@given(text=TEXT)
+def test_hf_known_ids_decode_to_the_text(sample_tok, family_tokenizers, nfc_qwen_tokenizer, text):
+    for tok in (sample_tok, nfc_qwen_tokenizer, *family_tokenizers.values()):
+        ids, known = tok.encode_known(text)
+        assert ids == tok.encode(text) and known, tok.path
+        assert tok.decode_bytes(ids) == text.encode("utf-8") and tok.decode(ids) == text
+
+
+# ---- the round-trip check --------------------------------------------------------------------------------
+
+FIELD_TEXT = st.lists(st.sampled_from(PIECES), max_size=12).map("".join)
+
+
+@st.composite
+def completions(draw):
+    calls = tuple(
+        ToolCall(draw(st.sampled_from([f"functions.{n}:{i}", f" functions.{n}:{i}", n, ""])), n,
+                 draw(st.sampled_from(['{"a": 1}', ' {"a": 1}', '{"a":1}\n', "", "<|im_end|>"])), i)
+        for i, n in enumerate(draw(st.lists(st.sampled_from(["f", "get_weather"]), max_size=2)))
+    )
+    return Completion(content=draw(FIELD_TEXT), reasoning=draw(st.one_of(st.none(), FIELD_TEXT)), tool_calls=calls,
+                      finish_reason=draw(st.sampled_from(["stop", "length", "tool_calls"])))
+
+
+class _Unknowing:
+    """A tokenizer that never claims to know what its ids decode to (the full path: decode and parse)."""
+
+    def __init__(self, tok):
+        self._tok = tok
+
+    def encode_known(self, text):
+        return self._tok.encode(text), False
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+
+@SETTINGS
+@given(c=completions())
+def test_round_trip_from_the_encoded_text_is_the_decoding_round_trip(request, sample_tok, c):
+    for tok in (*_tokenizers(request), sample_tok):
+        fast, full = Reconstructor(KIMI, tok), Reconstructor(KIMI, _Unknowing(tok))
+        assert fast.process(c) == full.process(c)
+        rec, _ = fast.process(c)
+        fields = fast.production_fields(c)[0]
+        text = "".join(t for _, t in fast._pieces(fields))
+        assert fast._roundtrip_fields(rec.output_ids, fields, text) == fast._roundtrip_fields(rec.output_ids, fields)
+
+
+@SETTINGS
+@given(c=completions())
+def test_round_trip_shortcut_on_the_other_families(family_tokenizers, nfc_qwen_tokenizer, c):
+    for name, tok in (*family_tokenizers.items(), ("qwen3", nfc_qwen_tokenizer)):
+        profile = get_profile(name)
+        assert Reconstructor(profile, tok).process(c) == Reconstructor(profile, _Unknowing(tok)).process(c), name
+
+
+# ---- the fidelity profile's plan ---------------------------------------------------------------------------
+
+EDGE_KEYS = ["reasoning.blank", "reasoning.lead", "reasoning.trail", "reasoning.trail@cut", "content.lead",
+             "content.lead@noreason", "content.trail", "content.trail@tools", "content.trail@cut",
+             *("content.blank" + _blank_ctx(r, t) for r in (True, False) for t in (True, False)),
+             "tool.arguments.lead", "tool.arguments.trail", "tool.id.lead", "tool.id.trail"]
+CHANGES = st.dictionaries(st.sampled_from(["", "~", "+ ", "-\n", "+  ", "- ", "+\n"]), st.integers(1, 3), min_size=1,
+                          max_size=2)
+
+
+@st.composite
+def profiles(draw):
+    obs = {f"edge:{k}": draw(CHANGES) for k in draw(st.lists(st.sampled_from(EDGE_KEYS), max_size=6, unique=True))}
+    for key, values in (("empty_reasoning", ["dropped", "kept", "absent"]), ("no_content", ["deleted", "kept", "absent"]),
+                        ("json", ["same", "irregular", *JSON_STYLES]), ("tool_ids", ["same", "other", "offset:0",
+                                                                                      "offset:2", "offset:-1"])):
+        if draw(st.booleans()):
+            obs[key] = draw(st.dictionaries(st.sampled_from(values), st.integers(1, 3), min_size=1, max_size=2))
+    return FidelityProfile("e", None, KIMI.name, 5, obs)
+
+
+WS_TEXT = st.lists(st.sampled_from(["", " ", "\n", "  ", "x", "Hello", " y ", "\n\n"]), max_size=4).map("".join)
+
+
+@st.composite
+def fields(draw):
+    calls = tuple(ToolCall(draw(st.sampled_from(["functions.f:0", " functions.f:1\n", "f", "", " "])), "f",
+                           draw(st.sampled_from(['{"a": 1}', ' {"a":1} ', '{"b": [1, 2]}\n', "", "  ", "{bad"])), i)
+                  for i in range(draw(st.integers(0, 2))))
+    return Fields(draw(st.one_of(st.none(), WS_TEXT)), draw(st.one_of(WS_TEXT, st.just(NO_CONTENT))), calls,
+                  draw(st.sampled_from(["stop", "length", "tool_calls"])))
+
+
+@settings(max_examples=400, deadline=None)
+@given(fp=profiles(), f=fields())
+def test_the_per_profile_plan_applies_what_the_released_apply_did(fp, f):
+    assert apply(fp, f, KIMI) == _reference_apply(fp, f, KIMI)
+    assert apply(fp, f, replace(KIMI, tool_id_in_stream=False)) == _reference_apply(fp, f, replace(KIMI, tool_id_in_stream=False))
+
+
+# ---- the oracle: app.tokens.fidelity.apply as released ------------------------------------------------------
+
+
+def _reference_apply(fp: FidelityProfile, f: Fields, profile) -> Applied:
+    """app.tokens.fidelity.apply as released (93048ae), before the per-profile plan: the oracle."""
+    used: list[str] = []
+    flags: list[str] = []
+    obs = fp.observations
+    plan = _reference_edge_plan(fp)
+    if not obs:
+        return Applied(f, (), ())
+
+    def edge(key: str, text: str, side: str) -> str:
+        step = plan.get(key)
+        if step is None or ((not text or text.isspace()) and not key.endswith(_BLANK_KEYS)):
+            return text
+        name, change = step
+        if change is None:
+            flags.append(UNINVERTIBLE + name)
+            return text
+        ws = change[1:]
+        if change.startswith("-"):
+            used.append(name)
+            return ws + text if side == "lead" else text + ws
+        has = text.startswith(ws) if side == "lead" else text.endswith(ws)
+        if not has:  # the server adds this always, so its absence means something else removed it
+            flags.append(TEMPLATE_WHITESPACE_MISSING if name == "template_whitespace_kept" else UNINVERTIBLE + name)
+            return text
+        used.append(name)
+        return text[len(ws):] if side == "lead" else text[: len(text) - len(ws)]
+
+    truncated = f.finish_reason == "length"
+    reasoning, content, calls = f.reasoning, f.content, list(f.tool_calls)
+    er = obs.get("empty_reasoning", {})
+    if reasoning is None and er.get("dropped"):
+        if er.get("absent") or er.get("kept"):
+            flags.append(UNINVERTIBLE + "empty_reasoning_dropped")
+        else:
+            reasoning = ""
+            used.append("empty_reasoning_dropped")
+    if reasoning is not None and _blank(reasoning):
+        reasoning = edge("reasoning.blank", reasoning, "lead")
+    elif reasoning:
+        last = truncated and not content and not calls
+        reasoning = edge("reasoning.lead", reasoning, "lead")
+        reasoning = edge("reasoning.trail" + ("@cut" if last else ""), reasoning, "trail")
+    if not _blank(content):
+        content = edge("content.lead" + ("" if reasoning is not None else "@noreason"), content, "lead")
+        content = edge("content.trail" + ("@tools" if calls else "@cut" if truncated else ""), content, "trail")
+    else:
+        content = edge("content.blank" + _blank_ctx(reasoning is not None, bool(calls)), content, "lead")
+    nc = obs.get("no_content", {})
+    if calls and _blank(content) and nc.get("deleted"):
+        if nc.get("absent") or nc.get("kept"):
+            flags.append(UNINVERTIBLE + "no_content")
+        else:
+            content = content + NO_CONTENT
+            used.append("no_content")
+    js = {s: n for s, n in obs.get("json", {}).items() if s != "same"} if calls else {}
+    ids = {s: n for s, n in obs.get("tool_ids", {}).items() if s != "same"} if calls else {}
+    for k, call in enumerate(calls):
+        args = call.arguments
+        if not _blank(args):
+            args = edge("tool.arguments.lead", args, "lead")
+            args = edge("tool.arguments.trail", args, "trail")
+        if js:
+            style = next(iter(js))
+            if len(js) == 1 and style in JSON_STYLES and not obs["json"].get("same"):
+                redone = _redump(args, JSON_STYLES[style])
+                if redone != args:
+                    args = redone
+                    used.append("json_reserialised")
+            else:
+                flags.append(UNINVERTIBLE + "json_reserialised")
+        call_id = call.id
+        if profile.tool_id_in_stream:
+            if not _blank(call_id):
+                call_id = edge("tool.id.lead", call_id, "lead")
+                call_id = edge("tool.id.trail", call_id, "trail")
+            if ids:
+                offset = next(iter(ids))
+                m = _KIMI_ID.fullmatch(call_id.strip())
+                if len(ids) == 1 and offset.startswith("offset:") and not obs["tool_ids"].get("same") and m:
+                    call_id = f"functions.{m.group(1)}:{int(m.group(2)) + int(offset[7:])}"
+                    used.append("tool_ids_reindexed")
+                else:
+                    flags.append(UNINVERTIBLE + "tool_ids_reindexed")
+        if (call_id, args) != (call.id, call.arguments):
+            calls[k] = replace(call, id=call_id, arguments=args)
+    if (reasoning, content) != (f.reasoning, f.content) or any(a is not b for a, b in zip(calls, f.tool_calls)):
+        f = replace(f, reasoning=reasoning, content=content, tool_calls=tuple(calls))
+    return Applied(f, tuple(dict.fromkeys(used)) if used else (), tuple(dict.fromkeys(flags)) if flags else ())
+
+
+def _reference_edge_plan(fp: FidelityProfile) -> dict[str, tuple[str, str | None]]:
+    plan: dict[str, tuple[str, str | None]] = {}
+    for key, counts in fp.observations.items():
+        if not key.startswith("edge:"):
+            continue
+        changes = {c: n for c, n in counts.items() if c not in ("", "~")}
+        if changes:
+            ok = len(changes) == 1 and not counts.get("", 0)
+            plan[key[5:]] = (_edge_step_name(key[5:], changes), next(iter(changes)) if ok else None)
+    return plan
