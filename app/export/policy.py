@@ -67,11 +67,13 @@ def true_ids(row: ExportRow) -> tuple[tuple[int, ...], str]:
     """The output ids to export and their source (one of IDS_SOURCES): the server's own ids when it returned
     them, the logprob-rebuilt ids, the sample's reference when the verdict says it is this very text
     (`exact` / `bpe_equivalent`), and the re-encoded text only otherwise."""
-    if row.server_ids:
-        return row.server_ids, "server"
     ids = row.output_ids or ()
     if row.ids_source in ("server", "logprobs", "reference"):
+        # the stored reconstruction of true ids: the server's ids plus the end token a server that stops on it
+        # may leave out (`Reconstructor._server_ids`), so what the trainer gets ends as the template's turn does
         return ids, row.ids_source
+    if row.server_ids:  # a row stored before reconstructions kept true ids: the server's ids as they came
+        return row.server_ids, "server"
     if row.strategy in ("server_ids", "logprobs"):
         return ids, "server" if row.strategy == "server_ids" else "logprobs"
     if row.reference_ids and row.category in ("exact", "bpe_equivalent"):

@@ -137,3 +137,21 @@ def test_the_cli_keeps_suspect_and_failed_samples_when_asked(run_db, tmp_path, c
     assert main(["export", "--db", str(built.db), "--format", "modelopt", "--out", str(tmp_path / "text")]) == 0
     line = capsys.readouterr().out
     assert "ids from: " in line and "1 suspect" in line and "1 roundtrip" in line
+
+
+def test_a_server_that_leaves_out_the_end_token_is_exported_with_it(tmp_path, sample_reference, sample_tokenizer_dir,
+                                                                    sample_cases):
+    """Stored true ids (ids_source = server) carry the end token the rebuild appended where the server's own
+    `token_ids` stopped short of it; the export takes the stored ids, not the raw response column."""
+    built = build_run_db(tmp_path / "run.db", sample_reference, sample_tokenizer_dir, sample_cases, limit=20)
+    sid = next(s for s, cat in built.categories.items() if cat == "exact")
+    full = built.output_ids[sid]
+    conn = sqlite3.connect(built.db, isolation_level=None)
+    pk = conn.execute("SELECT pk FROM samples WHERE sample_id = ?", (sid,)).fetchone()[0]
+    conn.execute("UPDATE responses SET token_ids = ? WHERE sample_pk = ?", (pack_ids(full[:-1]), pk))
+    conn.execute("UPDATE reconstructions SET ids_source = 'server' WHERE sample_pk = ?", (pk,))
+    conn.close()
+    export_run(built.db, tmp_path / "out", "eagle3-shards")
+    row = _rows(tmp_path / "out")[sid]
+    assert row["input_ids"][row["loss_mask"].index(1):] == list(full)
+    assert row["ids_source"] == _sources(tmp_path / "out")[sid] == "server"
