@@ -33,7 +33,7 @@ class MetricTile(Static):
         # Same number of lines: same size, so skip the layout pass (the dashboard ticks at 2 Hz).
         same_height = self._shown is not None and len(self._shown) == len(key)
         self._shown = key
-        text = Text()
+        text = Text(no_wrap=True, overflow="ellipsis")  # a tile's line never wraps (its lines fit by design)
         for n, line in enumerate(lines):
             if n:
                 text.append("\n")
