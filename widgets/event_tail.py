@@ -27,7 +27,7 @@ class EventTail(Static):
     height, one line each (a long message ends in …), newest last."""
 
     DEFAULT_CSS = """
-    EventTail { height: auto; min-height: 1; color: $text; }
+    EventTail { height: auto; min-height: 1; color: $text; text-wrap: nowrap; text-overflow: ellipsis; }
     """
 
     def __init__(self, **kwargs) -> None:

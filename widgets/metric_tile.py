@@ -17,6 +17,8 @@ class MetricTile(Static):
         height: auto;
         min-height: 3;
         width: 1fr;
+        text-wrap: nowrap;  /* a line never wraps: the tiles pick lines that fit their width */
+        text-overflow: ellipsis;
     }
     """
 
