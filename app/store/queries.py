@@ -569,7 +569,8 @@ SERIES_CHUNK = 250_000  # ids read per call at most (bounds one poll's cost whil
 @dataclass(frozen=True, slots=True)
 class SeriesBucket:
     """One 10 s bucket (`bucket` * SERIES_BUCKET_S is its unix start): output tokens and count of successful
-    responses, cost of every attempt, and measured samples (probes with true ids) and how many agreed."""
+    responses, cost of every attempt, measured samples (probes with true ids) and how many agreed, and when
+    its first and last attempts were stored (where a plot's time axis starts and, once the run ends, stops)."""
 
     bucket: int
     tokens: int = 0
@@ -577,6 +578,8 @@ class SeriesBucket:
     cost_usd: float = 0.0
     verified: int = 0
     matched: int = 0
+    first_at: float | None = None  # the earliest and latest response stored in this bucket (None: none)
+    last_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -594,7 +597,8 @@ def series_since(conn: sqlite3.Connection, run_id: int, response_cursor: int = 0
                  *, chunk: int = SERIES_CHUNK) -> SeriesChunk:
     """The run's responses and measured reconstructions stored after the cursors (row ids), summed per bucket.
 
-    Each table is read by one rowid range of at most `chunk` ids (never a scan of the run); a measured
+    Each table is read by one rowid range of at most `chunk` ids (`+run_id` keeps the planner off the run
+    indexes, which would read the whole run for every call); a measured
     reconstruction carries the `text_path:<verdict>` flag (app.tokens.flags), and it agrees unless that
     verdict is corrupt (app.records.CORRUPT_VERDICTS), as the snapshot's measured fidelity counts it.
     """
@@ -604,24 +608,24 @@ def series_since(conn: sqlite3.Connection, run_id: int, response_cursor: int = 0
     sums: dict[int, list] = {}
     newest_response = conn.execute("SELECT MAX(id) FROM responses").fetchone()[0] or 0
     top_response = min(newest_response, response_cursor + chunk)
-    for b, tokens, ok, cost in conn.execute(
+    for b, tokens, ok, cost, first, last in conn.execute(
         f"SELECT CAST(created_at / {SERIES_BUCKET_S} AS INTEGER) AS b, "
         "SUM(CASE WHEN error_class IS NULL THEN completion_tokens ELSE 0 END), SUM(error_class IS NULL), "
-        "SUM(cost_usd) FROM responses WHERE id > ? AND id <= ? AND run_id = ? GROUP BY b",
-        (response_cursor, top_response, run_id),
+        "SUM(cost_usd), MIN(created_at), MAX(created_at) FROM responses WHERE id > ? AND id <= ? AND +run_id = ? "
+        "GROUP BY b", (response_cursor, top_response, run_id),
     ):
-        sums[int(b)] = [int(tokens or 0), int(ok or 0), float(cost or 0.0), 0, 0]
+        sums[int(b)] = [int(tokens or 0), int(ok or 0), float(cost or 0.0), 0, 0, first, last]
     newest_rec = conn.execute("SELECT MAX(id) FROM reconstructions").fetchone()[0] or 0
     top_rec = min(newest_rec, reconstruction_cursor + chunk)
     corrupt = {str(v) for v in CORRUPT_VERDICTS}
     for created, flags in conn.execute(
-        "SELECT created_at, flags FROM reconstructions WHERE id > ? AND id <= ? AND run_id = ? "
+        "SELECT created_at, flags FROM reconstructions WHERE id > ? AND id <= ? AND +run_id = ? "
         "AND instr(flags, ?) > 0", (reconstruction_cursor, top_rec, run_id, TEXT_PATH),
     ):
         verdict = _text_path_verdict(flags, TEXT_PATH)
         if verdict is None:
             continue
-        row = sums.setdefault(int(created // SERIES_BUCKET_S), [0, 0, 0.0, 0, 0])
+        row = sums.setdefault(int(created // SERIES_BUCKET_S), [0, 0, 0.0, 0, 0, None, None])
         row[3] += 1
         row[4] += verdict not in corrupt
     buckets = tuple(SeriesBucket(b, *row) for b, row in sorted(sums.items()))

@@ -45,6 +45,8 @@ class RunSeries:
         self._buckets: dict[int, list] = {}  # bucket -> [tokens, responses, cost, verified, matched]
         self.cursor = Cursor()
         self.caught_up = False
+        self.first_at: float | None = None  # the run's first and latest stored attempt
+        self.last_at: float | None = None
 
     def add(self, chunk: SeriesChunk) -> None:
         """Merge one read (rows are read once: the cursors only move forward)."""
@@ -55,6 +57,10 @@ class RunSeries:
             row[2] += b.cost_usd
             row[3] += b.verified
             row[4] += b.matched
+            if b.first_at is not None:
+                self.first_at = b.first_at if self.first_at is None else min(self.first_at, b.first_at)
+            if b.last_at is not None:
+                self.last_at = b.last_at if self.last_at is None else max(self.last_at, b.last_at)
         self.cursor = Cursor(chunk.response_cursor, chunk.reconstruction_cursor)
         self.caught_up = chunk.caught_up
 
@@ -71,18 +77,16 @@ class RunSeries:
         return sum(r[2] for r in self._buckets.values())
 
     def window(self, snap: MetricsSnapshot, now: float | None = None) -> tuple[int, int, float, float]:
-        """(first bucket, last bucket, start time, end time) of the time axis."""
-        first, last = min(self._buckets), max(self._buckets)
-        start = first * SERIES_BUCKET_S
+        """(first bucket, last bucket, start time, end time) of the time axis: from the first stored attempt
+        to now while the engine runs or pauses, else to the last stored attempt (frozen, and the same in
+        both faces: both read these times from the database)."""
+        first_b, last_b = min(self._buckets), max(self._buckets)
+        start = self.first_at if self.first_at is not None else first_b * SERIES_BUCKET_S
+        last = self.last_at if self.last_at is not None else (last_b + 1) * SERIES_BUCKET_S
         live = snap.state in ("running", "paused") and snap.engine not in ("gone", "stopped", "never")
-        if live:
-            end = time.time() if now is None else now
-        elif snap.state == "done" and snap.elapsed_s and snap.started_at:
-            end = snap.started_at + snap.elapsed_s  # both faces freeze elapsed at the run's end
-        else:
-            end = (last + 1) * SERIES_BUCKET_S
-        end = max(end, last * SERIES_BUCKET_S + 1.0)
-        return first, int(end // SERIES_BUCKET_S), start, end
+        end = max(time.time() if now is None else now, last) if live else last
+        end = max(end, start + 1.0)  # one second at least, so a first bucket has a rate
+        return int(start // SERIES_BUCKET_S), int(end // SERIES_BUCKET_S), start, end
 
     def plots(self, snap: MetricsSnapshot, now: float | None = None) -> dict[str, PlotSeries]:
         """The three plots (PLOTS) of the run up to `now` (or frozen at its end)."""

@@ -137,11 +137,16 @@ async def test_every_other_screen_fits(run_db: Path, size) -> None:
         assert cuts(app.screen) == []
 
 
-async def start_engine(tmp_path: Path, sample_data_dir: Path):
-    """A real engine Run over the demo config and the built-in simulator (as tests/tui/test_in_process does)."""
-    config = apply_overrides(load_config(sample_data_dir / "demo.toml"), {"run.database": str(tmp_path / "demo.db")})
+async def start_engine(tmp_path: Path, sample_data_dir: Path, samples: int = 40):
+    """A real engine Run over the demo config and the built-in simulator (as tests/tui/test_in_process does),
+    over the first `samples` prompts that have references."""
+    overrides = {"run.database": str(tmp_path / "demo.db")}
+    for n in (0, 1):  # no hangs (a hang waits out its 20 s timeout), a short latency tail, unpaced streams: quick
+        overrides |= {f"endpoints[{n}].simulator.faults.hang": 0.0, f"endpoints[{n}].simulator.latency_p95_ms": 600.0,
+                      f"endpoints[{n}].simulator.tokens_per_s": 0.0}
+    config = apply_overrides(load_config(sample_data_dir / "demo.toml"), overrides)
     references = {}
-    for line in (sample_data_dir / "reference.jsonl").read_text().splitlines()[:40]:
+    for line in (sample_data_dir / "reference.jsonl").read_text().splitlines()[:samples]:
         record = json.loads(line)
         references[record["id"]] = tuple(record["output_ids"])
     prompts = [json.loads(line) for line in (sample_data_dir / "prompts.openai.jsonl").read_text().splitlines()]
