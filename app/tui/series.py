@@ -10,7 +10,7 @@ run's last response once it is done, stopped, failed or its engine is gone (the 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app.engine.snapshot import MetricsSnapshot
 from app.store.queries import SERIES_BUCKET_S, SeriesChunk, series_since
@@ -47,9 +47,16 @@ class RunSeries:
         self.caught_up = False
         self.first_at: float | None = None  # the run's first and latest stored attempt
         self.last_at: float | None = None
+        # the plots' values for every bucket before the newest, kept between polls (a 24 h run has 8,640
+        # buckets; a poll recomputes only the buckets that changed since), and where new rows changed them
+        self._prefix = _Prefix(0, 0.0)
+        self._dirty_from: int | None = None
 
     def add(self, chunk: SeriesChunk) -> None:
         """Merge one read (rows are read once: the cursors only move forward)."""
+        if chunk.buckets:
+            touched = chunk.buckets[0].bucket  # buckets come sorted
+            self._dirty_from = touched if self._dirty_from is None else min(self._dirty_from, touched)
         for b in chunk.buckets:
             row = self._buckets.setdefault(b.bucket, [0, 0, 0.0, 0, 0])
             row[0] += b.tokens
@@ -76,6 +83,31 @@ class RunSeries:
         """The cost of every stored attempt: what the cost plot ends at."""
         return sum(r[2] for r in self._buckets.values())
 
+    def _prefix_upto(self, first: int, last: int, start: float) -> "_Prefix":
+        """The kept values of buckets first .. last - 1, recomputed from the first bucket that changed."""
+        p = self._prefix
+        if (p.first, p.start) != (first, start):
+            p = _Prefix(first, start)
+        keep = last - first
+        if self._dirty_from is not None:
+            keep = min(keep, max(self._dirty_from - first, 0))
+        if keep < len(p.tokens):
+            p = p.cut(keep)
+        for b in range(first + len(p.tokens), last):
+            row = self._buckets.get(b)
+            lo, hi = max(b * SERIES_BUCKET_S, start), (b + 1) * SERIES_BUCKET_S
+            p.tokens.append(float(row[0]) if row else 0.0)
+            p.spans.append(max(hi - lo, 0.0))
+            if row:
+                p.spent += row[2]
+                p.verified += row[3]
+                p.matched += row[4]
+            p.cost.append(p.spent)
+            p.checked.append((p.verified, p.matched))
+            p.match.append(p.matched / p.verified if p.verified else None)
+        self._prefix, self._dirty_from = p, None
+        return p
+
     def window(self, snap: MetricsSnapshot, now: float | None = None) -> tuple[int, int, float, float]:
         """(first bucket, last bucket, start time, end time) of the time axis: from the first stored attempt
         to now while the engine runs or pauses, else to the last stored attempt (frozen, and the same in
@@ -93,23 +125,17 @@ class RunSeries:
         if self.empty:
             return {name: PlotSeries(PLOT_TITLES[name], 0.0, SERIES_BUCKET_S, ()) for name in PLOTS}
         first, last, start, end = self.window(snap, now)
-        tokens: list[float | None] = []
-        spans: list[float] = []
-        cost: list[float | None] = []
-        match: list[float | None] = []
-        spent = 0.0
-        verified = matched = 0
-        for b in range(first, last + 1):
-            row = self._buckets.get(b)
-            lo, hi = max(b * SERIES_BUCKET_S, start), min((b + 1) * SERIES_BUCKET_S, end)
-            spans.append(max(hi - lo, 0.0))
-            tokens.append(float(row[0]) if row else 0.0)
-            if row:
-                spent += row[2]
-                verified += row[3]
-                matched += row[4]
-            cost.append(spent)
-            match.append(matched / verified if verified else None)
+        p = self._prefix_upto(first, last, start)
+        # the last bucket (its span ends at `end`, which moves with the clock) is never kept in the prefix
+        row = self._buckets.get(last)
+        spent, verified, matched = p.spent, p.verified, p.matched
+        if row:
+            spent, verified, matched = spent + row[2], verified + row[3], matched + row[4]
+        lo = max(last * SERIES_BUCKET_S, start)
+        tokens = (*p.tokens, float(row[0]) if row else 0.0)
+        spans = (*p.spans, max(end - lo, 0.0))
+        cost = (*p.cost, spent)
+        match = (*p.match, matched / verified if verified else None)
         rate = snap.rate.tok_s_10s
         return {
             "throughput": PlotSeries(PLOT_TITLES["throughput"], start, SERIES_BUCKET_S, tuple(tokens), tuple(spans),
@@ -120,3 +146,30 @@ class RunSeries:
             "cost": PlotSeries(PLOT_TITLES["cost"], start, SERIES_BUCKET_S, tuple(cost), tuple(spans), "level",
                                "money", f"{fmt.money(spent)} · {fmt.money(snap.cost_per_hour)}/h"),
         }
+
+
+@dataclass(slots=True)
+class _Prefix:
+    """Plot values of the buckets from `first` on (every bucket but the newest), with the running totals."""
+
+    first: int
+    start: float
+    tokens: list = field(default_factory=list)
+    spans: list = field(default_factory=list)
+    cost: list = field(default_factory=list)
+    match: list = field(default_factory=list)
+    checked: list = field(default_factory=list)  # (verified, matched) so far, per bucket
+    spent: float = 0.0
+    verified: int = 0
+    matched: int = 0
+
+    def cut(self, n: int) -> "_Prefix":
+        """The first `n` buckets only (the running totals recounted from what is kept)."""
+        out = _Prefix(self.first, self.start)
+        if n <= 0:
+            return out
+        out.tokens, out.spans, out.cost, out.match = self.tokens[:n], self.spans[:n], self.cost[:n], self.match[:n]
+        out.checked = self.checked[:n]
+        out.spent = out.cost[-1]
+        out.verified, out.matched = out.checked[-1]
+        return out

@@ -12,6 +12,7 @@ import pytest
 from rich.cells import cell_len
 
 from app.engine.dbsnapshot import snapshot_from_db
+from app.engine.snapshot import MetricsSnapshot
 from app.store import queries
 from app.tui.app import EaglewatchApp, make_app
 from app.tui.db_source import AttachedSource, InProcessSource
@@ -131,3 +132,29 @@ async def test_both_faces_draw_the_same_plots(tmp_path: Path, sample_data_dir: P
     finally:
         await engine.close()
         await store.close()
+
+
+def test_kept_buckets_give_the_same_plots_as_a_fresh_read(run_db: Path) -> None:
+    """The series keeps every bucket but the newest between polls: rows arriving later (also into an older
+    bucket, as a catch-up does) must give exactly what reading everything at once gives."""
+    snap = dataclasses.replace(MetricsSnapshot("demo", "running"), engine="running")
+    b0 = int(T0 // 10)
+
+    def chunk(*buckets: queries.SeriesBucket) -> queries.SeriesChunk:
+        return queries.SeriesChunk(tuple(buckets), 0, 0, True)
+
+    rows = [queries.SeriesBucket(b0 + k, 10 * k, k, 0.5 * k, k % 3, k % 2, T0 + 10 * k, T0 + 10 * k + 5)
+            for k in range(0, 40, 3)]
+    late = [queries.SeriesBucket(b0 + 4, 7, 1, 0.25, 2, 1, T0 + 41, T0 + 42),
+            queries.SeriesBucket(b0 + 60, 9, 1, 0.1, 1, 1, T0 + 601, T0 + 602)]
+    kept = RunSeries()
+    kept.add(chunk(*rows[:7]))
+    kept.plots(snap, T0 + 300)
+    kept.add(chunk(*rows[7:]))
+    kept.plots(snap, T0 + 450)
+    kept.add(chunk(*late))
+    fresh = RunSeries()
+    merged = sorted(rows + late, key=lambda b: b.bucket)
+    fresh.add(chunk(*merged))
+    assert kept.plots(snap, T0 + 700) == fresh.plots(snap, T0 + 700)
+    assert kept.plots(snap, T0 + 700)["match"].now_label == fresh.plots(snap, T0 + 700)["match"].now_label
