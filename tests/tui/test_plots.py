@@ -115,10 +115,11 @@ async def test_both_faces_draw_the_same_plots(tmp_path: Path, sample_data_dir: P
                     break
                 await pilot.pause(0.1)
             assert engine.state == "done"
-            app.screen.poll()
-            await settle(pilot)
-            app.screen.poll()
-            await settle(pilot)
+            for _ in range(2):  # two polls after DONE (a poll right after a slow one waits: let it start now)
+                app.screen._not_before = 0.0
+                app.screen.poll()
+                await settle(pilot)
+            assert app.screen._last.state == "done" and not app.screen.series.empty
             shown = {name: app.screen.query_one(f"#plot-{name}", TimePlot).series for name in ("throughput", "match", "cost")}
             attached = AttachedSource(Path(config.run.database))
             try:
