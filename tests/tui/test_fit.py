@@ -19,6 +19,7 @@ from app.store.records import SampleInput
 from app.store.run_store import RunStore
 from app.tui.app import EaglewatchApp, make_app
 from app.tui.db_source import AttachedSource, InProcessSource
+from app.tui.screens.confirm import ConfirmScreen, NumberScreen
 from app.tui.screens.dashboard import COMPACT_LINES, FULL_LINES, DashboardScreen
 from app.tui.screens.diff import DiffScreen
 from app.tui.screens.help import HelpScreen
@@ -114,6 +115,13 @@ async def test_every_other_screen_fits(run_db: Path, size) -> None:
     app = EaglewatchApp(AttachedSource(run_db))
     async with app.run_test(size=size) as pilot:
         await settle(pilot)
+        for key, kind in (("P", ConfirmScreen), ("c", NumberScreen)):  # pause-now's billing warning, the limit
+            await pilot.press(key)
+            await settle(pilot)
+            assert isinstance(app.screen, kind)
+            assert cuts(app.screen) == [], kind.__name__
+            await pilot.press("escape")
+            await settle(pilot)
         for key, kind in (("m", MismatchesScreen), ("enter", DiffScreen), ("s", SampleScreen)):
             await pilot.press(key)
             await settle(pilot)
