@@ -225,9 +225,10 @@ class DashboardScreen(Screen):
     Each poll ends in `Polled` (its data) or `PollFailed`; `Polled` bubbles on to the App, which keeps
     the latest snapshot for its key checks (the screen writes nothing of the App's).
 
-    Layout (app.tcss): under 120 columns the tiles are compact (COMPACT_LINES each) and one plot shows at a
-    time (`t` shows the next); under 32 rows the boxes draw only their top edge, so 80x24 shows the tiles,
-    a plot, the endpoints, the jobs and the events at once (the jobs screen `j` and `m` hold the details).
+    Layout (app.tcss): under 120 columns one plot shows at a time (`t` shows the next); under 120 columns or
+    32 rows the tiles are compact (COMPACT_LINES each); under 32 rows the boxes draw only their top edge, so
+    80x24 shows the tiles, a plot, the endpoints, the jobs and the events at once (the jobs screen `j` and
+    `m` hold the details).
     """
 
     class Polled(Fetched):
@@ -289,7 +290,12 @@ class DashboardScreen(Screen):
 
     @property
     def compact(self) -> bool:
-        """True under 120 columns: compact tiles, one plot at a time."""
+        """True under 120 columns or 32 rows: compact tiles (COMPACT_LINES each)."""
+        return self.has_class("-narrow") or self.has_class("-short")
+
+    @property
+    def one_plot(self) -> bool:
+        """True under 120 columns: one plot at a time (`t` the next)."""
         return self.has_class("-narrow")
 
     def poll(self) -> None:
@@ -388,7 +394,7 @@ class DashboardScreen(Screen):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "next_plot":
-            return self.compact  # every plot shows at 120 columns: nothing to cycle
+            return self.one_plot  # every plot shows at 120 columns: nothing to cycle
         return True
 
     def on_resize(self) -> None:
