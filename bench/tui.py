@@ -1,18 +1,26 @@
 """What does the monitor cost? Dashboard refresh over 1M samples, a 32k-token diff, a mismatch page of 100k.
 
 Builds a run database of --samples samples (default 1,000,000; responses spread over the last 24 h,
-10% of reconstructions non-exact, so 100k mismatches) with executemany straight into the schema, and a
-1,000-sample database as the baseline measured in the same run. Median of --repeat rounds:
-  - dashboard refresh, attached: `snapshot_from_db` + jobs + events from SQLite (through the store's
-    `RunReader`, as the attached source reads), then rendering them;
-  - dashboard refresh, in-process: jobs + events from SQLite (the snapshot is in memory), then rendering;
+10% of reconstructions non-exact, so 100k mismatches, 2% measured by probes) with executemany straight
+into the schema, and a 1,000-sample database as the baseline measured in the same run. Before measuring,
+each database is brought to NOW (a reused --db has its times shifted so its last response is a second
+old: the 5-minute window the rates read is never empty), and while it is measured a live writer stands in
+for the engine: it beats the heartbeat (with a live snapshot, so the attached refresh decodes it) and
+stores about 12 responses a second, as a running engine would. Median of --repeat rounds:
+  - dashboard refresh, attached: `snapshot_from_db` (with the heartbeat) + jobs + events + the plots' new
+    rows (`series_since`) from SQLite (through the store's `RunReader`, as the attached source reads),
+    then rendering them (tiles, the three time plots over the whole 24 h, tables, events);
+  - dashboard refresh, in-process: jobs + events + the plots' new rows (the snapshot is in memory), then
+    rendering;
+  - the plots' first read: a viewer that opens the run reads its whole history once, in chunks;
   - token diff open: `app.tokens.align` of a 32k-token pair with 64 differences + model build + first
     paint of `TokenDiffView`, and a jump to the last difference;
   - mismatch page: one page (50 rows) of the 100k non-exact samples, first and deep (offset 50,000),
     per sort order of `app.store.queries.MISMATCH_ORDERS` and with a text filter, plus filling the table.
 Queries are wall-clock; rendering (through Textual's Pilot) is the process's CPU time less the CPU time of
 an empty Pilot round trip measured alongside.
-Targets: refresh < 50 ms, diff open < 300 ms, page < 50 ms. Results go to bench/results/tui.json.
+Targets: refresh < 50 ms, diff open < 300 ms, page < 50 ms, free-text filter < 50 ms. Results go to
+bench/results/tui.json.
 
     python bench/tui.py [--samples 1000000] [--repeat 5] [--db /tmp/tui-bench.db]
 """
@@ -29,6 +37,7 @@ import sqlite3
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -41,6 +50,7 @@ from app.libnoise import silence_library_noise  # noqa: E402
 silence_library_noise()
 
 MISMATCH_SHARE = 0.10
+PROBE_EVERY = 50  # one sample in 50 measured by a probe (the text_path flag), for the match-rate plot
 from app.records import Category  # noqa: E402
 
 NON_EXACT = (Category.BPE_EQUIVALENT, Category.TEXT_MISMATCH, Category.STRUCTURE_MISMATCH, Category.TRUNCATED)
@@ -90,10 +100,11 @@ def build_db(path: Path, samples: int, tokenizer_dir: Path) -> float:
                 rows.append((i + 1, i + 1, Category.EXACT, None, '{"spans": []}', None, 0))
         conn.executemany(
             "INSERT INTO reconstructions (run_id, sample_pk, response_id, profile, tokenizer, strategy, output_ids, "
-            "reference_ids, category, first_diff, n_tokens, ref_len, explanation, detail, n_diff, created_at) "
-            f"VALUES (1, ?, ?, 'kimi-k2.5', 'fp', 'canonical', ?, ?, ?, ?, 8, 8, ?, ?, ?, {now})",
+            "reference_ids, category, first_diff, n_tokens, ref_len, explanation, detail, n_diff, flags, created_at) "
+            "VALUES (1, ?, ?, 'kimi-k2.5', 'fp', 'canonical', ?, ?, ?, ?, 8, 8, ?, ?, ?, ?, ?)",
             [
-                (pk, rid, ids_blob, ids_blob, verdict, first, expl, spans, n_diff)
+                (pk, rid, ids_blob, ids_blob, verdict, first, expl, spans, n_diff, _probe_flags(pk, verdict),
+                 now - 86_400 * (samples - pk + 1) / samples)
                 for pk, rid, verdict, first, spans, expl, n_diff in rows
             ],
         )
@@ -116,6 +127,107 @@ def build_db(path: Path, samples: int, tokenizer_dir: Path) -> float:
     conn.execute("ANALYZE")
     conn.close()
     return time.perf_counter() - t0
+
+
+def _probe_flags(pk: int, verdict: str) -> str | None:
+    """Every PROBE_EVERY-th sample measured (its text-path verdict is its verdict), as the engine's probes flag it."""
+    return json.dumps([f"text_path:{verdict}"]) if pk % PROBE_EVERY == 0 else None
+
+
+def bring_to_now(path: Path) -> float:
+    """Shift the database's times so its last response is a second old (a reused --db would otherwise have
+    an empty rate window and stale plots), and recount its tallies if rows went in past them; returns the
+    shift in seconds."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        last = conn.execute("SELECT MAX(created_at) FROM responses").fetchone()[0] or time.time()
+        shift = time.time() - 1.0 - last
+        if shift > 1.0:
+            conn.execute("BEGIN")
+            for table, column in (("responses", "created_at"), ("reconstructions", "created_at"), ("events", "ts"),
+                                  ("runs", "created_at"), ("runs", "updated_at")):
+                conn.execute(f"UPDATE {table} SET {column} = {column} + ?", (shift,))
+            conn.execute("COMMIT")
+        from app.store.tallies import recount, samples_current
+
+        if not samples_current(conn):  # rows added by plain SQL since: tallies behind would mean COUNT scans
+            recount(conn)
+        return max(shift, 0.0)
+    finally:
+        conn.close()
+
+
+class LiveWriter:
+    """Stands in for a running engine while a database is measured: beats the heartbeat every 0.5 s (with a
+    live snapshot) and stores ~12 responses a second, in its own connection."""
+
+    RATE = 12
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stop = threading.Event()
+        self._first = threading.Event()  # the first batch is stored (the window has rows)
+        self._thread = threading.Thread(target=self._run, name="bench-live-writer", daemon=True)
+        self.written = 0
+
+    def __enter__(self) -> "LiveWriter":
+        self._beat(sqlite3.connect(self.path, isolation_level=None, timeout=5), close=True)
+        self._thread.start()
+        self._first.wait(10)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self, conn: sqlite3.Connection, close: bool = False) -> None:
+        from app.engine.snapshot import EndpointSnapshot, MetricsSnapshot
+        from app.engine.snapshot_codec import snapshot_to_json
+        from app.store.heartbeat import beat_op, this_host
+
+        now = time.time()
+        live = MetricsSnapshot("bench", "running", in_flight=40, waiting=3, concurrency_limit=48, eta_s=120.0,
+                               endpoints=(EndpointSnapshot("sim-a", in_flight=20, concurrency_limit=24),
+                                          EndpointSnapshot("sim-b", in_flight=20, concurrency_limit=24)))
+        beat_op(1, pid=os.getpid(), host=this_host(), started_at=now - 86_400, now=now,
+                snapshot_json=snapshot_to_json(live))(conn)
+        if close:
+            conn.close()
+
+    def _run(self) -> None:
+        # responses only (new attempts of stored samples): a plain-SQL sample row would put the sample
+        # tallies behind and send every snapshot to a COUNT over the samples table, which no engine does
+        conn = sqlite3.connect(self.path, isolation_level=None, timeout=5)
+        n_samples = conn.execute("SELECT MAX(pk) FROM samples").fetchone()[0] or 1
+        rid = conn.execute("SELECT MAX(id) FROM responses").fetchone()[0] or 0
+        while True:
+            now = time.time()
+            conn.execute("BEGIN")
+            for _ in range(self.RATE // 2):
+                rid += 1
+                conn.execute("INSERT INTO responses (id, run_id, sample_pk, attempt, endpoint, finish_reason, content, "
+                             "usage, prompt_tokens, completion_tokens, cost_usd, latency_ms, ttft_ms, created_at) "
+                             "VALUES (?, 1, ?, 2, 'sim-a', 'stop', 'x', '{}', 100, 250, 0.0004, 900, 120, ?)",
+                             (rid, 1 + rid % n_samples, now))
+                self.written += 1
+            self._beat(conn)
+            conn.execute("COMMIT")
+            self._first.set()
+            if self._stop.wait(0.5):
+                break
+        conn.close()
+
+
+def read_history(source) -> tuple[float, "object"]:
+    """The plots' first read of a run (every stored row, in chunks): (ms, the RunSeries)."""
+    from app.tui.series import RunSeries, read_chunk
+
+    t = time.perf_counter()
+    series = RunSeries()
+    while True:
+        series.add(read_chunk(source, series.cursor))
+        if series.caught_up:
+            return (time.perf_counter() - t) * 1000, series
 
 
 def median_ms(fn, repeat: int) -> float:
@@ -146,13 +258,36 @@ def measure_db(path: Path, repeat: int) -> dict[str, float]:
     from app.tui.screens.mismatches import PAGE_SIZE, MismatchesScreen
     from app.tui.source import MISMATCH_VERDICTS
 
+    from app.tui.screens.dashboard import EVENTS_FETCHED
+    from app.tui.series import read_chunk
+
     source = AttachedSource(path)
     reader = source.reader
     total = reader.mismatch_page(MISMATCH_VERDICTS, "", "sample", 0, 1).total
     deep = max(0, min(50_000, total - PAGE_SIZE))
     out: dict[str, float] = {"mismatches": float(total)}
-    out["fetch_attached"] = median_ms(lambda: (source.snapshot(), source.jobs(), source.events(6)), repeat)
-    out["fetch_in_process"] = median_ms(lambda: (source.jobs(), source.events(6)), repeat)
+    snap = source.snapshot()
+    # a stale database would read an empty window (and a gone engine): say so instead of reporting its numbers
+    if snap.engine != "running" or snap.rate.req_s_1m <= 0:
+        raise SystemExit(f"{path}: the heartbeat or the 5-minute window is stale (engine {snap.engine}, "
+                         f"{snap.rate.req_s_1m:.1f} req/s over 1 min): the bench would measure nothing")
+    out["window_req_s_1m"] = snap.rate.req_s_1m
+    out["history_read"], series = read_history(source)
+    out["history_buckets"] = float(len(series.plots(snap)["throughput"].values))
+
+    def fetch_attached():
+        # the plots read only what was stored since the previous poll, as the dashboard does
+        chunk = read_chunk(source, series.cursor)
+        series.add(chunk)
+        return source.snapshot(), source.jobs(), source.events(EVENTS_FETCHED), chunk
+
+    def fetch_in_process():
+        chunk = read_chunk(source, series.cursor)
+        series.add(chunk)
+        return source.jobs(), source.events(EVENTS_FETCHED), chunk
+
+    out["fetch_attached"] = median_ms(fetch_attached, repeat)
+    out["fetch_in_process"] = median_ms(fetch_in_process, repeat)
     for order in ("sample", "recent", "verdict"):
         out[f"page_{order}"] = median_ms(lambda: reader.mismatch_page(MISMATCH_VERDICTS, "", order, 0, PAGE_SIZE), repeat)
     for order in ("first_diff", "n_diff", "longest"):
@@ -184,15 +319,21 @@ def measure_db(path: Path, repeat: int) -> dict[str, float]:
             await app.workers.wait_for_complete()
             await pilot.pause()
             screen = app.screen
+            while not screen.series.caught_up:  # the dashboard's own polls read the history first
+                screen.poll()
+                await pilot.pause()
+                await app.workers.wait_for_complete()
+            assert all(plot.series.values for plot in screen.query("TimePlot"))
 
             async def idle_once() -> None:
                 await pilot.pause()
 
             # Pilot's own cost per round trip, subtracted from the render rows below.
             out["pilot_idle"] = await median_ms_async(idle_once, repeat)
-            data = DashboardData(source.snapshot(), tuple(source.jobs()), tuple(source.events(6)))
+            data = DashboardData(source.snapshot(), tuple(source.jobs()), tuple(source.events(EVENTS_FETCHED)))
 
             async def apply_once() -> None:
+                # tiles, tables, events and the three plots (redrawn: their time axis moves with the clock)
                 screen._polling = True
                 screen.apply(data)
                 await pilot.pause()
@@ -290,8 +431,15 @@ def main() -> int:
     small = work / "small.db"
     build_db(small, 1_000, args.tokenizer)
 
-    base = measure_db(small, args.repeat)
-    large = measure_db(big, args.repeat)
+    shifted = bring_to_now(big)
+    if shifted and not build_s:
+        print(f"{big}: times shifted {shifted:,.0f} s to now (a reused database)")
+    bring_to_now(small)
+    with LiveWriter(small):
+        base = measure_db(small, args.repeat)
+    with LiveWriter(big) as writer:
+        large = measure_db(big, args.repeat)
+    print(f"live writer: {writer.written} responses stored while measuring, heartbeat every 0.5 s")
     diff_small = measure_diff(args.tokenizer, 1_000, args.repeat)
     diff_big = measure_diff(args.tokenizer, 32_000, args.repeat)
 
@@ -303,9 +451,10 @@ def main() -> int:
     refresh_in_process = large["fetch_in_process"] + large["render_dashboard"]
     rows = [
         row("dashboard refresh, attached (fetch + render)", base["fetch_attached"] + base["render_dashboard"], refresh_attached, 50),
-        row("  fetch: snapshot_from_db + jobs + events", base["fetch_attached"], large["fetch_attached"], None),
+        row("  fetch: snapshot_from_db + heartbeat + jobs + events + plot rows", base["fetch_attached"], large["fetch_attached"], None),
         row("dashboard refresh, in-process (fetch + render)", base["fetch_in_process"] + base["render_dashboard"], refresh_in_process, 50),
-        row("  render: apply one poll (CPU)", base["render_dashboard"], large["render_dashboard"], None),
+        row("  render: apply one poll, with the plots (CPU)", base["render_dashboard"], large["render_dashboard"], None),
+        row("plots' first read of the whole history (once)", base["history_read"], large["history_read"], None),
         row("mismatch page, sample order (query + table)", base["page_sample"] + base["render_page"], large["page_sample"] + large["render_page"], 50),
         row("  query: first page, sample order", base["page_sample"], large["page_sample"], None),
         row("  query: next page at depth (offset 50,000)", base["page_deep"], large["page_deep"], None),
@@ -319,7 +468,7 @@ def main() -> int:
         row("  query: longest first, later page by offset", base["page_longest_next"], large["page_longest_next"], None),
         row("  query: longest first, deep page by key", base["page_longest_deep"], large["page_longest_deep"], None),
         row("  query: one verdict", base["page_one_verdict"], large["page_one_verdict"], None),
-        row("  query: text filter", base["page_text"], large["page_text"], None),
+        row("free-text mismatch filter (first page)", base["page_text"], large["page_text"], 50),
         row("  render: fill the table (CPU)", base["render_page"], large["render_page"], None),
         row("token diff open (align + view + paint)", diff_small["open_total"], diff_big["open_total"], 300),
         row("  align", diff_small["align"], diff_big["align"], None),
@@ -329,16 +478,17 @@ def main() -> int:
     print(f"\nbaseline: 1,000 samples / 1k-token diff; measured: {args.samples:,} samples "
           f"({int(large['mismatches']):,} mismatches) / {int(diff_big['tokens']):,}-token diff "
           f"({int(diff_big['rows']):,} display rows at 120 columns); median of {args.repeat}")
-    print(f"{'what':<48} {'baseline ms':>11} {'measured ms':>11} {'ratio':>7} {'target':>7}")
+    print(f"{'what':<66} {'baseline ms':>11} {'measured ms':>11} {'ratio':>7} {'target':>7}")
     for name, s, b, ratio, target, verdict in rows:
         t = f"<{target}" if target else ""
-        print(f"{name:<48} {s:>11.1f} {b:>11.1f} {ratio:>6.1f}x {t:>7} {verdict}")
+        print(f"{name:<66} {s:>11.1f} {b:>11.1f} {ratio:>6.1f}x {t:>7} {verdict}")
 
     result = {
         "samples": args.samples, "mismatches": large["mismatches"], "diff_tokens": diff_big["tokens"],
         "baseline": base, "measured": large, "diff_baseline": diff_small, "diff": diff_big,
         "refresh_attached_ms": refresh_attached, "refresh_in_process_ms": refresh_in_process,
         "page_ms": large["page_sample"] + large["render_page"], "diff_open_ms": diff_big["open_total"],
+        "text_filter_ms": large["page_text"], "history_read_ms": large["history_read"], "reused_db_shift_s": shifted,
         "build_s": build_s, "python": platform.python_version(), "machine": platform.machine(),
     }
     out = ROOT / "bench" / "results"

@@ -39,7 +39,7 @@ STATE_GLYPHS = {
     "queued": "… queued",
 }
 
-COLUMNS = (("id", 5), ("job", 18), ("state", 12), ("executor", 8), ("shards", 14), ("tokens", 10))
+COLUMNS = (("id", 4), ("job", 16), ("state", 12), ("executor", 8), ("shards", 14), ("tokens", 10))
 
 
 class JobsTable(DataTable):

@@ -17,6 +17,8 @@ class MetricTile(Static):
         height: auto;
         min-height: 3;
         width: 1fr;
+        text-wrap: nowrap;  /* a line never wraps: the tiles pick lines that fit their width */
+        text-overflow: ellipsis;
     }
     """
 
@@ -33,7 +35,7 @@ class MetricTile(Static):
         # Same number of lines: same size, so skip the layout pass (the dashboard ticks at 2 Hz).
         same_height = self._shown is not None and len(self._shown) == len(key)
         self._shown = key
-        text = Text()
+        text = Text(no_wrap=True, overflow="ellipsis")  # a tile's line never wraps (its lines fit by design)
         for n, line in enumerate(lines):
             if n:
                 text.append("\n")

@@ -29,6 +29,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -554,3 +555,92 @@ class RunReader:
         """Close the connection."""
         with self._lock:
             self._conn.close()
+
+
+# ============================================================================================== time series (issue 14, h-tui)
+# The dashboard's plots (throughput, measured match rate, cost over time) in both faces: per 10 s bucket of
+# wall-clock time, read by rowid range after a cursor so a face reads each stored row once (an attached
+# viewer of a 1M-sample run catches up in chunks of SERIES_CHUNK ids, then reads only what is new).
+
+SERIES_BUCKET_S = 10  # the engine's HISTORY_BUCKET_S: one bucket of the throughput history
+SERIES_CHUNK = 250_000  # ids read per call at most (bounds one poll's cost while catching up)
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesBucket:
+    """One 10 s bucket (`bucket` * SERIES_BUCKET_S is its unix start): output tokens and count of successful
+    responses, cost of every attempt, measured samples (probes with true ids) and how many agreed, and when
+    its first and last attempts were stored (where a plot's time axis starts and, once the run ends, stops)."""
+
+    bucket: int
+    tokens: int = 0
+    responses: int = 0
+    cost_usd: float = 0.0
+    verified: int = 0
+    matched: int = 0
+    first_at: float | None = None  # the earliest and latest response stored in this bucket (None: none)
+    last_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesChunk:
+    """What `series_since` read: the buckets touched by rows with ids in (cursor, new cursor], the new cursors,
+    and whether it reached the newest rows (False: call again to catch up)."""
+
+    buckets: tuple[SeriesBucket, ...]
+    response_cursor: int
+    reconstruction_cursor: int
+    caught_up: bool
+
+
+def series_since(conn: sqlite3.Connection, run_id: int, response_cursor: int = 0, reconstruction_cursor: int = 0,
+                 *, chunk: int = SERIES_CHUNK) -> SeriesChunk:
+    """The run's responses and measured reconstructions stored after the cursors (row ids), summed per bucket.
+
+    Each table is read by one rowid range of at most `chunk` ids (`+run_id` keeps the planner off the run
+    indexes, which would read the whole run for every call); a measured
+    reconstruction carries the `text_path:<verdict>` flag (app.tokens.flags), and it agrees unless that
+    verdict is corrupt (app.records.CORRUPT_VERDICTS), as the snapshot's measured fidelity counts it.
+    """
+    from app.records import CORRUPT_VERDICTS
+    from app.tokens.flags import TEXT_PATH
+
+    sums: dict[int, list] = {}
+    newest_response = conn.execute("SELECT MAX(id) FROM responses").fetchone()[0] or 0
+    top_response = min(newest_response, response_cursor + chunk)
+    for b, tokens, ok, cost, first, last in conn.execute(
+        f"SELECT CAST(created_at / {SERIES_BUCKET_S} AS INTEGER) AS b, "
+        "SUM(CASE WHEN error_class IS NULL THEN completion_tokens ELSE 0 END), SUM(error_class IS NULL), "
+        "SUM(cost_usd), MIN(created_at), MAX(created_at) FROM responses WHERE id > ? AND id <= ? AND +run_id = ? "
+        "GROUP BY b", (response_cursor, top_response, run_id),
+    ):
+        sums[int(b)] = [int(tokens or 0), int(ok or 0), float(cost or 0.0), 0, 0, first, last]
+    newest_rec = conn.execute("SELECT MAX(id) FROM reconstructions").fetchone()[0] or 0
+    top_rec = min(newest_rec, reconstruction_cursor + chunk)
+    corrupt = {str(v) for v in CORRUPT_VERDICTS}
+    for created, flags in conn.execute(
+        "SELECT created_at, flags FROM reconstructions WHERE id > ? AND id <= ? AND +run_id = ? "
+        "AND instr(flags, ?) > 0", (reconstruction_cursor, top_rec, run_id, TEXT_PATH),
+    ):
+        verdict = _text_path_verdict(flags, TEXT_PATH)
+        if verdict is None:
+            continue
+        row = sums.setdefault(int(created // SERIES_BUCKET_S), [0, 0, 0.0, 0, 0, None, None])
+        row[3] += 1
+        row[4] += verdict not in corrupt
+    buckets = tuple(SeriesBucket(b, *row) for b, row in sorted(sums.items()))
+    return SeriesChunk(buckets, top_response, top_rec, top_response == newest_response and top_rec == newest_rec)
+
+
+def _text_path_verdict(flags: str, prefix: str) -> str | None:
+    """The verdict after `prefix` in a flags column (a JSON list; a plain comma list is tolerated)."""
+    try:
+        items = json.loads(flags)
+    except ValueError:
+        items = flags.split(",")
+    if not isinstance(items, list):
+        return None
+    return next((str(f)[len(prefix):] for f in items if str(f).startswith(prefix)), None)
+
+
+__all__ += ["SERIES_BUCKET_S", "SeriesBucket", "SeriesChunk", "series_since"]

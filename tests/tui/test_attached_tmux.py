@@ -43,7 +43,8 @@ def test_watch_says_engine_gone_after_a_sigkill_and_follows_the_rerun_to_done(tm
         _wait_db(db)
         term = Terminal(f"ew-attach-{os.getpid()}", f"{sys.executable} -m app.cli watch --no-mouse {db}", 80, 24)
         screen = term.wait_for(r"RUNNING\s+h ", timeout=25)
-        term.wait_for(r"in flight [1-9]\d*/\d+", timeout=15)  # from the heartbeat: the engine's own count
+        # from the heartbeat: the engine's own count (the compact tile at 80 columns says "flight N/M")
+        term.wait_for(r"flight [1-9]\d*/\d+", timeout=15)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         killed = time.monotonic()
