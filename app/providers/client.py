@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -211,6 +212,29 @@ class ChatClient:
         completion = parse_body(data, total_s=total)
         return self._with_header_id(completion, response.headers)
 
+    async def _read_events(self, chunks: AsyncIterator[bytes], started: float) -> StreamAssembler:
+        """Feed the SSE events of `chunks` to an assembler, reading to the end (so the connection goes back to
+        the pool); a transport error mid-stream is a RetryableError naming how far the stream got."""
+        assembler = StreamAssembler(started)
+        buffer = bytearray()
+        try:
+            async for data in chunks:
+                if assembler.done:
+                    continue
+                for event in iter_sse_events(buffer, data):
+                    assembler.feed(event)
+                    if assembler.done:
+                        break
+        except (httpx.TransportError, OSError, TimeoutError, aiohttp.ClientError) as exc:
+            kind = "timeout" if _transport_error_class(exc) == "timeout" else "stream"
+            error = RetryableError(
+                f"{self.endpoint_name}: the stream broke after {len(assembler.chunks)} chunks "
+                f"({describe_transport_error(exc)})", error_class=kind
+            )
+            error.cost_usd = assembler.reported_cost()
+            raise error from None
+        return assembler
+
     def _session(self) -> aiohttp.ClientSession:
         """The transport's aiohttp session, made on first use (inside the loop), as its own requests do."""
         transport = self._transport
@@ -234,24 +258,7 @@ class ChatClient:
         async with self._post(content, self._aio_stream_headers) as response:
             if response.status != 200:
                 raise self._status_error(response.status, response.headers, await response.read())
-            assembler = StreamAssembler(started)
-            buffer = bytearray()
-            try:
-                async for data in response.content.iter_any():
-                    if assembler.done:
-                        continue  # read to the end so the connection goes back to the pool
-                    for event in iter_sse_events(buffer, data):
-                        assembler.feed(event)
-                        if assembler.done:
-                            break
-            except (OSError, TimeoutError, aiohttp.ClientError) as exc:
-                kind = "timeout" if _transport_error_class(exc) == "timeout" else "stream"
-                error = RetryableError(
-                    f"{self.endpoint_name}: the stream broke after {len(assembler.chunks)} chunks "
-                    f"({describe_transport_error(exc)})", error_class=kind
-                )
-                error.cost_usd = assembler.reported_cost()
-                raise error from None
+            assembler = await self._read_events(response.content.iter_any(), started)
             completion = assembler.finish_completion(time.perf_counter() - started)
             return self._with_header_id(completion, response.headers)
 
@@ -260,24 +267,7 @@ class ChatClient:
         try:
             if response.status_code != 200:
                 raise self._status_error(response.status_code, response.headers, await response.aread())
-            assembler = StreamAssembler(started)
-            buffer = bytearray()
-            try:
-                async for data in response.aiter_bytes():
-                    if assembler.done:
-                        continue  # read to the end so the connection goes back to the pool
-                    for event in iter_sse_events(buffer, data):
-                        assembler.feed(event)
-                        if assembler.done:
-                            break
-            except (httpx.TransportError, OSError, aiohttp.ClientError) as exc:
-                kind = "timeout" if _transport_error_class(exc) == "timeout" else "stream"
-                error = RetryableError(
-                    f"{self.endpoint_name}: the stream broke after {len(assembler.chunks)} chunks "
-                    f"({describe_transport_error(exc)})", error_class=kind
-                )
-                error.cost_usd = assembler.reported_cost()
-                raise error from None
+            assembler = await self._read_events(response.aiter_bytes(), started)
             completion = assembler.finish_completion(time.perf_counter() - started)
             return self._with_header_id(completion, response.headers)
         finally:
