@@ -262,7 +262,9 @@ class Generation(_Section):
 class Limits(_Section):
     """[limits]: concurrency (adaptive between min and max), rate limits and the budget."""
 
-    concurrency_initial: int = Field(8, gt=0, description="Requests in flight at start.")
+    concurrency_initial: int | None = Field(
+        None, gt=0, description="Requests in flight at start (default: concurrency_max, what a fixed-concurrency client sends)."
+    )
     concurrency_min: int = Field(1, gt=0, description="Floor of the adaptive concurrency.")
     concurrency_max: int = Field(64, gt=0, description="Ceiling of the adaptive concurrency.")
     requests_per_min: float | None = Field(None, gt=0, description="Request rate cap across endpoints.")
@@ -279,10 +281,11 @@ class Limits(_Section):
 
     @model_validator(mode="after")
     def _ordered(self) -> Limits:
-        if not self.concurrency_min <= self.concurrency_initial <= self.concurrency_max:
+        initial = self.concurrency_max if self.concurrency_initial is None else self.concurrency_initial
+        if not self.concurrency_min <= initial <= self.concurrency_max:
             raise ValueError(
                 "concurrency_min <= concurrency_initial <= concurrency_max must hold, got "
-                f"{self.concurrency_min}, {self.concurrency_initial}, {self.concurrency_max}"
+                f"{self.concurrency_min}, {initial}, {self.concurrency_max}"
             )
         return self
 

@@ -13,10 +13,12 @@ sample_data/reference.jsonl non-streaming:
 
 Three clients run the same small async loop (start while the policy allows; a refused request goes back to
 the queue and waits out its own Retry-After), each against its own server, all three at once in separate
-processes so they share the machine alike: `adaptive` (app.engine.limiter.AdaptiveLimit, initial 8, max
-64), `oracle` (fixed at the true capacity: 64, 24, a client-side pacer at the quota, 16, the cap schedule)
+processes so they share the machine alike: `adaptive` (app.engine.limiter.AdaptiveLimit, max 64, initial
+the engine's default, 64 = concurrency_max; `--initial 8` shows a slow start from 8), `oracle` (fixed at the
+true capacity: 64, 24, a client-side pacer at the quota, 16, the cap schedule)
 and `naive` (fixed 64, what SpecForge, speculators and Curator do). The figure with the engine's own
-scheduler is pending the scheduler rewrite. Writes bench/results/capacity.json and prints markdown.
+scheduler is pending the scheduler rewrite. Merges its rows into bench/results/capacity.json per profile (a
+subset run keeps the other profiles' last rows) and prints markdown for the rows of this run.
 """
 
 from __future__ import annotations
@@ -159,7 +161,8 @@ async def client_run(base_url: str, policy, n: int, messages: list, stats: dict)
     return wall
 
 
-async def one_run(profile: str, client: str, n: int, median_ms: float, p95_ms: float, seed: int) -> dict:
+async def one_run(profile: str, client: str, n: int, median_ms: float, p95_ms: float, seed: int,
+                  initial: int = MAX) -> dict:
     """One client against its own simulator; returns wall time, requests, 429s."""
     from app.engine.limiter import AdaptiveLimit
     from app.simulator.options import SimulatorOptions
@@ -172,7 +175,7 @@ async def one_run(profile: str, client: str, n: int, median_ms: float, p95_ms: f
     async with SimulatorServer(options, tokenizer_dir=SAMPLE / "tokenizer") as sim:
         now = asyncio.get_running_loop().time()
         if client == "adaptive":
-            policy = AdaptiveLimit(8, 1, MAX)
+            policy = AdaptiveLimit(initial, 1, MAX)
         elif client == "naive":
             policy = Fixed(MAX)
         else:  # the oracle knows the true capacity
@@ -195,6 +198,25 @@ async def one_run(profile: str, client: str, n: int, median_ms: float, p95_ms: f
         return out
 
 
+def write_results(path: Path, results: list[dict]) -> None:
+    """Merge this run's rows into the results file per profile: a subset run replaces only its own profiles'
+    rows (each row carries its own settings: n, latency, seed, initial, time)."""
+    by_profile: dict[str, dict] = {}
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except ValueError:
+            old = {}
+        for row in old.get("results", []) if isinstance(old, dict) else []:
+            if isinstance(row, dict) and "adaptive" in row:
+                by_profile[row["adaptive"]["profile"]] = row
+    for row in results:
+        by_profile[row["adaptive"]["profile"]] = row
+    ordered = [by_profile[p] for p in PROFILES if p in by_profile]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"results": ordered}, indent=1))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=2000, help="samples per run (default 2000)")
@@ -202,29 +224,32 @@ def main() -> int:
     parser.add_argument("--median-ms", type=float, default=300.0)
     parser.add_argument("--p95-ms", type=float, default=600.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--initial", type=int, default=MAX,
+                        help=f"the adaptive client's initial limit (default {MAX}, the engine's: concurrency_max)")
     parser.add_argument("--one", nargs=2, metavar=("PROFILE", "CLIENT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        result = asyncio.run(one_run(args.one[0], args.one[1], args.n, args.median_ms, args.p95_ms, args.seed))
+        result = asyncio.run(one_run(args.one[0], args.one[1], args.n, args.median_ms, args.p95_ms, args.seed,
+                                     args.initial))
         print(json.dumps(result))
         return 0
     results = []
     for profile in args.profiles:
         procs = {c: subprocess.Popen([sys.executable, __file__, "--one", profile, c, "--n", str(args.n),
                                       "--median-ms", str(args.median_ms), "--p95-ms", str(args.p95_ms),
-                                      "--seed", str(args.seed)], stdout=subprocess.PIPE, text=True)
+                                      "--seed", str(args.seed), "--initial", str(args.initial)],
+                                     stdout=subprocess.PIPE, text=True)
                  for c in ("adaptive", "oracle", "naive")}
         row = {c: json.loads(p.communicate()[0].strip().splitlines()[-1]) for c, p in procs.items()}
+        row["settings"] = {"n": args.n, "median_ms": args.median_ms, "p95_ms": args.p95_ms, "seed": args.seed,
+                           "initial": args.initial, "time": time.time()}
         results.append(row)
         a, o, nv = row["adaptive"], row["oracle"], row["naive"]
         print(f"{profile}: adaptive {a['wall_s']:.1f}s ({a['rate_429']:.1%} 429, limit {a['final_limit']}, "
               f"capacity {a['capacity_estimate']}, {a['reason']}) oracle {o['wall_s']:.1f}s "
               f"({o['rate_429']:.1%}) naive {nv['wall_s']:.1f}s ({nv['rate_429']:.1%}) -> "
               f"{a['wall_s'] / o['wall_s']:.2f}x oracle, {a['wall_s'] / nv['wall_s']:.2f}x naive", flush=True)
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "capacity.json").write_text(json.dumps({"n": args.n, "median_ms": args.median_ms, "p95_ms": args.p95_ms,
-                                                   "time": time.time(), "results": results}, indent=1))
+    write_results(ROOT / "bench" / "results" / "capacity.json", results)
     print("\n| profile | adaptive | oracle | naive 64 | adaptive / oracle | adaptive / naive | 429 rate (adaptive / naive) "
           "| p50 latency (adaptive / oracle / naive) |")
     print("|---|---|---|---|---|---|---|---|")

@@ -1,6 +1,8 @@
 """Engine throughput against the zero-latency simulator, side by side with request-only baselines.
 
-    python bench/engine.py [--n 2000] [--concurrency 64 256] [--rss-samples 20000] [--skip-curator]
+    python bench/engine.py [--n 2000] [--concurrency 64 256] [--rss-samples 20000] [--skip-curator] [--reps 1]
+    python bench/engine.py --ratios      # the two client-path ratios only (about 1.5 min): c=64, both modes,
+                                         # aiohttp / engine / engine+tokens interleaved 3 times, --n 1000
 
 One run measures, for each concurrency and for non-streaming and streaming: completed responses/s and
 client CPU per request of the engine (request + parse + store, one transaction per result) and of three
@@ -9,7 +11,11 @@ official `openai` SDK (asyncio.gather) and Curator (`bespokelabs-curator`, non-s
 limiter raised; it runs from its own venv, `CURATOR_PYTHON`, default /tmp/curator-venv/bin/python, since
 its pins clash with ours). The server runs in its own process pinned to core 0, each client in a fresh
 process pinned to core 1; the server's own ceiling is its CPU time per request. Peak RSS of an engine run
-over `--rss-samples` samples is measured too. Writes bench/results/engine.json and prints markdown.
+over `--rss-samples` samples is measured too. With `--reps R` each (mode, concurrency) runs its clients R
+times in rotating order (aiohttp, engine, engine+tokens, then engine, engine+tokens, aiohttp, ...), so a
+load swing on a shared machine hits every client alike; the ratios are the medians of the per-repetition
+ratios (engine / aiohttp, whole path / engine), printed with their range. Writes bench/results/engine.json
+and prints markdown.
 """
 
 from __future__ import annotations
@@ -265,6 +271,10 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--rss-samples", type=int, default=20000, help="samples in the peak-RSS run (0: skip)")
     ap.add_argument("--skip-curator", action="store_true")
+    ap.add_argument("--reps", type=int, default=1, help="interleaved repetitions per (mode, concurrency)")
+    ap.add_argument("--ratios", action="store_true",
+                    help="only the client-path ratios: --clients aiohttp engine engine+tokens --concurrency 64 "
+                         "--reps 3 --n 1000 --rss-samples 0 --skip-curator")
     ap.add_argument("--clients", nargs="+", default=["aiohttp", "engine", "engine+tokens", "openai"],
                     help="engine+tokens is the whole path: request, parse, reconstruct (sample tokenizer), store")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
@@ -273,6 +283,11 @@ def main() -> None:
     ap.add_argument("--conc", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--stream", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.ratios:
+        args.clients, args.concurrency, args.skip_curator = ["aiohttp", "engine", "engine+tokens"], [64], True
+        args.reps, args.rss_samples = max(args.reps, 3), 0
+        if "--n" not in sys.argv:
+            args.n = 1000
     if args.serve:
         _pin(0)
         asyncio.run(_serve())
@@ -299,7 +314,10 @@ def main() -> None:
                 kinds = list(args.clients)
                 if not stream and not args.skip_curator:
                     kinds.append("curator")
-                for kind in kinds:
+                order = []
+                for rep in range(max(1, args.reps)):  # rotate the order so no client always runs first
+                    order += [(rep, kinds[(i + rep) % len(kinds)]) for i in range(len(kinds))]
+                for rep, kind in order:
                     before = server_stats()
                     if kind == "curator":
                         r = run_curator(url, args.n, conc)
@@ -310,7 +328,7 @@ def main() -> None:
                         r = run_client(kind, url, args.n_sdk if kind == "openai" else args.n, conc, stream)
                     after = server_stats()
                     served = max(1, after["served"] - before["served"])
-                    row = {"client": kind, "stream": stream, "concurrency": conc, "ok": r["ok"],
+                    row = {"client": kind, "stream": stream, "concurrency": conc, "rep": rep, "ok": r["ok"],
                            "req_s": r["ok"] / r["wall_s"], "client_cpu_ms": 1000 * r["cpu_s"] / max(1, r["ok"]),
                            "server_cpu_ms": 1000 * (after["cpu_s"] - before["cpu_s"]) / served,
                            "rss_mb": r.get("rss_mb"),
@@ -332,11 +350,24 @@ def main() -> None:
         server.terminate()
         server.wait()
 
+    def rows_of(kind, stream, conc):
+        return [r for r in results if (r["client"], r["stream"], r["concurrency"]) == (kind, stream, conc)]
+
     def rate(kind, stream, conc):
-        for row in results:
-            if (row["client"], row["stream"], row["concurrency"]) == (kind, stream, conc):
-                return row["req_s"]
-        return None
+        rates = sorted(r["req_s"] for r in rows_of(kind, stream, conc))
+        return rates[len(rates) // 2] if rates else None
+
+    def ratios(kind, base, stream, conc):
+        """Per-repetition ratios kind / base (same repetition: the same moment's load), sorted."""
+        by_rep = {r["rep"]: r["req_s"] for r in rows_of(base, stream, conc)}
+        return sorted(r["req_s"] / by_rep[r["rep"]] for r in rows_of(kind, stream, conc) if by_rep.get(r["rep"]))
+
+    def ratio_text(kind, base, stream, conc):
+        xs = ratios(kind, base, stream, conc)
+        if not xs:
+            return "-"
+        med = xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+        return f"{med:.2f}x" + (f" ({xs[0]:.2f}-{xs[-1]:.2f}, {len(xs)} reps)" if len(xs) > 1 else "")
 
     lines = ["| mode | concurrency | engine req/s | bare aiohttp | engine / aiohttp | openai SDK | Curator | engine / Curator "
              "| engine client CPU ms/req | server ceiling req/s |",
@@ -344,24 +375,27 @@ def main() -> None:
     for stream in (False, True):
         for conc in args.concurrency:
             e, a, o, c = (rate(k, stream, conc) for k in ("engine", "aiohttp", "openai", "curator"))
-            erow = next((r for r in results if (r["client"], r["stream"], r["concurrency"]) == ("engine", stream, conc)), None)
+            erows = sorted(rows_of("engine", stream, conc), key=lambda r: r["req_s"])
+            erow = erows[len(erows) // 2] if erows else None
             fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
             ratio = lambda x, y: "-" if x is None or not y else f"{x / y:.2f}x"  # noqa: E731
             cpu = "-" if erow is None else f"{erow['client_cpu_ms']:.2f}"
             ceiling = "-" if erow is None or not erow["server_ceiling_req_s"] else f"{erow['server_ceiling_req_s']:.0f}"
             mode = "stream" if stream else "non-stream"
-            lines.append(f"| {mode} | {conc} | {fmt(e)} | {fmt(a)} | {ratio(e, a)} | {fmt(o)} | {fmt(c)} | "
+            lines.append(f"| {mode} | {conc} | {fmt(e)} | {fmt(a)} | {ratio_text('engine', 'aiohttp', stream, conc)} | "
+                         f"{fmt(o)} | {fmt(c)} | "
                          f"{ratio(e, c)} | {cpu} | {ceiling} |")
     table = "\n".join(lines)
-    whole = [r for r in results if r["client"] == "engine+tokens"]
+    whole = sorted({(r["stream"], r["concurrency"]) for r in results if r["client"] == "engine+tokens"})
     if whole:
         table += "\n\nWhole path (request + parse + reconstruction with the sample tokenizer + store):"
-        for r in whole:
-            alone = rate("engine", r["stream"], r["concurrency"])
-            share = r["tokens_cpu_share"]
-            table += f"\n- {'stream' if r['stream'] else 'non-stream'} c={r['concurrency']}: {r['req_s']:.0f} req/s"
-            table += f" ({r['req_s'] / alone:.2f}x the engine without reconstruction)" if alone else ""
-            table += f", reconstruction {100 * share:.0f}% of client CPU" if share is not None else ""
+        for stream, conc in whole:
+            shares = sorted(r["tokens_cpu_share"] for r in rows_of("engine+tokens", stream, conc)
+                            if r["tokens_cpu_share"] is not None)
+            table += f"\n- {'stream' if stream else 'non-stream'} c={conc}: {rate('engine+tokens', stream, conc):.0f} req/s"
+            if rows_of("engine", stream, conc):
+                table += f" ({ratio_text('engine+tokens', 'engine', stream, conc)} the engine without reconstruction)"
+            table += f", reconstruction {100 * shares[len(shares) // 2]:.0f}% of client CPU" if shares else ""
     if rss:
         table += (f"\n\nPeak RSS of an engine run (concurrency 256, non-streaming): {rss['peak_rss_mb']:.0f} MB over "
                   f"{rss['samples']:,} samples, {rss['small_peak_rss_mb']:.0f} MB over {rss['small_samples']:,} "

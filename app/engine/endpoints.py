@@ -65,7 +65,10 @@ def share_limits(config: RunConfig) -> list[AdaptiveLimit]:
         share = ep.weight / total_w
         maximum = max(1, min(ep.max_concurrency, math.ceil(lim.concurrency_max * share)))
         minimum = min(max(1, math.floor(lim.concurrency_min * share)), maximum)
-        initial = max(minimum, round(lim.concurrency_initial * share))
+        # no concurrency_initial: start at the maximum, as a fixed-concurrency client does (a hidden cap below
+        # it costs one refusal per excess request, once; starting lower costs round trips of slow start)
+        start = lim.concurrency_max if lim.concurrency_initial is None else lim.concurrency_initial
+        initial = min(maximum, max(minimum, round(start * share)))
         out.append(AdaptiveLimit(initial, minimum, maximum))
     return out
 

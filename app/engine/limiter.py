@@ -7,6 +7,11 @@ The rule, per endpoint (pure and synchronous: the caller passes the clock readin
   the provider served n at once; a 429 at level n says it would not. The ceiling (`capacity_estimate`) is
   the level proven since the last cut; two successes above it are needed to raise it (one alone may have
   slipped in while a refused request was still on its way back: the client counted it, the server did not).
+- **The start.** By default the limit starts at the maximum (`concurrency_initial` unset = `concurrency_max`),
+  what a fixed-concurrency client sends: a hidden cap below it costs one refusal per excess request, once
+  (the first wave's 429s come back within a network round trip and end slow start at the cap), while a
+  lower start costs round trips of slow start on every run (1.06-1.13x a naive fixed 64 at 2 % random 429s
+  from 8). A configured `concurrency_initial` starts slow start there.
 - **Slow start** (TCP slow start, RFC 5681 3.1): until an overload, each success while the limit was the
   bottleneck adds one, so the limit doubles per round trip. The first 429 at level n ends it with
   limit = ceiling = n - 1, the level the server demonstrably admitted, not a blind multiplicative cut.
@@ -34,7 +39,8 @@ The rule, per endpoint (pure and synchronous: the caller passes the clock readin
   median (at least 0.5); while latency holds the limit, each round within tolerance adds sqrt(limit)
   (Gradient2's queue allowance), never past the proven ceiling + 1. A tolerance of 2 keeps a queueing
   server's batch slots full (its throughput is flat beyond them) and keeps a lognormal latency's noise
-  from reading as a queue.
+  from reading as a queue. A server that queues from the first wave on (a start at the maximum) shows no
+  unqueued latency to take a floor from: the limit stays, which keeps its slots full as a naive client does.
 - `set_limit` pins the limit (operator): nothing adapts it until the next `set_limit`.
 
 The engine gives every signal: `EndpointSlots` takes slots with `take(now)` on the loop's clock and keeps

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -18,7 +19,7 @@ from app.providers.errors import ProviderError, RetryableError
 from app.providers.pricing import ModelPricing, base_model, pricing_from_models_entry
 from app.providers.parse import StreamAssembler, classify_status, iter_sse_events, parse_body
 from app.providers.servers import ids_request_fields, server_kind
-from app.providers.transport import DEFAULT_TRANSPORT, make_timeout, make_transport
+from app.providers.transport import DEFAULT_TRANSPORT, AiohttpTransport, make_timeout, make_transport
 from app.records import Completion
 
 CHAT_PATH = "/chat/completions"
@@ -110,7 +111,18 @@ class ChatClient:
             self._transport, self._owns_transport = make_transport(transport or DEFAULT_TRANSPORT, connections), True
         # Requests go straight to the transport (httpx's public transport API): the AsyncClient layer
         # adds cookies, auth, redirects and event hooks we never use, at ~1 ms of CPU per request.
-        self._timeout = {"timeout": make_timeout(timeout_s).as_dict()}
+        timeout = make_timeout(timeout_s)
+        self._timeout = {"timeout": timeout.as_dict()}
+        # On the default transport (httpx-aiohttp) chat requests go to its aiohttp session directly: the
+        # httpx Request/Response/Headers wrappers around each call were ~20 % of the engine's event-loop
+        # CPU (py-spy, bench/engine.py non-streaming c=64). The same session, limits and timeouts as
+        # httpx_aiohttp/transport.py's handle_async_request (sock_connect=connect, sock_read=read,
+        # connect=pool); aiohttp's errors are mapped in `complete` as before.
+        self._direct = isinstance(self._transport, AiohttpTransport)
+        self._aio_timeout = aiohttp.ClientTimeout(sock_connect=timeout.connect, sock_read=timeout.read,
+                                                  connect=timeout.pool)
+        self._aio_headers = {k: v for k, v in headers.items() if k != "Host"}
+        self._aio_stream_headers = dict(self._aio_headers, Accept="text/event-stream")
 
     def __repr__(self) -> str:
         return f"ChatClient({self.endpoint_name!r}, {self.url!r}, key={'set' if self._key else 'none'})"
@@ -166,6 +178,10 @@ class ChatClient:
         content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         started = time.perf_counter()
         try:
+            if self._direct:
+                if body.get("stream"):
+                    return await self._stream_direct(content, started)
+                return await self._plain_direct(content, started)
             if body.get("stream"):
                 return await self._stream(content, started)
             return await self._plain(content, started)
@@ -196,29 +212,62 @@ class ChatClient:
         completion = parse_body(data, total_s=total)
         return self._with_header_id(completion, response.headers)
 
+    async def _read_events(self, chunks: AsyncIterator[bytes], started: float) -> StreamAssembler:
+        """Feed the SSE events of `chunks` to an assembler, reading to the end (so the connection goes back to
+        the pool); a transport error mid-stream is a RetryableError naming how far the stream got."""
+        assembler = StreamAssembler(started)
+        buffer = bytearray()
+        try:
+            async for data in chunks:
+                if assembler.done:
+                    continue
+                for event in iter_sse_events(buffer, data):
+                    assembler.feed(event)
+                    if assembler.done:
+                        break
+        except (httpx.TransportError, OSError, TimeoutError, aiohttp.ClientError) as exc:
+            kind = "timeout" if _transport_error_class(exc) == "timeout" else "stream"
+            error = RetryableError(
+                f"{self.endpoint_name}: the stream broke after {len(assembler.chunks)} chunks "
+                f"({describe_transport_error(exc)})", error_class=kind
+            )
+            error.cost_usd = assembler.reported_cost()
+            raise error from None
+        return assembler
+
+    def _session(self) -> aiohttp.ClientSession:
+        """The transport's aiohttp session, made on first use (inside the loop), as its own requests do."""
+        transport = self._transport
+        if not isinstance(transport.client, aiohttp.ClientSession):
+            transport.client = transport.get_client()
+        return transport.client
+
+    def _post(self, content: bytes, headers: dict[str, str]):
+        return self._session().post(self.url, data=content, headers=headers, timeout=self._aio_timeout,
+                                    allow_redirects=False, compress=False)
+
+    async def _plain_direct(self, content: bytes, started: float) -> Completion:
+        async with self._post(content, self._aio_headers) as response:
+            data = await response.read()
+        total = time.perf_counter() - started
+        if response.status != 200:
+            raise self._status_error(response.status, response.headers, data)
+        return self._with_header_id(parse_body(data, total_s=total), response.headers)
+
+    async def _stream_direct(self, content: bytes, started: float) -> Completion:
+        async with self._post(content, self._aio_stream_headers) as response:
+            if response.status != 200:
+                raise self._status_error(response.status, response.headers, await response.read())
+            assembler = await self._read_events(response.content.iter_any(), started)
+            completion = assembler.finish_completion(time.perf_counter() - started)
+            return self._with_header_id(completion, response.headers)
+
     async def _stream(self, content: bytes, started: float) -> Completion:
         response = await self._transport.handle_async_request(self._request(content, self._stream_headers))
         try:
             if response.status_code != 200:
                 raise self._status_error(response.status_code, response.headers, await response.aread())
-            assembler = StreamAssembler(started)
-            buffer = bytearray()
-            try:
-                async for data in response.aiter_bytes():
-                    if assembler.done:
-                        continue  # read to the end so the connection goes back to the pool
-                    for event in iter_sse_events(buffer, data):
-                        assembler.feed(event)
-                        if assembler.done:
-                            break
-            except (httpx.TransportError, OSError, aiohttp.ClientError) as exc:
-                kind = "timeout" if _transport_error_class(exc) == "timeout" else "stream"
-                error = RetryableError(
-                    f"{self.endpoint_name}: the stream broke after {len(assembler.chunks)} chunks "
-                    f"({describe_transport_error(exc)})", error_class=kind
-                )
-                error.cost_usd = assembler.reported_cost()
-                raise error from None
+            assembler = await self._read_events(response.aiter_bytes(), started)
             completion = assembler.finish_completion(time.perf_counter() - started)
             return self._with_header_id(completion, response.headers)
         finally:
@@ -251,14 +300,14 @@ class ChatClient:
         return None
 
     @staticmethod
-    def _with_header_id(completion: Completion, headers: httpx.Headers) -> Completion:
+    def _with_header_id(completion: Completion, headers: Any) -> Completion:
         if completion.generation_id is None and headers.get("x-generation-id"):
             from dataclasses import replace
 
             return replace(completion, generation_id=headers["x-generation-id"])
         return completion
 
-    def _status_error(self, status: int, headers: httpx.Headers, data: bytes) -> ProviderError:
+    def _status_error(self, status: int, headers: Any, data: bytes) -> ProviderError:
         try:
             body = json.loads(data) if data.strip() else None
         except ValueError:

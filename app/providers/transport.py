@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 
 import httpx
+from httpx_aiohttp import AiohttpTransport
 
 TRANSPORTS = ("aiohttp", "httpx", "pools")
 
@@ -50,8 +51,6 @@ def make_transport(kind: str, max_connections: int) -> httpx.AsyncBaseTransport:
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
     name, _, arg = kind.partition(":")
     if name == "aiohttp":
-        from httpx_aiohttp import AiohttpTransport
-
         return AiohttpTransport(limits=limits)
     if name == "httpx":
         return httpx.AsyncHTTPTransport(limits=limits)
