@@ -24,7 +24,7 @@ from app.engine.snapshot_codec import snapshot_from_json
 from app.store.db import connect_readonly  # noqa: F401  (the one connect_readonly; callers import it from here)
 from app.store.heartbeat import Heartbeat, Liveness, liveness, read_heartbeat
 from app.store.queries import resolve_run
-from app.store.tallies import failed_by_class, response_tallies, sample_counts, strategy_counts, verdict_counts
+from app.store.tallies import failed_by_class, final_failures_by_endpoint, response_tallies, sample_counts, strategy_counts, verdict_counts
 
 # A stored attempt succeeded when it carries no error class (failed attempts always carry one); the same
 # test the response tallies use, so windowed rates and totals agree.
@@ -105,17 +105,21 @@ def snapshot_from_db(conn: sqlite3.Connection, run_name: str | None = None, *, n
         if 0 <= b < n_buckets:
             hist[b] += (ct or 0) / HISTORY_BUCKET_S
     endpoints = []
+    # one meaning per column in both faces (app.engine.metrics): `failed` counts samples that failed for good at
+    # the endpoint of their last request, `retried` the failed requests that were tried again
+    finals = final_failures_by_endpoint(conn, run_id)
     for ep_name in sorted({t.endpoint for t in tallies}):
         mine = [t for t in tallies if t.endpoint == ep_name]
         done_n = sum(t.n for t in mine if t.ok)
-        failed_n = sum(t.n for t in mine if not t.ok)
+        failed_n = finals.get(ep_name, 0)
         cost = sum(t.cost_usd for t in mine)
         ep_window = [r for r in window if r[1] == ep_name]
         l50, l95 = _quantiles(ep_window, _LATENCY)
         t50, t95 = _quantiles(ep_window, _TTFT)
         ep_errors = [(t.error_class or "", t.n) for t in mine if not t.ok]
         endpoints.append(EndpointSnapshot(
-            name=ep_name, completed=done_n, failed=failed_n, rate=_rate(ep_window, now, age),
+            name=ep_name, completed=done_n, failed=failed_n, retried=max(0, sum(t.n for t in mine if not t.ok) - failed_n),
+            rate=_rate(ep_window, now, age),
             latency_p50_ms=l50, latency_p95_ms=l95, ttft_p50_ms=t50, ttft_p95_ms=t95,
             errors_by_class=tuple(sorted(ep_errors)), cost_usd=cost,
         ))
@@ -123,7 +127,7 @@ def snapshot_from_db(conn: sqlite3.Connection, run_name: str | None = None, *, n
     remaining = pending + leased
     speed = rate.req_s_1m or rate.req_s_10s
     budget = (run.config.get("limits") or {}).get("budget_usd")
-    retried = sum(errors.values())
+    retried = max(0, sum(errors.values()) - sum(finals.values()))  # the engine's `retried`: tried again
     hb = _heartbeat(conn, run_id)
     live = liveness(hb, now)
     end = now

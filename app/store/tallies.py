@@ -151,6 +151,20 @@ def failed_by_class(conn: sqlite3.Connection, run_id: int) -> dict[str, int]:
     return {str(k): int(n) for k, n in rows}
 
 
+def final_failures_by_endpoint(conn: sqlite3.Connection, run_id: int) -> dict[str, int]:
+    """Failed samples per endpoint of their last request: what the engine's per-endpoint `failed` counts
+    (`EndpointMetrics.record_error(final=True)`), so both faces give the column one meaning. Samples that failed
+    before any request reached an endpoint are left out. One index probe per failed sample (samples_by_run_state,
+    then responses_by_sample): failed samples are few."""
+    rows = conn.execute(
+        "SELECT r.endpoint, COUNT(*) FROM samples s JOIN responses r ON r.sample_pk = s.pk "
+        "AND r.attempt = (SELECT MAX(attempt) FROM responses WHERE sample_pk = s.pk) "
+        "WHERE s.run_id = ? AND s.state = 'failed' AND r.error_class IS NOT NULL GROUP BY r.endpoint",
+        (run_id,),
+    ).fetchall()
+    return {str(k): int(n) for k, n in rows if k}
+
+
 def response_tallies(conn: sqlite3.Connection, run_id: int) -> list[ResponseTally]:
     """The run's response tallies, by endpoint then outcome (rows with no response left are skipped)."""
     rows = conn.execute(

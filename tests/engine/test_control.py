@@ -187,3 +187,25 @@ async def test_api_key_never_reaches_database_events_or_errors(tmp_path, sample_
     assert SECRET.encode() not in raw
     assert all(SECRET not in t for t in texts)
     assert SECRET not in caplog.text
+
+
+async def test_db_snapshot_counts_failed_and_retried_per_endpoint_as_the_engine_does(tmp_path, sample_data):
+    """`failed` is samples that failed for good at that endpoint, `retried` the failed requests tried again: the
+    attached face reads the same columns from the database as the in-process face from the engine."""
+    config = make_config(tmp_path, sample_data, faults={"500": 0.35}, generation={"attempts": 2},
+                         simulator={"seed": 5})
+    store, _ = await open_ingested(config, sample_data, 60)
+    run = Run(config, store)
+    try:
+        await run.start()
+        await run.wait()
+        live = run.snapshot()
+    finally:
+        await run.close()
+        await store.close()
+    snap = snapshot_from_db(connect_readonly(config.run.database), "t")
+    ep_live, ep_db = live.endpoints[0], snap.endpoints[0]
+    assert ep_live.failed > 0 and ep_live.retried > ep_live.failed  # both kinds happened
+    assert (ep_db.completed, ep_db.failed, ep_db.retried) == (ep_live.completed, ep_live.failed, ep_live.retried)
+    assert dict(ep_db.errors_by_class) == dict(ep_live.errors_by_class)
+    assert (snap.failed, snap.retried) == (live.failed, live.retried)
