@@ -253,9 +253,9 @@ class MismatchesScreen(Screen):
         # the longest wording that fits one line (80 columns first); how old the page is always shows
         candidates = (
             f"mismatches · {shown} · verdict: {verdict}{text} · sorted by {order}{fresh}",
-            f"{shown} · verdict: {verdict}{text} · sorted by {order}{fresh}",
-            f"{shown} · {verdict}{text} · by {order}{short}",
-            f"{shown}{text}{short}",
+            f"mismatches · {shown} · {verdict}{text} · by {order}{short}",
+            f"mismatches · {shown} · {verdict}{text}{short}",
+            f"mismatches · {shown}{text}{short}",
         )
         room = self.query_one("#mismatch-caption", Static).content_region.width or self.size.width - 2
         caption = next((c for c in candidates if cell_len(c) <= room), candidates[-1])
@@ -268,7 +268,7 @@ class MismatchesScreen(Screen):
         if self._updated_at is None or self._loading:
             return "", ""
         age = max(time.monotonic() - self._updated_at, 0.0)
-        ago = f"{age:.0f} s" if age < 60 else duration(age)
+        ago = f"{int(age)} s" if age < 60 else duration(age)
         return f" · updated {ago} ago · r refresh", f" · {ago} ago · r refresh"
 
     def selected_sample(self) -> str | None:
