@@ -5,6 +5,7 @@ in-process control says it applied directly. The pause-now question fits 80×24 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sqlite3
 import subprocess
@@ -97,59 +98,64 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
-async def test_a_live_engine_acknowledges_every_control_sent_from_an_attached_viewer(tmp_path, sample_data_dir) -> None:
-    proc, db = _engine(tmp_path, sample_data_dir)
+@contextlib.asynccontextmanager
+async def viewer_over_engine(tmp_path: Path, sample_data: Path):
+    """(engine process, its database, an attached 80×24 monitor, its pilot) once the engine runs; the engine
+    is killed afterwards."""
+    proc, db = _engine(tmp_path, sample_data)
     try:
         _wait_running(db, proc)
         app = RecordingApp(AttachedSource(db))
         async with app.run_test(size=(80, 24)) as pilot:
             await until_state(pilot, "running")
-            await pilot.press("p")
-            assert "pause sent to the engine" in await toast(pilot, "pause sent")
-            said = await toast(pilot, "pause acknowledged by the engine (")
-            assert said.endswith("s): nothing new is leased; requests in flight finish")
-            await until_state(pilot, "paused")
-            await pilot.press("p")
-            await toast(pilot, "resume acknowledged by the engine (")
-            await until_state(pilot, "running")
-            await pilot.press("c")
-            await settle(pilot)
-            assert isinstance(app.screen, NumberScreen)
-            await pilot.press(*["backspace"] * 4, "2", "enter")
-            await toast(pilot, "concurrency limit 2 acknowledged by the engine (")
-            await until_state(pilot, "running")
-            await pilot.press("P")
-            await settle(pilot)
-            assert isinstance(app.screen, ConfirmScreen)
-            assert "on the wire" in str(app.screen.query_one("#confirm-question").render())
-            await pilot.press("y")
-            await toast(pilot, "pause now acknowledged by the engine (")
-            await until_state(pilot, "paused")
-            assert not [t for t in app.toasts if "not acknowledged" in t]
+            yield proc, db, app, pilot
+    except BaseException:
+        if proc.poll() is not None:  # the engine ended on its own: what it said is the clue
+            print("engine exit", proc.returncode, proc.stderr.read()[-4000:])
+        raise
+    finally:
+        _stop(proc)
+
+
+async def test_a_live_engine_acknowledges_every_control_sent_from_an_attached_viewer(tmp_path, sample_data_dir) -> None:
+    async with viewer_over_engine(tmp_path, sample_data_dir) as (proc, db, app, pilot):
+        await pilot.press("p")
+        assert "pause sent to the engine" in await toast(pilot, "pause sent")
+        said = await toast(pilot, "pause acknowledged by the engine (")
+        assert said.endswith("s): nothing new is leased; requests in flight finish")
+        await until_state(pilot, "paused")
+        await pilot.press("p")
+        await toast(pilot, "resume acknowledged by the engine (")
+        await until_state(pilot, "running")
+        await pilot.press("c")
+        await settle(pilot)
+        assert isinstance(app.screen, NumberScreen)
+        await pilot.press(*["backspace"] * 4, "2", "enter")
+        await toast(pilot, "concurrency limit 2 acknowledged by the engine (")
+        await until_state(pilot, "running")
+        await pilot.press("P")
+        await settle(pilot)
+        assert isinstance(app.screen, ConfirmScreen)
+        assert "on the wire" in str(app.screen.query_one("#confirm-question").render())
+        await pilot.press("y")
+        await toast(pilot, "pause now acknowledged by the engine (")
+        await until_state(pilot, "paused")
+        assert not [t for t in app.toasts if "not acknowledged" in t]
         assert proc.poll() is None  # every control, pause-now included, kept the engine running
         rows = sqlite3.connect(db).execute("SELECT verb, done_at IS NOT NULL FROM commands ORDER BY id").fetchall()
         assert rows == [("pause", 1), ("resume", 1), ("set_concurrency", 1), ("pause", 1)]
-    finally:
-        _stop(proc)
 
 
 async def test_a_frozen_engine_leaves_the_command_unacknowledged_and_the_viewer_warns(tmp_path, sample_data_dir) -> None:
-    proc, db = _engine(tmp_path, sample_data_dir)
-    try:
-        _wait_running(db, proc)
-        app = RecordingApp(AttachedSource(db))
-        async with app.run_test(size=(80, 24)) as pilot:
-            await until_state(pilot, "running")
-            proc.send_signal(signal.SIGSTOP)  # alive but taking nothing, and no more beats
-            await pilot.press("p")
-            await toast(pilot, "pause sent")
-            said = await toast(pilot, "pause not acknowledged after 5 s")
-            assert "is the engine running? (last heartbeat " in said and "stays queued" in said
-            assert not [t for t in app.toasts if "acknowledged by the engine" in t]
+    async with viewer_over_engine(tmp_path, sample_data_dir) as (proc, db, app, pilot):
+        proc.send_signal(signal.SIGSTOP)  # alive but taking nothing, and no more beats
+        await pilot.press("p")
+        await toast(pilot, "pause sent")
+        said = await toast(pilot, "pause not acknowledged after 5 s")
+        assert "is the engine running? (last heartbeat " in said and "stays queued" in said
+        assert not [t for t in app.toasts if "acknowledged by the engine" in t]
         rows = sqlite3.connect(db).execute("SELECT verb, done_at FROM commands").fetchall()
         assert rows == [("pause", None)]  # still queued: a resumed or rerun engine takes it
-    finally:
-        _stop(proc)
 
 
 async def test_a_run_no_engine_ever_ran_says_so_when_nothing_takes_the_command(run_db: Path) -> None:
@@ -197,3 +203,36 @@ async def test_the_pause_now_confirmation_fits_80_by_24_whole() -> None:
                          for strip in app.screen._compositor.render_strips()).replace("█", " ")
         words = " ".join(drawn.split())
         assert pause_now_question(source._snapshot) in words  # every word on screen, the billing warning too
+
+
+async def test_a_resumed_engine_is_not_idle_once_its_state_says_running(tmp_path, sample_data_dir) -> None:
+    # A headless engine paused from a viewer waits for the state to say running, then waits on `wait()` again:
+    # were the run still idle at that moment, `wait()` returned at once and the engine closed mid-run.
+    from app.config import apply_overrides, load_config
+    from app.engine.run import VIEWER_PAUSE, Run
+    from app.store.run_store import RunStore
+    from tests.engine.conftest import sample_inputs
+
+    config = apply_overrides(load_config(sample_data_dir / "demo.toml"), {"run.database": str(tmp_path / "r.db")})
+    store = await RunStore.open(config.run.database)
+    engine = None
+    try:
+        run_id = await store.ensure_run(config.run.name, config.redacted())
+        await store.ingest(run_id, sample_inputs(sample_data_dir, 40))
+        engine = Run(config, store, db_path=config.run.database)
+        await engine.start()
+        await engine.apply_command("pause", {})
+        await asyncio.wait_for(engine.wait(), 30)  # paused with nothing in flight: idle
+        assert (engine.state, engine.state_reason) == ("paused", VIEWER_PAUSE)
+        resuming = asyncio.create_task(engine.apply_command("resume", {}))
+        while engine.state != "running":
+            await asyncio.sleep(0)
+        waiter = asyncio.create_task(engine.wait())
+        await asyncio.sleep(0.05)
+        assert not waiter.done(), "wait() returned while the resumed run was going on"
+        waiter.cancel()
+        await resuming
+    finally:
+        if engine is not None:
+            await engine.close(cancel_in_flight=True)
+        await store.close()

@@ -110,15 +110,20 @@ async def _check_layout(pilot, view: TokenDiffView, alignment: Alignment, stacke
             assert line.split(SEPARATOR, 1)[1][:view.rec_index_gutter].strip() == str(row.rec_position), line
 
 
+async def _open_diff(pilot) -> TokenDiffView:
+    """Open the token diff screen (its alignment loads in a worker) and return its view."""
+    pilot.app.open_diff("s00001")
+    for _ in range(4):
+        await pilot.pause()
+        await pilot.app.workers.wait_for_complete()
+    assert isinstance(pilot.app.screen, DiffScreen)
+    return pilot.app.screen.query_one(TokenDiffView)
+
+
 async def _check_at_80(alignment: Alignment) -> None:
     app = EaglewatchApp(DiffSource(alignment))
     async with app.run_test(size=(80, 24)) as pilot:
-        app.open_diff("s00001")
-        for _ in range(4):
-            await pilot.pause()
-            await app.workers.wait_for_complete()
-        assert isinstance(app.screen, DiffScreen)
-        view = app.screen.query_one(TokenDiffView)
+        view = await _open_diff(pilot)
         assert view.stacked  # 80 columns stack by default
         await _check_layout(pilot, view, alignment, stacked=True)
         await pilot.press("u")  # side by side at 80 columns
@@ -150,11 +155,7 @@ async def test_the_current_difference_keeps_its_marks_at_80_columns(tokenizer, s
     alignment = _alignment(tokenizer)
     app = EaglewatchApp(DiffSource(alignment))
     async with app.run_test(size=(80, 24)) as pilot:
-        app.open_diff("s00001")
-        for _ in range(4):
-            await pilot.pause()
-            await app.workers.wait_for_complete()
-        view = app.screen.query_one(TokenDiffView)
+        view = await _open_diff(pilot)
         view.force_stacked = stacked
         await pilot.press("n")
         await pilot.pause()
