@@ -154,3 +154,38 @@ async def test_a_page_turn_meanwhile_drops_the_older_re_read(run_db: Path, token
         await settle(pilot)
         assert screen.page.offset == 50 and screen.row_offset == 50
         assert "rows 51–100" in caption(screen)
+
+
+async def test_in_process_the_list_follows_a_running_engine(tmp_path: Path, sample_data_dir: Path) -> None:
+    """A real engine on this loop (the demo's simulators, the quirky one corrupting a few) adds mismatches
+    while the list is open; the list grows without the cursor leaving its sample."""
+    from app.config import apply_overrides, load_config
+    from app.engine.reconstruct import build_reconstructor
+    from app.engine.run import Run
+    from app.tui.db_source import InProcessSource
+    from tests.engine.conftest import sample_inputs
+
+    config = apply_overrides(load_config(sample_data_dir / "demo.toml"), {
+        "run.database": str(tmp_path / "demo.db"), "limits.concurrency_initial": 4, "limits.concurrency_max": 4})
+    store = await RunStore.open(config.run.database)
+    engine = None
+    try:
+        run_id = await store.ensure_run(config.run.name, config.redacted())
+        await store.ingest(run_id, sample_inputs(sample_data_dir))
+        engine = Run(config, store, reconstructor=build_reconstructor(config), db_path=config.run.database)
+        await engine.start()
+        app = EaglewatchApp(InProcessSource(run=engine, config=config))
+        async with app.run_test(size=(80, 24)) as pilot:
+            screen = await open_list(pilot)
+            screen.live_refresh_s = 0.2
+            assert screen.run_goes_on()
+            assert await wait_for(pilot, lambda: screen.page.total >= 2, 60)
+            await pilot.press("down")
+            first_total, selected = screen.page.total, screen.selected_sample()
+            assert await wait_for(pilot, lambda: screen.page.total > first_total, 60)
+            assert screen.selected_sample() == selected
+            assert "ago · r refresh" in caption(screen)
+    finally:
+        if engine is not None:
+            await engine.close(cancel_in_flight=True)
+        await store.close()
