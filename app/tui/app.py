@@ -19,7 +19,6 @@ from textual.worker import Worker, WorkerState
 
 from app.engine.snapshot import MetricsSnapshot
 from app.tui.screens.confirm import ConfirmScreen, NumberScreen
-from app.tui.steer import pause_now_question, steer
 from app.tui.screens.dashboard import DashboardScreen, engine_gone
 from app.tui.screens.diff import DiffScreen
 from app.tui.screens.help import HelpScreen
@@ -27,6 +26,7 @@ from app.tui.screens.jobs import JobsScreen
 from app.tui.screens.mismatches import MismatchesScreen
 from app.tui.screens.sample import SampleScreen
 from app.tui.source import DataSource
+from app.tui.steer import pause_now_question, steer
 
 KEYMAP_ENV = "EAGLEWATCH_KEYMAP"  # e.g. "run.pause=space;app.help=f1"
 THEMES = ("textual-dark", "textual-light", "ansi-dark", "ansi-light")
