@@ -93,12 +93,13 @@ class PageTable(ScrollView, can_focus=True):
     def row_count(self) -> int:
         return len(self.rows)
 
-    def show(self, rows: Sequence[tuple[str, ...]], cursor: int = 0) -> None:
-        """Replace the page and put the cursor on row `cursor` (clamped)."""
+    def show(self, rows: Sequence[tuple[str, ...]], cursor: int = 0, *, scroll_y: int = 0) -> None:
+        """Replace the page and put the cursor on row `cursor` (clamped), the view scrolled to `scroll_y`
+        (then moved only as far as the cursor needs to stay visible): a live refresh passes the old scroll."""
         self.rows = tuple(rows)
         self.virtual_size = Size(self._line_width, len(self.rows) + 1)
         self.set_reactive(PageTable.cursor_row, min(max(cursor, 0), max(len(self.rows) - 1, 0)))
-        self.scroll_to(y=0, animate=False)
+        self.scroll_to(y=max(scroll_y, 0), animate=False)
         self._follow_cursor()
         self.refresh()
 

@@ -24,6 +24,8 @@ from app.records import AlignedToken, Alignment
 
 GUTTER = 7  # "▶12345" + the row's mark: current-difference pointer, then the side's token index
 REC_GUTTER = 6  # "12345 " the rebuilt side's token index, side by side
+# Both gutters widen past 5 digits for samples of 100k+ tokens (`TokenDiffView.index_gutter`), so an index never
+# pushes the row's last cells off screen.
 SEPARATOR = " │ "
 REFERENCE, REBUILT = "reference", "rebuilt"
 NARROW_WIDTH = 100  # below this many cells the view stacks reference above reconstructed
@@ -249,8 +251,22 @@ class TokenDiffView(ScrollView, can_focus=True):
     def _side_width(self, stacked: bool) -> int:
         width = max(self.size.width - self.scrollbar_size_vertical, 20)
         if stacked:
-            return width - GUTTER - 2
-        return max((width - GUTTER - len(SEPARATOR) - REC_GUTTER) // 2, 8)
+            return width - self.index_gutter - 2
+        return max((width - self.index_gutter - len(SEPARATOR) - self.rec_index_gutter) // 2, 8)
+
+    @property
+    def index_gutter(self) -> int:
+        """Cells before a row's tokens: the current-difference pointer, the token index and the row's mark."""
+        return GUTTER + self._extra_digits
+
+    @property
+    def rec_index_gutter(self) -> int:
+        """Cells of the rebuilt side's token index (side by side)."""
+        return REC_GUTTER + self._extra_digits
+
+    @property
+    def _extra_digits(self) -> int:
+        return max(len(str(max(self._alignment.ref_len, self._alignment.rec_len))) - 5, 0)
 
     def _ensure_model(self) -> None:
         stacked = self.stacked
@@ -329,13 +345,13 @@ class TokenDiffView(ScrollView, can_focus=True):
         delete = self.get_component_rich_style("tokendiff--delete")
         insert = self.get_component_rich_style("tokendiff--insert")
         if self._model_stacked:
-            segs = [Segment(f"{'index':>{GUTTER - 1}} ", style), Segment(f"- {REFERENCE} (ground truth)", delete),
+            segs = [Segment(f"{'index':>{self.index_gutter - 1}} ", style), Segment(f"- {REFERENCE} (ground truth)", delete),
                     Segment("  "), Segment(f"+ {REBUILT} (eaglewatch)", insert)]
         else:
             side = self._side_width(False)
-            segs = [Segment(f"{'ref':>{GUTTER - 1}} ", style), Segment(f"{REFERENCE} (ground truth)"[:side].ljust(side), delete),
+            segs = [Segment(f"{'ref':>{self.index_gutter - 1}} ", style), Segment(f"{REFERENCE} (ground truth)"[:side].ljust(side), delete),
                     Segment(SEPARATOR, self.get_component_rich_style("tokendiff--separator")),
-                    Segment(f"{'rec':<{REC_GUTTER}}", style), Segment(f"{REBUILT} (eaglewatch)"[:side], insert)]
+                    Segment(f"{'rec':<{self.rec_index_gutter}}", style), Segment(f"{REBUILT} (eaglewatch)"[:side], insert)]
         used = sum(cell_len(seg.text) for seg in segs)
         return segs + ([Segment(" " * (width - used))] if used < width else [])
 
@@ -394,11 +410,11 @@ class TokenDiffView(ScrollView, can_focus=True):
         own = row.rec_position if row.role == "rec" else row.position
         position = "" if own is None else str(own)
         pointer = "▶" if is_current and row.role != "equal" else " "
-        segments = [Segment(pointer, marker_style), Segment(f"{position:>{GUTTER - 2}}", gutter_style)]
+        segments = [Segment(pointer, marker_style), Segment(f"{position:>{self.index_gutter - 2}}", gutter_style)]
         marks = {"equal": " ", "pair": "≠", "ref": "-", "rec": "+"}
         segments.append(Segment(marks[row.role], marker_style))  # the mark keeps its meaning on the current one
         if self._model_stacked:
-            side = max(width - GUTTER - 2, 4)
+            side = max(width - self.index_gutter - 2, 4)
             segments.append(Segment(" ", base))
             if row.role == "equal":
                 segments += self._tokens(row.left, side, "equal-a", self.show_ids)
@@ -410,7 +426,7 @@ class TokenDiffView(ScrollView, can_focus=True):
         side = self._side_width(False)
         separator = Segment(SEPARATOR, self.get_component_rich_style("tokendiff--separator"))
         rec_position = "" if row.rec_position is None else str(row.rec_position)
-        rec_gutter = Segment(f"{rec_position:<{REC_GUTTER}}"[:REC_GUTTER], gutter_style)
+        rec_gutter = Segment(f"{rec_position:<{self.rec_index_gutter}}", gutter_style)
         if row.role == "equal":
             segments += self._tokens(row.left, side, "equal-a", self.show_ids)
             segments += [separator, rec_gutter]

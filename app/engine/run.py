@@ -296,9 +296,11 @@ class Run:
         if self.state != "paused":
             return
         self.stopping_error = False
+        # not idle from the moment the state says running: a headless engine that sees "running" waits on
+        # `wait()` again, which must not return at once (the engine closed, its run left "engine stopped")
+        self._idle.clear()
         await self._set_state("running", None)
         await self._event("info", "run", "run resumed")
-        self._idle.clear()
         self._wake.set()
 
     async def set_concurrency(self, limit: int) -> None:

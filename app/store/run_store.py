@@ -442,6 +442,13 @@ class RunStore:
 
         return await self.write(op)
 
+    async def command_taken_at(self, command_id: int) -> float | None:
+        """When the engine took command `command_id` (its `done_at`), None while it waits or is unknown."""
+        row = await self.read(
+            lambda conn: conn.execute("SELECT done_at FROM commands WHERE id = ?", (command_id,)).fetchone()
+        )
+        return row[0] if row else None
+
     async def take_commands(self, run_id: int) -> list[Command]:
         """The run's open commands in order, marked done in the same transaction."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 from typing import Sequence
 
 from app.records import DiffSpan, Verdict
@@ -10,7 +11,6 @@ from app.tokens.align import common_prefix, diff_spans
 from app.tokens.profile import Profile
 from app.tokens.tokenizer import Tokenizer
 
-_SNIPPET = 40
 UNCHECKED = "unchecked (not verified): no reference ids to check this sample against"
 _STOP_IDS: "weakref.WeakKeyDictionary[Tokenizer, dict[str, frozenset[int]]]" = weakref.WeakKeyDictionary()
 
@@ -67,7 +67,7 @@ def compare(
     if truncated and _same_but_partial_tail(ref_bytes, rec_bytes):
         return Verdict("truncated", first, len(ref), len(rec), spans,
                        "truncated: no end-of-turn token; the text matches except a partial UTF-8 character at the cut")
-    return Verdict("text_mismatch", first, len(ref), len(rec), spans, _text_sentence(ref, rec, spans, tokenizer, first))
+    return Verdict("text_mismatch", first, len(ref), len(rec), spans, _text_sentence(ref, rec, spans, tokenizer, first, ref_bytes, rec_bytes))
 
 
 def _prefix_layout(ref_marks: list[int], rec_marks: list[int], stop_ids: frozenset[int]) -> bool:
@@ -101,12 +101,113 @@ def _resplit_sentence(ref: list[int], rec: list[int], spans: tuple[DiffSpan, ...
             f"{_tok_repr(rec[s.rec_start:s.rec_end], tokenizer)} at token {s.ref_start}{more}")
 
 
-def _text_sentence(ref: list[int], rec: list[int], spans: tuple[DiffSpan, ...], tokenizer: Tokenizer, first: int) -> str:
-    s = spans[0] if spans else DiffSpan(first, len(ref), first, len(rec))
-    a = tokenizer.decode(ref[s.ref_start:s.ref_end])[:_SNIPPET]
-    b = tokenizer.decode(rec[s.rec_start:s.rec_end])[:_SNIPPET]
+@dataclass(frozen=True, slots=True)
+class TextDifference:
+    """Where two decoded texts first differ, and a window of each around that byte.
+
+    `byte`: the first differing byte offset (the shorter text's length when one is a prefix of the other);
+    `ref_token` / `rec_token`: the index of the token holding that byte on each side (the length when that
+    side ends there). The window is `[start, ref_end)` of the reference bytes and `[start, rec_end)` of the
+    rebuilt bytes: `context` is the shared text before the difference, `ref_text` / `rec_text` each side's
+    text from there on (stray bytes shown as <0xNN>); `cut_before` / `cut_after_*` say when more exists.
+    """
+
+    byte: int
+    ref_token: int
+    rec_token: int
+    start: int
+    ref_end: int
+    rec_end: int
+    context: str
+    ref_text: str
+    rec_text: str
+    cut_before: bool
+    cut_after_ref: bool
+    cut_after_rec: bool
+
+    def quoted(self, side: str) -> str:
+        """One side's window as the explanation quotes it: escaped (repr), … outside the quotes where cut."""
+        text, cut = (self.ref_text, self.cut_after_ref) if side == "ref" else (self.rec_text, self.cut_after_rec)
+        return f"{'…' if self.cut_before else ''}{self.context + text!r}{'…' if cut else ''}"
+
+
+_CONTEXT_CHARS = 16  # shared text shown before the difference
+_AFTER_CHARS = 24  # each side's text shown from the difference on
+# surrogateescape turns each stray byte into one lone surrogate; show it as align does (<0xNN>)
+_STRAY = {0xDC00 + b: f"<0x{b:02X}>" for b in range(0x80, 0x100)}
+
+
+def _units(data: bytes) -> str:
+    return data.decode("utf-8", "surrogateescape")
+
+
+def _char_start(data: bytes, n: int) -> int:
+    """The start of the UTF-8 character holding byte `n` of `data` (n itself when the bytes before it end a
+    character or are stray): a difference inside a multi-byte character quotes the whole character."""
+    for k in range(n - 1, max(n - 4, -1), -1):
+        b = data[k]
+        if b < 0x80:
+            return n
+        if b >= 0xC0:  # a lead byte: does its sequence reach byte n?
+            size = 2 if b < 0xE0 else 3 if b < 0xF0 else 4
+            return k if k + size > n else n
+    return n
+
+
+def first_text_difference(ref_bytes: bytes, rec_bytes: bytes, ref: Sequence[int] = (), rec: Sequence[int] = (),
+                          tokenizer: Tokenizer | None = None, same_tokens: int = 0) -> TextDifference | None:
+    """The first differing byte of two decoded texts and a window of each side around it (None when equal).
+
+    With `ref` / `rec` ids and their `tokenizer`, the tokens holding that byte are found (the first
+    `same_tokens` ids are known equal on both sides, so the walk starts after them).
+    """
+    if ref_bytes == rec_bytes:
+        return None
+    n = common_prefix(ref_bytes, rec_bytes)
+    s = _char_start(ref_bytes, n)
+    # 4 bytes per character at most: a window this wide holds enough whole characters, so a character cut
+    # at the window's edge falls outside the part kept
+    before = _units(ref_bytes[max(0, s - 4 * _CONTEXT_CHARS - 4):s])
+    context = before[-_CONTEXT_CHARS:]
+    start = s - len(context.encode("utf-8", "surrogateescape"))
+
+    def after(data: bytes) -> tuple[str, int, bool]:
+        text = _units(data[s:s + 4 * _AFTER_CHARS + 4])[:_AFTER_CHARS]
+        end = s + len(text.encode("utf-8", "surrogateescape"))
+        return text, end, end < len(data)
+
+    ref_text, ref_end, ref_cut = after(ref_bytes)
+    rec_text, rec_end, rec_cut = after(rec_bytes)
+    ref_tok = rec_tok = 0
+    if tokenizer is not None:
+        base = len(tokenizer.decode_bytes(ref[:same_tokens]))
+        ref_tok, rec_tok = _token_at(ref, same_tokens, base, n, tokenizer), _token_at(rec, same_tokens, base, n, tokenizer)
+    context, ref_text, rec_text = context.translate(_STRAY), ref_text.translate(_STRAY), rec_text.translate(_STRAY)
+    if ref_text == rec_text:  # distinct bytes that read alike (a literal "<0xF0>" vs the byte): show the bytes
+        ref_text, rec_text = repr(ref_bytes[s:ref_end])[2:-1], repr(rec_bytes[s:rec_end])[2:-1]
+    return TextDifference(n, ref_tok, rec_tok, start, ref_end, rec_end, context, ref_text, rec_text,
+                          start > 0, ref_cut, rec_cut)
+
+
+def _token_at(ids: Sequence[int], first: int, offset: int, byte: int, tokenizer: Tokenizer) -> int:
+    # offset: where ids[first] starts; walk on until the token whose bytes hold `byte`
+    for k in range(first, len(ids)):
+        offset += len(tokenizer.token_bytes(ids[k]))
+        if offset > byte:
+            return k
+    return len(ids)
+
+
+def _text_sentence(ref: list[int], rec: list[int], spans: tuple[DiffSpan, ...], tokenizer: Tokenizer, first: int,
+                   ref_bytes: bytes, rec_bytes: bytes) -> str:
+    # Quote where the decoded texts first differ, not the first differing token region: that region may be
+    # a benign re-split (same bytes) with the real difference later, or longer than the quote.
+    d = first_text_difference(ref_bytes, rec_bytes, ref, rec, tokenizer, first)
+    assert d is not None  # compare() calls this only when the bytes differ
+    where = f"token {d.ref_token}" if d.ref_token == d.rec_token else f"token {d.ref_token} (rebuilt {d.rec_token})"
     more = f" ({len(spans)} differing regions)" if len(spans) > 1 else ""
-    return f"corrupt: text differs at token {s.ref_start} — reference {a!r} vs rebuilt {b!r}{more}"
+    return (f"corrupt: text differs at {where}, byte {d.byte:,} — reference {d.quoted('ref')} vs "
+            f"rebuilt {d.quoted('rec')}{more}")
 
 
 def _layout_sentence(ref_marks: list[int], rec_marks: list[int], tokenizer: Tokenizer) -> str:

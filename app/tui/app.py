@@ -26,6 +26,7 @@ from app.tui.screens.jobs import JobsScreen
 from app.tui.screens.mismatches import MismatchesScreen
 from app.tui.screens.sample import SampleScreen
 from app.tui.source import DataSource
+from app.tui.steer import pause_now_question, steer
 
 KEYMAP_ENV = "EAGLEWATCH_KEYMAP"  # e.g. "run.pause=space;app.help=f1"
 THEMES = ("textual-dark", "textual-light", "ansi-dark", "ansi-light")
@@ -146,11 +147,9 @@ class EaglewatchApp(App):
         if snap is None or not self.source.can_control:
             return
         if snap.state == "paused":
-            await self.source.control.resume()
-            self.notify("resume requested")
+            await steer(self, "resume", self.source.control.resume, "leasing goes on")
         else:
-            await self.source.control.pause()
-            self.notify("pause requested: nothing new is leased; requests in flight finish")
+            await steer(self, "pause", self.source.control.pause, "nothing new is leased; requests in flight finish")
 
     def action_pause_now(self) -> None:
         snap = self.last_snapshot
@@ -159,14 +158,11 @@ class EaglewatchApp(App):
 
         async def answered(yes: bool | None) -> None:
             if yes:
-                await self.source.control.pause(now=True)
-                self.notify("pause-now requested: requests in flight are cancelled (providers may still bill them)",
-                            severity="warning")
+                await steer(self, "pause now", lambda: self.source.control.pause(now=True),
+                            "requests on the wire are cancelled (providers may still bill them)", severity="warning")
 
         if not isinstance(self.screen, ConfirmScreen):
-            question = (f"Pause now and cancel the {snap.in_flight} request(s) in flight? Their samples return to "
-                        "pending, but providers may still bill them.")
-            self.push_screen(ConfirmScreen(question), answered)
+            self.push_screen(ConfirmScreen(pause_now_question(snap)), answered)
 
     def action_set_concurrency(self) -> None:
         """Ask for a new in-flight limit and send it through the run's control."""
@@ -176,14 +172,9 @@ class EaglewatchApp(App):
         current = snap.concurrency_limit if snap is not None else 0
 
         async def answered(limit: int | None) -> None:
-            if limit is None:
-                return
-            try:
-                await self.source.control.set_concurrency(limit)
-            except Exception as exc:  # e.g. the database is locked: say so, keep the monitor up
-                self.notify(f"cannot set the concurrency limit: {exc}", severity="error", timeout=8)
-                return
-            self.notify(f"concurrency limit {limit} requested (clamped to the configured min/max)")
+            if limit is not None:
+                await steer(self, f"concurrency limit {limit}", lambda: self.source.control.set_concurrency(limit),
+                            "clamped to the configured min/max")
 
         question = "New concurrency limit (requests in flight across all endpoints)"
         if current:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from app.engine.dbsnapshot import snapshot_from_db
 from app.engine.snapshot import MetricsSnapshot
 from app.errors import EaglewatchError, InputError
 from app.store import queries
+from app.store.heartbeat import Liveness, liveness, read_heartbeat
 from app.store.queries import RunReader
 from app.tui.format import clock
 from app.tui.source import MismatchPage, SampleDetail, SampleDiff
@@ -29,21 +32,42 @@ from widgets.jobs_table import JobRow
 LOG_TAIL_BYTES = 64 * 1024  # how much of a shard log the jobs screen reads (its last lines)
 
 
+ACK_TIMEOUT_S = 5.0  # how long a viewer waits for the engine to take a command before it warns
+ACK_POLL_S = 0.1  # how often it looks (the engine polls the table about once a second)
+
+
+@dataclass(frozen=True, slots=True)
+class CommandAck:
+    """What became of one queued command: `taken` by the engine after `waited_s` (seen from this viewer),
+    or not within the wait; `engine` is the run's heartbeat as judged when the wait ended untaken."""
+
+    command_id: int
+    taken: bool
+    waited_s: float
+    engine: Liveness | None = None
+
+
 class AttachedControl:
     """`RunControl` for an attached viewer: each call queues a row in the `commands` table, which the
-    headless engine polls (verbs pause {now}, resume, set_concurrency {limit})."""
+    headless engine polls (verbs pause {now}, resume, set_concurrency {limit}) and marks done when it takes
+    it; `last_command` is the id of the row the latest call queued, and `acknowledgement` waits for it."""
 
     def __init__(self, database: Path, run_id: int) -> None:
         self.database = Path(database)
         self.run_id = run_id
         self._store: Any = None
+        self.last_command: int | None = None
 
-    async def _command(self, verb: str, args: dict[str, Any] | None = None) -> None:
+    async def _writer(self) -> Any:
         if self._store is None:
             from app.store.run_store import RunStore
 
             self._store = await RunStore.open(self.database)
-        await self._store.enqueue_command(self.run_id, verb, args or {})
+        return self._store
+
+    async def _command(self, verb: str, args: dict[str, Any] | None = None) -> None:
+        store = await self._writer()
+        self.last_command = await store.enqueue_command(self.run_id, verb, args or {})
 
     async def pause(self, now: bool = False) -> None:
         """Queue a pause (with now=True, one that cancels requests in flight)."""
@@ -58,6 +82,20 @@ class AttachedControl:
         if limit < 1:
             raise InputError(f"a concurrency limit must be at least 1 (got {limit})")
         await self._command("set_concurrency", {"limit": int(limit)})
+
+    async def acknowledgement(self, command_id: int, timeout_s: float = ACK_TIMEOUT_S) -> CommandAck:
+        """Wait up to `timeout_s` for the engine to take command `command_id` (its `done_at` set); when it does
+        not, say how the run's heartbeat looks (a gone or stopped engine takes nothing)."""
+        store = await self._writer()
+        started = time.monotonic()
+        while True:
+            if await store.command_taken_at(command_id) is not None:
+                return CommandAck(command_id, True, time.monotonic() - started)
+            waited = time.monotonic() - started
+            if waited >= timeout_s:
+                beat = await store.read(lambda conn: read_heartbeat(conn, self.run_id))
+                return CommandAck(command_id, False, waited, liveness(beat, time.time()))
+            await asyncio.sleep(min(ACK_POLL_S, timeout_s - waited))
 
     async def aclose(self) -> None:
         """Close the command writer, if one was opened."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -11,6 +12,12 @@ from textual.widgets import Input, Label
 
 class ConfirmScreen(ModalScreen[bool]):
     """Dismisses with True on `y`/enter, False on `n`/esc."""
+
+    # The box is as wide as its content (app.tcss): a question without a width of its own is one long line the
+    # box cuts. Give it one that wraps inside the terminal (64 cells at 80 columns, less on narrower ones).
+    DEFAULT_CSS = """
+    ConfirmScreen #confirm-question { width: 64; }
+    """
 
     BINDINGS = [
         Binding("y,enter", "answer(True)", "Yes", id="confirm.yes"),
@@ -25,6 +32,9 @@ class ConfirmScreen(ModalScreen[bool]):
         with Vertical(id="confirm-box"):
             yield Label(self.question, id="confirm-question", markup=False)
             yield Label("y / enter: yes     n / esc: no", id="confirm-keys")
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.query_one("#confirm-question", Label).styles.width = max(min(64, event.size.width - 10), 10)
 
     def action_answer(self, yes: bool) -> None:
         self.dismiss(yes)

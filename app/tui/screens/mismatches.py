@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+
+from rich.cells import cell_len
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -10,10 +13,12 @@ from textual.widgets import Footer, Input, Static
 
 from app.records import Category
 from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
+from app.tui.format import duration
 from app.tui.source import MISMATCH_ORDERS, MISMATCH_VERDICTS, MismatchPage, MismatchRow
 from widgets.page_table import PageTable
 
 PAGE_SIZE = 50
+LIVE_REFRESH_S = 2.0  # while the run goes on, the page is re-read this often (slower when reads are slow)
 COLUMNS = (("sample", 16), ("dataset", 8), ("verdict", 11), ("1st diff", 8), ("ref", 6), ("rec", 6), ("≠ tok", 5))
 VERDICT_LABELS = {
     Category.BPE_EQUIVALENT: "benign bpe",
@@ -28,7 +33,10 @@ class MismatchesScreen(Screen):
     """A PageTable holding one page; `[`/`]` (or moving past an edge) fetch the next page in a thread.
 
     Sort orders and the text filter are the store's (`app.store.queries.MISMATCH_ORDERS`: `o` cycles them;
-    `/` matches sample id, dataset or explanation).
+    `/` matches sample id, dataset or explanation). While the run goes on the page is re-read every
+    `live_refresh_s` (after a read of d seconds, not before 3d more: a slow database never piles up), keeping
+    the cursor on the same sample and the rows where they were on screen; the caption says how old the page
+    is, and `r` re-reads it now.
     """
 
     class PageLoaded(Fetched):
@@ -37,12 +45,19 @@ class MismatchesScreen(Screen):
     class PageFailed(FetchFailed):
         """The page could not be read."""
 
+    class PageRefreshed(Fetched):
+        """A live re-read of the current page arrived: `result` is (generation, seconds taken, MismatchPage)."""
+
+    class RefreshFailed(FetchFailed):
+        """A live re-read failed (said in the caption; the next one tries again)."""
+
     BINDINGS = [
         Binding("enter", "open_diff", "Diff", id="mismatches.diff"),
         Binding("slash", "filter", "Filter", id="mismatches.filter"),
         Binding("v", "cycle_verdict", "Verdict", id="mismatches.verdict"),
         Binding("o", "cycle_order", "Sort", id="mismatches.sort"),
         Binding("s", "open_sample", "Sample", show=False, id="mismatches.sample"),
+        Binding("r", "refresh_page", "Refresh", show=False, id="mismatches.refresh"),
         Binding("right_square_bracket", "page(1)", "Next page", show=False, id="mismatches.next_page"),
         Binding("left_square_bracket", "page(-1)", "Prev page", show=False, id="mismatches.previous_page"),
         Binding("escape", "back", "Back", id="mismatches.back"),
@@ -58,6 +73,12 @@ class MismatchesScreen(Screen):
         self._cursor_after_load = 0
         self._footer_keys: tuple[bool, ...] = ()
         self._loading = False
+        self.live_refresh_s = LIVE_REFRESH_S
+        self._generation = 0  # bumped by every load the operator asks for: older re-reads are dropped
+        self._refreshing = False
+        self._updated_at: float | None = None  # time.monotonic() of the page shown
+        self._not_before = 0.0
+        self._refresh_error: str | None = None
 
     def compose(self) -> ComposeResult:
         yield Static(id="mismatch-caption")
@@ -70,6 +91,14 @@ class MismatchesScreen(Screen):
         self.query_one("#mismatch-filter", Input).display = False
         table.focus()
         self.load()
+        self._clock = self.set_interval(1.0, self._tick)
+
+    def on_screen_suspend(self) -> None:
+        self._clock.pause()  # a diff opened from here: no re-reads behind it
+
+    def on_screen_resume(self) -> None:
+        self._clock.resume()
+        self._tick()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in ("open_diff", "open_sample"):
@@ -91,6 +120,7 @@ class MismatchesScreen(Screen):
         """Fetch the page at `self.row_offset` (by key after/before a row when turning pages) off the UI thread."""
         self._cursor_after_load = cursor
         self._loading = True
+        self._generation += 1
         self._update_caption()
         self._fetch(self.verdicts, self.text_filter, self.order, self.row_offset, after, before)
 
@@ -106,7 +136,65 @@ class MismatchesScreen(Screen):
 
     @on(PageLoaded)
     def _page_loaded(self, message: PageLoaded) -> None:
+        self._updated_at = time.monotonic()
+        self._refresh_error = None
         self.show_page(message.result)
+
+    # --- live refresh ------------------------------------------------------------------------
+    def run_goes_on(self) -> bool:
+        """True while new mismatches may still come: an in-process engine that is live, or a run whose last
+        polled state is not finished (an attached viewer cannot tell more without reading)."""
+        if self.app.source.live:
+            return True
+        snap = getattr(self.app, "last_snapshot", None)
+        return snap is None or snap.state not in ("done", "failed")
+
+    def _tick(self) -> None:
+        """Once a second: re-read the page when it is due, and say how old the shown page is."""
+        now = time.monotonic()
+        if (self.run_goes_on() and self._updated_at is not None and now - self._updated_at >= self.live_refresh_s
+                and now >= self._not_before):
+            self.refresh_page()
+        self._update_caption()
+
+    def action_refresh_page(self) -> None:
+        self._not_before = 0.0
+        self.refresh_page()
+
+    def refresh_page(self) -> None:
+        """Re-read the page shown (same filters, order and offset) off the UI thread, unless a read is running."""
+        if self._loading or self._refreshing or self.page is None:
+            return
+        self._refreshing = True
+        generation, source = self._generation, self.app.source
+        verdicts, text, order, offset = self.verdicts, self.text_filter, self.order, self.row_offset
+
+        def fetch() -> tuple[int, float, MismatchPage]:
+            started = time.monotonic()
+            page = source.mismatch_page(verdicts, text, order, offset, PAGE_SIZE)
+            return generation, time.monotonic() - started, page
+
+        fetch_in_thread(self, fetch, self.PageRefreshed, self.RefreshFailed, group="mismatch-refresh")
+
+    @on(PageRefreshed)
+    def _page_refreshed(self, message: PageRefreshed) -> None:
+        generation, took, page = message.result
+        self._refreshing = False
+        self._not_before = time.monotonic() + 3 * took
+        if generation != self._generation or self._loading:
+            return  # the operator turned a page or changed a filter meanwhile: that load brings fresh rows
+        self._updated_at = time.monotonic()
+        self._refresh_error = None
+        if page != self.page:
+            self.show_page(page, keep_place=True)
+        else:
+            self._update_caption()
+
+    @on(RefreshFailed)
+    def _refresh_failed(self, message: RefreshFailed) -> None:
+        self._refreshing = False
+        self._refresh_error = str(message.error)
+        self._update_caption()
 
     @on(PageFailed)
     def _page_failed(self, message: PageFailed) -> None:
@@ -114,11 +202,21 @@ class MismatchesScreen(Screen):
         self._update_caption()
         self.notify(f"cannot read mismatches: {message.error}", severity="error", timeout=8)
 
-    def show_page(self, page: MismatchPage) -> None:
-        """Put one page in the table (UI thread)."""
+    def show_page(self, page: MismatchPage, *, keep_place: bool = False) -> None:
+        """Put one page in the table (UI thread). With `keep_place` (a live re-read) the cursor stays on the
+        sample it was on (on the same row number when that sample left the page) and that row where it was on
+        screen."""
+        table = self.query_one("#mismatch-table", PageTable)
+        cursor, scroll_y = self._cursor_after_load, 0
+        if keep_place and self.page is not None:
+            was = self.selected_sample()
+            old_cursor, old_scroll = table.cursor_row, int(table.scroll_offset.y)
+            ids = [row.sample_id for row in page.rows]
+            cursor = ids.index(was) if was in ids else min(old_cursor, max(len(ids) - 1, 0))
+            scroll_y = old_scroll + cursor - old_cursor
         self.page = page
         self._loading = False
-        self.query_one("#mismatch-table", PageTable).show(
+        table.show(
             [
                 (
                     row.sample_id,
@@ -131,7 +229,7 @@ class MismatchesScreen(Screen):
                 )
                 for row in page.rows
             ],
-            cursor=self._cursor_after_load,
+            cursor=cursor, scroll_y=scroll_y,
         )
         self._update_caption()
         # Re-render the footer only when a key's availability changed (it recomposes: not free).
@@ -148,12 +246,30 @@ class MismatchesScreen(Screen):
                 shown = "no samples match"
             else:
                 shown = f"rows {page.offset + 1:,}–{page.offset + len(page.rows):,} of {page.total:,}"
-        filters = f"verdict: {self.verdict_filter or 'all non-exact'}"
-        if self.text_filter:
-            filters += f" · text: {self.text_filter!r}"
-        self.query_one("#mismatch-caption", Static).update(
-            f"mismatches · {shown} · {filters} · sorted by {MISMATCH_ORDERS[self.order]}", layout=False
+        verdict = self.verdict_filter or "all non-exact"
+        text = f" · text: {self.text_filter!r}" if self.text_filter else ""
+        order = MISMATCH_ORDERS[self.order]
+        fresh, short = self._freshness()
+        # the longest wording that fits one line (80 columns first); how old the page is always shows
+        candidates = (
+            f"mismatches · {shown} · verdict: {verdict}{text} · sorted by {order}{fresh}",
+            f"mismatches · {shown} · {verdict}{text} · by {order}{short}",
+            f"mismatches · {shown} · {verdict}{text}{short}",
+            f"mismatches · {shown}{text}{short}",
         )
+        room = self.query_one("#mismatch-caption", Static).content_region.width or self.size.width - 2
+        caption = next((c for c in candidates if cell_len(c) <= room), candidates[-1])
+        self.query_one("#mismatch-caption", Static).update(caption, layout=False)
+
+    def _freshness(self) -> tuple[str, str]:
+        """How old the shown page is, in words (long and short): "updated 4 s ago · r refresh"."""
+        if self._refresh_error is not None:
+            return " · could not re-read: r retries", " · read failed: r retries"
+        if self._updated_at is None or self._loading:
+            return "", ""
+        age = max(time.monotonic() - self._updated_at, 0.0)
+        ago = f"{int(age)} s" if age < 60 else duration(age)
+        return f" · updated {ago} ago · r refresh", f" · {ago} ago · r refresh"
 
     def selected_sample(self) -> str | None:
         """The sample id under the cursor, or None."""
