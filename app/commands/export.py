@@ -68,18 +68,29 @@ class _Progress:
     def __init__(self) -> None:
         self.last = 0.0
         self.tty = sys.stderr.isatty()
+        self.counts = self.shown = (0, 0)
 
     def __call__(self, seen: int, exported: int) -> None:
+        self.counts = (seen, exported)
         now = time.monotonic()
         if now - self.last < 0.5:
             return
         self.last = now
-        end = "\r" if self.tty else "\n"
-        print(f"export: {seen} samples read, {exported} written", end=end, file=sys.stderr, flush=True)
+        self._print("\r" if self.tty else "\n")
+
+    def _print(self, end: str) -> None:
+        self.shown = self.counts
+        print(f"export: {self.counts[0]} samples read, {self.counts[1]} written", end=end, file=sys.stderr, flush=True)
 
     def done(self) -> None:
-        if self.tty and self.last:
-            print(file=sys.stderr)
+        """End the progress so no line shows older counts than the end's: cleared on a terminal (the report that
+        follows has the counts), brought up to the final counts in a log."""
+        if not self.last:
+            return
+        if self.tty:
+            print("\r\x1b[K", end="", file=sys.stderr, flush=True)
+        elif self.shown != self.counts:
+            self._print("\n")
 
 
 def run(args: argparse.Namespace) -> int:

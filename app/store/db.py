@@ -32,7 +32,7 @@ def check_file(path: Path) -> bool:
         raise InputError(f"{path}: is a directory; pass the path of a database file with --db")
     if not path.exists():
         if not path.parent.is_dir():
-            raise InputError(f"{path}: its directory {path.parent} does not exist; create it or pass another --db")
+            raise InputError(f"{path}: its directory {path.parent} does not exist; create it or pass another database path")
         return False
     if not os.access(path, os.R_OK):
         raise InputError(f"{path}: cannot be read (permission denied); check its owner and mode")
@@ -49,7 +49,7 @@ def check_file(path: Path) -> bool:
         if "not a database" in str(exc) or "encrypted" in str(exc):
             raise InputError(
                 f"{path}: is not an SQLite database (it does not start with the SQLite header); "
-                "pass another --db path or move this file away"
+                "pass another database path or move this file away"
             ) from None
         # locked, busy or damaged further in: the caller's open says which
     return True
@@ -58,7 +58,7 @@ def check_file(path: Path) -> bool:
 def _locked(path: Path, exc: Exception) -> InputError:
     return InputError(
         f"{path}: is locked by another process ({exc}); wait for that process to finish "
-        "(another eaglewatch writing to it?) or pass another --db"
+        "(another eaglewatch writing to it?) or pass another database path"
     )
 
 
@@ -70,11 +70,11 @@ def _read_version(conn: sqlite3.Connection, path: Path) -> int:
             raise _locked(path, exc) from None
         if "unable to open" in str(exc) and _readonly_folder(path):
             raise InputError(f"{path}: cannot be opened in its read-only folder {path.parent} ({exc})") from None
-        raise InputError(f"{path}: is not a usable SQLite database ({exc}); pass another --db") from None
+        raise InputError(f"{path}: is not a usable SQLite database ({exc}); pass another database path") from None
     except sqlite3.DatabaseError as exc:
         if "malformed" in str(exc):
             raise _damaged(path, str(exc)) from None
-        raise InputError(f"{path}: is not a usable SQLite database ({exc}); pass another --db") from None
+        raise InputError(f"{path}: is not a usable SQLite database ({exc}); pass another database path") from None
 
 
 def _damaged(path: Path, detail: str) -> InputError:
@@ -138,7 +138,7 @@ def _refuse_newer(path: Path, version: int, known: int = SCHEMA_VERSION) -> None
     if version > known:
         raise InputError(
             f"{path}: was written by a newer eaglewatch (schema version {version}; this version knows up to "
-            f"{known}); upgrade eaglewatch to open it, or pass another --db"
+            f"{known}); upgrade eaglewatch to open it, or pass another database path"
         )
 
 
@@ -159,7 +159,8 @@ def migrate(
     target = len(migrations)
     exists = check_file(path)
     if not exists and not create:
-        raise InputError(f"{path}: no such database; run `eaglewatch ingest CONFIG` first or pass another --db")
+        raise InputError(f"{path}: no such database; run `eaglewatch ingest CONFIG` first or pass another database "
+                         "path")
     if _readonly_folder(path):
         raise InputError(
             f"{path}: its folder {path.parent} is read-only, and a run database is written with a journal beside "
@@ -237,7 +238,8 @@ def connect_readonly(
     """
     path = Path(path)
     if not check_file(path):
-        raise InputError(f"{path}: no such database; run `eaglewatch ingest CONFIG` first or pass another --db")
+        raise InputError(f"{path}: no such database; run `eaglewatch ingest CONFIG` first or pass another database "
+                         "path")
     immutable = _readonly_folder(path)
     uri = f"{path.resolve().as_uri()}?mode=ro" + ("&immutable=1" if immutable else "")
     conn = sqlite3.connect(uri, uri=True, timeout=busy_timeout_s, check_same_thread=False, isolation_level=None)

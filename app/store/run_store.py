@@ -545,7 +545,8 @@ class StoreWriteError(InputError):
 def _store_error(path: Path, exc: BaseException) -> StoreWriteError:
     text = str(exc)
     if "locked" in text or "busy" in text:
-        err = StoreWriteError(f"{path}: is locked by another process ({text}); wait for it or pass another --db", "locked")
+        err = StoreWriteError(f"{path}: is locked by another process ({text}); wait for it or pass another database "
+                              "path", "locked")
     elif "full" in text or getattr(exc, "sqlite_errorcode", None) == 13:  # SQLITE_FULL
         err = StoreWriteError(f"{path}: the disk is full ({text}); free space on the filesystem that holds it", "full")
     else:

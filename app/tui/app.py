@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from textual import on
@@ -193,15 +194,26 @@ class EaglewatchApp(App):
         if not isinstance(self.screen, ConfirmScreen):
             self.push_screen(ConfirmScreen("The run is live in this process. Stop it and quit?"), answered)
 
+    def action_screenshot(self, filename: str | None = None, path: str | None = None) -> None:
+        """Save an SVG of the screen: into ~/Downloads when it exists (Textual's default), else the working
+        directory (a server account often has no Downloads folder, and saving there failed)."""
+        if path is None:
+            downloads = Path.home() / "Downloads"
+            path = str(downloads if downloads.is_dir() else Path.cwd())
+        self.deliver_screenshot(filename, path)
+
     # --- palette ---------------------------------------------------------------------------
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         yield SystemCommand("Mismatches", "Every non-exact sample, filterable", self.action_show_mismatches)
         yield SystemCommand("Jobs", "Extraction jobs: pause, resume, cancel, log", self.action_show_jobs)
-        if self.source.can_control:
+        # the same rule as the keys (check_action): nothing that would do nothing, e.g. pause on a DONE run
+        if self.check_action("toggle_pause", ()):
             yield SystemCommand("Pause or resume the run", "Same as p", self.action_toggle_pause)
+        if self.check_action("pause_now", ()):
             yield SystemCommand("Pause now", "Cancel requests in flight too (P); providers may still bill them",
                                 self.action_pause_now)
+        if self.check_action("set_concurrency", ()):
             yield SystemCommand("Set concurrency limit", "Requests in flight across all endpoints (c)",
                                 self.action_set_concurrency)
         for name in THEMES:
