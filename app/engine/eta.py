@@ -87,6 +87,24 @@ class Projector:
 
     # ---- events ----------------------------------------------------------------------------------
 
+    def seed(self, dataset: str, answered: int, output_tokens: int, gen_s: float, ttft_s: float,
+             prompt_tokens: int, longest: int, cost_usd: float = 0.0) -> None:
+        """Samples of `dataset` answered before this engine started (a resumed run): their count, output tokens,
+        generation and first-token seconds, prompt tokens, longest output and cost, learned as if seen
+        finishing (the cost only prices tokens when there is no price list: it is already in what was spent)."""
+        if answered <= 0:
+            return
+        ds = self._ds(dataset)
+        ds.done += answered
+        ds.done_output += output_tokens
+        self._done += answered
+        self._gen_tokens += output_tokens
+        self._gen_s += max(gen_s, 1e-6 * answered)
+        self._ttft_sum += ttft_s
+        self._done_prompt += prompt_tokens
+        self._done_cost += cost_usd
+        self._longest = max(self._longest, float(longest))
+
     def add_pending(self, dataset: str, prompt_tokens: int, count: int = 1) -> None:
         """`count` samples of `dataset` wait to be sent, `prompt_tokens` each (known from ingest)."""
         ds = self._ds(dataset)

@@ -177,6 +177,8 @@ class Run:
         for dataset, (n, chars) in (await self.store.open_prompt_sizes(self.run_id)).items():
             # ~4 JSON characters per prompt token (estimate_prompt_tokens' 2 is a deliberate worst case)
             self._projector.add_pending(dataset, chars // max(1, n) // _CHARS_PER_TOKEN, n)
+        for dataset, stats in (await self.store.finished_output_stats(self.run_id)).items():
+            self._projector.seed(dataset, *stats)  # a resumed run projects from what it learned before
         verdicts, strategies = await self.store.outcome_counts(self.run_id)
         self._verdicts, self._strategies = Counter(verdicts), Counter(strategies)
         stored_state, stored_reason = await self.store.run_state(self.run_id)

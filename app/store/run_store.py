@@ -483,6 +483,22 @@ class RunStore:
             "WHERE run_id = ? AND state IN ('pending', 'leased') GROUP BY dataset", (run_id,)).fetchall())
         return {str(d): (int(n), int(c)) for d, n, c in rows}
 
+    async def finished_output_stats(self, run_id: int, newest: int = 20_000) -> dict[str, tuple[float, ...]]:
+        """Per dataset, what the newest `newest` answered requests of this run tell the ETA (`Projector.seed`):
+        (answered, output tokens, generation seconds, time-to-first-token seconds, prompt tokens, longest output,
+        their cost),
+        so a resumed run projects from what it already learned instead of from nothing. Reads by the run's
+        time index (responses_by_run), never the whole table."""
+        rows = await self.read(lambda conn: conn.execute(
+            "SELECT s.dataset, COUNT(*), TOTAL(r.completion_tokens), "
+            "TOTAL(MAX(0.0, COALESCE(r.latency_ms, 0) - COALESCE(r.ttft_ms, 0))) / 1000.0, "
+            "TOTAL(COALESCE(r.ttft_ms, 0)) / 1000.0, TOTAL(r.prompt_tokens), MAX(r.completion_tokens), TOTAL(r.cost_usd) "
+            "FROM (SELECT sample_pk, completion_tokens, latency_ms, ttft_ms, prompt_tokens, cost_usd FROM responses "
+            "      WHERE run_id = ? AND error_class IS NULL ORDER BY created_at DESC LIMIT ?) AS r "
+            "JOIN samples s ON s.pk = r.sample_pk GROUP BY s.dataset", (run_id, newest)).fetchall())
+        return {str(d): (int(n), int(tok), float(gen), float(ttft), int(prompt), int(longest or 0), float(cost))
+                for d, n, tok, gen, ttft, prompt, longest, cost in rows}
+
     async def outcome_counts(self, run_id: int) -> tuple[dict[str, int], dict[str, int]]:
         """The run's (verdict counts, reconstruction strategy counts) as stored."""
         return await self.read(lambda conn: (tallies.verdict_counts(conn, run_id), tallies.strategy_counts(conn, run_id)))

@@ -97,3 +97,56 @@ def test_nothing_is_projected_before_a_sample_finishes_and_prices_are_learned_wi
     assert p.mean_output_tokens == (("a", 200.0),)
     assert p.projected_cost_usd == pytest.approx(0.003 + 9 * 300 * 1e-5)
     assert p.eta_s is not None and p.eta_s > 0
+
+
+def test_a_seeded_projector_projects_as_one_that_saw_the_samples_finish():
+    """A resumed run's projector is seeded with the stored stats; it projects as if it had seen them finish."""
+    samples = demo_samples()
+    seen, seeded = Projector(PRICES), Projector(PRICES)
+    stats = [0, 0, 0.0, 0.0, 0, 0, 0.0]
+    for i, (prompt, out) in enumerate(samples[:100]):
+        seen.started(i, "demo", prompt, 0.0)
+        latency, ttft = 0.3 + out / 200.0, 0.3
+        seen.finished(i, out, latency, ttft, out * 2.5e-6, latency)
+        for k, v in enumerate((1, out, latency - ttft, ttft, prompt, 0, out * 2.5e-6)):
+            stats[k] += v
+        stats[5] = max(stats[5], out)
+    seeded.seed("demo", *stats)
+    for p in (seen, seeded):
+        for prompt, _ in samples[100:]:
+            p.add_pending("demo", prompt)
+    a, b = seen.project(10.0, 0.1, concurrency=16), seeded.project(10.0, 0.1, concurrency=16)
+    assert b.eta_s is not None and b.eta_s == pytest.approx(a.eta_s, rel=1e-9)
+    assert b.projected_cost_usd == pytest.approx(a.projected_cost_usd, rel=1e-9)
+    assert dict(b.mean_output_tokens) == pytest.approx(dict(a.mean_output_tokens))
+
+
+async def test_a_resumed_run_has_an_eta_before_its_first_new_answer(tmp_path, sample_data):
+    """The engine seeds its projector from the run's stored answers: no blank ETA after a restart."""
+    from app.engine.run import Run
+    from tests.engine.conftest import make_config, sample_inputs
+    from app.store.run_store import RunStore
+
+    config = make_config(tmp_path, sample_data, simulator={"latency_median_ms": 300.0, "latency_p95_ms": 400.0})
+    store = await RunStore.open(config.run.database)
+    run_id = await store.ensure_run(config.run.name, config.redacted())
+    inputs = sample_inputs(sample_data, 40)
+    await store.ingest(run_id, inputs[:20])
+    first = Run(config, store)
+    try:
+        await first.start()
+        await first.wait()
+    finally:
+        await first.close()
+    assert first.snapshot().done == 20
+    await store.ingest(run_id, inputs[20:])
+    stats = await store.finished_output_stats(run_id)
+    assert sum(v[0] for v in stats.values()) == 20
+    second = Run(config, store)
+    try:
+        await second.start()
+        snap = second.snapshot()  # the first answer is 300 ms away
+        assert snap.done == 20 and snap.eta_s is not None and snap.eta_s > 0
+    finally:
+        await second.close()
+        await store.close()
