@@ -142,9 +142,9 @@ async def test_a_second_engine_on_the_same_run_is_refused(tmp_path, sample_data)
         await store.close()
 
 
-async def test_db_snapshot_agrees_with_the_engine(tmp_path, sample_data):
-    config = make_config(tmp_path, sample_data)
-    store, _ = await open_ingested(config, sample_data, 30)
+async def _live_and_stored(config, sample_data, n):
+    """Run n samples to the end; the engine's last snapshot and the one the database gives afterwards."""
+    store, _ = await open_ingested(config, sample_data, n)
     run = Run(config, store)
     try:
         await run.start()
@@ -153,7 +153,11 @@ async def test_db_snapshot_agrees_with_the_engine(tmp_path, sample_data):
     finally:
         await run.close()
         await store.close()
-    snap = snapshot_from_db(connect_readonly(config.run.database), "t")
+    return live, snapshot_from_db(connect_readonly(config.run.database), "t")
+
+
+async def test_db_snapshot_agrees_with_the_engine(tmp_path, sample_data):
+    live, snap = await _live_and_stored(make_config(tmp_path, sample_data), sample_data, 30)
     assert (snap.state, snap.done, snap.total, snap.failed) == ("done", live.done, 30, 0)
     assert snap.cost_usd == pytest.approx(live.cost_usd)
     assert snap.rate.req_s_5m > 0 and snap.latency_p50_ms is not None
@@ -194,16 +198,7 @@ async def test_db_snapshot_counts_failed_and_retried_per_endpoint_as_the_engine_
     attached face reads the same columns from the database as the in-process face from the engine."""
     config = make_config(tmp_path, sample_data, faults={"500": 0.35}, generation={"attempts": 2},
                          simulator={"seed": 5})
-    store, _ = await open_ingested(config, sample_data, 60)
-    run = Run(config, store)
-    try:
-        await run.start()
-        await run.wait()
-        live = run.snapshot()
-    finally:
-        await run.close()
-        await store.close()
-    snap = snapshot_from_db(connect_readonly(config.run.database), "t")
+    live, snap = await _live_and_stored(config, sample_data, 60)
     ep_live, ep_db = live.endpoints[0], snap.endpoints[0]
     assert ep_live.failed > 0 and ep_live.retried > ep_live.failed  # both kinds happened
     assert (ep_db.completed, ep_db.failed, ep_db.retried) == (ep_live.completed, ep_live.failed, ep_live.retried)
