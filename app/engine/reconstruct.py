@@ -9,8 +9,9 @@ the machine has a core to spare) or in two threads of the engine's process. Rebu
 and the tokenizer, so threads share the event loop's core and GIL; a process gets its own. Each worker builds
 its Rebuilder once from a `RebuildRecipe` (tokenizer folder, profile, fidelity profiles) and gets per call only
 what the rebuild reads (the completion without its raw body, the reference ids, the messages and tools only
-when the prompt check needs them). Calls made in one turn of the event loop travel as one batch (one pickle
-and one pipe round trip for several results). A worker that dies (BrokenProcessPool) loses nothing: the
+when the prompt check needs them). Each worker has at most one batch in flight: a free worker gets a result
+at once (the end of the loop's turn), and while all are busy the results that arrive gather into the next
+batch (one pickle and one pipe round trip for several results, and no timer adding latency). A worker that dies (BrokenProcessPool) loses nothing: the
 calls it held are rebuilt in threads, and so is the rest of the run, with one operator event.
 """
 
@@ -20,6 +21,7 @@ import asyncio
 import math
 import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -31,9 +33,6 @@ from typing import Any, Protocol
 from app.records import Completion, Reconstruction, Verdict
 
 AUTO_MAX_WORKERS = 4  # reconstruction is ~0.4 ms of a ~1 ms request: a few processes keep up with one loop
-# results arriving within this long travel as one batch: measured on 2 cores, one message per result cost
-# the engine's process ~0.05 ms/result more and queued longer at the worker than 2 ms of waiting does
-BATCH_WAIT_S = 0.002
 BATCH_MAX = 32  # results per pickled batch (bounds the latency one slow rebuild adds to its neighbours)
 
 
@@ -143,15 +142,38 @@ def _run_call(reconstructor: Any, call: _Call) -> Any:
 _WORKER: Any = None  # the worker process's Rebuilder (built once by _init_worker)
 
 
-def _init_worker(recipe: RebuildRecipe, cores: Sequence[int]) -> None:
+def _init_worker(recipe: RebuildRecipe, cores: Sequence[int], engine_pid: int) -> None:
     """Worker start: leave the parent's CPU pin (a parent pinned to one core would keep its workers on it,
-    which is what processes are for avoiding), then build the Rebuilder once."""
+    which is what processes are for avoiding), watch the engine, then build the Rebuilder once."""
     global _WORKER
     try:
         os.sched_setaffinity(0, cores)
     except (AttributeError, OSError, ValueError):
         pass  # not Linux, or the cores are not ours to take: run where the scheduler puts us
+    threading.Thread(target=_watch_engine, args=(engine_pid, os.getppid()), name="eaglewatch-engine-watch",
+                     daemon=True).start()
     _WORKER = recipe.build()
+
+
+def _watch_engine(engine_pid: int, parent: int) -> None:
+    """Exit when the engine is gone (killed: nothing shuts the pool down). A ProcessPoolExecutor worker holds
+    both ends of its call queue, so it would wait forever, keeping the engine's stdout and stderr open."""
+    while True:
+        time.sleep(0.25)
+        if os.getppid() != parent:  # the fork server (or the engine, with spawn) died: we were re-parented
+            os._exit(0)
+        try:
+            os.kill(engine_pid, 0)
+        except ProcessLookupError:
+            os._exit(0)
+        except OSError:
+            pass  # alive, but not ours to signal
+        try:
+            with open(f"/proc/{engine_pid}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[-1].split()[0] == b"Z":  # killed, not yet reaped
+                    os._exit(0)
+        except (OSError, IndexError):
+            pass  # no /proc (not Linux): the checks above
 
 
 def _worker_ping() -> tuple[int, float]:
@@ -205,6 +227,7 @@ class RebuildPool:
         self._procs: ProcessPoolExecutor | None = None
         self._pending: list[tuple[_Call, asyncio.Future]] = []
         self._flushing = False
+        self._inflight = 0  # batches sent and not yet back (at most one per worker)
         self._tasks: set[asyncio.Task] = set()
         self._child_cpu: dict[int, float] = {}  # pid -> CPU seconds at its last batch
         self._child_start_cpu: dict[int, float] = {}  # pid -> CPU seconds its start took
@@ -237,7 +260,8 @@ class RebuildPool:
             return pool
         t0 = time.monotonic()
         cores = sorted(range(os.cpu_count() or 1))
-        procs = ProcessPoolExecutor(n, mp_context=_mp_context(), initializer=_init_worker, initargs=(recipe, cores))
+        procs = ProcessPoolExecutor(n, mp_context=_mp_context(), initializer=_init_worker,
+                                    initargs=(recipe, cores, os.getpid()))
         loop = asyncio.get_running_loop()
         try:
             pings = await asyncio.gather(*(loop.run_in_executor(procs, _worker_ping) for _ in range(n)))
@@ -257,22 +281,39 @@ class RebuildPool:
             return await self._in_threads(_call_of(completion, sample, endpoint, measure, light=False))
         fut = asyncio.get_running_loop().create_future()
         self._pending.append((_call_of(completion, sample, endpoint, measure, light=True), fut))
-        if not self._flushing:
-            # the results of the next BATCH_WAIT_S join the batch
-            self._flushing = True
-            asyncio.get_running_loop().call_later(BATCH_WAIT_S, self._flush)
+        self._kick()
         return await fut
+
+    def _kick(self) -> None:
+        """Send what is pending once a worker is free (at the end of this turn of the loop, so the turn's
+        other results join the batch); while every worker is busy, results gather into the next batch."""
+        if self._pending and not self._flushing and self._inflight < max(1, self.workers):
+            self._flushing = True
+            asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flushing = False
-        pending, self._pending = self._pending, []
-        size = min(BATCH_MAX, max(1, math.ceil(len(pending) / max(1, self.workers))))
-        for i in range(0, len(pending), size):
-            t = asyncio.get_running_loop().create_task(self._send(pending[i:i + size]))
+        free = max(1, self.workers) - self._inflight
+        if free <= 0 or not self._pending:
+            return
+        size = min(BATCH_MAX, math.ceil(len(self._pending) / free))
+        for _ in range(free):
+            batch, self._pending = self._pending[:size], self._pending[size:]
+            if not batch:
+                break
+            self._inflight += 1
+            t = asyncio.get_running_loop().create_task(self._send(batch))
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
 
     async def _send(self, batch: list[tuple[_Call, asyncio.Future]]) -> None:
+        try:
+            await self._send_batch(batch)
+        finally:
+            self._inflight -= 1
+            self._kick()
+
+    async def _send_batch(self, batch: list[tuple[_Call, asyncio.Future]]) -> None:
         calls = [c for c, _ in batch]
         try:
             if self._procs is None:

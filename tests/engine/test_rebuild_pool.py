@@ -8,9 +8,11 @@ import asyncio
 import os
 import signal
 import sqlite3
+from pathlib import Path
 
 import pytest
 
+import app
 from app.engine.reconstruct import RebuildPool, RebuildRecipe, build_reconstructor, open_rebuilder, worker_count
 from app.engine.verify import LOGPROB_PROBE_FIELDS, Rebuilder
 from app.providers.client import ChatClient
@@ -143,3 +145,43 @@ async def test_a_worker_killed_mid_run_loses_no_result(tmp_path, sample_data) ->
         states = dict(conn.execute("SELECT state, COUNT(*) FROM samples GROUP BY state").fetchall())
     assert len(per_sample) == n and all(k == 1 for _, k in per_sample), per_sample
     assert states == {"done": n}, states
+
+
+_HOLDER = r"""
+import asyncio, sys
+from app.config import parse_config
+from app.engine.reconstruct import RebuildPool, build_reconstructor, open_rebuilder
+async def main():
+    config = parse_config({"run": {"name": "t"}, "data": {"datasets": [{"path": sys.argv[1] + "/prompts.openai.jsonl"}]},
+                           "model": {"name": "m", "tokenizer": sys.argv[1] + "/tokenizer"},
+                           "endpoints": [{"name": "e", "base_url": "http://127.0.0.1:9"}]})
+    rebuilder, _ = await open_rebuilder(build_reconstructor(config), config, config.run.database.parent / "no.db")
+    pool = await RebuildPool.open(rebuilder, 1)
+    print(pool.pids[0], flush=True)
+    await asyncio.sleep(3600)
+asyncio.run(main())
+"""
+
+
+async def test_a_killed_engines_workers_exit_and_free_its_pipes(tmp_path, sample_data) -> None:
+    """Nothing shuts the pool down when the engine is killed: its worker must notice and exit, or it would
+    keep the engine's stdout open (a supervisor reading it would wait forever)."""
+    import sys
+
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _HOLDER, str(sample_data), cwd=tmp_path,
+                                                stdout=asyncio.subprocess.PIPE,
+                                                env={**os.environ, "PYTHONPATH": str(Path(app.__file__).parents[1])})
+    worker = int((await asyncio.wait_for(proc.stdout.readline(), 60)).strip())
+    os.kill(worker, 0)  # alive while the engine is
+    proc.kill()
+    assert await asyncio.wait_for(proc.stdout.read(), 10) == b""  # EOF: no worker holds the pipe any more
+    await proc.wait()
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 10
+    while True:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            break
+        assert loop.time() < end, "the worker outlived its engine"
+        await asyncio.sleep(0.05)
