@@ -142,7 +142,7 @@ def _run_call(reconstructor: Any, call: _Call) -> Any:
     return Rebuilt(*reconstructor.process(completion, reference_ids))
 
 
-_WORKER: Any = None  # the worker process's Rebuilder (built once by _init_worker)
+_WORKER: Any = None  # the worker process's Rebuilder (built once by _init_worker), or why it could not be
 
 
 def _init_worker(recipe: RebuildRecipe, cores: Sequence[int], engine_pid: int) -> None:
@@ -155,7 +155,12 @@ def _init_worker(recipe: RebuildRecipe, cores: Sequence[int], engine_pid: int) -
         pass  # not Linux, or the cores are not ours to take: run where the scheduler puts us
     threading.Thread(target=_watch_engine, args=(engine_pid, os.getppid()), name="eaglewatch-engine-watch",
                      daemon=True).start()
-    _WORKER = recipe.build()
+    # an error is kept for the start-up ping, which carries it to the engine's event (an initializer that
+    # raises only breaks the pool, with no word of why)
+    try:
+        _WORKER = recipe.build()
+    except Exception as exc:
+        _WORKER = exc
 
 
 def _watch_engine(engine_pid: int, parent: int) -> None:
@@ -181,13 +186,17 @@ def _watch_engine(engine_pid: int, parent: int) -> None:
 
 def _worker_ping() -> tuple[int, float]:
     """Nothing, once the worker has started (the pool's start-up is paid at the run's start): its pid and
-    the CPU seconds its start took."""
+    the CPU seconds its start took; the start's error if its Rebuilder could not be built."""
+    if isinstance(_WORKER, Exception):
+        raise _WORKER
     return os.getpid(), time.process_time()
 
 
 def _worker_batch(calls: list[_Call]) -> tuple[list[tuple[bool, Any]], float, int, float]:
     """Rebuild each call: ([(ok, Rebuilt or the exception)], the rebuilds' CPU seconds, pid, the worker's
     whole CPU seconds so far). One call's error does not fail its neighbours."""
+    if isinstance(_WORKER, Exception):
+        raise _WORKER  # (the ping failed first: this worker gets no batch)
     out: list[tuple[bool, Any]] = []
     t0 = time.thread_time()
     for call in calls:

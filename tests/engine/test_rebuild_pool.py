@@ -185,3 +185,31 @@ async def test_a_killed_engines_workers_exit_and_free_its_pipes(tmp_path, sample
             break
         assert loop.time() < end, "the worker outlived its engine"
         await asyncio.sleep(0.05)
+
+
+async def test_workers_that_cannot_start_leave_the_rebuilds_to_threads(tmp_path, sample_data, monkeypatch) -> None:
+    """A worker whose tokenizer is not the engine's (the files changed under it) fails at start: the pool says
+    so once and rebuilds in threads, with the same result."""
+    import dataclasses
+
+    config = make_config(tmp_path, sample_data)
+    rebuilder, _ = await open_rebuilder(build_reconstructor(config), config, tmp_path / "none.db")
+    real = RebuildRecipe.of(rebuilder)
+    monkeypatch.setattr(RebuildRecipe, "of", classmethod(lambda cls, r: dataclasses.replace(real, fingerprint="x")))
+    told: list[tuple[str, str]] = []
+
+    async def tell(level: str, message: str) -> None:
+        told.append((level, message))
+
+    pool = await RebuildPool.open(rebuilder, 1, tell)
+    try:
+        assert pool.workers == 0 and len(told) == 1 and told[0][0] == "warning", told
+        assert "did not start" in told[0][1] and "tokenizer files changed" in told[0][1]
+        s = sample_inputs(sample_data, 1)[0]
+        from app.records import Completion
+
+        c = Completion(content="hello", reasoning="think", finish_reason="stop")
+        assert await pool.rebuild(c, s, "sim", False) == rebuilder.rebuild(c, s.reference_ids, s.messages, s.tools,
+                                                                          endpoint="sim", measure=False)
+    finally:
+        pool.close()
