@@ -96,6 +96,10 @@ class RunSection(_Section):
     output_dir: ConfigPath = Field(Path("out"), description="Where exports and job outputs go.")
     keep_raw: bool = Field(False, description="Store each response's raw body (streamed: every chunk) in responses.raw.")
     keep_raw_max_bytes: int = Field(1_000_000, gt=0, description="A raw body larger than this is stored as a note of its size.")
+    rebuild_workers: Literal["auto"] | Annotated[int, Field(ge=0)] = Field(
+        "auto", description="Where token ids are rebuilt: 0 = threads in the engine's process; N = N worker processes "
+        "(off the event loop's core and GIL); auto = processes (one per spare core, at most 4) when the machine has "
+        "2 or more cores, else threads. A worker that dies falls back to threads for the rest of the run.")
 
 
 class Dataset(_Section):

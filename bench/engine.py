@@ -3,6 +3,7 @@
     python bench/engine.py [--n 2000] [--concurrency 64 256] [--rss-samples 20000] [--skip-curator] [--reps 1]
     python bench/engine.py --ratios      # the two client-path ratios only (about 1.5 min): c=64, both modes,
                                          # aiohttp / engine / engine+tokens interleaved 3 times, --n 1000
+    python bench/engine.py --ratios --rebuild-workers 0   # the whole path with rebuilds in threads (as before)
 
 One run measures, for each concurrency and for non-streaming and streaming: completed responses/s and
 client CPU per request of the engine (request + parse + store, one transaction per result) and of three
@@ -15,7 +16,9 @@ over `--rss-samples` samples is measured too. With `--reps R` each (mode, concur
 times in rotating order (aiohttp, engine, engine+tokens, then engine, engine+tokens, aiohttp, ...), so a
 load swing on a shared machine hits every client alike; the ratios are the medians of the per-repetition
 ratios (engine / aiohttp, whole path / engine), printed with their range. Writes bench/results/engine.json
-and prints markdown.
+and prints markdown. The whole path (engine+tokens) rebuilds through the engine's own path (verify's
+Rebuilder in the Run's RebuildPool, `--rebuild-workers` = `[run] rebuild_workers`); its client CPU is the
+engine's process plus its rebuild worker processes, whose one-off start is reported apart and not timed.
 """
 
 from __future__ import annotations
@@ -133,7 +136,8 @@ async def _openai_sdk(url: str, msgs: list, conc: int, stream: bool) -> int:
     return ok
 
 
-async def _engine(url: str, msgs, conc: int, stream: bool, db_dir: str, reconstruct: bool = False) -> int:
+async def _engine(url: str, msgs, conc: int, stream: bool, db_dir: str, reconstruct: bool = False,
+                  rebuild_workers: str = "auto") -> int:
     import app.providers.client  # noqa: F401  (imported before timing, like the baselines' libraries)
     from app.config import parse_config
     from app.engine.reconstruct import build_reconstructor
@@ -142,7 +146,8 @@ async def _engine(url: str, msgs, conc: int, stream: bool, db_dir: str, reconstr
     from app.store.run_store import RunStore
 
     cfg = parse_config({
-        "run": {"name": "bench", "database": str(Path(db_dir) / "bench.db")},
+        "run": {"name": "bench", "database": str(Path(db_dir) / "bench.db"),
+                "rebuild_workers": rebuild_workers if rebuild_workers == "auto" else int(rebuild_workers)},
         "data": {"datasets": [{"path": str(SAMPLE / "prompts.openai.jsonl")}]},
         "model": {"name": MODEL, "tokenizer": str(SAMPLE / "tokenizer")},
         "endpoints": [{"name": "sim", "base_url": url, "max_concurrency": conc, "timeout_s": 60}],
@@ -152,12 +157,16 @@ async def _engine(url: str, msgs, conc: int, stream: bool, db_dir: str, reconstr
     store = await RunStore.open(cfg.run.database)
     run_id = await store.ensure_run("bench", cfg.redacted())
     await store.ingest(run_id, (SampleInput(f"s{i}", "bench", m) for i, m in enumerate(msgs)))
-    global _T0, _C0
+    global _T0, _C0, _POOL
+    # the engine's own reconstruction path: open_rebuilder wraps this in verify's Rebuilder and the Run's
+    # RebuildPool runs it (threads or worker processes, [run] rebuild_workers), as in a real run
+    run = Run(cfg, store, reconstructor=build_reconstructor(cfg) if reconstruct else None)
     _T0, _C0 = time.perf_counter(), time.process_time()  # ingest is not timed
-    global _TIMED
-    _TIMED = _TimedReconstructor(build_reconstructor(cfg)) if reconstruct else None
-    run = Run(cfg, store, reconstructor=_TIMED)
     await run.start()
+    _POOL = run._pool
+    if _POOL is not None and _POOL.workers:
+        # the workers' start (once per run: interpreter, imports, tokenizer) is reported apart, like ingest
+        _T0 += _POOL.start_s
     await run.wait()
     done = run.snapshot().done
     await run.close()
@@ -166,27 +175,7 @@ async def _engine(url: str, msgs, conc: int, stream: bool, db_dir: str, reconstr
 
 
 _T0 = _C0 = 0.0
-_TIMED = None
-
-
-class _TimedReconstructor:
-    """The real Reconstructor, with the CPU time its calls take (thread CPU time, summed over the pool)."""
-
-    def __init__(self, inner) -> None:
-        import threading
-
-        self.inner = inner
-        self.tokenizer = getattr(inner, "tokenizer", None)
-        self.cpu_s = 0.0
-        self._lock = threading.Lock()
-
-    def process(self, completion, reference_ids):
-        t = time.thread_time()
-        out = self.inner.process(completion, reference_ids)
-        dt = time.thread_time() - t
-        with self._lock:
-            self.cpu_s += dt
-        return out
+_POOL = None  # the Run's app.engine.reconstruct.RebuildPool: rebuild CPU (threads or workers), workers' CPU
 
 
 def client_main(args: argparse.Namespace) -> None:
@@ -201,11 +190,17 @@ def client_main(args: argparse.Namespace) -> None:
         ok = asyncio.run(_openai_sdk(args.url, msgs, args.conc, args.stream))
     else:
         with tempfile.TemporaryDirectory() as d:
-            ok = asyncio.run(_engine(args.url, msgs, args.conc, args.stream, d, args.client == "engine+tokens"))
+            ok = asyncio.run(_engine(args.url, msgs, args.conc, args.stream, d, args.client == "engine+tokens",
+                                     args.rebuild_workers))
     wall, cpu = time.perf_counter() - _T0, time.process_time() - _C0
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"ok": ok, "wall_s": wall, "cpu_s": cpu, "rss_mb": rss_mb, "rss_start_mb": rss_start,
-                      "tokens_cpu_s": None if _TIMED is None else _TIMED.cpu_s}))
+    p = _POOL
+    # cpu_s: the engine's process plus its rebuild workers (after their start), so CPU per request is the
+    # whole path's wherever it ran; tokens_cpu_s: the rebuilds themselves, in threads or in the workers
+    print(json.dumps({"ok": ok, "wall_s": wall, "cpu_s": cpu + (p.worker_cpu_s if p else 0.0), "parent_cpu_s": cpu,
+                      "rss_mb": rss_mb, "rss_start_mb": rss_start, "tokens_cpu_s": p.cpu_s if p else None,
+                      "rebuild_workers": p.workers if p else None, "worker_start_s": p.start_s if p else None,
+                      "worker_start_cpu_s": p.start_cpu_s if p else None, "rebuild_broken": p.broken if p else None}))
 
 
 CURATOR_SCRIPT = r"""
@@ -254,8 +249,9 @@ def run_curator(url: str, n: int, conc: int) -> dict | str:
     return json.loads(lines[-1])
 
 
-def run_client(kind: str, url: str, n: int, conc: int, stream: bool) -> dict:
-    cmd = [sys.executable, __file__, "--as-client", kind, "--url", url, "--n", str(n), "--conc", str(conc)]
+def run_client(kind: str, url: str, n: int, conc: int, stream: bool, rebuild_workers: str = "auto") -> dict:
+    cmd = [sys.executable, __file__, "--as-client", kind, "--url", url, "--n", str(n), "--conc", str(conc),
+           "--rebuild-workers", rebuild_workers]
     if stream:
         cmd.append("--stream")
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -277,6 +273,8 @@ def main() -> None:
                          "--reps 3 --n 1000 --rss-samples 0 --skip-curator")
     ap.add_argument("--clients", nargs="+", default=["aiohttp", "engine", "engine+tokens", "openai"],
                     help="engine+tokens is the whole path: request, parse, reconstruct (sample tokenizer), store")
+    ap.add_argument("--rebuild-workers", default="auto",
+                    help="[run] rebuild_workers of the engine+tokens client: auto, 0 (threads) or N processes")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--as-client", dest="client", help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
@@ -325,13 +323,17 @@ def main() -> None:
                             notes.append(r)
                             continue
                     else:
-                        r = run_client(kind, url, args.n_sdk if kind == "openai" else args.n, conc, stream)
+                        r = run_client(kind, url, args.n_sdk if kind == "openai" else args.n, conc, stream,
+                                       args.rebuild_workers)
                     after = server_stats()
                     served = max(1, after["served"] - before["served"])
                     row = {"client": kind, "stream": stream, "concurrency": conc, "rep": rep, "ok": r["ok"],
                            "req_s": r["ok"] / r["wall_s"], "client_cpu_ms": 1000 * r["cpu_s"] / max(1, r["ok"]),
                            "server_cpu_ms": 1000 * (after["cpu_s"] - before["cpu_s"]) / served,
                            "rss_mb": r.get("rss_mb"),
+                           "parent_cpu_ms": 1000 * r["parent_cpu_s"] / max(1, r["ok"]) if "parent_cpu_s" in r else None,
+                           "rebuild_workers": r.get("rebuild_workers"), "worker_start_s": r.get("worker_start_s"),
+                           "worker_start_cpu_s": r.get("worker_start_cpu_s"), "rebuild_broken": r.get("rebuild_broken"),
                            "tokens_cpu_share": (r["tokens_cpu_s"] / r["cpu_s"]) if r.get("tokens_cpu_s") else None}
                     row["server_ceiling_req_s"] = 1000 / row["server_cpu_ms"] if row["server_cpu_ms"] else None
                     results.append(row)
@@ -396,6 +398,17 @@ def main() -> None:
             if rows_of("engine", stream, conc):
                 table += f" ({ratio_text('engine+tokens', 'engine', stream, conc)} the engine without reconstruction)"
             table += f", reconstruction {100 * shares[len(shares) // 2]:.0f}% of client CPU" if shares else ""
+            wrows = sorted(rows_of("engine+tokens", stream, conc), key=lambda r: r["req_s"])
+            w = wrows[len(wrows) // 2]
+            table += f", client CPU {w['client_cpu_ms']:.2f} ms/req"
+            if w.get("rebuild_workers"):
+                table += (f" (engine process {w['parent_cpu_ms']:.2f}, the rest in {w['rebuild_workers']} rebuild "
+                          f"worker process(es), started in {w['worker_start_s']:.2f} s / "
+                          f"{w['worker_start_cpu_s']:.2f} s CPU once per run, not timed)")
+            elif w.get("rebuild_workers") == 0:
+                table += " (rebuilds in threads of the engine's process)"
+            broken = [r["rebuild_broken"] for r in wrows if r.get("rebuild_broken")]
+            table += f"; a rebuild worker died: {broken[0]}" if broken else ""
     if rss:
         table += (f"\n\nPeak RSS of an engine run (concurrency 256, non-streaming): {rss['peak_rss_mb']:.0f} MB over "
                   f"{rss['samples']:,} samples, {rss['small_peak_rss_mb']:.0f} MB over {rss['small_samples']:,} "

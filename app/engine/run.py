@@ -30,7 +30,6 @@ import socket
 import time
 from collections import Counter, deque
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +44,8 @@ from app.engine.events import EngineEvent, EventLog
 from app.engine.lock import EngineLock
 from app.engine.metrics import EndpointMetrics
 from app.engine.quality import QualityDecision
-from app.engine.reconstruct import CompletionReconstructor, PassThroughReconstructor, open_rebuilder, rebuild
+from app.engine.reconstruct import (CompletionReconstructor, PassThroughReconstructor, RebuildPool, open_rebuilder,
+                                    rebuild)
 from app.engine.settle import Settler
 from app.engine.slots import EndpointSlots
 from app.engine.snapshot import MetricsSnapshot
@@ -123,7 +123,7 @@ class Run:
         self._settled = asyncio.Event()
         self._finished = asyncio.Event()
         self._idle = asyncio.Event()
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: RebuildPool | None = None  # where rebuilds run (app.engine.reconstruct; the bench reads it)
         self._state_dirty = False
         self._t0 = time.time()
         self._m0 = time.monotonic()
@@ -196,7 +196,9 @@ class Run:
             self._tokenizer_fingerprint, self.pricing)
         await self._start_verify()
         if not isinstance(self.reconstructor, PassThroughReconstructor):
-            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="reconstruct")
+            self._pool = await RebuildPool.open(self.reconstructor, cfg.run.rebuild_workers,
+                                                lambda level, message: self._event(level, "run", message))
+            await self._event("info", "run", f"token ids are rebuilt in {self._pool.describe()}")
         if stored_state == "paused" and not self.resume_paused:
             self.state, self.state_reason = "paused", stored_reason or "paused before restart"
             await self._event("info", "run", f"run is paused ({self.state_reason}); resume to continue")
@@ -275,7 +277,7 @@ class Run:
         if self._slots is not None:
             self._slots.close()
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.close()
             self._pool = None
         self._lock.release()
 

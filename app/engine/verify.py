@@ -56,6 +56,12 @@ class Rebuilder:
                         for p in profiles}
 
     @property
+    def fidelity_profiles(self) -> tuple[Any, ...]:
+        """The run's own fidelity profile (None: none) and every learned one, in order: what rebuilds this
+        Rebuilder in another process (app.engine.reconstruct.RebuildRecipe)."""
+        return (self._default.fidelity, *(r.fidelity for r in self._by_key.values()))
+
+    @property
     def learned(self) -> tuple[tuple[str, str], ...]:
         """(endpoint, provider) of every fidelity profile in use."""
         return tuple(self._by_key)

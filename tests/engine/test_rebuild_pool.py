@@ -1,0 +1,215 @@
+"""Rebuilds in worker processes (app.engine.reconstruct.RebuildPool, `[run] rebuild_workers`): the same
+results as in threads, field by field, over completions the real client parsed from the real simulator; a
+worker killed with SIGKILL mid-run loses no paid response; workers leave a pinned parent's core."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import app
+from app.engine.reconstruct import RebuildPool, RebuildRecipe, build_reconstructor, open_rebuilder, worker_count
+from app.engine.verify import LOGPROB_PROBE_FIELDS, Rebuilder
+from app.providers.client import ChatClient
+from app.simulator.server import SimulatorServer
+from app.tokens.fidelity import FidelityProfile
+from app.config import parse_config
+from tests.engine.conftest import config_data, make_config, open_ingested, sample_inputs
+
+N = 12
+
+
+def _endpoint(name: str, personality: str, **sim) -> dict:
+    options = {"latency_median_ms": 0.0, "latency_p95_ms": 0.0, "tokens_per_s": 0.0, "seed": 5,
+               "personality": personality, "quirks": ["think_spaces"], **sim}
+    return {"name": name, "simulator": options, "timeout_s": 5.0, "max_concurrency": 8}
+
+
+async def _completions(config, sample_data, stream: bool) -> list[tuple[object, object, str]]:
+    """(completion, sample, endpoint) for N samples from each simulated server: vLLM (server output and prompt
+    ids), OpenRouter with logprobs (ids from logprob bytes) and plain OpenRouter (text only)."""
+    samples = sample_inputs(sample_data, N)
+    out = []
+    for ep in config.endpoints:
+        async with SimulatorServer(ep.simulator, tokenizer_dir=sample_data / "tokenizer",
+                                   reference=sample_data / "reference.jsonl") as sim:
+            client = ChatClient(ep, config.generation.model_copy(update={"stream": stream}), None, base_url=sim.base_url)
+            try:
+                for s in samples:
+                    c = await client.complete(list(s.messages), list(s.tools) if s.tools else None,
+                                              model=config.model.name,
+                                              extra=LOGPROB_PROBE_FIELDS if ep.simulator.logprobs else None)
+                    out.append((c, s, ep.name))
+            finally:
+                await client.aclose()
+    return out
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_processes_rebuild_exactly_what_threads_rebuild(tmp_path, sample_data, stream) -> None:
+    config = make_config(tmp_path, sample_data, endpoints=[
+        _endpoint("vllm", "vllm"), _endpoint("or-logprobs", "openrouter", logprobs=True),
+        _endpoint("or-text", "openrouter", logprobs=False)])
+    got = await _completions(config, sample_data, stream)
+    assert any(c.token_ids for c, _, _ in got) and any(c.content_logprobs for c, _, _ in got)
+    assert any(c.prompt_token_ids for c, _, _ in got), "no prompt ids: the prompt check would go untested"
+    base = build_reconstructor(config)
+    # a learned profile for one endpoint: the worker must route to it as the engine's Rebuilder does
+    learned = FidelityProfile("or-text", None, config.model.profile, 7, {"empty_reasoning": {"dropped": 7}})
+    rebuilder = Rebuilder(base, [learned])
+    threads = await RebuildPool.open(rebuilder, 0)
+    procs = await RebuildPool.open(rebuilder, 2)
+    try:
+        assert (threads.workers, procs.workers) == (0, 2), procs.describe()
+        for measure in (False, True):
+            a = await asyncio.gather(*(threads.rebuild(c, s, ep, measure) for c, s, ep in got))
+            b = await asyncio.gather(*(procs.rebuild(c, s, ep, measure) for c, s, ep in got))
+            assert len(a) == len(b) == len(got)
+            for (c, s, ep), x, y in zip(got, a, b):
+                assert x == y, (ep, s.sample_id, measure)  # every field: ids, flags, verdict, measured, prompt check
+            assert any(r.measured for r in b) == measure
+            assert any(r.prompt_check is not None for r in b)
+    finally:
+        threads.close()
+        procs.close()
+    assert procs.cpu_s > 0 and procs.worker_cpu_s >= procs.cpu_s
+
+
+def test_worker_count_follows_the_setting_and_the_cores() -> None:
+    assert [worker_count("auto", n) for n in (1, 2, 3, 8, 64)] == [0, 1, 2, 4, 4]
+    assert worker_count(0, 16) == 0 and worker_count(3, 1) == 3
+
+
+async def test_a_reconstructor_without_a_recipe_rebuilds_in_threads(tmp_path, sample_data) -> None:
+    config = make_config(tmp_path, sample_data)
+    base = build_reconstructor(config)
+    assert RebuildRecipe.of(base) is None  # not a Rebuilder: nothing says how to build it elsewhere
+    pool = await RebuildPool.open(base, 2)
+    assert pool.workers == 0 and "threads" in pool.describe()
+    pool.close()
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2 or not hasattr(os, "sched_setaffinity"), reason="needs 2 cores")
+async def test_workers_leave_the_pinned_parents_core(tmp_path, sample_data) -> None:
+    config = make_config(tmp_path, sample_data)
+    rebuilder, _ = await open_rebuilder(build_reconstructor(config), config, tmp_path / "none.db")
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})
+    try:
+        pool = await RebuildPool.open(rebuilder, 1)
+    finally:
+        os.sched_setaffinity(0, before)
+    try:
+        assert pool.workers == 1 and len(pool.pids) == 1
+        assert os.sched_getaffinity(pool.pids[0]) == set(range(os.cpu_count()))
+    finally:
+        pool.close()
+
+
+async def test_a_worker_killed_mid_run_loses_no_result(tmp_path, sample_data) -> None:
+    from app.engine.run import Run
+
+    n = 40
+    data = config_data(tmp_path, sample_data, simulator={"latency_median_ms": 15.0, "latency_p95_ms": 30.0},
+                       limits={"concurrency_initial": 4, "concurrency_max": 4})
+    data["run"]["rebuild_workers"] = 1
+    config = parse_config(data, base_dir=tmp_path)
+    store, _ = await open_ingested(config, sample_data, n)
+    run = Run(config, store, reconstructor=build_reconstructor(config))
+    try:
+        await run.start()
+        pool = run._pool
+        assert pool is not None and pool.workers == 1, pool and pool.describe()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 20
+        while run.snapshot().done < 5:
+            assert loop.time() < end, "no result rebuilt in a worker"
+            await asyncio.sleep(0.01)
+        os.kill(pool.pids[0], signal.SIGKILL)
+        outcome = await asyncio.wait_for(run.wait(), 30)
+        assert outcome.state == "done", outcome
+        assert pool.workers == 0 and pool.broken
+        died = [e for e in run.events_since(0) if "rebuild worker process died" in e.message]
+        assert len(died) == 1, [e.message for e in run.events_since(0)]
+    finally:
+        await asyncio.wait_for(run.close(), 10)  # shutdown does not hang on a broken pool
+        await store.close()
+    with sqlite3.connect(config.run.database) as conn:
+        per_sample = conn.execute("SELECT s.pk, COUNT(r.response_id) FROM samples s LEFT JOIN reconstructions r "
+                                  "ON r.sample_pk = s.pk GROUP BY s.pk").fetchall()
+        states = dict(conn.execute("SELECT state, COUNT(*) FROM samples GROUP BY state").fetchall())
+    assert len(per_sample) == n and all(k == 1 for _, k in per_sample), per_sample
+    assert states == {"done": n}, states
+
+
+_HOLDER = r"""
+import asyncio, sys
+from app.config import parse_config
+from app.engine.reconstruct import RebuildPool, build_reconstructor, open_rebuilder
+async def main():
+    config = parse_config({"run": {"name": "t"}, "data": {"datasets": [{"path": sys.argv[1] + "/prompts.openai.jsonl"}]},
+                           "model": {"name": "m", "tokenizer": sys.argv[1] + "/tokenizer"},
+                           "endpoints": [{"name": "e", "base_url": "http://127.0.0.1:9"}]})
+    rebuilder, _ = await open_rebuilder(build_reconstructor(config), config, config.run.database.parent / "no.db")
+    pool = await RebuildPool.open(rebuilder, 1)
+    print(pool.pids[0], flush=True)
+    await asyncio.sleep(3600)
+asyncio.run(main())
+"""
+
+
+async def test_a_killed_engines_workers_exit_and_free_its_pipes(tmp_path, sample_data) -> None:
+    """Nothing shuts the pool down when the engine is killed: its worker must notice and exit, or it would
+    keep the engine's stdout open (a supervisor reading it would wait forever)."""
+    import sys
+
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _HOLDER, str(sample_data), cwd=tmp_path,
+                                                stdout=asyncio.subprocess.PIPE,
+                                                env={**os.environ, "PYTHONPATH": str(Path(app.__file__).parents[1])})
+    worker = int((await asyncio.wait_for(proc.stdout.readline(), 60)).strip())
+    os.kill(worker, 0)  # alive while the engine is
+    proc.kill()
+    assert await asyncio.wait_for(proc.stdout.read(), 10) == b""  # EOF: no worker holds the pipe any more
+    await proc.wait()
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 10
+    while True:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            break
+        assert loop.time() < end, "the worker outlived its engine"
+        await asyncio.sleep(0.05)
+
+
+async def test_workers_that_cannot_start_leave_the_rebuilds_to_threads(tmp_path, sample_data, monkeypatch) -> None:
+    """A worker whose tokenizer is not the engine's (the files changed under it) fails at start: the pool says
+    so once and rebuilds in threads, with the same result."""
+    import dataclasses
+
+    config = make_config(tmp_path, sample_data)
+    rebuilder, _ = await open_rebuilder(build_reconstructor(config), config, tmp_path / "none.db")
+    real = RebuildRecipe.of(rebuilder)
+    monkeypatch.setattr(RebuildRecipe, "of", classmethod(lambda cls, r: dataclasses.replace(real, fingerprint="x")))
+    told: list[tuple[str, str]] = []
+
+    async def tell(level: str, message: str) -> None:
+        told.append((level, message))
+
+    pool = await RebuildPool.open(rebuilder, 1, tell)
+    try:
+        assert pool.workers == 0 and len(told) == 1 and told[0][0] == "warning", told
+        assert "did not start" in told[0][1] and "tokenizer files changed" in told[0][1]
+        s = sample_inputs(sample_data, 1)[0]
+        from app.records import Completion
+
+        c = Completion(content="hello", reasoning="think", finish_reason="stop")
+        assert await pool.rebuild(c, s, "sim", False) == rebuilder.rebuild(c, s.reference_ids, s.messages, s.tools,
+                                                                          endpoint="sim", measure=False)
+    finally:
+        pool.close()
