@@ -85,8 +85,10 @@ async def request_sample(
     reconstruct: Reconstruct,
     on_retry: OnRetry,
     request_extra: RequestExtra | None = None,
+    on_first_token: Callable[[Flight], None] | None = None,
 ) -> Outcome:
-    """Send `flight.sample` until it succeeds or fails for good, and rebuild its ids; see the module doc."""
+    """Send `flight.sample` until it succeeds or fails for good, and rebuild its ids; see the module doc.
+    `on_first_token(flight)`: a streamed request's first token arrived (the ETA's clock for that sample)."""
     sample = flight.sample
     left = policy.attempts - flight.tries
     if left <= 0:
@@ -103,7 +105,10 @@ async def request_sample(
             extra, flight.probe = ep.config.extra or None, False
         else:
             extra, flight.probe = request_extra(flight.index)
-        return await ep.client.complete(sample.messages, sample.tools, model=model, extra=extra)
+        if on_first_token is None:
+            return await ep.client.complete(sample.messages, sample.tools, model=model, extra=extra)
+        return await ep.client.complete(sample.messages, sample.tools, model=model, extra=extra,
+                                        on_first_token=lambda: on_first_token(flight))
 
     async def retrying(_n: int, exc: RetryableError, _delay: float) -> None:
         await on_retry(flight, exc)

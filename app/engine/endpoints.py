@@ -26,7 +26,7 @@ class CompletionClient(Protocol):
     """What the engine needs of a client: one chat completion per call (`app.providers.client.ChatClient`)."""
 
     async def complete(self, messages: list[dict], tools: list | None = None, *, model: str,
-                       extra: dict | None = None) -> Completion: ...
+                       extra: dict | None = None, on_first_token: Callable[[], None] | None = None) -> Completion: ...
 
 
 class Closable(Protocol):

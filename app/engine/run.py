@@ -53,6 +53,7 @@ from app.engine.verify import Rebuilt, Verifier, seed_from_store
 from app.engine.writes import StoreGate, disk_full_advice
 from app.errors import InputError
 from app.engine.snapshot_codec import snapshot_to_json
+from app.providers.errors import RetryableError
 from app.providers.pricing import cost_of, prices_at_start, resolve_pricing
 from app.providers.retry import RetryPolicy
 from app.records import Completion
@@ -62,6 +63,7 @@ from app.store.run_store import RunStore, StoreWriteError
 
 COMMAND_POLL_S = 1.0
 _CHARS_PER_TOKEN = 4  # prompt JSON characters per token, for the ETA's projection (not for the budget)
+_PROJECT_EVERY_S = 1.0  # the ETA is projected afresh at most this often (a projection costs 2-20 ms)
 CLOSE_GRACE_S = 30.0  # how long close() waits for finished results to be stored before giving them up
 
 __all__ = ["EngineEvent", "EngineLock", "Run", "RunOutcome"]
@@ -148,7 +150,9 @@ class Run:
             config.generation.max_tokens,
         )
         # the ETA and projected cost from the tokens still expected (issue 15, app.engine.eta)
-        self._projector = Projector(self.budget.prices)
+        self._projector = Projector(self.budget.prices, max_tokens=config.generation.max_tokens,
+                                    stream=config.generation.stream)
+        self._projected: tuple[float, float | None, float | None] | None = None  # (when, ETA, cost) last projected
 
     @property
     def _endpoints(self) -> list[Endpoint]:
@@ -177,8 +181,10 @@ class Run:
         for dataset, (n, chars) in (await self.store.open_prompt_sizes(self.run_id)).items():
             # ~4 JSON characters per prompt token (estimate_prompt_tokens' 2 is a deliberate worst case)
             self._projector.add_pending(dataset, chars // max(1, n) // _CHARS_PER_TOKEN, n)
+        lengths = await self.store.finished_output_lengths(self.run_id)
         for dataset, stats in (await self.store.finished_output_stats(self.run_id)).items():
-            self._projector.seed(dataset, *stats)  # a resumed run projects from what it learned before
+            # a resumed run projects from what it learned before
+            self._projector.seed(dataset, *stats, lengths=lengths.get(dataset, ()))
         verdicts, strategies = await self.store.outcome_counts(self.run_id)
         self._verdicts, self._strategies = Counter(verdicts), Counter(strategies)
         stored_state, stored_reason = await self.store.run_state(self.run_id)
@@ -455,8 +461,8 @@ class Run:
         try:
             outcome = await request_sample(
                 f, endpoints=self._endpoints, slots=self._slots, policy=self.policy, model=self.config.model.name,
-                reconstruct=self._reconstruct, on_retry=self._settler.on_retry,
-                request_extra=self._verifier.request_extra,
+                reconstruct=self._reconstruct, on_retry=self._on_retry,
+                request_extra=self._verifier.request_extra, on_first_token=self._first_token,
             )
             first_stop = self._stop_leasing(outcome)
             await self._settler.settle(f, outcome)
@@ -481,6 +487,13 @@ class Run:
             if not self._flights:
                 self._wake.set()
                 self._check_idle()
+
+    async def _on_retry(self, f: Flight, exc: RetryableError) -> None:
+        self._projector.resent(f.sample.pk, time.monotonic())  # its output counts again from nothing
+        await self._settler.on_retry(f, exc)
+
+    def _first_token(self, f: Flight) -> None:
+        self._projector.first_token(f.sample.pk, time.monotonic())
 
     def _project(self, f: Flight, o: Outcome) -> None:
         """Tell the projector how a sample ended: answered (its tokens and time), failed, or back to pending."""
@@ -721,9 +734,29 @@ class Run:
         while nothing is held, e.g. paused); (0, spent) once nothing remains."""
         if not remaining:
             return 0.0, spent
+        last = self._projected
+        if last is not None and 0.0 <= now - last[0] < _PROJECT_EVERY_S:  # 4 Hz polling: recompute once a second
+            eta = None if last[1] is None else max(0.0, last[1] - (now - last[0]))
+            return eta, last[2]
         held = self._projector.concurrency(now)
-        p = self._projector.project(now, spent, concurrency=held if held >= 1.0 else float(self._total_limit()))
+        p = self._projector.project(now, spent, concurrency=held if held >= 1.0 else float(self._total_limit()),
+                                    ceiling=self._growth_ceiling())
+        self._projected = (now, p.eta_s, p.projected_cost_usd)
         return p.eta_s, p.projected_cost_usd
+
+    def _growth_ceiling(self) -> int | None:
+        """Where the endpoints' limits are headed while one still grows (slow start: its maximum; recovery: its
+        proven ceiling), the others at their limit; None when none grows (the ETA then holds what is in flight)."""
+        now = self._loop_now()
+        total, growing = 0, False
+        for ep in self._endpoints:
+            lim = ep.limit
+            if lim.reason(now) == "growing":
+                growing = True
+                total += lim.maximum if lim.capacity_estimate is None else max(lim.limit, lim.capacity_estimate)
+            else:
+                total += lim.limit
+        return total if growing else None
 
     def snapshot(self) -> MetricsSnapshot:
         """An immutable view of the run now (no I/O; cheap enough for 4 Hz polling)."""

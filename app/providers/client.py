@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -171,19 +171,21 @@ class ChatClient:
         return text.replace(self._key, "[api key]") if self._key and self._key in text else text
 
     async def complete(
-        self, messages: list[dict], tools: list[dict] | None = None, *, model: str, extra: dict | None = None
+        self, messages: list[dict], tools: list[dict] | None = None, *, model: str, extra: dict | None = None,
+        on_first_token: Callable[[], None] | None = None,
     ) -> Completion:
-        """One attempt; a Completion on success (check `.truncated`), else a ProviderError subclass."""
+        """One attempt; a Completion on success (check `.truncated`), else a ProviderError subclass.
+        `on_first_token`: called once when a streamed answer's first token arrives (the ETA counts from it)."""
         body = self.build_request(messages, tools, model=model, extra=extra)
         content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         started = time.perf_counter()
         try:
             if self._direct:
                 if body.get("stream"):
-                    return await self._stream_direct(content, started)
+                    return await self._stream_direct(content, started, on_first_token)
                 return await self._plain_direct(content, started)
             if body.get("stream"):
-                return await self._stream(content, started)
+                return await self._stream(content, started, on_first_token)
             return await self._plain(content, started)
         except ProviderError as exc:
             scrubbed = self._scrub(str(exc))
@@ -212,10 +214,11 @@ class ChatClient:
         completion = parse_body(data, total_s=total)
         return self._with_header_id(completion, response.headers)
 
-    async def _read_events(self, chunks: AsyncIterator[bytes], started: float) -> StreamAssembler:
+    async def _read_events(self, chunks: AsyncIterator[bytes], started: float,
+                           on_first_token: Callable[[], None] | None = None) -> StreamAssembler:
         """Feed the SSE events of `chunks` to an assembler, reading to the end (so the connection goes back to
         the pool); a transport error mid-stream is a RetryableError naming how far the stream got."""
-        assembler = StreamAssembler(started)
+        assembler = StreamAssembler(started, on_first_token)
         buffer = bytearray()
         try:
             async for data in chunks:
@@ -254,20 +257,22 @@ class ChatClient:
             raise self._status_error(response.status, response.headers, data)
         return self._with_header_id(parse_body(data, total_s=total), response.headers)
 
-    async def _stream_direct(self, content: bytes, started: float) -> Completion:
+    async def _stream_direct(self, content: bytes, started: float,
+                             on_first_token: Callable[[], None] | None = None) -> Completion:
         async with self._post(content, self._aio_stream_headers) as response:
             if response.status != 200:
                 raise self._status_error(response.status, response.headers, await response.read())
-            assembler = await self._read_events(response.content.iter_any(), started)
+            assembler = await self._read_events(response.content.iter_any(), started, on_first_token)
             completion = assembler.finish_completion(time.perf_counter() - started)
             return self._with_header_id(completion, response.headers)
 
-    async def _stream(self, content: bytes, started: float) -> Completion:
+    async def _stream(self, content: bytes, started: float,
+                      on_first_token: Callable[[], None] | None = None) -> Completion:
         response = await self._transport.handle_async_request(self._request(content, self._stream_headers))
         try:
             if response.status_code != 200:
                 raise self._status_error(response.status_code, response.headers, await response.aread())
-            assembler = await self._read_events(response.aiter_bytes(), started)
+            assembler = await self._read_events(response.aiter_bytes(), started, on_first_token)
             completion = assembler.finish_completion(time.perf_counter() - started)
             return self._with_header_id(completion, response.headers)
         finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import email.utils
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from app.providers.errors import ProviderError, RetryableError, RunStoppingError, SampleFatalError
@@ -262,8 +263,9 @@ class StreamAssembler:
     `error` chunk or `finish_reason: "error"` raises RetryableError (error_class "stream").
     """
 
-    def __init__(self, started: float) -> None:
+    def __init__(self, started: float, on_first_token: Callable[[], None] | None = None) -> None:
         self._started = started
+        self._on_first_token = on_first_token
         self.ttft_s: float | None = None
         self._content: list[str] = []
         self._reasoning: list[str] = []
@@ -385,6 +387,8 @@ class StreamAssembler:
             self._prompt_ids = _prompt_ids(choice, f"stream chunk {n}.choices[0]")
         if got_token and self.ttft_s is None:
             self.ttft_s = time.perf_counter() - self._started
+            if self._on_first_token is not None:
+                self._on_first_token()
         finish = choice.get("finish_reason")
         if finish is not None or "error" in choice:
             finish = _opt_str(finish, f"stream chunk {n}.choices[0].finish_reason")

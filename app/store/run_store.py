@@ -499,6 +499,19 @@ class RunStore:
         return {str(d): (int(n), int(tok), float(gen), float(ttft), int(prompt), int(longest or 0), float(cost))
                 for d, n, tok, gen, ttft, prompt, longest, cost in rows}
 
+    async def finished_output_lengths(self, run_id: int, newest: int = 20_000) -> dict[str, list[tuple[int, int]]]:
+        """Per dataset, the output lengths of the same newest answers as `finished_output_stats`, as (completion
+        tokens, count) pairs: the ETA's length curve on resume (`Projector.seed(lengths=)`)."""
+        rows = await self.read(lambda conn: conn.execute(
+            "SELECT s.dataset, r.completion_tokens, COUNT(*) "
+            "FROM (SELECT sample_pk, completion_tokens FROM responses "
+            "      WHERE run_id = ? AND error_class IS NULL ORDER BY created_at DESC LIMIT ?) AS r "
+            "JOIN samples s ON s.pk = r.sample_pk GROUP BY s.dataset, r.completion_tokens", (run_id, newest)).fetchall())
+        out: dict[str, list[tuple[int, int]]] = {}
+        for d, tokens, n in rows:
+            out.setdefault(str(d), []).append((int(tokens or 0), int(n)))
+        return out
+
     async def outcome_counts(self, run_id: int) -> tuple[dict[str, int], dict[str, int]]:
         """The run's (verdict counts, reconstruction strategy counts) as stored."""
         return await self.read(lambda conn: (tallies.verdict_counts(conn, run_id), tallies.strategy_counts(conn, run_id)))

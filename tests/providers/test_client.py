@@ -241,3 +241,22 @@ async def test_fetch_pricing_from_models(tok, reference):
         pricing = await client.fetch_pricing("moonshotai/kimi-k2.5")
         missing = await client.fetch_pricing("other/model")
     assert pricing.completion_per_m == pytest.approx(2.50) and missing is None
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_first_token_is_reported_once_as_it_arrives(tok, reference, stream):
+    """The ETA counts a streamed sample's output from its first token: the client calls `on_first_token`
+    once, when it arrives (here 1 s before the paced stream ends), and never for a plain answer."""
+    options = SimulatorOptions(faults={}, quirks=[], seed=0, tokens_per_s=len(reference[1]["plain"]) / 1.0)
+    calls: list[float] = []
+    async with SimulatorServer(options, tokenizer=tok, reference=reference[0], retry_after_s=0) as sim, \
+            client_for(sim, stream=stream) as client:
+        started = time.perf_counter()
+        completion = await client.complete(user("plain"), model="kimi",
+                                           on_first_token=lambda: calls.append(time.perf_counter() - started))
+    if not stream:
+        assert calls == []
+        return
+    assert len(calls) == 1
+    assert calls[0] == pytest.approx(completion.ttft_s, abs=0.05)
+    assert completion.total_s - calls[0] > 0.5
