@@ -12,9 +12,10 @@ flight are the long ones. Here:
   to first token, times the per-request token rate. Kaplan-Meier cannot say how long the samples run that
   outlived the longest finished one, g (the share it leaves unresolved): that share is spread
   log-uniformly between g and the cap (`max_tokens`; without one, 16 x the longest length seen), the
-  scale-free prior for a length known only to lie between two bounds. A sample in flight at x > g tokens is
-  then expected to reach (cap - x) / ln(cap / x). As long samples finish, g moves past them and
-  Kaplan-Meier takes over;
+  scale-free prior for a length known only to lie between two bounds. Streaming, the tail starts where half
+  of its samples already are (all of them still run; from age alone that would overstate it). A sample in
+  flight at x tokens past that start is then expected to reach (cap - x) / ln(cap / x). As long samples
+  finish, g moves past them and Kaplan-Meier takes over;
 - the time is the expected end of the rest of the run, E[max over samples of their end]. The samples
   waiting are list-scheduled at their mean duration over the slots held (the requests in flight now, or
   their trailing mean if higher; a limit still growing adds a slot per answer up to where it is headed,
@@ -100,7 +101,7 @@ class Survival:
     16 x the longest length seen stands in for it)."""
 
     def __init__(self, finished: Iterable[dict[int, list[float]]], longest: float, censored: list[float],
-                 cap: float | None) -> None:
+                 cap: float | None, *, measured: bool = False) -> None:
         cells: dict[int, list[float]] = {}
         for bins in finished:
             for b, (n, tokens) in bins.items():
@@ -123,7 +124,12 @@ class Survival:
                 left -= m
                 at_risk -= cell[0]
             at_risk -= cens.get(b, 0)
-        self.g = max(1.0, float(longest))  # the tail starts at the longest finished length
+        self.g = max(1.0, float(longest))  # the tail's share: what outlived the longest finished length
+        # ... and, where the tokens so far are `measured` (streamed), it starts where half the samples in it
+        # have already got to, since all of them still run; an estimate from age alone would overstate it
+        # (a slow first token reads as progress), so there it starts at g
+        beyond = sorted(x for x in censored if x > self.g)
+        self.a = max(self.g, beyond[(len(beyond) - 1) // 2]) if beyond and measured else self.g
         top = max([self.g, *censored])
         self.cap = max(float(cap) if cap else 16.0 * top, top)
         self.tail = max(0.0, left)
@@ -135,14 +141,14 @@ class Survival:
 
     def tail_mean(self, x: float) -> float:
         """E[L | L > x] for a tail sample (x at or beyond g: the tail starts there): (cap - x) / ln(cap / x)."""
-        x0 = max(self.g, x)
+        x0 = max(self.a, x)
         if self.cap <= x0 * (1 + 1e-9):
             return x0
         return (self.cap - x0) / math.log(self.cap / x0)
 
     def mean(self) -> float:
         """The expected output length of a sample not yet sent."""
-        return float(self._sv[0]) + self.tail * self.tail_mean(self.g)
+        return float(self._sv[0]) + self.tail * self.tail_mean(self.a)
 
     def cond_mean(self, x: float) -> float:
         """E[L | L > x]: the expected length of a sample in flight that has produced x tokens."""
@@ -158,7 +164,7 @@ class Survival:
 
     def tail_cdf(self, x, y: np.ndarray) -> np.ndarray:
         """P(L <= y | a tail sample longer than x), elementwise (x a number or an array broadcast with y)."""
-        x0 = np.maximum(self.g, x)
+        x0 = np.maximum(self.a, x)
         y = np.asarray(y, dtype=float)
         span = np.log(np.maximum(self.cap, x0) / x0)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -167,7 +173,7 @@ class Survival:
 
     def tail_quantile(self, x, u: np.ndarray) -> np.ndarray:
         """The length of a tail sample longer than x at quantile u of its tail, elementwise (broadcast)."""
-        x0 = np.maximum(self.g, x)
+        x0 = np.maximum(self.a, x)
         return x0 * (np.maximum(self.cap, x0) / x0) ** np.asarray(u)
 
     def cond_means(self, xs: np.ndarray) -> np.ndarray:
@@ -175,7 +181,7 @@ class Survival:
         xs = np.asarray(xs, dtype=float)
         i = np.searchsorted(self.values, xs, side="right")
         mass = self._sm[i] + self.tail
-        x0 = np.maximum(self.g, xs)
+        x0 = np.maximum(self.a, xs)
         span = np.log(np.maximum(self.cap, x0) / x0)
         with np.errstate(divide="ignore", invalid="ignore"):
             tail_mean = np.where(span > 1e-9, (self.cap - x0) / np.maximum(span, 1e-300), x0)
@@ -392,11 +398,11 @@ class Projector:
             by_ds.setdefault(dataset, []).append(x)
         datasets = self._datasets
         pooled = Survival((ds.bins for ds in datasets.values()), max((ds.longest for ds in datasets.values()), default=0),
-                          [x for xs in by_ds.values() for x in xs], cap)
+                          [x for xs in by_ds.values() for x in xs], cap, measured=self.stream)
         curves: dict = {None: pooled}
         for name in set(datasets) | set(by_ds):
             ds = datasets.get(name)
-            curves[name] = (Survival((ds.bins,), ds.longest, by_ds.get(name, []), cap)
+            curves[name] = (Survival((ds.bins,), ds.longest, by_ds.get(name, []), cap, measured=self.stream)
                             if ds is not None and ds.done else pooled)
         return curves
 

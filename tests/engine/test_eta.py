@@ -101,7 +101,7 @@ def test_projection_is_within_15_percent_by_a_quarter_done_at_a_held_concurrency
     # 4 % of the demo samples carry 55 % of its output tokens, every 25th one, so short samples finish first;
     # the long ones in flight have outrun every finished one, and the length curve's tail says how far they go
     for end, cost in errors(demo_samples(), concurrency, stream=stream):
-        assert abs(cost) <= 0.15 and abs(end) <= 0.16, (end, cost)
+        assert abs(cost) <= 0.15 and abs(end) <= 0.15, (end, cost)
 
 
 def test_the_average_over_finished_samples_is_far_off_there():
@@ -116,21 +116,23 @@ def test_projection_is_within_20_percent_by_a_quarter_done_at_24_and_64():
     # outrun the short ones, so the tail's share and length are a guess
     for concurrency in (24, 64):
         for end, cost in errors(demo_samples(), concurrency):
-            assert abs(cost) <= 0.30 and abs(end) <= 0.21, (concurrency, end, cost)
+            assert abs(cost) <= 0.30 and abs(end) <= 0.20, (concurrency, end, cost)
 
 
 def test_the_demos_growing_limit_is_projected_to_its_ceiling():
-    """The demo's own limit trace, told where the limit is headed: the end within 16 % at a quarter done and
-    the cost within 22 % (bench/eta.py measures the real demo)."""
+    """The demo's own limit trace, told where the limit is headed: the end within 15 % at a quarter done and
+    the cost within 21 % (bench/eta.py measures the real demo)."""
     for end, cost in errors(demo_samples(), ramp):
-        assert abs(cost) <= 0.22 and abs(end) <= 0.16, (end, cost)
+        assert abs(cost) <= 0.21 and abs(end) <= 0.15, (end, cost)
 
 
-@pytest.mark.parametrize("check_at", [0.5, 0.75, 0.9])
-def test_projection_stays_close_as_the_run_goes_on(check_at):
-    for concurrency in (8, 16, 24, 64, ramp):
+@pytest.mark.parametrize("check_at, within", [(0.5, (0.20, 0.25)), (0.75, (0.15, 0.16)), (0.9, (0.15, 0.16))])
+def test_projection_stays_close_as_the_run_goes_on(check_at, within):
+    # half done is the worst spot at 12-16: the first long samples have just ended, and the tail now starts
+    # at their length, so the ones still waiting are taken to run longer than they do
+    for concurrency in (8, 12, 16, 24, 64, ramp):
         for end, cost in errors(demo_samples(), concurrency, check_at=check_at):
-            assert abs(cost) <= 0.20 and abs(end) <= 0.15, (concurrency, end, cost)
+            assert abs(end) <= within[0] and abs(cost) <= within[1], (concurrency, end, cost)
 
 
 def _synthetic(kind: str, n: int = 2000, seed: int = 0) -> list[tuple[int, int]]:
@@ -321,3 +323,17 @@ async def test_a_resumed_run_has_an_eta_before_its_first_new_answer(tmp_path, sa
     finally:
         await second.close()
         await store.close()
+
+
+def test_streamed_survivors_move_the_tails_start_to_where_half_of_them_are():
+    """Measured (streamed) tokens so far: every tail sample still runs, so the tail starts where half of them
+    already are; estimated from age alone (a slow first token reads as progress), it starts at g."""
+    finished = (_bins([100] * 50),)
+    survivors = [300.0, 500.0, 900.0, 2000.0]
+    streamed = Survival(finished, 100, survivors, 8192, measured=True)
+    aged = Survival(finished, 100, survivors, 8192)
+    assert streamed.a == 500.0 and aged.a == 100.0
+    assert streamed.cond_mean(300.0) == pytest.approx((8192 - 500) / math.log(8192 / 500))
+    assert aged.cond_mean(300.0) == pytest.approx((8192 - 300) / math.log(8192 / 300))
+    assert streamed.cond_mean(2000.0) == pytest.approx(aged.cond_mean(2000.0))
+    assert streamed.tail == pytest.approx(aged.tail)  # the tail's share is Kaplan-Meier's either way
