@@ -145,14 +145,30 @@ def _run_call(reconstructor: Any, call: _Call) -> Any:
 _WORKER: Any = None  # the worker process's Rebuilder (built once by _init_worker), or why it could not be
 
 
-def _init_worker(recipe: RebuildRecipe, cores: Sequence[int], engine_pid: int) -> None:
-    """Worker start: leave the parent's CPU pin (a parent pinned to one core would keep its workers on it,
-    which is what processes are for avoiding), watch the engine, then build the Rebuilder once."""
-    global _WORKER
+def worker_cores() -> list[int]:
+    """The cores the rebuild workers run on: the machine's cores the engine's process is not pinned to, when
+    it is pinned and some are left (the event loop keeps its core to itself: a worker beside it on the same
+    core slows both, measured 0.68x against 0.47x of the engine alone in bench/engine.py, and a floating
+    worker lands there often enough to give 0.59x), else every core."""
+    every = set(range(os.cpu_count() or 1))
     try:
-        os.sched_setaffinity(0, cores)
-    except (AttributeError, OSError, ValueError):
-        pass  # not Linux, or the cores are not ours to take: run where the scheduler puts us
+        rest = every - os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        rest = set()
+    return sorted(rest or every)
+
+
+def _init_worker(recipe: RebuildRecipe, cores: Sequence[int], engine_pid: int) -> None:
+    """Worker start: leave the parent's CPU pin for `cores` (`worker_cores`: a parent pinned to one core would
+    keep its workers on it, which is what processes are for avoiding), watch the engine, then build the
+    Rebuilder once."""
+    global _WORKER
+    for choice in (cores, range(os.cpu_count() or 1)):
+        try:
+            os.sched_setaffinity(0, choice)
+            break
+        except (AttributeError, OSError, ValueError):
+            pass  # not Linux, or the cores are not ours to take (a cpuset): the next choice, or where we are
     threading.Thread(target=_watch_engine, args=(engine_pid, os.getppid()), name="eaglewatch-engine-watch",
                      daemon=True).start()
     # an error is kept for the start-up ping, which carries it to the engine's event (an initializer that
@@ -274,7 +290,7 @@ class RebuildPool:
         if recipe is None:
             return pool
         t0 = time.monotonic()
-        cores = sorted(range(os.cpu_count() or 1))
+        cores = worker_cores()
         procs = ProcessPoolExecutor(n, mp_context=_mp_context(), initializer=_init_worker,
                                     initargs=(recipe, cores, os.getpid()))
         loop = asyncio.get_running_loop()
