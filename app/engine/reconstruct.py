@@ -169,6 +169,9 @@ def _init_worker(recipe: RebuildRecipe, cores: Sequence[int], engine_pid: int) -
             break
         except (AttributeError, OSError, ValueError):
             pass  # not Linux, or the cores are not ours to take (a cpuset): the next choice, or where we are
+    # one rebuild at a time per worker: the tokenizers library's thread pool would only take turns on the
+    # worker's cores with it (an operator's own setting is kept)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     threading.Thread(target=_watch_engine, args=(engine_pid, os.getppid()), name="eaglewatch-engine-watch",
                      daemon=True).start()
     # an error is kept for the start-up ping, which carries it to the engine's event (an initializer that
