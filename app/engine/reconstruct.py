@@ -188,6 +188,11 @@ def _init_worker(recipe: RebuildRecipe, cores: Sequence[int], engine_pid: int) -
         _WORKER = recipe.build()
     except Exception as exc:
         _WORKER = exc
+        return
+    try:  # one rebuild of nothing much: its lazy imports and first-call costs (6 ms) are paid at start
+        _run_call(_WORKER, (Completion(content="warm", reasoning="up", finish_reason="stop"), None, (), None, "", False))
+    except Exception:
+        pass  # a real call will say what is wrong
 
 
 def _watch_engine(engine_pid: int, parent: int) -> None:
