@@ -40,8 +40,10 @@ def big_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ),
     )
     conn.execute("COMMIT")
+    conn.execute("BEGIN")
     while index_pending_text(conn):  # as the run store does (written outside it, they wait in the queue)
         pass
+    conn.execute("COMMIT")
     conn.close()
     return db
 
