@@ -222,3 +222,30 @@ async def test_workers_that_cannot_start_leave_the_rebuilds_to_threads(tmp_path,
                                                                           endpoint="sim", measure=False)
     finally:
         pool.close()
+
+
+async def test_a_closed_pools_workers_exit_while_the_engine_lives(tmp_path, sample_data) -> None:
+    """close() never waits, yet its workers go: each reads the end of its socket and exits (no pool thread is
+    left to tell it, and the engine it watches is still alive)."""
+    config = make_config(tmp_path, sample_data)
+    rebuilder, _ = await open_rebuilder(build_reconstructor(config), config, tmp_path / "none.db")
+    pool = await RebuildPool.open(rebuilder, 2)
+    assert pool.workers == 2, pool.describe()
+    s = sample_inputs(sample_data, 1)[0]
+    from app.records import Completion
+
+    c = Completion(content="hello", reasoning="think", finish_reason="stop")
+    assert await pool.rebuild(c, s, "sim", False) == rebuilder.rebuild(c, s.reference_ids, s.messages, s.tools,
+                                                                      endpoint="sim", measure=False)
+    pids = pool.pids
+    pool.close()
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 10
+    for pid in pids:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            assert loop.time() < end, f"worker {pid} outlived its closed pool"
+            await asyncio.sleep(0.02)
