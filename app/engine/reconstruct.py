@@ -25,6 +25,7 @@ import math
 import multiprocessing
 import os
 import pickle
+import signal
 import socket
 import threading
 import time
@@ -178,6 +179,12 @@ def _init_worker(recipe: RebuildRecipe, cores: Sequence[int], engine_pid: int) -
             break
         except (AttributeError, OSError, ValueError):
             pass  # not Linux, or the cores are not ours to take (a cpuset): the next choice, or where we are
+    # Ctrl-C in a terminal reaches the whole process group: the engine decides how the run stops, and its
+    # workers end with their sockets (not with a KeyboardInterrupt traceback over the operator's screen)
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except (ValueError, OSError):
+        pass  # not the main thread (the in-process test path): nothing to ignore
     # one rebuild at a time per worker: the tokenizers library's thread pool would only take turns on the
     # worker's cores with it (an operator's own setting is kept)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
