@@ -197,7 +197,8 @@ def _init_worker(recipe: RebuildRecipe, cores: Sequence[int], engine_pid: int) -
         _WORKER = exc
         return
     try:  # one rebuild of nothing much: its lazy imports and first-call costs (6 ms) are paid at start
-        _run_call(_WORKER, (Completion(content="warm", reasoning="up", finish_reason="stop"), None, (), None, "", False))
+        warm = Completion(content="warm", reasoning="up", finish_reason="stop")
+        _run_call(_WORKER, (warm, None, (), None, "", False))
     except Exception:
         pass  # a real call will say what is wrong
 

@@ -275,7 +275,8 @@ def test_rows_queued_for_the_text_index_are_found_as_indexed_ones(tmp_path: Path
     texts.append("split at")
     assert found() == {t: _like_pks(conn, t) for t in texts}
     conn.execute("UPDATE reconstructions SET explanation = 'rewritten' WHERE sample_pk IN (3, 33)")
-    assert conn.execute("SELECT sample_pk FROM mismatch_text_pending WHERE sample_pk IN (3, 33)").fetchall() == [(3,), (33,)]
+    queued = conn.execute("SELECT sample_pk FROM mismatch_text_pending WHERE sample_pk IN (3, 33)").fetchall()
+    assert queued == [(3,), (33,)]
     texts.append("rewritten")
     assert found() == {t: _like_pks(conn, t) for t in texts} and found()["rewritten"] == [3, 33]
     while index_pending_text(conn):
@@ -305,13 +306,16 @@ async def test_the_run_store_indexes_reconstruction_text_in_bulk(tmp_path: Path,
         finally:
             raw.close()
 
+    def verdict(s) -> Verdict:
+        return Verdict("text_mismatch", explanation=f"x {s.sample_id}")
+
     for s in leased[:12]:
-        await store.record_result(run_id, s.pk, 1, "sim", c, 0.0, rec, Verdict("text_mismatch", explanation=f"x {s.sample_id}"))
+        await store.record_result(run_id, s.pk, 1, "sim", c, 0.0, rec, verdict(s))
     await store.add_event(run_id, "info", "t", "a write after the move")  # the move runs between batches
     indexed, queued = counts()
     assert indexed >= 8 and indexed + queued == 12
     for s in leased[12:]:
-        await store.record_result(run_id, s.pk, 1, "sim", c, 0.0, rec, Verdict("text_mismatch", explanation=f"x {s.sample_id}"))
+        await store.record_result(run_id, s.pk, 1, "sim", c, 0.0, rec, verdict(s))
     await store.close()
     assert counts() == (20, 0)  # the rest at close
     conn = queries.connect_readonly(tmp_path / "r.db")
