@@ -9,8 +9,8 @@ Readers use their own connections (`app.store.queries`), which WAL lets run whil
 
 The mismatch list's text index is filled in bulk (schema v6): a reconstruction written here is queued in
 `mismatch_text_pending` by a trigger, and the writer moves the queue into `mismatch_text` with
-`index_pending_text` in a transaction of its own after every INDEX_TEXT_EVERY reconstructions, at open and
-at close (the text filter finds queued rows too, with LIKE).
+`index_pending_text` in a transaction of its own after every INDEX_TEXT_EVERY reconstructions, after its first
+batch (what an earlier writer left) and at close (the text filter finds queued rows too, with LIKE).
 """
 
 from __future__ import annotations
