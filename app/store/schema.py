@@ -459,8 +459,8 @@ _V6 = """
 -- 0.06 ms per result, 70% of writing a reconstruction; one statement over a thousand rows costs 0.008 ms a row.
 -- A written or re-explained reconstruction is queued here (sample_pk, never also in mismatch_text); the writer
 -- moves the queue into mismatch_text in bulk (app.store.run_store.index_pending_text: every
--- INDEX_TEXT_EVERY reconstructions, after its first batch and at close), and the free-text filter matches queued rows
--- with LIKE (app.store.queries), so it finds the same rows whether or not they are indexed yet.
+-- INDEX_TEXT_EVERY reconstructions, after its first batch and at close), and the free-text filter matches
+-- queued rows with LIKE (app.store.queries), so it finds the same rows whether or not they are indexed yet.
 CREATE TABLE mismatch_text_pending (sample_pk INTEGER PRIMARY KEY);
 
 DROP TRIGGER reconstructions_text_insert;
