@@ -124,6 +124,13 @@ def build_db(path: Path, samples: int, tokenizer_dir: Path) -> float:
     from app.store.tallies import recount
 
     recount(conn)
+    # and the reconstructions went past the run store, which moves them into the text index (schema v6)
+    from app.store.run_store import index_pending_text
+
+    conn.execute("BEGIN")
+    while index_pending_text(conn):
+        pass
+    conn.execute("COMMIT")
     conn.execute("ANALYZE")
     conn.close()
     return time.perf_counter() - t0

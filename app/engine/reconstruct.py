@@ -6,13 +6,16 @@ of scheduling): the response text is stored as is and no reconstruction row is w
 
 `RebuildPool` runs the rebuilds off the event loop: in worker processes (`[run] rebuild_workers`; auto when
 the machine has a core to spare) or in two threads of the engine's process. Rebuilding is pure CPU in Python
-and the tokenizer, so threads share the event loop's core and GIL; a process gets its own. Each worker builds
-its Rebuilder once from a `RebuildRecipe` (tokenizer folder, profile, fidelity profiles) and gets per call only
-what the rebuild reads (the completion without its raw body, the reference ids, the messages and tools only
-when the prompt check needs them). Each worker has at most IN_FLIGHT batches in flight: a worker with room
-gets a result at once (the end of the loop's turn), and while all are full the results that arrive gather
-into the next batch (one pickle and one pipe round trip for several results, and no timer adding latency). A worker that dies (BrokenProcessPool) loses nothing: the
-calls it held are rebuilt in threads, and so is the rest of the run, with one operator event.
+and the tokenizer, so threads share the event loop's core and GIL; a process gets its own (the cores a pinned
+engine leaves free, `worker_cores`). Each worker builds its Rebuilder once from a `RebuildRecipe` (tokenizer
+folder, profile, fidelity profiles) and gets per call only what the rebuild reads (the completion without its
+raw body, the reference ids, the messages and tools only when the prompt check needs them). The engine talks
+to each worker over a socket pair read and written by the event loop itself (length-prefixed pickles, no
+executor threads: their hand-offs cost the loop's core GIL switches and added milliseconds to each trip).
+Each worker has at most IN_FLIGHT batches in flight: a worker with room gets a result at once (the end of
+the loop's turn), and while all are full the results that arrive gather into the next batches. A worker
+that dies (its socket ends) loses nothing: the calls it held are rebuilt in threads, and so is the rest of
+the run, with one operator event.
 """
 
 from __future__ import annotations
@@ -21,22 +24,29 @@ import asyncio
 import math
 import multiprocessing
 import os
+import pickle
+import signal
+import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool, ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from app.records import Completion, Reconstruction, Verdict
 
 AUTO_MAX_WORKERS = 4  # reconstruction is ~0.4 ms of a ~1 ms request: a few processes keep up with one loop
-BATCH_MAX = 32  # results per pickled batch (bounds the latency one slow rebuild adds to its neighbours)
-# batches in flight per worker: a second one waits in the worker's pipe while the first is rebuilt, so the
-# trips to and from the worker (2-5 ms each on a loaded 2-core machine) overlap its work (measured +3-5%)
-IN_FLIGHT = 2
+# results per batch, and batches in flight per worker: while one is rebuilt the next ones wait in the worker's
+# socket, so the trips overlap its work; small batches keep results (and the slots they hold) flowing back a
+# few at a time instead of in convoys of 30 (bench/engine.py --ratios at c=64: 8 x 4 gave 1,800 req/s where
+# 32 x 2 gave 1,700 and 64 x 1 1,500)
+BATCH_MAX = 8
+IN_FLIGHT = 4
+START_TIMEOUT_S = 120.0  # a worker's start: interpreter, imports, the tokenizer (0.2-0.4 s measured)
 
 
 class CompletionReconstructor(Protocol):
@@ -145,27 +155,58 @@ def _run_call(reconstructor: Any, call: _Call) -> Any:
 _WORKER: Any = None  # the worker process's Rebuilder (built once by _init_worker), or why it could not be
 
 
-def _init_worker(recipe: RebuildRecipe, cores: Sequence[int], engine_pid: int) -> None:
-    """Worker start: leave the parent's CPU pin (a parent pinned to one core would keep its workers on it,
-    which is what processes are for avoiding), watch the engine, then build the Rebuilder once."""
-    global _WORKER
+def worker_cores() -> list[int]:
+    """The cores the rebuild workers run on: the machine's cores the engine's process is not pinned to, when
+    it is pinned and some are left (the event loop keeps its core to itself: a worker beside it on the same
+    core slows both, measured 0.68x against 0.47x of the engine alone in bench/engine.py, and a floating
+    worker lands there often enough to give 0.59x), else every core."""
+    every = set(range(os.cpu_count() or 1))
     try:
-        os.sched_setaffinity(0, cores)
-    except (AttributeError, OSError, ValueError):
-        pass  # not Linux, or the cores are not ours to take: run where the scheduler puts us
+        rest = every - os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        rest = set()
+    return sorted(rest or every)
+
+
+def _init_worker(recipe: RebuildRecipe, cores: Sequence[int], engine_pid: int) -> None:
+    """Worker start: leave the parent's CPU pin for `cores` (`worker_cores`: a parent pinned to one core would
+    keep its workers on it, which is what processes are for avoiding), watch the engine, then build the
+    Rebuilder once."""
+    global _WORKER
+    for choice in (cores, range(os.cpu_count() or 1)):
+        try:
+            os.sched_setaffinity(0, choice)
+            break
+        except (AttributeError, OSError, ValueError):
+            pass  # not Linux, or the cores are not ours to take (a cpuset): the next choice, or where we are
+    # Ctrl-C in a terminal reaches the whole process group: the engine decides how the run stops, and its
+    # workers end with their sockets (not with a KeyboardInterrupt traceback over the operator's screen)
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except (ValueError, OSError):
+        pass  # not the main thread (the in-process test path): nothing to ignore
+    # one rebuild at a time per worker: the tokenizers library's thread pool would only take turns on the
+    # worker's cores with it (an operator's own setting is kept)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     threading.Thread(target=_watch_engine, args=(engine_pid, os.getppid()), name="eaglewatch-engine-watch",
                      daemon=True).start()
-    # an error is kept for the start-up ping, which carries it to the engine's event (an initializer that
-    # raises only breaks the pool, with no word of why)
+    # an error is kept for the hello, which carries it to the engine's event
     try:
         _WORKER = recipe.build()
     except Exception as exc:
         _WORKER = exc
+        return
+    try:  # one rebuild of nothing much: its lazy imports and first-call costs (6 ms) are paid at start
+        warm = Completion(content="warm", reasoning="up", finish_reason="stop")
+        _run_call(_WORKER, (warm, None, (), None, "", False))
+    except Exception:
+        pass  # a real call will say what is wrong
 
 
 def _watch_engine(engine_pid: int, parent: int) -> None:
-    """Exit when the engine is gone (killed: nothing shuts the pool down). A ProcessPoolExecutor worker holds
-    both ends of its call queue, so it would wait forever, keeping the engine's stdout and stderr open."""
+    """Exit when the engine is gone (killed: nothing shuts the pool down), even mid-rebuild or should its end
+    of the socket outlive it in another process (the socket's EOF is the usual word): a lingering worker keeps
+    the engine's stdout and stderr open."""
     while True:
         time.sleep(0.25)
         if os.getppid() != parent:  # the fork server (or the engine, with spawn) died: we were re-parented
@@ -184,19 +225,57 @@ def _watch_engine(engine_pid: int, parent: int) -> None:
             pass  # no /proc (not Linux): the checks above
 
 
-def _worker_ping() -> tuple[int, float]:
-    """Nothing, once the worker has started (the pool's start-up is paid at the run's start): its pid and
-    the CPU seconds its start took; the start's error if its Rebuilder could not be built."""
-    if isinstance(_WORKER, Exception):
-        raise _WORKER
-    return os.getpid(), time.process_time()
+def _send_frame(sock: socket.socket, payload: bytes) -> None:
+    sock.sendall(len(payload).to_bytes(4, "little") + payload)
 
 
-def _worker_batch(calls: list[_Call]) -> tuple[list[tuple[bool, Any]], float, int, float]:
-    """Rebuild each call: ([(ok, Rebuilt or the exception)], the rebuilds' CPU seconds, pid, the worker's
-    whole CPU seconds so far). One call's error does not fail its neighbours."""
-    if isinstance(_WORKER, Exception):
-        raise _WORKER  # (the ping failed first: this worker gets no batch)
+def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if not k:
+            return None  # the engine closed its end (or died)
+        got += k
+    return bytes(buf)
+
+
+def _worker_main(recipe: RebuildRecipe, cores: Sequence[int], engine_pid: int, sock: socket.socket) -> None:
+    """A worker process: start (`_init_worker`), say hello (its pid and the CPU its start took, or why its
+    Rebuilder could not be built), then rebuild each batch that arrives until the engine closes the socket."""
+    _init_worker(recipe, cores, engine_pid)
+    with sock:
+        try:
+            if isinstance(_WORKER, Exception):
+                _send_frame(sock, _dumps_exception(_WORKER))
+                return
+            _send_frame(sock, pickle.dumps((True, (os.getpid(), time.process_time())), pickle.HIGHEST_PROTOCOL))
+            while True:
+                head = _recv_exactly(sock, 4)
+                body = _recv_exactly(sock, int.from_bytes(head, "little")) if head else None
+                if body is None:
+                    return
+                out, cpu = _worker_batch(pickle.loads(body))
+                try:
+                    reply = pickle.dumps((True, (out, cpu, time.process_time())), pickle.HIGHEST_PROTOCOL)
+                except Exception as exc:  # a result that does not pickle: the engine rebuilds the batch itself
+                    reply = _dumps_exception(exc)
+                _send_frame(sock, reply)
+        except OSError:
+            return  # the engine is gone
+
+
+def _dumps_exception(exc: BaseException) -> bytes:
+    """(False, exc) pickled; an exception that does not pickle goes as a RuntimeError naming it."""
+    try:
+        return pickle.dumps((False, exc), pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return pickle.dumps((False, RuntimeError(f"{type(exc).__name__}: {exc}")), pickle.HIGHEST_PROTOCOL)
+
+
+def _worker_batch(calls: list[_Call]) -> tuple[list[tuple[bool, Any]], float]:
+    """Rebuild each call: ([(ok, Rebuilt or the exception)], the rebuilds' CPU seconds). One call's error
+    does not fail its neighbours."""
     out: list[tuple[bool, Any]] = []
     t0 = time.thread_time()
     for call in calls:
@@ -204,7 +283,7 @@ def _worker_batch(calls: list[_Call]) -> tuple[list[tuple[bool, Any]], float, in
             out.append((True, _run_call(_WORKER, call)))
         except Exception as exc:  # re-raised in the engine, where the in-thread path would have raised it
             out.append((False, exc))
-    return out, time.thread_time() - t0, os.getpid(), time.process_time()
+    return out, time.thread_time() - t0
 
 
 def worker_count(setting: Any, cores: int | None = None) -> int:
@@ -228,21 +307,32 @@ def _mp_context() -> Any:
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
+@dataclass
+class _Worker:
+    """One worker process as the engine sees it: its socket's streams and the batches sent to it (answered in
+    order, oldest first)."""
+
+    proc: Any  # multiprocessing.Process
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    pid: int = 0
+    sent: deque = field(default_factory=deque)  # of list[tuple[_Call, asyncio.Future]]
+
+
 class RebuildPool:
     """Where the engine's rebuilds run (module doc): worker processes, or two threads. Event loop only.
 
     `cpu_s`: CPU seconds of the rebuilds themselves (either mode); `worker_cpu_s`: the worker processes' whole
-    CPU (rebuilds, unpickling, pipes); `start_s`: seconds the workers took to start; `workers`: processes in
+    CPU (rebuilds, unpickling, sockets); `start_s`: seconds the workers took to start; `workers`: processes in
     use now (0: threads)."""
 
     def __init__(self, reconstructor: Any, on_event: Callable[[str, str], Awaitable[None]] | None = None) -> None:
         self.reconstructor = reconstructor
         self._on_event = on_event
         self._threads: ThreadPoolExecutor | None = None
-        self._procs: ProcessPoolExecutor | None = None
+        self._procs: list[_Worker] = []
         self._pending: list[tuple[_Call, asyncio.Future]] = []
         self._flushing = False
-        self._inflight = 0  # batches sent and not yet back (at most IN_FLIGHT per worker)
         self._tasks: set[asyncio.Task] = set()
         self._child_cpu: dict[int, float] = {}  # pid -> CPU seconds at its last batch
         self._child_start_cpu: dict[int, float] = {}  # pid -> CPU seconds its start took
@@ -274,98 +364,141 @@ class RebuildPool:
         if recipe is None:
             return pool
         t0 = time.monotonic()
-        cores = sorted(range(os.cpu_count() or 1))
-        procs = ProcessPoolExecutor(n, mp_context=_mp_context(), initializer=_init_worker,
-                                    initargs=(recipe, cores, os.getpid()))
-        loop = asyncio.get_running_loop()
+        started: list[_Worker] = []
         try:
-            pings = await asyncio.gather(*(loop.run_in_executor(procs, _worker_ping) for _ in range(n)))
+            ctx, cores = _mp_context(), worker_cores()
+            for _ in range(n):
+                mine, theirs = socket.socketpair()
+                try:
+                    proc = ctx.Process(target=_worker_main, args=(recipe, cores, os.getpid(), theirs), daemon=True,
+                                       name="eaglewatch-rebuild")
+                    await asyncio.to_thread(proc.start)  # (the first start also starts the fork server)
+                finally:
+                    theirs.close()  # the worker holds its own copy: EOF here when it dies
+                reader, writer = await asyncio.open_connection(sock=mine)
+                started.append(_Worker(proc, reader, writer))
+            hellos = await asyncio.wait_for(asyncio.gather(*(_read_reply(w.reader) for w in started)), START_TIMEOUT_S)
+            for w, (ok, value) in zip(started, hellos):
+                if not ok:
+                    raise value
+                w.pid, start_cpu = value
+                pool._child_start_cpu[w.pid] = start_cpu
         except Exception as exc:
-            procs.shutdown(wait=False, cancel_futures=True)
+            for w in started:
+                _stop(w)
+            if isinstance(exc, TimeoutError):
+                exc = TimeoutError(f"no word from them in {START_TIMEOUT_S:g} s")
+            elif isinstance(exc, asyncio.IncompleteReadError):
+                exc = BrokenProcessPool("a worker exited before it was ready (see its error above on stderr)")
             await pool._tell("warning", f"token ids are rebuilt in threads: the {n} rebuild worker process(es) "
                              f"did not start ({type(exc).__name__}: {exc})")
             return pool
-        pool._child_start_cpu = {pid: cpu for pid, cpu in pings}  # a worker that took two pings: the later
-        pool._procs, pool.workers, pool.pids = procs, n, tuple(sorted(pool._child_start_cpu))
+        pool._procs, pool.workers, pool.pids = started, n, tuple(sorted(w.pid for w in started))
+        for w in started:
+            pool._spawn(pool._read_loop(w))
         pool.start_s = time.monotonic() - t0
         return pool
 
     async def rebuild(self, completion: Completion, sample: Any, endpoint: str, measure: bool) -> Any:
         """The `app.engine.verify.Rebuilt` of one result of `sample` from `endpoint` (`measure`: a probe)."""
-        if self._procs is None:
+        if not self._procs:
             return await self._in_threads(_call_of(completion, sample, endpoint, measure, light=False))
         fut = asyncio.get_running_loop().create_future()
         self._pending.append((_call_of(completion, sample, endpoint, measure, light=True), fut))
         self._kick()
         return await fut
 
+    def _room(self) -> int:
+        return sum(IN_FLIGHT - len(w.sent) for w in self._procs)
+
     def _kick(self) -> None:
         """Send what is pending once a worker is free (at the end of this turn of the loop, so the turn's
         other results join the batch); while every worker is busy, results gather into the next batch."""
-        if self._pending and not self._flushing and self._inflight < IN_FLIGHT * max(1, self.workers):
+        if self._pending and not self._flushing and (self._room() > 0 or not self._procs):
             self._flushing = True
             asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flushing = False
-        free = IN_FLIGHT * max(1, self.workers) - self._inflight
+        if not self._procs:  # given up meanwhile: what is pending is rebuilt here
+            pending, self._pending = self._pending, []
+            for call, fut in pending:
+                self._spawn(self._rebuild_here([(call, fut)]))
+            return
+        free = self._room()
         if free <= 0 or not self._pending:
             return
         size = min(BATCH_MAX, math.ceil(len(self._pending) / free))
-        for _ in range(free):
-            batch, self._pending = self._pending[:size], self._pending[size:]
-            if not batch:
+        while self._pending:
+            w = min(self._procs, key=lambda x: len(x.sent))
+            if len(w.sent) >= IN_FLIGHT:
                 break
-            self._inflight += 1
-            t = asyncio.get_running_loop().create_task(self._send(batch))
-            self._tasks.add(t)
-            t.add_done_callback(self._tasks.discard)
+            batch, self._pending = self._pending[:size], self._pending[size:]
+            try:
+                w.writer.write(_frame([c for c, _ in batch]))
+            except Exception:  # a call that does not pickle (or a closed socket): rebuilt here
+                self._spawn(self._rebuild_here(batch))
+                continue
+            w.sent.append(batch)
 
-    async def _send(self, batch: list[tuple[_Call, asyncio.Future]]) -> None:
+    async def _read_loop(self, w: _Worker) -> None:
+        """Settle the worker's batches as its answers arrive; its socket's end is its death."""
         try:
-            await self._send_batch(batch)
-        finally:
-            self._inflight -= 1
-            self._kick()
-
-    async def _send_batch(self, batch: list[tuple[_Call, asyncio.Future]]) -> None:
-        calls = [c for c, _ in batch]
-        try:
-            if self._procs is None:
-                raise BrokenProcessPool(self.broken or "closed")
-            out, cpu, pid, child_cpu = await asyncio.get_running_loop().run_in_executor(self._procs, _worker_batch,
-                                                                                        calls)
-        except Exception as exc:  # a dead worker, or a result that did not pickle: rebuild here instead
-            if isinstance(exc, BrokenProcessPool) and self._procs is not None:
-                await self._give_up(exc)
-            for call, fut in batch:
-                try:
-                    r = await self._in_threads(call)
-                except Exception as err:
-                    if not fut.done():
-                        fut.set_exception(err)
+            while True:
+                ok, value = await _read_reply(w.reader)
+                batch = w.sent.popleft()
+                if not ok:  # its answer did not pickle: this batch is rebuilt here
+                    self._spawn(self._rebuild_here(batch))
                 else:
-                    if not fut.done():
-                        fut.set_result(r)
-            return
-        self.cpu_s += cpu
-        self._child_cpu[pid] = child_cpu
-        for (ok, r), (_, fut) in zip(out, batch):
-            if fut.done():
-                continue  # its flight was cancelled meanwhile
-            if ok:
-                fut.set_result(r)
-            else:
-                fut.set_exception(r)
+                    out, cpu, child_cpu = value
+                    self.cpu_s += cpu
+                    self._child_cpu[w.pid] = child_cpu
+                    for (done, r), (_, fut) in zip(out, batch):
+                        if fut.done():
+                            continue  # its flight was cancelled meanwhile
+                        if done:
+                            fut.set_result(r)
+                        else:
+                            fut.set_exception(r)
+                self._kick()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # EOF, a reset socket, an answer that does not unpickle: the worker is lost
+            if w in self._procs:
+                await asyncio.to_thread(w.proc.join, 1.0)  # its exit code, for the operator
+                code = w.proc.exitcode
+                await self._give_up(BrokenProcessPool(f"worker {w.pid} ended (exit code {code}; "
+                                                      f"{type(exc).__name__}: {exc})"))
 
     async def _give_up(self, exc: BaseException) -> None:
         """A worker died: the rest of the run rebuilds in threads (told once; its calls are not lost)."""
-        procs, self._procs = self._procs, None
+        procs, self._procs = self._procs, []
         self.broken, self.workers = f"{type(exc).__name__}: {exc}", 0
-        if procs is not None:
-            procs.shutdown(wait=False, cancel_futures=True)
+        for w in procs:
+            _stop(w)
+            while w.sent:
+                self._spawn(self._rebuild_here(w.sent.popleft()))
+        self._kick()
         await self._tell("warning", "a rebuild worker process died; token ids are rebuilt in threads of the "
                          f"engine's process for the rest of this run (no result was lost): {self.broken}")
+
+    async def _rebuild_here(self, batch: list[tuple[_Call, asyncio.Future]]) -> None:
+        for call, fut in batch:
+            if fut.done():
+                continue
+            try:
+                r = await self._in_threads(call)
+            except Exception as err:
+                if not fut.done():
+                    fut.set_exception(err)
+            else:
+                if not fut.done():
+                    fut.set_result(r)
+
+    def _spawn(self, coro: Any) -> None:
+        t = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
 
     async def _in_threads(self, call: _Call) -> Any:
         if self._threads is None:
@@ -386,21 +519,39 @@ class RebuildPool:
 
     def describe(self) -> str:
         """Where rebuilds run, for the operator: '2 worker processes (started in 0.41 s)' or 'threads'."""
-        if self._procs is None:
+        if not self._procs:
             return "threads of the engine's process" + (f" ({self.broken})" if self.broken else "")
         return f"{self.workers} worker process{'es' if self.workers != 1 else ''} (started in {self.start_s:.2f} s)"
 
     def close(self) -> None:
         """Stop the workers and threads without waiting for them (rebuilds still queued are dropped: their
-        flights are being cancelled or have settled)."""
+        flights are being cancelled or have settled). A worker exits when its socket closes."""
         for t in list(self._tasks):
             t.cancel()
-        if self._procs is not None:
-            self._procs.shutdown(wait=False, cancel_futures=True)
-            self._procs = None
+        procs, self._procs = self._procs, []
+        for w in procs:
+            _stop(w)
         if self._threads is not None:
             self._threads.shutdown(wait=False, cancel_futures=True)
             self._threads = None
+
+
+def _frame(value: Any) -> bytes:
+    payload = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+    return len(payload).to_bytes(4, "little") + payload
+
+
+async def _read_reply(reader: asyncio.StreamReader) -> tuple[bool, Any]:
+    head = await reader.readexactly(4)
+    return pickle.loads(await reader.readexactly(int.from_bytes(head, "little")))
+
+
+def _stop(w: _Worker) -> None:
+    """Close the engine's end of a worker's socket: the worker reads EOF and exits (after its batch)."""
+    try:
+        w.writer.close()
+    except Exception:
+        pass  # already closed, or the loop is closing
 
 
 async def rebuild(pool: RebuildPool | None, reconstructor: Any, completion: Completion, flight: Any, endpoint: str) -> Any:

@@ -190,15 +190,22 @@ _TRIGRAM = 3
 def _text_condition(text: str | None) -> tuple[str, list[Any]]:
     """The SQL (samples joined as `s`) matching `text` literally in a sample id, dataset or explanation.
 
-    Three characters or more walk the trigram index `mismatch_text` (schema v5); both paths match a literal,
-    case-insensitive (ASCII) substring, so results do not depend on the length of the text.
+    Three characters or more walk the trigram index `mismatch_text` (schema v5), and match the rows still
+    queued for it (`mismatch_text_pending`, schema v6: at most a few thousand) with LIKE; both paths match a
+    literal, case-insensitive (ASCII) substring, so results do not depend on the length of the text nor on
+    whether a row is indexed yet. (CROSS JOIN keeps the queue the outer loop: the planner would otherwise walk
+    every sample and look each up in the queue, 18 ms on 100k rows even with the queue empty.)
     """
     if not text:
         return "", []
+    pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
     if len(text) >= _TRIGRAM:
         phrase = '"' + text.replace('"', '""') + '"'  # one FTS5 phrase: every character literal
-        return " AND r.sample_pk IN (SELECT rowid FROM mismatch_text WHERE mismatch_text MATCH ?)", [phrase]
-    pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        sql = (" AND r.sample_pk IN (SELECT rowid FROM mismatch_text WHERE mismatch_text MATCH ?"
+               " UNION ALL SELECT q.sample_pk FROM mismatch_text_pending q CROSS JOIN samples qs ON qs.pk = q.sample_pk"
+               " CROSS JOIN reconstructions qr ON qr.sample_pk = q.sample_pk WHERE qs.sample_id LIKE ? ESCAPE '\\'"
+               " OR qs.dataset LIKE ? ESCAPE '\\' OR qr.explanation LIKE ? ESCAPE '\\')")
+        return sql, [phrase, pattern, pattern, pattern]
     sql = (" AND (s.sample_id LIKE ? ESCAPE '\\' OR s.dataset LIKE ? ESCAPE '\\'"
            " OR r.explanation LIKE ? ESCAPE '\\')")
     return sql, [pattern, pattern, pattern]

@@ -452,5 +452,39 @@ SELECT r.sample_pk, s.sample_id, s.dataset, COALESCE(r.explanation, '')
   FROM reconstructions r JOIN samples s ON s.pk = r.sample_pk;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
+# Version 6 (unreleased: append, one comment header per concern).
+_V6 = """
+-- issue 15 (h-path): the mismatch list's text index is filled in bulk, not row by row. A row's own FTS5 insert
+-- (its trigram postings, content and docsize rows, flushed at each commit) cost the engine's store thread
+-- 0.06 ms per result, 70% of writing a reconstruction; one statement over a thousand rows costs 0.008 ms a row.
+-- A written or re-explained reconstruction is queued here (sample_pk, never also in mismatch_text); the writer
+-- moves the queue into mismatch_text in bulk (app.store.run_store.index_pending_text: every
+-- INDEX_TEXT_EVERY reconstructions, after its first batch and at close), and the free-text filter matches
+-- queued rows with LIKE (app.store.queries), so it finds the same rows whether or not they are indexed yet.
+CREATE TABLE mismatch_text_pending (sample_pk INTEGER PRIMARY KEY);
+
+DROP TRIGGER reconstructions_text_insert;
+CREATE TRIGGER reconstructions_text_insert AFTER INSERT ON reconstructions
+BEGIN
+    INSERT OR IGNORE INTO mismatch_text_pending (sample_pk) VALUES (new.sample_pk);
+END;
+
+DROP TRIGGER reconstructions_text_update;
+CREATE TRIGGER reconstructions_text_update AFTER UPDATE OF explanation, sample_pk ON reconstructions
+WHEN old.explanation IS NOT new.explanation OR old.sample_pk IS NOT new.sample_pk
+BEGIN
+    DELETE FROM mismatch_text WHERE rowid = old.sample_pk;
+    DELETE FROM mismatch_text_pending WHERE sample_pk = old.sample_pk;
+    INSERT OR IGNORE INTO mismatch_text_pending (sample_pk) VALUES (new.sample_pk);
+END;
+
+DROP TRIGGER reconstructions_text_delete;
+CREATE TRIGGER reconstructions_text_delete AFTER DELETE ON reconstructions
+BEGIN
+    DELETE FROM mismatch_text WHERE rowid = old.sample_pk;
+    DELETE FROM mismatch_text_pending WHERE sample_pk = old.sample_pk;
+END;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,6 +1,7 @@
 """Rebuilds in worker processes (app.engine.reconstruct.RebuildPool, `[run] rebuild_workers`): the same
 results as in threads, field by field, over completions the real client parsed from the real simulator; a
-worker killed with SIGKILL mid-run loses no paid response; workers leave a pinned parent's core."""
+worker killed with SIGKILL mid-run loses no paid response; workers leave a pinned parent's core for the
+others."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pathlib import Path
 import pytest
 
 import app
-from app.engine.reconstruct import RebuildPool, RebuildRecipe, build_reconstructor, open_rebuilder, worker_count
+from app.engine.reconstruct import (RebuildPool, RebuildRecipe, build_reconstructor, open_rebuilder, worker_cores,
+                                    worker_count)
 from app.engine.verify import LOGPROB_PROBE_FIELDS, Rebuilder
 from app.providers.client import ChatClient
 from app.simulator.server import SimulatorServer
@@ -99,16 +101,23 @@ async def test_workers_leave_the_pinned_parents_core(tmp_path, sample_data) -> N
     config = make_config(tmp_path, sample_data)
     rebuilder, _ = await open_rebuilder(build_reconstructor(config), config, tmp_path / "none.db")
     before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {min(before)})
+    every = set(range(os.cpu_count()))
+    if before != every:
+        pytest.skip(f"this process may use cores {sorted(before)} of {sorted(every)}: a pin to one needs them all")
+    engine_core = min(before)
+    os.sched_setaffinity(0, {engine_core})
     try:
+        assert worker_cores() == sorted(every - {engine_core})
         pool = await RebuildPool.open(rebuilder, 1)
     finally:
         os.sched_setaffinity(0, before)
     try:
         assert pool.workers == 1 and len(pool.pids) == 1
-        assert os.sched_getaffinity(pool.pids[0]) == set(range(os.cpu_count()))
+        # the other cores: not the pinned event loop's core, where a worker slows both
+        assert os.sched_getaffinity(pool.pids[0]) == every - {engine_core}
     finally:
         pool.close()
+    assert worker_cores() == sorted(every)  # an unpinned engine: its workers may run anywhere
 
 
 async def test_a_worker_killed_mid_run_loses_no_result(tmp_path, sample_data) -> None:
@@ -213,3 +222,30 @@ async def test_workers_that_cannot_start_leave_the_rebuilds_to_threads(tmp_path,
                                                                           endpoint="sim", measure=False)
     finally:
         pool.close()
+
+
+async def test_a_closed_pools_workers_exit_while_the_engine_lives(tmp_path, sample_data) -> None:
+    """close() never waits, yet its workers go: each reads the end of its socket and exits (no pool thread is
+    left to tell it, and the engine it watches is still alive)."""
+    config = make_config(tmp_path, sample_data)
+    rebuilder, _ = await open_rebuilder(build_reconstructor(config), config, tmp_path / "none.db")
+    pool = await RebuildPool.open(rebuilder, 2)
+    assert pool.workers == 2, pool.describe()
+    s = sample_inputs(sample_data, 1)[0]
+    from app.records import Completion
+
+    c = Completion(content="hello", reasoning="think", finish_reason="stop")
+    assert await pool.rebuild(c, s, "sim", False) == rebuilder.rebuild(c, s.reference_ids, s.messages, s.tools,
+                                                                      endpoint="sim", measure=False)
+    pids = pool.pids
+    pool.close()
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 10
+    for pid in pids:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            assert loop.time() < end, f"worker {pid} outlived its closed pool"
+            await asyncio.sleep(0.02)

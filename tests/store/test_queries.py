@@ -11,7 +11,7 @@ import pytest
 from app.errors import InputError
 from app.store import queries
 from app.store.db import migrate
-from app.store.run_store import RunStore
+from app.store.run_store import RunStore, index_pending_text
 
 N = 100_000
 CATEGORIES = ["exact"] * 90 + ["bpe_equivalent"] * 6 + ["text_mismatch"] * 2 + ["structure_mismatch", "truncated"]
@@ -39,6 +39,10 @@ def big_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
             for cat in [rng.choice(CATEGORIES)]
         ),
     )
+    conn.execute("COMMIT")
+    conn.execute("BEGIN")
+    while index_pending_text(conn):  # as the run store does (written outside it, they wait in the queue)
+        pass
     conn.execute("COMMIT")
     conn.close()
     return db
@@ -231,3 +235,111 @@ def test_the_text_index_follows_a_reprocessed_explanation(tmp_path: Path) -> Non
     assert queries.mismatch_count(conn, 1, None, "new words") == 1
     conn.execute("DELETE FROM reconstructions WHERE sample_pk = 7")
     assert conn.execute("SELECT COUNT(*) FROM mismatch_text").fetchone()[0] == 0
+
+
+def _like_pks(conn: sqlite3.Connection, text: str) -> list[int]:
+    pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+    return [pk for (pk,) in conn.execute(
+        "SELECT r.sample_pk FROM reconstructions r JOIN samples s ON s.pk = r.sample_pk WHERE "
+        "s.sample_id LIKE ?1 ESCAPE '\\' OR s.dataset LIKE ?1 ESCAPE '\\' OR r.explanation LIKE ?1 ESCAPE '\\' "
+        "ORDER BY r.sample_pk", (pattern,))]
+
+
+def test_rows_queued_for_the_text_index_are_found_as_indexed_ones(tmp_path: Path) -> None:
+    db = tmp_path / "q.db"
+    migrate(db)
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("INSERT INTO runs (id, name, created_at, updated_at) VALUES (1, 'r', 0, 0)")
+    conn.executemany("INSERT INTO samples (pk, run_id, sample_id, dataset, messages) VALUES (?, 1, ?, ?, '[]')",
+                     [(i, f"id-{i:03d}", "chat" if i % 2 else "Code") for i in range(1, 41)])
+    texts = ["id-01", "CHAT", "code", "drift at", "at token 1", "100%_", "nothing like it"]
+
+    def write(first: int, last: int, words: str) -> None:
+        conn.executemany(
+            "INSERT INTO reconstructions (run_id, sample_pk, strategy, output_ids, category, n_tokens, explanation, "
+            "created_at) VALUES (1, ?, 'canonical', x'01000000', 'text_mismatch', 1, ?, 0)",
+            [(i, f"{words} token {i}" + (" 100%_" if i % 7 == 0 else "")) for i in range(first, last + 1)])
+
+    def found() -> dict[str, list[int]]:
+        return {t: [r.pk for r in queries.mismatch_page(conn, 1, None, t, "sample", 0, 1000).rows] for t in texts}
+
+    write(1, 20, "drift at")
+    queued = conn.execute("SELECT COUNT(*) FROM mismatch_text_pending").fetchone()[0]
+    assert queued == 20 and conn.execute("SELECT COUNT(*) FROM mismatch_text").fetchone()[0] == 0
+    before = found()  # every row still queued: matched by LIKE
+    assert before == {t: _like_pks(conn, t) for t in texts} and before["drift at"] == list(range(1, 21))
+    assert index_pending_text(conn, limit=15) == 15 and index_pending_text(conn) == 5 and index_pending_text(conn) == 0
+    assert conn.execute("SELECT COUNT(*) FROM mismatch_text").fetchone()[0] == 20
+    assert found() == before  # the same rows from the index
+    write(21, 40, "split at")  # half indexed, half queued: one answer over both
+    texts.append("split at")
+    assert found() == {t: _like_pks(conn, t) for t in texts}
+    conn.execute("UPDATE reconstructions SET explanation = 'rewritten' WHERE sample_pk IN (3, 33)")
+    queued = conn.execute("SELECT sample_pk FROM mismatch_text_pending WHERE sample_pk IN (3, 33)").fetchall()
+    assert queued == [(3,), (33,)]
+    texts.append("rewritten")
+    assert found() == {t: _like_pks(conn, t) for t in texts} and found()["rewritten"] == [3, 33]
+    while index_pending_text(conn):
+        pass
+    assert found() == {t: _like_pks(conn, t) for t in texts}
+    conn.close()
+
+
+async def test_the_run_store_indexes_reconstruction_text_in_bulk(tmp_path: Path, monkeypatch) -> None:
+    from app.records import Completion, Reconstruction, Usage, Verdict
+    from app.store import run_store
+    from app.store.records import SampleInput
+
+    monkeypatch.setattr(run_store, "INDEX_TEXT_EVERY", 8)
+    store = await RunStore.open(tmp_path / "r.db")
+    run_id = await store.ensure_run("r")
+    await store.ingest(run_id, [SampleInput(f"s{i}", "d", [{"role": "user", "content": "q"}]) for i in range(20)])
+    leased = await store.lease(run_id, 20, 60)
+    rec = Reconstruction(output_ids=(1, 2), strategy="canonical")
+    c = Completion(content="a", usage=Usage(prompt_tokens=1, completion_tokens=2))
+
+    def counts() -> tuple[int, int]:
+        raw = sqlite3.connect(tmp_path / "r.db")
+        try:
+            return tuple(raw.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
+                         for t in ("mismatch_text", "mismatch_text_pending"))
+        finally:
+            raw.close()
+
+    def verdict(s) -> Verdict:
+        return Verdict("text_mismatch", explanation=f"x {s.sample_id}")
+
+    for s in leased[:12]:
+        await store.record_result(run_id, s.pk, 1, "sim", c, 0.0, rec, verdict(s))
+    await store.add_event(run_id, "info", "t", "a write after the move")  # the move runs between batches
+    indexed, queued = counts()
+    assert indexed >= 8 and indexed + queued == 12
+    for s in leased[12:]:
+        await store.record_result(run_id, s.pk, 1, "sim", c, 0.0, rec, verdict(s))
+    await store.close()
+    assert counts() == (20, 0)  # the rest at close
+    conn = queries.connect_readonly(tmp_path / "r.db")
+    assert queries.mismatch_count(conn, run_id, None, "x s1") == 11  # s1 and s10..s19
+    conn.close()
+
+
+def test_a_v5_database_keeps_its_text_index_and_queues_new_rows(tmp_path: Path) -> None:
+    from app.store.schema import MIGRATIONS
+
+    db = tmp_path / "v5.db"
+    migrate(db, migrations=MIGRATIONS[:5])
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("INSERT INTO runs (id, name, created_at, updated_at) VALUES (1, 'r', 0, 0)")
+    conn.executemany("INSERT INTO samples (pk, run_id, sample_id, dataset, messages) VALUES (?, 1, ?, 'd', '[]')",
+                     [(i, f"s{i}") for i in (1, 2)])
+    conn.execute("INSERT INTO reconstructions (run_id, sample_pk, strategy, output_ids, category, n_tokens, "
+                 "explanation, created_at) VALUES (1, 1, 'canonical', x'01000000', 'text_mismatch', 1, 'old row', 0)")
+    conn.close()
+    assert migrate(db) == len(MIGRATIONS)
+    conn = sqlite3.connect(db, isolation_level=None)
+    assert conn.execute("SELECT COUNT(*) FROM mismatch_text").fetchone()[0] == 1  # indexed by v5's trigger
+    conn.execute("INSERT INTO reconstructions (run_id, sample_pk, strategy, output_ids, category, n_tokens, "
+                 "explanation, created_at) VALUES (1, 2, 'canonical', x'01000000', 'text_mismatch', 1, 'new row', 0)")
+    assert conn.execute("SELECT sample_pk FROM mismatch_text_pending").fetchall() == [(2,)]
+    assert [queries.mismatch_count(conn, 1, None, t) for t in ("old row", "new row", " row")] == [1, 1, 2]
+    conn.close()

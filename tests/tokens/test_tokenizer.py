@@ -34,6 +34,14 @@ def test_sample_tokenizer_token_bytes_are_exact(sample_tok):
     assert sample_tok.id_of_bytes(sample_tok.token_bytes(ids[0])) == ids[0]
 
 
+def test_sample_tokenizer_encodes_as_the_tokenizers_library_does(sample_tok):
+    # encode goes through encode_batch_fast (no offsets): the ids must be what Tokenizer.encode gives
+    texts = ["", "plain text", "héllo 世界 🙂</think>", "a<|im_end|>b  \n\n\tc", "e\u0301 decomposed", "x" * 3000,
+             "<think>\nstep 1: 2+2=4</think>The answer is 4.<|im_end|>"]
+    for text in texts:
+        assert sample_tok.encode(text) == sample_tok.backend.encode(text, add_special_tokens=False).ids, text
+
+
 def test_encode_ordinary_keeps_marker_text_as_plain_tokens(sample_tok):
     ids = sample_tok.encode_ordinary("<|im_end|>")
     assert len(ids) > 1 and not any(sample_tok.is_special(i) for i in ids)
