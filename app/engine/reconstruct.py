@@ -27,9 +27,11 @@ import os
 import pickle
 import signal
 import socket
+import sys
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -301,10 +303,31 @@ def _mp_context() -> Any:
     of the engine's running event loop, threads or SQLite connections is copied into them (fork would); else
     spawn. The fork server is started once per interpreter. Measured start of one worker (imports and the
     tokenizer): 0.18-0.21 s with the sample HF tokenizer, 0.36-0.39 s with Kimi K2.5's tiktoken (spawn: 0.21 /
-    0.39 s). Both import the main module in the worker: a script that runs the engine needs the usual
-    `if __name__ == "__main__":` guard (without it the workers fail to start and the run rebuilds in threads)."""
+    0.39 s). The workers are started with the main module hidden (`_main_hidden`), so a script that runs the
+    engine needs no `if __name__ == "__main__":` guard."""
     methods = multiprocessing.get_all_start_methods()
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
+@contextmanager
+def _main_hidden():
+    """While workers start: multiprocessing imports the parent's main module in every child it starts (and in
+    the fork server) to find what was defined there, which runs a script's top level again unless the script
+    has the `if __name__ == "__main__":` guard. A script without it would run its whole run a second time in
+    the worker, sending requests and spending money. The workers need nothing from it (their target is in
+    this module), so the main module's file and spec are out of sight while they start."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
 
 
 @dataclass
@@ -372,7 +395,8 @@ class RebuildPool:
                 try:
                     proc = ctx.Process(target=_worker_main, args=(recipe, cores, os.getpid(), theirs), daemon=True,
                                        name="eaglewatch-rebuild")
-                    await asyncio.to_thread(proc.start)  # (the first start also starts the fork server)
+                    with _main_hidden():  # (the first start also starts the fork server)
+                        await asyncio.to_thread(proc.start)
                 finally:
                     theirs.close()  # the worker holds its own copy: EOF here when it dies
                 reader, writer = await asyncio.open_connection(sock=mine)

@@ -249,3 +249,43 @@ async def test_a_closed_pools_workers_exit_while_the_engine_lives(tmp_path, samp
                 break
             assert loop.time() < end, f"worker {pid} outlived its closed pool"
             await asyncio.sleep(0.02)
+
+
+_NO_GUARD = r"""
+import asyncio, os, sys
+with open(sys.argv[2], "a") as f:  # the script's top level: it must run once, in this process only
+    f.write(f"{os.getpid()}\n")
+from app.config import parse_config
+from app.engine.reconstruct import RebuildPool, build_reconstructor, open_rebuilder
+async def main():
+    config = parse_config({"run": {"name": "t"}, "data": {"datasets": [{"path": sys.argv[1] + "/prompts.openai.jsonl"}]},
+                           "model": {"name": "m", "tokenizer": sys.argv[1] + "/tokenizer"},
+                           "endpoints": [{"name": "e", "base_url": "http://127.0.0.1:9"}]})
+    rebuilder, _ = await open_rebuilder(build_reconstructor(config), config, config.run.database.parent / "no.db")
+    said = []
+    async def on_event(level, message):
+        said.append(message)
+    pool = await RebuildPool.open(rebuilder, 1, on_event=on_event)
+    print(pool.workers, len(said), flush=True)
+    pool.close()
+asyncio.run(main())
+"""
+
+
+async def test_a_script_without_a_main_guard_runs_once_and_gets_its_workers(tmp_path, sample_data) -> None:
+    """multiprocessing imports the parent's main module in the workers it starts: a script that runs the engine
+    without `if __name__ == "__main__":` would run a second time in its worker (a whole run again, paid for).
+    The pool starts its workers with the main module hidden: the script runs once and the workers start."""
+    import sys
+
+    script, marker = tmp_path / "no_guard.py", tmp_path / "ran.txt"
+    script.write_text(_NO_GUARD)
+    proc = await asyncio.create_subprocess_exec(sys.executable, str(script), str(sample_data), str(marker),
+                                                cwd=tmp_path, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE,
+                                                env={**os.environ, "PYTHONPATH": str(Path(app.__file__).parents[1])})
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert out.decode().split() == ["1", "0"], (out, err.decode()[-2000:])  # one worker process, no fallback
+    await asyncio.sleep(0.5)  # a stray re-run in a worker or the fork server would have written by now
+    assert marker.read_text().split() == [str(proc.pid)]
