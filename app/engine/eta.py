@@ -139,12 +139,16 @@ class Survival:
         self._sm = np.concatenate((np.cumsum(m[::-1])[::-1], [0.0]))  # mass above each value
         self._sv = np.concatenate((np.cumsum((m * self.values)[::-1])[::-1], [0.0]))
 
+    def _tail_means(self, xs) -> np.ndarray:
+        """E[L | L > x] for tail samples, elementwise: (cap - x0) / ln(cap / x0), x0 = max(x, the tail's start)."""
+        x0 = np.maximum(self.a, np.asarray(xs, dtype=float))
+        span = np.log(np.maximum(self.cap, x0) / x0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(span > 1e-9, (self.cap - x0) / np.maximum(span, 1e-300), x0)
+
     def tail_mean(self, x: float) -> float:
         """E[L | L > x] for a tail sample (x at or beyond g: the tail starts there): (cap - x) / ln(cap / x)."""
-        x0 = max(self.a, x)
-        if self.cap <= x0 * (1 + 1e-9):
-            return x0
-        return (self.cap - x0) / math.log(self.cap / x0)
+        return float(self._tail_means(x))
 
     def mean(self) -> float:
         """The expected output length of a sample not yet sent."""
@@ -152,11 +156,7 @@ class Survival:
 
     def cond_mean(self, x: float) -> float:
         """E[L | L > x]: the expected length of a sample in flight that has produced x tokens."""
-        i = int(np.searchsorted(self.values, x, side="right"))
-        mass = float(self._sm[i]) + self.tail
-        if mass <= 1e-12:
-            return x
-        return (float(self._sv[i]) + self.tail * self.tail_mean(x)) / mass
+        return float(self.cond_means(np.asarray([x]))[0])
 
     def body(self, y: np.ndarray) -> np.ndarray:
         """P(L <= y, the measured part: no longer than the longest finished length), elementwise."""
@@ -181,11 +181,8 @@ class Survival:
         xs = np.asarray(xs, dtype=float)
         i = np.searchsorted(self.values, xs, side="right")
         mass = self._sm[i] + self.tail
-        x0 = np.maximum(self.a, xs)
-        span = np.log(np.maximum(self.cap, x0) / x0)
         with np.errstate(divide="ignore", invalid="ignore"):
-            tail_mean = np.where(span > 1e-9, (self.cap - x0) / np.maximum(span, 1e-300), x0)
-            out = (self._sv[i] + self.tail * tail_mean) / mass
+            out = (self._sv[i] + self.tail * self._tail_means(xs)) / mass
         return np.where(mass > 1e-12, out, xs)
 
     def cdf(self, y: np.ndarray) -> np.ndarray:

@@ -527,9 +527,7 @@ class RunStore:
             "SELECT s.dataset, COUNT(*), TOTAL(r.completion_tokens), "
             "TOTAL(MAX(0.0, COALESCE(r.latency_ms, 0) - COALESCE(r.ttft_ms, 0))) / 1000.0, "
             "TOTAL(COALESCE(r.ttft_ms, 0)) / 1000.0, TOTAL(r.prompt_tokens), MAX(r.completion_tokens), TOTAL(r.cost_usd) "
-            "FROM (SELECT sample_pk, completion_tokens, latency_ms, ttft_ms, prompt_tokens, cost_usd FROM responses "
-            "      WHERE run_id = ? AND error_class IS NULL ORDER BY created_at DESC LIMIT ?) AS r "
-            "JOIN samples s ON s.pk = r.sample_pk GROUP BY s.dataset", (run_id, newest)).fetchall())
+            f"FROM {_NEWEST_ANSWERS} GROUP BY s.dataset", (run_id, newest)).fetchall())
         return {str(d): (int(n), int(tok), float(gen), float(ttft), int(prompt), int(longest or 0), float(cost))
                 for d, n, tok, gen, ttft, prompt, longest, cost in rows}
 
@@ -538,9 +536,7 @@ class RunStore:
         tokens, count) pairs: the ETA's length curve on resume (`Projector.seed(lengths=)`)."""
         rows = await self.read(lambda conn: conn.execute(
             "SELECT s.dataset, r.completion_tokens, COUNT(*) "
-            "FROM (SELECT sample_pk, completion_tokens FROM responses "
-            "      WHERE run_id = ? AND error_class IS NULL ORDER BY created_at DESC LIMIT ?) AS r "
-            "JOIN samples s ON s.pk = r.sample_pk GROUP BY s.dataset, r.completion_tokens", (run_id, newest)).fetchall())
+            f"FROM {_NEWEST_ANSWERS} GROUP BY s.dataset, r.completion_tokens", (run_id, newest)).fetchall())
         out: dict[str, list[tuple[int, int]]] = {}
         for d, tokens, n in rows:
             out.setdefault(str(d), []).append((int(tokens or 0), int(n)))
@@ -560,6 +556,12 @@ class RunStore:
 
 
 # ---------------------------------------------------------------------------------------------- helpers
+
+# a run's newest answers (run id, how many) joined to their samples: what the ETA learns from on resume
+_NEWEST_ANSWERS = (
+    "(SELECT sample_pk, completion_tokens, latency_ms, ttft_ms, prompt_tokens, cost_usd FROM responses "
+    " WHERE run_id = ? AND error_class IS NULL ORDER BY created_at DESC LIMIT ?) AS r "
+    "JOIN samples s ON s.pk = r.sample_pk")
 
 
 def _run_batch(conn: sqlite3.Connection, ops: list[Operation], path: Path) -> list[tuple[bool, Any]]:
