@@ -164,7 +164,7 @@ class SimulatorOptions(_Section):
     seed: int = Field(0, description="Random seed: the same seed gives the same faults and latencies.")
     personality: Literal["openrouter", "sglang", "vllm", "transformers-serve"] = Field(
         "openrouter", description="Which real server to answer as (field names, ids, text steps, errors).")
-    # issue 15: load-dependent capacity (app/simulator/capacity.py); 0 / empty = none
+    # load-dependent capacity (app/simulator/capacity.py); 0 / empty = none
     concurrency_cap: int = Field(0, ge=0, description="Most requests at once; more get 429 + Retry-After (0 = no cap).")
     cap_changes: list[tuple[float, int]] = Field(
         default_factory=list, description="[[seconds, cap], ...]: the cap from that time after start (e.g. [[30.0, 16]])."

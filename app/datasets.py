@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from app.errors import InputError
-from app.store.records import ReferenceRecord, SampleInput
+from app.store.store_records import ReferenceRecord, SampleInput
 
 FORMATS = ("openai-messages", "sharegpt", "specforge-conversations")
 ROLES = ("system", "developer", "user", "assistant", "tool")

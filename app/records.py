@@ -124,16 +124,6 @@ CORRUPT_VERDICTS: tuple[Category, ...] = (Category.TEXT_MISMATCH, Category.STRUC
 AGREEING_VERDICTS: tuple[Category, ...] = (*BENIGN_VERDICTS, Category.TRUNCATED)
 
 
-def is_benign(category: str) -> bool:
-    """True for a verdict whose ids can be trained on as they are (exact, bpe_equivalent)."""
-    return category in BENIGN_VERDICTS
-
-
-def is_corrupt(category: str) -> bool:
-    """True for a verdict whose ids do not encode the response (text or structure mismatch)."""
-    return category in CORRUPT_VERDICTS
-
-
 @dataclass(frozen=True, slots=True)
 class DiffSpan:
     """One differing region: ref[ref_start:ref_end] vs rec[rec_start:rec_end]."""

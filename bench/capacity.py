@@ -51,7 +51,7 @@ class Fixed:
     """A fixed concurrency (optionally following a schedule, optionally paced at a requests/min quota)."""
 
     def __init__(self, limit: int, schedule=(), rpm: float = 0.0, start: float = 0.0) -> None:
-        from app.engine.buckets import TokenBucket
+        from app.token_bucket import TokenBucket
 
         self.limit, self.schedule, self.start = limit, list(schedule), start
         self.in_flight = 0

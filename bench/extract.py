@@ -89,7 +89,7 @@ def main() -> int:
     from app.extract.batching import plan_batches
     from app.extract.layers import resolve_aux_layers
     from app.extract.manifest import read_manifest, read_shard
-    from app.extract.progress import ProgressLog
+    from app.extract.progress_lines import ProgressLog
     from app.extract.runner import ExtractOptions, extract_shard, load_target
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -110,7 +110,7 @@ def main() -> int:
     # learned repairs: a quirky server's text, a profile learned from probes, no reference
     from app.records import Completion, ToolCall
     from app.simulator.render import OutputRenderer
-    from app.tokens.fidelity import learn
+    from app.tokens.fidelity_profile import learn
 
     quirks = frozenset({"think_spaces", "json_reserialised"})
     renderer = OutputRenderer(tok, profile)

@@ -47,7 +47,7 @@ def parse_faults(text: str) -> dict[str, float]:
 
 def samples(n: int):
     """n samples cycling over the sample prompts, each with its own id (the simulator answers by content)."""
-    from app.store.records import SampleInput
+    from app.store.store_records import SampleInput
 
     base = [json.loads(line) for line in (SAMPLE / "prompts.openai.jsonl").read_text().splitlines()]
     for i in range(n):
@@ -66,7 +66,7 @@ def rate_between(history: list[tuple[float, int]], lo: int, hi: int) -> float:
 
 async def soak(args: argparse.Namespace, db_dir: Path) -> dict:
     from app.config import parse_config
-    from app.engine.reconstruct import build_reconstructor
+    from app.engine.rebuild_pool import build_reconstructor
     from app.engine.run import Run
     from app.store.run_store import RunStore
 

@@ -182,11 +182,11 @@ def main() -> int:
     import torch
     import transformers
 
-    from app.extract.budget import estimate_output_bytes
+    from app.extract.disk_budget import estimate_output_bytes
     from app.extract.layers import resolve_aux_layers
     from app.extract.manifest import read_manifest, read_shard
     from app.extract.output import done_marker_path, load_shard_output, shard_data_path
-    from app.extract.progress import ProgressLog
+    from app.extract.progress_lines import ProgressLog
     from app.extract.runner import ExtractOptions, extract_shard, load_target
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -357,7 +357,7 @@ def norm_check(work: Path, manifest, samples, aux, args, dtype: str) -> dict:
     from safetensors.torch import load_file
 
     from app.extract.layouts import global_offsets
-    from app.extract.progress import ProgressLog
+    from app.extract.progress_lines import ProgressLog
     from app.extract.runner import ExtractOptions, extract_shard, load_target
 
     out = work / "hs_speculators"

@@ -89,3 +89,203 @@ def test_checker_finds_io_in_tokens(tmp_path: Path) -> None:
 )
 def test_imported_modules(source: str, expected: set[str]) -> None:
     assert imported_modules(source) == expected
+
+
+# ---------------------------------------------------------------------------------------------- between packages
+# What each of the project's own packages may import of the others (`app.<name>`), as docs/architecture.md draws
+# the floors: the pure records and tokens at the bottom, the store and providers above them, the engine over those,
+# the faces on top. A package not listed here (app/commands, app/cli.py) may import anything of the project.
+ALLOWED: dict[str, frozenset[str]] = {
+    "app/records.py": frozenset(),
+    "app/errors.py": frozenset(),
+    "app/libnoise.py": frozenset(),
+    "app/token_bucket.py": frozenset(),
+    "app/tokens/": frozenset({"errors", "libnoise", "records", "tokens"}),
+    "app/providers/": frozenset({"errors", "libnoise", "records", "providers"}),
+    "app/extract/": frozenset({"errors", "libnoise", "records", "extract"}),
+    "app/store/": frozenset({"errors", "libnoise", "records", "tokens", "store"}),
+    "app/simulator/": frozenset({"errors", "libnoise", "records", "providers", "token_bucket", "tokens", "simulator"}),
+    "app/config.py": frozenset({"errors", "simulator"}),
+    "app/datasets.py": frozenset({"errors", "records", "store", "tokens"}),
+    "app/jobs/": frozenset({"config", "errors", "extract", "libnoise", "records", "store", "jobs"}),
+    "app/export/": frozenset({"config", "errors", "libnoise", "records", "store", "tokens", "export"}),
+    "app/engine/": frozenset({"config", "datasets", "errors", "libnoise", "providers", "records", "simulator", "store",
+                              "token_bucket", "tokens", "engine"}),
+    "widgets/": frozenset({"records"}),
+    "app/tui/": frozenset({"config", "engine", "errors", "jobs", "libnoise", "records", "store", "tokens", "tui"}),
+}
+# The monitor reaches the store only through its data source (app/tui/source.py, the protocol and the records it
+# returns; app/tui/db_source.py, its two implementations): screens never hold a query.
+TUI_STORE_GATES = ("app/tui/source.py", "app/tui/db_source.py")
+
+
+def project_imports(source: str, filename: str = "<module>", *, names_too: bool = False) -> set[str]:
+    """Every `app.*` / `widgets.*` module a source file imports anywhere (lazy and TYPE_CHECKING imports too); with
+    names_too, `from pkg import name` is read as `pkg.name` (the caller resolves whether that is a module, else the
+    import is of `pkg`)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names if a.name.split(".")[0] in ("app", "widgets"))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.split(".")[0] in ("app", "widgets"):
+            if names_too:
+                names.update(f"{node.module}.{a.name}" for a in node.names)
+            else:
+                names.add(node.module)
+    return names
+
+
+def _modules(root: Path) -> dict[str, Path]:
+    """Dotted name -> file of every module under root/app and root/widgets."""
+    found: dict[str, Path] = {}
+    for top in ("app", "widgets"):
+        for path in sorted((root / top).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (a name imported from a package that is not a module of its own
+    counts as an import of the package's __init__)."""
+    modules = _modules(root)
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for imported in project_imports(path.read_text(encoding="utf-8"), str(path), names_too=True):
+            while imported and imported not in modules:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name:
+                targets.add(imported)
+        graph[name] = targets
+    return graph
+
+
+def import_cycles(root: Path) -> list[list[str]]:
+    """Every cycle of project modules that import each other (strongly connected components of more than one
+    module; a package's __init__ importing its own submodules, which never import the __init__ back, is none)."""
+    graph = import_graph(root)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:  # Tarjan's algorithm, iterative enough for this tree's depth
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(cycles)
+
+
+def package_violations(root: Path) -> list[str]:
+    """`path: imports app.x (rule)` for every import between the project's packages that the floors forbid."""
+    found: list[str] = []
+    for name, path in sorted(_modules(root).items()):
+        rel = path.relative_to(root).as_posix()
+        rule = next(((prefix, allowed) for prefix, allowed in ALLOWED.items() if rel.startswith(prefix)), None)
+        for imported in sorted(project_imports(path.read_text(encoding="utf-8"), rel)):
+            top = imported.split(".")
+            package = top[1] if top[0] == "app" and len(top) > 1 else top[0]
+            if rule is not None and top[0] == "app" and package not in rule[1]:
+                found.append(f"{rel}: imports {imported} (app/{package} is not allowed in {rule[0]})")
+            elif rule is not None and top[0] == "widgets" and not rel.startswith(("app/tui/", "widgets/")):
+                found.append(f"{rel}: imports {imported} (widgets are for the monitor only)")
+            if rel.startswith("app/tui/") and rel not in TUI_STORE_GATES and imported.startswith("app.store"):
+                found.append(f"{rel}: imports {imported} (the monitor reads the store only through its data source)")
+    return sorted(set(found))
+
+
+def repeated_module_names(root: Path) -> dict[str, list[str]]:
+    """File names that two modules share (verbs in app/commands are named after the verb they run, and are left
+    out; `__init__` and `__main__` too)."""
+    seen: dict[str, list[str]] = {}
+    for path in _modules(root).values():
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith("app/commands/") or path.stem in ("__init__", "__main__"):
+            continue
+        seen.setdefault(path.name, []).append(rel)
+    return {name: paths for name, paths in sorted(seen.items()) if len(paths) > 1}
+
+
+def test_packages_import_only_what_their_floor_allows(repo_root: Path) -> None:
+    assert package_violations(repo_root) == []
+
+
+def test_no_import_cycles(repo_root: Path) -> None:
+    assert import_cycles(repo_root) == []
+
+
+def test_module_names_say_one_job(repo_root: Path) -> None:
+    assert repeated_module_names(repo_root) == {}
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for top in ("app", "widgets"):
+        (tmp_path / top).mkdir(exist_ok=True)
+    return tmp_path
+
+
+def test_checker_finds_a_cycle_through_a_lazy_import(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "app/__init__.py": "",
+        "app/store/__init__.py": "",
+        "app/store/ingest.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from app.store.run_store import RunStore\n",
+        "app/store/run_store.py": "def f():\n    from app.store import ingest\n",
+        "app/store/rows.py": "from app.store import run_store\n",
+    })
+    assert import_cycles(root) == [["app.store.ingest", "app.store.run_store"]]
+
+
+def test_checker_finds_tokens_importing_the_store_and_the_tui_skipping_its_source(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "app/__init__.py": "",
+        "app/tokens/__init__.py": "",
+        "app/tokens/rebuild.py": "from app.store.rows import MismatchRow\nfrom app.records import Verdict\n",
+        "app/tui/__init__.py": "",
+        "app/tui/series.py": "from app.store.queries import series_since\n",
+        "app/tui/db_source.py": "from app.store import queries\n",
+        "app/simulator/__init__.py": "",
+        "app/simulator/server.py": "import app.engine.limiter\n",
+    })
+    assert package_violations(root) == [
+        "app/simulator/server.py: imports app.engine.limiter (app/engine is not allowed in app/simulator/)",
+        "app/tokens/rebuild.py: imports app.store.rows (app/store is not allowed in app/tokens/)",
+        "app/tui/series.py: imports app.store.queries (the monitor reads the store only through its data source)",
+    ]
+
+
+def test_checker_finds_two_modules_with_one_name(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "app/engine/ingest.py": "", "app/store/ingest.py": "", "app/commands/ingest.py": "", "app/store/rows.py": "",
+    })
+    assert repeated_module_names(root) == {"ingest.py": ["app/engine/ingest.py", "app/store/ingest.py"]}

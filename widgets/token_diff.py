@@ -334,11 +334,6 @@ class TokenDiffView(ScrollView, can_focus=True):
         self._ensure_model()
         return len(self._rows)
 
-    def header_text(self) -> str:
-        """The first line of the view: which side is the reference and which the rebuilt ids."""
-        self._ensure_model()
-        return "".join(segment.text for segment in self._render_header(self.size.width)).rstrip()
-
     # --- rendering -------------------------------------------------------------------------
     def _render_header(self, width: int) -> list[Segment]:
         style = self.get_component_rich_style("tokendiff--gutter") + self.get_component_rich_style("tokendiff--current")

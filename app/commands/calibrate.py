@@ -3,7 +3,7 @@
 Sends the first `--samples` prompts of the config's datasets to every endpoint (or `--endpoint`), asking
 for ground truth: server token ids (`return_token_ids`, vLLM ≥ 0.10.2, vllm/entrypoints/openai/protocol.py
 ChatCompletionRequest; the simulator honours it too) and logprobs with bytes (OpenRouter providers that
-offer them). Every answer with true ids is a probe: the profile (app.tokens.fidelity) learns which
+offer them). Every answer with true ids is a probe: the profile (app.tokens.fidelity_profile) learns which
 server-side text steps this endpoint — and each upstream provider behind it (the response's `provider`)
 — applies, and the text path is measured against the true ids. Profiles are stored in the run database
 and printed. Talks to the endpoints with app.providers.ChatClient directly (no engine, no run state).
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"{args.config}: no endpoint named {args.endpoint!r}; endpoints: {names}")
     results = asyncio.run(_calibrate(config, endpoints, args))
     db = args.db or str(config.run.database)
-    from app.store.fidelity import save_profile
+    from app.store.profile_store import save_profile
 
     for r in results:
         if r["profile"] is not None:
@@ -133,7 +133,7 @@ def _learn(endpoint: str, answers: list, errors: Counter, plain, profile, tokeni
 
     from app.records import CORRUPT_VERDICTS
     from app.tokens import Reconstructor
-    from app.tokens.fidelity import learn
+    from app.tokens.fidelity_profile import learn
     from app.tokens.flags import is_suspect
 
     groups: dict[str | None, list] = {}

@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from app.config import load_config
     from app.jobs.plan import executor_for, local_slots, spec_from_config
-    from app.jobs.status import status_to_dict
+    from app.jobs.job_status import status_to_dict
     from app.jobs.store import JobStore
 
     config = load_config(args.config)
@@ -106,14 +106,14 @@ def run(args: argparse.Namespace) -> int:
         for s in spec.shards:
             print(f"shard {s}: {shlex.join(spec.argv_for(s))}")
         if estimate is not None:
-            from app.extract.budget import free_bytes
+            from app.extract.disk_budget import free_bytes
 
             print(f"disk: about {estimate:,} bytes of hidden states into {spec.output_dir} "
                   f"({free_bytes(spec.output_dir):,} bytes free)")
         return 0
 
     if estimate is not None:
-        from app.extract.budget import check_disk_room
+        from app.extract.disk_budget import check_disk_room
 
         check_disk_room(spec.output_dir, estimate)
     store = JobStore(db)
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _follow(ex, job_id: int, args: argparse.Namespace) -> int:
-    from app.jobs.status import status_to_dict
+    from app.jobs.job_status import status_to_dict
 
     last = ""
     last_t = 0.0
@@ -178,7 +178,7 @@ def _disk_estimate(config, spec) -> int | None:
     if ext.extractor != "builtin" or ext.model_path is None:
         return None
     try:
-        from app.extract.budget import estimate_output_bytes
+        from app.extract.disk_budget import estimate_output_bytes
     except ImportError:
         return None
     config_json = Path(ext.model_path) / "config.json"

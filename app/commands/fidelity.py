@@ -54,7 +54,7 @@ class Row:
 
 def run(args: argparse.Namespace) -> int:
     from app.errors import InputError
-    from app.store.fidelity import load_profiles, read_measurements
+    from app.store.profile_store import load_profiles, read_measurements
 
     if not 0 <= args.max_corrupt_rate <= 1:
         raise InputError(f"--max-corrupt-rate {args.max_corrupt_rate}: a rate must be between 0 and 1")
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def build_rows(measurements) -> dict[tuple[str, str | None], Row]:
-    """Report rows keyed by (endpoint, provider) from stored measurements (app.store.fidelity.Measurement)."""
+    """Report rows keyed by (endpoint, provider) from stored measurements (app.store.profile_store.Measurement)."""
     from app.engine.quality import tally
     from app.tokens.flags import IDS_TEXT, suspect_flags, text_path_of
 

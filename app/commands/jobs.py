@@ -29,8 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.jobs import control
-    from app.jobs.status import status_to_dict
+    from app.jobs import job_control as control
+    from app.jobs.job_status import status_to_dict
 
     target = args.target
     if target in ACTIONS:

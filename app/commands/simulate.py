@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu", type=int, default=None, help="pin the server process to this CPU core")
     parser.add_argument("--personality", default=None,
                         help="answer as this real server: openrouter (default), sglang, vllm, transformers-serve")
-    # issue 15: capacity (app/simulator/capacity.py)
+    # capacity (app/simulator/capacity.py)
     parser.add_argument("--concurrency-cap", type=int, default=None, help="most requests at once; more get 429")
     parser.add_argument("--cap-changes", default=None, help="cap schedule SECONDS:CAP,..., e.g. 30:16")
     parser.add_argument("--rpm", type=float, default=None, help="requests/min quota (429 when exceeded)")

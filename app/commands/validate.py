@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     pairs = [(r.sample_id, r.output_ids) for r in references]
     fidelity = None
     if args.calibrate:
-        from app.tokens.fidelity import learn
+        from app.tokens.fidelity_profile import learn
 
         step = max(1, len(pairs) // args.calibrate)
         probes = pairs[::step][: args.calibrate]
@@ -180,7 +180,7 @@ def _print_table(summary, path: Path, tokenizer, profile: str, stats, assisted=N
 def _store(args, path: Path, references, results, profile: str, fingerprint: str) -> None:
     import asyncio
 
-    from app.store.records import SampleInput
+    from app.store.store_records import SampleInput
     from app.store.run_store import RunStore
 
     name = args.run or f"validate-{path.stem}"

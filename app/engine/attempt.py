@@ -19,10 +19,10 @@ from app.engine.endpoints import Endpoint
 from app.engine.limiter import Ticket
 from app.engine.slots import EndpointSlots
 from app.engine.verify import Rebuilt
-from app.providers.errors import ProviderError, RetryableError, RunStoppingError, SampleFatalError
+from app.providers.exceptions import ProviderError, RetryableError, RunStoppingError, SampleFatalError
 from app.providers.retry import RetryPolicy, with_retries
 from app.records import Completion, Reconstruction, Verdict
-from app.store.records import LeasedSample
+from app.store.store_records import LeasedSample
 
 OutcomeKind = Literal["done", "failed", "released", "stopping"]
 # (completion, flight) -> the rebuilt ids, verdict, text-path measurement and prompt check (app.engine.verify)

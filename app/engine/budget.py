@@ -53,10 +53,6 @@ class BudgetGuard:
             return True
         return self.spent_usd + self.reserved_usd + worst_case_usd <= self.budget_usd + 1e-12
 
-    def exhausted(self) -> bool:
-        """True when spending has reached the budget."""
-        return self.budget_usd is not None and self.spent_usd >= self.budget_usd
-
     def reserve(self, worst_case_usd: float) -> None:
         """Hold a starting request's worst case until `settle`."""
         self.reserved_usd += worst_case_usd

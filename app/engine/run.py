@@ -36,7 +36,7 @@ from pathlib import Path
 from app.config import RunConfig
 from app.engine.attempt import Flight, Outcome, request_sample
 from app.engine.budget import BudgetGuard, Prices, cost_per_hour, estimate_prompt_tokens
-from app.engine.buckets import TokenBucket
+from app.token_bucket import TokenBucket
 from app.engine.counts import SampleCounts
 from app.engine.eta import Projector
 from app.engine.endpoints import CompletionClient, Endpoint, Endpoints, close_endpoints, open_endpoints, set_total_limit
@@ -44,7 +44,7 @@ from app.engine.events import EngineEvent, EventLog
 from app.engine.lock import EngineLock
 from app.engine.metrics import EndpointMetrics
 from app.engine.quality import QualityDecision
-from app.engine.reconstruct import (CompletionReconstructor, PassThroughReconstructor, RebuildPool, open_rebuilder,
+from app.engine.rebuild_pool import (CompletionReconstructor, PassThroughReconstructor, RebuildPool, open_rebuilder,
                                     rebuild)
 from app.engine.settle import Settler
 from app.engine.slots import EndpointSlots
@@ -53,12 +53,12 @@ from app.engine.verify import Rebuilt, Verifier, seed_from_store
 from app.engine.writes import StoreGate, disk_full_advice
 from app.errors import InputError
 from app.engine.snapshot_codec import snapshot_to_json
-from app.providers.errors import RetryableError
+from app.providers.exceptions import RetryableError
 from app.providers.pricing import cost_of, prices_at_start, resolve_pricing
 from app.providers.retry import RetryPolicy
 from app.records import Completion
 from app.store.heartbeat import BEAT_INTERVAL_S, beat_op, stop_op, this_host
-from app.store.records import LeasedSample
+from app.store.store_records import LeasedSample
 from app.store.run_store import RunStore, StoreWriteError
 
 COMMAND_POLL_S = 1.0
@@ -125,7 +125,7 @@ class Run:
         self._settled = asyncio.Event()
         self._finished = asyncio.Event()
         self._idle = asyncio.Event()
-        self._pool: RebuildPool | None = None  # where rebuilds run (app.engine.reconstruct; the bench reads it)
+        self._pool: RebuildPool | None = None  # where rebuilds run (app.engine.rebuild_pool; the bench reads it)
         self._state_dirty = False
         self._t0 = time.time()
         self._m0 = time.monotonic()
@@ -149,7 +149,7 @@ class Run:
             Prices(prices.prompt_per_m, prices.completion_per_m) if prices else None,
             config.generation.max_tokens,
         )
-        # the ETA and projected cost from the tokens still expected (issue 15, app.engine.eta)
+        # the ETA and projected cost from the tokens still expected (app.engine.eta)
         self._projector = Projector(self.budget.prices, max_tokens=config.generation.max_tokens,
                                     stream=config.generation.stream)
         self._projected: tuple[float, float | None, float | None] | None = None  # (when, ETA, cost) last projected
@@ -630,7 +630,7 @@ class Run:
                 await self._event("warning", "run", f"{expired} leases expired (held longer than lease_s = {lease_s:g}s "
                                   "by an engine that stopped); their samples return to pending")
 
-    # ---- the heartbeat (issue 14) -----------------------------------------------------------------
+    # ---- the heartbeat ----------------------------------------------------------------------------
 
     def _beat_op(self, *, final: bool):
         snap = snapshot_to_json(self.snapshot())

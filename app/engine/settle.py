@@ -20,7 +20,7 @@ import orjson
 from app.config import RunConfig
 from app.engine.attempt import Flight, Outcome
 from app.engine.budget import BudgetGuard, estimate_prompt_tokens
-from app.engine.buckets import TokenBucket
+from app.token_bucket import TokenBucket
 from app.engine.counts import SampleCounts
 from app.engine.endpoints import Endpoint
 from app.engine.events import EventLog
@@ -30,10 +30,10 @@ from app.engine.slots import EndpointSlots
 from app.engine.quality import QualityDecision
 from app.engine.verify import Verifier
 from app.engine.writes import StoreGate
-from app.providers.errors import ProviderError, RetryableError
+from app.providers.exceptions import ProviderError, RetryableError
 from app.providers.pricing import ModelPricing, cost_of
 from app.records import Completion
-from app.store.records import LeasedSample
+from app.store.store_records import LeasedSample
 from app.store.run_store import RunStore
 
 OVERLOAD_STATUSES = (429, 503, 529)

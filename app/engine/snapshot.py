@@ -37,7 +37,7 @@ class EndpointSnapshot:
     ttft_p95_ms: float | None = None
     errors_by_class: tuple[tuple[str, int], ...] = ()
     cost_usd: float = 0.0
-    # the adaptive limit (issue 15): why it is where it is (app.engine.limiter.REASONS) and the capacity
+    # the adaptive limit: why it is where it is (app.engine.limiter.REASONS) and the capacity
     # measured so far (None while still growing); waiting: samples of this endpoint between requests (a
     # retry's wait) or being stored, which hold no request on the wire
     waiting: int = 0
@@ -57,12 +57,6 @@ class FidelitySnapshot:
     exact: int = 0
     benign: int = 0
     corrupt: int = 0
-
-    @property
-    def match_rate(self) -> float | None:
-        """(exact + benign) / verified; None before the first verified sample."""
-        return (self.exact + self.benign) / self.verified if self.verified else None
-
 
 @dataclass(frozen=True, slots=True)
 class MetricsSnapshot:
@@ -119,7 +113,7 @@ class MetricsSnapshot:
         rows = [f for f in self.fidelity if f.provider is None]
         return FidelitySnapshot("all", None, sum(f.verified for f in rows), sum(f.exact for f in rows),
                                 sum(f.benign for f in rows), sum(f.corrupt for f in rows))
-    # issue 14: requests waiting (not on the wire) and the engine's liveness (see the docstring)
+    # requests waiting (not on the wire) and the engine's liveness (see the docstring)
     waiting: int = 0
     engine: str | None = None
     engine_text: str | None = None

@@ -58,7 +58,7 @@ class Rebuilder:
     @property
     def fidelity_profiles(self) -> tuple[Any, ...]:
         """The run's own fidelity profile (None: none) and every learned one, in order: what rebuilds this
-        Rebuilder in another process (app.engine.reconstruct.RebuildRecipe)."""
+        Rebuilder in another process (app.engine.rebuild_pool.RebuildRecipe)."""
         return (self._default.fidelity, *(r.fidelity for r in self._by_key.values()))
 
     @property
@@ -153,7 +153,7 @@ class Verifier:
                    bool(config.generation.logprobs))
 
     def seed(self, measurements: Iterable[Any], prompt_counts: dict[str, int]) -> None:
-        """Start from what earlier engines of this run stored (app.store.fidelity Measurements with a
+        """Start from what earlier engines of this run stored (app.store.profile_store Measurements with a
         `text_path:` flag, prompt-check counts), so the gate and the match rate cover the whole run and the
         run's prompt-mismatch event is not repeated after a restart."""
         for m in measurements:
@@ -231,7 +231,7 @@ async def seed_from_store(verifier: Verifier, db_path: Any, run_name: str) -> in
     """Seed `verifier` with the run's stored measurements (read-only, in a thread); returns how many."""
     import asyncio
 
-    from app.store.fidelity import prompt_check_counts, read_measurements
+    from app.store.profile_store import prompt_check_counts, read_measurements
 
     def read() -> tuple[list[Any], dict[str, int]]:
         return list(read_measurements(db_path, run_name)), prompt_check_counts(db_path, run_name)

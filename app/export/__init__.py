@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from app.export.policy import IDS_SOURCES, SKIP_REASONS, ExportPolicy, skip_reason, true_ids
 from app.export.report import ExportReport
-from app.export.run import FORMATS, MANIFEST, SAMPLES, export_run
+from app.export.assemble import FORMATS, MANIFEST, SAMPLES, export_run
 from app.export.templates import load_chat_template
 from app.export.writers import DATA_DIR, SINGLE_FILE, assistant_turn
 from app.store.export_reads import ExportRow, iter_rows

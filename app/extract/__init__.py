@@ -8,7 +8,7 @@ the `extract` extra.
 
 from __future__ import annotations
 
-from app.extract.budget import check_disk_room, estimate_output_bytes, model_shape
+from app.extract.disk_budget import check_disk_room, estimate_output_bytes, model_shape
 from app.extract.layers import AuxLayers, default_aux_layers, resolve_aux_layers
 from app.extract.manifest import Manifest, ShardEntry, ShardSample, read_manifest, read_shard
 from app.extract.output import done_marker_path, read_done_marker, shard_data_path, shard_is_complete

@@ -4,6 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from app.extract.cli import main
+from app.extract.main import main
 
 sys.exit(main())

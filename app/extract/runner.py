@@ -19,7 +19,7 @@ from typing import Any
 
 from app.errors import EaglewatchError, InputError
 from app.extract.batching import plan_batches
-from app.extract.budget import check_disk_room, estimate_output_bytes, model_shape
+from app.extract.disk_budget import check_disk_room, estimate_output_bytes, model_shape
 from app.extract.layers import resolve_aux_layers
 from app.extract.layouts import check_folder, global_offsets, last_is_prenorm, layout_record, make_writer
 from app.extract.manifest import Manifest, ShardSample, read_manifest, read_shard
@@ -32,7 +32,7 @@ from app.extract.model import (  # noqa: F401  (re-exported: the extractor's one
     resolve_dtype,
 )
 from app.extract.output import FORMAT, done_marker_path, read_done_marker, shard_is_complete, write_done_marker
-from app.extract.progress import ProgressLog
+from app.extract.progress_lines import ProgressLog
 # threads that wait for a batch's copies, check it and write it (pwrite at disjoint offsets, so batches
 # are written in parallel: one thread cannot keep up with a GPU at ~32 KB of states per token)
 WRITER_THREADS = 4

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from app.jobs.status import JobStatus
+from app.jobs.job_status import JobStatus
 from app.jobs.store import JobStore
 
 

@@ -171,5 +171,5 @@ class _Tx:
     def __enter__(self) -> None:
         self.conn.execute("BEGIN IMMEDIATE")
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type, *_exc: object) -> None:
         self.conn.execute("COMMIT" if exc_type is None else "ROLLBACK")

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import httpx
 
-from app.providers.errors import ProviderError, RetryableError
+from app.providers.exceptions import ProviderError, RetryableError
 from app.providers.pricing import ModelPricing, base_model, pricing_from_models_entry
 from app.providers.parse import StreamAssembler, classify_status, iter_sse_events, parse_body
 from app.providers.servers import ids_request_fields, server_kind

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from app.providers.errors import ProviderError, RetryableError, RunStoppingError, SampleFatalError
+from app.providers.exceptions import ProviderError, RetryableError, RunStoppingError, SampleFatalError
 from app.records import Completion, TokenLogprob, ToolCall, Usage
 
 # ---------------------------------------------------------------------------------------------------

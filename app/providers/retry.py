@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from app.providers.errors import RetryableError
+from app.providers.exceptions import RetryableError
 
 T = TypeVar("T")
 

@@ -62,14 +62,3 @@ def make_transport(kind: str, max_connections: int) -> httpx.AsyncBaseTransport:
 def make_timeout(timeout_s: float) -> httpx.Timeout:
     """`timeout_s` for reads, writes and pool waits; connecting gives up after at most 10 s."""
     return httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
-
-
-def make_http_client(
-    *, max_connections: int, timeout_s: float, transport: str | None = None, base_url: str = ""
-) -> httpx.AsyncClient:
-    """An httpx AsyncClient on the chosen transport, with `timeout_s` for reads and a 10 s connect cap."""
-    return httpx.AsyncClient(
-        base_url=base_url,
-        transport=make_transport(transport or DEFAULT_TRANSPORT, max_connections),
-        timeout=make_timeout(timeout_s),
-    )

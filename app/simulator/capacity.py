@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.engine.buckets import TokenBucket
+from app.token_bucket import TokenBucket
 from app.errors import InputError
 
 CAPACITY_FIELDS = ("concurrency_cap", "cap_changes", "requests_per_min", "tokens_per_min", "batch_slots")

@@ -74,7 +74,7 @@ class SimulatorOptions:
     logprobs: bool = True
     seed: int = 0
     personality: str = "openrouter"  # app.simulator.personalities: which real server to behave like
-    # issue 15: load-dependent capacity (app/simulator/capacity.py); all 0/empty = faults only, as before
+    # load-dependent capacity (app/simulator/capacity.py); all 0/empty = faults only, as before
     concurrency_cap: int = 0
     cap_changes: list[tuple[float, int]] = field(default_factory=list)
     requests_per_min: float = 0.0
@@ -93,7 +93,7 @@ def canonical_faults(faults: dict[str, float] | None) -> dict[str, float]:
 
 def check_options(options: object) -> None:
     """Raise InputError naming the bad fault kind, rate, quirk or capacity option."""
-    from app.simulator.capacity import check_capacity  # issue 15
+    from app.simulator.capacity import check_capacity
 
     check_capacity(options)
     faults = canonical_faults(getattr(options, "faults", None))

@@ -127,7 +127,7 @@ class SimulatorServer:
         self._stream_cache: dict[tuple[int, int, bool, int], tuple[list[tuple[bytes, int]], int]] = {}
         self._runner: web.AppRunner | None = None
         self._served = 0
-        # issue 15: load-dependent capacity (app/simulator/capacity.py); None keeps the faults-only behaviour
+        # load-dependent capacity (app/simulator/capacity.py); None keeps the faults-only behaviour
         self.capacity = CapacityGate(self.options, retry_after_s=retry_after_s) if has_capacity(self.options) else None
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -337,7 +337,7 @@ class SimulatorServer:
         return web.Response(body=_json({"data": [entry]}), content_type="application/json")
 
     async def _chat_gated(self, request: web.Request) -> web.StreamResponse:
-        """`_chat` behind the capacity model (issue 15): refused with 429 + Retry-After, or queued for a slot."""
+        """`_chat` behind the capacity model: refused with 429 + Retry-After, or queued for a slot."""
         if self.capacity is None:
             return await self._chat(request)
         tokens = 0

@@ -18,7 +18,7 @@ longest sort every match once and reuse that order for SORT_CACHE_S (a page is t
 The text filter matches a literal substring (LIKE wildcards are escaped) of the sample id, the dataset or
 the verdict's explanation.
 
-Over ~450 lines on purpose: this is the ONE read module (issue 9); splitting the mismatch paging out
+Over ~450 lines on purpose: this is the ONE read module; splitting the mismatch paging out
 would bring back a second place to look for the faces' SQL.
 """
 
@@ -411,11 +411,6 @@ class _Query:
 # ============================================================================================== one sample
 
 
-def _sample_pk(conn: sqlite3.Connection, run_id: int, sample_id: str) -> int | None:
-    row = conn.execute("SELECT pk FROM samples WHERE run_id = ? AND sample_id = ?", (run_id, sample_id)).fetchone()
-    return row[0] if row else None
-
-
 def reconstruction_of(conn: sqlite3.Connection, run_id: int, sample_id: str) -> ReconstructionRow | None:
     """The sample's current reconstruction (reference ids: the row's, else the sample's), or None."""
     cur = conn.execute(
@@ -564,7 +559,7 @@ class RunReader:
             self._conn.close()
 
 
-# ============================================================================================== time series (issue 14, h-tui)
+# ============================================================================================== time series
 # The dashboard's plots (throughput, measured match rate, cost over time) in both faces: per 10 s bucket of
 # wall-clock time, read by rowid range after a cursor so a face reads each stored row once (an attached
 # viewer of a 1M-sample run catches up in chunks of SERIES_CHUNK ids, then reads only what is new).

@@ -31,10 +31,10 @@ from app.records import Completion, Reconstruction, Verdict
 from app.store.db import DEFAULT_BUSY_TIMEOUT_S, configure, migrate
 from app.store.ids import unpack_ids
 from app.store import rows, tallies
-from app.store.records import Command, IngestReport, LeasedSample, ReferenceRecord, SampleInput
+from app.store.store_records import Command, IngestReport, LeasedSample, ReferenceRecord, SampleInput
 from app.store.schema import RUN_STATES, SAMPLE_STATES
-from app.store import ingest as ingest_ops
-from app.store.ingest import INGEST_CHUNK
+from app.store import ingest_ops
+from app.store.ingest_ops import INGEST_CHUNK
 
 T = TypeVar("T")
 Operation = Callable[[sqlite3.Connection], Any]
@@ -220,7 +220,7 @@ class RunStore:
 
     async def ingest(self, run_id: int, samples: Iterable[SampleInput], *, chunk: int = INGEST_CHUNK,
                      source: str = "", track: tuple[str, str] | None = None) -> IngestReport:
-        """Insert samples the run does not hold yet, in chunked transactions (see `app.store.ingest.ingest`)."""
+        """Insert samples the run does not hold yet, in chunked transactions (see `app.store.ingest_ops.ingest`)."""
         return await ingest_ops.ingest(self, run_id, samples, chunk=chunk, source=source, track=track)
 
     async def attach_references(self, run_id: int, references: Iterable[ReferenceRecord], *,
@@ -373,7 +373,7 @@ class RunStore:
             self._unindexed += 1
 
         def op(conn: sqlite3.Connection) -> int:
-            response_id = conn.execute(_INSERT_RESPONSE, response_row).lastrowid
+            response_id = conn.execute(rows.INSERT_RESPONSE, response_row).lastrowid
             if rec_row is not None:
                 conn.execute(rows.UPSERT_RECONSTRUCTION, rows.encode_reconstruction(rec_row, response_id=response_id))
             conn.execute(
@@ -657,17 +657,3 @@ def _insert_attempt(conn: sqlite3.Connection, run_id: int, pk: int, attempt: int
         (run_id, pk, attempt, endpoint, float(cost_usd or 0.0), error_class, message[:2000], now),
     )
     conn.execute("UPDATE samples SET tries = MAX(tries, ?) WHERE pk = ?", (attempt, pk))
-
-
-# The row codecs live in app.store.rows; these names stay for callers of the old ones.
-_INSERT_RESPONSE = rows.INSERT_RESPONSE
-RECONSTRUCTION_COLUMNS = rows.RECONSTRUCTION_COLUMNS
-_UPSERT_RECONSTRUCTION = rows.UPSERT_RECONSTRUCTION
-_logprobs_json = rows.encode_logprobs
-
-
-def _response_row(
-    run_id: int, pk: int, attempt: int, endpoint: str, c: Completion, cost_usd: float, keep_raw: bool
-) -> tuple[Any, ...]:
-    """Alias of `rows.encode_response` with the old positional signature."""
-    return rows.encode_response(run_id, pk, attempt, endpoint, c, cost_usd, keep_raw=keep_raw)

@@ -356,21 +356,21 @@ CREATE INDEX reconstructions_by_run_n_diff ON reconstructions (run_id, n_diff DE
 # - reconstructions.flags: JSON list of suspect flags (e.g. "replacement_char", "marker_in_text",
 #   "normaliser_changes", "missing_template_whitespace"); NULL or [] when none.
 _V5 = """
--- provenance and suspect flags (issues 12, 13)
+-- provenance and suspect flags
 ALTER TABLE reconstructions ADD COLUMN ids_source TEXT;
 ALTER TABLE reconstructions ADD COLUMN flags TEXT;
 
--- issue 9: the mismatch list's "longest first" order walks an index, as its other orders do; per verdict
+-- the mismatch list's "longest first" order walks an index, as its other orders do; per verdict
 -- (category before length), since long exact rows would otherwise sit between the mismatches
 CREATE INDEX reconstructions_by_run_category_length ON reconstructions (run_id, category, n_tokens DESC, sample_pk);
 
--- issue 11: the server's prompt ids (vLLM return_token_ids, SGLang return_prompt_token_ids) and how they compare
+-- the server's prompt ids (vLLM return_token_ids, SGLang return_prompt_token_ids) and how they compare
 -- with the rendered prompt (app.tokens.prompt_check.PromptCheck: agree | differ | no_server_ids)
 ALTER TABLE responses ADD COLUMN prompt_ids BLOB;
 ALTER TABLE reconstructions ADD COLUMN prompt_check TEXT;
 ALTER TABLE reconstructions ADD COLUMN prompt_first_diff INTEGER;
 
--- issue 12: learned fidelity profiles (app.tokens.fidelity), one per endpoint, upstream provider and profile;
+-- learned fidelity profiles (app.tokens.fidelity_profile), one per endpoint, upstream provider and profile;
 -- provider '' when the endpoint reports none; body is FidelityProfile.to_json()
 CREATE TABLE fidelity_profiles (
     id         INTEGER PRIMARY KEY,
@@ -384,7 +384,7 @@ CREATE TABLE fidelity_profiles (
     UNIQUE (endpoint, provider, profile)
 );
 
--- issue 14: the engine's heartbeat and live snapshot, so an attached viewer and `status` show what the engine
+-- the engine's heartbeat and live snapshot, so an attached viewer and `status` show what the engine
 -- shows and say ENGINE GONE within seconds of a crash (app/store/heartbeat.py)
 CREATE TABLE engine_heartbeats (
     run_id     INTEGER PRIMARY KEY REFERENCES runs(id) ON DELETE CASCADE,
@@ -396,12 +396,12 @@ CREATE TABLE engine_heartbeats (
     snapshot   TEXT                              -- the engine's MetricsSnapshot as JSON (app.engine.snapshot_codec)
 );
 
--- issue 10: per input file ingest progress, so an interrupted ingest is finished on restart, never taken
+-- per input file ingest progress, so an interrupted ingest is finished on restart, never taken
 -- for a whole one. role: dataset | reference; name: the dataset's name ('reference' for the reference);
 -- fingerprint: sha256 of the file's bytes; options: the read options (format, id_field, limit) as JSON;
 -- lines_done: the last line whose chunk committed (written in that chunk's transaction);
 -- complete: 1 once the last chunk committed. A run with a row at complete = 0 is half-ingested.
--- Read it with app.store.ingest.ingest_status(conn, run_id).
+-- Read it with app.store.ingest_ops.ingest_status(conn, run_id).
 CREATE TABLE ingest_files (
     run_id      INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
     role        TEXT NOT NULL CHECK (role IN ('dataset','reference')),
@@ -419,11 +419,11 @@ CREATE TABLE ingest_files (
     PRIMARY KEY (run_id, role, name)
 ) WITHOUT ROWID;
 
--- issue 10: requests sent per sample across leases and restarts (generation.attempts bounds it), and who holds
+-- requests sent per sample across leases and restarts (generation.attempts bounds it), and who holds
 -- a lease (host:pid) so a starting engine returns only its own host's dead leases at once
 ALTER TABLE samples ADD COLUMN tries INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE samples ADD COLUMN lease_owner TEXT;
--- issue 14: the mismatch list's free-text filter walks a trigram index instead of a LIKE scan over every row.
+-- the mismatch list's free-text filter walks a trigram index instead of a LIKE scan over every row.
 -- One row per reconstruction (rowid = sample_pk): the sample id, its dataset and the verdict's explanation;
 -- kept by triggers in the writers' transactions (samples' ids and datasets never change once ingested).
 CREATE VIRTUAL TABLE mismatch_text USING fts5(sample_id, dataset, explanation, tokenize = 'trigram');
@@ -454,7 +454,7 @@ SELECT r.sample_pk, s.sample_id, s.dataset, COALESCE(r.explanation, '')
 
 # Version 6 (unreleased: append, one comment header per concern).
 _V6 = """
--- issue 15 (h-path): the mismatch list's text index is filled in bulk, not row by row. A row's own FTS5 insert
+-- the mismatch list's text index is filled in bulk, not row by row. A row's own FTS5 insert
 -- (its trigram postings, content and docsize rows, flushed at each commit) cost the engine's store thread
 -- 0.06 ms per result, 70% of writing a reconstruction; one statement over a thousand rows costs 0.008 ms a row.
 -- A written or re-explained reconstruction is queued here (sample_pk, never also in mismatch_text); the writer

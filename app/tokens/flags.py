@@ -28,9 +28,9 @@ TEMPLATE_WHITESPACE_MISSING = "template_whitespace_missing"  # whitespace the te
 TEMPLATE_WHITESPACE_DOUBLED = "template_whitespace_doubled"  # the fields already hold the template's whitespace
 REASONING_MISSING = "reasoning_missing"  # no reasoning field where the prompt opened the think block: empty
 # thinking dropped by the server, or an answer that ended inside the think block (text cannot tell)
-UNINVERTIBLE = "uninvertible:"  # + a step of app.tokens.fidelity.STEPS the endpoint's profile cannot invert
+UNINVERTIBLE = "uninvertible:"  # + a step of app.tokens.fidelity_profile.STEPS the endpoint's profile cannot invert
 
-# the server-side text steps a fidelity profile knows (app.tokens.fidelity learns them)
+# the server-side text steps a fidelity profile knows (app.tokens.fidelity_profile learns them)
 STEPS = (
     "template_whitespace_kept",  # the server returns the template's whitespace inside the fields
     "strip_whitespace",  # reasoning/content edges .strip()ped

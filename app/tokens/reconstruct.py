@@ -5,7 +5,7 @@ is named in `Reconstruction.notes` (`<field>_text_differs`) and leaves the round
 text-only rebuild measured against the true ids (`text_path:<verdict>`) is the endpoint's fidelity.
 
 Canonical (production): render the returned fields into the output string (markers as text), after the
-inverses of the server-side text steps the endpoint's *fidelity profile* learned (app.tokens.fidelity),
+inverses of the server-side text steps the endpoint's *fidelity profile* learned (app.tokens.fidelity_profile),
 and encode it once; `Reconstruction.repair` names the inverses used and `Reconstruction.flags` the
 suspect signs (app.tokens.flags). A reference, when given, only judges the result.
 
@@ -19,7 +19,7 @@ unrepairable sample costs little more than one encode. What text cannot recover 
 The per-sample path without a reference is kept cheap without changing a result (tests/tokens/test_fast_paths.py
 compares each shortcut with the full path): a lossless encode (`Tokenizer.encode_known`) lets the round-trip
 parse the text just encoded instead of decoding the ids, Reconstructions are built directly, and the fidelity
-profile's plan is worked out once per profile (app.tokens.fidelity).
+profile's plan is worked out once per profile (app.tokens.fidelity_profile).
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from app.records import Completion, Reconstruction, TokenLogprob, ToolCall, Verd
 from app.tokens import flags as fl
 from app.tokens.align import common_prefix, common_suffix
 from app.tokens.compare import UNCHECKED, compare
-from app.tokens.fidelity import FidelityProfile
-from app.tokens.fidelity import apply as apply_fidelity
+from app.tokens.fidelity_profile import FidelityProfile
+from app.tokens.fidelity_profile import apply as apply_fidelity
 from app.tokens.profile import Profile
-from app.tokens.template import Piece, ProviderView, kimi_tool_id, parse_output, render_output
+from app.tokens.template import Fields, Piece, ProviderView, kimi_tool_id, parse_output, render_output
 from app.tokens.tokenizer import Tokenizer
 
 BENIGN = ("exact", "bpe_equivalent", "truncated")
@@ -55,21 +55,6 @@ NO_CONTENT = "(no content)"
 _UNCHECKED_OK = f"{UNCHECKED}; round-trip ok"
 MAX_REINDEX = 32
 MAX_CHAIN = 3  # server-side steps inverted on top of each other, at most
-
-
-@dataclass(frozen=True, slots=True)
-class Fields:
-    """The returned fields a rebuild starts from (a repair yields changed copies)."""
-
-    reasoning: str | None
-    content: str
-    tool_calls: tuple[ToolCall, ...]
-    finish_reason: str | None
-    close_think: bool | None = None  # None: the layout decides (see render_output)
-
-    @classmethod
-    def of(cls, c: Completion) -> "Fields":
-        return cls(c.reasoning, c.content or "", tuple(c.tool_calls), c.finish_reason)
 
 
 class Reconstructor:

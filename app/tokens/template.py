@@ -344,3 +344,18 @@ def _pairs_to_obj(value):
 
 _TOOL_PARSERS = {"kimi": _parse_kimi, "hermes": _parse_hermes, "deepseek-v3.1": _parse_deepseek, "glm-4.5": _parse_glm}
 _TOOL_RENDERERS = {"kimi": _render_kimi, "hermes": _render_hermes, "deepseek-v3.1": _render_deepseek, "glm-4.5": _render_glm}
+
+
+@dataclass(frozen=True, slots=True)
+class Fields:
+    """The returned fields a rebuild starts from (a repair yields changed copies)."""
+
+    reasoning: str | None
+    content: str
+    tool_calls: tuple[ToolCall, ...]
+    finish_reason: str | None
+    close_think: bool | None = None  # None: the layout decides (see render_output)
+
+    @classmethod
+    def of(cls, c: Completion) -> "Fields":
+        return cls(c.reasoning, c.content or "", tuple(c.tool_calls), c.finish_reason)

@@ -359,11 +359,6 @@ class HFTokenizer(Tokenizer):
         """The underlying `tokenizers.Tokenizer` (for benchmarks and equivalence tests)."""
         return self._tok
 
-    @property
-    def has_normalizer(self) -> bool:
-        """True when the tokenizer normalises text (e.g. NFC), so some text cannot round-trip."""
-        return self._has_normalizer
-
     def normalize(self, text: str) -> str:
         """`text` after the tokenizer's normaliser (unchanged when it has none)."""
         norm = self._tok.normalizer

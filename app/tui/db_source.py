@@ -4,7 +4,7 @@ Every read goes through the store's read module (`app.store.queries`: a `RunRead
 connection behind a lock, so screens may read from thread workers); this module only turns its records
 into what the widgets show and aligns token ids for the diff. Run control is a `RunControl`: the
 engine itself in-process, `AttachedControl` (rows in the `commands` table) attached. Job control goes
-to the jobs package (`app.jobs.control`), which owns job state.
+to the jobs package (`app.jobs.job_control`), which owns job state.
 """
 
 from __future__ import annotations
@@ -111,9 +111,9 @@ class _JobControl:
         self.database = database
 
     def command(self, job_id: int, verb: str) -> None:
-        """Blocking (cancel waits for local processes to end): call from a worker thread. `app.jobs.control`
+        """Blocking (cancel waits for local processes to end): call from a worker thread. `app.jobs.job_control`
         picks the job's own executor, local or Slurm."""
-        from app.jobs import control
+        from app.jobs import job_control as control
 
         actions = {"pause": control.pause_job, "resume": control.resume_job, "cancel": control.cancel_job}
         if verb not in actions:
@@ -210,6 +210,9 @@ class _DatabaseBackedSource:
     @property
     def control(self) -> RunControl | None:
         raise NotImplementedError
+
+    def series_since(self, responses_after: int, reconstructions_after: int) -> queries.SeriesChunk:
+        return self.reader.call(queries.series_since, self.reader.run_id, responses_after, reconstructions_after)
 
     def close(self) -> None:
         self.reader.close()

@@ -1,7 +1,7 @@
 """The dashboard's plot data: the run's 10 s buckets, read from the database in both faces and kept here.
 
 In-process and attached, the plots come from the same rows (`app.store.queries.series_since`, through the
-source's `RunReader`), so both faces draw the same curves; the tiles beside them show the same totals
+source's `series_since`), so both faces draw the same curves; the tiles beside them show the same totals
 (the cost plot ends at the run's spend, the match-rate plot at the measured rate and its n). The time
 axis runs from the run's first stored response to now while the engine runs or pauses, and stops at the
 run's last response once it is done, stopped, failed or its engine is gone (the series freeze).
@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass, field
 
 from app.engine.snapshot import MetricsSnapshot
-from app.store.queries import SERIES_BUCKET_S, SeriesChunk, series_since
 from app.tui import format as fmt
+from app.tui.source import SERIES_BUCKET_S, DataSource, SeriesChunk
 from widgets.time_plot import PlotSeries
 
 PLOTS = ("throughput", "match", "cost")  # the order `t` cycles through at 80 columns
@@ -29,13 +29,10 @@ class Cursor:
     reconstructions: int = 0
 
 
-def read_chunk(source: object, cursor: Cursor) -> SeriesChunk | None:
+def read_chunk(source: DataSource, cursor: Cursor) -> SeriesChunk | None:
     """The rows stored after `cursor`, summed per bucket (call off the UI thread); None for a source with no
     database (the screen tests' in-memory source)."""
-    reader = getattr(source, "reader", None)  # both app.tui.db_source sources read through a RunReader
-    if reader is None:
-        return None
-    return reader.call(series_since, reader.run_id, cursor.responses, cursor.reconstructions)
+    return source.series_since(cursor.responses, cursor.reconstructions)
 
 
 class RunSeries:

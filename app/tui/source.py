@@ -16,7 +16,7 @@ from typing import Protocol
 from app.engine.control import RunControl
 from app.engine.snapshot import MetricsSnapshot
 from app.records import Alignment, Category
-from app.store.queries import MISMATCH_ORDERS, MISMATCH_VERDICTS
+from app.store.queries import MISMATCH_ORDERS, MISMATCH_VERDICTS, SERIES_BUCKET_S, SeriesChunk
 from app.store.rows import MismatchPage, MismatchRow, SampleDetail
 from widgets.event_tail import EventLine
 from widgets.jobs_table import JobRow
@@ -25,7 +25,7 @@ from widgets.jobs_table import JobRow
 # definition for every face. Re-exported here for the screens.
 __all__ = [
     "MISMATCH_ORDERS", "MISMATCH_VERDICTS", "MismatchPage", "MismatchRow", "SampleDetail", "SampleDiff",
-    "DataSource", "VERDICT_WORDS", "VERDICT_CLASS",
+    "DataSource", "VERDICT_WORDS", "VERDICT_CLASS", "SERIES_BUCKET_S", "SeriesChunk",
 ]
 
 VERDICT_WORDS = {
@@ -117,6 +117,9 @@ class DataSource(Protocol):
 
     def sample_detail(self, sample_id: str) -> SampleDetail:
         """Prompt, latest response, usage, timings and raw body of one sample (EaglewatchError if unknown)."""
+
+    def series_since(self, responses_after: int, reconstructions_after: int) -> SeriesChunk | None:
+        """The plots' rows stored after those row ids, summed per 10 s bucket; None for a source with no database."""
 
     def jobs(self) -> Sequence[JobRow]:
         """Extraction jobs, newest first."""

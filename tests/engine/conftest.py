@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from app.config import parse_config
-from app.store.records import SampleInput
+from app.store.store_records import SampleInput
 from app.store.run_store import RunStore
 
 

@@ -1,4 +1,4 @@
-"""Samples with true ids are stored and exported with them (issue 12), through the real engine path: the
+"""Samples with true ids are stored and exported with them, through the real engine path: the
 simulator over loopback HTTP changes the text (vLLM's slow detokenizer: ' ' around added tokens) while
 returning the model's ids (vLLM `token_ids`, or OpenRouter-style logprobs with bytes); no reference is given,
 as in production. The stored and exported ids are the server's; the text path's mismatch is what the
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from app.engine.reconstruct import build_reconstructor
+from app.engine.rebuild_pool import build_reconstructor
 from app.store.ids import unpack_ids
 from tests.engine.conftest import make_config, run_to_end, sample_inputs
 

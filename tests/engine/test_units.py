@@ -7,12 +7,12 @@ from collections import Counter
 import pytest
 
 from app.engine.budget import BudgetGuard, Prices, projected_total
-from app.engine.buckets import TokenBucket
+from app.token_bucket import TokenBucket
 from app.engine.metrics import EndpointMetrics, Observations, RateWindow
 from app.engine.weights import WeightedRoundRobin
 
 
-# the adaptive limit's specification: tests/engine/test_limiter.py (issue 15 replaced the AIMD rule)
+# the adaptive limit's specification: tests/engine/test_limiter.py (it replaced an AIMD rule)
 
 
 def test_bucket_allows_burst_then_paces_at_rate():

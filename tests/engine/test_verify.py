@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from app.engine.reconstruct import build_reconstructor
+from app.engine.rebuild_pool import build_reconstructor
 from app.engine.verify import Verifier, _Probes
 from tests.engine.conftest import make_config, run_to_end
 

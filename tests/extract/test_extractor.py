@@ -15,7 +15,7 @@ import pytest
 from app.errors import InputError
 from app.extract.manifest import ShardSample, read_manifest, read_shard
 from app.extract.output import done_marker_path, load_shard_output, read_output_metadata, shard_data_path
-from app.extract.progress import ProgressLog
+from app.extract.progress_lines import ProgressLog
 
 from .conftest import LAYERS, build_tiny_model, make_samples, write_shards
 

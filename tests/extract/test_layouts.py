@@ -15,7 +15,7 @@ from app.errors import InputError
 from app.extract.layouts import LAYOUT_FILE
 from app.extract.manifest import read_manifest, read_shard
 from app.extract.output import load_shard_output, shard_data_path
-from app.extract.progress import ProgressLog
+from app.extract.progress_lines import ProgressLog
 from tests.export.trainers.env import run_consumer
 
 from .conftest import make_samples, write_shards
@@ -163,7 +163,7 @@ def test_a_folder_holds_one_layout(shards, tiny_model, tmp_path):
 
 @pytest.mark.parametrize("layout", ["specforge", "speculators", "modelopt"])
 def test_the_disk_estimate_covers_each_layout(shards, tiny_model, tmp_path, layout):
-    from app.extract.budget import estimate_output_bytes
+    from app.extract.disk_budget import estimate_output_bytes
 
     out = tmp_path / layout
     _extract(shards, out, tiny_model, layout)

@@ -23,7 +23,7 @@ from app.extract import (
     shard_is_complete,
 )
 from app.extract.batching import plan_batches
-from app.extract.budget import model_shape
+from app.extract.disk_budget import model_shape
 
 from .conftest import HIDDEN, extraction_config, make_samples, write_shards
 
@@ -31,8 +31,8 @@ from .conftest import HIDDEN, extraction_config, make_samples, write_shards
 def test_importing_the_package_and_cli_needs_no_torch(repo_root):
     code = (
         "import sys; sys.modules['torch'] = None; sys.modules['safetensors'] = None\n"
-        "import app.extract, app.extract.cli, app.extract.output\n"
-        "app.extract.cli.build_parser().parse_args(['--manifest','m','--shard','0','--model','x','--out','o'])\n"
+        "import app.extract, app.extract.main, app.extract.output\n"
+        "app.extract.main.build_parser().parse_args(['--manifest','m','--shard','0','--model','x','--out','o'])\n"
         "assert 'transformers' not in sys.modules\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=repo_root, capture_output=True, text=True, timeout=60)
@@ -79,7 +79,7 @@ def test_estimate_counts_tokens_times_hidden_times_layers_times_dtype(tmp_path):
 
 def test_estimate_bounds_the_real_output_size(tmp_path, tiny_model):
     pytest.importorskip("torch")
-    from app.extract.progress import ProgressLog
+    from app.extract.progress_lines import ProgressLog
     from app.extract.runner import ExtractOptions, run_extraction
 
     manifest = write_shards(tmp_path / "export", [make_samples(6, seed=3)])

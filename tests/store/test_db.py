@@ -163,7 +163,7 @@ def test_ids_layout_and_errors() -> None:
         unpack_ids(b"\x00\x01\x02")
 
 
-# ---------------------------------------------------------------------------------------------- issue 10
+# ------------------------------------------------------------------ refusals, damaged files, read-only opens
 
 import hashlib  # noqa: E402
 import os  # noqa: E402

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.ingest import ingest_config as _ingest_config
+from app.engine.config_ingest import ingest_config as _ingest_config
 from app.config import load_config
 from app.datasets import ReadStats, content_id, iter_prompts, iter_references
 from app.errors import InputError
@@ -355,7 +355,7 @@ def test_ingest_into_a_locked_database_fails_clearly(tmp_path: Path) -> None:
         holder.close()
 
 
-# ---------------------------------------------------------------------------------------------- issue 10
+# ------------------------------------------------------------------ resumable ingest, per-file fingerprints
 
 
 def _quick_file(path: Path, n: int, start: int = 0) -> Path:
@@ -403,7 +403,7 @@ async def test_sigkill_during_the_first_ingest_is_finished_on_restart(tmp_path: 
     import os
     import signal
 
-    from app.store.ingest import ingest_status, require_complete
+    from app.store.ingest_ops import ingest_status, require_complete
 
     n = 200_000
     _quick_file(tmp_path / "prompts.jsonl", n)
@@ -540,7 +540,7 @@ def test_the_conflict_check_walks_the_unique_index(tmp_path: Path) -> None:
     import sqlite3
 
     from app.store.db import migrate
-    from app.store.ingest import _CONFLICTS
+    from app.store.ingest_ops import _CONFLICTS
 
     db = tmp_path / "runs.db"
     migrate(db)

@@ -10,7 +10,7 @@ from app.records import DiffSpan, Reconstruction, Verdict
 from app.store.db import migrate
 from app.store.rows import ReconstructionRow
 from app.store.run_store import RunStore
-from app.store.records import SampleInput
+from app.store.store_records import SampleInput
 from app.store.schema import MIGRATIONS, SCHEMA_VERSION
 from tests.store.test_run_store import completion
 

@@ -288,7 +288,7 @@ def test_rows_queued_for_the_text_index_are_found_as_indexed_ones(tmp_path: Path
 async def test_the_run_store_indexes_reconstruction_text_in_bulk(tmp_path: Path, monkeypatch) -> None:
     from app.records import Completion, Reconstruction, Usage, Verdict
     from app.store import run_store
-    from app.store.records import SampleInput
+    from app.store.store_records import SampleInput
 
     monkeypatch.setattr(run_store, "INDEX_TEXT_EVERY", 8)
     store = await RunStore.open(tmp_path / "r.db")

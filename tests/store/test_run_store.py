@@ -14,7 +14,7 @@ from app.errors import EaglewatchError
 from app.records import Completion, DiffSpan, Reconstruction, TokenLogprob, ToolCall, Usage, Verdict
 from app.store import queries
 from app.store.run_store import RunStore
-from app.store.records import ReferenceRecord, SampleInput
+from app.store.store_records import ReferenceRecord, SampleInput
 
 
 def samples(n: int, dataset: str = "d", start: int = 0) -> list[SampleInput]:

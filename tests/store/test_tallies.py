@@ -12,7 +12,7 @@ from app.store import queries, tallies
 from app.store.db import migrate
 from app.store.rows import ReconstructionRow
 from app.store.run_store import RunStore
-from app.store.records import SampleInput
+from app.store.store_records import SampleInput
 from app.store.schema import MIGRATIONS
 
 TALLY_TABLES = ("sample_tallies", "response_tallies", "reconstruction_tallies", "tally_marks")

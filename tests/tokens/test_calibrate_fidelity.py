@@ -12,8 +12,8 @@ import pytest
 
 from app.cli import main
 from app.store.db import migrate
-from app.store.fidelity import load_profile, save_profile
-from app.tokens.fidelity import FidelityProfile
+from app.store.profile_store import load_profile, save_profile
+from app.tokens.fidelity_profile import FidelityProfile
 
 
 def _config(tmp_path, sample_data_dir, quirks, logprobs=True) -> str:

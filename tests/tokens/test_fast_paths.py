@@ -1,4 +1,4 @@
-"""The reconstruction's fast paths give exactly what the full paths give (issue 12's throughput work).
+"""The reconstruction's fast paths give exactly what the full paths give.
 
 - tiktoken `encode`: specials found by a trie pattern, the text between them encoded ordinary, against
   tiktoken's own `encode(text, allowed_special="all")`, on a tiny vocabulary and on the real Kimi K2.5 files;
@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from app.records import Completion, ToolCall
 from app.tokens import Reconstructor, get_profile, load_tokenizer
-from app.tokens.fidelity import JSON_STYLES, NO_CONTENT, Applied, FidelityProfile, _blank, _blank_ctx, _edge_step_name
-from app.tokens.fidelity import _BLANK_KEYS, _KIMI_ID, _redump, apply
+from app.tokens.fidelity_profile import JSON_STYLES, NO_CONTENT, Applied, FidelityProfile, _blank, _blank_ctx, _edge_step_name
+from app.tokens.fidelity_profile import _BLANK_KEYS, _KIMI_ID, _redump, apply
 from app.tokens.flags import TEMPLATE_WHITESPACE_MISSING, UNINVERTIBLE
 from app.tokens.reconstruct import Fields
 from tests.tokens.conftest import build_hf_tokenizer, build_tiktoken_dir
@@ -200,11 +200,11 @@ def test_the_per_profile_plan_applies_what_the_released_apply_did(fp, f):
     assert apply(fp, f, replace(KIMI, tool_id_in_stream=False)) == _reference_apply(fp, f, replace(KIMI, tool_id_in_stream=False))
 
 
-# ---- the oracle: app.tokens.fidelity.apply as released ------------------------------------------------------
+# ---- the oracle: app.tokens.fidelity_profile.apply as released ------------------------------------------------------
 
 
 def _reference_apply(fp: FidelityProfile, f: Fields, profile) -> Applied:
-    """app.tokens.fidelity.apply as released (93048ae), before the per-profile plan: the oracle."""
+    """app.tokens.fidelity_profile.apply as released (93048ae), before the per-profile plan: the oracle."""
     used: list[str] = []
     flags: list[str] = []
     obs = fp.observations

@@ -13,7 +13,7 @@ from app.datasets import iter_references
 from app.records import Completion, ToolCall
 from app.simulator.render import OutputRenderer
 from app.tokens import Reconstructor, get_profile
-from app.tokens.fidelity import FidelityProfile, learn, merge
+from app.tokens.fidelity_profile import FidelityProfile, learn, merge
 from app.tokens.flags import TEXT_PATH, is_suspect, text_path_of
 
 KIMI = get_profile("kimi-k2.5")
@@ -164,7 +164,7 @@ def test_learned_template_whitespace_that_is_absent_is_flagged(family_tokenizers
 
 def test_transformers_serve_non_streaming_steps_are_learned(family_tokenizers):
     # transformers serve, non-streaming, Qwen3: empty thinking becomes no reasoning field and tool arguments
-    # are re-serialised with json.dumps (issue 11); the model here always writes compact JSON.
+    # are re-serialised with json.dumps; the model here always writes compact JSON.
     tok = family_tokenizers["qwen3"]
     qwen = get_profile("qwen3")
 

@@ -1,4 +1,4 @@
-"""Reconstructor: strategies, repairs, the edge cases of issue 4, and what text cannot recover."""
+"""Reconstructor: strategies, repairs, the edge cases of real responses, and what text cannot recover."""
 
 from __future__ import annotations
 

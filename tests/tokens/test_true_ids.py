@@ -1,4 +1,4 @@
-"""A response with true ids is rebuilt as those ids, whatever the server did to its text (issue 12): the
+"""A response with true ids is rebuilt as those ids, whatever the server did to its text: the
 changed text is named in the notes, the round-trip is left unjudged (None), the text path is measured apart."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pytest
 
 from app.jobs.spec import JobSpec
 from app.records import Completion, Reconstruction, Usage, Verdict
-from app.store.records import SampleInput
+from app.store.store_records import SampleInput
 from app.store.run_store import RunStore
 from app.tokens import load_tokenizer
 from app.tokens.align import diff_spans

@@ -132,6 +132,9 @@ class MemorySource:
             keep_raw=True,
         )
 
+    def series_since(self, responses_after: int, reconstructions_after: int) -> None:
+        return None  # no database: the plots say so
+
     def jobs(self) -> Sequence[JobRow]:
         return list(self.job_rows)
 

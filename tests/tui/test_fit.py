@@ -15,7 +15,7 @@ from rich.cells import cell_len
 
 from app.config import apply_overrides, load_config
 from app.engine.run import Run
-from app.store.records import SampleInput
+from app.store.store_records import SampleInput
 from app.store.run_store import RunStore
 from app.tui.app import EaglewatchApp, make_app
 from app.tui.db_source import AttachedSource, InProcessSource

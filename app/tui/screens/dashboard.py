@@ -18,9 +18,9 @@ from textual.widgets import DataTable, Footer, ProgressBar, Static
 from app.engine.snapshot import MetricsSnapshot
 from app.records import BENIGN_VERDICTS, CORRUPT_VERDICTS, Category
 from app.tui import format as fmt
-from app.store.queries import SeriesChunk
 from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
 from app.tui.series import PLOTS, RunSeries, read_chunk
+from app.tui.source import SeriesChunk
 from widgets.event_tail import EventLine, EventTail
 from widgets.jobs_table import JobRow, JobsTable
 from widgets.metric_tile import MetricTile

@@ -20,20 +20,24 @@ import sqlite3
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 
 from app.errors import InputError
 from app.store.ids import pack_ids
-from app.store.records import IngestReport, ReferenceRecord, SampleInput
+from app.store.store_records import IngestReport, ReferenceRecord, SampleInput
 from app.store.tallies import add_ingested
-
-if TYPE_CHECKING:
-    from app.store.run_store import RunStore
 
 INGEST_CHUNK = 5000
 MAX_CONFLICT_EXAMPLES = 5
+
+
+class StoreWriter(Protocol):
+    """The one thing these operations need of the run store (`RunStore.write`): run one write operation
+    in the writer's next transaction and return its result."""
+
+    async def write(self, op: Any) -> Any: ...
 
 __all__ = [
     "INGEST_CHUNK",
@@ -118,7 +122,7 @@ def file_record(conn: sqlite3.Connection, run_id: int, role: str, name: str) -> 
     return None
 
 
-async def begin_file(store: RunStore, run_id: int, role: str, name: str, path: str, fingerprint: str, options: str) -> None:
+async def begin_file(store: StoreWriter, run_id: int, role: str, name: str, path: str, fingerprint: str, options: str) -> None:
     """Record that ingesting a file starts (complete = 0) before its first chunk commits."""
 
     def op(conn: sqlite3.Connection) -> None:
@@ -135,7 +139,7 @@ async def begin_file(store: RunStore, run_id: int, role: str, name: str, path: s
 
 
 async def finish_file(
-    store: RunStore, run_id: int, role: str, name: str, lines: int, *, bad_lines: int = 0, conflicts: int = 0
+    store: StoreWriter, run_id: int, role: str, name: str, lines: int, *, bad_lines: int = 0, conflicts: int = 0
 ) -> None:
     """Mark a file fully ingested (after its last chunk committed), with what its pass refused."""
 
@@ -163,7 +167,7 @@ def _progress(conn: sqlite3.Connection, run_id: int, track: tuple[str, str] | No
 
 
 async def ingest(
-    store: RunStore,
+    store: StoreWriter,
     run_id: int,
     samples: Iterable[SampleInput],
     *,
@@ -264,7 +268,7 @@ def _insert_samples_op(run_id: int, batch: _SampleBatch, source: str, track: tup
 
 
 async def attach_references(
-    store: RunStore,
+    store: StoreWriter,
     run_id: int,
     references: Iterable[ReferenceRecord],
     *,

@@ -24,7 +24,7 @@ from typing import Any
 
 from app.datasets import ReadStats, check_inputs, file_fingerprint, iter_dataset, iter_references
 from app.errors import InputError
-from app.store.ingest import IngestStatus, begin_file, file_record, finish_file, ingest_status, require_complete
+from app.store.ingest_ops import IngestStatus, begin_file, file_record, finish_file, ingest_status, require_complete
 
 # progress(label, path, stats) -> an async context manager shown while that file is read (None: no progress)
 Progress = Callable[[str, Path, ReadStats], AbstractAsyncContextManager[Any]]

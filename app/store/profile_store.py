@@ -1,4 +1,4 @@
-"""Fidelity profiles and text-path measurements in the run database (issue 12), with plain sqlite3.
+"""Fidelity profiles and text-path measurements in the run database, with plain sqlite3.
 
 `save_profile` / `load_profile(s)` keep learned profiles (table fidelity_profiles, schema v5);
 `read_measurements` reads, read-only, what `eaglewatch fidelity` reports: per sample, its endpoint and
@@ -16,7 +16,7 @@ from typing import Iterator
 
 from app.errors import InputError
 from app.store.db import DEFAULT_BUSY_TIMEOUT_S, configure, connect_readonly, migrate
-from app.tokens.fidelity import FidelityProfile
+from app.tokens.fidelity_profile import FidelityProfile
 
 
 @dataclass(frozen=True, slots=True)

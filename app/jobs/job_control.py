@@ -12,7 +12,7 @@ from pathlib import Path
 
 from app.jobs.local import LocalExecutor
 from app.jobs.slurm import SlurmExecutor
-from app.jobs.status import JobStatus
+from app.jobs.job_status import JobStatus
 from app.jobs.store import FINAL_STATES, Job, JobStore
 
 

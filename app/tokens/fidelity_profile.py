@@ -23,10 +23,9 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 from app.records import Completion, ToolCall
 from app.tokens.flags import TEMPLATE_WHITESPACE_MISSING, UNINVERTIBLE
 from app.tokens.profile import Profile
-from app.tokens.template import split_output
+from app.tokens.template import Fields, split_output
 
 if TYPE_CHECKING:
-    from app.tokens.reconstruct import Fields
     from app.tokens.tokenizer import Tokenizer
 
 NO_CONTENT = "(no content)"
@@ -317,12 +316,12 @@ def _edge_inverse_text(change: str) -> str:
 class Applied:
     """The fields after a profile's inverses, the step names used, and the flags raised."""
 
-    fields: "Fields"
+    fields: Fields
     used: tuple[str, ...]
     flags: tuple[str, ...]
 
 
-def apply(fp: FidelityProfile, f: "Fields", profile: Profile) -> Applied:
+def apply(fp: FidelityProfile, f: Fields, profile: Profile) -> Applied:
     """Invert the learned steps on `f` (no reference): constant inverses applied, uninvertible ones flagged."""
     if not fp.observations:
         return Applied(f, (), ())

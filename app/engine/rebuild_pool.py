@@ -76,13 +76,13 @@ def build_reconstructor(config: Any) -> Any:
 
 async def open_rebuilder(reconstructor: Any, config: Any, db_path: Path) -> tuple[Any, list[str]]:
     """The engine's Rebuilder over `reconstructor` with the stored fidelity profiles of the config's endpoints
-    (app.store.fidelity), and one sentence per profile loaded. A PassThroughReconstructor (or anything that is
+    (app.store.profile_store), and one sentence per profile loaded. A PassThroughReconstructor (or anything that is
     not a tokens Reconstructor) is returned as is."""
     from app.engine.verify import Rebuilder
 
     if isinstance(reconstructor, Rebuilder) or not hasattr(reconstructor, "measure_text_path"):
         return reconstructor, []
-    from app.store.fidelity import load_profiles
+    from app.store.profile_store import load_profiles
 
     names = {e.name for e in config.endpoints}
     stored = await asyncio.to_thread(load_profiles, db_path, config.model.profile) if db_path.exists() else []
