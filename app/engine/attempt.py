@@ -3,8 +3,9 @@
 `request_sample` sends the sample (retrying retryable errors under the one retry policy,
 `app.providers.retry.with_retries`, with the slot given back while it waits), rebuilds the token ids of a
 success, and turns whatever happened into an Outcome: it never raises except on cancellation. The
-engine settles the Outcome in one place (`app.engine.settle.Settler.settle`). The slot stays held from the request until the
-engine has stored the result, so finished-but-unstored responses count against the in-flight bound.
+engine settles the Outcome in one place (`app.engine.settle.Settler.settle`). The slot stays held from the
+request until the engine has stored the result, so finished-but-unstored responses count against the
+in-flight bound.
 """
 
 from __future__ import annotations

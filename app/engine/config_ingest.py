@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,7 +27,6 @@ from app.datasets import ReadStats, check_inputs, file_fingerprint, iter_dataset
 from app.errors import InputError
 from app.store.ingest_ops import IngestStatus, begin_file, file_record, finish_file, ingest_status, require_complete
 from app.store.run_store import RunStore
-from app.store.store_records import ReferenceRecord, SampleInput
 
 # progress(label, path, stats) -> an async context manager shown while that file is read (None: no progress)
 Progress = Callable[[str, Path, ReadStats], AbstractAsyncContextManager[object]]
@@ -180,8 +179,7 @@ async def ingest_config(
 
 async def _one_file(
     store: RunStore, run_id: int, role: str, name: str, path: Path, fmt: str, options: str, force: bool,
-    allow_partial: bool, progress: Progress | None,
-    read: Callable[[ReadStats], Iterator[SampleInput]] | Callable[[ReadStats], Iterator[ReferenceRecord]],
+    allow_partial: bool, progress: Progress | None, read: Callable[[ReadStats], Any],
 ) -> FileReport:
     try:
         fingerprint = await asyncio.to_thread(file_fingerprint, path)

@@ -139,7 +139,9 @@ class Flights:
             if f.index is not None:
                 self._slots.release(f.index)
                 f.index = None
-            self._tasks.pop(asyncio.current_task(), None)
+            task = asyncio.current_task()
+            if task is not None:
+                self._tasks.pop(task, None)
             self.settled.set()
             if not self._tasks:
                 self._wake.set()

@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
-from multiprocessing.context import BaseContext
+import multiprocessing.context
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -94,6 +94,22 @@ async def open_rebuilder(reconstructor: CompletionReconstructor, config: RunConf
     return Rebuilder(reconstructor, profiles), notes
 
 
+async def open_rebuilding(reconstructor: CompletionReconstructor | None, config: RunConfig, db_path: Path,
+                          on_event: Callable[[str, str, str], Awaitable[None]]) -> RebuildPool | None:
+    """Where a Run rebuilds ids: a RebuildPool (`[run] rebuild_workers`) over the Rebuilder of `reconstructor`
+    (`open_rebuilder`), each step told to the operator through `on_event(level, kind, message)`; None without a
+    reconstructor (the text is stored as is)."""
+    if reconstructor is None:
+        return None
+    rebuilder, notes = await open_rebuilder(reconstructor, config, db_path)
+    for note in notes:
+        await on_event("info", "fidelity", note)
+    pool = await RebuildPool.open(rebuilder, config.run.rebuild_workers,
+                                  lambda level, message: on_event(level, "run", message))
+    await on_event("info", "run", f"token ids are rebuilt in {pool.describe()}")
+    return pool
+
+
 @dataclass(frozen=True)
 class RebuildRecipe:
     """What builds the engine's Rebuilder in a worker process (picklable, a few KB): the tokenizer folder
@@ -118,7 +134,7 @@ class RebuildRecipe:
         if tok.fingerprint != self.fingerprint:
             raise InputError(f"{self.tokenizer_dir}: the tokenizer files changed since the engine loaded them")
         base = Reconstructor(self.profile, tok, self.fidelity[0])
-        return Rebuilder(base, self.fidelity[1:])
+        return Rebuilder(base, [p for p in self.fidelity[1:] if p is not None])
 
 
 # (completion without raw, reference ids, messages, tools, endpoint, measure): one rebuild's inputs
@@ -282,15 +298,16 @@ def worker_count(setting: int | Literal["auto"], cores: int | None = None) -> in
     return min(AUTO_MAX_WORKERS, n - 1) if n >= 2 else 0
 
 
-def _mp_context() -> BaseContext:
+def _mp_context() -> multiprocessing.context.ForkServerContext | multiprocessing.context.SpawnContext:
     """forkserver where there is one (Linux): a clean single-threaded process forks the workers, so nothing
     of the engine's running event loop, threads or SQLite connections is copied into them (fork would); else
     spawn. The fork server is started once per interpreter. Measured start of one worker (imports and the
     tokenizer): 0.18-0.21 s with the sample HF tokenizer, 0.36-0.39 s with Kimi K2.5's tiktoken (spawn: 0.21 /
     0.39 s). The workers are started with the main module hidden (`_main_hidden`), so a script that runs the
     engine needs no `if __name__ == "__main__":` guard."""
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("forkserver")
+    return multiprocessing.get_context("spawn")
 
 
 @contextmanager

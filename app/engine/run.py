@@ -39,7 +39,7 @@ from app.engine.ledger import Ledger
 from app.engine.leases import LeaseKeeper, SampleLeases
 from app.engine.lock import EngineLock
 from app.engine.quality import QualityDecision
-from app.engine.rebuild_pool import RebuildPool, open_rebuilder
+from app.engine.rebuild_pool import RebuildPool, open_rebuilding
 from app.engine.reconstructor import CompletionReconstructor
 from app.engine.run_state import RunOutcome, RunState
 from app.engine.scheduler import Scheduler
@@ -48,7 +48,7 @@ from app.engine.slots import EndpointSlots
 from app.engine.snapshot import MetricsSnapshot
 from app.engine.steering import VIEWER_PAUSE, Steering
 from app.engine.store_health import StoreHealth
-from app.engine.verify import Rebuilder, Verifier, seed_from_store
+from app.engine.verify import Verifier, seed_from_store
 from app.engine.writes import StoreGate
 from app.providers.pricing import ModelPricing
 from app.providers.retry import RetryPolicy
@@ -107,7 +107,6 @@ class Run:
         self._gate = StoreGate(self._store_changed)
         self.events = EventLog(store, self._gate)
         self._health = StoreHealth(state=self._state, events=self.events, db_path=self.db_path, wake=self._wake)
-        self._rebuilder: Rebuilder | None = None
         self._pool: RebuildPool | None = None
         self._live: _Started | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -174,28 +173,19 @@ class Run:
         await self._ledger.load(store, run_id)
         await self._forecast.load(store, run_id)
         stored_state, stored_reason = await store.run_state(run_id)
-        now = asyncio.get_running_loop().time()
-        requests = TokenBucket(cfg.limits.requests_per_min, now=now) if cfg.limits.requests_per_min else None
-        tokens = TokenBucket(cfg.limits.tokens_per_min, now=now) if cfg.limits.tokens_per_min else None
         self._eps = await open_endpoints(cfg, started=self._state.started_m, clients=self._clients, on_event=events.add)
         await self._ledger.quote_prices(cfg, self.endpoints, events.add)
         self._forecast.prices = self._ledger.budget.prices
-        if self.reconstructor is not None:  # the endpoints' stored fidelity profiles join the rebuild
-            self._rebuilder, notes = await open_rebuilder(self.reconstructor, cfg, self.db_path)
-            for note in notes:
-                await events.add("info", "fidelity", note)
         await seed_from_store(self._verifier, self.db_path, cfg.run.name)
-        if self._rebuilder is not None:
-            self._pool = await RebuildPool.open(self._rebuilder, cfg.run.rebuild_workers,
-                                                lambda level, message: events.add(level, "run", message))
-            await events.add("info", "run", f"token ids are rebuilt in {self._pool.describe()}")
-        self._live = live = self._wire(run_id, requests, tokens)
+        self._pool = await open_rebuilding(self.reconstructor, cfg, self.db_path, events.add)
+        self._live = live = self._wire(run_id)
         if stored_state == "paused" and not self.resume_paused:
             self._state.current, self._state.reason = "paused", stored_reason or "paused before restart"  # as stored
             await events.add("info", "run", f"run is paused ({self._state.reason}); resume to continue")
         else:
             await self._state.set("running", None)
-            await events.add("info", "run", f"engine started (pid {os.getpid()}) with {len(self.endpoints)} endpoint(s)")
+            await events.add("info", "run",
+                             f"engine started (pid {os.getpid()}) with {len(self.endpoints)} endpoint(s)")
         self._tasks = [
             asyncio.create_task(live.scheduler.run(), name="eaglewatch-schedule"),
             asyncio.create_task(live.steering.poll_commands(), name="eaglewatch-commands"),
@@ -203,9 +193,12 @@ class Run:
             asyncio.create_task(live.heartbeat.run(), name="eaglewatch-heartbeat"),
         ]
 
-    def _wire(self, run_id: int, requests: TokenBucket | None, tokens: TokenBucket | None) -> _Started:
-        """Build the parts that work over the opened endpoints."""
+    def _wire(self, run_id: int) -> _Started:
+        """Build the parts that work over the opened endpoints (and the rate buckets, on the loop's clock)."""
         cfg, eps, state, events, gate = self.config, self.endpoints, self._state, self.events, self._gate
+        lim, now = cfg.limits, asyncio.get_running_loop().time()
+        requests = TokenBucket(lim.requests_per_min, now=now) if lim.requests_per_min else None
+        tokens = TokenBucket(lim.tokens_per_min, now=now) if lim.tokens_per_min else None
         slots = EndpointSlots([e.limit for e in eps], [e.config.weight for e in eps])
         source = SampleLeases(store=self.store, run_id=run_id, lease_s=cfg.limits.lease_s, owner=self.owner)
         settler = Settler(config=cfg, store=self.store, run_id=run_id, gate=gate, events=events, ledger=self._ledger,

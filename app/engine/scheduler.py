@@ -18,12 +18,12 @@ import asyncio
 import functools
 from collections import deque
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from app.config import RunConfig
 from app.engine.attempt import Flight
 from app.engine.budget import estimate_prompt_tokens
 from app.engine.events import EventLog
-from app.engine.flights import Flights
 from app.engine.forecast import Forecast
 from app.engine.ledger import Ledger
 from app.engine.leases import WorkSource
@@ -37,10 +37,21 @@ from app.token_bucket import TokenBucket
 EMPTY_RETRY_S = 0.5  # a source that leased nothing is asked again after this long (or when work comes back)
 
 
+class FlightStarter(Protocol):
+    """What the scheduler needs of the flights (`app.engine.flights.Flights`): start one, count them, and an
+    event set whenever one ends (set the scheduler's wake when the last one ends)."""
+
+    settled: asyncio.Event
+
+    def start(self, flight: Flight) -> None: ...
+
+    def __len__(self) -> int: ...
+
+
 class Scheduler:
     """The lease queue, the background lease, and the loop that starts flights (module doc)."""
 
-    def __init__(self, *, config: RunConfig, source: WorkSource, flights: Flights, slots: EndpointSlots,
+    def __init__(self, *, config: RunConfig, source: WorkSource, flights: FlightStarter, slots: EndpointSlots,
                  ledger: Ledger, forecast: Forecast, state: RunState, gate: StoreGate, events: EventLog,
                  wake: asyncio.Event, pause: Callable[[str], Awaitable[None]], requests: TokenBucket | None = None,
                  tokens: TokenBucket | None = None, lease_batch: int | None = None) -> None:
