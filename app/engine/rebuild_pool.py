@@ -39,16 +39,18 @@ from dataclasses import dataclass, field, replace
 import multiprocessing.context
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from app.config import RunConfig
-from app.engine.reconstructor import CompletionReconstructor
 from app.engine.verify import Rebuilder, Rebuilt
 from app.errors import InputError
 from app.records import Completion
 from app.tokens import Reconstructor, get_profile, load_tokenizer
-from app.tokens.fidelity_profile import FidelityProfile
-from app.tokens.profile import Profile
+
+if TYPE_CHECKING:  # types only: kept out of the worker processes' start
+    from app.config import RunConfig
+    from app.engine.reconstructor import CompletionReconstructor
+    from app.tokens.fidelity_profile import FidelityProfile
+    from app.tokens.profile import Profile
 
 AUTO_MAX_WORKERS = 4  # reconstruction is ~0.4 ms of a ~1 ms request: a few processes keep up with one loop
 # results per batch, and batches in flight per worker: while one is rebuilt the next ones wait in the worker's

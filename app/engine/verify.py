@@ -17,19 +17,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from app.config import Endpoint as EndpointConfig
-from app.config import RunConfig
 from app.engine import quality
-from app.engine.reconstructor import CompletionReconstructor
 from app.engine.snapshot import FidelitySnapshot
 from app.records import Completion, Reconstruction, Verdict
-from app.store.profile_store import Measurement
 from app.tokens import Reconstructor
 from app.tokens import flags as fl
-from app.tokens.fidelity_profile import FidelityProfile
-from app.tokens.prompt_check import PromptCheck
+
+if TYPE_CHECKING:  # types only: a rebuild worker process imports this module and needs none of them
+    from pathlib import Path
+
+    from app.config import Endpoint as EndpointConfig
+    from app.config import RunConfig
+    from app.engine.reconstructor import CompletionReconstructor
+    from app.store.profile_store import Measurement
+    from app.tokens.fidelity_profile import FidelityProfile
+    from app.tokens.prompt_check import PromptCheck
 
 # what asks an OpenRouter-style endpoint for logprobs with bytes (the ids ground truth); OpenRouter passes
 # `logprobs` / `top_logprobs` to providers that support them (openrouter.ai/docs/api-reference/parameters)
