@@ -163,7 +163,7 @@ async def _engine(url: str, msgs, conc: int, stream: bool, db_dir: str, reconstr
     run = Run(cfg, store, reconstructor=build_reconstructor(cfg) if reconstruct else None)
     _T0, _C0 = time.perf_counter(), time.process_time()  # ingest is not timed
     await run.start()
-    _POOL = run._pool
+    _POOL = run.rebuild_pool
     if _POOL is not None and _POOL.workers:
         # the workers' start (once per run: interpreter, imports, tokenizer) is reported apart, like ingest
         _T0 += _POOL.start_s

@@ -3,8 +3,9 @@
 `request_sample` sends the sample (retrying retryable errors under the one retry policy,
 `app.providers.retry.with_retries`, with the slot given back while it waits), rebuilds the token ids of a
 success, and turns whatever happened into an Outcome: it never raises except on cancellation. The
-engine settles the Outcome in one place (`Run._settle`). The slot stays held from the request until the
-engine has stored the result, so finished-but-unstored responses count against the in-flight bound.
+engine settles the Outcome in one place (`app.engine.settle.Settler.settle`). The slot stays held from the
+request until the engine has stored the result, so finished-but-unstored responses count against the
+in-flight bound.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from app.engine.endpoints import Endpoint
 from app.engine.limiter import Ticket
@@ -23,6 +24,7 @@ from app.providers.exceptions import ProviderError, RetryableError, RunStoppingE
 from app.providers.retry import RetryPolicy, with_retries
 from app.records import Completion, Reconstruction, Verdict
 from app.store.store_records import LeasedSample
+from app.tokens.prompt_check import PromptCheck
 
 OutcomeKind = Literal["done", "failed", "released", "stopping"]
 # (completion, flight) -> the rebuilt ids, verdict, text-path measurement and prompt check (app.engine.verify)
@@ -67,7 +69,7 @@ class Outcome:
     cost_usd: float = 0.0
     unexpected: bool = False
     measured: str | None = None  # the text-path verdict of a probe with true ids (app.engine.verify)
-    prompt_check: Any = None  # app.tokens.prompt_check.PromptCheck when the server returned prompt ids
+    prompt_check: PromptCheck | None = None  # when the server returned prompt ids
 
 
 # Called before each retry's wait with the failed attempt: the engine counts it, cuts the limit on overload,

@@ -22,12 +22,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.config import RunConfig
 from app.datasets import ReadStats, check_inputs, file_fingerprint, iter_dataset, iter_references
 from app.errors import InputError
 from app.store.ingest_ops import IngestStatus, begin_file, file_record, finish_file, ingest_status, require_complete
+from app.store.run_store import RunStore
 
 # progress(label, path, stats) -> an async context manager shown while that file is read (None: no progress)
-Progress = Callable[[str, Path, ReadStats], AbstractAsyncContextManager[Any]]
+Progress = Callable[[str, Path, ReadStats], AbstractAsyncContextManager[object]]
 
 __all__ = ["FileReport", "IngestConfigReport", "ingest_config"]
 
@@ -128,8 +130,8 @@ def _file_json(f: FileReport) -> dict[str, Any]:
 
 
 async def ingest_config(
-    store: Any,
-    config: Any,
+    store: RunStore,
+    config: RunConfig,
     *,
     progress: Progress | None = None,
     allow_partial: bool = False,
@@ -140,7 +142,7 @@ async def ingest_config(
 
     Raises InputError before writing anything when the inputs check finds an error (`check`), and after the
     files when the run is still half-ingested (a file failed to read) unless `allow_partial`. `force` reads
-    files again even when unchanged since their last complete pass. `store` is an open RunStore.
+    files again even when unchanged since their last complete pass.
     """
     warnings: tuple[str, ...] = ()
     vocab_size = None
@@ -176,7 +178,7 @@ async def ingest_config(
 
 
 async def _one_file(
-    store: Any, run_id: int, role: str, name: str, path: Path, fmt: str, options: str, force: bool,
+    store: RunStore, run_id: int, role: str, name: str, path: Path, fmt: str, options: str, force: bool,
     allow_partial: bool, progress: Progress | None, read: Callable[[ReadStats], Any],
 ) -> FileReport:
     try:

@@ -1,9 +1,9 @@
 """The one control interface over a generation run (architecture rule 5).
 
-The engine (`app.engine.run.Run`) implements it in-process; an attached viewer's implementation writes a
-row to the `commands` table (verbs `pause` {"now": bool}, `resume`, `set_concurrency` {"limit": n}) that
-the engine polls about once a second and hands to `Run.apply_command`. Extraction jobs are steered by the
-jobs runner, not through this interface.
+The engine (`app.engine.run.Run`, carried out by `app.engine.steering.Steering`) implements it in-process; an
+attached viewer's implementation writes a row to the `commands` table (verbs `pause` {"now": bool}, `resume`,
+`set_concurrency` {"limit": n}) that the engine polls about once a second (`Steering.poll_commands`) and carries
+out (`apply_command`). Extraction jobs are steered by the jobs runner, not through this interface.
 """
 
 from __future__ import annotations

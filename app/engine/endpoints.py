@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -173,6 +173,11 @@ async def close_endpoints(endpoints: Endpoints) -> None:
         except Exception:
             pass
     endpoints.simulators = []
+
+
+def total_limit(endpoints: Sequence[Endpoint]) -> int:
+    """The run's in-flight limit now: the sum of its endpoints' limits."""
+    return sum(ep.limit.limit for ep in endpoints)
 
 
 def set_total_limit(endpoints: list[Endpoint], limit: int) -> int:

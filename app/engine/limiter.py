@@ -60,13 +60,15 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from app.records import Completion
+
 REASONS = ("growing", "at ceiling", "cooling down after 429", "latency rising", "pinned")
 
 
-def limiter_latency(completion) -> float:
+def limiter_latency(completion: Completion) -> float:
     """The latency signal of one success: its time to first token when streamed (what a queueing server
-    delays), else its whole latency (`app.records.Completion` ttft_s / total_s)."""
-    ttft = getattr(completion, "ttft_s", None)
+    delays), else its whole latency."""
+    ttft = completion.ttft_s
     return float(ttft) if ttft is not None else float(completion.total_s)
 
 

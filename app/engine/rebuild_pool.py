@@ -1,8 +1,8 @@
 """The Reconstructor the engine uses: `app.tokens.Reconstructor` for the run's tokenizer and profile, wrapped
 at start in `app.engine.verify.Rebuilder` with the endpoints' learned fidelity profiles, and where it runs.
 
-`PassThroughReconstructor` is what a `Run` built without one uses (benchmarks of the request path alone, tests
-of scheduling): the response text is stored as is and no reconstruction row is written.
+A `Run` built without a reconstructor (benchmarks of the request path alone, tests of scheduling) opens no pool:
+the response text is stored as is and no reconstruction row is written.
 
 `RebuildPool` runs the rebuilds off the event loop: in worker processes (`[run] rebuild_workers`; auto when
 the machine has a core to spare) or in two threads of the engine's process. Rebuilding is pure CPU in Python
@@ -32,14 +32,25 @@ import threading
 import time
 from collections import deque
 from contextlib import contextmanager
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
+import multiprocessing.context
+from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from app.records import Completion, Reconstruction, Verdict
+from app.engine.verify import Rebuilder, Rebuilt
+from app.errors import InputError
+from app.records import Completion
+from app.tokens import Reconstructor, get_profile, load_tokenizer
+
+if TYPE_CHECKING:  # types only: kept out of the worker processes' start
+    from app.config import RunConfig
+    from app.engine.reconstructor import CompletionReconstructor
+    from app.tokens.fidelity_profile import FidelityProfile
+    from app.tokens.profile import Profile
 
 AUTO_MAX_WORKERS = 4  # reconstruction is ~0.4 ms of a ~1 ms request: a few processes keep up with one loop
 # results per batch, and batches in flight per worker: while one is rebuilt the next ones wait in the worker's
@@ -51,37 +62,30 @@ IN_FLIGHT = 4
 START_TIMEOUT_S = 120.0  # a worker's start: interpreter, imports, the tokenizer (0.2-0.4 s measured)
 
 
-class CompletionReconstructor(Protocol):
-    """What the engine needs to rebuild a response's token ids (`app.tokens.Reconstructor`)."""
+class RebuildSample(Protocol):
+    """What a rebuild reads of a sample (`app.store.store_records.LeasedSample`, or a `SampleInput`)."""
 
-    def process(self, completion: Completion, reference_ids: tuple[int, ...] | None) -> tuple[Reconstruction | None, Verdict | None]: ...
+    @property
+    def reference_ids(self) -> tuple[int, ...] | None: ...
+
+    @property
+    def messages(self) -> list[dict[str, Any]]: ...
+
+    @property
+    def tools(self) -> list[Any] | None: ...
 
 
-class PassThroughReconstructor:
-    """Stores text only: no reconstruction, verdict `unchecked`."""
-
-    def process(self, completion: Completion, reference_ids: tuple[int, ...] | None) -> tuple[Reconstruction | None, Verdict | None]:
-        """Return (None, None): nothing rebuilt, nothing compared."""
-        return None, None
-
-
-def build_reconstructor(config: Any) -> Any:
+def build_reconstructor(config: RunConfig) -> CompletionReconstructor:
     """The tokens package's Reconstructor for the config's tokenizer and profile (a tiktoken model gets the
     profile's pre-tokeniser pattern). A tokenizer that fails to load is an operator error."""
-    from app.tokens import Reconstructor, get_profile, load_tokenizer
-
     profile = get_profile(config.model.profile)
     return Reconstructor(profile, load_tokenizer(config.model.tokenizer, profile.pretokenizer_pattern))
 
 
-async def open_rebuilder(reconstructor: Any, config: Any, db_path: Path) -> tuple[Any, list[str]]:
+async def open_rebuilder(reconstructor: CompletionReconstructor, config: RunConfig,
+                         db_path: Path) -> tuple[Rebuilder, list[str]]:
     """The engine's Rebuilder over `reconstructor` with the stored fidelity profiles of the config's endpoints
-    (app.store.profile_store), and one sentence per profile loaded. A PassThroughReconstructor (or anything that is
-    not a tokens Reconstructor) is returned as is."""
-    from app.engine.verify import Rebuilder
-
-    if isinstance(reconstructor, Rebuilder) or not hasattr(reconstructor, "measure_text_path"):
-        return reconstructor, []
+    (app.store.profile_store), and one sentence per profile loaded."""
     from app.store.profile_store import load_profiles
 
     names = {e.name for e in config.endpoints}
@@ -92,6 +96,22 @@ async def open_rebuilder(reconstructor: Any, config: Any, db_path: Path) -> tupl
     return Rebuilder(reconstructor, profiles), notes
 
 
+async def open_rebuilding(reconstructor: CompletionReconstructor | None, config: RunConfig, db_path: Path,
+                          on_event: Callable[[str, str, str], Awaitable[None]]) -> RebuildPool | None:
+    """Where a Run rebuilds ids: a RebuildPool (`[run] rebuild_workers`) over the Rebuilder of `reconstructor`
+    (`open_rebuilder`), each step told to the operator through `on_event(level, kind, message)`; None without a
+    reconstructor (the text is stored as is)."""
+    if reconstructor is None:
+        return None
+    rebuilder, notes = await open_rebuilder(reconstructor, config, db_path)
+    for note in notes:
+        await on_event("info", "fidelity", note)
+    pool = await RebuildPool.open(rebuilder, config.run.rebuild_workers,
+                                  lambda level, message: on_event(level, "run", message))
+    await on_event("info", "run", f"token ids are rebuilt in {pool.describe()}")
+    return pool
+
+
 @dataclass(frozen=True)
 class RebuildRecipe:
     """What builds the engine's Rebuilder in a worker process (picklable, a few KB): the tokenizer folder
@@ -100,40 +120,30 @@ class RebuildRecipe:
     loaded the same tokenizer files."""
 
     tokenizer_dir: str
-    profile: Any  # app.tokens.Profile
+    profile: Profile
     fingerprint: str
-    fidelity: tuple[Any, ...]
+    fidelity: tuple[FidelityProfile | None, ...]
 
     @classmethod
-    def of(cls, reconstructor: Any) -> "RebuildRecipe | None":
-        """The recipe of an `app.engine.verify.Rebuilder` over a tokenizer loaded from a folder; None for
-        anything else (a test's reconstructor, a wrapper), which then rebuilds in threads."""
-        from app.engine.verify import Rebuilder
+    def of(cls, rebuilder: Rebuilder) -> "RebuildRecipe":
+        """The recipe of the engine's Rebuilder (its tokenizer's folder, profile and fidelity profiles)."""
+        return cls(str(rebuilder.tokenizer.path), rebuilder.profile, rebuilder.tokenizer.fingerprint,
+                   rebuilder.fidelity_profiles)
 
-        path = getattr(getattr(reconstructor, "tokenizer", None), "path", None)
-        if not isinstance(reconstructor, Rebuilder) or path is None:
-            return None
-        return cls(str(path), reconstructor.profile, str(getattr(reconstructor.tokenizer, "fingerprint", "")),
-                   reconstructor.fidelity_profiles)
-
-    def build(self) -> Any:
+    def build(self) -> Rebuilder:
         """The Rebuilder this recipe describes (loads the tokenizer: once per worker)."""
-        from app.engine.verify import Rebuilder
-        from app.errors import InputError
-        from app.tokens import Reconstructor, load_tokenizer
-
         tok = load_tokenizer(self.tokenizer_dir, self.profile.pretokenizer_pattern)
-        if str(getattr(tok, "fingerprint", "")) != self.fingerprint:
+        if tok.fingerprint != self.fingerprint:
             raise InputError(f"{self.tokenizer_dir}: the tokenizer files changed since the engine loaded them")
         base = Reconstructor(self.profile, tok, self.fidelity[0])
-        return Rebuilder(base, self.fidelity[1:])
+        return Rebuilder(base, [p for p in self.fidelity[1:] if p is not None])
 
 
 # (completion without raw, reference ids, messages, tools, endpoint, measure): one rebuild's inputs
-_Call = tuple[Completion, Any, Any, Any, str, bool]
+_Call = tuple[Completion, tuple[int, ...] | None, Sequence[dict[str, Any]], Sequence[Any] | None, str, bool]
 
 
-def _call_of(completion: Completion, sample: Any, endpoint: str, measure: bool, *, light: bool) -> _Call:
+def _call_of(completion: Completion, sample: RebuildSample, endpoint: str, measure: bool, *, light: bool) -> _Call:
     """One rebuild's inputs; `light` (crossing to a process) drops what the rebuild never reads: the raw
     body, and the messages and tools unless the server returned prompt ids to check them against."""
     if not light:
@@ -143,18 +153,11 @@ def _call_of(completion: Completion, sample: Any, endpoint: str, measure: bool, 
             sample.messages if checks else (), sample.tools if checks else None, endpoint, measure)
 
 
-def _run_call(reconstructor: Any, call: _Call) -> Any:
-    """The rebuild itself, the same in a thread and in a worker process: a Rebuilder measures probes' text
-    path and checks prompt ids; any other reconstructor just processes."""
-    from app.engine.verify import Rebuilder, Rebuilt
-
+def _run_call(rebuilder: Rebuilder, call: _Call) -> Rebuilt:
+    """The rebuild itself, the same in a thread and in a worker process: the ids rebuilt, probes' text path
+    measured, prompt ids checked."""
     completion, reference_ids, messages, tools, endpoint, measure = call
-    if isinstance(reconstructor, Rebuilder):
-        return reconstructor.rebuild(completion, reference_ids, messages, tools, endpoint=endpoint, measure=measure)
-    return Rebuilt(*reconstructor.process(completion, reference_ids))
-
-
-_WORKER: Any = None  # the worker process's Rebuilder (built once by _init_worker), or why it could not be
+    return rebuilder.rebuild(completion, reference_ids, messages, tools, endpoint=endpoint, measure=measure)
 
 
 def worker_cores() -> list[int]:
@@ -170,11 +173,10 @@ def worker_cores() -> list[int]:
     return sorted(rest or every)
 
 
-def _init_worker(recipe: RebuildRecipe, cores: Sequence[int], engine_pid: int) -> None:
+def _init_worker(recipe: RebuildRecipe, cores: Sequence[int], engine_pid: int) -> Rebuilder | Exception:
     """Worker start: leave the parent's CPU pin for `cores` (`worker_cores`: a parent pinned to one core would
     keep its workers on it, which is what processes are for avoiding), watch the engine, then build the
-    Rebuilder once."""
-    global _WORKER
+    Rebuilder once (or return why it could not be built)."""
     for choice in (cores, range(os.cpu_count() or 1)):
         try:
             os.sched_setaffinity(0, choice)
@@ -194,15 +196,15 @@ def _init_worker(recipe: RebuildRecipe, cores: Sequence[int], engine_pid: int) -
                      daemon=True).start()
     # an error is kept for the hello, which carries it to the engine's event
     try:
-        _WORKER = recipe.build()
+        rebuilder = recipe.build()
     except Exception as exc:
-        _WORKER = exc
-        return
+        return exc
     try:  # one rebuild of nothing much: its lazy imports and first-call costs (6 ms) are paid at start
         warm = Completion(content="warm", reasoning="up", finish_reason="stop")
-        _run_call(_WORKER, (warm, None, (), None, "", False))
+        _run_call(rebuilder, (warm, None, [], None, "", False))
     except Exception:
         pass  # a real call will say what is wrong
+    return rebuilder
 
 
 def _watch_engine(engine_pid: int, parent: int) -> None:
@@ -245,11 +247,11 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
 def _worker_main(recipe: RebuildRecipe, cores: Sequence[int], engine_pid: int, sock: socket.socket) -> None:
     """A worker process: start (`_init_worker`), say hello (its pid and the CPU its start took, or why its
     Rebuilder could not be built), then rebuild each batch that arrives until the engine closes the socket."""
-    _init_worker(recipe, cores, engine_pid)
+    rebuilder = _init_worker(recipe, cores, engine_pid)
     with sock:
         try:
-            if isinstance(_WORKER, Exception):
-                _send_frame(sock, _dumps_exception(_WORKER))
+            if isinstance(rebuilder, Exception):
+                _send_frame(sock, _dumps_exception(rebuilder))
                 return
             _send_frame(sock, pickle.dumps((True, (os.getpid(), time.process_time())), pickle.HIGHEST_PROTOCOL))
             while True:
@@ -257,7 +259,7 @@ def _worker_main(recipe: RebuildRecipe, cores: Sequence[int], engine_pid: int, s
                 body = _recv_exactly(sock, int.from_bytes(head, "little")) if head else None
                 if body is None:
                     return
-                out, cpu = _worker_batch(pickle.loads(body))
+                out, cpu = _worker_batch(rebuilder, pickle.loads(body))
                 try:
                     reply = pickle.dumps((True, (out, cpu, time.process_time())), pickle.HIGHEST_PROTOCOL)
                 except Exception as exc:  # a result that does not pickle: the engine rebuilds the batch itself
@@ -275,20 +277,20 @@ def _dumps_exception(exc: BaseException) -> bytes:
         return pickle.dumps((False, RuntimeError(f"{type(exc).__name__}: {exc}")), pickle.HIGHEST_PROTOCOL)
 
 
-def _worker_batch(calls: list[_Call]) -> tuple[list[tuple[bool, Any]], float]:
+def _worker_batch(rebuilder: Rebuilder, calls: list[_Call]) -> tuple[list[tuple[bool, Rebuilt | Exception]], float]:
     """Rebuild each call: ([(ok, Rebuilt or the exception)], the rebuilds' CPU seconds). One call's error
     does not fail its neighbours."""
-    out: list[tuple[bool, Any]] = []
+    out: list[tuple[bool, Rebuilt | Exception]] = []
     t0 = time.thread_time()
     for call in calls:
         try:
-            out.append((True, _run_call(_WORKER, call)))
+            out.append((True, _run_call(rebuilder, call)))
         except Exception as exc:  # re-raised in the engine, where the in-thread path would have raised it
             out.append((False, exc))
     return out, time.thread_time() - t0
 
 
-def worker_count(setting: Any, cores: int | None = None) -> int:
+def worker_count(setting: int | Literal["auto"], cores: int | None = None) -> int:
     """Worker processes for `[run] rebuild_workers`: N as given (0: threads); auto: one per core beyond the
     event loop's (at most AUTO_MAX_WORKERS) when the machine has 2 or more cores, else 0. Cores are the
     machine's (os.cpu_count), not the engine's affinity: workers leave a pinned parent's core."""
@@ -298,19 +300,20 @@ def worker_count(setting: Any, cores: int | None = None) -> int:
     return min(AUTO_MAX_WORKERS, n - 1) if n >= 2 else 0
 
 
-def _mp_context() -> Any:
+def _mp_context() -> multiprocessing.context.ForkServerContext | multiprocessing.context.SpawnContext:
     """forkserver where there is one (Linux): a clean single-threaded process forks the workers, so nothing
     of the engine's running event loop, threads or SQLite connections is copied into them (fork would); else
     spawn. The fork server is started once per interpreter. Measured start of one worker (imports and the
     tokenizer): 0.18-0.21 s with the sample HF tokenizer, 0.36-0.39 s with Kimi K2.5's tiktoken (spawn: 0.21 /
     0.39 s). The workers are started with the main module hidden (`_main_hidden`), so a script that runs the
     engine needs no `if __name__ == "__main__":` guard."""
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("forkserver")
+    return multiprocessing.get_context("spawn")
 
 
 @contextmanager
-def _main_hidden():
+def _main_hidden() -> Iterator[None]:
     """While workers start: multiprocessing imports the parent's main module in every child it starts (and in
     the fork server) to find what was defined there, which runs a script's top level again unless the script
     has the `if __name__ == "__main__":` guard. A script without it would run its whole run a second time in
@@ -335,7 +338,7 @@ class _Worker:
     """One worker process as the engine sees it: its socket's streams and the batches sent to it (answered in
     order, oldest first)."""
 
-    proc: Any  # multiprocessing.Process
+    proc: BaseProcess
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     pid: int = 0
@@ -349,8 +352,8 @@ class RebuildPool:
     CPU (rebuilds, unpickling, sockets); `start_s`: seconds the workers took to start; `workers`: processes in
     use now (0: threads)."""
 
-    def __init__(self, reconstructor: Any, on_event: Callable[[str, str], Awaitable[None]] | None = None) -> None:
-        self.reconstructor = reconstructor
+    def __init__(self, rebuilder: Rebuilder, on_event: Callable[[str, str], Awaitable[None]] | None = None) -> None:
+        self.rebuilder = rebuilder
         self._on_event = on_event
         self._threads: ThreadPoolExecutor | None = None
         self._procs: list[_Worker] = []
@@ -376,16 +379,16 @@ class RebuildPool:
         return sum(self._child_start_cpu.values())
 
     @classmethod
-    async def open(cls, reconstructor: Any, setting: Any = "auto",
+    async def open(cls, rebuilder: Rebuilder, setting: int | Literal["auto"] = "auto",
                    on_event: Callable[[str, str], Awaitable[None]] | None = None) -> "RebuildPool":
-        """A pool for `reconstructor` with `[run] rebuild_workers` = `setting`; worker processes are started
-        (and their Rebuilders built) before it returns. Processes need a `RebuildRecipe`; without one, or
-        when they fail to start, the pool uses threads (the failure is reported through `on_event`)."""
-        pool = cls(reconstructor, on_event)
+        """A pool for `rebuilder` with `[run] rebuild_workers` = `setting`; worker processes are started
+        (each builds the Rebuilder again from its `RebuildRecipe`) before it returns. When they fail to start,
+        the pool uses threads (the failure is reported through `on_event`)."""
+        pool = cls(rebuilder, on_event)
         n = worker_count(setting)
-        recipe = RebuildRecipe.of(reconstructor) if n else None
-        if recipe is None:
+        if not n:
             return pool
+        recipe = RebuildRecipe.of(rebuilder)
         t0 = time.monotonic()
         started: list[_Worker] = []
         try:
@@ -423,8 +426,8 @@ class RebuildPool:
         pool.start_s = time.monotonic() - t0
         return pool
 
-    async def rebuild(self, completion: Completion, sample: Any, endpoint: str, measure: bool) -> Any:
-        """The `app.engine.verify.Rebuilt` of one result of `sample` from `endpoint` (`measure`: a probe)."""
+    async def rebuild(self, completion: Completion, sample: RebuildSample, endpoint: str, measure: bool) -> Rebuilt:
+        """The Rebuilt of one result of `sample` from `endpoint` (`measure`: a probe)."""
         if not self._procs:
             return await self._in_threads(_call_of(completion, sample, endpoint, measure, light=False))
         fut = asyncio.get_running_loop().create_future()
@@ -519,19 +522,19 @@ class RebuildPool:
                 if not fut.done():
                     fut.set_result(r)
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         t = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
 
-    async def _in_threads(self, call: _Call) -> Any:
+    async def _in_threads(self, call: _Call) -> Rebuilt:
         if self._threads is None:
             self._threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="reconstruct")
 
-        def timed() -> Any:
+        def timed() -> Rebuilt:
             t = time.thread_time()
             try:
-                return _run_call(self.reconstructor, call)
+                return _run_call(self.rebuilder, call)
             finally:
                 self.cpu_s += time.thread_time() - t  # float += under the GIL; two threads rarely collide
 
@@ -560,12 +563,13 @@ class RebuildPool:
             self._threads = None
 
 
-def _frame(value: Any) -> bytes:
+def _frame(value: list[_Call]) -> bytes:
     payload = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
     return len(payload).to_bytes(4, "little") + payload
 
 
 async def _read_reply(reader: asyncio.StreamReader) -> tuple[bool, Any]:
+    """(True, the worker's hello or a batch's answer) or (False, the exception it sent)."""
     head = await reader.readexactly(4)
     return pickle.loads(await reader.readexactly(int.from_bytes(head, "little")))
 
@@ -577,11 +581,3 @@ def _stop(w: _Worker) -> None:
     except Exception:
         pass  # already closed, or the loop is closing
 
-
-async def rebuild(pool: RebuildPool | None, reconstructor: Any, completion: Completion, flight: Any, endpoint: str) -> Any:
-    """Rebuild one result in `pool` (off the event loop; inline without one) as an `app.engine.verify.Rebuilt`:
-    a Rebuilder measures the text path of probes and checks the prompt ids; any other reconstructor just
-    processes."""
-    if pool is None:
-        return _run_call(reconstructor, _call_of(completion, flight.sample, endpoint, flight.probe, light=False))
-    return await pool.rebuild(completion, flight.sample, endpoint, flight.probe)

@@ -12,26 +12,24 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections import Counter
 from collections.abc import Callable
 
 import orjson
 
 from app.config import RunConfig
 from app.engine.attempt import Flight, Outcome
-from app.engine.budget import BudgetGuard, estimate_prompt_tokens
+from app.engine.budget import estimate_prompt_tokens
 from app.token_bucket import TokenBucket
-from app.engine.counts import SampleCounts
 from app.engine.endpoints import Endpoint
 from app.engine.events import EventLog
+from app.engine.ledger import Ledger
 from app.engine.limiter import LimitChange, Ticket, limiter_latency
-from app.engine.metrics import EndpointMetrics
 from app.engine.slots import EndpointSlots
 from app.engine.quality import QualityDecision
 from app.engine.verify import Verifier
 from app.engine.writes import StoreGate
 from app.providers.exceptions import ProviderError, RetryableError
-from app.providers.pricing import ModelPricing, cost_of
+from app.providers.pricing import cost_of
 from app.records import Completion
 from app.store.store_records import LeasedSample
 from app.store.run_store import RunStore
@@ -54,28 +52,25 @@ def capped_raw(completion: Completion, max_bytes: int) -> Completion:
     return dataclasses.replace(completion, raw=note)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Settler:
-    """What settling touches; built by the Run once its endpoints, slots and buckets exist."""
+    """What settling touches, every part named; built by the Run once its endpoints, slots and buckets exist.
+    The `ledger` holds the budget, the prices (config, variant rules, or GET /models at start), the sample counts,
+    the run's metrics and its verdict and strategy tallies."""
 
     config: RunConfig
     store: RunStore
     run_id: int
     gate: StoreGate
     events: EventLog
-    counts: SampleCounts
-    budget: BudgetGuard
+    ledger: Ledger
     endpoints: list[Endpoint]
     slots: EndpointSlots
-    total_metrics: EndpointMetrics
-    verdicts: Counter[str]
-    strategies: Counter[str]
-    tok_bucket: TokenBucket | None = None
+    # live fidelity (app.engine.verify): tallies measured results; `on_decision` acts on the gate's decisions
+    verifier: Verifier
+    on_decision: Callable[[QualityDecision], None]
+    tok_bucket: TokenBucket | None = None  # tokens per minute: corrected by what a request really used
     tokenizer_fingerprint: str = ""
-    pricing: ModelPricing | None = None  # the run's list prices (config, variant rules, or GET /models at start)
-    # live fidelity (app.engine.verify): tallies measured results; the Run acts on the gate's decisions
-    verifier: Verifier | None = None
-    on_decision: Callable[[QualityDecision], None] | None = None
 
     async def settle(self, f: Flight, o: Outcome) -> None:
         """Record an Outcome (see the module doc); returns once the store has it."""
@@ -92,7 +87,7 @@ class Settler:
             await self.gate.commit(lambda: self.store.record_failure(
                 self.run_id, s.pk, o.error_class or "error", o.message or "", final=True, cost_usd=o.cost_usd,
                 endpoint=ep.name if o.attempt else None, attempt=o.attempt or None))
-            self.counts.ended("failed")
+            self.ledger.counts.ended("failed")
         else:  # stopping or released: the lease goes back, the attempt is logged with its cost
             if f.index is not None:
                 self.slots.release(f.index)
@@ -103,7 +98,7 @@ class Settler:
                 await self.gate.commit(lambda: self.store.log_attempt(
                     self.run_id, s.pk, o.attempt, ep.name, o.cost_usd, o.error_class or "error", o.message or ""))
             await self.gate.commit(lambda: self.store.release(self.run_id, [s.pk]))
-            self.counts.released()
+            self.ledger.counts.released()
         if o.unexpected:
             await self.events.add("error", "sample", f"sample {s.sample_id!r} ({s.dataset}) failed: {o.error_class}: "
                                   f"{o.message}"[:1000] + " — the run goes on; fix the input and reprocess or "
@@ -111,7 +106,7 @@ class Settler:
 
     async def _paid(self, f: Flight, o: Outcome, ep: Endpoint) -> None:
         s, completion = f.sample, o.completion
-        cost = cost_of(completion.usage, self.pricing)
+        cost = cost_of(completion.usage, self.ledger.pricing)
         self._charge(f, cost)
         keep = self.config.run.keep_raw
         if keep:
@@ -124,27 +119,24 @@ class Settler:
             error_class=o.error_class, error=o.message,
             prompt_check=o.prompt_check.status if o.prompt_check is not None else None,
             prompt_first_diff=o.prompt_check.first_diff if o.prompt_check is not None else None)))
-        self.counts.ended(state)
+        self.ledger.counts.ended(state)
         self._verify(f, o, ep)
         self._account(ep, completion, cost, s, f)
         if o.verdict is not None:
-            self.verdicts[o.verdict.category] += 1
+            self.ledger.verdicts[o.verdict.category] += 1
         if o.reconstruction is not None:
-            self.strategies[o.reconstruction.strategy] += 1
+            self.ledger.strategies[o.reconstruction.strategy] += 1
 
     def _verify(self, f: Flight, o: Outcome, ep: Endpoint) -> None:
         """Count a stored result's measurement and prompt check; hand the gate's decisions to the Run at once
         (before anything awaits, so the scheduler leases nothing more after a pause decision)."""
-        if self.verifier is None:
-            return
         seen = self.verifier.observe(ep.name, o.completion.provider, f.sample.pk, f.sample.sample_id, o.measured,
                                      o.prompt_check)
         if seen.prompt_event is not None:
             self.events.note("warning", "prompt", seen.prompt_event)
             asyncio.get_running_loop().create_task(self.events.flush())
         for d in seen.decisions:
-            if self.on_decision is not None:
-                self.on_decision(d)
+            self.on_decision(d)
 
     async def on_retry(self, f: Flight, exc: RetryableError) -> None:
         """A failed request that will be retried: count it, cut the limit on overload, give back the slot while
@@ -156,19 +148,20 @@ class Settler:
             f.index = None
         self.note_error(ep, exc.error_class, final=False, retried=True)
         if exc.cost_usd:
-            self.budget.settle(0.0, exc.cost_usd)
+            self.ledger.budget.settle(0.0, exc.cost_usd)
             f.billed_usd += exc.cost_usd
         await self.gate.commit(lambda: self.store.log_attempt(
             self.run_id, f.sample.pk, f.tries, ep.name, exc.cost_usd, exc.error_class, str(exc)))
 
     def _charge(self, f: Flight, cost: float) -> None:
         """Replace the flight's reservation with its last request's cost; report spending beyond the reservation."""
+        budget = self.ledger.budget
         over = f.billed_usd + cost - f.reserved_usd
-        self.budget.settle(f.reserved_usd, cost)
+        budget.settle(f.reserved_usd, cost)
         f.reserved_usd = 0.0
-        if over > 1e-12 and self.budget.budget_usd is not None:
-            first = self.budget.overshoot_usd == 0.0
-            self.budget.overshoot_usd += over
+        if over > 1e-12 and budget.budget_usd is not None:
+            first = budget.overshoot_usd == 0.0
+            budget.overshoot_usd += over
             if first:
                 self.events.note(
                     "warning", "budget", f"sample {f.sample.sample_id!r} cost ${over:.6f} more than its reserved worst "
@@ -191,7 +184,7 @@ class Settler:
             if change.new < change.old:
                 self._limit_event(ep, change)
         now = time.monotonic()
-        for m in (ep.metrics, self.total_metrics):
+        for m in (ep.metrics, self.ledger.total_metrics):
             m.record_completion(now, completion.usage.completion_tokens, completion.total_s, completion.ttft_s,
                                 cost, completion.truncated)
 
@@ -210,5 +203,5 @@ class Settler:
 
     def note_error(self, ep: Endpoint, error_class: str, *, final: bool, retried: bool) -> None:
         """Count an error in the endpoint's and the run's metrics."""
-        for m in (ep.metrics, self.total_metrics):
+        for m in (ep.metrics, self.ledger.total_metrics):
             m.record_error(error_class, final=final, retried=retried)

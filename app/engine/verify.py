@@ -17,12 +17,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from app.engine import quality
 from app.engine.snapshot import FidelitySnapshot
 from app.records import Completion, Reconstruction, Verdict
+from app.tokens import Reconstructor
 from app.tokens import flags as fl
+
+if TYPE_CHECKING:  # types only: a rebuild worker process imports this module and needs none of them
+    from pathlib import Path
+
+    from app.config import Endpoint as EndpointConfig
+    from app.config import RunConfig
+    from app.engine.reconstructor import CompletionReconstructor
+    from app.store.profile_store import Measurement
+    from app.tokens.fidelity_profile import FidelityProfile
+    from app.tokens.prompt_check import PromptCheck
 
 # what asks an OpenRouter-style endpoint for logprobs with bytes (the ids ground truth); OpenRouter passes
 # `logprobs` / `top_logprobs` to providers that support them (openrouter.ai/docs/api-reference/parameters)
@@ -39,24 +50,22 @@ class Rebuilt:
     reconstruction: Reconstruction | None
     verdict: Verdict | None
     measured: str | None = None
-    prompt_check: Any = None  # app.tokens.prompt_check.PromptCheck
+    prompt_check: PromptCheck | None = None
 
 
 class Rebuilder:
     """The engine's reconstruction: one `app.tokens.Reconstructor` per learned fidelity profile (endpoint and
     upstream provider), the run's own for the rest. Holds no mutable state (safe in the reconstruct threads)."""
 
-    def __init__(self, base: Any, profiles: Iterable[Any] = ()) -> None:
-        from app.tokens import Reconstructor
-
+    def __init__(self, base: CompletionReconstructor, profiles: Iterable[FidelityProfile] = ()) -> None:
         self.profile, self.tokenizer = base.profile, base.tokenizer
         # measure=False: the engine measures probes only (measure_text_path), so the logprob path stays cheap
-        self._default = Reconstructor(base.profile, base.tokenizer, getattr(base, "fidelity", None), measure=False)
+        self._default = Reconstructor(base.profile, base.tokenizer, base.fidelity, measure=False)
         self._by_key = {(p.endpoint, p.provider or ""): Reconstructor(base.profile, base.tokenizer, p, measure=False)
                         for p in profiles}
 
     @property
-    def fidelity_profiles(self) -> tuple[Any, ...]:
+    def fidelity_profiles(self) -> tuple[FidelityProfile | None, ...]:
         """The run's own fidelity profile (None: none) and every learned one, in order: what rebuilds this
         Rebuilder in another process (app.engine.rebuild_pool.RebuildRecipe)."""
         return (self._default.fidelity, *(r.fidelity for r in self._by_key.values()))
@@ -66,7 +75,7 @@ class Rebuilder:
         """(endpoint, provider) of every fidelity profile in use."""
         return tuple(self._by_key)
 
-    def reconstructor_for(self, endpoint: str, provider: str | None) -> Any:
+    def reconstructor_for(self, endpoint: str, provider: str | None) -> Reconstructor:
         """The Reconstructor for results of `endpoint` from upstream `provider` (its own profile first)."""
         return (self._by_key.get((endpoint, provider or "")) or self._by_key.get((endpoint, ""))
                 or self._default)
@@ -115,14 +124,13 @@ class _Probes:
         return int((n + 1) * self.fraction + 1e-9) > int(n * self.fraction + 1e-9)
 
 
-def probe_fraction_of(endpoint: Any) -> float:
+def probe_fraction_of(endpoint: EndpointConfig) -> float:
     """The endpoint's probe fraction: `probe_fraction` when set, else 1 for servers that return ids anyway
     (vLLM, SGLang and their simulator personalities) and 0 for the rest."""
     from app.providers.servers import server_kind
 
-    value = getattr(endpoint, "probe_fraction", None)
-    if value is not None:
-        return float(value)
+    if endpoint.probe_fraction is not None:
+        return float(endpoint.probe_fraction)
     return 1.0 if server_kind(endpoint) in IDS_SERVERS else 0.0
 
 
@@ -130,7 +138,7 @@ def probe_fraction_of(endpoint: Any) -> float:
 class Verifier:
     """Per-run live fidelity state (event loop only): probes, tallies, prompt-check counts, ignored providers."""
 
-    endpoints: Sequence[Any]  # config.Endpoint, in the Run's order
+    endpoints: Sequence[EndpointConfig]  # in the Run's order
     max_corrupt_rate: float | None = None
     min_verified: int = 20
     on_corrupt: str = "pause"
@@ -146,13 +154,13 @@ class Verifier:
         self._probes = [_Probes(probe_fraction_of(e)) for e in self.endpoints]
 
     @classmethod
-    def of(cls, config: Any) -> "Verifier":
+    def of(cls, config: RunConfig) -> "Verifier":
         """The Verifier for a RunConfig's endpoints and limits."""
         lim = config.limits
         return cls(list(config.endpoints), lim.max_corrupt_rate, lim.min_verified_samples, lim.on_corrupt,
                    bool(config.generation.logprobs))
 
-    def seed(self, measurements: Iterable[Any], prompt_counts: dict[str, int]) -> None:
+    def seed(self, measurements: Iterable[Measurement], prompt_counts: dict[str, int]) -> None:
         """Start from what earlier engines of this run stored (app.store.profile_store Measurements with a
         `text_path:` flag, prompt-check counts), so the gate and the match rate cover the whole run and the
         run's prompt-mismatch event is not repeated after a restart."""
@@ -182,7 +190,7 @@ class Verifier:
         return (extra or None), probe
 
     def observe(self, endpoint: str, provider: str | None, pk: int, sample_id: str, measured: str | None,
-                check: Any = None) -> Observed:
+                check: PromptCheck | None = None) -> Observed:
         """Count one stored result (its text-path verdict, its PromptCheck); returns the operator event of the
         run's first prompt mismatch and the gate's new decisions (each endpoint/provider decided once)."""
         prompt_event = None
@@ -227,13 +235,13 @@ class Verifier:
         return tuple(FidelitySnapshot(e, p, *c) for (e, p), c in sorted(per.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")))
 
 
-async def seed_from_store(verifier: Verifier, db_path: Any, run_name: str) -> int:
+async def seed_from_store(verifier: Verifier, db_path: Path, run_name: str) -> int:
     """Seed `verifier` with the run's stored measurements (read-only, in a thread); returns how many."""
     import asyncio
 
     from app.store.profile_store import prompt_check_counts, read_measurements
 
-    def read() -> tuple[list[Any], dict[str, int]]:
+    def read() -> tuple[list[Measurement], dict[str, int]]:
         return list(read_measurements(db_path, run_name)), prompt_check_counts(db_path, run_name)
 
     measurements, counts = await asyncio.to_thread(read)
@@ -242,7 +250,7 @@ async def seed_from_store(verifier: Verifier, db_path: Any, run_name: str) -> in
     return verifier.verified - before
 
 
-def probe_fraction_of_kind(endpoint: Any) -> str:
+def probe_fraction_of_kind(endpoint: EndpointConfig) -> str:
     """How a probe to `endpoint` gets true ids: "server" (vLLM/SGLang return them when asked, which every
     request is) or "logprobs" (asked for per probe)."""
     from app.providers.servers import server_kind

@@ -30,7 +30,7 @@ from app.errors import EaglewatchError, InputError
 from app.records import Completion, Reconstruction, Verdict
 from app.store.db import DEFAULT_BUSY_TIMEOUT_S, configure, migrate
 from app.store.ids import unpack_ids
-from app.store import rows, tallies
+from app.store import queries, rows, tallies
 from app.store.store_records import Command, IngestReport, LeasedSample, ReferenceRecord, SampleInput
 from app.store.schema import RUN_STATES, SAMPLE_STATES
 from app.store import ingest_ops
@@ -499,8 +499,9 @@ class RunStore:
     # ------------------------------------------------------------------------------------ reads
 
     async def spent_usd(self, run_id: int) -> float:
-        """The run's cost ledger: the sum of every stored attempt's cost."""
-        return await self.read(lambda conn: sum(t.cost_usd for t in tallies.response_tallies(conn, run_id)))
+        """The run's cost ledger: the sum of every stored attempt's cost (`queries.cost_total`, on this
+        writer's connection)."""
+        return await self.read(lambda conn: queries.cost_total(conn, run_id))
 
     async def run_state(self, run_id: int) -> tuple[str | None, str | None]:
         """The run's stored (state, reason), (None, None) for an unknown id."""
@@ -547,12 +548,9 @@ class RunStore:
         return await self.read(lambda conn: (tallies.verdict_counts(conn, run_id), tallies.strategy_counts(conn, run_id)))
 
     async def counts(self, run_id: int) -> dict[str, int]:
-        """Samples per state, every state present (0 when none)."""
-
-        def fn(conn: sqlite3.Connection) -> dict[str, int]:
-            return {**dict.fromkeys(SAMPLE_STATES, 0), **tallies.sample_counts(conn, run_id)}
-
-        return await self.read(fn)
+        """Samples per state, every state present (0 when none): `queries.state_counts`, on this writer's
+        connection."""
+        return await self.read(lambda conn: queries.state_counts(conn, run_id))
 
 
 # ---------------------------------------------------------------------------------------------- helpers

@@ -9,9 +9,11 @@ before any GPU hour is spent. Pure: no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
+from app.tokens.profile import Profile
 from app.tokens.prompt import render_prompt
+from app.tokens.tokenizer import Tokenizer
 
 PROMPT_STATUSES = ("agree", "differ", "no_server_ids")
 
@@ -62,14 +64,14 @@ def compare_prompt_ids(server_ids: Sequence[int] | None, rendered_ids: Sequence[
     return PromptCheck("agree", None, n, rendered_len)
 
 
-def rendered_prompt_ids(tokenizer: Any, profile: Any, messages: Sequence[dict], tools: Sequence[dict] | None = None,
-                        *, thinking: bool = True) -> list[int]:
+def rendered_prompt_ids(tokenizer: Tokenizer, profile: Profile | str, messages: Sequence[dict],
+                        tools: Sequence[dict] | None = None, *, thinking: bool = True) -> list[int]:
     """The ids eaglewatch renders for a request's prompt: `app.tokens.prompt.render_prompt` (with the
     generation prompt), encoded with special-token strings mapped to their ids."""
     return tokenizer.encode(render_prompt(profile, messages, tools, thinking=thinking))
 
 
-def check_prompt(tokenizer: Any, profile: Any, messages: Sequence[dict], tools: Sequence[dict] | None,
+def check_prompt(tokenizer: Tokenizer, profile: Profile | str, messages: Sequence[dict], tools: Sequence[dict] | None,
                  server_ids: Sequence[int] | None, *, thinking: bool = True) -> PromptCheck:
     """`compare_prompt_ids` of the server's ids against the rendered prompt of `messages` and `tools`."""
     if server_ids is None:

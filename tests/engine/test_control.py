@@ -181,7 +181,7 @@ async def test_api_key_never_reaches_database_events_or_errors(tmp_path, sample_
     try:
         await run.start()
         outcome = await asyncio.wait_for(run.wait(), 30)
-        texts = [repr(e) for e in run.events_since(0)] + [repr(run.snapshot()), repr(run._endpoints[0].client)]
+        texts = [repr(e) for e in run.events_since(0)] + [repr(run.snapshot()), repr(run.endpoints[0].client)]
     finally:
         await run.close()
         await store.close()

@@ -176,14 +176,14 @@ async def test_adaptive_limit_drops_under_a_429_storm_and_stays_within_bounds(tm
             if not storm_over and snap.done >= 50:
                 sim._faults = []  # the provider recovers (no public switch on the simulator)
                 storm_over = True
-                during = list(run._endpoints[0].limit.history)
+                during = list(run.endpoints[0].limit.history)
             await asyncio.wait({waiter}, timeout=0.05)
         assert waiter.result().state == "done"
     finally:
         await run.close()
         await store.close()
         await sim.close()
-    history = run._endpoints[0].limit.history
+    history = run.endpoints[0].limit.history
     assert all(2 <= s <= 24 for s in seen + history)
     low = min(during)
     assert low < 16

@@ -68,13 +68,13 @@ async def test_credentials_in_base_url_are_refused_before_anything_is_leased(tmp
 
 async def test_a_budget_without_prices_is_refused_with_what_to_add(tmp_path, sample_data, monkeypatch):
     # no [pricing] and no endpoint that lists the model in GET /models
-    from app.engine import run as run_module
+    from app.engine import ledger
     from app.providers.pricing import PriceQuote
 
     async def nowhere(model, table, clients):
         return PriceQuote(model, None, "none")
 
-    monkeypatch.setattr(run_module, "prices_at_start", nowhere)
+    monkeypatch.setattr(ledger, "prices_at_start", nowhere)
     config = make_config(tmp_path, sample_data, pricing={}, limits={"budget_usd": 0.005})
     store, _ = await open_ingested(config, sample_data, 3)
     try:

@@ -87,13 +87,23 @@ def test_worker_count_follows_the_setting_and_the_cores() -> None:
     assert worker_count(0, 16) == 0 and worker_count(3, 1) == 3
 
 
-async def test_a_reconstructor_without_a_recipe_rebuilds_in_threads(tmp_path, sample_data) -> None:
+def test_a_recipe_builds_the_rebuilder_it_was_taken_from(tmp_path, sample_data) -> None:
+    """What a worker process builds from the recipe rebuilds as the engine's own Rebuilder does: the same
+    tokenizer files (checked by fingerprint), profile and learned fidelity profiles, routed the same way."""
+    from app.records import Completion
+
     config = make_config(tmp_path, sample_data)
-    base = build_reconstructor(config)
-    assert RebuildRecipe.of(base) is None  # not a Rebuilder: nothing says how to build it elsewhere
-    pool = await RebuildPool.open(base, 2)
-    assert pool.workers == 0 and "threads" in pool.describe()
-    pool.close()
+    learned = FidelityProfile("sim", None, config.model.profile, 7, {"empty_reasoning": {"dropped": 7}})
+    rebuilder = Rebuilder(build_reconstructor(config), [learned])
+    recipe = RebuildRecipe.of(rebuilder)
+    assert recipe.tokenizer_dir == str(sample_data / "tokenizer") and recipe.fidelity == (None, learned)
+    built = recipe.build()
+    assert built.learned == rebuilder.learned == (("sim", ""),)
+    s = sample_inputs(sample_data, 1)[0]
+    c = Completion(content="hello", reasoning="", finish_reason="stop")
+    for endpoint in ("sim", "other"):
+        assert built.rebuild(c, s.reference_ids, s.messages, s.tools, endpoint=endpoint, measure=False) == \
+            rebuilder.rebuild(c, s.reference_ids, s.messages, s.tools, endpoint=endpoint, measure=False)
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2 or not hasattr(os, "sched_setaffinity"), reason="needs 2 cores")
@@ -132,7 +142,7 @@ async def test_a_worker_killed_mid_run_loses_no_result(tmp_path, sample_data) ->
     run = Run(config, store, reconstructor=build_reconstructor(config))
     try:
         await run.start()
-        pool = run._pool
+        pool = run.rebuild_pool
         assert pool is not None and pool.workers == 1, pool and pool.describe()
         loop = asyncio.get_running_loop()
         end = loop.time() + 20

@@ -39,6 +39,7 @@ async def test_every_sample_is_done_once(tmp_path, sample_data, stream):
     db = _db(config)
     assert db.execute("SELECT COUNT(*), COUNT(DISTINCT sample_pk) FROM responses").fetchone() == (40, 40)
     assert db.execute("SELECT state FROM runs").fetchone()[0] == "done"
+    assert db.execute("SELECT COUNT(*) FROM reconstructions").fetchone()[0] == 0  # no reconstructor: text only
 
 
 async def test_streamed_reasoning_and_tool_calls_are_stored(tmp_path, sample_data):

@@ -1,0 +1,157 @@
+"""The samples in flight: one task each, from its first request to its settled outcome.
+
+`Flights.start(flight)` runs one sample's task: `attempt.request_sample` (requests under the retry policy, the
+ids rebuilt in the `RebuildPool`), then `Settler.settle` (the one place a sample ends in the store), then the
+forecast told how it ended. The task gives back its slot whatever happens. A run-stopping error (a key refused,
+credits gone) pauses the run before any await, so the scheduler starts nothing more; the first one tells the
+operator. `cancel` ends flights early (pause-now, close) and returns their leases; `per_endpoint` counts them as
+the snapshot shows them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from app.engine.attempt import Flight, Outcome, request_sample
+from app.engine.endpoints import Endpoint
+from app.engine.events import EventLog
+from app.engine.forecast import Forecast
+from app.engine.ledger import Ledger
+from app.engine.leases import WorkSource
+from app.engine.rebuild_pool import RebuildPool
+from app.engine.run_state import RunState
+from app.engine.settle import Settler
+from app.engine.slots import EndpointSlots
+from app.engine.verify import Rebuilt, Verifier
+from app.providers.exceptions import RetryableError
+from app.providers.retry import RetryPolicy
+from app.records import Completion
+from app.store.run_store import StoreWriteError
+
+# (reason) -> the run paused through the control path (`Run.pause`)
+Pause = Callable[[str], Awaitable[None]]
+
+
+class Flights:
+    """The tasks of the samples in flight and what each one holds (its Flight)."""
+
+    def __init__(self, *, endpoints: list[Endpoint], slots: EndpointSlots, policy: RetryPolicy, model: str,
+                 pool: RebuildPool | None, verifier: Verifier, settler: Settler, forecast: Forecast, ledger: Ledger,
+                 source: WorkSource, state: RunState, events: EventLog, wake: asyncio.Event, pause: Pause) -> None:
+        self._endpoints = endpoints
+        self._slots = slots
+        self._policy = policy
+        self._model = model
+        self._pool = pool  # None: the text is stored as is (no reconstructor)
+        self._verifier = verifier
+        self._settler = settler
+        self._forecast = forecast
+        self._ledger = ledger
+        self._source = source
+        self._state = state
+        self._events = events
+        self._wake = wake  # the scheduler's: set when the last flight ends
+        self._pause = pause
+        self._tasks: dict[asyncio.Task[None], Flight] = {}
+        self.settled = asyncio.Event()  # set whenever a flight ends (the budget waits on it)
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def start(self, flight: Flight) -> None:
+        """Run `flight` in its own task (its slot and budget reservation are already taken)."""
+        task = asyncio.create_task(self._fly(flight), name=f"eaglewatch-sample-{flight.sample.pk}")
+        self._tasks[task] = flight
+
+    def pks(self) -> list[int]:
+        """The samples in flight."""
+        return [f.sample.pk for f in self._tasks.values()]
+
+    def per_endpoint(self) -> tuple[list[int], list[int]]:
+        """Per endpoint: requests on the wire (a slot held, no response yet) and samples waiting (to retry,
+        or with a response being rebuilt and stored), so the tile and the endpoint rows count the same."""
+        wire = [0] * len(self._endpoints)
+        waiting = [0] * len(self._endpoints)
+        for f in self._tasks.values():
+            if f.index is not None and not f.settling:
+                wire[f.index] += 1
+            elif 0 <= f.last < len(waiting):
+                waiting[f.last] += 1
+        return wire, waiting
+
+    async def wait(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for every flight to end; False when some are still going."""
+        if not self._tasks:
+            return True
+        _, late = await asyncio.wait(list(self._tasks), timeout=timeout)
+        return not late
+
+    async def cancel(self, reason: str, *, settling: bool = False) -> None:
+        """Cancel the requests in flight (with settling=True also results not yet stored) and return their leases."""
+        chosen = [(t, f) for t, f in self._tasks.items() if settling or not f.settling]
+        if not chosen:
+            return
+        for t, _ in chosen:
+            t.cancel()
+        await asyncio.gather(*(t for t, _ in chosen), return_exceptions=True)
+        pks = [f.sample.pk for _, f in chosen]
+        try:
+            await self._source.release(pks)
+        except StoreWriteError:
+            pass  # they stay leased under this host: the next start returns them
+        self._ledger.counts.released(len(pks))
+        await self._events.add(
+            "warning", "run",
+            f"cancelled {len(pks)} in-flight requests ({reason}); their samples return to pending. "
+            "Providers may still bill for requests they had started.",
+        )
+
+    # ---- one flight ------------------------------------------------------------------------------
+
+    async def _fly(self, f: Flight) -> None:
+        """A request task: whatever happens ends in a settled Outcome (or a cancellation that returns the lease)."""
+        try:
+            outcome = await request_sample(
+                f, endpoints=self._endpoints, slots=self._slots, policy=self._policy, model=self._model,
+                reconstruct=self._rebuild, on_retry=self._on_retry,
+                request_extra=self._verifier.request_extra, on_first_token=self._forecast.first_token,
+            )
+            # before any await: the scheduler must not start another request after a run-stopping error
+            first_stop = outcome.kind == "stopping" and self._state.stop_for_error(
+                f"{outcome.error_class}: {outcome.message}")
+            await self._settler.settle(f, outcome)
+            self._forecast.ended(f, outcome, self._ledger.pricing)
+            if first_stop:
+                await self._events.add("error", "endpoint", f"{self._endpoints[f.last].name}: {outcome.error} — the "
+                                       "run is paused so the queue is not burnt; fix the cause (key, credits, "
+                                       "permissions) and resume")
+                await self._pause(self._state.reason or "run-stopping error")
+        except asyncio.CancelledError:
+            self._ledger.budget.settle(f.reserved_usd, 0.0)
+            self._forecast.requeued(f)
+            raise
+        except Exception as exc:  # a bug in settling itself: tell the operator; the lease returns at restart
+            await self._events.add("error", "sample", f"sample {f.sample.sample_id!r} (pk {f.sample.pk}): recording "
+                                   f"its outcome failed ({type(exc).__name__}: {exc}); it stays leased until the run "
+                                   "restarts")
+        finally:
+            if f.index is not None:
+                self._slots.release(f.index)
+                f.index = None
+            task = asyncio.current_task()
+            if task is not None:
+                self._tasks.pop(task, None)
+            self.settled.set()
+            if not self._tasks:
+                self._wake.set()
+                self._state.check_idle(0)
+
+    async def _rebuild(self, completion: Completion, f: Flight) -> Rebuilt:
+        if self._pool is None:
+            return Rebuilt(None, None)
+        return await self._pool.rebuild(completion, f.sample, self._endpoints[f.last].name, f.probe)
+
+    async def _on_retry(self, f: Flight, exc: RetryableError) -> None:
+        self._forecast.resent(f)  # its output counts again from nothing
+        await self._settler.on_retry(f, exc)

@@ -1,0 +1,36 @@
+"""The engine's seam to the tokens package: what it needs of a reconstructor, and nothing it probes for.
+
+`CompletionReconstructor` is everything the engine calls on one: `process` (rebuild a response's ids and judge
+them), `measure_text_path` (the text-only rebuild against true ids), and the `profile`, `tokenizer` and `fidelity`
+profile it was built with (the engine's `app.engine.verify.Rebuilder` builds one more per learned fidelity profile
+from them, and `app.engine.rebuild_pool.RebuildRecipe` rebuilds it in a worker process from the tokenizer's
+folder). `app.tokens.Reconstructor` is the implementation (`app.engine.rebuild_pool.build_reconstructor`); a Run
+given none stores text only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from app.records import Completion, Reconstruction, Verdict
+from app.tokens.fidelity_profile import FidelityProfile
+from app.tokens.profile import Profile
+from app.tokens.tokenizer import Tokenizer
+
+
+class CompletionReconstructor(Protocol):
+    """What the engine needs to rebuild a response's token ids (`app.tokens.Reconstructor`)."""
+
+    profile: Profile
+    tokenizer: Tokenizer
+    fidelity: FidelityProfile | None  # the learned server-side text steps it inverts (None: none)
+
+    def process(self, completion: Completion,
+                reference_ids: Sequence[int] | None = None) -> tuple[Reconstruction, Verdict]:
+        """Rebuild `completion`'s output ids and compare them with `reference_ids` (None: unchecked)."""
+        ...
+
+    def measure_text_path(self, completion: Completion, true_ids: Sequence[int]) -> Verdict:
+        """The verdict of the text-only rebuild of `completion` against its true ids."""
+        ...
