@@ -35,7 +35,7 @@ from app.records import Completion, Reconstruction, TokenLogprob, ToolCall, Verd
 from app.tokens import flags as fl
 from app.tokens.align import common_prefix, common_suffix
 from app.tokens.compare import UNCHECKED, compare
-from app.tokens.fidelity_profile import FidelityProfile
+from app.tokens.fidelity_profile import Applied, FidelityProfile, strip_edges_and_count
 from app.tokens.fidelity_profile import apply as apply_fidelity
 from app.tokens.profile import Profile
 from app.tokens.template import Fields, Piece, ProviderView, kimi_tool_id, parse_output, render_output
@@ -55,6 +55,11 @@ NO_CONTENT = "(no content)"
 _UNCHECKED_OK = f"{UNCHECKED}; round-trip ok"
 MAX_REINDEX = 32
 MAX_CHAIN = 3  # server-side steps inverted on top of each other, at most
+# whitespace a stripping server may have removed at an edge: if adding any of these leaves the token count as it
+# was, the count cannot tell whether it was there (" increasing" and "increasing" are one token each; "\n\n\n"
+# is one token like "\n\n"), so the sample is flagged
+STRIP_CANDIDATES = (" ", "\n", "\n\n", "\t", "  ", " \n", "\n ", "\n\n\n")
+_WINDOW = 256  # characters each side of an edge that a windowed token count looks at (long runs only)
 
 
 class Reconstructor:
@@ -70,6 +75,8 @@ class Reconstructor:
         self.profile = profile
         self.tokenizer = tokenizer
         self.fidelity = fidelity  # the endpoint's learned server-side steps (None: none known)
+        # per-sample proof without a reference: strip edges to decide and the token-count relation (None: off)
+        self._has_strips, self._count_offset = strip_edges_and_count(fidelity)
         # measure the text path of every sample with true ids (one more encode each); False leaves it to
         # callers that measure only a probe fraction (measure_text_path)
         self.measure = measure
@@ -162,14 +169,86 @@ class Reconstructor:
 
     def production_fields(self, completion: Completion) -> tuple[Fields, tuple[str, ...], tuple[str, ...]]:
         """The fields production encodes (learned inverses applied), the inverses used and the flags raised."""
+        a = self._production(completion)
+        return a.fields, a.used, a.flags
+
+    def _production(self, completion: Completion) -> Applied:
+        """`production_fields` with the strip edges the profile leaves to the token count (Applied.strips)."""
         fields = Fields.of(completion)
         used: tuple[str, ...] = ()
         flags: tuple[str, ...] = ()
+        strips: tuple[str, ...] = ()
         if self.fidelity is not None:
             applied = apply_fidelity(self.fidelity, fields, self.profile)
-            fields, used, flags = applied.fields, applied.used, applied.flags
+            fields, used, flags, strips = applied.fields, applied.used, applied.flags, applied.strips
         suspects = self.suspect_flags(fields)
-        return fields, used, (tuple(dict.fromkeys(flags + suspects)) if flags and suspects else flags or suspects)
+        return Applied(fields, used, (tuple(dict.fromkeys(flags + suspects)) if flags and suspects else flags or suspects),
+                       strips)
+
+    def count_flags(self, fields: Fields, ids: Sequence[int], completion: Completion,
+                    strips: Sequence[str] = ()) -> tuple[str, ...]:
+        """The proof a text rebuild gets without a reference, from `usage.completion_tokens` (the number of
+        tokens the model generated, by the endpoint's count relation learned from probes or known of its server):
+        `token_count` when the rebuilt ids are not that many (a non-canonical split, or text changed on the way),
+        and `uninvertible:<step>` for each strip edge where adding whitespace would keep the count (or the count
+        is unknown): the server may have removed whitespace there and the count cannot tell."""
+        out: list[str] = []
+        reported = completion.usage.completion_tokens
+        offset = self._count_offset
+        agrees = offset is not None and reported > 0 and len(ids) + offset == reported
+        if offset is not None and reported > 0 and not agrees:
+            out.append(fl.TOKEN_COUNT)
+        if strips:
+            names = _strip_names(self.fidelity, strips)
+            if not agrees:
+                out.extend(fl.UNINVERTIBLE + n for n in names.values())
+            else:
+                base = self._pieces(fields)
+                runs = [t for _, t in _runs(base)]
+                counts: dict[int, int] = {}
+                for key, name in names.items():
+                    if fl.UNINVERTIBLE + name not in out and self._strip_ambiguous(fields, key, runs, counts):
+                        out.append(fl.UNINVERTIBLE + name)
+        return tuple(dict.fromkeys(out))
+
+    def _strip_ambiguous(self, fields: Fields, key: str, runs: list[str], counts: dict[int, int]) -> bool:
+        """True when some whitespace of STRIP_CANDIDATES added at edge `key` leaves the token count unchanged."""
+        for w in STRIP_CANDIDATES:
+            variant = _with_edge(fields, key, w)
+            if variant is None:
+                return False  # no such edge in this sample
+            new = [t for _, t in _runs(self._pieces(variant))]
+            if len(new) != len(runs):
+                delta = len(self.encode_fields(variant)) - sum(self._run_count(runs, i, counts) for i in range(len(runs)))
+            else:
+                k = next((i for i, (a, b) in enumerate(zip(runs, new)) if a != b), None)
+                if k is None:
+                    continue
+                delta = self._insert_delta(runs[k], new[k], runs, k, counts)
+            if delta == 0:
+                return True
+        return False
+
+    def _run_count(self, runs: list[str], i: int, counts: dict[int, int]) -> int:
+        n = counts.get(i)
+        if n is None:
+            text = runs[i]
+            n = counts[i] = 1 if text in self._marker_set else len(self.tokenizer.encode(text))
+        return n
+
+    def _insert_delta(self, old: str, new: str, runs: list[str], k: int, counts: dict[int, int]) -> int:
+        """Tokens `new` (`old` with whitespace inserted) has more than `old`. A long run is counted in a window of
+        lines around the insertion, once the window's edges are shown to be token boundaries of `old`."""
+        if len(old) <= 4 * _WINDOW:
+            return len(self.tokenizer.encode(new)) - self._run_count(runs, k, counts)
+        p = common_prefix(old, new)
+        width = len(new) - len(old)
+        a = _line_start(old, p - _WINDOW, backwards=True)
+        b = _line_start(old, p + _WINDOW, backwards=False)
+        enc = self.tokenizer.encode
+        if enc(old[:a]).__len__() + len(enc(old[a:b])) + len(enc(old[b:])) != self._run_count(runs, k, counts):
+            return len(enc(new)) - self._run_count(runs, k, counts)  # not boundaries here: count the whole run
+        return len(enc(new[a:b + width])) - len(enc(old[a:b]))
 
     def suspect_flags(self, f: Fields) -> tuple[str, ...]:
         """Cheap signs, without ground truth, that these fields may not carry the model's ids (app.tokens.flags)."""
@@ -308,9 +387,14 @@ class Reconstructor:
         return out
 
     def _canonical(self, c: Completion, ref: list[int] | None, assisted: bool) -> tuple[Reconstruction, Verdict]:
-        fields, used, flags = self.production_fields(c)
+        applied = self._production(c)
+        fields, used, flags = applied.fields, applied.used, applied.flags
         text = self._text(fields)
         ids, known = self.tokenizer.encode_known(text)  # the same ids as encode_fields
+        if self._count_offset is not None or applied.strips:
+            proof = self.count_flags(fields, ids, c, applied.strips)
+            if proof:
+                flags = tuple(dict.fromkeys(flags + proof))
         repair = "+".join(used) or None
         # Reconstructions built directly (no dataclasses.replace) on the per-sample paths
         if ref is None:
@@ -541,6 +625,48 @@ class Reconstructor:
         # marker than marker tokens means spelled (markers never contain one another).
         counts = Counter(filter(self.tokenizer.special_ids.__contains__, ref))
         return any(ref_text.count(m) > counts.get(self._marker_ids.get(m, -1), 0) for m in self._markers)
+
+
+def _strip_names(fp: FidelityProfile | None, strips: Sequence[str]) -> dict[str, str]:
+    """Strip edge key -> its step name (strip_whitespace, tool_whitespace)."""
+    from app.tokens.fidelity_profile import _plan_of
+
+    plan = _plan_of(fp) if fp is not None else None
+    return {k: (plan.strips.get(k, "strip_whitespace") if plan else "strip_whitespace") for k in strips}
+
+
+def _with_edge(f: Fields, key: str, w: str) -> Fields | None:
+    """`f` with whitespace `w` added at edge `key` (e.g. "content.trail@tools", "reasoning.lead"); None when the
+    sample has no such field."""
+    where, _, _ = key.partition("@")
+    name, _, side = where.rpartition(".")
+    lead = side in ("lead", "blank")
+    if name == "reasoning":
+        if f.reasoning is None:
+            return None
+        return replace(f, reasoning=w + f.reasoning if lead else f.reasoning + w)
+    if name == "content":
+        return replace(f, content=w + f.content if lead else f.content + w)
+    if name in ("tool.arguments", "tool.id") and f.tool_calls:
+        attr = "arguments" if name == "tool.arguments" else "id"
+        calls = tuple(replace(t, **{attr: (w + getattr(t, attr)) if lead else (getattr(t, attr) + w)})
+                      for t in f.tool_calls[:1]) + tuple(f.tool_calls[1:])
+        return replace(f, tool_calls=calls)
+    return None
+
+
+def _line_start(text: str, at: int, *, backwards: bool) -> int:
+    """A position near `at` right after a newline and before a non-space character (a token boundary of the
+    byte-level pre-tokenisers used here), searching backwards (or forwards); the text's start (or end) if none."""
+    if backwards:
+        i = text.rfind("\n", 0, max(0, at))
+        while i >= 0 and (i + 1 >= len(text) or text[i + 1].isspace()):
+            i = text.rfind("\n", 0, i)
+        return 0 if i < 0 else i + 1
+    i = text.find("\n", max(0, at))
+    while i >= 0 and (i + 1 >= len(text) or text[i + 1].isspace()):
+        i = text.find("\n", i + 1)
+    return len(text) if i < 0 else i + 1
 
 
 def _runs(pieces: list[Piece]) -> list[Piece]:
