@@ -75,9 +75,10 @@ def build_reconstructor(config: Any) -> Any:
 
 
 async def open_rebuilder(reconstructor: Any, config: Any, db_path: Path) -> tuple[Any, list[str]]:
-    """The engine's Rebuilder over `reconstructor` with the stored fidelity profiles of the config's endpoints
-    (app.store.profile_store), and one sentence per profile loaded. A PassThroughReconstructor (or anything that is
-    not a tokens Reconstructor) is returned as is."""
+    """A Rebuilder over `reconstructor` with the stored fidelity profiles of the config's endpoints
+    (app.store.profile_store), and one sentence per profile loaded: for rebuilds outside a run (benchmarks,
+    tests); a run opens its own with priors and live learning (app.engine.verify.open_verification). A
+    PassThroughReconstructor (or anything that is not a tokens Reconstructor) is returned as is."""
     from app.engine.verify import Rebuilder
 
     if isinstance(reconstructor, Rebuilder) or not hasattr(reconstructor, "measure_text_path"):
@@ -129,28 +130,36 @@ class RebuildRecipe:
         return Rebuilder(base, self.fidelity[1:])
 
 
-# (completion without raw, reference ids, messages, tools, endpoint, measure): one rebuild's inputs
-_Call = tuple[Completion, Any, Any, Any, str, bool]
+# (completion without raw, reference ids, messages, tools, endpoint, measure, a trusted twin's answer or None):
+# one rebuild's inputs
+_Call = tuple[Completion, Any, Any, Any, str, bool, Any]
 
 
-def _call_of(completion: Completion, sample: Any, endpoint: str, measure: bool, *, light: bool) -> _Call:
+def _light(completion: Completion | None) -> Completion | None:
+    return replace(completion, raw=None) if completion is not None and completion.raw is not None else completion
+
+
+def _call_of(completion: Completion, sample: Any, endpoint: str, measure: bool, *, light: bool,
+             twin: Completion | None = None) -> _Call:
     """One rebuild's inputs; `light` (crossing to a process) drops what the rebuild never reads: the raw
-    body, and the messages and tools unless the server returned prompt ids to check them against."""
+    bodies, and the messages and tools unless the server returned prompt ids to check them against."""
     if not light:
-        return completion, sample.reference_ids, sample.messages, sample.tools, endpoint, measure
+        return completion, sample.reference_ids, sample.messages, sample.tools, endpoint, measure, twin
     checks = completion.prompt_token_ids is not None
-    return (replace(completion, raw=None) if completion.raw is not None else completion, sample.reference_ids,
-            sample.messages if checks else (), sample.tools if checks else None, endpoint, measure)
+    return (_light(completion), sample.reference_ids, sample.messages if checks else (),
+            sample.tools if checks else None, endpoint, measure, _light(twin))
 
 
 def _run_call(reconstructor: Any, call: _Call) -> Any:
     """The rebuild itself, the same in a thread and in a worker process: a Rebuilder measures probes' text
-    path and checks prompt ids; any other reconstructor just processes."""
+    path (against a trusted twin's ids when the answer has none) and checks prompt ids; any other
+    reconstructor just processes."""
     from app.engine.verify import Rebuilder, Rebuilt
 
-    completion, reference_ids, messages, tools, endpoint, measure = call
+    completion, reference_ids, messages, tools, endpoint, measure, twin = call
     if isinstance(reconstructor, Rebuilder):
-        return reconstructor.rebuild(completion, reference_ids, messages, tools, endpoint=endpoint, measure=measure)
+        return reconstructor.rebuild(completion, reference_ids, messages, tools, endpoint=endpoint, measure=measure,
+                                     twin=twin)
     return Rebuilt(*reconstructor.process(completion, reference_ids))
 
 
@@ -200,7 +209,7 @@ def _init_worker(recipe: RebuildRecipe, cores: Sequence[int], engine_pid: int) -
         return
     try:  # one rebuild of nothing much: its lazy imports and first-call costs (6 ms) are paid at start
         warm = Completion(content="warm", reasoning="up", finish_reason="stop")
-        _run_call(_WORKER, (warm, None, (), None, "", False))
+        _run_call(_WORKER, (warm, None, (), None, "", False, None))
     except Exception:
         pass  # a real call will say what is wrong
 
@@ -275,9 +284,13 @@ def _dumps_exception(exc: BaseException) -> bytes:
         return pickle.dumps((False, RuntimeError(f"{type(exc).__name__}: {exc}")), pickle.HIGHEST_PROTOCOL)
 
 
-def _worker_batch(calls: list[_Call]) -> tuple[list[tuple[bool, Any]], float]:
-    """Rebuild each call: ([(ok, Rebuilt or the exception)], the rebuilds' CPU seconds). One call's error
+def _worker_batch(batch: tuple[list[Any], list[_Call]]) -> tuple[list[tuple[bool, Any]], float]:
+    """Take the batch's fidelity profiles (learned since the last batch: the Rebuilder uses them from now on),
+    then rebuild each call: ([(ok, Rebuilt or the exception)], the rebuilds' CPU seconds). One call's error
     does not fail its neighbours."""
+    profiles, calls = batch
+    for fp in profiles:
+        _WORKER.set_profile(fp)
     out: list[tuple[bool, Any]] = []
     t0 = time.thread_time()
     for call in calls:
@@ -340,6 +353,7 @@ class _Worker:
     writer: asyncio.StreamWriter
     pid: int = 0
     sent: deque = field(default_factory=deque)  # of list[tuple[_Call, asyncio.Future]]
+    profiles: list = field(default_factory=list)  # fidelity profiles to send with its next batch
 
 
 class RebuildPool:
@@ -423,14 +437,26 @@ class RebuildPool:
         pool.start_s = time.monotonic() - t0
         return pool
 
-    async def rebuild(self, completion: Completion, sample: Any, endpoint: str, measure: bool) -> Any:
-        """The `app.engine.verify.Rebuilt` of one result of `sample` from `endpoint` (`measure`: a probe)."""
+    async def rebuild(self, completion: Completion, sample: Any, endpoint: str, measure: bool,
+                      twin: Completion | None = None) -> Any:
+        """The `app.engine.verify.Rebuilt` of one result of `sample` from `endpoint` (`measure`: a probe; `twin`:
+        a trusted server's greedy answer to compare it with)."""
         if not self._procs:
-            return await self._in_threads(_call_of(completion, sample, endpoint, measure, light=False))
+            return await self._in_threads(_call_of(completion, sample, endpoint, measure, light=False, twin=twin))
         fut = asyncio.get_running_loop().create_future()
-        self._pending.append((_call_of(completion, sample, endpoint, measure, light=True), fut))
+        self._pending.append((_call_of(completion, sample, endpoint, measure, light=True, twin=twin), fut))
         self._kick()
         return await fut
+
+    def update_profile(self, fp: Any) -> None:
+        """Rebuild fp's endpoint and provider with fidelity profile `fp` from now on: here (threads, and the
+        rebuilds of a dead worker's calls) at once, in each worker process with its next batch (a batch already
+        sent is rebuilt with what its worker had)."""
+        set_profile = getattr(self.reconstructor, "set_profile", None)
+        if set_profile is not None:
+            set_profile(fp)
+        for w in self._procs:
+            w.profiles = [p for p in w.profiles if (p.endpoint, p.provider) != (fp.endpoint, fp.provider)] + [fp]
 
     def _room(self) -> int:
         return sum(IN_FLIGHT - len(w.sent) for w in self._procs)
@@ -459,10 +485,11 @@ class RebuildPool:
                 break
             batch, self._pending = self._pending[:size], self._pending[size:]
             try:
-                w.writer.write(_frame([c for c, _ in batch]))
+                w.writer.write(_frame((w.profiles, [c for c, _ in batch])))
             except Exception:  # a call that does not pickle (or a closed socket): rebuilt here
                 self._spawn(self._rebuild_here(batch))
                 continue
+            w.profiles = []
             w.sent.append(batch)
 
     async def _read_loop(self, w: _Worker) -> None:
@@ -578,10 +605,12 @@ def _stop(w: _Worker) -> None:
         pass  # already closed, or the loop is closing
 
 
-async def rebuild(pool: RebuildPool | None, reconstructor: Any, completion: Completion, flight: Any, endpoint: str) -> Any:
+async def rebuild(pool: RebuildPool | None, reconstructor: Any, completion: Completion, flight: Any, endpoint: str,
+                  twin: Completion | None = None) -> Any:
     """Rebuild one result in `pool` (off the event loop; inline without one) as an `app.engine.verify.Rebuilt`:
-    a Rebuilder measures the text path of probes and checks the prompt ids; any other reconstructor just
-    processes."""
+    a Rebuilder measures the text path of probes (against `twin`, a trusted server's greedy answer, when the
+    result has no true ids) and checks the prompt ids; any other reconstructor just processes."""
     if pool is None:
-        return _run_call(reconstructor, _call_of(completion, flight.sample, endpoint, flight.probe, light=False))
-    return await pool.rebuild(completion, flight.sample, endpoint, flight.probe)
+        return _run_call(reconstructor, _call_of(completion, flight.sample, endpoint, flight.probe, light=False,
+                                                 twin=twin))
+    return await pool.rebuild(completion, flight.sample, endpoint, flight.probe, twin)

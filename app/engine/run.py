@@ -44,12 +44,11 @@ from app.engine.events import EngineEvent, EventLog
 from app.engine.lock import EngineLock
 from app.engine.metrics import EndpointMetrics
 from app.engine.quality import QualityDecision
-from app.engine.rebuild_pool import (CompletionReconstructor, PassThroughReconstructor, RebuildPool, open_rebuilder,
-                                    rebuild)
+from app.engine.rebuild_pool import CompletionReconstructor, PassThroughReconstructor, RebuildPool, rebuild
 from app.engine.settle import Settler
 from app.engine.slots import EndpointSlots
 from app.engine.snapshot import MetricsSnapshot
-from app.engine.verify import Rebuilt, Verifier, seed_from_store
+from app.engine.verify import Rebuilt, Verifier, ask_twin, open_verification, save_profiles
 from app.engine.writes import StoreGate, disk_full_advice
 from app.errors import InputError
 from app.engine.snapshot_codec import snapshot_to_json
@@ -271,6 +270,7 @@ class Run:
             _, late = await asyncio.wait(list(self._flights), timeout=CLOSE_GRACE_S)
             if late:
                 await self._cancel_in_flight(reason="the database refused writes at close", settling=True)
+        await self._save_profiles(self._verifier.learned_profiles())
         await self._release_queue()
         if self.state == "running":
             # Viewers attached to the database must not show a live run that no engine drives.
@@ -462,7 +462,8 @@ class Run:
             outcome = await request_sample(
                 f, endpoints=self._endpoints, slots=self._slots, policy=self.policy, model=self.config.model.name,
                 reconstruct=self._reconstruct, on_retry=self._on_retry,
-                request_extra=self._verifier.request_extra, on_first_token=self._first_token,
+                request_extra=lambda index: self._verifier.request_extra(index, f.sample),
+                on_first_token=self._first_token,
             )
             first_stop = self._stop_leasing(outcome)
             await self._settler.settle(f, outcome)
@@ -508,17 +509,43 @@ class Run:
             self._projector.requeued(f.sample.pk, now)
 
     async def _reconstruct(self, completion: Completion, f: Flight) -> Rebuilt:
-        return await rebuild(self._pool, self.reconstructor, completion, f, self._endpoints[f.last].name)
+        endpoint = self._endpoints[f.last].name
+        twin = None
+        if self._verifier.wants_twin(f.last, f.probe, completion):
+            twin = await ask_twin(self._verifier, self._endpoints, f.sample, self.config.model.name)
+        rebuilt = await rebuild(self._pool, self.reconstructor, completion, f, endpoint, twin)
+        self._verifier.learn(endpoint, completion, rebuilt, f.probe)
+        for note in self._verifier.pending_notes():
+            await self._event("warning", "fidelity", note)
+        return rebuilt
 
     # ---- live fidelity and the quality gate (app.engine.verify) ----------------------------------
 
     async def _start_verify(self) -> None:
-        """Wrap the reconstructor with the endpoints' stored fidelity profiles; let the Settler feed the gate."""
-        self.reconstructor, notes = await open_rebuilder(self.reconstructor, self.config, self.db_path)
-        for note in notes:
-            await self._event("info", "fidelity", note)
-        await seed_from_store(self._verifier, self.db_path, self.config.run.name)
+        """Identify the endpoints' servers and wrap the reconstructor with their fidelity profiles (prior,
+        stored, learned during the run: app.engine.verify); let the Settler feed the gate."""
+        self.reconstructor, notes = await open_verification(self._verifier, self.reconstructor, self.config,
+                                                            self.db_path, self._endpoints)
+        for level, note in notes:
+            await self._event(level, "fidelity", note)
+        self._verifier.on_profile = self._on_profile
+        await self._save_profiles(list(self._verifier.profiles.values()))
         self._settler.verifier, self._settler.on_decision = self._verifier, self._on_quality
+
+    def _on_profile(self, fp) -> None:
+        """A learned profile that changes what rebuilds do: to the rebuild workers (or threads) and the store."""
+        if self._pool is not None:
+            self._pool.update_profile(fp)
+        elif hasattr(self.reconstructor, "set_profile"):
+            self.reconstructor.set_profile(fp)
+        asyncio.get_running_loop().create_task(self._save_profiles([fp]))
+
+    async def _save_profiles(self, profiles) -> None:
+        if profiles and self.run_id is not None:
+            try:
+                await self._gate.commit(lambda: save_profiles(self.store, profiles, self._tokenizer_fingerprint))
+            except Exception as exc:  # the profiles are learned again by the next run's probes
+                self.events.note("warning", "fidelity", f"could not store the learned fidelity profiles: {exc}")
 
     def _on_quality(self, d: QualityDecision) -> None:
         """A gate decision: pause at once (before the scheduler leases more), or note the route-around."""

@@ -213,15 +213,18 @@ def _counts(value: dict) -> dict[str, dict[str, int]]:
 
 def learn(
     probes: Iterable[tuple[Completion, Sequence[int]]], profile: Profile, tokenizer: "Tokenizer", *,
-    endpoint: str, provider: str | None = None, stream: bool | None = None,
+    endpoint: str, provider: str | None = None, stream: bool | None = None, whole: bool = True,
 ) -> FidelityProfile:
-    """Learn a profile from (returned completion, true output ids) pairs of one endpoint/provider."""
+    """Learn a profile from (returned completion, true output ids) pairs of one endpoint/provider. `whole` False:
+    the ids' tool calls were rebuilt from the returned text (logprobs did not cover them), so nothing is learned
+    of the tool calls or the token count."""
     obs: dict[str, Counter] = {}
     n = 0
     for completion, ids in probes:
         ideal = split_output(list(ids), profile, tokenizer)
-        _observe(obs, ideal.reasoning, ideal.content, ideal.tool_calls, ideal.finish_reason, completion, profile)
-        if completion.usage.completion_tokens > 0:
+        _observe(obs, ideal.reasoning, ideal.content, ideal.tool_calls if whole else (), ideal.finish_reason,
+                 completion if whole else replace(completion, tool_calls=()), profile)
+        if whole and completion.usage.completion_tokens > 0:
             obs.setdefault("count", Counter())[f"{completion.usage.completion_tokens - len(ids):+d}"] += 1
         n += 1
     return FidelityProfile(endpoint, provider, profile.name, n, {k: dict(v) for k, v in sorted(obs.items())},

@@ -42,6 +42,7 @@ from app.tokens.template import Fields, Piece, ProviderView, kimi_tool_id, parse
 from app.tokens.tokenizer import Tokenizer
 
 BENIGN = ("exact", "bpe_equivalent", "truncated")
+REGIONS_FROM_TEXT = "regions_from_text"  # note: logprob ids whose uncovered regions (tool calls) came from text
 REPAIRS = (
     "think_close",
     "think_spaces",
@@ -107,44 +108,78 @@ class Reconstructor:
         with true ids also gets its text path measured (`text_path:` flag).
         """
         ref = list(reference_ids) if reference_ids is not None else None
-        found = self.ground_truth(completion) if (
+        found = self.truth_of(completion) if (
             completion.token_ids or completion.content_logprobs is not None
             or completion.reasoning_logprobs is not None) else None
         if found is None:
             return self._canonical(completion, ref, assisted)
-        ids, source = found
+        ids, source, covered = found
         flags: tuple[str, ...] = ()
+        notes: tuple[str, ...] = ()
         if self.measure:
             flags = (fl.text_path_flag(self.measure_text_path(completion, ids).category),)
-        rec = Reconstruction(ids, "server_ids" if source == fl.IDS_SERVER else "logprobs", ids_source=source,
-                             flags=flags)
+        if not covered:
+            # logprobs did not cover every region (tool calls, most often): those ids are a rebuild from text,
+            # which only the token count can check here
+            notes = (REGIONS_FROM_TEXT,)
+            reported = completion.usage.completion_tokens
+            if self._count_offset is None or reported <= 0:
+                flags += (fl.TEXT_REGIONS_UNCHECKED,)
+            elif len(ids) + self._count_offset != reported:
+                flags += (fl.TOKEN_COUNT,)
+        rec = Reconstruction(ids, "server_ids" if source == fl.IDS_SERVER else "logprobs", notes=notes,
+                             ids_source=source, flags=flags)
         return self._finish_true(rec, completion, ref)
 
     def ground_truth(self, c: Completion) -> tuple[tuple[int, ...], str] | None:
-        """The true output ids of `c` and their source, trusting server ids or logprob tokens over the text.
+        """The true output ids of `c` and their source (`truth_of` without its coverage)."""
+        found = self.truth_of(c)
+        return None if found is None else (found[0], found[1])
+
+    def truth_of(self, c: Completion) -> tuple[tuple[int, ...], str, bool] | None:
+        """The true output ids of `c`, their source and whether they cover the whole output, trusting server ids
+        or logprob tokens over the text.
 
         Logprobs are used even where the server changed the field's text (that change is what calibration
         learns and the text path measures); regions without logprobs (tool sections, most often) are encoded
-        from the returned text; content logprobs that hold the think-close token hold the whole output (vLLM's
-        non-streaming `logprobs.content` covers every output token). None when `c` carries neither ids nor
-        logprobs this vocabulary knows.
+        from the fields production rebuilds (the fidelity profile's inverses applied), and then the ids do not
+        cover the whole output (False); content logprobs that hold the think-close token hold the whole output
+        (vLLM's non-streaming `logprobs.content` covers every output token). Where the markers go follows the same
+        fields (a stream sends no reasoning for empty thinking: the profile says whether the think block was
+        closed), checked against `usage.completion_tokens` when the count relation is known. None when `c` carries
+        neither ids nor logprobs this vocabulary knows.
         """
         if c.token_ids:
-            return self._server_ids(c).output_ids, fl.IDS_SERVER
+            return self._server_ids(c).output_ids, fl.IDS_SERVER, True
         if c.content_logprobs is None and c.reasoning_logprobs is None:
             return None
         lp = {"reasoning": self._lp_ids(c.reasoning_logprobs) if c.reasoning_logprobs is not None else None,
               "content": self._lp_ids(c.content_logprobs) if c.content_logprobs is not None else None}
         if lp["reasoning"] is None and lp["content"] is None:
             return None  # tokens this vocabulary does not know: no ground truth here
-        fields = Fields.of(c)
+        returned = Fields.of(c)
+        fields = self._production(c).fields if self.fidelity is not None else returned
         whole = lp["content"]
         if whole is not None and self._think_close_id in whole and lp["reasoning"] is None:
             out = list(whole)
             if not (out and out[-1] in self._stop_ids) and fields.finish_reason != "length":
                 out.append(self._marker_ids[self.profile.end_token(bool(fields.tool_calls))])
-            return tuple(out), fl.IDS_LOGPROBS
-        out = []
+            return tuple(out), fl.IDS_LOGPROBS, True
+        ids, covered = self._logprob_layout(fields, lp)
+        reported, offset = c.usage.completion_tokens, self._count_offset
+        if fields.reasoning != returned.reasoning and offset is not None and reported > 0 \
+                and len(ids) + offset != reported:
+            # the profile closed an empty think block the answer did not show: the count says it was not there
+            alt, alt_covered = self._logprob_layout(replace(fields, reasoning=returned.reasoning), lp)
+            if len(alt) + offset == reported:
+                ids, covered = alt, alt_covered
+        return tuple(ids), fl.IDS_LOGPROBS, covered
+
+    def _logprob_layout(self, fields: Fields, lp: dict) -> tuple[list[int], bool]:
+        """The ids of `fields`' layout with each run taken from its logprobs where there are some, and whether
+        every run of the model's own text had them (template text is known text)."""
+        out: list[int] = []
+        covered = True
         for kind, text in _runs(self._pieces(fields)):
             if kind == "marker":
                 out.append(self._marker_ids[text])
@@ -158,8 +193,10 @@ class Reconstructor:
                         out.append(self._marker_ids[self.profile.end_token(bool(fields.tool_calls))])
                     break
             else:
+                if kind != "template" and text:
+                    covered = False
                 out.extend(self.tokenizer.encode(text))
-        return tuple(out), fl.IDS_LOGPROBS
+        return out, covered
 
     def measure_text_path(self, completion: Completion, true_ids: Sequence[int]) -> Verdict:
         """Verdict of the text-only rebuild (fidelity profile applied, no reference help) against true ids."""

@@ -101,13 +101,20 @@ def known_steps(server: str | None, stream: bool, profile: Profile) -> ServerSte
     return None
 
 
+_SIM_COUNT = ("the built-in simulator: usage.completion_tokens is the length of the ids it replays "
+              "(app/simulator/server.py _usage)")
+
+
 def prior_profile(server: str | None, stream: bool, profile: Profile, endpoint: str,
-                  provider: str | None = None) -> FidelityProfile | None:
+                  provider: str | None = None, *, simulated: bool = False) -> FidelityProfile | None:
     """The prior fidelity profile of an endpoint whose server is known (None when the table knows nothing of
-    it, or knows it applies no steps)."""
+    it). `simulated`: the built-in simulator answering as `server`, whose token counts are exact."""
     entry = known_steps(server, stream, profile)
     if entry is None:
         return None
+    if simulated and entry.count is None:
+        entry = ServerSteps(entry.server, entry.stream, entry.label + " (simulated)", entry.truth, entry.steps, 0,
+                            _SIM_COUNT, entry.other_path)
     return FidelityProfile(endpoint, provider, profile.name, 0, {}, entry.observations(), entry.label, stream,
                            entry.server)
 
