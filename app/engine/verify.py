@@ -108,29 +108,33 @@ class Rebuilder:
         server's greedy answer to the same prompt — the text-only rebuild is measured against them and the
         server's steps observed (a twin whose answer is not the same text is not used). The server's prompt ids
         (when returned) are compared with the rendered prompt of `messages` and `tools`."""
-        from app.tokens.fidelity_profile import learn
-        from app.tokens.prompt_check import check_prompt
-        from app.tokens.reconstruct import REGIONS_FROM_TEXT
-
         r = self.reconstructor_for(endpoint, completion.provider)
         rec, verdict = r.process(completion, reference_ids)
+        check = None
+        if completion.prompt_token_ids is not None:
+            from app.tokens.prompt_check import check_prompt
+
+            check = check_prompt(self.tokenizer, self.profile, messages, tools, completion.prompt_token_ids)
+        if not measure:
+            return Rebuilt(rec, verdict, None, check, None)
+        from app.tokens.fidelity_profile import learn
+        from app.tokens.reconstruct import REGIONS_FROM_TEXT
+
         measured = observed = None
-        truth = rec.output_ids if rec.ids_source in fl.VERIFIED_SOURCES else None
+        # true ids whose count is not what the server says it generated are not taught from (their layout is off)
+        truth = rec.output_ids if rec.ids_source in fl.VERIFIED_SOURCES and fl.TOKEN_COUNT not in rec.flags else None
         whole = REGIONS_FROM_TEXT not in rec.notes
         from_twin = False
-        if measure and truth is None and twin is not None:
+        if truth is None and twin is not None:
             found = r.truth_of(twin)
             truth, whole, from_twin = (found[0], found[2], True) if found else (None, False, True)
-        if measure and truth is not None:
+        if truth is not None:
             seen = learn([(completion, truth)], self.profile, self.tokenizer, endpoint=endpoint,
                          provider=completion.provider, whole=whole)
             if not (from_twin and _diverged(seen)):
                 observed = seen
                 measured = str(r.measure_text_path(completion, truth).category)
                 rec = replace(rec, flags=tuple(rec.flags) + (fl.text_path_flag(measured),))
-        check = None
-        if completion.prompt_token_ids is not None:
-            check = check_prompt(self.tokenizer, self.profile, messages, tools, completion.prompt_token_ids)
         return Rebuilt(rec, verdict, measured, check, observed)
 
 

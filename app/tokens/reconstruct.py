@@ -118,15 +118,15 @@ class Reconstructor:
         notes: tuple[str, ...] = ()
         if self.measure:
             flags = (fl.text_path_flag(self.measure_text_path(completion, ids).category),)
+        reported, offset = completion.usage.completion_tokens, self._count_offset
         if not covered:
             # logprobs did not cover every region (tool calls, most often): those ids are a rebuild from text,
             # which only the token count can check here
             notes = (REGIONS_FROM_TEXT,)
-            reported = completion.usage.completion_tokens
-            if self._count_offset is None or reported <= 0:
+            if offset is None or reported <= 0:
                 flags += (fl.TEXT_REGIONS_UNCHECKED,)
-            elif len(ids) + self._count_offset != reported:
-                flags += (fl.TOKEN_COUNT,)
+        if source == fl.IDS_LOGPROBS and offset is not None and reported > 0 and len(ids) + offset != reported:
+            flags += (fl.TOKEN_COUNT,)  # not as many ids as the model generated: the layout or a region is off
         rec = Reconstruction(ids, "server_ids" if source == fl.IDS_SERVER else "logprobs", notes=notes,
                              ids_source=source, flags=flags)
         return self._finish_true(rec, completion, ref)
@@ -167,12 +167,19 @@ class Reconstructor:
             return tuple(out), fl.IDS_LOGPROBS, True
         ids, covered = self._logprob_layout(fields, lp)
         reported, offset = c.usage.completion_tokens, self._count_offset
-        if fields.reasoning != returned.reasoning and offset is not None and reported > 0 \
-                and len(ids) + offset != reported:
-            # the profile closed an empty think block the answer did not show: the count says it was not there
-            alt, alt_covered = self._logprob_layout(replace(fields, reasoning=returned.reasoning), lp)
-            if len(alt) + offset == reported:
-                ids, covered = alt, alt_covered
+        if offset is not None and reported > 0 and len(ids) + offset != reported:
+            # whether an empty think block was there is not in the logprobs (a stream sends nothing for it): the
+            # token count decides between the layouts with and without it
+            if fields.reasoning != returned.reasoning:
+                other: str | None = returned.reasoning
+            elif fields.reasoning is None and fields.finish_reason != "length":
+                other = ""
+            else:
+                other = None if fields.reasoning == "" else fields.reasoning
+            if other != fields.reasoning:
+                alt, alt_covered = self._logprob_layout(replace(fields, reasoning=other), lp)
+                if len(alt) + offset == reported:
+                    ids, covered = alt, alt_covered
         return tuple(ids), fl.IDS_LOGPROBS, covered
 
     def _logprob_layout(self, fields: Fields, lp: dict) -> tuple[list[int], bool]:
@@ -243,12 +250,14 @@ class Reconstructor:
                 base = self._pieces(fields)
                 runs = [t for _, t in _runs(base)]
                 counts: dict[int, int] = {}
+                windows: dict[tuple[int, int], tuple[int, int, int]] = {}
                 for key, name in names.items():
-                    if fl.UNINVERTIBLE + name not in out and self._strip_ambiguous(fields, key, runs, counts):
+                    if fl.UNINVERTIBLE + name not in out and self._strip_ambiguous(fields, key, runs, counts, windows):
                         out.append(fl.UNINVERTIBLE + name)
         return tuple(dict.fromkeys(out))
 
-    def _strip_ambiguous(self, fields: Fields, key: str, runs: list[str], counts: dict[int, int]) -> bool:
+    def _strip_ambiguous(self, fields: Fields, key: str, runs: list[str], counts: dict[int, int],
+                         windows: dict[tuple[int, int], tuple[int, int, int]]) -> bool:
         """True when some whitespace of STRIP_CANDIDATES added at edge `key` leaves the token count unchanged."""
         for w in STRIP_CANDIDATES:
             variant = _with_edge(fields, key, w)
@@ -261,7 +270,7 @@ class Reconstructor:
                 k = next((i for i, (a, b) in enumerate(zip(runs, new)) if a != b), None)
                 if k is None:
                     continue
-                delta = self._insert_delta(runs[k], new[k], runs, k, counts)
+                delta = self._insert_delta(runs[k], new[k], runs, k, counts, windows)
             if delta == 0:
                 return True
         return False
@@ -273,19 +282,28 @@ class Reconstructor:
             n = counts[i] = 1 if text in self._marker_set else len(self.tokenizer.encode(text))
         return n
 
-    def _insert_delta(self, old: str, new: str, runs: list[str], k: int, counts: dict[int, int]) -> int:
+    def _insert_delta(self, old: str, new: str, runs: list[str], k: int, counts: dict[int, int],
+                      windows: dict[tuple[int, int], tuple[int, int, int]]) -> int:
         """Tokens `new` (`old` with whitespace inserted) has more than `old`. A long run is counted in a window of
-        lines around the insertion, once the window's edges are shown to be token boundaries of `old`."""
-        if len(old) <= 4 * _WINDOW:
-            return len(self.tokenizer.encode(new)) - self._run_count(runs, k, counts)
+        lines around the insertion, once (per run and place) the window's edges are shown to be token
+        boundaries of `old`: its parts' counts add up to the run's."""
+        enc = self.tokenizer.encode
+        if len(old) <= 2 * _WINDOW:
+            return len(enc(new)) - self._run_count(runs, k, counts)
         p = common_prefix(old, new)
         width = len(new) - len(old)
-        a = _line_start(old, p - _WINDOW, backwards=True)
-        b = _line_start(old, p + _WINDOW, backwards=False)
-        enc = self.tokenizer.encode
-        if enc(old[:a]).__len__() + len(enc(old[a:b])) + len(enc(old[b:])) != self._run_count(runs, k, counts):
-            return len(enc(new)) - self._run_count(runs, k, counts)  # not boundaries here: count the whole run
-        return len(enc(new[a:b + width])) - len(enc(old[a:b]))
+        key = (k, p)
+        window = windows.get(key)
+        if window is None:
+            a = _line_start(old, p - _WINDOW, backwards=True)
+            b = _line_start(old, p + _WINDOW, backwards=False)
+            inner = len(enc(old[a:b]))
+            ok = len(enc(old[:a])) + inner + len(enc(old[b:])) == self._run_count(runs, k, counts)
+            window = windows[key] = (a, b, inner) if ok else (-1, -1, 0)
+        a, b, inner = window
+        if a < 0:  # not boundaries here: count the whole run
+            return len(enc(new)) - self._run_count(runs, k, counts)
+        return len(enc(new[a:b + width])) - inner
 
     def suspect_flags(self, f: Fields) -> tuple[str, ...]:
         """Cheap signs, without ground truth, that these fields may not carry the model's ids (app.tokens.flags)."""
