@@ -249,6 +249,11 @@ class Verifier:
                 fraction = DEFAULT_PROBE_FRACTION if self._twin_for(i) else 0.0
             self._probes.append(_Probes(fraction))
 
+    def stop_probes(self) -> None:
+        """Send no more probes (the run stores text only)."""
+        for p in self._probes:
+            p.fraction = 0.0
+
     @classmethod
     def of(cls, config: Any) -> "Verifier":
         """The Verifier for a RunConfig's endpoints and limits."""
@@ -546,6 +551,7 @@ async def open_verification(verifier: Verifier, reconstructor: Any, config: Any,
                           "([[endpoints]] trusted = true) would verify them"))
     await seed_from_store(verifier, db_path, config.run.name)
     if not wrappable:
+        verifier.stop_probes()  # nothing rebuilds the answers (a pass-through): no probe could be measured
         return reconstructor, notes
     return Rebuilder(reconstructor, list(verifier.profiles.values())), notes
 

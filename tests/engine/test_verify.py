@@ -292,3 +292,127 @@ def test_probe_fields_respect_generation_logprobs_and_the_snapshot_codec_keeps_f
                                                    FidelitySnapshot("a", "P", 3, 1, 1, 1)),
                            prompt_checks=(("differ", 2),))
     assert snapshot_from_json(snapshot_to_json(snap)) == snap
+
+
+# ---- probes by default, the profile learned during the run ------------------------------------------------------
+
+
+def test_every_request_is_a_probe_until_the_minimum_is_verified_then_the_fraction() -> None:
+    from app.config import Endpoint
+
+    ep = Endpoint(name="or", base_url="https://openrouter.ai/api/v1")
+    v = Verifier([ep], min_verified=3, kinds=["openrouter"])
+    assert [v.request_extra(0)[1] for _ in range(5)] == [True] * 5  # nothing verified yet
+    for pk in range(3):
+        v.observe("or", "P", pk, f"s{pk}", "exact")
+    v.samples[("or", "P")] += 3
+    sent = [v.request_extra(0)[1] for _ in range(40)]
+    assert sum(sent) == 2, sent  # 5 % of 40
+    # a second upstream provider appears: its minimum is not reached, so every request probes again
+    v.samples[("or", "Q")] += 1
+    assert all(v.request_extra(0)[1] for _ in range(5))
+    # a provider that answers probes without ground truth twice the minimum is given up on
+    v.no_truth[("or", "Q")] += 6
+    assert sum(v.request_extra(0)[1] for _ in range(40)) == 2
+
+
+def test_a_server_without_ground_truth_is_not_probed_unless_a_twin_is_trusted() -> None:
+    from app.config import Endpoint
+
+    serve = Endpoint(name="serve", base_url="http://127.0.0.1:1/v1")
+    assert Verifier([serve], kinds=["transformers-serve"]).request_extra(0) == (None, False)
+    twin = Endpoint(name="mine", base_url="http://127.0.0.1:2/v1", trusted=True)
+    v = Verifier([serve, twin], kinds=["transformers-serve", "vllm"])
+    assert v.twin == 1
+    extra, probe = v.request_extra(0)
+    assert probe and extra == {"temperature": 0}  # greedy, so the twin's answer is the same text
+    # the twin itself is asked for its ids (an identified, not configured, vLLM)
+    assert v.request_extra(1)[0] == {"return_token_ids": True}
+
+
+async def test_a_profile_learned_during_the_run_reaches_the_rebuild_workers(tmp_path, sample_data) -> None:
+    # think_spaces: ' ' around the think tags. The first four requests are probes (their logprobs teach the step);
+    # the samples after them are rebuilt from text in a worker process with the learned inverse: most come out as
+    # the reference's ids, and any that four probes could not teach (a tool section's spaces) is flagged
+    config = make_config(
+        tmp_path, sample_data,
+        endpoints=[{"name": "sim", "simulator": _sim(quirks=["think_spaces"]), "timeout_s": 5.0,
+                    "probe_fraction": 0.01}],
+        limits={"min_verified_samples": 4, "concurrency_initial": 1, "concurrency_max": 1})
+    config = config.model_copy(update={"run": config.run.model_copy(update={"rebuild_workers": 1})})
+    run, outcome = await run_to_end(config, sample_data, 14, reconstructor=build_reconstructor(config))
+    assert outcome.state == "done"
+    with sqlite3.connect(config.run.database) as conn:
+        rows = conn.execute("SELECT ids_source, repair, category, flags FROM reconstructions ORDER BY sample_pk"
+                            ).fetchall()
+        stored = conn.execute("SELECT probes, body FROM fidelity_profiles WHERE endpoint = 'sim'").fetchall()
+    assert [r[0] for r in rows[:4]] == ["logprobs"] * 4
+    text = [r for r in rows if r[0] == "text"]
+    assert len(text) >= 9
+    assert all("think_spaces" in (r[1] or "") for r in text), text
+    benign = [r for r in text if r[2] in ("exact", "bpe_equivalent")]
+    assert len(benign) > len(text) // 2, text
+    from app.tokens.flags import is_suspect
+
+    assert all(is_suspect(json.loads(r[3] or "[]")) for r in text if r not in benign), text
+    assert any(p >= 4 and "think_spaces" not in b and '"+ "' in b for p, b in stored), stored  # learned, stored
+    events = [e.message for e in run.events_since(0)]
+    assert any("rebuilt in 1 worker process" in e for e in events), events
+
+
+async def test_a_trusted_twin_teaches_an_endpoint_without_ground_truth(tmp_path, sample_data) -> None:
+    # "plain" returns no logprobs and puts ' ' around the think tags; "mine" is a vLLM of the same model that
+    # returns ids: probes to "plain" go greedy to both, and the comparison teaches and measures plain's steps
+    config = make_config(
+        tmp_path, sample_data,
+        endpoints=[{"name": "plain", "simulator": _sim(quirks=["think_spaces"], logprobs=False), "timeout_s": 5.0},
+                   {"name": "mine", "simulator": _sim(personality="vllm", logprobs=False, seed=4), "timeout_s": 5.0,
+                    "trusted": True, "weight": 0.2}],
+        limits={"min_verified_samples": 3, "concurrency_initial": 2, "concurrency_max": 2})
+    run, outcome = await run_to_end(config, sample_data, 24, reconstructor=build_reconstructor(config))
+    assert outcome.state == "done"
+    with sqlite3.connect(config.run.database) as conn:
+        rows = conn.execute("SELECT p.endpoint, r.ids_source, r.flags, r.repair FROM reconstructions r JOIN responses p "
+                            "ON p.id = r.response_id ORDER BY r.sample_pk").fetchall()
+    plain = [r for r in rows if r[0] == "plain"]
+    measured = [r for r in plain if "text_path:" in (r[2] or "")]
+    assert plain and all(r[1] == "text" for r in plain)  # its own answers carry no ids
+    assert len(measured) >= 3, plain  # measured against the twin's ids
+    statuses = {(s.endpoint, s.state) for s in run._verifier.statuses()}
+    assert ("plain", "verified") in statuses and ("mine", "verified") in statuses, statuses
+    later = [r for r in plain if "think_spaces" in (r[3] or "")]
+    assert later, plain  # the learned inverse applied to its rebuilds from text
+
+
+async def test_the_export_refuses_unverified_text_rebuilds_unless_accepted(tmp_path, sample_data, capsys) -> None:
+    # an endpoint whose server nobody named and that does not say: nothing verifies its rebuilds from text
+    from app.engine.endpoints import _start_simulator
+    from app.providers.client import ChatClient
+
+    config = make_config(tmp_path, sample_data, endpoints=[
+        {"name": "anon", "base_url": "http://127.0.0.1:9/v1", "timeout_s": 5.0}])
+    sim_cfg = make_config(tmp_path, sample_data, endpoints=[{"name": "s", "simulator": _sim(), "timeout_s": 5.0}])
+    server = await _start_simulator(sim_cfg, sim_cfg.endpoints[0])
+    ep = config.endpoints[0].model_copy(update={"base_url": server.base_url})
+    client = ChatClient(ep, config.generation, None)
+    try:
+        run, outcome = await run_to_end(config, sample_data, 6, references=False,
+                                        reconstructor=build_reconstructor(config), clients={"anon": client})
+    finally:
+        await client.aclose()
+        await server.close()
+    assert outcome.state == "done"
+    assert any("the server is unknown" in e.message for e in run.events_since(0))
+    capsys.readouterr()
+    out = tmp_path / "export"
+    assert main(["export", "--db", str(config.run.database), "--format", "sglang-raw", "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["exported"] == 0 and report["skipped"].get("unverified") == 6, report
+    assert any("--accept-unverified" in w for w in report["warnings"]), report
+    assert any("anon" in w and "server =" in w for w in report["warnings"]), report  # what would verify it
+    assert main(["export", "--db", str(config.run.database), "--format", "sglang-raw", "--out", str(out), "--json",
+                 "--overwrite", "--accept-unverified"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert report["exported"] == manifest["verification"]["unverified"]["accepted"] > 0
+    assert manifest["verification"]["endpoints"][0]["state"] == "unverified"
