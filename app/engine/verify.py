@@ -193,14 +193,6 @@ def truth_of(endpoint: Any, kind: str | None, stream: bool) -> str:
     return "logprobs" if getattr(endpoint, "probe_fraction", None) else "unknown"
 
 
-def probe_fraction_of_kind(endpoint: Any) -> str:
-    """How a probe to `endpoint` gets true ids: "server" (vLLM/SGLang return them when asked, which every
-    request is) or "logprobs" (asked for per probe)."""
-    from app.providers.servers import server_kind
-
-    return "server" if server_kind(endpoint) in IDS_SERVERS else "logprobs"
-
-
 @dataclass
 class Verifier:
     """Per-run live fidelity state (event loop only): probes, learned profiles, tallies, prompt-check counts,

@@ -89,8 +89,9 @@ def true_ids(row: ExportRow) -> tuple[tuple[int, ...], str]:
 
 
 def is_unverified_text(row: ExportRow, policy: ExportPolicy) -> bool:
-    """True when the row's exported ids would be a rebuild from text by an endpoint × provider nothing verified."""
-    return (true_ids(row)[1] == "text"
+    """True when the row's exported ids would be a rebuild from text, unchecked by a reference, by an endpoint ×
+    provider nothing verified."""
+    return (row.category in (None, "unchecked") and true_ids(row)[1] == "text"
             and ((row.endpoint or "", row.provider or "") in policy.unverified
                  or ((row.endpoint or "", "") in policy.unverified and not row.provider)))
 

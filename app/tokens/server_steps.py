@@ -85,8 +85,8 @@ def known_steps(server: str | None, stream: bool, profile: Profile) -> ServerSte
         if stream and not profile.output_opens_with_think:
             # the prompt opens the think block: empty thinking closes it at once, and the stream says nothing
             steps = (KnownStep("empty_reasoning_dropped", "empty_reasoning", "dropped", _OR_EMPTY),)
-        return ServerSteps("openrouter", stream, f"OpenRouter, {_path(stream)}", "logprobs", steps,
-                           other_path="the upstream provider's steps are learned from probes per provider")
+        # the upstream providers' own steps are learned from probes, per provider
+        return ServerSteps("openrouter", stream, f"OpenRouter, {_path(stream)}", "logprobs", steps)
     if server == "vllm":
         steps: tuple[KnownStep, ...] = ()
         if profile.tool_format == "hermes" and profile.output_opens_with_think:
