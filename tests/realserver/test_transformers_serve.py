@@ -26,6 +26,9 @@ from app.tokens.tokenizer import load_tokenizer
 from tests.providers.support import Endpoint, Generation
 from tests.realserver.tiny_qwen3 import CASES
 
+# the first test of a session builds the tiny model (a few hundred CPU training steps) and starts the server
+pytestmark = pytest.mark.timeout(900)
+
 MAX_TOKENS = 96
 CUT = 12  # max_tokens for the truncation cases: generation stops while thinking
 GOOD = [case for case in CASES if "not json" not in case[2]]
