@@ -216,9 +216,15 @@ class Endpoint(_Section):
     max_concurrency: int = Field(64, gt=0, description="Most requests in flight to this endpoint.")
     timeout_s: float = Field(600.0, gt=0, description="Per-request timeout.")
     probe_fraction: float | None = Field(
-        None, ge=0, le=1, description="Share of requests that ask for true ids (logprobs on OpenRouter) so the text "
-        "path's fidelity is measured live and the quality gate can judge it; default 1 for vllm/sglang servers "
-        "(they return ids anyway), else 0.")
+        None, ge=0, le=1, description="Share of requests that ask for true ids (logprobs on OpenRouter) once the "
+        "endpoint (and each upstream provider behind it) has limits.min_verified_samples verified samples; before "
+        "that every request does. Default 1 where every answer carries ids (vllm/sglang), 0.05 where logprobs must be "
+        "asked (openrouter/openai, the simulator), 0 for a server with no ground truth or an unknown one; 0 turns "
+        "probes off.")
+    trusted: bool = Field(
+        False, description="A server you run that returns ids (vllm/sglang) for the same model: probes to the other "
+        "endpoints are sent greedily (temperature 0) and also to this one, whose ids teach and measure their text "
+        "steps (a trusted twin).")
     extra: dict[str, Any] = Field(
         default_factory=dict, description="Merged into every request body (reasoning options, provider routing)."
     )
@@ -278,7 +284,9 @@ class Limits(_Section):
     max_corrupt_rate: float | None = Field(
         None, ge=0, le=1, description="Pause (or route around) an endpoint/provider whose measured corrupt rate exceeds this."
     )
-    min_verified_samples: int = Field(20, gt=0, description="Verified samples needed before max_corrupt_rate is judged.")
+    min_verified_samples: int = Field(20, gt=0, description="Verified samples needed before max_corrupt_rate is "
+                                      "judged; until an endpoint (and each upstream provider behind it) has this many, "
+                                      "every request to it is a probe.")
     on_corrupt: Literal["pause", "route_around"] = Field(
         "pause", description="What crossing max_corrupt_rate does: pause the run, or ignore that upstream provider."
     )

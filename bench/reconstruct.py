@@ -12,12 +12,17 @@ Measured in the same run, best of --repeat rounds:
     the simulator's renderer), rebuilt without a reference through a fidelity profile learned from
     every 4th sample (production: the learned inverses, one encode); the run prints how many samples the
     inverses changed and how many are benign with and without the profile (it is no no-op);
+  - default path: the engine's Rebuilder with a learned profile resting on a server prior whose token count is
+    known, 5 % of the answers probes with logprobs (measured and learned from), every text rebuild checked
+    against usage.completion_tokens; and over a stripping server's prior (the per-sample count proof of each
+    strip edge);
   - unrepairable 32k: one 32k-token sample (reasoning, content, a tool call) whose reference differs
     in the middle, through the reference-assisted repair search (`assisted=True`), against a bare
     decode + encode of that sample (target <= 3x); also the old search that encodes every variant;
   - align: `align(ref, rec)` for a 32k-token pair with 64 injected non-canonical splits, and for two
     unrelated 32k-token sequences (the worst case).
-Ratios are tokens/s divided by the bare-encode baseline (target: canonical and learned repairs >= 0.8x;
+Ratios are tokens/s divided by the bare-encode baseline (target: canonical, learned repairs and the default path
+>= 0.8x;
 align < 0.5 s).
 Results go to bench/results/reconstruct.json.
 
@@ -134,6 +139,44 @@ def main() -> int:
     })
     t_bare2, t_learned, t_learned_ref = times["bare"], times["learned"], times["learned_ref"]
 
+    # the engine's default path: the Rebuilder (a learned profile resting on a server prior with a known token
+    # count), 5 % of the answers probes carrying logprobs (their text path measured, their steps learned), every
+    # text rebuild checked against usage.completion_tokens; and the same over a stripping server's prior (the
+    # per-sample count proof of each strip edge)
+    from app.engine.verify import Rebuilder
+    from app.records import Usage
+    from app.tokens.fidelity_profile import STRIPPED, with_prior
+    from app.tokens.fidelity_profile import FidelityProfile as FP
+
+    counted = [replace(c, usage=Usage(completion_tokens=len(r))) for c, r in zip(quirky, refs)]
+    probe_lp = {k: lp_completions[k] for k in range(0, len(refs), 20)}
+    probes = [replace(counted[k], reasoning_logprobs=c.reasoning_logprobs, content_logprobs=c.content_logprobs)
+              for k, c in probe_lp.items()]
+    prior = FP("bench", None, profile.name, 0, {}, {"count": {"+0": 1}}, "bench server", False, "openai")
+    default = Rebuilder(rec, [with_prior(replace(fp, provider=None), prior)])
+    stripping = FP("bench", None, profile.name, 0, {}, {"count": {"+0": 1}, "edge:content.trail": {STRIPPED: 1},
+                                                        "edge:reasoning.lead": {STRIPPED: 1}}, "stripping", False, "openai")
+    strip_rebuilder = Rebuilder(rec, [stripping])
+    plain_counted = [replace(c, usage=Usage(completion_tokens=len(r))) for c, r in zip(completions, refs)]
+
+    def default_path(rebuilder, items):
+        for k, c in enumerate(items):
+            if k in probe_lp:
+                rebuilder.rebuild(probes[k // 20], None, (), None, endpoint="bench", measure=True)
+            else:
+                rebuilder.rebuild(c, None, (), None, endpoint="bench", measure=False)
+
+    times = best_of(args.repeat, {
+        "bare": bare,
+        "default": lambda: default_path(default, counted),
+        "stripping": lambda: default_path(strip_rebuilder, plain_counted),
+    })
+    t_bare3, t_default, t_strip = times["bare"], times["default"], times["stripping"]
+    default_flags: dict[str, int] = {}
+    for c in counted:
+        for f in default.rebuild(c, None, (), None, endpoint="bench", measure=False).reconstruction.flags:
+            default_flags[f] = default_flags.get(f, 0) + 1
+
     # the worst case: a 32k-token sample no repair can fix, through the reference-assisted search
     body_ids = [i for ids in refs for i in ids if not tok.is_special(i)]
     while len(body_ids) < 16_000:
@@ -200,6 +243,8 @@ def main() -> int:
         ("logprobs + compare", n_tokens / t_lp, t_bare / t_lp),
         ("learned repairs, unchecked", n_tokens / t_learned, t_bare2 / t_learned),
         ("learned repairs + compare", n_tokens / t_learned_ref, t_bare2 / t_learned_ref),
+        ("default path (5 % probes, count check)", n_tokens / t_default, t_bare3 / t_default),
+        ("default path, stripping server", n_tokens / t_strip, t_bare3 / t_strip),
     ]
     print(f"reconstruction over {len(refs)} samples, {n_tokens} tokens, tokenizer {tok.path} ({tok.kind})")
     print(f"{'path':<36} {'tokens/s':>12} {'vs bare':>8}")
@@ -210,6 +255,7 @@ def main() -> int:
     print(f"learned repairs ({', '.join(sorted(quirks))}; profile from {fp.probes} probes): "
           f"{learned_ok}/{len(refs)} benign against the reference (without the profile: {plain_ok}); "
           f"learned inverses applied to {learned_repaired}/{len(refs)} samples")
+    print(f"default path flags on the quirky answers (learned profile, count check): {default_flags or 'none'}")
     print(f"unrepairable {len(big_ref)}-token sample ({big_verdict}): bare decode+encode {t_big_bare * 1000:.1f} ms; "
           f"assisted search {t_big_assisted * 1000:.1f} ms ({t_big_assisted / t_big_bare:.2f}x); "
           f"production {t_big_prod * 1000:.1f} ms ({t_big_prod / t_big_bare:.2f}x); "
@@ -226,6 +272,8 @@ def main() -> int:
         "learned_tokens_per_s": n_tokens / t_learned, "learned_ratio": t_bare2 / t_learned,
         "learned_compare_ratio": t_bare2 / t_learned_ref, "learned_benign": learned_ok,
         "learned_benign_without_profile": plain_ok, "learned_repaired": learned_repaired,
+        "default_tokens_per_s": n_tokens / t_default, "default_ratio": t_bare3 / t_default,
+        "default_stripping_ratio": t_bare3 / t_strip, "default_flags": default_flags,
         "unrepairable_32k_tokens": len(big_ref), "unrepairable_bare_s": t_big_bare,
         "unrepairable_assisted_s": t_big_assisted, "unrepairable_assisted_ratio": t_big_assisted / t_big_bare,
         "unrepairable_production_ratio": t_big_prod / t_big_bare, "unrepairable_old_search_ratio": t_big_old / t_big_bare,

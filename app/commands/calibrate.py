@@ -1,4 +1,7 @@
-"""`eaglewatch calibrate CONFIG`: learn each endpoint's fidelity profile from a small probe set.
+"""`eaglewatch calibrate CONFIG`: a dry check of each endpoint's fidelity profile from a small probe set.
+
+A run probes and learns by itself (app.engine.verify: probes by default, the profile learned during the run);
+calibrate shows beforehand, without a run, what the probes of an endpoint teach.
 
 Sends the first `--samples` prompts of the config's datasets to every endpoint (or `--endpoint`), asking
 for ground truth: server token ids (`return_token_ids`, vLLM ≥ 0.10.2, vllm/entrypoints/openai/protocol.py
@@ -84,7 +87,7 @@ async def _calibrate(config: Any, endpoints: list, args: argparse.Namespace) -> 
     out = []
     for ep in endpoints:
         answers, errors = await _probe(config, ep, prompts, args)
-        out.extend(_learn(ep.name, answers, errors, plain, profile, tokenizer))
+        out.extend(_learn(ep.name, answers, errors, plain, profile, tokenizer, bool(config.generation.stream)))
     return out
 
 
@@ -108,14 +111,21 @@ async def _probe(config: Any, ep: Any, prompts: list, args: argparse.Namespace) 
     generation = config.generation.model_copy(update={"logprobs": True})
     extra = None if args.no_token_ids else {"return_token_ids": True}
     answers, errors = [], Counter()
+    simulated = server is not None
     try:
         async with ChatClient(ep, generation, key) as client:
             limit = asyncio.Semaphore(max(1, min(8, ep.max_concurrency)))
 
             async def one(sample):
+                body = dict(extra or {})
+                if simulated:  # the simulator replays the sample asked for
+                    from app.simulator.server import SAMPLE_FIELD
+
+                    body[SAMPLE_FIELD[0]] = {SAMPLE_FIELD[1]: sample.sample_id}
                 async with limit:
                     try:
-                        return await client.complete(sample.messages, sample.tools, model=config.model.name, extra=extra)
+                        return await client.complete(sample.messages, sample.tools, model=config.model.name,
+                                                     extra=body or None)
                     except EaglewatchError as exc:
                         errors[type(exc).__name__] += 1
                         return None
@@ -127,8 +137,10 @@ async def _probe(config: Any, ep: Any, prompts: list, args: argparse.Namespace) 
     return answers, errors
 
 
-def _learn(endpoint: str, answers: list, errors: Counter, plain, profile, tokenizer) -> list[dict]:
-    """Per upstream provider: the probes with true ids, the learned profile, the measured text path."""
+def _learn(endpoint: str, answers: list, errors: Counter, plain, profile, tokenizer, stream: bool | None = None
+           ) -> list[dict]:
+    """Per upstream provider: the probes with true ids, the learned profile, the measured text path. Probes
+    whose logprobs left tool calls to the text teach nothing of tool calls (app.tokens.fidelity_profile.learn)."""
     from dataclasses import replace
 
     from app.records import CORRUPT_VERDICTS
@@ -136,18 +148,23 @@ def _learn(endpoint: str, answers: list, errors: Counter, plain, profile, tokeni
     from app.tokens.fidelity_profile import learn
     from app.tokens.flags import is_suspect
 
+    from app.tokens.fidelity_profile import merge
+
     groups: dict[str | None, list] = {}
     unverified: Counter = Counter()
     for c in answers:
-        truth = plain.ground_truth(c)
+        truth = plain.truth_of(c)
         if truth is not None:
-            groups.setdefault(c.provider, []).append((c, truth[0]))
+            groups.setdefault(c.provider, []).append((c, truth[0], truth[2]))
         else:
             unverified[c.provider] += 1
     results = []
     for provider in sorted(set(groups) | set(unverified), key=lambda p: p or ""):
-        probes = groups.get(provider, [])
-        fp = learn(probes, profile, tokenizer, endpoint=endpoint, provider=provider) if probes else None
+        probes = [(c, ids) for c, ids, _ in groups.get(provider, [])]
+        fp = None
+        for c, ids, whole in groups.get(provider, []):
+            one = learn([(c, ids)], profile, tokenizer, endpoint=endpoint, provider=provider, stream=stream, whole=whole)
+            fp = one if fp is None else merge(fp, one)
         measured: Counter = Counter()
         wrong_kept = 0
         if fp is not None:

@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also export samples whose rebuilt ids failed the round-trip check (dropped by default)")
     parser.add_argument("--keep-suspect", action="store_true",
                         help="also export samples flagged suspect by the reconstruction (dropped by default)")
+    parser.add_argument("--accept-unverified", action="store_true",
+                        help="also export ids rebuilt from text by endpoints nothing verified (no probe, server "
+                        "unknown); refused by default and counted in manifest.json when accepted")
     parser.add_argument("--require-prompt-agreement", action="store_true",
                         help="export only samples whose server prompt ids (vLLM/SGLang) agreed with the rendered "
                         "prompt; the rest are skipped as prompt_unverified")
@@ -112,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         keep_suspect=args.keep_suspect,
         require_prompt_agreement=args.require_prompt_agreement,
         max_length=args.max_length,
+        accept_unverified=args.accept_unverified,
     )
     progress = _Progress()
     report = export_run(

@@ -1,9 +1,11 @@
 """`eaglewatch fidelity --db PATH`: how faithful the text path is, per endpoint and upstream provider.
 
-Reads the run database (read-only): per endpoint and provider (responses.provider), the verified samples
-(true ids whose text-only rebuild was measured, flag `text_path:<verdict>`), how many came out exact,
-benign or corrupt (by kind), the suspects among the text-rebuilt samples, and the learned fidelity
-profile's steps; then the advice ("pin provider X", "ignore Y", "measure more").
+Reads the run database (read-only): per run, endpoint and provider (responses.provider), the verification state
+(app.store.verification: *verified* (n probes, x % exact), *prior only*, *unverified*: the words every face uses),
+the verified samples (true ids whose text-only rebuild was measured, flag `text_path:<verdict>`) and how many came
+out exact, benign or corrupt (by kind), the samples rebuilt from text that a reference checked, the suspects among
+the text rebuilds, the profile's steps (known from the server table, or learned), the population statistics of
+edge whitespace; then the advice ("pin provider X", "ignore Y", what would verify an endpoint).
 """
 
 from __future__ import annotations
@@ -33,80 +35,117 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @dataclass
 class Row:
-    """The report line of one endpoint and upstream provider: the quality gate's tally plus the suspects."""
+    """The report line of one run, endpoint and upstream provider: its verification status, the quality gate's
+    tally and the suspects."""
 
     endpoint: str
     provider: str | None
+    run: str = ""
     measured: Any = None  # app.engine.quality.FidelityTally of the verified samples (None: none)
     samples: int = 0
     suspects: int = 0
     suspect_flags: Counter = field(default_factory=Counter)
     steps: list = field(default_factory=list)
+    status: Any = None  # app.store.verification.VerificationStatus
 
     def as_json(self) -> dict:
-        t = self.measured
-        return {"endpoint": self.endpoint, "provider": self.provider, "samples": self.samples,
-                "verified": t.verified if t else 0, "exact": t.exact if t else 0, "benign": t.benign if t else 0,
-                "corrupt": dict(t.corrupt) if t else {}, "corrupt_rate": round(t.corrupt_rate, 6) if t else 0.0,
-                "suspects": self.suspects, "suspect_flags": dict(self.suspect_flags),
-                "example_corrupt_pk": t.example_pk if t else None, "steps": self.steps}
+        t, s = self.measured, self.status
+        out = {"run": self.run, "endpoint": self.endpoint, "provider": self.provider, "samples": self.samples,
+               "verified": t.verified if t else 0, "exact": t.exact if t else 0, "benign": t.benign if t else 0,
+               "corrupt": dict(t.corrupt) if t else {}, "corrupt_rate": round(t.corrupt_rate, 6) if t else 0.0,
+               "suspects": self.suspects, "suspect_flags": dict(self.suspect_flags),
+               "example_corrupt_pk": t.example_pk if t else None, "steps": self.steps}
+        if s is not None:
+            out.update({"state": s.state, "text": s.describe(), "probes": s.probes, "text_samples": s.text_samples,
+                        "checked_against_reference": s.checked, "prior": s.prior.label if s.prior else None})
+        return out
 
 
 def run(args: argparse.Namespace) -> int:
     from app.errors import InputError
     from app.store.profile_store import load_profiles, read_measurements
+    from app.store.queries import connect_readonly, list_runs
+    from app.store.verification import edge_contrasts, read_edge_stats, read_verification
 
     if not 0 <= args.max_corrupt_rate <= 1:
         raise InputError(f"--max-corrupt-rate {args.max_corrupt_rate}: a rate must be between 0 and 1")
     rows = build_rows(read_measurements(args.db, args.run))
+    conn = connect_readonly(args.db)
+    contrasts: list[str] = []
+    try:
+        for info in list_runs(conn):
+            if args.run not in (None, info.name):
+                continue
+            for status in read_verification(conn, info.id):
+                row = rows.get((info.name, status.endpoint, status.provider))
+                if row is not None:
+                    row.status = status
+            contrasts += [f"run {info.name!r}: {c}" for c in edge_contrasts(read_edge_stats(conn, info.id))]
+    finally:
+        conn.close()
     for p in load_profiles(args.db):
-        row = rows.get((p.endpoint, p.provider or None))
-        if row is not None:
-            row.steps = [{"name": s.name, "where": s.where, "inverse": s.inverse, "invertible": s.invertible,
-                          "seen": s.seen, "of": s.of} for s in p.steps()]
-    advice = advise(list(rows.values()), args.max_corrupt_rate, args.min_verified)
+        for row in rows.values():
+            if row.endpoint == p.endpoint and (row.provider or "") == (p.provider or ""):
+                row.steps = [{"name": s.name, "where": s.where, "inverse": s.inverse, "invertible": s.invertible,
+                              "seen": s.seen, "of": s.of, "known": s.prior} for s in p.steps()]
+    for row in rows.values():  # a provider without its own profile rests on its endpoint's
+        if not row.steps and row.provider:
+            same = next((r for r in rows.values() if r.endpoint == row.endpoint and not r.provider and r.steps), None)
+            row.steps = list(same.steps) if same else _endpoint_steps(args.db, row.endpoint)
+    advice = advise(list(rows.values()), args.max_corrupt_rate, args.min_verified) + contrasts
     if args.json:
-        json.dump({"rows": [r.as_json() for r in rows.values()], "advice": advice}, sys.stdout, ensure_ascii=False)
+        json.dump({"rows": [r.as_json() for r in rows.values()], "advice": advice, "edge_contrasts": contrasts},
+                  sys.stdout, ensure_ascii=False)
         sys.stdout.write("\n")
         return 0
     _print(list(rows.values()), advice, args.db)
     return 0
 
 
-def build_rows(measurements) -> dict[tuple[str, str | None], Row]:
-    """Report rows keyed by (endpoint, provider) from stored measurements (app.store.profile_store.Measurement)."""
+def _endpoint_steps(db, endpoint: str) -> list:
+    from app.store.profile_store import load_profiles
+
+    for p in load_profiles(db):
+        if p.endpoint == endpoint and not p.provider:
+            return [{"name": s.name, "where": s.where, "inverse": s.inverse, "invertible": s.invertible,
+                     "seen": s.seen, "of": s.of, "known": s.prior} for s in p.steps()]
+    return []
+
+
+def build_rows(measurements) -> dict[tuple[str, str, str | None], Row]:
+    """Report rows keyed by (run, endpoint, provider) from stored measurements (app.store.profile_store.Measurement)."""
     from app.engine.quality import tally
     from app.tokens.flags import IDS_TEXT, suspect_flags, text_path_of
 
-    rows: dict[tuple[str, str | None], Row] = {}
-    verified = []
+    rows: dict[tuple[str, str, str | None], Row] = {}
+    verified: dict[str, list] = {}
     for m in measurements:
-        row = rows.setdefault((m.endpoint, m.provider), Row(m.endpoint, m.provider))
+        row = rows.setdefault((m.run, m.endpoint, m.provider), Row(m.endpoint, m.provider, m.run))
         row.samples += 1
         measured = text_path_of(m.flags)
         if measured is not None:
-            verified.append((m.endpoint, m.provider, measured, m.sample_pk))
+            verified.setdefault(m.run, []).append((m.endpoint, m.provider, measured, m.sample_pk))
         suspects = suspect_flags(m.flags) if m.ids_source in (None, IDS_TEXT) else ()
         if suspects:
             row.suspects += 1
             row.suspect_flags.update(suspects)
-    for t in tally(verified):
-        rows[(t.endpoint, t.provider)].measured = t
+    for run_name, items in verified.items():
+        for t in tally(items):
+            rows[(run_name, t.endpoint, t.provider)].measured = t
     return rows
 
 
 def advise(rows: list[Row], max_rate: float, min_verified: int) -> list[str]:
-    """Sentences for the operator: which provider to pin or ignore, where to measure more, what is flagged.
-
-    The judgement is the quality gate's (app.engine.quality.judge), so the advice and a run's gate agree.
-    """
+    """Sentences for the operator: which provider to pin or ignore, where to measure more, what would verify an
+    endpoint, what is flagged. The judgement is the quality gate's (app.engine.quality.judge), so the advice and
+    a run's gate agree."""
     from app.engine.quality import judge
 
     out: list[str] = []
-    by_endpoint: dict[str, list[Row]] = {}
+    by_endpoint: dict[tuple[str, str], list[Row]] = {}
     for r in rows:
-        by_endpoint.setdefault(r.endpoint, []).append(r)
-    for endpoint, group in by_endpoint.items():
+        by_endpoint.setdefault((r.run, r.endpoint), []).append(r)
+    for (_, endpoint), group in by_endpoint.items():
         tallies = [r.measured for r in group if r.measured is not None]
         bad = judge(tallies, max_rate, min_verified, "route_around")
         bad_names = {d.provider for d in bad}
@@ -125,9 +164,12 @@ def advise(rows: list[Row], max_rate: float, min_verified: int) -> list[str]:
         for r in group:
             who = endpoint + (f" / {r.provider}" if r.provider else "")
             n = r.measured.verified if r.measured else 0
-            if n == 0:
-                out.append(f"{who}: no verified samples — all {r.samples} are unchecked (not verified); ask for "
-                           "server ids or logprobs on a probe fraction, or run `eaglewatch calibrate`")
+            said = r.status.advice() if r.status is not None else None
+            if said:
+                out.append(said)
+            elif n == 0:
+                out.append(f"{who}: no verified samples; ask for server ids or logprobs on a probe fraction, or run "
+                           "`eaglewatch calibrate`")
             elif n < min_verified:
                 out.append(f"{who}: only {n} verified sample(s) (need {min_verified} to judge); measure more")
             for s in r.steps:
@@ -139,21 +181,27 @@ def advise(rows: list[Row], max_rate: float, min_verified: int) -> list[str]:
 
 def _print(rows: list[Row], advice: list[str], db) -> None:
     out = sys.stdout
-    out.write(f"{db}: text-path fidelity per endpoint and upstream provider (verified = true ids, text rebuild measured)\n")
-    out.write(f"  {'endpoint / provider':<32} {'samples':>7} {'verified':>8} {'exact':>6} {'benign':>6} "
-              f"{'corrupt':>7} {'rate':>7} {'suspect':>7}\n")
+    out.write(f"{db}: text-path fidelity per endpoint and upstream provider (verified = probes with true ids, their "
+              "text rebuild measured)\n")
     for r in rows:
-        who = r.endpoint + (f" / {r.provider}" if r.provider else "")
+        who = (f"{r.run}: " if len({x.run for x in rows}) > 1 else "") + r.endpoint + (f" / {r.provider}" if r.provider else "")
         t = r.as_json()
-        out.write(f"  {who:<32} {r.samples:>7} {t['verified']:>8} {t['exact']:>6} {t['benign']:>6} "
-                  f"{sum(t['corrupt'].values()):>7} {t['corrupt_rate']:>7.1%} {r.suspects:>7}\n")
+        s = r.status
+        out.write(f"  {who}: {s.describe() if s else 'unverified'}\n")
+        line = (f"      {r.samples} samples; {s.text_samples if s else '?'} rebuilt from text, "
+                f"{s.checked if s else 0} of them checked against a reference; {r.suspects} suspect")
+        out.write(line + "\n")
+        if t["verified"]:
+            out.write(f"      probes: {t['verified']} verified, exact {t['exact']}, benign {t['benign']}, corrupt "
+                      f"{sum(t['corrupt'].values())} ({t['corrupt_rate']:.1%})\n")
         if t["corrupt"]:
             out.write("      corrupt by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(t["corrupt"].items())) + "\n")
         if r.suspect_flags:
             out.write("      suspect flags: " + ", ".join(f"{k} {n}" for k, n in sorted(r.suspect_flags.items())) + "\n")
-        for s in r.steps:
-            state = "invertible" if s["invertible"] else "NOT invertible"
-            out.write(f"      learned: {s['name']} at {s['where']}: {s['inverse']} [{state}, {s['seen']}/{s['of']}]\n")
+        for st in r.steps:
+            state = "invertible" if st["invertible"] else "NOT invertible"
+            origin = "known" if st.get("known") else "learned"
+            out.write(f"      {origin}: {st['name']} at {st['where']}: {st['inverse']} [{state}, {st['seen']}/{st['of']}]\n")
     if not rows:
         out.write("  no reconstructions stored yet\n")
     if advice:

@@ -23,7 +23,7 @@ from app.engine.rebuild_pool import RebuildPool
 from app.engine.run_state import RunState
 from app.engine.settle import Settler
 from app.engine.slots import EndpointSlots
-from app.engine.verify import Rebuilt, Verifier
+from app.engine.verify import Rebuilt, Verifier, ask_twin
 from app.providers.exceptions import RetryableError
 from app.providers.retry import RetryPolicy
 from app.records import Completion
@@ -115,7 +115,8 @@ class Flights:
             outcome = await request_sample(
                 f, endpoints=self._endpoints, slots=self._slots, policy=self._policy, model=self._model,
                 reconstruct=self._rebuild, on_retry=self._on_retry,
-                request_extra=self._verifier.request_extra, on_first_token=self._forecast.first_token,
+                request_extra=lambda index: self._verifier.request_extra(index, f.sample),
+                on_first_token=self._forecast.first_token,
             )
             # before any await: the scheduler must not start another request after a run-stopping error
             first_stop = outcome.kind == "stopping" and self._state.stop_for_error(
@@ -148,9 +149,19 @@ class Flights:
                 self._state.check_idle(0)
 
     async def _rebuild(self, completion: Completion, f: Flight) -> Rebuilt:
+        """The ids of one answer, rebuilt in the pool; a probe also asks the trusted twin (when the run has one and
+        the answer carries no true ids) and teaches the verifier what the endpoint did to the text."""
         if self._pool is None:
             return Rebuilt(None, None)
-        return await self._pool.rebuild(completion, f.sample, self._endpoints[f.last].name, f.probe)
+        endpoint = self._endpoints[f.last].name
+        twin = None
+        if self._verifier.wants_twin(f.last, f.probe, completion):
+            twin = await ask_twin(self._verifier, self._endpoints, f.sample, self._model)
+        rebuilt = await self._pool.rebuild(completion, f.sample, endpoint, f.probe, twin)
+        self._verifier.learn(endpoint, completion, rebuilt, f.probe)
+        for note in self._verifier.pending_notes():
+            await self._events.add("warning", "fidelity", note)
+        return rebuilt
 
     async def _on_retry(self, f: Flight, exc: RetryableError) -> None:
         self._forecast.resent(f)  # its output counts again from nothing

@@ -84,8 +84,9 @@ def build_reconstructor(config: RunConfig) -> CompletionReconstructor:
 
 async def open_rebuilder(reconstructor: CompletionReconstructor, config: RunConfig,
                          db_path: Path) -> tuple[Rebuilder, list[str]]:
-    """The engine's Rebuilder over `reconstructor` with the stored fidelity profiles of the config's endpoints
-    (app.store.profile_store), and one sentence per profile loaded."""
+    """A Rebuilder over `reconstructor` with the stored fidelity profiles of the config's endpoints
+    (app.store.profile_store), and one sentence per profile loaded: for rebuilds outside a run (benchmarks,
+    tests); a run opens its own with priors and live learning (app.engine.verify.open_verification)."""
     from app.store.profile_store import load_profiles
 
     names = {e.name for e in config.endpoints}
@@ -96,16 +97,13 @@ async def open_rebuilder(reconstructor: CompletionReconstructor, config: RunConf
     return Rebuilder(reconstructor, profiles), notes
 
 
-async def open_rebuilding(reconstructor: CompletionReconstructor | None, config: RunConfig, db_path: Path,
+async def open_rebuilding(rebuilder: Rebuilder | None, config: RunConfig,
                           on_event: Callable[[str, str, str], Awaitable[None]]) -> RebuildPool | None:
-    """Where a Run rebuilds ids: a RebuildPool (`[run] rebuild_workers`) over the Rebuilder of `reconstructor`
-    (`open_rebuilder`), each step told to the operator through `on_event(level, kind, message)`; None without a
-    reconstructor (the text is stored as is)."""
-    if reconstructor is None:
+    """Where a Run rebuilds ids: a RebuildPool (`[run] rebuild_workers`) over `rebuilder` (the run's, from
+    `app.engine.verify.open_verification`), its start told to the operator through `on_event(level, kind,
+    message)`; None without one (no reconstructor: the text is stored as is)."""
+    if rebuilder is None:
         return None
-    rebuilder, notes = await open_rebuilder(reconstructor, config, db_path)
-    for note in notes:
-        await on_event("info", "fidelity", note)
     pool = await RebuildPool.open(rebuilder, config.run.rebuild_workers,
                                   lambda level, message: on_event(level, "run", message))
     await on_event("info", "run", f"token ids are rebuilt in {pool.describe()}")
@@ -139,25 +137,33 @@ class RebuildRecipe:
         return Rebuilder(base, [p for p in self.fidelity[1:] if p is not None])
 
 
-# (completion without raw, reference ids, messages, tools, endpoint, measure): one rebuild's inputs
-_Call = tuple[Completion, tuple[int, ...] | None, Sequence[dict[str, Any]], Sequence[Any] | None, str, bool]
+# (completion without raw, reference ids, messages, tools, endpoint, measure, a trusted twin's answer or None):
+# one rebuild's inputs
+_Call = tuple[Completion, tuple[int, ...] | None, Sequence[dict[str, Any]], Sequence[Any] | None, str, bool,
+              Completion | None]
 
 
-def _call_of(completion: Completion, sample: RebuildSample, endpoint: str, measure: bool, *, light: bool) -> _Call:
+def _light(completion: Completion | None) -> Completion | None:
+    return replace(completion, raw=None) if completion is not None and completion.raw is not None else completion
+
+
+def _call_of(completion: Completion, sample: RebuildSample, endpoint: str, measure: bool, *, light: bool,
+             twin: Completion | None = None) -> _Call:
     """One rebuild's inputs; `light` (crossing to a process) drops what the rebuild never reads: the raw
-    body, and the messages and tools unless the server returned prompt ids to check them against."""
+    bodies, and the messages and tools unless the server returned prompt ids to check them against."""
     if not light:
-        return completion, sample.reference_ids, sample.messages, sample.tools, endpoint, measure
+        return completion, sample.reference_ids, sample.messages, sample.tools, endpoint, measure, twin
     checks = completion.prompt_token_ids is not None
-    return (replace(completion, raw=None) if completion.raw is not None else completion, sample.reference_ids,
-            sample.messages if checks else (), sample.tools if checks else None, endpoint, measure)
+    return (_light(completion), sample.reference_ids, sample.messages if checks else (),
+            sample.tools if checks else None, endpoint, measure, _light(twin))
 
 
 def _run_call(rebuilder: Rebuilder, call: _Call) -> Rebuilt:
     """The rebuild itself, the same in a thread and in a worker process: the ids rebuilt, probes' text path
-    measured, prompt ids checked."""
-    completion, reference_ids, messages, tools, endpoint, measure = call
-    return rebuilder.rebuild(completion, reference_ids, messages, tools, endpoint=endpoint, measure=measure)
+    measured (against a trusted twin's ids when the answer has none), prompt ids checked."""
+    completion, reference_ids, messages, tools, endpoint, measure, twin = call
+    return rebuilder.rebuild(completion, reference_ids, messages, tools, endpoint=endpoint, measure=measure,
+                             twin=twin)
 
 
 def worker_cores() -> list[int]:
@@ -201,7 +207,7 @@ def _init_worker(recipe: RebuildRecipe, cores: Sequence[int], engine_pid: int) -
         return exc
     try:  # one rebuild of nothing much: its lazy imports and first-call costs (6 ms) are paid at start
         warm = Completion(content="warm", reasoning="up", finish_reason="stop")
-        _run_call(rebuilder, (warm, None, [], None, "", False))
+        _run_call(rebuilder, (warm, None, [], None, "", False, None))
     except Exception:
         pass  # a real call will say what is wrong
     return rebuilder
@@ -277,9 +283,14 @@ def _dumps_exception(exc: BaseException) -> bytes:
         return pickle.dumps((False, RuntimeError(f"{type(exc).__name__}: {exc}")), pickle.HIGHEST_PROTOCOL)
 
 
-def _worker_batch(rebuilder: Rebuilder, calls: list[_Call]) -> tuple[list[tuple[bool, Rebuilt | Exception]], float]:
-    """Rebuild each call: ([(ok, Rebuilt or the exception)], the rebuilds' CPU seconds). One call's error
+def _worker_batch(rebuilder: Rebuilder,
+                  batch: tuple[list[FidelityProfile], list[_Call]]) -> tuple[list[tuple[bool, Rebuilt | Exception]], float]:
+    """Take the batch's fidelity profiles (learned since the last batch: the Rebuilder uses them from now on),
+    then rebuild each call: ([(ok, Rebuilt or the exception)], the rebuilds' CPU seconds). One call's error
     does not fail its neighbours."""
+    profiles, calls = batch
+    for fp in profiles:
+        rebuilder.set_profile(fp)
     out: list[tuple[bool, Rebuilt | Exception]] = []
     t0 = time.thread_time()
     for call in calls:
@@ -343,6 +354,7 @@ class _Worker:
     writer: asyncio.StreamWriter
     pid: int = 0
     sent: deque = field(default_factory=deque)  # of list[tuple[_Call, asyncio.Future]]
+    profiles: list[FidelityProfile] = field(default_factory=list)  # to send with its next batch
 
 
 class RebuildPool:
@@ -426,14 +438,24 @@ class RebuildPool:
         pool.start_s = time.monotonic() - t0
         return pool
 
-    async def rebuild(self, completion: Completion, sample: RebuildSample, endpoint: str, measure: bool) -> Rebuilt:
-        """The Rebuilt of one result of `sample` from `endpoint` (`measure`: a probe)."""
+    async def rebuild(self, completion: Completion, sample: RebuildSample, endpoint: str, measure: bool,
+                      twin: Completion | None = None) -> Rebuilt:
+        """The Rebuilt of one result of `sample` from `endpoint` (`measure`: a probe; `twin`: a trusted server's
+        greedy answer to compare it with)."""
         if not self._procs:
-            return await self._in_threads(_call_of(completion, sample, endpoint, measure, light=False))
+            return await self._in_threads(_call_of(completion, sample, endpoint, measure, light=False, twin=twin))
         fut = asyncio.get_running_loop().create_future()
-        self._pending.append((_call_of(completion, sample, endpoint, measure, light=True), fut))
+        self._pending.append((_call_of(completion, sample, endpoint, measure, light=True, twin=twin), fut))
         self._kick()
         return await fut
+
+    def update_profile(self, fp: FidelityProfile) -> None:
+        """Rebuild fp's endpoint and provider with fidelity profile `fp` from now on: here (threads, and the
+        rebuilds of a dead worker's calls) at once, in each worker process with its next batch (a batch already
+        sent is rebuilt with what its worker had)."""
+        self.rebuilder.set_profile(fp)
+        for w in self._procs:
+            w.profiles = [p for p in w.profiles if (p.endpoint, p.provider) != (fp.endpoint, fp.provider)] + [fp]
 
     def _room(self) -> int:
         return sum(IN_FLIGHT - len(w.sent) for w in self._procs)
@@ -462,10 +484,11 @@ class RebuildPool:
                 break
             batch, self._pending = self._pending[:size], self._pending[size:]
             try:
-                w.writer.write(_frame([c for c, _ in batch]))
+                w.writer.write(_frame((w.profiles, [c for c, _ in batch])))
             except Exception:  # a call that does not pickle (or a closed socket): rebuilt here
                 self._spawn(self._rebuild_here(batch))
                 continue
+            w.profiles = []
             w.sent.append(batch)
 
     async def _read_loop(self, w: _Worker) -> None:

@@ -48,11 +48,12 @@ from app.engine.slots import EndpointSlots
 from app.engine.snapshot import MetricsSnapshot
 from app.engine.steering import VIEWER_PAUSE, Steering
 from app.engine.store_health import StoreHealth
-from app.engine.verify import Verifier, seed_from_store
+from app.engine.verify import Verifier, open_verification, save_profiles
 from app.engine.writes import StoreGate
 from app.providers.pricing import ModelPricing
 from app.providers.retry import RetryPolicy
 from app.store.run_store import RunStore, StoreWriteError
+from app.tokens.fidelity_profile import FidelityProfile
 from app.token_bucket import TokenBucket
 
 CLOSE_GRACE_S = 30.0  # how long close() waits for finished results to be stored before giving them up
@@ -176,9 +177,15 @@ class Run:
         self._eps = await open_endpoints(cfg, started=self._state.started_m, clients=self._clients, on_event=events.add)
         await self._ledger.quote_prices(cfg, self.endpoints, events.add)
         self._forecast.prices = self._ledger.budget.prices
-        await seed_from_store(self._verifier, self.db_path, cfg.run.name)
-        self._pool = await open_rebuilding(self.reconstructor, cfg, self.db_path, events.add)
+        # the endpoints' servers identified, their prior, stored and (as probes come in) learned fidelity profiles
+        rebuilder, notes = await open_verification(self._verifier, self.reconstructor, cfg, self.db_path,
+                                                   self.endpoints)
+        for level, note in notes:
+            await events.add(level, "fidelity", note)
+        self._verifier.on_profile = self._on_profile
+        self._pool = await open_rebuilding(rebuilder, cfg, events.add)
         self._live = live = self._wire(run_id)
+        await self._save_profiles(list(self._verifier.profiles.values()))
         if stored_state == "paused" and not self.resume_paused:
             self._state.current, self._state.reason = "paused", stored_reason or "paused before restart"  # as stored
             await events.add("info", "run", f"run is paused ({self._state.reason}); resume to continue")
@@ -248,6 +255,7 @@ class Run:
             if not await live.flights.wait(CLOSE_GRACE_S):
                 await live.flights.cancel(reason="the database refused writes at close", settling=True)
             await live.scheduler.release_queue()
+        await self._save_profiles(self._verifier.learned_profiles())
         if self._state.running:
             # Viewers attached to the database must not show a live run that no engine drives.
             await self._state.set("paused", "engine stopped")
@@ -290,6 +298,22 @@ class Run:
 
     async def _pause_for(self, reason: str) -> None:
         await self.pause(reason=reason)
+
+    def _on_profile(self, fp: FidelityProfile) -> None:
+        """A learned profile that changes what rebuilds do: to the rebuild workers (or threads) and the store."""
+        if self._pool is not None:
+            self._pool.update_profile(fp)
+        asyncio.get_running_loop().create_task(self._save_profiles([fp]))
+
+    async def _save_profiles(self, profiles: list[FidelityProfile]) -> None:
+        """Keep learned profiles in the run database (the next run starts from them)."""
+        if not profiles or self.run_id is None:
+            return
+        fingerprint = self.reconstructor.tokenizer.fingerprint if self.reconstructor is not None else ""
+        try:
+            await self._gate.commit(lambda: save_profiles(self.store, profiles, fingerprint))
+        except Exception as exc:  # the profiles are learned again by the next run's probes
+            self.events.note("warning", "fidelity", f"could not store the learned fidelity profiles: {exc}")
 
     def _on_quality(self, d: QualityDecision) -> None:
         self._steering.on_quality(d)

@@ -19,7 +19,8 @@ from typing import Any
 
 from app.errors import InputError
 from app.export.parallel import prepare_parallel, prepare_serial
-from app.export.policy import ExportPolicy, skip_reason, true_ids
+from app.export.policy import (ExportPolicy, held_back_advice, is_unverified_text, skip_reason, true_ids,
+                               with_verification)
 from app.export.report import ExportReport
 from app.export.templates import load_chat_template, template_kwargs_of_run
 from app.export.writers import DATA_DIR, WRITE_BUFFER, make_writer
@@ -82,6 +83,11 @@ def export_run(
         profile = get_profile(profile_name or model.get("profile") or "kimi-k2.5")
         kwargs = template_kwargs if template_kwargs is not None else template_kwargs_of_run(config)
         renderer = PromptRenderer(tokenizer, profile, load_chat_template(tok_dir, chat_template, kwargs), kwargs)
+        # ids rebuilt from text by an endpoint nothing verified are refused unless accepted (app.export.policy)
+        verification = with_verification(conn, info.id, policy)
+        policy = verification.policy
+        accepted = 0
+        held: Counter[tuple[str, str]] = Counter()
 
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
@@ -117,9 +123,12 @@ def export_run(
                 reason = "too_long"
             if reason is None:
                 reason = writer.write(row, prompt, output_ids, source)
+            if reason == "suspect":
+                held[(row.endpoint or "", row.provider or "")] += 1
             if reason is not None:
                 skipped[reason] += 1
             else:
+                accepted += policy.accept_unverified and is_unverified_text(row, policy)
                 exported += 1
                 sources[source] += 1
                 tokens += total
@@ -131,7 +140,11 @@ def export_run(
                 progress(seen, exported)
         files = writer.close()
         samples_fh.close()
-        warnings = tuple(writer.warnings())
+        said = list(verification.advice) if skipped.get("unverified") or accepted else []
+        if skipped.get("unverified"):
+            said.insert(0, f"{skipped['unverified']} sample(s) rebuilt from text by unverified endpoints were refused "
+                        "(pass --accept-unverified to export them anyway)")
+        warnings = tuple(writer.warnings()) + tuple(said) + tuple(held_back_advice(verification.statuses, held))
 
         manifest: dict[str, Any] = {
             "format": fmt,
@@ -148,6 +161,10 @@ def export_run(
             "samples_file": SAMPLES,
             "counts": {"seen": seen, "exported": exported, "skipped": dict(sorted(skipped.items()))},
             "ids_sources": dict(sorted(sources.items())),
+            "verification": {
+                "endpoints": [st.as_json() for st in verification.statuses],
+                "unverified": {"refused": skipped.get("unverified", 0), "accepted": accepted},
+            },
             "lengths": {
                 "samples": exported,
                 "tokens": tokens,

@@ -38,3 +38,30 @@ def server_kind(endpoint: object) -> str | None:
     simulator = getattr(endpoint, "simulator", None)
     personality = getattr(simulator, "personality", None) if simulator is not None else None
     return str(personality) if personality else None
+
+
+def server_from_models(body: object, headers: dict[str, str] | None = None) -> str | None:
+    """The server kind an endpoint's `GET /models` answer says it is (None when it does not say). Read from what
+    each server writes about itself:
+
+    - vLLM: every entry `owned_by: "vllm"` (vllm/entrypoints/openai/engine/protocol.py, ModelCard);
+    - SGLang: `owned_by: "sglang"` (python/sglang/srt/entrypoints/openai/protocol.py, ModelCard);
+    - transformers serve: entries with a `status: {"value": "loaded" | "unloaded"}` object, which is not an
+      OpenAI field (transformers cli/serving/model_manager.py list_models), and the `x-request-id` header its
+      middleware puts on every answer (cli/serving/server.py request_id_middleware);
+    - OpenRouter: entries with `pricing` and `architecture` (openrouter.ai/docs, `GET /api/v1/models`).
+    """
+    data = body.get("data") if isinstance(body, dict) else None
+    entries = [e for e in data if isinstance(e, dict)] if isinstance(data, list) else []
+    owners = {str(e.get("owned_by") or "") for e in entries}
+    if "vllm" in owners:
+        return "vllm"
+    if "sglang" in owners:
+        return "sglang"
+    lowered = {k.lower(): v for k, v in (headers or {}).items()}
+    if entries and all(isinstance(e.get("status"), dict) and "value" in e["status"] for e in entries) \
+            and "x-request-id" in lowered:
+        return "transformers-serve"
+    if entries and all("pricing" in e and "architecture" in e for e in entries):
+        return "openrouter"
+    return None

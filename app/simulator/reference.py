@@ -1,8 +1,11 @@
-"""The reference samples the simulator answers from, looked up by a hash of the request's messages.
+"""The reference samples the simulator answers from, looked up by the sample id the request names, else by a
+hash of the request's messages.
 
-A reference line is SGLang-style: {"id", "messages", "output_ids", "meta_info"}. A request whose
-messages (canonical JSON) match a sample's gets that sample's output; any other request gets a sample
-picked deterministically by the hash, so the same prompt always gets the same answer.
+A reference line is SGLang-style: {"id", "messages", "output_ids", "meta_info"}. A request that names a sample
+id the reference holds (`metadata.sample_id`, which eaglewatch sends to its simulators only) gets that sample's
+output, so samples that share a prompt each replay their own reference; otherwise a request whose messages
+(canonical JSON) match a sample's gets that sample's output (the first of several), and any other request
+gets a sample picked deterministically by the hash, so the same prompt always gets the same answer.
 """
 
 from __future__ import annotations
@@ -50,12 +53,20 @@ class ReferenceBook:
             raise InputError("the simulator's reference has no samples; give a reference.jsonl with output_ids")
         self.samples = samples
         self._keys = keys
+        self._ids: dict[str, int] = {}
+        for index, sample in enumerate(samples):
+            self._ids.setdefault(sample.sample_id, index)
 
     def __len__(self) -> int:
         return len(self.samples)
 
-    def pick(self, messages: Any) -> tuple[int, bool]:
-        """(sample index, matched): the sample with these messages, else one chosen by their hash."""
+    def pick(self, messages: Any, sample_id: str | None = None) -> tuple[int, bool]:
+        """(sample index, matched): the sample named `sample_id`, else the one with these messages, else one
+        chosen by their hash."""
+        if sample_id is not None:
+            index = self._ids.get(sample_id)
+            if index is not None:
+                return index, True
         key = messages_key(messages)
         index = self._keys.get(key)
         if index is not None:

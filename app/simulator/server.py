@@ -6,8 +6,9 @@
 
 POST /v1/chat/completions (non-streaming and SSE) and GET /v1/models (with pricing). Faults are drawn
 per request from a seeded RNG, at most one per request; "keepalive" is drawn on its own.
-Simulator extensions beyond OpenRouter's protocol: logprobs of reasoning tokens under
-`choices[0].logprobs.reasoning`; `"return_token_ids": true` adds vLLM-style `token_ids` to the choice
+Simulator extensions beyond OpenRouter's protocol: `metadata.sample_id` names the reference sample to answer
+(`SAMPLE_FIELD`; eaglewatch sends it to its simulators only), so samples that share a prompt each get their
+own; logprobs of reasoning tokens under `choices[0].logprobs.reasoning`; `"return_token_ids": true` adds vLLM-style `token_ids` to the choice
 (the full output ids; in a stream they come with the finish chunk); an `api_key` makes it answer 401 to
 any other Bearer token.
 
@@ -45,6 +46,7 @@ DEFAULT_MODEL = "moonshotai/kimi-k2.5"
 # OpenRouter list prices for Kimi K2.5 (USD per million tokens), used unless told otherwise
 DEFAULT_PRICING = ModelPricing(prompt_per_m=0.60, completion_per_m=2.50, cached_prompt_per_m=0.15)
 _Z95 = 1.6448536269514722
+SAMPLE_FIELD = ("metadata", "sample_id")  # body["metadata"]["sample_id"]: the reference sample asked for
 CACHE_ENTRIES = 2048  # rendered samples kept per cache
 
 _ERRORS = {
@@ -61,6 +63,13 @@ _ERRORS = {
 
 def _json(obj: Any) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def requested_sample(body: dict) -> str | None:
+    """The reference sample id a request names (`metadata.sample_id`), or None."""
+    meta = body.get(SAMPLE_FIELD[0])
+    value = meta.get(SAMPLE_FIELD[1]) if isinstance(meta, dict) else None
+    return value if isinstance(value, str) and value else None
 
 
 class SimulatorServer:
@@ -280,7 +289,7 @@ class SimulatorServer:
             text = render_prompt(self.profile, messages, body.get("tools"))
         except InputError:
             return None
-        return self.tokenizer.encode(text)
+        return self.tokenizer.encode_prompt(text)  # as a server encodes a prompt: its normaliser applied
 
     @staticmethod
     def _with_delta_ids(parts: list[tuple[bytes, int]], output_ids: tuple[int, ...]):
@@ -343,7 +352,8 @@ class SimulatorServer:
         tokens = 0
         if self.capacity.model.charges_tokens:  # charge the sample's prompt + output tokens
             try:
-                sample = self.book.samples[self.book.pick(json.loads(await request.read())["messages"])[0]]
+                body = json.loads(await request.read())
+                sample = self.book.samples[self.book.pick(body["messages"], requested_sample(body))[0]]
                 tokens = sample.prompt_tokens + len(sample.output_ids)
             except (ValueError, KeyError, TypeError):
                 tokens = 0  # _chat answers 400
@@ -393,7 +403,7 @@ class SimulatorServer:
         if refused is not None:
             return refused
         history = sum(len(m.get("tool_calls") or []) for m in messages if isinstance(m, dict))
-        index, _ = self.book.pick(messages)
+        index, _ = self.book.pick(messages, requested_sample(body))
         out = self._rendered(index, history, bool(body.get("stream")))
         if self.personality.non_json_tool_region_500 and self._tool_region_not_json(out):
             self.counters["500"] += 1

@@ -39,12 +39,15 @@ class ExportRow:
     server_ids: tuple[int, ...] | None = None  # responses.token_ids
     reference_ids: tuple[int, ...] | None = None  # samples.reference_ids
     prompt_check: str | None = None  # v5: agree | differ | no_server_ids; None = not checked
+    endpoint: str | None = None  # responses.endpoint of the stored answer
+    provider: str | None = None  # responses.provider (the upstream behind it)
 
 
 _ROWS_SQL = """
 SELECT s.pk, s.sample_id, s.dataset, s.messages, s.tools,
        r.output_ids, r.category, r.tokenizer, p.finish_reason,
-       r.strategy, r.roundtrip, r.ids_source, r.flags, p.token_ids, s.reference_ids, r.prompt_check
+       r.strategy, r.roundtrip, r.ids_source, r.flags, p.token_ids, s.reference_ids, r.prompt_check,
+       p.endpoint, p.provider
 FROM samples AS s
 LEFT JOIN reconstructions AS r ON r.run_id = s.run_id AND r.sample_pk = s.pk
 LEFT JOIN responses AS p ON p.id = r.response_id
@@ -62,7 +65,7 @@ def iter_rows(conn: sqlite3.Connection, run_id: int, page_size: int = 256) -> It
         if not page:
             return
         for (pk, sample_id, dataset, messages, tools, ids, category, fingerprint, finish, strategy, roundtrip,
-             ids_source, flags, server_ids, reference_ids, prompt_check) in page:
+             ids_source, flags, server_ids, reference_ids, prompt_check, endpoint, provider) in page:
             yield ExportRow(
                 pk=int(pk),
                 sample_id=str(sample_id),
@@ -80,6 +83,8 @@ def iter_rows(conn: sqlite3.Connection, run_id: int, page_size: int = 256) -> It
                 server_ids=unpack_ids(server_ids) if server_ids else None,
                 reference_ids=unpack_ids(reference_ids) if reference_ids else None,
                 prompt_check=prompt_check,
+                endpoint=endpoint,
+                provider=provider or None,
             )
         last = int(page[-1][0])
 

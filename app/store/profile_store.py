@@ -11,6 +11,7 @@ import json
 import sqlite3
 import time
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Iterator
 
@@ -32,22 +33,38 @@ class Measurement:
     category: str
 
 
+_UPSERT = ("INSERT INTO fidelity_profiles (endpoint, provider, profile, tokenizer, probes, body, created_at) "
+           "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (endpoint, provider, profile) DO UPDATE SET "
+           "tokenizer = excluded.tokenizer, probes = excluded.probes, body = excluded.body, "
+           "created_at = excluded.created_at")
+
+
+def _row(profile: FidelityProfile, tokenizer: str) -> tuple:
+    return (profile.endpoint, profile.provider or "", profile.profile, tokenizer, profile.probes, profile.to_json(),
+            time.time())
+
+
 def save_profile(path: str | Path, profile: FidelityProfile, tokenizer: str = "") -> None:
     """Store (or replace) the profile of its endpoint/provider/template profile in the database at `path`."""
     migrate(path, create=True)
     conn = sqlite3.connect(path, timeout=DEFAULT_BUSY_TIMEOUT_S, isolation_level=None)
     try:
         configure(conn)
-        conn.execute(
-            "INSERT INTO fidelity_profiles (endpoint, provider, profile, tokenizer, probes, body, created_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (endpoint, provider, profile) DO UPDATE SET "
-            "tokenizer = excluded.tokenizer, probes = excluded.probes, body = excluded.body, created_at = excluded.created_at",
-            (profile.endpoint, profile.provider or "", profile.profile, tokenizer, profile.probes, profile.to_json(), time.time()),
-        )
+        conn.execute(_UPSERT, _row(profile, tokenizer))
     except sqlite3.Error as exc:
         raise InputError(f"{path}: cannot store the fidelity profile of {profile.endpoint!r} ({exc})") from None
     finally:
         conn.close()
+
+
+def profiles_op(profiles: list[FidelityProfile], tokenizer: str = "") -> Callable[[sqlite3.Connection], None]:
+    """A store write op (app.store.run_store.RunStore.write) that stores (or replaces) each profile: how a run
+    keeps its endpoints' prior and learned profiles beside its results."""
+
+    def op(conn: sqlite3.Connection) -> None:
+        conn.executemany(_UPSERT, [_row(p, tokenizer) for p in profiles])
+
+    return op
 
 
 def load_profiles(path: str | Path, profile: str | None = None) -> list[FidelityProfile]:

@@ -7,7 +7,15 @@ removed or added), whether the "(no content)" placeholder or empty thinking went
 arguments were re-serialised and how tool ids were renumbered. A step is *invertible* when every probe
 that could show it showed the same change: its inverse is then a constant. A step seen with different
 changes cannot be inverted from text: `apply` flags the affected samples (`uninvertible:<step>`) and
-leaves their text as returned, never guessing.
+leaves their text as returned, never guessing. A *strip* (an edge where the server removed whitespace some
+times, or an unknown amount of it) is the exception: `apply` names the edge (`Applied.strips`) and the
+reconstruction decides per sample, from the rebuilt token count against `usage.completion_tokens`, whether
+whitespace could have been removed there (app.tokens.reconstruct); only such samples are flagged.
+
+A profile has two sources of observations: `observations`, counted from probes (true ids), and `prior`, the
+steps the server is known to apply (app.tokens.server_steps, from its software and version). Per key the
+probes win once they saw something there; until then the prior stands. A profile with a prior and no probes is
+"prior only"; `stream` says which path (streaming or not) it was learned on, since a server's steps differ.
 
 Pure: no I/O. The store keeps a profile as `FidelityProfile.to_json()`.
 """
@@ -29,6 +37,9 @@ if TYPE_CHECKING:
     from app.tokens.tokenizer import Tokenizer
 
 NO_CONTENT = "(no content)"
+STRIPPED = "-*"  # an edge change of unknown size: the server strips whatever whitespace is there (a prior)
+KEPT = "="  # the true text had whitespace at this edge and the server returned it unchanged
+_NO_CHANGE = ("", "~", KEPT)
 _BLANK_KEYS = ("blank", "blank@noreason", "blank@tools", "blank@noreason@tools")
 # json.dumps styles a model or server may write arguments in; the key names one in a profile
 JSON_STYLES: dict[str, dict] = {
@@ -55,6 +66,7 @@ class LearnedStep:
     invertible: bool
     seen: int
     of: int
+    prior: bool = False  # known from the server's steps table, not yet seen by a probe
 
 
 @dataclass(frozen=True)
@@ -62,9 +74,12 @@ class FidelityProfile:
     """Observation counts per key (see module doc) learned from `probes` samples of one endpoint/provider.
 
     observations: key -> {observed change -> probes}. Keys: "edge:<field>.<side>[@context]" with changes
-    "" (none), "-X" (server removed X), "+X" (server added X), "~" (the field's core text differed);
-    "empty_reasoning" {dropped, kept, absent}; "no_content" {deleted, kept, absent}; "json"
-    {<model style>|irregular|same}; "tool_ids" {offset:<k>|other|same}; "other" {<field>: n}.
+    "" (no whitespace there), "=" (whitespace there, kept), "-X" (server removed X), "-*" (removes whatever is
+    there: a prior), "+X" (server added X), "~" (the field's core text differed); "empty_reasoning" {dropped,
+    kept, absent}; "no_content" {deleted, kept, absent}; "json" {<model style>|irregular|same}; "tool_ids"
+    {offset:<k>|other|same}; "count" {"+k": usage.completion_tokens minus the true ids' length}; "other"
+    {<field>: n}. `prior` has the same shape (app.tokens.server_steps); `source` names the table entry it came
+    from, `server` its server kind; `stream` the path (True streaming, False not, None unknown).
     """
 
     endpoint: str
@@ -72,45 +87,86 @@ class FidelityProfile:
     profile: str
     probes: int
     observations: dict[str, dict[str, int]] = field(default_factory=dict)
+    prior: dict[str, dict[str, int]] = field(default_factory=dict)
+    source: str | None = None
+    stream: bool | None = None
+    server: str | None = None  # the server kind the prior comes from (app.tokens.server_steps)
 
     def to_json(self) -> str:
         """The stored form (a JSON object; `from_json` reads it back)."""
-        return json.dumps({"endpoint": self.endpoint, "provider": self.provider, "profile": self.profile,
-                           "probes": self.probes, "observations": self.observations}, ensure_ascii=False, sort_keys=True)
+        body: dict = {"endpoint": self.endpoint, "provider": self.provider, "profile": self.profile,
+                      "probes": self.probes, "observations": self.observations}
+        if self.prior:
+            body["prior"] = self.prior
+        if self.source is not None:
+            body["source"] = self.source
+        if self.stream is not None:
+            body["stream"] = self.stream
+        if self.server is not None:
+            body["server"] = self.server
+        return json.dumps(body, ensure_ascii=False, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "FidelityProfile":
         """A profile from `to_json` output; ValueError naming the problem when the text is not one."""
         try:
             d = json.loads(text)
+            stream = d.get("stream")
             return cls(str(d["endpoint"]), d.get("provider"), str(d["profile"]), int(d["probes"]),
-                       {str(k): {str(a): int(b) for a, b in v.items()} for k, v in d["observations"].items()})
+                       _counts(d["observations"]), _counts(d.get("prior") or {}),
+                       None if d.get("source") is None else str(d["source"]),
+                       None if stream is None else bool(stream),
+                       None if d.get("server") is None else str(d["server"]))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a stored fidelity profile ({exc})") from None
 
+    @property
+    def prior_only(self) -> bool:
+        """A profile known from the server's steps table alone: no probe has confirmed or corrected it."""
+        return self.probes == 0 and bool(self.prior or self.source)
+
+    def merged(self) -> dict[str, dict[str, int]]:
+        """The observations the plan uses: per key the probes' once they saw something there (a change, or
+        whitespace kept), else the prior's."""
+        out = {k: dict(v) for k, v in self.prior.items()}
+        for key, counts in self.observations.items():
+            if key.startswith("edge:") and key in out and not any(c != "" for c in counts):
+                continue  # probes never had whitespace at this edge: they cannot tell, the prior stands
+            out[key] = dict(counts)
+        return out
+
     def steps(self) -> tuple[LearnedStep, ...]:
-        """The steps this endpoint was seen to apply (changes only; keys where nothing changed are left out)."""
+        """The steps this endpoint was seen (or is known) to apply; keys where nothing changed are left out."""
         out: list[LearnedStep] = []
-        for key, counts in sorted(self.observations.items()):
+        merged = self.merged()
+        for key, counts in sorted(merged.items()):
             total = sum(counts.values())
+            prior = key not in self.observations or (key.startswith("edge:") and not any(
+                c != "" for c in self.observations.get(key, {})))
             if key.startswith("edge:"):
                 where = key[5:]
-                changes = {c: n for c, n in counts.items() if c not in ("", "~")}
+                changes = {c: n for c, n in counts.items() if c not in _NO_CHANGE}
                 if not changes:
                     continue
                 name = _edge_step_name(where, changes)
-                ok = len(changes) == 1 and counts.get("", 0) == 0
-                inverse = _edge_inverse_text(next(iter(changes))) if ok else "mixed: " + ", ".join(
-                    f"{_edge_inverse_text(c)} ×{n}" for c, n in sorted(changes.items())) + f", none ×{counts.get('', 0)}"
-                out.append(LearnedStep(name, where, inverse, ok, sum(changes.values()), total))
+                kind = _edge_kind(counts)
+                ok = kind == "constant"
+                if kind == "strip":
+                    inverse = "unknown whitespace removed: samples whose token count cannot rule it out are flagged"
+                elif ok:
+                    inverse = _edge_inverse_text(next(iter(changes)))
+                else:
+                    inverse = "mixed: " + ", ".join(f"{_edge_inverse_text(c)} ×{n}" for c, n in sorted(changes.items())) \
+                        + f", none ×{counts.get('', 0) + counts.get(KEPT, 0)}"
+                out.append(LearnedStep(name, where, inverse, ok, sum(changes.values()), total, prior))
             elif key == "empty_reasoning" and counts.get("dropped"):
                 ok = not counts.get("absent") and not counts.get("kept")
                 out.append(LearnedStep("empty_reasoning_dropped", "reasoning", "no reasoning field -> empty thinking",
-                                       ok, counts["dropped"], total))
+                                       ok, counts["dropped"], total, prior))
             elif key == "no_content" and counts.get("deleted"):
                 ok = not counts.get("absent") and not counts.get("kept")
                 out.append(LearnedStep("no_content", "content", f"blank content before tool calls -> {NO_CONTENT!r}",
-                                       ok, counts["deleted"], total))
+                                       ok, counts["deleted"], total, prior))
             elif key == "json":
                 styles = {s: n for s, n in counts.items() if s != "same"}
                 if styles:
@@ -118,14 +174,14 @@ class FidelityProfile:
                     style = next(iter(styles))
                     out.append(LearnedStep("json_reserialised", "tool.arguments",
                                            f"re-dump in the model's style {style!r}" if ok else "model style unknown",
-                                           ok, sum(styles.values()), total))
+                                           ok, sum(styles.values()), total, prior))
             elif key == "tool_ids":
                 offsets = {s: n for s, n in counts.items() if s != "same"}
                 if offsets:
                     ok = len(offsets) == 1 and next(iter(offsets)).startswith("offset:") and not counts.get("same")
                     out.append(LearnedStep("tool_ids_reindexed", "tool.id",
                                            f"index {next(iter(offsets))}" if ok else "model ids unknown",
-                                           ok, sum(offsets.values()), total))
+                                           ok, sum(offsets.values()), total, prior))
         return tuple(out)
 
     def uninvertible(self) -> tuple[str, ...]:
@@ -136,32 +192,74 @@ class FidelityProfile:
         """Fields whose core text differed from the true ids' text in ways no known step explains."""
         return dict(self.observations.get("other", {}))
 
+    def count_offset(self) -> int | None:
+        """usage.completion_tokens minus the true ids' length, when every observation (probes, else the prior)
+        agrees on one; None when unknown or varying (the token-count check is then off)."""
+        counts = self.merged().get("count") or {}
+        if len(counts) != 1:
+            return None
+        try:
+            return int(next(iter(counts)))
+        except ValueError:
+            return None
+
+
+def _counts(value: dict) -> dict[str, dict[str, int]]:
+    return {str(k): {str(a): int(b) for a, b in v.items()} for k, v in value.items()}
+
 
 # ---- learning --------------------------------------------------------------------------------------------
 
 
 def learn(
     probes: Iterable[tuple[Completion, Sequence[int]]], profile: Profile, tokenizer: "Tokenizer", *,
-    endpoint: str, provider: str | None = None,
+    endpoint: str, provider: str | None = None, stream: bool | None = None, whole: bool = True,
 ) -> FidelityProfile:
-    """Learn a profile from (returned completion, true output ids) pairs of one endpoint/provider."""
+    """Learn a profile from (returned completion, true output ids) pairs of one endpoint/provider. `whole` False:
+    the ids' tool calls were rebuilt from the returned text (logprobs did not cover them), so nothing is learned
+    of the tool calls or the token count."""
     obs: dict[str, Counter] = {}
     n = 0
     for completion, ids in probes:
         ideal = split_output(list(ids), profile, tokenizer)
-        _observe(obs, ideal.reasoning, ideal.content, ideal.tool_calls, ideal.finish_reason, completion, profile)
+        _observe(obs, ideal.reasoning, ideal.content, ideal.tool_calls if whole else (), ideal.finish_reason,
+                 completion if whole else replace(completion, tool_calls=()), profile)
+        if whole and completion.usage.completion_tokens > 0:
+            obs.setdefault("count", Counter())[f"{completion.usage.completion_tokens - len(ids):+d}"] += 1
         n += 1
-    return FidelityProfile(endpoint, provider, profile.name, n, {k: dict(v) for k, v in sorted(obs.items())})
+    return FidelityProfile(endpoint, provider, profile.name, n, {k: dict(v) for k, v in sorted(obs.items())},
+                           stream=stream)
 
 
 def merge(a: FidelityProfile, b: FidelityProfile) -> FidelityProfile:
-    """Both profiles' observations together (same endpoint/provider; a's names are kept)."""
+    """Both profiles' observations together (same endpoint/provider; a's names, prior and path are kept)."""
     obs = {k: dict(v) for k, v in a.observations.items()}
     for k, v in b.observations.items():
         slot = obs.setdefault(k, {})
         for c, m in v.items():
             slot[c] = slot.get(c, 0) + m
-    return replace(a, probes=a.probes + b.probes, observations=obs)
+    return replace(a, probes=a.probes + b.probes, observations=obs,
+                   stream=a.stream if a.stream is not None else b.stream)
+
+
+def with_prior(fp: FidelityProfile, prior: FidelityProfile | None) -> FidelityProfile:
+    """`fp` (learned) resting on `prior` (the server table's profile of its endpoint): the prior's observations,
+    label and server, its own probes. `fp` as it is when there is no prior or it has its own."""
+    if prior is None or fp.prior:
+        return fp
+    return replace(fp, prior={k: dict(v) for k, v in prior.prior.items()}, source=prior.source,
+                   server=prior.server, stream=fp.stream if fp.stream is not None else prior.stream)
+
+
+def plan_key(fp: FidelityProfile | None) -> tuple:
+    """What `apply` would do with this profile, as a comparable value: two profiles with the same key rebuild
+    every sample alike (a learned profile is sent to the rebuild workers only when its key changes)."""
+    if fp is None:
+        return ()
+    plan = _plan_of(fp)
+    return (tuple(sorted(plan.edges.items())), tuple(sorted(plan.strips.items())), plan.empty_reasoning,
+            plan.no_content, tuple(sorted((plan.json or {}).items())) if plan.json is not None else None,
+            plan.tool_ids, plan.count)
 
 
 def _observe(obs: dict[str, Counter], ir: str | None, ic: str, icalls: Sequence[ToolCall], finish: str,
@@ -259,7 +357,7 @@ def _trail(s: str) -> str:
 
 def _change_lead(want: str, got: str) -> str:
     if want == got:
-        return ""
+        return KEPT if want else ""
     if want.endswith(got):
         return "-" + want[: len(want) - len(got)]
     if got.endswith(want):
@@ -269,7 +367,7 @@ def _change_lead(want: str, got: str) -> str:
 
 def _change_trail(want: str, got: str) -> str:
     if want == got:
-        return ""
+        return KEPT if want else ""
     if want.startswith(got):
         return "-" + want[len(got):]
     if got.startswith(want):
@@ -301,7 +399,24 @@ def _edge_step_name(where: str, changes: dict[str, int]) -> str:
     return "strip_whitespace"
 
 
+def _edge_kind(counts: dict[str, int]) -> str:
+    """How an edge's observations can be inverted: "constant" (one change, always: its inverse is a constant),
+    "strip" (whitespace removed some times or by an unknown amount, never added: decided per sample from the
+    token count), "mixed" (added and removed: flagged), "none" (no change)."""
+    changes = [c for c in counts if c not in _NO_CHANGE]
+    if not changes:
+        return "none"
+    steady = not counts.get("", 0) and not counts.get(KEPT, 0)
+    if len(changes) == 1 and steady and changes[0] != STRIPPED:
+        return "constant"
+    if all(c.startswith("-") for c in changes):
+        return "strip"
+    return "mixed"
+
+
 def _edge_inverse_text(change: str) -> str:
+    if change == STRIPPED:
+        return "add back what was stripped (unknown)"
     if change.startswith("-"):
         return f"add back {change[1:]!r}"
     if change.startswith("+"):
@@ -314,25 +429,34 @@ def _edge_inverse_text(change: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Applied:
-    """The fields after a profile's inverses, the step names used, and the flags raised."""
+    """The fields after a profile's inverses, the step names used, the flags raised, and the strip edges
+    (edge keys, e.g. "content.trail") where whitespace may have been removed: the caller decides from the
+    token count whether each sample could have lost any there (app.tokens.reconstruct)."""
 
     fields: Fields
     used: tuple[str, ...]
     flags: tuple[str, ...]
+    strips: tuple[str, ...] = ()
 
 
 def apply(fp: FidelityProfile, f: Fields, profile: Profile) -> Applied:
-    """Invert the learned steps on `f` (no reference): constant inverses applied, uninvertible ones flagged."""
-    if not fp.observations:
+    """Invert the learned steps on `f` (no reference): constant inverses applied, uninvertible ones flagged,
+    strip edges named (`Applied.strips`)."""
+    if not fp.observations and not fp.prior:
         return Applied(f, (), ())
     plan = _plan_of(fp)
     edges = plan.edges
     used: list[str] = []
     flags: list[str] = []
+    strips: list[str] = []
 
     def edge(key: str, text: str, side: str) -> str:
         step = edges.get(key)
-        if step is None or ((not text or text.isspace()) and not key.endswith(_BLANK_KEYS)):
+        if step is None:
+            if key in plan.strips and (key.endswith(_BLANK_KEYS) or not (not text or text.isspace())):
+                strips.append(key)
+            return text
+        if (not text or text.isspace()) and not key.endswith(_BLANK_KEYS):
             return text
         name, change = step
         if change is None:
@@ -358,25 +482,26 @@ def apply(fp: FidelityProfile, f: Fields, profile: Profile) -> Applied:
         else:
             flags.append(UNINVERTIBLE + "empty_reasoning_dropped")
     # (an edge key absent from the plan leaves the text as it is: skipped without a call)
+    known = plan.known
     if reasoning is not None and _blank(reasoning):
-        if "reasoning.blank" in edges:
+        if "reasoning.blank" in known:
             reasoning = edge("reasoning.blank", reasoning, "lead")
     elif reasoning:
-        if "reasoning.lead" in edges:
+        if "reasoning.lead" in known:
             reasoning = edge("reasoning.lead", reasoning, "lead")
         key = "reasoning.trail@cut" if truncated and not content and not calls else "reasoning.trail"
-        if key in edges:
+        if key in known:
             reasoning = edge(key, reasoning, "trail")
     if not _blank(content):
         key = "content.lead" if reasoning is not None else "content.lead@noreason"
-        if key in edges:
+        if key in known:
             content = edge(key, content, "lead")
         key = "content.trail@tools" if calls else "content.trail@cut" if truncated else "content.trail"
-        if key in edges:
+        if key in known:
             content = edge(key, content, "trail")
     else:
         key = "content.blank" + _blank_ctx(reasoning is not None, bool(calls))
-        if key in edges:
+        if key in known:
             content = edge(key, content, "lead")
     if calls and plan.no_content is not None and _blank(content):
         if plan.no_content:
@@ -418,7 +543,8 @@ def apply(fp: FidelityProfile, f: Fields, profile: Profile) -> Applied:
     if reasoning != f.reasoning or content != f.content or (
             calls is not f.tool_calls and any(a is not b for a, b in zip(calls, f.tool_calls))):
         f = type(f)(reasoning, content, calls, f.finish_reason, f.close_think)
-    return Applied(f, tuple(dict.fromkeys(used)) if used else (), tuple(dict.fromkeys(flags)) if flags else ())
+    return Applied(f, tuple(dict.fromkeys(used)) if used else (), tuple(dict.fromkeys(flags)) if flags else (),
+                   tuple(dict.fromkeys(strips)) if strips else ())
 
 
 def _blank(s: str) -> bool:
@@ -429,8 +555,9 @@ def _blank(s: str) -> bool:
 class _Plan:
     """What `apply` does for one profile, worked out once from its observations.
 
-    edges: edge key -> (step name, the one change to invert, or None when probes disagreed); tool_edges: any
-    tool.* key among them. empty_reasoning / no_content: None (never seen), True (invert), False (flag).
+    edges: edge key -> (step name, the one change to invert, or None when probes disagreed); strips: edges where
+    whitespace was removed some of the times or by an unknown amount (never added); tool_edges: any tool.* key
+    among either. empty_reasoning / no_content: None (never seen), True (invert), False (flag).
     json: None (never re-serialised), the json.dumps keywords of the model's style, or {} (flag).
     tool_ids: None (never re-indexed), the index offset to add, or False (flag).
     """
@@ -441,6 +568,9 @@ class _Plan:
     no_content: bool | None
     json: dict | None
     tool_ids: int | bool | None
+    strips: dict[str, str] = field(default_factory=dict)  # strip edge key -> step name (decided per sample)
+    count: int | None = None  # usage.completion_tokens minus the true ids' length, when known and constant
+    known: frozenset[str] = frozenset()  # every edge key with a step (edges and strips)
 
 
 _PLANS: dict[int, tuple[FidelityProfile, _Plan]] = {}
@@ -451,15 +581,21 @@ def _plan_of(fp: FidelityProfile) -> _Plan:
     hit = _PLANS.get(id(fp))
     if hit is not None and hit[0] is fp:
         return hit[1]
-    obs = fp.observations
+    obs = fp.merged() if fp.prior else fp.observations
     edges: dict[str, tuple[str, str | None]] = {}
+    strips: dict[str, str] = {}
     for key, counts in obs.items():
         if not key.startswith("edge:"):
             continue
-        changes = {c: n for c, n in counts.items() if c not in ("", "~")}
-        if changes:
-            ok = len(changes) == 1 and not counts.get("", 0)
-            edges[key[5:]] = (_edge_step_name(key[5:], changes), next(iter(changes)) if ok else None)
+        kind = _edge_kind(counts)
+        if kind == "none":
+            continue
+        changes = {c: n for c, n in counts.items() if c not in _NO_CHANGE}
+        name = _edge_step_name(key[5:], changes)
+        if kind == "strip":
+            strips[key[5:]] = name
+        else:
+            edges[key[5:]] = (name, next(iter(changes)) if kind == "constant" else None)
     er, nc = obs.get("empty_reasoning", {}), obs.get("no_content", {})
     js = {s: n for s, n in obs.get("json", {}).items() if s != "same"}
     json_plan: dict | None = None
@@ -474,11 +610,19 @@ def _plan_of(fp: FidelityProfile) -> _Plan:
         ok = len(ids) == 1 and offset.startswith("offset:") and not obs["tool_ids"].get("same")
         ids_plan = int(offset[7:]) if ok else False
     plan = _Plan(
-        edges, any(k.startswith("tool.") for k in edges),
+        edges, any(k.startswith("tool.") for k in (*edges, *strips)),
         (not er.get("absent") and not er.get("kept")) if er.get("dropped") else None,
         (not nc.get("absent") and not nc.get("kept")) if nc.get("deleted") else None,
-        json_plan, ids_plan)
+        json_plan, ids_plan, strips, fp.count_offset(), frozenset(edges) | frozenset(strips))
     if len(_PLANS) > 64:  # profiles are few and long-lived; keep the cache from growing without bound
         _PLANS.clear()
     _PLANS[id(fp)] = (fp, plan)
     return plan
+
+
+def strip_edges_and_count(fp: FidelityProfile | None) -> tuple[bool, int | None]:
+    """(whether the profile has strip edges, its token-count offset): what the reconstruction checks per sample."""
+    if fp is None:
+        return False, None
+    plan = _plan_of(fp)
+    return bool(plan.strips), plan.count

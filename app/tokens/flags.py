@@ -29,6 +29,11 @@ TEMPLATE_WHITESPACE_DOUBLED = "template_whitespace_doubled"  # the fields alread
 REASONING_MISSING = "reasoning_missing"  # no reasoning field where the prompt opened the think block: empty
 # thinking dropped by the server, or an answer that ended inside the think block (text cannot tell)
 UNINVERTIBLE = "uninvertible:"  # + a step of app.tokens.fidelity_profile.STEPS the endpoint's profile cannot invert
+# (for a strip: only samples whose token count cannot rule out that whitespace was removed there)
+TOKEN_COUNT = "token_count"  # the rebuilt ids are not as many as usage.completion_tokens says the model generated
+# (with the endpoint's count relation known): a non-canonical split, or text changed on the way
+TEXT_REGIONS_UNCHECKED = "text_regions_unchecked"  # logprob ids whose regions without logprobs (tool calls) were
+# rebuilt from text, before the endpoint's count relation was known to check them
 
 # the server-side text steps a fidelity profile knows (app.tokens.fidelity_profile learns them)
 STEPS = (
@@ -43,7 +48,7 @@ STEPS = (
 )
 
 SUSPECT_FLAGS = (REPLACEMENT_CHAR, MARKER_AS_TEXT, NORMALISER, TEMPLATE_WHITESPACE_MISSING, TEMPLATE_WHITESPACE_DOUBLED,
-                 REASONING_MISSING,
+                 REASONING_MISSING, TOKEN_COUNT, TEXT_REGIONS_UNCHECKED,
                  *(UNINVERTIBLE + s for s in STEPS))
 
 # ---- informational --------------------------------------------------------------------------------------

@@ -67,8 +67,9 @@ def compare_prompt_ids(server_ids: Sequence[int] | None, rendered_ids: Sequence[
 def rendered_prompt_ids(tokenizer: Tokenizer, profile: Profile | str, messages: Sequence[dict],
                         tools: Sequence[dict] | None = None, *, thinking: bool = True) -> list[int]:
     """The ids eaglewatch renders for a request's prompt: `app.tokens.prompt.render_prompt` (with the
-    generation prompt), encoded with special-token strings mapped to their ids."""
-    return tokenizer.encode(render_prompt(profile, messages, tools, thinking=thinking))
+    generation prompt), encoded as the server encodes it (normaliser applied, special-token strings mapped to
+    their ids: `Tokenizer.encode_prompt`)."""
+    return tokenizer.encode_prompt(render_prompt(profile, messages, tools, thinking=thinking))
 
 
 def check_prompt(tokenizer: Tokenizer, profile: Profile | str, messages: Sequence[dict], tools: Sequence[dict] | None,

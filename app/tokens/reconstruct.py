@@ -35,13 +35,14 @@ from app.records import Completion, Reconstruction, TokenLogprob, ToolCall, Verd
 from app.tokens import flags as fl
 from app.tokens.align import common_prefix, common_suffix
 from app.tokens.compare import UNCHECKED, compare
-from app.tokens.fidelity_profile import FidelityProfile
+from app.tokens.fidelity_profile import Applied, FidelityProfile, strip_edges_and_count
 from app.tokens.fidelity_profile import apply as apply_fidelity
 from app.tokens.profile import Profile
 from app.tokens.template import Fields, Piece, ProviderView, kimi_tool_id, parse_output, render_output
 from app.tokens.tokenizer import Tokenizer
 
 BENIGN = ("exact", "bpe_equivalent", "truncated")
+REGIONS_FROM_TEXT = "regions_from_text"  # note: logprob ids whose uncovered regions (tool calls) came from text
 REPAIRS = (
     "think_close",
     "think_spaces",
@@ -55,6 +56,11 @@ NO_CONTENT = "(no content)"
 _UNCHECKED_OK = f"{UNCHECKED}; round-trip ok"
 MAX_REINDEX = 32
 MAX_CHAIN = 3  # server-side steps inverted on top of each other, at most
+# whitespace a stripping server may have removed at an edge: if adding any of these leaves the token count as it
+# was, the count cannot tell whether it was there (" increasing" and "increasing" are one token each; "\n\n\n"
+# is one token like "\n\n"), so the sample is flagged
+STRIP_CANDIDATES = (" ", "\n", "\n\n", "\t", "  ", " \n", "\n ", "\n\n\n")
+_WINDOW = 256  # characters each side of an edge that a windowed token count looks at (long runs only)
 
 
 class Reconstructor:
@@ -70,6 +76,8 @@ class Reconstructor:
         self.profile = profile
         self.tokenizer = tokenizer
         self.fidelity = fidelity  # the endpoint's learned server-side steps (None: none known)
+        # per-sample proof without a reference: strip edges to decide and the token-count relation (None: off)
+        self._has_strips, self._count_offset = strip_edges_and_count(fidelity)
         # measure the text path of every sample with true ids (one more encode each); False leaves it to
         # callers that measure only a probe fraction (measure_text_path)
         self.measure = measure
@@ -100,44 +108,85 @@ class Reconstructor:
         with true ids also gets its text path measured (`text_path:` flag).
         """
         ref = list(reference_ids) if reference_ids is not None else None
-        found = self.ground_truth(completion) if (
+        found = self.truth_of(completion) if (
             completion.token_ids or completion.content_logprobs is not None
             or completion.reasoning_logprobs is not None) else None
         if found is None:
             return self._canonical(completion, ref, assisted)
-        ids, source = found
+        ids, source, covered = found
         flags: tuple[str, ...] = ()
+        notes: tuple[str, ...] = ()
         if self.measure:
             flags = (fl.text_path_flag(self.measure_text_path(completion, ids).category),)
-        rec = Reconstruction(ids, "server_ids" if source == fl.IDS_SERVER else "logprobs", ids_source=source,
-                             flags=flags)
+        reported, offset = completion.usage.completion_tokens, self._count_offset
+        if not covered:
+            # logprobs did not cover every region (tool calls, most often): those ids are a rebuild from text,
+            # which only the token count can check here
+            notes = (REGIONS_FROM_TEXT,)
+            if offset is None or reported <= 0:
+                flags += (fl.TEXT_REGIONS_UNCHECKED,)
+        if source == fl.IDS_LOGPROBS and offset is not None and reported > 0 and len(ids) + offset != reported:
+            flags += (fl.TOKEN_COUNT,)  # not as many ids as the model generated: the layout or a region is off
+        rec = Reconstruction(ids, "server_ids" if source == fl.IDS_SERVER else "logprobs", notes=notes,
+                             ids_source=source, flags=flags)
         return self._finish_true(rec, completion, ref)
 
     def ground_truth(self, c: Completion) -> tuple[tuple[int, ...], str] | None:
-        """The true output ids of `c` and their source, trusting server ids or logprob tokens over the text.
+        """The true output ids of `c` and their source (`truth_of` without its coverage)."""
+        found = self.truth_of(c)
+        return None if found is None else (found[0], found[1])
+
+    def truth_of(self, c: Completion) -> tuple[tuple[int, ...], str, bool] | None:
+        """The true output ids of `c`, their source and whether they cover the whole output, trusting server ids
+        or logprob tokens over the text.
 
         Logprobs are used even where the server changed the field's text (that change is what calibration
         learns and the text path measures); regions without logprobs (tool sections, most often) are encoded
-        from the returned text; content logprobs that hold the think-close token hold the whole output (vLLM's
-        non-streaming `logprobs.content` covers every output token). None when `c` carries neither ids nor
-        logprobs this vocabulary knows.
+        from the fields production rebuilds (the fidelity profile's inverses applied), and then the ids do not
+        cover the whole output (False); content logprobs that hold the think-close token hold the whole output
+        (vLLM's non-streaming `logprobs.content` covers every output token). Where the markers go follows the same
+        fields (a stream sends no reasoning for empty thinking: the profile says whether the think block was
+        closed), checked against `usage.completion_tokens` when the count relation is known. None when `c` carries
+        neither ids nor logprobs this vocabulary knows.
         """
         if c.token_ids:
-            return self._server_ids(c).output_ids, fl.IDS_SERVER
+            return self._server_ids(c).output_ids, fl.IDS_SERVER, True
         if c.content_logprobs is None and c.reasoning_logprobs is None:
             return None
         lp = {"reasoning": self._lp_ids(c.reasoning_logprobs) if c.reasoning_logprobs is not None else None,
               "content": self._lp_ids(c.content_logprobs) if c.content_logprobs is not None else None}
         if lp["reasoning"] is None and lp["content"] is None:
             return None  # tokens this vocabulary does not know: no ground truth here
-        fields = Fields.of(c)
+        returned = Fields.of(c)
+        fields = self._production(c).fields if self.fidelity is not None else returned
         whole = lp["content"]
         if whole is not None and self._think_close_id in whole and lp["reasoning"] is None:
             out = list(whole)
             if not (out and out[-1] in self._stop_ids) and fields.finish_reason != "length":
                 out.append(self._marker_ids[self.profile.end_token(bool(fields.tool_calls))])
-            return tuple(out), fl.IDS_LOGPROBS
-        out = []
+            return tuple(out), fl.IDS_LOGPROBS, True
+        ids, covered = self._logprob_layout(fields, lp)
+        reported, offset = c.usage.completion_tokens, self._count_offset
+        if offset is not None and reported > 0 and len(ids) + offset != reported:
+            # whether an empty think block was there is not in the logprobs (a stream sends nothing for it): the
+            # token count decides between the layouts with and without it
+            if fields.reasoning != returned.reasoning:
+                other: str | None = returned.reasoning
+            elif fields.reasoning is None and fields.finish_reason != "length":
+                other = ""
+            else:
+                other = None if fields.reasoning == "" else fields.reasoning
+            if other != fields.reasoning:
+                alt, alt_covered = self._logprob_layout(replace(fields, reasoning=other), lp)
+                if len(alt) + offset == reported:
+                    ids, covered = alt, alt_covered
+        return tuple(ids), fl.IDS_LOGPROBS, covered
+
+    def _logprob_layout(self, fields: Fields, lp: dict) -> tuple[list[int], bool]:
+        """The ids of `fields`' layout with each run taken from its logprobs where there are some, and whether
+        every run of the model's own text had them (template text is known text)."""
+        out: list[int] = []
+        covered = True
         for kind, text in _runs(self._pieces(fields)):
             if kind == "marker":
                 out.append(self._marker_ids[text])
@@ -151,8 +200,10 @@ class Reconstructor:
                         out.append(self._marker_ids[self.profile.end_token(bool(fields.tool_calls))])
                     break
             else:
+                if kind != "template" and text:
+                    covered = False
                 out.extend(self.tokenizer.encode(text))
-        return tuple(out), fl.IDS_LOGPROBS
+        return out, covered
 
     def measure_text_path(self, completion: Completion, true_ids: Sequence[int]) -> Verdict:
         """Verdict of the text-only rebuild (fidelity profile applied, no reference help) against true ids."""
@@ -162,14 +213,97 @@ class Reconstructor:
 
     def production_fields(self, completion: Completion) -> tuple[Fields, tuple[str, ...], tuple[str, ...]]:
         """The fields production encodes (learned inverses applied), the inverses used and the flags raised."""
+        a = self._production(completion)
+        return a.fields, a.used, a.flags
+
+    def _production(self, completion: Completion) -> Applied:
+        """`production_fields` with the strip edges the profile leaves to the token count (Applied.strips)."""
         fields = Fields.of(completion)
         used: tuple[str, ...] = ()
         flags: tuple[str, ...] = ()
+        strips: tuple[str, ...] = ()
         if self.fidelity is not None:
             applied = apply_fidelity(self.fidelity, fields, self.profile)
-            fields, used, flags = applied.fields, applied.used, applied.flags
+            fields, used, flags, strips = applied.fields, applied.used, applied.flags, applied.strips
         suspects = self.suspect_flags(fields)
-        return fields, used, (tuple(dict.fromkeys(flags + suspects)) if flags and suspects else flags or suspects)
+        return Applied(fields, used, (tuple(dict.fromkeys(flags + suspects)) if flags and suspects else flags or suspects),
+                       strips)
+
+    def count_flags(self, fields: Fields, ids: Sequence[int], completion: Completion,
+                    strips: Sequence[str] = ()) -> tuple[str, ...]:
+        """The proof a text rebuild gets without a reference, from `usage.completion_tokens` (the number of
+        tokens the model generated, by the endpoint's count relation learned from probes or known of its server):
+        `token_count` when the rebuilt ids are not that many (a non-canonical split, or text changed on the way),
+        and `uninvertible:<step>` for each strip edge where adding whitespace would keep the count (or the count
+        is unknown): the server may have removed whitespace there and the count cannot tell."""
+        out: list[str] = []
+        reported = completion.usage.completion_tokens
+        offset = self._count_offset
+        agrees = offset is not None and reported > 0 and len(ids) + offset == reported
+        if offset is not None and reported > 0 and not agrees:
+            out.append(fl.TOKEN_COUNT)
+        if strips:
+            names = _strip_names(self.fidelity, strips)
+            if not agrees:
+                out.extend(fl.UNINVERTIBLE + n for n in names.values())
+            else:
+                base = self._pieces(fields)
+                runs = [t for _, t in _runs(base)]
+                counts: dict[int, int] = {}
+                windows: dict[tuple[int, int], tuple[int, int, int]] = {}
+                for key, name in names.items():
+                    if fl.UNINVERTIBLE + name not in out and self._strip_ambiguous(fields, key, runs, counts, windows):
+                        out.append(fl.UNINVERTIBLE + name)
+        return tuple(dict.fromkeys(out))
+
+    def _strip_ambiguous(self, fields: Fields, key: str, runs: list[str], counts: dict[int, int],
+                         windows: dict[tuple[int, int], tuple[int, int, int]]) -> bool:
+        """True when some whitespace of STRIP_CANDIDATES added at edge `key` leaves the token count unchanged."""
+        for w in STRIP_CANDIDATES:
+            variant = _with_edge(fields, key, w)
+            if variant is None:
+                return False  # no such edge in this sample
+            new = [t for _, t in _runs(self._pieces(variant))]
+            if len(new) != len(runs):
+                delta = len(self.encode_fields(variant)) - sum(self._run_count(runs, i, counts) for i in range(len(runs)))
+            else:
+                k = next((i for i, (a, b) in enumerate(zip(runs, new)) if a != b), None)
+                if k is None:
+                    continue
+                delta = self._insert_delta(runs[k], new[k], runs, k, counts, windows)
+            if delta == 0:
+                return True
+        return False
+
+    def _run_count(self, runs: list[str], i: int, counts: dict[int, int]) -> int:
+        n = counts.get(i)
+        if n is None:
+            text = runs[i]
+            n = counts[i] = 1 if text in self._marker_set else len(self.tokenizer.encode(text))
+        return n
+
+    def _insert_delta(self, old: str, new: str, runs: list[str], k: int, counts: dict[int, int],
+                      windows: dict[tuple[int, int], tuple[int, int, int]]) -> int:
+        """Tokens `new` (`old` with whitespace inserted) has more than `old`. A long run is counted in a window of
+        lines around the insertion, once (per run and place) the window's edges are shown to be token
+        boundaries of `old`: its parts' counts add up to the run's."""
+        enc = self.tokenizer.encode
+        if len(old) <= 2 * _WINDOW:
+            return len(enc(new)) - self._run_count(runs, k, counts)
+        p = common_prefix(old, new)
+        width = len(new) - len(old)
+        key = (k, p)
+        window = windows.get(key)
+        if window is None:
+            a = _line_start(old, p - _WINDOW, backwards=True)
+            b = _line_start(old, p + _WINDOW, backwards=False)
+            inner = len(enc(old[a:b]))
+            ok = len(enc(old[:a])) + inner + len(enc(old[b:])) == self._run_count(runs, k, counts)
+            window = windows[key] = (a, b, inner) if ok else (-1, -1, 0)
+        a, b, inner = window
+        if a < 0:  # not boundaries here: count the whole run
+            return len(enc(new)) - self._run_count(runs, k, counts)
+        return len(enc(new[a:b + width])) - inner
 
     def suspect_flags(self, f: Fields) -> tuple[str, ...]:
         """Cheap signs, without ground truth, that these fields may not carry the model's ids (app.tokens.flags)."""
@@ -308,9 +442,14 @@ class Reconstructor:
         return out
 
     def _canonical(self, c: Completion, ref: list[int] | None, assisted: bool) -> tuple[Reconstruction, Verdict]:
-        fields, used, flags = self.production_fields(c)
+        applied = self._production(c)
+        fields, used, flags = applied.fields, applied.used, applied.flags
         text = self._text(fields)
         ids, known = self.tokenizer.encode_known(text)  # the same ids as encode_fields
+        if self._count_offset is not None or applied.strips:
+            proof = self.count_flags(fields, ids, c, applied.strips)
+            if proof:
+                flags = tuple(dict.fromkeys(flags + proof))
         repair = "+".join(used) or None
         # Reconstructions built directly (no dataclasses.replace) on the per-sample paths
         if ref is None:
@@ -541,6 +680,48 @@ class Reconstructor:
         # marker than marker tokens means spelled (markers never contain one another).
         counts = Counter(filter(self.tokenizer.special_ids.__contains__, ref))
         return any(ref_text.count(m) > counts.get(self._marker_ids.get(m, -1), 0) for m in self._markers)
+
+
+def _strip_names(fp: FidelityProfile | None, strips: Sequence[str]) -> dict[str, str]:
+    """Strip edge key -> its step name (strip_whitespace, tool_whitespace)."""
+    from app.tokens.fidelity_profile import _plan_of
+
+    plan = _plan_of(fp) if fp is not None else None
+    return {k: (plan.strips.get(k, "strip_whitespace") if plan else "strip_whitespace") for k in strips}
+
+
+def _with_edge(f: Fields, key: str, w: str) -> Fields | None:
+    """`f` with whitespace `w` added at edge `key` (e.g. "content.trail@tools", "reasoning.lead"); None when the
+    sample has no such field."""
+    where, _, _ = key.partition("@")
+    name, _, side = where.rpartition(".")
+    lead = side in ("lead", "blank")
+    if name == "reasoning":
+        if f.reasoning is None:
+            return None
+        return replace(f, reasoning=w + f.reasoning if lead else f.reasoning + w)
+    if name == "content":
+        return replace(f, content=w + f.content if lead else f.content + w)
+    if name in ("tool.arguments", "tool.id") and f.tool_calls:
+        attr = "arguments" if name == "tool.arguments" else "id"
+        calls = tuple(replace(t, **{attr: (w + getattr(t, attr)) if lead else (getattr(t, attr) + w)})
+                      for t in f.tool_calls[:1]) + tuple(f.tool_calls[1:])
+        return replace(f, tool_calls=calls)
+    return None
+
+
+def _line_start(text: str, at: int, *, backwards: bool) -> int:
+    """A position near `at` right after a newline and before a non-space character (a token boundary of the
+    byte-level pre-tokenisers used here), searching backwards (or forwards); the text's start (or end) if none."""
+    if backwards:
+        i = text.rfind("\n", 0, max(0, at))
+        while i >= 0 and (i + 1 >= len(text) or text[i + 1].isspace()):
+            i = text.rfind("\n", 0, i)
+        return 0 if i < 0 else i + 1
+    i = text.find("\n", max(0, at))
+    while i >= 0 and (i + 1 >= len(text) or text[i + 1].isspace()):
+        i = text.find("\n", i + 1)
+    return len(text) if i < 0 else i + 1
 
 
 def _runs(pieces: list[Piece]) -> list[Piece]:

@@ -130,8 +130,9 @@ class PromptRenderer:
         return self._profile_render(self.profile, list(messages), list(tools) if tools else None, **self._profile_kwargs)
 
     def prompt_ids(self, messages: Sequence[dict[str, Any]], tools: Sequence[Any] | None, sample_id: str = "?") -> list[int]:
-        """The prompt ids a server would feed the model for this conversation (InputError naming the sample
-        when the template rejects it)."""
+        """The prompt ids a server would feed the model for this conversation, encoded as the server encodes
+        them (the tokenizer's normaliser applied: `Tokenizer.encode_prompt`); InputError naming the sample when
+        the template rejects it."""
         try:
             text = self.prompt_text(messages, tools)
         except InputError:
@@ -142,7 +143,7 @@ class PromptRenderer:
                 f"sample {sample_id!r}: the chat template ({where}) could not render its prompt: "
                 f"{type(exc).__name__}: {exc}"
             ) from None
-        return self.tokenizer.encode(text)
+        return self.tokenizer.encode_prompt(text)
 
 
 def profile_render_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -53,6 +53,12 @@ class Tokenizer:
         """Ids of `text` with special-token strings treated as plain text."""
         raise NotImplementedError
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """Ids of a rendered prompt as the model's server encodes it: the tokenizer's own path, its normaliser
+        included (transformers' `apply_chat_template(tokenize=True)`, and every server built on it), special-token
+        strings mapped to their ids. The output side uses `encode`, which keeps the model's raw bytes."""
+        return self.encode(text)
+
     def changes_text(self, text: str) -> bool:
         """True when the tokenizer's normaliser would change `text` (False for tokenizers without one)."""
         return False
@@ -379,6 +385,11 @@ class HFTokenizer(Tokenizer):
         # whole path's rebuild CPU with the sample tokenizer, bench/engine.py)
         tok = self._raw_tok if self._raw_tok is not None and self.changes_text(text) else self._tok
         return tok.encode_batch_fast([text], add_special_tokens=False)[0].ids
+
+    def encode_prompt(self, text: str) -> list[int]:
+        # the normaliser applies: a prompt is what the server fed the model, and the server normalises (NFC turns
+        # U+F981 into U+5973 before BPE), unlike a model's output, which is kept as the bytes it generated
+        return self._tok.encode_batch_fast([text], add_special_tokens=False)[0].ids
 
     def encode_ordinary(self, text: str) -> list[int]:
         # Bypass the added-token matcher: pre-tokeniser and model only (no normaliser, as in `encode`).

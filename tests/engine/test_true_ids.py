@@ -2,7 +2,9 @@
 simulator over loopback HTTP changes the text (vLLM's slow detokenizer: ' ' around added tokens) while
 returning the model's ids (vLLM `token_ids`, or OpenRouter-style logprobs with bytes); no reference is given,
 as in production. The stored and exported ids are the server's; the text path's mismatch is what the
-fidelity report counts; the changed text is named in the notes, not taken for a failed round-trip."""
+fidelity report counts, until the probes have taught the endpoint's profile the step (one request at a time
+here, so the first probe is measured with nothing learned and the later ones with what it showed); the changed
+text is named in the notes, not taken for a failed round-trip."""
 
 from __future__ import annotations
 
@@ -19,6 +21,16 @@ from tests.engine.conftest import make_config, run_to_end, sample_inputs
 
 N = 8
 CORRUPT = ("text_mismatch", "structure_mismatch")
+ONE = {"concurrency_initial": 1, "concurrency_max": 1}
+
+
+def _measured(row: dict) -> str:
+    return next(f for f in row["flags"] if f.startswith("text_path:"))[len("text_path:"):]
+
+
+def _learned(report: dict, endpoint: str) -> set[str]:
+    """The steps `eaglewatch fidelity --json` says the probes taught `endpoint`'s profile."""
+    return {s["name"] for r in report["rows"] if r["endpoint"] == endpoint for s in r["steps"] if not s.get("known")}
 
 
 def _sim(**kw) -> dict:
@@ -73,7 +85,7 @@ def _corrupt_counted(report: dict, endpoint: str) -> tuple[int, int]:
 async def test_server_ids_are_stored_and_exported_while_the_text_path_counts_its_mismatch(
         tmp_path, sample_data, capsys, stream) -> None:
     config = make_config(tmp_path, sample_data, stream=stream, endpoints=[
-        {"name": "vllm", "simulator": _sim(personality="vllm", logprobs=False), "timeout_s": 5.0}])
+        {"name": "vllm", "simulator": _sim(personality="vllm", logprobs=False), "timeout_s": 5.0}], limits=ONE)
     run, outcome = await run_to_end(config, sample_data, N, references=False,
                                     reconstructor=build_reconstructor(config))
     assert outcome.state == "done", outcome
@@ -89,11 +101,14 @@ async def test_server_ids_are_stored_and_exported_while_the_text_path_counts_its
         assert r["roundtrip"] is None and "content_text_differs" in r["notes"], r
         assert r["category"] == "unchecked"  # no reference in production
         measured = [f for f in r["flags"] if f.startswith("text_path:")]
-        assert len(measured) == 1 and measured[0][len("text_path:"):] in CORRUPT, r["flags"]
+        assert len(measured) == 1, r["flags"]
+    assert _measured(rows[0]) in CORRUPT  # measured before anything was learned
     m = run.snapshot().measured
-    assert m.verified == N and m.corrupt == N, m  # the live match rate counts the text path, not the stored ids
-
-    assert _corrupt_counted(_fidelity(config.run.database, capsys), "vllm") == (N, N)
+    # the live match rate counts the text path, not the stored ids; what the first probes showed is applied
+    assert m.verified == N and 1 <= m.corrupt < N, m
+    report = _fidelity(config.run.database, capsys)
+    assert _corrupt_counted(report, "vllm") == (N, m.corrupt)
+    assert _learned(report, "vllm") >= {"think_spaces"}
 
     records, report = _exported(tmp_path, config.run.database, capsys)
     assert set(records) == set(refs), report  # none dropped for a "failed" round-trip or as suspect
@@ -106,7 +121,7 @@ async def test_logprob_ids_are_stored_and_exported_while_the_text_path_counts_it
         tmp_path, sample_data, capsys) -> None:
     # OpenRouter-style: every request a probe asks for logprobs (with bytes); the text has ' ' around the tags
     config = make_config(tmp_path, sample_data, endpoints=[
-        {"name": "or", "simulator": _sim(logprobs=True), "timeout_s": 5.0, "probe_fraction": 1.0}])
+        {"name": "or", "simulator": _sim(logprobs=True), "timeout_s": 5.0, "probe_fraction": 1.0}], limits=ONE)
     run, outcome = await run_to_end(config, sample_data, N, references=False,
                                     reconstructor=build_reconstructor(config))
     assert outcome.state == "done", outcome
@@ -117,9 +132,11 @@ async def test_logprob_ids_are_stored_and_exported_while_the_text_path_counts_it
         assert r["ids"] == refs[r["id"]], r["id"]  # the logprob tokens: the model's ids, not the spaced text
         assert (r["source"], r["strategy"], r["roundtrip"]) == ("logprobs", "logprobs", None), r
         assert "content_text_differs" in r["notes"], r
-        assert [f for f in r["flags"] if f.startswith("text_path:")][0][len("text_path:"):] in CORRUPT
-    assert run.snapshot().measured.corrupt == N
-    assert _corrupt_counted(_fidelity(config.run.database, capsys), "or") == (N, N)
+    assert _measured(rows[0]) in CORRUPT
+    corrupt = run.snapshot().measured.corrupt
+    assert 1 <= corrupt < N
+    report = _fidelity(config.run.database, capsys)
+    assert _corrupt_counted(report, "or") == (N, corrupt) and _learned(report, "or") >= {"think_spaces"}
     records, _ = _exported(tmp_path, config.run.database, capsys)
     assert {k: tuple(v["output_ids"]) for k, v in records.items()} == {r["id"]: r["ids"] for r in rows}
     assert {v["meta_info"]["ids_source"] for v in records.values()} == {"logprobs"}

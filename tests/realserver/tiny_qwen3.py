@@ -2,7 +2,8 @@
 
 The folder holds a byte-level BPE `tokenizer.json` trained here on a small corpus, carrying Qwen3's markers
 (`<|im_start|>`, `<|im_end|>`, `<think>`, `</think>`, `<tool_call>`, `</tool_call>`, `<|endoftext|>`, with
-Qwen3's special flags), a chat template written for this test from the Qwen3 layout in
+Qwen3's special flags) and Qwen3's NFC normaliser (so the server's prompt encoding normalises text such as
+U+F981 to U+5973 before BPE, as the real Qwen3 tokenizer does), a chat template written for this test from the Qwen3 layout in
 ../shared/reference/tokenization.md §2 (ChatML turns, `<tools>` JSON lines in the system turn, the
 generation prompt `<|im_start|>assistant\\n`, Hermes `<tool_call>` JSON), and a two-layer `Qwen3ForCausalLM`
 trained for a few hundred CPU steps to emit the Qwen3 output layout (`<think>\\n…\\n</think>\\n\\n…`, tool
@@ -84,11 +85,12 @@ CORPUS = [
 
 def build_tokenizer(directory: Path):
     """Train the tiny byte-level BPE with Qwen3's markers and chat template; save it; return the HF tokenizer."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     directory.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()  # Qwen3's tokenizer.json normaliser (tokenization.md §2)
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=700, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),

@@ -31,6 +31,27 @@ async def test_known_prompt_gets_its_sample_and_unknown_prompts_are_deterministi
     assert first.token_ids in {tuple(v) for v in reference[1].values()}
 
 
+async def test_samples_that_share_a_prompt_each_replay_their_own_reference(tok, tmp_path):
+    # four samples of one prompt: by prompt alone all would get the first one's answer; the sample id a request
+    # names (metadata.sample_id, which eaglewatch sends to its simulators) picks its own
+    import json
+
+    texts = [f"Answer {k}.</think>Reply number {k}.<|im_end|>" for k in range(4)]
+    path = tmp_path / "reference.jsonl"
+    path.write_text("".join(json.dumps({"id": f"s{k}", "messages": user("same prompt"),
+                                        "output_ids": tok.encode(t)}) + "\n" for k, t in enumerate(texts)))
+    async with SimulatorServer(SimulatorOptions(), tokenizer=tok, reference=path) as sim:
+        async with ChatClient(Endpoint(), Generation(), None, base_url=sim.base_url) as client:
+            by_id = [await client.complete(user("same prompt"), model="m",
+                                           extra={"return_token_ids": True, "metadata": {"sample_id": f"s{k}"}})
+                     for k in (2, 0, 3, 1)]
+            by_prompt = await client.complete(user("same prompt"), model="m", extra={"return_token_ids": True})
+            unknown = await client.complete(user("same prompt"), model="m",
+                                            extra={"return_token_ids": True, "metadata": {"sample_id": "nope"}})
+    assert [c.token_ids for c in by_id] == [tuple(tok.encode(texts[k])) for k in (2, 0, 3, 1)]
+    assert by_prompt.token_ids == unknown.token_ids == tuple(tok.encode(texts[0]))  # the prompt's first sample
+
+
 async def test_counters_follow_seeded_fault_rates(tok, reference):
     options = SimulatorOptions(faults={"429": 0.3, "502": 0.2, "keepalive": 0.5}, seed=11)
     async with SimulatorServer(options, tokenizer=tok, reference=reference[0], retry_after_s=0) as sim:
