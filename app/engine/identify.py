@@ -10,8 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from app.config import Endpoint as EndpointConfig
+    from app.engine.endpoints import Endpoint
 
 IDENTIFY_TIMEOUT_S = 10.0
 
@@ -25,12 +29,12 @@ class Identity:
     how: str
 
 
-async def identify(endpoints: Sequence[Any]) -> list[Identity]:
+async def identify(endpoints: Sequence[Endpoint]) -> list[Identity]:
     """The Identity of each live endpoint (app.engine.endpoints.Endpoint), asking `GET /models` only of
     endpoints whose config does not say and whose client the engine built."""
     from app.providers.servers import server_kind
 
-    async def one(ep: Any) -> Identity:
+    async def one(ep: Endpoint) -> Identity:
         cfg = ep.config
         if getattr(cfg, "server", None):
             return Identity(str(cfg.server), "config")
@@ -47,7 +51,7 @@ async def identify(endpoints: Sequence[Any]) -> list[Identity]:
     return list(await asyncio.gather(*(one(ep) for ep in endpoints)))
 
 
-async def _ask_models(cfg: Any) -> Identity:
+async def _ask_models(cfg: EndpointConfig) -> Identity:
     import httpx
 
     from app.engine.endpoints import _api_key

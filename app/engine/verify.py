@@ -27,7 +27,7 @@ Data flow (docs/architecture.md, "Live fidelity"):
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -38,6 +38,13 @@ from app.tokens import Reconstructor
 from app.tokens import flags as fl
 
 if TYPE_CHECKING:  # types only: a rebuild worker process imports this module and needs none of them
+    import asyncio
+
+    from app.engine.endpoints import Endpoint
+    from app.store.run_store import RunStore
+    from app.store.store_records import LeasedSample
+    from app.store.verification import VerificationStatus
+    from app.tokens.profile import Profile
     from pathlib import Path
 
     from app.config import Endpoint as EndpointConfig
@@ -145,7 +152,7 @@ class Rebuilder:
         return Rebuilt(rec, verdict, measured, check, observed)
 
 
-def _diverged(seen: Any) -> bool:
+def _diverged(seen: FidelityProfile) -> bool:
     """A twin's answer that is another text, not the same text after server steps: greedy decoding differed."""
     return bool(seen.unexplained()) or any(k.startswith("edge:") and "~" in v for k, v in seen.observations.items())
 
@@ -218,16 +225,16 @@ class Verifier:
     first_differ: tuple[str, int | None, str] | None = None  # (sample id, first diff, describe())
     kinds: list[str | None] = field(default_factory=list)  # server kind per endpoint (None: unknown)
     truth: list[str] = field(default_factory=list)  # TRUTH_KINDS per endpoint
-    profiles: dict[tuple[str, str], Any] = field(default_factory=dict)  # (endpoint, provider or "") -> profile
-    priors: dict[str, Any] = field(default_factory=dict)  # endpoint -> its server's prior profile
+    profiles: dict[tuple[str, str], FidelityProfile] = field(default_factory=dict)  # (endpoint, provider or "") -> profile
+    priors: dict[str, FidelityProfile] = field(default_factory=dict)  # endpoint -> its server's prior profile
     twin: int | None = None  # the trusted endpoint greedy probes are compared with
-    on_profile: Callable[[Any], None] | None = None  # a profile whose plan changed: to the rebuilds and the store
+    on_profile: Callable[[FidelityProfile], None] | None = None  # a profile whose plan changed: to the rebuilds and the store
     samples: Counter = field(default_factory=Counter)  # (endpoint, provider) -> answers rebuilt
     text_samples: Counter = field(default_factory=Counter)  # (endpoint, provider) -> of those, ids from text
     no_truth: Counter = field(default_factory=Counter)  # (endpoint, provider) -> probes answered without truth
     edges: dict[tuple[str, str | None], Counter] = field(default_factory=dict)  # population statistics
     _told: set[str] = field(default_factory=set)  # population-statistics sentences already reported
-    _twin_slots: Any = None  # asyncio.Semaphore over the twin's requests (made on the loop, when first used)
+    _twin_slots: asyncio.Semaphore | None = None  # asyncio.Semaphore over the twin's requests (made on the loop, when first used)
 
     def __post_init__(self) -> None:
         if not self.kinds:
@@ -291,7 +298,7 @@ class Verifier:
         verified = dict(mine)
         return any(verified.get(k, 0) < self.min_verified and self.no_truth[k] < 2 * self.min_verified for k in seen)
 
-    def request_extra(self, index: int, sample: Any = None) -> tuple[dict | None, bool]:
+    def request_extra(self, index: int, sample: LeasedSample | None = None) -> tuple[dict | None, bool]:
         """(the request's extra body fields, whether it is a probe) for a request of `sample` to endpoint `index`."""
         ep = self.endpoints[index]
         truth = self.truth[index]
@@ -330,7 +337,7 @@ class Verifier:
 
     # ---- learning ---------------------------------------------------------------------------------
 
-    def learn(self, endpoint: str, completion: Completion, rebuilt: Any, probe: bool) -> Any:
+    def learn(self, endpoint: str, completion: Completion, rebuilt: Rebuilt, probe: bool) -> FidelityProfile | None:
         """Count one rebuilt answer (population statistics, samples, probes without truth) and merge what a
         measured probe observed into the endpoint × provider's profile. Returns the profile when that changed
         what rebuilds do (also handed to `on_profile`), else None."""
@@ -339,13 +346,13 @@ class Verifier:
         provider = completion.provider
         key = (endpoint, provider)
         self.samples[key] += 1
-        rec = getattr(rebuilt, "reconstruction", None)
+        rec = rebuilt.reconstruction
         if rec is not None and rec.ids_source in (None, fl.IDS_TEXT):
             self.text_samples[key] += 1
         _edge_counts(self.edges.setdefault(key, Counter()), completion)
-        observed = getattr(rebuilt, "observed", None)
+        observed = rebuilt.observed
         if observed is None:
-            if probe and getattr(rebuilt, "measured", None) is None:
+            if probe and rebuilt.measured is None:
                 self.no_truth[key] += 1
             return None
         pkey = (endpoint, provider or "")
@@ -364,11 +371,11 @@ class Verifier:
             return after
         return None
 
-    def learned_profiles(self) -> list[Any]:
+    def learned_profiles(self) -> list[FidelityProfile]:
         """The profiles probes taught this run (to store at the end)."""
         return [fp for fp in self.profiles.values() if fp.probes]
 
-    def _fallback(self, endpoint: str) -> Any:
+    def _fallback(self, endpoint: str) -> FidelityProfile | None:
         """The profile rebuilds of a new provider of `endpoint` used until now (its endpoint's)."""
         return self.profiles.get((endpoint, "")) or self.priors.get(endpoint)
 
@@ -419,7 +426,7 @@ class Verifier:
                     c[i] += n
         return tuple(FidelitySnapshot(e, p, *c) for (e, p), c in sorted(per.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")))
 
-    def statuses(self) -> list[Any]:
+    def statuses(self) -> list[VerificationStatus]:
         """app.store.verification.VerificationStatus of every endpoint (and provider seen behind it) now: the
         same words `fidelity`, the export and `status` use."""
         from app.store.verification import Counts, Prior, statuses
@@ -462,7 +469,7 @@ class Verifier:
         return edge_contrasts(stats)
 
 
-def _profile_of(fp: Any) -> Any:
+def _profile_of(fp: FidelityProfile) -> Profile:
     from app.tokens import get_profile
 
     return get_profile(fp.profile)
@@ -480,8 +487,8 @@ def _edge_counts(c: Counter, completion: Completion) -> None:
                 c[f"ws:{name}.trail"] += 1
 
 
-async def open_verification(verifier: Verifier, reconstructor: Any, config: Any, db_path: Any,
-                            endpoints: Sequence[Any]) -> tuple[Any, list[tuple[str, str]]]:
+async def open_verification(verifier: Verifier, reconstructor: CompletionReconstructor | None, config: RunConfig,
+                            db_path: Path, endpoints: Sequence[Endpoint]) -> tuple[Rebuilder | None, list[tuple[str, str]]]:
     """Identify the endpoints' servers, give each its prior profile, load the stored profiles learned on this
     path, seed the verifier with the run's stored measurements, and wrap `reconstructor` in a Rebuilder over
     those profiles. Returns it with the operator's (level, sentence) notes. A reconstructor that is not a tokens
@@ -501,7 +508,7 @@ async def open_verification(verifier: Verifier, reconstructor: Any, config: Any,
             notes.append(("info", f"{ep.name}: identified as {ident.kind} ({ident.how})"))
     profile = getattr(reconstructor, "profile", None)
     wrappable = hasattr(reconstructor, "measure_text_path") and profile is not None
-    stored: list[Any] = []
+    stored: list[FidelityProfile] = []
     db_path = Path(db_path)
     if wrappable and db_path.exists():
         from app.store.profile_store import load_profiles
@@ -554,7 +561,7 @@ async def open_verification(verifier: Verifier, reconstructor: Any, config: Any,
     return Rebuilder(reconstructor, list(verifier.profiles.values())), notes
 
 
-async def ask_twin(verifier: Verifier, endpoints: Sequence[Any], sample: Any, model: str) -> Completion | None:
+async def ask_twin(verifier: Verifier, endpoints: Sequence[Endpoint], sample: LeasedSample, model: str) -> Completion | None:
     """The trusted twin's greedy answer to `sample` (None when it fails: the probe then goes unmeasured). At most
     TWIN_CONCURRENCY at once; not counted in the run's budget (a twin is the operator's own server)."""
     import asyncio
@@ -585,7 +592,7 @@ async def ask_twin(verifier: Verifier, endpoints: Sequence[Any], sample: Any, mo
             return None
 
 
-def save_profiles(store: Any, profiles: Sequence[Any], tokenizer: str = "") -> Any:
+def save_profiles(store: RunStore, profiles: Sequence[FidelityProfile], tokenizer: str = "") -> Awaitable[None]:
     """The store write (an awaitable, for the Run's StoreGate) that keeps `profiles` in the run database."""
     from app.store.profile_store import profiles_op
 
