@@ -148,3 +148,45 @@ def test_a_template_that_rejects_a_prompt_names_the_sample(built_run, tmp_path):
     bad.write_text("{{ raise_exception('only one user turn is supported') }}")
     with pytest.raises(InputError, match=r"sample 'sample-\d+': the chat template .*bad.jinja.*only one user turn"):
         export_run(built_run.db, tmp_path / "out", "eagle3-shards", chat_template=bad)
+
+
+def test_each_skipped_sample_is_counted_once_under_what_it_is(tmp_path, sample_reference, sample_tokenizer_dir,
+                                                              sample_cases):
+    """One label per skipped sample, by precedence: corrupt > truncated > suspect > round-trip failed. A corrupt
+    sample whose round-trip also failed is corrupt (the earlier export said "roundtrip"); a truncated one also
+    flagged suspect is truncated (the earlier export said "suspect", so its truncated count fell short of the
+    run's); a sample no reference judged but cut at max_tokens is truncated too."""
+    from app.export import SKIP_LABELS, summary_counts
+
+    built = build_run_db(tmp_path / "run.db", sample_reference, sample_tokenizer_dir, sample_cases, limit=60)
+    by = {cat: [sid for sid, c in built.categories.items() if c == cat] for cat in set(built.categories.values())}
+    corrupt, truncated, exact = by["text_mismatch"], by["truncated"], by["exact"]
+    conn = sqlite3.connect(built.db, isolation_level=None)
+
+    def set_(sid, sql, *args):
+        pk = conn.execute("SELECT pk FROM samples WHERE sample_id = ?", (sid,)).fetchone()[0]
+        conn.execute(sql + " WHERE sample_pk = ?", (*args, pk))
+
+    for sid in (*corrupt, *truncated, exact[0], exact[1]):
+        set_(sid, "UPDATE reconstructions SET roundtrip = 0")
+    for sid in (*corrupt, *truncated, exact[0]):
+        set_(sid, "UPDATE reconstructions SET flags = ?", '["replacement_char"]')
+    set_(exact[2], "UPDATE reconstructions SET category = 'unchecked'")
+    set_(exact[2], "UPDATE responses SET finish_reason = 'length'")
+    conn.close()
+    report = export_run(built.db, tmp_path / "out", "eagle3-shards")
+    assert report.skipped == {"corrupt": len(corrupt), "truncated": len(truncated) + 1, "suspect": 1,
+                              "roundtrip_failed": 1}
+    counts = summary_counts(report)
+    assert counts["seen"] == 60 == counts["exported"] + sum(counts["skipped"].values())
+    assert list(report.skipped) == [k for k in counts["skipped"] if counts["skipped"][k]]  # precedence order
+    assert (SKIP_LABELS["corrupt"], SKIP_LABELS["roundtrip_failed"]) == ("corrupt", "round-trip failed")
+
+
+def test_every_summary_count_says_what_it_means(built_run, tmp_path):
+    from app.export import COUNT_MEANINGS, summary_counts
+
+    counts = summary_counts(export_run(built_run.db, tmp_path, "sglang-raw"))
+    keys = [k for k in counts if k != "skipped"] + [f"skipped.{k}" for k in counts["skipped"]]
+    assert set(keys) == set(COUNT_MEANINGS)
+    assert all(len(COUNT_MEANINGS[k]) > 20 for k in keys)
