@@ -30,7 +30,7 @@ def written(tmp_path_factory):
 def test_it_reads_what_datasets_save_to_disk_wrote_in_row_order(written):
     base, want = written
     files = prepared_files(base / "ds")
-    assert len(files) == 2  # two shards, each of several record batches
+    assert len(files) == 2 and min(want["batches"]) > 1  # two shards, each of several record batches
     assert [row for f in files for row in _read(f)] == want["ds"]
 
 

@@ -331,22 +331,26 @@ def modelopt_train(model_dir: str, hs_dir: str, vocab_dir: str, draft_vocab: str
 
 
 def arrow_datasets(out_dir: str) -> dict:
-    """Arrow stream files as Hugging Face `datasets.save_to_disk` writes them (several record batches, two
-    shards), and one `large_list` column from pyarrow; with the rows each holds, read back by `datasets`."""
+    """Arrow stream files as Hugging Face `datasets.save_to_disk` writes them (two shards of several record
+    batches each, from a JSON file as speculators loads one), and one `large_list` column from pyarrow; with the
+    rows each holds, read back by `datasets`, and the record batches per file."""
+    import datasets.config
     import pyarrow as pa
-    from datasets import Dataset
+    from datasets import load_dataset, load_from_disk
 
     rows = [{"input_ids": list(range(k, k + 1 + (k * 7) % 23)), "loss_mask": [1] * (1 + (k * 7) % 23), "seq_len": k}
             for k in range(50)]
-    Dataset.from_list(rows).save_to_disk(str(Path(out_dir) / "ds"), num_shards=2, max_shard_size=None)
+    source = Path(out_dir) / "rows.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    datasets.config.DEFAULT_MAX_BATCH_SIZE = 7  # several record batches per file
+    load_dataset("json", data_files=str(source), split="train").save_to_disk(str(Path(out_dir) / "ds"), num_shards=2)
     table = pa.table({"seq_len": pa.array([1, 2], pa.int64()),
                       "input_ids": pa.array([[5, 6, 7], [8]], pa.large_list(pa.int64()))})
     with pa.OSFile(str(Path(out_dir) / "large.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table, max_chunksize=1)
-    from datasets import load_from_disk
-
+    batches = [sum(1 for _ in pa.ipc.open_stream(pa.memory_map(str(p)))) for p in sorted((Path(out_dir) / "ds").glob("*.arrow"))]
     back = load_from_disk(str(Path(out_dir) / "ds")).with_format(None)
-    return {"ds": [r["input_ids"] for r in back], "large": [[5, 6, 7], [8]]}
+    return {"ds": [r["input_ids"] for r in back], "large": [[5, 6, 7], [8]], "batches": batches}
 
 
 CHECKS = {
