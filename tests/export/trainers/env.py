@@ -40,6 +40,12 @@ def trainer_site() -> Path:
 
 def _env(scratch: Path, overlay: str | None = None) -> dict[str, str]:
     site = trainer_site()
+    if overlay and not (site / "overlays" / overlay).is_dir():
+        reason = (f"TRAINER ENV OUTDATED: {site} has no overlays/{overlay} (built by an older scripts/trainer_venv.sh); "
+                  "run scripts/trainer_venv.sh again")
+        if os.environ.get("EAGLEWATCH_REQUIRE_TRAINERS"):
+            pytest.fail(reason)
+        pytest.skip(reason)
     paths = ([str(site / "overlays" / overlay)] if overlay else []) + [str(site), str(ROOT)]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "TOKENIZERS_PARALLELISM": "false",
             "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(scratch / "hf-cache"),
