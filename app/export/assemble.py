@@ -173,7 +173,7 @@ def export_run(
             if progress is not None:
                 progress(seen, train.exported + (evals.exported if evals else 0))
         folders = [train] + ([evals] if evals is not None else [])
-        files = {id(f): f.close() for f in folders}
+        train_files, *eval_files = [f.close() for f in folders]
         warnings = tuple(train.writer.warnings()) + tuple(
             f"eval split ({EVAL_DIR}/): {w}" for w in (evals.writer.warnings() if evals is not None else ()))
         longest = max((f.longest for f in folders if f.longest is not None), default=None)
@@ -219,7 +219,7 @@ def export_run(
         }
         split = {"eval_fraction": eval_fraction, "key": "sample id", "hash": "sha256, first 8 bytes below fraction",
                  "eval_dir": EVAL_DIR if evals is not None else None}
-        _write_manifest(work, header, fmt, shard_size, train, files[id(train)], {
+        _write_manifest(work, header, fmt, shard_size, train, train_files, {
             "counts": summary_counts(report),
             "split": {**split, "role": "train" if evals is not None else "all"},
             "train": report.train,
@@ -228,7 +228,7 @@ def export_run(
         if evals is not None:
             eval_routes = trainer_routes(fmt, out_dir / EVAL_DIR, longest, specforge_template=template_name, db=db,
                                          run=info.name)
-            _write_manifest(evals.folder, header, fmt, shard_size, evals, files[id(evals)], {
+            _write_manifest(evals.folder, header, fmt, shard_size, evals, eval_files[0], {
                 "counts": {"exported": evals.exported},
                 "split": {**split, "role": "eval", "train_dir": ".."},
                 "train": eval_routes,
@@ -240,10 +240,9 @@ def export_run(
         raise
     finally:
         conn.close()
-    listed = [entry["path"] for entry in files[id(train)]] + [MANIFEST, SAMPLES]
-    if evals is not None:
-        listed += [f"{EVAL_DIR}/{entry['path']}" for entry in files[id(evals)]] + [f"{EVAL_DIR}/{MANIFEST}",
-                                                                                   f"{EVAL_DIR}/{SAMPLES}"]
+    listed = [entry["path"] for entry in train_files] + [MANIFEST, SAMPLES]
+    for entries in eval_files:
+        listed += [f"{EVAL_DIR}/{entry['path']}" for entry in entries] + [f"{EVAL_DIR}/{MANIFEST}", f"{EVAL_DIR}/{SAMPLES}"]
     return replace(report, files=tuple(listed), seconds=time.perf_counter() - started)
 
 
