@@ -76,7 +76,7 @@ class _Table:
             out.append(_Table(self.buf, elem + struct.unpack_from("<I", self.buf, elem)[0]))
         return out
 
-    def structs(self, slot: int, size: int) -> tuple[int, int]:
+    def structs(self, slot: int) -> tuple[int, int]:
         """(position of the first struct, count) of a vector of fixed-size structs."""
         at = self._indirect(slot)
         if at is None:
@@ -194,8 +194,8 @@ class IntListColumn:
             raise InputError(f"{self.path}: compressed record batches are not readable here; save the dataset "
                              "uncompressed")
         length = batch.scalar(0, "q")
-        nodes_at, _ = batch.structs(1, 16)
-        buffers_at, n_buffers = batch.structs(2, 16)
+        nodes_at, _ = batch.structs(1)
+        buffers_at, n_buffers = batch.structs(2)
         buf = batch.buf
         buffer_index = sum(_BUFFERS[f.type_id] for f in self._flat[:target])
         node = struct.unpack_from("<qq", buf, nodes_at + 16 * target)
@@ -203,7 +203,7 @@ class IntListColumn:
             raise InputError(f"{self.path}: column {self.column!r} has {node[1]} null rows")
         if buffer_index + 4 > n_buffers:
             raise InputError(f"{self.path}: a record batch has too few buffers for column {self.column!r}")
-        offsets_at, offsets_len = struct.unpack_from("<qq", buf, buffers_at + 16 * (buffer_index + 1))
+        offsets_at, _ = struct.unpack_from("<qq", buf, buffers_at + 16 * (buffer_index + 1))
         values_at, values_len = struct.unpack_from("<qq", buf, buffers_at + 16 * (buffer_index + 3))
         fmt = "<%d%s" % (length + 1, "q" if self._offset_size == 8 else "i")
         offsets = struct.unpack_from(fmt, self._view, body + offsets_at)
