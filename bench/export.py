@@ -5,8 +5,9 @@ file, then measures, in the same run:
   - bare read+write: one SELECT over the same join, unpack ids, one json.dumps line per row (no prompt);
   - bare render: the same plus the chat template rendered with jinja2 and encoded (the irreducible work
     of an eagle3 shard line) — the baseline the export is compared with;
-  - bare text / bare conversations: the bare render plus what `specforge-text` (decode the ids, encode the
-    text back to check it) and `modelopt` (split the ids into an assistant turn) add, written as they write;
+  - bare text / bare modelopt: the bare render plus what `specforge-text` (decode the ids, encode the text back
+    to check it) and `modelopt` (decode prompt and output, encode the text with offsets, check ids and the
+    generation-tag mask) add, written as they write;
   - export_run for every format.
 Ratios are rows/s divided by the bare-render baseline, and for each new format by its own bare loop (the
 render+encode+write work that format cannot avoid). Rates are rows per CPU second of this process, the best of
@@ -122,13 +123,14 @@ def bare_render(db: Path, out: Path, tokenizer_dir: Path) -> int:
 
 def bare_format(db: Path, out: Path, tokenizer_dir: Path, fmt: str) -> int:
     """The bare render plus the irreducible work of `fmt`: specforge-text decodes the ids and encodes the text
-    back (the check that its tokenisation is the ids); modelopt splits the output into an assistant turn and
+    back (the check that its tokenisation is the ids); modelopt decodes the prompt and the output, encodes their
+    text with offsets and checks both the ids and the generation-tag mask transformers would derive from it, and
     writes the same record as the export (tests/export/test_bench_baselines.py compares the bytes)."""
     from app.store.ids import unpack_ids
-    from app.tokens import get_profile, load_tokenizer, split_output
+    from app.tokens import load_tokenizer
 
     tok = load_tokenizer(tokenizer_dir)
-    profile = get_profile("kimi-k2.5")
+    backend = tok.backend
     template = _bare_template(tokenizer_dir)
     conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
     n = 0
@@ -138,29 +140,24 @@ def bare_format(db: Path, out: Path, tokenizer_dir: Path, fmt: str) -> int:
             prompt = tok.encode(template.render(messages=msgs, tools=tool_list,
                                                 add_generation_prompt=True))
             output = list(unpack_ids(ids))
+            n += 1  # rows read, as the export counts them; a row whose text does not give its ids back is skipped
             if fmt == "specforge-text":
                 text = tok.decode(prompt + output)
-                n += 1  # rows read, as the export counts them; a text that does not encode back is skipped
-                if tok.encode(text) != prompt + output:
+                if backend.encode_batch_fast([text], add_special_tokens=False)[0].ids != prompt + output:
                     continue
-                fh.write(json.dumps({"id": sid, "text": text}, ensure_ascii=False, separators=(",", ":")) + "\n")
-                continue
+                record = {"id": sid, "text": text}
             else:
-                # the record the modelopt format holds: the assistant turn with its reasoning and tool calls,
-                # and the tool declarations
-                view = split_output(output, profile, tok)
-                turn = {"role": "assistant", "content": view.content}
-                if view.reasoning is not None:
-                    turn["reasoning_content"] = view.reasoning
-                if view.tool_calls:
-                    turn["tool_calls"] = [{"id": c.id, "type": c.type or "function",
-                                           "function": {"name": c.name, "arguments": c.arguments}}
-                                          for c in view.tool_calls]
-                record = {"conversation_id": sid, "conversations": [*msgs, turn]}
-                if tool_list:
-                    record["tools"] = tool_list
+                context, generated = tok.decode(prompt), tok.decode(output)
+                encoding = backend.encode(context + generated, add_special_tokens=False)
+                if encoding.ids != prompt + output:
+                    continue
+                start = encoding.char_to_token(len(context))
+                end = encoding.char_to_token(len(context) + len(generated) - 1)
+                if (start, end) != (len(prompt), len(prompt) + len(output) - 1):
+                    continue
+                record = {"conversation_id": sid, "messages": [{"role": "user", "content": context},
+                                                               {"role": "assistant", "content": generated}]}
             fh.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
-            n += 1
     conn.close()
     return n
 
@@ -173,8 +170,9 @@ def timed(fn) -> tuple[float, float, int]:
 
 
 # each new format against the bare loop of the work it cannot avoid
-OWN_BARE = {"eagle3-shards": "bare render (baseline)", "specforge-text": "bare specforge-text",
-            "speculators": "bare render (baseline)", "modelopt": "bare modelopt"}
+OWN_BARE = {"eagle3-shards": "bare render (baseline)", "specforge": "bare render (baseline)",
+            "specforge-text": "bare specforge-text", "speculators": "bare render (baseline)",
+            "modelopt": "bare modelopt"}
 
 
 def main() -> int:

@@ -15,7 +15,7 @@ from app.cli import VERBS, main
 
 ALL_VERBS = (
     "demo", "run", "watch", "serve", "ingest", "status", "validate", "audit", "calibrate", "fidelity",
-    "reprocess", "export", "extract", "jobs", "simulate", "config",
+    "reprocess", "export", "vocab", "extract", "jobs", "simulate", "config",
 )
 
 

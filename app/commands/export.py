@@ -12,8 +12,8 @@ from app.errors import InputError
 
 EXAMPLE = """\
 eaglewatch export --db /tmp/eaglewatch-demo.db --run demo --format eagle3-shards --out /tmp/demo-shards
-eaglewatch export --db runs.db --format specforge-text --out out/specforge-text --max-length 8192
-eaglewatch export --db runs.db --format speculators --out out/speculators --keep-suspect"""
+eaglewatch export --db runs.db --format specforge --out out/specforge --eval-fraction 0.02
+eaglewatch export --db runs.db --format speculators --out out/speculators --max-length 16384"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,11 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--format",
         required=True,
         choices=("sglang-raw", "specforge", "specforge-text", "speculators", "modelopt", "eagle3-shards"),
-        help="sglang-raw: id, messages, output_ids, meta_info; specforge: conversations with reasoning_content "
-        "(SpecForge re-renders them); specforge-text: SpecForge pre-formatted {id, text} rows whose tokenisation "
-        "is the exported ids; speculators: input_ids + loss_mask rows for speculators' prepare_data / trainer; "
-        "modelopt: {conversation_id, conversations} for Model-Optimizer's scripts; eagle3-shards: input_ids + "
-        "loss_mask shards for hidden-state extraction. Data goes to OUT/data/, manifest.json beside it",
+        help="sglang-raw: id, messages, output_ids, meta_info; specforge: pre-tokenized input_ids + loss_mask rows "
+        "in one file for SpecForge's data.prompts_path; specforge-text: SpecForge pre-formatted {id, text} rows "
+        "(its mask differs for K2.5: warned); speculators: input_ids + loss_mask rows for `speculators "
+        "prepare-data`; modelopt: {conversation_id, messages} with chat_template.jinja (generation tags) for "
+        "Model-Optimizer's answer_only_loss; eagle3-shards: input_ids + loss_mask shards for hidden-state "
+        "extraction. Data goes to OUT/data/, manifest.json beside it with each trainer's settings and commands",
     )
     parser.add_argument("--out", type=Path, required=True, help="output directory (created if missing)")
     bpe = parser.add_mutually_exclusive_group()
@@ -51,7 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "prompt; the rest are skipped as prompt_unverified")
     parser.add_argument("--max-length", type=int, default=None, metavar="N",
                         help="skip samples whose prompt + completion exceed N tokens (never cut)")
-    parser.add_argument("--shard-size", type=int, default=1000, metavar="N", help="samples per eagle3 shard (default 1000)")
+    parser.add_argument("--shard-size", type=int, default=1000, metavar="N",
+                        help="rows per shard file of eagle3-shards / speculators (default 1000)")
+    parser.add_argument("--eval-fraction", type=float, default=0.0, metavar="F",
+                        help="hold this share of the rows out under OUT/eval (an export folder of its own), chosen "
+                        "by a stable hash of the sample id: a re-export holds out the same ids (default 0)")
     parser.add_argument("--tokenizer", type=Path, default=None, metavar="DIR",
                         help="tokenizer directory (default: the one in the run's config)")
     parser.add_argument("--profile", default=None, help="template profile (default: the run's, else kimi-k2.5)")
@@ -97,7 +102,7 @@ class _Progress:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.export import ExportPolicy, export_run
+    from app.export import ExportPolicy, export_run, summary_line
 
     kwargs = None
     if args.template_kwargs is not None:
@@ -131,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
         template_kwargs=kwargs,
         overwrite=args.overwrite,
         workers=args.workers,
+        eval_fraction=args.eval_fraction,
         progress=progress,
     )
     progress.done()
@@ -139,11 +145,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.as_dict(), indent=1))
     else:
-        skipped = ", ".join(f"{n} {k}" for k, n in report.skipped.items()) or "none"
-        sources = ", ".join(f"{n} {k}" for k, n in report.ids_sources.items()) or "none"
-        print(
-            f"exported {report.exported} samples of run {report.run!r} as {report.format} to {report.out_dir}/data "
-            f"({report.tokens} tokens, {report.loss_tokens} in the loss) in {report.seconds:.1f}s; ids from: "
-            f"{sources}; skipped: {skipped}"
-        )
+        print(summary_line(report))
+        commands = report.train.get("commands") or []
+        if commands:
+            print(f"train with it (every length set to the longest row, {report.train['max_length']} tokens; "
+                  "manifest.json `train`, docs/jobs.md):")
+            for command in commands:
+                print(f"  {command}")
     return 0

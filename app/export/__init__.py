@@ -1,25 +1,32 @@
 """Training-data export from a run store, one module per job:
 
-- `app.store.export_reads`: the rows (SQL, paged);  `policy`: which samples, which ids (true ids first);
+- `app.store.export_reads`: the rows (SQL, paged);  `policy`: which samples, which ids (true ids first), and the
+  one precedence of skip reasons;  `training_rows`: a row as ids + generated spans;
 - `app.tokens.render_export` / `templates`: prompt ids (chat template or profile renderer);
-- `writers`: one writer per format;  `parallel`: prompts rendered in a process pool;
-- `run`: `export_run`, the orchestrator (temporary folder renamed into place, manifest last).
+- `writers`: one writer per format;  `parallel`: prompts rendered in a process pool;  `eval_split`: the held-out
+  rows;  `trainer_routes`: how each trainer reads the export (settings, commands);  `draft_vocab`: the reduced
+  draft vocabulary (`eaglewatch vocab`);
+- `assemble`: `export_run`, the orchestrator (temporary folder renamed into place, manifest last);  `report`: the
+  summary counts and what each means.
 
-Formats are described in docs/contracts.md ("Export shards") and, per trainer, docs/jobs.md.
+Formats and their consumers: docs/jobs.md ("Train with it").
 """
 
 from __future__ import annotations
 
-from app.export.policy import IDS_SOURCES, SKIP_REASONS, ExportPolicy, skip_reason, true_ids
-from app.export.report import ExportReport
 from app.export.assemble import FORMATS, MANIFEST, SAMPLES, export_run
+from app.export.eval_split import EVAL_DIR, held_out
+from app.export.policy import IDS_SOURCES, SKIP_LABELS, SKIP_REASONS, SKIP_RULES, ExportPolicy, skip_reason, true_ids
+from app.export.report import COUNT_MEANINGS, ExportReport, summary_counts, summary_line
 from app.export.templates import load_chat_template
+from app.export.training_rows import TrainingRow
 from app.export.writers import DATA_DIR, SINGLE_FILE, assistant_turn
 from app.store.export_reads import ExportRow, iter_rows
 from app.tokens.render_export import ChatTemplate, PromptRenderer
 
 __all__ = [
-    "DATA_DIR", "FORMATS", "IDS_SOURCES", "MANIFEST", "SAMPLES", "SINGLE_FILE", "SKIP_REASONS", "ChatTemplate",
-    "ExportPolicy", "ExportReport", "ExportRow", "PromptRenderer", "assistant_turn", "export_run", "iter_rows",
-    "load_chat_template", "skip_reason", "true_ids",
+    "COUNT_MEANINGS", "DATA_DIR", "EVAL_DIR", "FORMATS", "IDS_SOURCES", "MANIFEST", "SAMPLES", "SINGLE_FILE",
+    "SKIP_LABELS", "SKIP_REASONS", "SKIP_RULES", "ChatTemplate", "ExportPolicy", "ExportReport", "ExportRow",
+    "PromptRenderer", "TrainingRow", "assistant_turn", "export_run", "held_out", "iter_rows", "load_chat_template",
+    "skip_reason", "summary_counts", "summary_line", "true_ids",
 ]

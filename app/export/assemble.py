@@ -1,9 +1,10 @@
 """`export_run`: stream a run's done samples into one export folder, atomically.
 
 The folder is built beside its destination (`.<name>.partial-<pid>`) and renamed into place at the end, so an
-interrupted export leaves the previous export (or nothing) and never new shards beside an old manifest.
-Layout: `<out>/manifest.json`, `<out>/samples.tsv` (per sample: id, ids source, verdict, tokens) and the data
-under `<out>/data/` (point a trainer at that folder or file).
+interrupted export leaves the previous export (or nothing) and never new files beside an old manifest.
+Layout: `<out>/manifest.json`, `<out>/samples.tsv` (per row: id, ids source, verdict, tokens) and the data
+under `<out>/data/` (point a trainer at that folder or file); with an eval fraction, `<out>/eval/` holds the
+held-out rows as an export folder of its own (its own manifest.json, samples.tsv and data/).
 """
 
 from __future__ import annotations
@@ -14,16 +15,20 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from app.errors import InputError
+from app.export.eval_split import EVAL_DIR, check_fraction, held_out
 from app.export.parallel import prepare_parallel, prepare_serial
-from app.export.policy import (ExportPolicy, held_back_advice, is_unverified_text, skip_reason, true_ids,
-                               with_verification)
-from app.export.report import ExportReport
+from app.export.policy import (SKIP_REASONS, ExportPolicy, held_back_advice, is_unverified_text, skip_reason,
+                               true_ids, with_verification)
+from app.export.report import ExportReport, summary_counts
 from app.export.templates import load_chat_template, template_kwargs_of_run
-from app.export.writers import DATA_DIR, WRITE_BUFFER, make_writer
+from app.export.trainer_routes import trainer_routes
+from app.export.training_rows import TrainingRow
+from app.export.writers import DATA_DIR, SPECFORGE_TEMPLATES, WRITE_BUFFER, Writer, make_writer
 from app.store.export_reads import ExportRow, iter_rows
 from app.tokens.render_export import PromptRenderer
 
@@ -31,6 +36,46 @@ FORMATS = ("sglang-raw", "specforge", "specforge-text", "speculators", "modelopt
 MANIFEST = "manifest.json"
 SAMPLES = "samples.tsv"
 SHARDED = ("eagle3-shards", "speculators")
+MANIFEST_VERSION = 3
+
+
+class _Folder:
+    """One output folder of an export (OUT, or OUT/eval): its writer, samples.tsv and running totals."""
+
+    def __init__(self, folder: Path, writer_of: Callable[[Path], Writer]) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.writer = writer_of(folder)
+        self.samples_fh = (folder / SAMPLES).open("w", encoding="utf-8", buffering=WRITE_BUFFER)
+        self.samples_fh.write("id\tids_source\tverdict\ttokens\n")
+        self.exported = self.tokens = self.loss_tokens = 0
+        self.shortest: int | None = None
+        self.longest: int | None = None
+        self.sources: Counter[str] = Counter()
+
+    def write(self, row: TrainingRow) -> str | None:
+        reason = self.writer.write(row)
+        if reason is not None:
+            return reason
+        total = len(row.input_ids)
+        self.exported += 1
+        self.sources[row.ids_source] += 1
+        self.tokens += total
+        self.loss_tokens += row.loss_tokens
+        self.shortest = total if self.shortest is None else min(self.shortest, total)
+        self.longest = total if self.longest is None else max(self.longest, total)
+        self.samples_fh.write(f"{_tsv(row.sample_id)}\t{row.ids_source}\t{row.verdict}\t{total}\n")
+        return None
+
+    def close(self) -> list[dict[str, Any]]:
+        files = self.writer.close()
+        self.samples_fh.close()
+        return files
+
+    def lengths(self) -> dict[str, Any]:
+        return {"samples": self.exported, "tokens": self.tokens, "loss_tokens": self.loss_tokens,
+                "min": self.shortest, "max": self.longest,
+                "mean": round(self.tokens / self.exported, 2) if self.exported else None}
 
 
 def export_run(
@@ -47,11 +92,13 @@ def export_run(
     template_kwargs: dict[str, Any] | None = None,
     overwrite: bool = False,
     workers: int = 1,
+    eval_fraction: float = 0.0,
     progress: Callable[[int, int], None] | None = None,
 ) -> ExportReport:
     """Stream a run's done samples into `out_dir` in format `fmt` (built aside, renamed in at the end).
 
-    workers > 1 renders prompts in that many processes (order and bounded memory kept).
+    workers > 1 renders prompts in that many processes (order and bounded memory kept). `eval_fraction` holds
+    that share of the rows out under `out_dir/eval` (app.export.eval_split: by a stable hash of the sample id).
     progress(seen, exported) is called after every sample. Raises InputError for a bad database, run,
     tokenizer, template, or an output directory that already holds an export (unless overwrite) or other files.
     """
@@ -66,6 +113,10 @@ def export_run(
         raise InputError(f"--shard-size: must be a positive number of samples, got {shard_size}")
     if policy.max_length is not None and policy.max_length <= 0:
         raise InputError(f"--max-length: must be a positive number of tokens, got {policy.max_length}")
+    try:
+        check_fraction(eval_fraction)
+    except ValueError as exc:
+        raise InputError(f"--eval-fraction: {exc}") from None
     _check_destination(out_dir, overwrite)
     started = time.perf_counter()
     conn = connect_readonly(db)
@@ -91,15 +142,14 @@ def export_run(
 
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
-        writer = make_writer(fmt, work, tokenizer, profile, shard_size, renderer.template)
-        samples_fh = (work / SAMPLES).open("w", encoding="utf-8", buffering=WRITE_BUFFER)
-        samples_fh.write("id\tids_source\tverdict\ttokens\n")
 
+        def writer_of(folder: Path) -> Writer:
+            return make_writer(fmt, folder, tokenizer, profile, shard_size)
+
+        train = _Folder(work, writer_of)
+        evals = _Folder(work / EVAL_DIR, writer_of) if eval_fraction > 0 else None
         skipped: Counter[str] = Counter()
-        sources: Counter[str] = Counter()
-        exported = seen = tokens = loss_tokens = 0
-        shortest: int | None = None
-        longest: int | None = None
+        seen = 0
 
         def check(row: ExportRow) -> str | None:
             reason = skip_reason(row, policy)
@@ -116,39 +166,61 @@ def export_run(
                     else prepare_serial(rows, check, renderer))
         for row, reason, prompt_ids in prepared:
             seen += 1
-            output_ids, source = true_ids(row) if reason is None else ((), "")
-            prompt = prompt_ids or []
-            total = len(prompt) + len(output_ids)
-            if reason is None and policy.max_length is not None and total > policy.max_length:
-                reason = "too_long"
             if reason is None:
-                reason = writer.write(row, prompt, output_ids, source)
-            if reason == "suspect":
-                held[(row.endpoint or "", row.provider or "")] += 1
+                output_ids, source = true_ids(row)
+                training = TrainingRow.single_turn(row, prompt_ids or [], output_ids, source)
+                if policy.max_length is not None and len(training.input_ids) > policy.max_length:
+                    reason = "too_long"
+                else:
+                    folder = evals if evals is not None and held_out(training.split_key, eval_fraction) else train
+                    reason = folder.write(training)
             if reason is not None:
                 skipped[reason] += 1
+                if reason == "suspect":  # per endpoint: the advice says when the other path would keep more
+                    held[(row.endpoint or "", row.provider or "")] += 1
             else:
                 accepted += policy.accept_unverified and is_unverified_text(row, policy)
-                exported += 1
-                sources[source] += 1
-                tokens += total
-                loss_tokens += len(output_ids)
-                shortest = total if shortest is None else min(shortest, total)
-                longest = total if longest is None else max(longest, total)
-                samples_fh.write(f"{_tsv(row.sample_id)}\t{source}\t{row.category}\t{total}\n")
             if progress is not None:
-                progress(seen, exported)
-        files = writer.close()
-        samples_fh.close()
+                progress(seen, train.exported + (evals.exported if evals else 0))
+        folders = [train] + ([evals] if evals is not None else [])
+        train_files, *eval_files = [f.close() for f in folders]
         said = list(verification.advice) if skipped.get("unverified") or accepted else []
         if skipped.get("unverified"):
             said.insert(0, f"{skipped['unverified']} sample(s) rebuilt from text by unverified endpoints were refused "
                         "(pass --accept-unverified to export them anyway)")
-        warnings = tuple(writer.warnings()) + tuple(said) + tuple(held_back_advice(verification.statuses, held))
-
-        manifest: dict[str, Any] = {
+        warnings = tuple(train.writer.warnings()) + tuple(
+            f"eval split ({EVAL_DIR}/): {w}" for w in (evals.writer.warnings() if evals is not None else ())) + tuple(
+            said) + tuple(held_back_advice(verification.statuses, held))
+        longest = max((f.longest for f in folders if f.longest is not None), default=None)
+        template_name = SPECFORGE_TEMPLATES.get(profile.name, (None,))[0]
+        exported = sum(f.exported for f in folders)
+        ordered_skips = {k: skipped[k] for k in SKIP_REASONS if skipped.get(k)}
+        sources = Counter[str]()
+        for f in folders:
+            sources.update(f.sources)
+        report = ExportReport(
+            run=info.name,
+            format=fmt,
+            out_dir=out_dir,
+            exported=exported,
+            skipped=ordered_skips,
+            tokens=sum(f.tokens for f in folders),
+            loss_tokens=sum(f.loss_tokens for f in folders),
+            min_length=min((f.shortest for f in folders if f.shortest is not None), default=None),
+            max_length=longest,
+            files=(),
+            seconds=0.0,
+            ids_sources=dict(sorted(sources.items())),
+            warnings=warnings,
+            seen=seen,
+            eval_exported=evals.exported if evals is not None else 0,
+            eval_fraction=eval_fraction,
+            train=trainer_routes(fmt, out_dir, longest, specforge_template=template_name, evaluated=evals is not None,
+                                 db=db, run=info.name),
+        )
+        header: dict[str, Any] = {
             "format": fmt,
-            "version": 2,
+            "version": MANIFEST_VERSION,
             "run": info.name,
             "profile": profile.name,
             "tokenizer": {"path": str(tok_dir), "fingerprint": tokenizer.fingerprint},
@@ -159,50 +231,50 @@ def export_run(
             "policy": policy.as_dict(),
             "data_dir": DATA_DIR,
             "samples_file": SAMPLES,
-            "counts": {"seen": seen, "exported": exported, "skipped": dict(sorted(skipped.items()))},
-            "ids_sources": dict(sorted(sources.items())),
+        }
+        split = {"eval_fraction": eval_fraction, "key": "sample id", "hash": "sha256, first 8 bytes below fraction",
+                 "eval_dir": EVAL_DIR if evals is not None else None}
+        _write_manifest(work, header, fmt, shard_size, train, train_files, {
+            "counts": summary_counts(report),
             "verification": {
                 "endpoints": [st.as_json() for st in verification.statuses],
                 "unverified": {"refused": skipped.get("unverified", 0), "accepted": accepted},
             },
-            "lengths": {
-                "samples": exported,
-                "tokens": tokens,
-                "loss_tokens": loss_tokens,
-                "min": shortest,
-                "max": longest,
-                "mean": round(tokens / exported, 2) if exported else None,
-            },
-            **writer.manifest_extra(),
+            "split": {**split, "role": "train" if evals is not None else "all"},
+            "train": report.train,
             "warnings": list(warnings),
-        }
-        if fmt in SHARDED:
-            manifest["shard_size"] = shard_size
-            manifest["shards"] = files
-        else:
-            manifest["files"] = files
-        (work / MANIFEST).write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        })
+        if evals is not None:
+            eval_routes = trainer_routes(fmt, out_dir / EVAL_DIR, longest, specforge_template=template_name, db=db,
+                                         run=info.name)
+            _write_manifest(evals.folder, header, fmt, shard_size, evals, eval_files[0], {
+                "counts": {"exported": evals.exported},
+                "split": {**split, "role": "eval", "train_dir": ".."},
+                "train": eval_routes,
+                "warnings": [w for w in warnings if w.startswith("eval split")],
+            })
         _move_into_place(work, out_dir)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
     finally:
         conn.close()
-    return ExportReport(
-        run=info.name,
-        format=fmt,
-        out_dir=out_dir,
-        exported=exported,
-        skipped=dict(sorted(skipped.items())),
-        tokens=tokens,
-        loss_tokens=loss_tokens,
-        min_length=shortest,
-        max_length=longest,
-        files=tuple(f["path"] for f in files) + (MANIFEST, SAMPLES),
-        seconds=time.perf_counter() - started,
-        ids_sources=dict(sorted(sources.items())),
-        warnings=warnings,
-    )
+    listed = [entry["path"] for entry in train_files] + [MANIFEST, SAMPLES]
+    for entries in eval_files:
+        listed += [f"{EVAL_DIR}/{entry['path']}" for entry in entries] + [f"{EVAL_DIR}/{MANIFEST}", f"{EVAL_DIR}/{SAMPLES}"]
+    return replace(report, files=tuple(listed), seconds=time.perf_counter() - started)
+
+
+def _write_manifest(folder: Path, header: dict[str, Any], fmt: str, shard_size: int, split: _Folder,
+                    files: list[dict[str, Any]], extra: dict[str, Any]) -> None:
+    manifest: dict[str, Any] = {**header, **extra, "ids_sources": dict(sorted(split.sources.items())),
+                                "lengths": split.lengths(), **split.writer.manifest_extra()}
+    if fmt in SHARDED:
+        manifest["shard_size"] = shard_size
+        manifest["shards"] = files
+    else:
+        manifest["files"] = files
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _tsv(text: str) -> str:

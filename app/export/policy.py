@@ -1,24 +1,25 @@
-"""Which samples an export keeps, and which output ids it writes for each (true ids first)."""
+"""Which samples an export keeps, why it leaves each other one out, and which output ids it writes (true ids first).
+
+A sample left out is counted once, under the first rule of `SKIP_RULES` (their order is the precedence) that
+holds for it, so each count says what the samples are: a corrupt sample that also failed its round-trip is
+"corrupt"; a truncated one flagged suspect is "truncated". Add a refusal by adding a `SkipRule` where its
+precedence puts it (the rules are data; `skip_reason` only walks them).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from app.records import CORRUPT_VERDICTS, Category
 from app.store.export_reads import ExportRow
 from app.tokens.flags import is_suspect
-
-# skip reasons, in the order they are checked (also the keys of ExportReport.skipped); `not_reproducible`:
-# specforge-text only, the decoded text does not encode back to the sample's ids
-SKIP_REASONS = ("no_reconstruction", "roundtrip", "unverified", "suspect", "prompt_unverified", "text_mismatch",
-                "structure_mismatch", "bpe_equivalent", "truncated", "too_long", "not_reproducible")
-# where a sample's exported output ids came from, best first
-IDS_SOURCES = ("server", "logprobs", "reference", "text")
 
 
 @dataclass(frozen=True)
 class ExportPolicy:
-    """Which samples to export: bpe_equivalent kept by default; mismatches, truncated, failed round-trips and
+    """Which samples to export: bpe_equivalent kept by default; corrupt, truncated, round-trip-failed and
     suspect samples (app.tokens.flags.is_suspect) dropped by default; with `require_prompt_agreement` only samples
     whose server prompt ids agreed with the rendered prompt are kept."""
 
@@ -49,24 +50,63 @@ class ExportPolicy:
         }
 
 
+@dataclass(frozen=True)
+class SkipRule:
+    """One reason to leave a sample out: its key (manifest, `--json`), the label an operator reads, what the
+    samples under it are, and the test (`applies(row, policy)`); None for reasons found while writing."""
+
+    key: str
+    label: str
+    meaning: str
+    applies: Callable[[ExportRow, ExportPolicy], bool] | None = None
+
+
+def _truncated(row: ExportRow) -> bool:
+    # cut at max_tokens: the verdict against a reference, or the finish reason where no reference judged it
+    return row.category == Category.TRUNCATED or row.finish_reason == "length"
+
+
+# in precedence order: the first that holds names the sample
+SKIP_RULES: tuple[SkipRule, ...] = (
+    SkipRule("not_rebuilt", "not rebuilt", "no output ids were rebuilt for the sample (no reconstruction stored)",
+             lambda row, p: not row.output_ids),
+    SkipRule("corrupt", "corrupt", "the verdict against its reference ids is a corrupt one (text_mismatch, "
+             "structure_mismatch: app.records.CORRUPT_VERDICTS); kept with --keep-mismatches",
+             lambda row, p: row.category in CORRUPT_VERDICTS and not p.keep_mismatches),
+    SkipRule("truncated", "truncated", "the response stopped at max_tokens (verdict truncated, or finish_reason "
+             "length where no reference judged it): no end-of-turn; kept with --keep-truncated",
+             lambda row, p: _truncated(row) and not p.keep_truncated),
+    SkipRule("suspect", "suspect", "the reconstruction flagged signs its ids may be wrong (app.tokens.flags."
+             "is_suspect); kept with --keep-suspect",
+             lambda row, p: is_suspect(row.flags) and not p.keep_suspect),
+    SkipRule("roundtrip_failed", "round-trip failed", "the rebuilt ids do not decode back to the returned text; "
+             "kept with --keep-roundtrip-failed",
+             lambda row, p: row.roundtrip is False and not p.keep_roundtrip_failed),
+    SkipRule("unverified", "unverified endpoint", "ids rebuilt from text by an endpoint that nothing verified (no "
+             "probe with true ids, no reference, not the server table alone); kept with --accept-unverified",
+             lambda row, p: not p.accept_unverified and bool(p.unverified) and is_unverified_text(row, p)),
+    SkipRule("prompt_unverified", "prompt unverified", "--require-prompt-agreement: the server's prompt ids did not "
+             "agree with the rendered prompt, or the server returned none",
+             lambda row, p: p.require_prompt_agreement and row.prompt_check != "agree"),
+    SkipRule("bpe_equivalent", "BPE-equivalent", "--drop-bpe-equivalent: same text as the reference, another "
+             "token split", lambda row, p: row.category == Category.BPE_EQUIVALENT and not p.keep_bpe_equivalent),
+    # found while writing
+    SkipRule("too_long", "too long", "prompt + completion longer than --max-length (never cut)"),
+    SkipRule("not_reproducible", "not reproducible as text", "a text format (specforge-text, modelopt) cannot hold "
+             "the sample: its text does not tokenize back to its ids, or the consumer's mask of it would differ"),
+)
+SKIP_REASONS: tuple[str, ...] = tuple(rule.key for rule in SKIP_RULES)
+SKIP_LABELS: dict[str, str] = {rule.key: rule.label for rule in SKIP_RULES}
+# where a sample's exported output ids came from, best first
+IDS_SOURCES = ("server", "logprobs", "reference", "text")
+
+
 def skip_reason(row: ExportRow, policy: ExportPolicy) -> str | None:
-    """Why the policy drops this row before rendering (None: keep it so far). See SKIP_REASONS."""
-    if row.output_ids is None or not row.output_ids:
-        return "no_reconstruction"
-    if row.roundtrip is False and not policy.keep_roundtrip_failed:
-        return "roundtrip"
-    if not policy.accept_unverified and policy.unverified and is_unverified_text(row, policy):
-        return "unverified"
-    if is_suspect(row.flags) and not policy.keep_suspect:  # text_path:<verdict> flags are informational
-        return "suspect"
-    if policy.require_prompt_agreement and row.prompt_check != "agree":
-        return "prompt_unverified"
-    if row.category in ("text_mismatch", "structure_mismatch") and not policy.keep_mismatches:
-        return row.category
-    if row.category == "bpe_equivalent" and not policy.keep_bpe_equivalent:
-        return "bpe_equivalent"
-    if (row.category == "truncated" or row.finish_reason == "length") and not policy.keep_truncated:
-        return "truncated"
+    """Why the policy drops this row before rendering (None: keep it so far): the key of the first SKIP_RULES
+    rule that holds."""
+    for rule in SKIP_RULES:
+        if rule.applies is not None and rule.applies(row, policy):
+            return rule.key
     return None
 
 

@@ -1,4 +1,4 @@
-"""What an export wrote, as the CLI and `--json` report it."""
+"""What an export wrote, as the CLI and `--json` report it, and the one definition of its summary counts."""
 
 from __future__ import annotations
 
@@ -6,11 +6,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.export.policy import SKIP_LABELS, SKIP_REASONS, SKIP_RULES
+
 
 @dataclass(frozen=True)
 class ExportReport:
-    """What an export wrote: counts by outcome, token totals, ids sources, the files (relative to `out_dir`) and
-    warnings about how its consumer reads them."""
+    """What an export wrote: counts by outcome, token totals, ids sources, the files (relative to `out_dir`),
+    how each trainer reads them (`train`: manifest.json's record) and warnings about its consumer."""
 
     run: str
     format: str
@@ -25,6 +27,10 @@ class ExportReport:
     seconds: float
     ids_sources: dict[str, int] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()  # what the consumer will do differently (also in the manifest)
+    seen: int = 0
+    eval_exported: int = 0  # of `exported`, the rows in the eval split (OUT/eval)
+    eval_fraction: float = 0.0
+    train: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data (`export --json`)."""
@@ -32,6 +38,7 @@ class ExportReport:
             "run": self.run,
             "format": self.format,
             "out_dir": str(self.out_dir),
+            "counts": summary_counts(self),
             "exported": self.exported,
             "skipped": dict(self.skipped),
             "ids_sources": dict(self.ids_sources),
@@ -39,7 +46,45 @@ class ExportReport:
             "loss_tokens": self.loss_tokens,
             "min_length": self.min_length,
             "max_length": self.max_length,
+            "eval": {"fraction": self.eval_fraction, "exported": self.eval_exported},
             "files": list(self.files),
             "seconds": round(self.seconds, 3),
+            "train": self.train,
             "warnings": list(self.warnings),
         }
+
+
+# what each summary count means; `skipped.<reason>`: one per SKIP_RULES entry
+COUNT_MEANINGS: dict[str, str] = {
+    "seen": "samples of the run read from the store: those whose state is done (pending, leased, failed and "
+            "skipped samples are never exported, so they are not seen)",
+    "exported": "rows written, the train and eval splits together (exported + every skipped count = seen)",
+    "train": "rows written under OUT/data (exported minus eval)",
+    "eval": "rows held out under OUT/eval by --eval-fraction (a stable hash of the sample id)",
+    **{f"skipped.{rule.key}": f"{rule.label}: {rule.meaning}" for rule in SKIP_RULES},
+}
+
+
+def summary_counts(report: ExportReport) -> dict[str, Any]:
+    """The export summary's numbers (COUNT_MEANINGS says what each is): seen, exported, train, eval and the
+    skipped samples, each counted once under the first reason of the policy's precedence (corrupt, truncated,
+    suspect, round-trip failed, ...), every reason present with 0 when none."""
+    return {
+        "seen": report.seen,
+        "exported": report.exported,
+        "train": report.exported - report.eval_exported,
+        "eval": report.eval_exported,
+        "skipped": {key: report.skipped.get(key, 0) for key in SKIP_REASONS},
+    }
+
+
+def summary_line(report: ExportReport) -> str:
+    """The one-line summary `eaglewatch export` prints: what was written, from which ids, what was left out."""
+    counts = summary_counts(report)
+    skipped = ", ".join(f"{n} {SKIP_LABELS[k]}" for k, n in counts["skipped"].items() if n) or "none"
+    sources = ", ".join(f"{n} {k}" for k, n in report.ids_sources.items()) or "none"
+    split = (f" ({counts['train']} train, {counts['eval']} eval in {report.out_dir}/eval)"
+             if report.eval_fraction else "")
+    return (f"exported {report.exported} of {counts['seen']} samples of run {report.run!r} as {report.format} to "
+            f"{report.out_dir}/data{split} ({report.tokens} tokens, {report.loss_tokens} in the loss, longest "
+            f"{report.max_length}) in {report.seconds:.1f}s; ids from: {sources}; skipped: {skipped}")

@@ -3,7 +3,8 @@
 Importing this package never imports torch: the launcher uses the torch-free parts (disk budget, layer
 conventions, done-markers); `app.extract.runner` (the shard loop), `app.extract.model` (loading the target,
 hooks, the pre/post-norm last state) and the writers of `app.extract.layouts` (one layout per consumer) need
-the `extract` extra.
+the `extract` extra. `app.extract.speculators_order` (with `arrow_stream`, a reader of the Arrow files
+`speculators prepare-data` writes) finds where speculators reads each sample's states, by token ids.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@
 | `speculators` | `hidden_states/hs_<k>.safetensors` | `token_ids` [T], `hidden_states` [T, n+1, H] (aux layers, then the last) | BEFORE the final norm |
 | `modelopt` | `<conversation_id>.pt` (torch.save) | `input_ids`, `hidden_states` [T, H], `aux_hidden_states` [T, n*H], `loss_mask`, `conversation_id`, `hidden_states_prenorm` | after the final norm |
 
-k is the sample's position in the whole export (shard order, then sample order), the row index speculators'
-and SpecForge's loaders count by. Consumers' loaders, read from their source: SpecForge
+k is the sample's position in the whole export (shard order, then sample order) for `specforge`; for
+`speculators` it is the row of speculators' prepared dataset holding the sample's ids (`speculators
+prepare-data` shuffles the rows: app.extract.speculators_order finds them by token ids). Consumers' loaders, read from their source: SpecForge
 `specforge/data/preprocessing.py` (`list_local_files`, `OfflineEagle3Dataset.process_data`) and
 `scripts/prepare_hidden_states.py` (`rows_<start>-<end>/data_<idx>.ckpt`); speculators `hs_connectors.transfer.FileTransfer`
 (`hs_{file_idx}.safetensors`) and `speculators/train/data.py` (`hidden_states[:, :-1]` aux, `[:, -1]` the verifier's
@@ -226,21 +227,28 @@ class PackedSampleWriter:
         shutil.rmtree(self.partial, ignore_errors=True)
 
 class _PerSampleFiles:
-    """Base of the one-file-per-sample consumer layouts: each sample goes to `<file>.partial` as its batch is
-    written; `finish` renames them all into place (so a consumer never lists a half-written file)."""
+    """Base of the one-file-per-sample consumer layouts: each sample goes to `<file>.partial-<pid>` as its batch is
+    written; `finish` renames them all into place (so a consumer never lists a half-written file). A sample
+    may have several files (speculators: every prepared row holding its ids), all the same bytes."""
 
     def __init__(self, out_dir: Path, shard: int, samples: Sequence[ShardSample], first_index: int, dtype: str) -> None:
         self.out_dir, self.shard, self.samples, self.first, self.dtype = out_dir, shard, samples, first_index, dtype
-        self.files = [self.relative(k) for k in range(len(samples))]
+        self.targets = [self.relatives(k) for k in range(len(samples))]
+        self.files = [rel for rels in self.targets for rel in rels]
         self.bytes = 0
         self.written = [False] * len(samples)
         self._lock = threading.Lock()
+        self._suffix = f".partial-{os.getpid()}"  # two shards may write the same file (same ids): their own partials
         for rel in {str(Path(f).parent) for f in self.files}:
             (out_dir / rel).mkdir(parents=True, exist_ok=True)
 
     def relative(self, k: int) -> str:
         """The file of sample k of this shard, relative to the output folder."""
         raise NotImplementedError
+
+    def relatives(self, k: int) -> list[str]:
+        """Every file of sample k (one, unless the consumer looks for the same ids at several places)."""
+        return [self.relative(k)]
 
     def tensors(self, k: int, ids: Any, last: Any, aux: Any) -> dict[str, Any]:
         """The dict this consumer's loader reads for sample k, from its ids, last state and aux states."""
@@ -254,12 +262,15 @@ class _PerSampleFiles:
 
     def write_sample(self, k: int, ids: Any, last: Any, aux: Any) -> None:
         """Write sample k (its unpadded ids, last state [T, H] and aux states [T, n*H], on the CPU)."""
-        partial = self.out_dir / (self.files[k] + ".partial")
+        first, *more = self.targets[k]
+        partial = self.out_dir / (first + self._suffix)
         # clone: a slice of the batch would be saved with the whole batch's storage
         self.save({key: (t.clone() if hasattr(t, "clone") else t) for key, t in self.tensors(k, ids, last, aux).items()},
                   partial)
+        for rel in more:
+            shutil.copyfile(partial, self.out_dir / (rel + self._suffix))
         with self._lock:
-            self.bytes += partial.stat().st_size
+            self.bytes += partial.stat().st_size * (1 + len(more))
             self.written[k] = True
 
     def finish(self) -> tuple[Path, int]:
@@ -267,13 +278,13 @@ class _PerSampleFiles:
         if not all(self.written):
             raise AssertionError(f"{self.written.count(False)} samples were never written")
         for rel in self.files:
-            os.replace(self.out_dir / (rel + ".partial"), self.out_dir / rel)
+            os.replace(self.out_dir / (rel + self._suffix), self.out_dir / rel)
         return self.out_dir, self.bytes
 
     def abort(self) -> None:
         """Remove the partial files of a failed shard."""
         for rel in self.files:
-            (self.out_dir / (rel + ".partial")).unlink(missing_ok=True)
+            (self.out_dir / (rel + self._suffix)).unlink(missing_ok=True)
 
 
 class SpecforgeWriter(_PerSampleFiles):
@@ -309,10 +320,18 @@ class ModeloptWriter(_PerSampleFiles):
 class SpeculatorsWriter(_PerSampleFiles):
     """`hidden_states/hs_<k>.safetensors`: `token_ids` [T] and `hidden_states` [T, n+1, H], the aux layers in
     order and, last, the last decoder layer's output BEFORE the final norm (speculators' trainer splits
-    `[:, :-1]` / `[:, -1]` and applies the verifier's norm itself)."""
+    `[:, :-1]` / `[:, -1]` and applies the verifier's norm itself). k is the row of speculators' prepared
+    dataset that holds the sample's ids (app.extract.speculators_order), every such row when several do."""
 
-    def relative(self, k: int) -> str:
-        return f"hidden_states/hs_{self.first + k}.safetensors"
+    def __init__(self, out_dir: Path, shard: int, samples: Sequence[ShardSample], order: Any, dtype: str) -> None:
+        self.order = order
+        super().__init__(out_dir, shard, samples, 0, dtype)
+
+    def relatives(self, k: int) -> list[str]:
+        rows = self.order.indices(self.samples[k].input_ids)
+        if not rows:
+            raise InputError(f"sample {self.samples[k].sample_id!r}: no row of {self.order.prepared} holds its ids")
+        return [f"hidden_states/hs_{row}.safetensors" for row in rows]
 
     def tensors(self, k, ids, last, aux):
         import torch
@@ -328,12 +347,16 @@ class SpeculatorsWriter(_PerSampleFiles):
 
 
 def make_writer(layout: str, per_sample: bool, out_dir: Path, shard: int, samples: Sequence[ShardSample],
-                first_index: int, hidden: int, n_aux: int, dtype: str, metadata: dict[str, str]):
-    """The writer of one shard in `layout` (`packed` honours `per_sample`)."""
+                first_index: int, hidden: int, n_aux: int, dtype: str, metadata: dict[str, str],
+                speculators_order: Any = None):
+    """The writer of one shard in `layout` (`packed` honours `per_sample`; `speculators` numbers its files by
+    `speculators_order`, an app.extract.speculators_order.SpeculatorsOrder)."""
     from app.extract.output import shard_data_path
 
     if layout == "packed":
         cls = PackedSampleWriter if per_sample else PackedShardWriter
         return cls(shard_data_path(out_dir, shard, per_sample), samples, hidden, n_aux, dtype, metadata)
-    cls = {"specforge": SpecforgeWriter, "speculators": SpeculatorsWriter, "modelopt": ModeloptWriter}[layout]
+    if layout == "speculators":
+        return SpeculatorsWriter(out_dir, shard, samples, speculators_order, dtype)
+    cls = {"specforge": SpecforgeWriter, "modelopt": ModeloptWriter}[layout]
     return cls(out_dir, shard, samples, first_index, dtype)

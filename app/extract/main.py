@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="files as their consumer reads them: packed (shard_<i>.safetensors, last state after the "
                              "norm), specforge (rows_*/data_<k>.ckpt), speculators (hidden_states/hs_<k>.safetensors, "
                              "[T, n+1, H], last state BEFORE the norm), modelopt (<conversation_id>.pt); default packed")
+    parser.add_argument("--speculators-prepared", type=Path, default=None, metavar="DIR",
+                        help="speculators layout: the dataset `speculators prepare-data` wrote, whose row k reads "
+                             "hs_<k> (default: <manifest folder>/prepared)")
     parser.add_argument("--per-sample", action="store_true",
                         help="packed layout: one safetensors file per sample in shard_<i>/ instead of one per shard")
     parser.add_argument("--trust-remote-code", action="store_true",
@@ -79,6 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             device=args.device,
             per_sample=args.per_sample,
             layout=args.layout,
+            speculators_prepared=args.speculators_prepared,
             trust_remote_code=args.trust_remote_code,
         )
         run_extraction(args.manifest, args.shard, options)

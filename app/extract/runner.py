@@ -63,6 +63,8 @@ class ExtractOptions:
     per_sample: bool = False  # packed layout: one file per sample instead of one per shard
     trust_remote_code: bool = False
     layout: str = "packed"  # packed | specforge | speculators | modelopt (app.extract.layouts.LAYOUTS)
+    # speculators layout: the dataset `speculators prepare-data` wrote (None: <manifest folder>/prepared)
+    speculators_prepared: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,12 +115,14 @@ def _check_ids_in_vocab(samples: Sequence[ShardSample], vocab: int, shard: int) 
 
 
 def extract_shard(
-    target: TargetModel, manifest: Manifest, shard: int, options: ExtractOptions, log: ProgressLog
+    target: TargetModel, manifest: Manifest, shard: int, options: ExtractOptions, log: ProgressLog,
+    speculators_order: Any = None,
 ) -> ShardResult:
     """Extract one shard unless it is already complete; the done-marker is written last.
 
     Every batch is checked before its bytes are written (finite values, shapes, token ids equal to the
-    shard's); any failure raises ExtractionError naming shard and sample and leaves no marker behind."""
+    shard's); any failure raises ExtractionError naming shard and sample and leaves no marker behind.
+    `speculators_order` (the speculators layout): where each sample's files go, found in the prepared dataset."""
     per_sample = options.per_sample
     if shard_is_complete(options.out_dir, shard):
         return _skip(manifest, shard, options, log)
@@ -135,7 +139,7 @@ def extract_shard(
                               f"{options.layout!r} stores it the other way", shard=shard)
     first = global_offsets(manifest)[shard] if options.layout in ("specforge", "speculators") else 0
     writer = make_writer(options.layout, per_sample, options.out_dir, shard, samples, first, hidden, n_aux,
-                         target.dtype, _shard_metadata(target, manifest, shard, samples))
+                         target.dtype, _shard_metadata(target, manifest, shard, samples), speculators_order)
     log.progress(shard, 0, len(samples), 0, tokens_total=total_tokens)
     # the GPU runs batch b+1 while writer threads wait for earlier batches' copies, check and write them
     pool = ThreadPoolExecutor(max_workers=WRITER_THREADS, thread_name_prefix=f"shard{shard}-writer")
@@ -275,6 +279,14 @@ def run_extraction(
     _check_done_layouts(options.out_dir, shards, options)
     todo = pending_shards(manifest, shards, options.out_dir)
     target = None
+    order = None
+    if todo and options.layout == "speculators":  # before the model loads: a missing row is refused at once
+        from app.extract.speculators_order import SpeculatorsOrder, prepared_path
+
+        prepared = prepared_path(manifest.path, options.speculators_prepared)
+        longest = (manifest.meta.get("train") or {}).get("max_length")
+        order = SpeculatorsOrder.scan(prepared, ((s.sample_id, s.input_ids) for i in todo
+                                                 for s in read_shard(manifest.shard(i))), max_length=longest)
     if todo:  # a run with every shard done never touches the model
         aux = resolve_aux_layers(options.aux_layers, options.convention, model_shape(options.model_path).num_layers)
         device = resolve_device(options.device)
@@ -295,7 +307,7 @@ def run_extraction(
                 results.append(_skip(manifest, index, options, log))
                 continue
             try:
-                results.append(extract_shard(target, manifest, index, options, log))
+                results.append(extract_shard(target, manifest, index, options, log, order))
             except ExtractionError as exc:
                 # the other shards are independent: report this one and go on
                 log.emit("shard_failed", index, error=str(exc), sample_id=exc.sample_id)

@@ -91,6 +91,16 @@ def build_run_db(db: Path, reference: Path, tokenizer_dir: Path, cases: dict, *,
     return BuiltRun(db=db, records=records, categories=categories, output_ids=outputs, exported_ids=exported)
 
 
+def pytest_terminal_summary(terminalreporter) -> None:
+    """What the trainer tests measured through each trainer's own code, one line per route."""
+    from tests.export.trainers.env import PROVEN
+
+    if PROVEN:
+        terminalreporter.write_sep("=", "trainer routes measured through the trainers' own code")
+        for line in PROVEN:
+            terminalreporter.write_line(line)
+
+
 @pytest.fixture(scope="session")
 def sample_cases(sample_data_dir):
     return json.loads((sample_data_dir / "reference_cases.json").read_text(encoding="utf-8"))

@@ -26,9 +26,10 @@ def test_bare_format_loop_writes_the_export_bytes(db, sample_tokenizer_dir, tmp_
     assert bare.read_bytes() == (tmp_path / "out" / data).read_bytes()
 
 
-def test_bare_render_loop_writes_the_speculators_rows(db, sample_tokenizer_dir, tmp_path):
+@pytest.mark.parametrize("fmt", ["speculators", "specforge"])
+def test_bare_render_loop_writes_the_pretokenized_rows(db, sample_tokenizer_dir, tmp_path, fmt):
     bare = tmp_path / "bare.jsonl"
     assert bench.bare_render(db, bare, sample_tokenizer_dir) == 320
-    report = export_run(db, tmp_path / "out", "speculators", shard_size=100000)
+    report = export_run(db, tmp_path / "out", fmt, shard_size=100000)
     [data] = [f for f in report.files if f.startswith("data/")]
     assert bare.read_bytes() == (tmp_path / "out" / data).read_bytes()

@@ -24,7 +24,11 @@ def test_export_text_report_names_what_was_skipped(built_run, tmp_path, capsys):
                  "--keep-truncated", "--max-length", "100000"])
     out = capsys.readouterr().out
     assert code == 0
-    assert "exported" in out and "3 text_mismatch" in out and "truncated" not in out.split("skipped:")[1]
+    assert "exported" in out and "3 corrupt" in out and "truncated" not in out.split("skipped:")[1]
+    # the trainer's command, with the cut length set to the longest row
+    assert "train with it" in out and "data.prompts_path=" in out
+    longest = json.loads((tmp_path / "manifest.json").read_text())["lengths"]["max"]
+    assert f"data.max_length={longest}" in out
 
 
 def test_export_error_is_one_sentence_and_nonzero_exit(tmp_path, capsys):

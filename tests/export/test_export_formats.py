@@ -104,31 +104,58 @@ def test_sglang_raw_round_trips(built_run, tmp_path):
         assert row["meta_info"]["verdict"] == built_run.categories[row["id"]]
 
 
-def test_specforge_conversations_render_back_to_the_shard_ids(built_run, shards, tmp_path, hf_sample_tokenizer):
-    export_run(built_run.db, tmp_path, "specforge")
+def test_specforge_rows_are_the_shard_rows_in_one_file(built_run, shards, tmp_path):
+    """SpecForge's data.prompts_path takes one file: every row, whatever their number, pre-tokenized as the shards
+    hold them; the manifest and the printed command set data.max_length to the longest row."""
+    report = export_run(built_run.db, tmp_path, "specforge")
     rows = [json.loads(line) for line in (tmp_path / "data" / "specforge.jsonl").read_text().splitlines()]
     _, samples = _read_all_shards(shards[0])
-    assert {r["id"] for r in rows} == set(samples)
+    assert [f for f in report.files if f.startswith("data/")] == ["data/specforge.jsonl"]
+    assert {r["id"]: (r["input_ids"], r["loss_mask"]) for r in rows} == {
+        sid: (list(s.input_ids), list(s.loss_mask)) for sid, s in samples.items()}
+    train = json.loads((tmp_path / "manifest.json").read_text())["train"]
+    longest = max(len(r["input_ids"]) for r in rows)
+    assert train["max_length"] == report.max_length == longest
+    assert train["settings"]["specforge"] == {"data.prompts_path": str(tmp_path / "data" / "specforge.jsonl"),
+                                             "data.max_length": longest}
+    assert any(f"data.max_length={longest}" in c and "data.prompts_path=" in c for c in train["commands"])
+
+
+def test_modelopt_rows_give_the_ids_and_masks_back_through_apply_chat_template(built_run, shards, tmp_path,
+                                                                               hf_sample_tokenizer):
+    """transformers' own apply_chat_template over a row's `messages` with the exported chat_template.jinja (what
+    Model-Optimizer calls, return_assistant_tokens_mask included) gives the shard's ids and loss mask; a
+    non-canonical (bpe_equivalent) split cannot come back from text and is skipped as not_reproducible."""
+    report = export_run(built_run.db, tmp_path, "modelopt")
+    rows = [json.loads(line) for line in (tmp_path / "data" / "modelopt.jsonl").read_text().splitlines()]
+    _, samples = _read_all_shards(shards[0])
+    bpe = {sid for sid in samples if built_run.categories[sid] == "bpe_equivalent"}
+    assert {r["conversation_id"] for r in rows} == set(samples) - bpe
+    assert report.skipped["not_reproducible"] == len(bpe) > 0
+    template = (tmp_path / "chat_template.jinja").read_text()
     for row in rows:
-        rec = built_run.records[row["id"]]
-        assert row["conversations"][:-1] == rec["messages"]
-        last = row["conversations"][-1]
-        assert last["role"] == "assistant" and "reasoning_content" in last
-        text = hf_sample_tokenizer.apply_chat_template(row["conversations"], tools=row.get("tools"), tokenize=False,
-                                                       preserve_thinking=True)
-        rendered = hf_sample_tokenizer.encode(text, add_special_tokens=False)
-        if built_run.categories[row["id"]] != "bpe_equivalent":  # conversations carry text: canonical ids only
-            assert rendered == list(samples[row["id"]].input_ids)
+        assert [m["role"] for m in row["messages"]] == ["user", "assistant"] and "conversations" not in row
+        out = hf_sample_tokenizer.apply_chat_template(row["messages"], chat_template=template, tokenize=True,
+                                                      return_dict=True, return_assistant_tokens_mask=True)
+        sample = samples[row["conversation_id"]]
+        assert out["input_ids"] == list(sample.input_ids), row["conversation_id"]
+        assert out["assistant_masks"] == list(sample.loss_mask), row["conversation_id"]
+    modelopt = json.loads((tmp_path / "manifest.json").read_text())["train"]["settings"]["modelopt"]
+    assert modelopt["training.training_seq_len"] == report.max_length and modelopt["training.answer_only_loss"]
 
 
-def test_specforge_tool_calls_are_structured(built_run, tmp_path, sample_cases):
-    export_run(built_run.db, tmp_path, "specforge")
-    rows = {json.loads(line)["id"]: json.loads(line) for line in (tmp_path / "data" / "specforge.jsonl").read_text().splitlines()}
-    with_tools = [sid for sid in rows if "tool_calls" in sample_cases["samples"][sid]["kinds"]]
-    assert with_tools
-    for sid in with_tools:
-        calls = rows[sid]["conversations"][-1]["tool_calls"]
-        assert all(c["id"].startswith("functions.") and json.loads(c["function"]["arguments"]) is not None for c in calls)
+def test_modelopt_refuses_a_tiktoken_tokenizer_and_names_the_exact_route(tmp_path, sample_reference, sample_cases,
+                                                                         kimi_tokenizer_dir):
+    """Model-Optimizer loads a tiktoken tokenizer (Kimi K2.5's) as a slow one and masks it by its own recovery,
+    ignoring the template's generation tags: the format is refused, naming the route that is exact."""
+    from app.errors import InputError
+    from tests.export.conftest import build_run_db
+
+    db = tmp_path / "kimi.db"
+    build_run_db(db, sample_reference, kimi_tokenizer_dir, sample_cases, limit=0)
+    with pytest.raises(InputError, match=r"per-model recovery.*layout = \"modelopt\".*answer_only_loss"):
+        export_run(db, tmp_path / "out", "modelopt")
+    assert not (tmp_path / "out").exists()
 
 
 def test_rows_stream_in_pages_in_store_order(built_run):

@@ -23,7 +23,7 @@ def _with(built_run, *categories):
 def test_default_keeps_exact_and_bpe_equivalent_only(built_run, tmp_path):
     report = export_run(built_run.db, tmp_path, "sglang-raw")
     assert _ids(tmp_path) == _with(built_run, "exact", "bpe_equivalent")
-    assert report.skipped == {"text_mismatch": 3, "truncated": len(_with(built_run, "truncated"))}
+    assert report.skipped == {"corrupt": 3, "truncated": len(_with(built_run, "truncated"))}
 
 
 def test_drop_bpe_equivalent(built_run, tmp_path):
@@ -138,8 +138,9 @@ def test_parallel_prompt_rendering_writes_the_same_files(built_run, tmp_path):
     names = sorted(str(p.relative_to(tmp_path / "one")) for p in (tmp_path / "one").rglob("*") if p.is_file())
     assert names == sorted(str(p.relative_to(tmp_path / "two")) for p in (tmp_path / "two").rglob("*") if p.is_file())
     assert "data/shard_00000.jsonl" in names
-    for name in names:
-        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
+    for name in names:  # the manifest names its own folder in the commands it records
+        one = (tmp_path / "one" / name).read_bytes().replace(str(tmp_path / "one").encode(), b"OUT")
+        assert one == (tmp_path / "two" / name).read_bytes().replace(str(tmp_path / "two").encode(), b"OUT"), name
 
 
 def test_a_template_that_rejects_a_prompt_names_the_sample(built_run, tmp_path):
@@ -147,3 +148,45 @@ def test_a_template_that_rejects_a_prompt_names_the_sample(built_run, tmp_path):
     bad.write_text("{{ raise_exception('only one user turn is supported') }}")
     with pytest.raises(InputError, match=r"sample 'sample-\d+': the chat template .*bad.jinja.*only one user turn"):
         export_run(built_run.db, tmp_path / "out", "eagle3-shards", chat_template=bad)
+
+
+def test_each_skipped_sample_is_counted_once_under_what_it_is(tmp_path, sample_reference, sample_tokenizer_dir,
+                                                              sample_cases):
+    """One label per skipped sample, by precedence: corrupt > truncated > suspect > round-trip failed. A corrupt
+    sample whose round-trip also failed is corrupt (the earlier export said "roundtrip"); a truncated one also
+    flagged suspect is truncated (the earlier export said "suspect", so its truncated count fell short of the
+    run's); a sample no reference judged but cut at max_tokens is truncated too."""
+    from app.export import SKIP_LABELS, summary_counts
+
+    built = build_run_db(tmp_path / "run.db", sample_reference, sample_tokenizer_dir, sample_cases, limit=60)
+    by = {cat: [sid for sid, c in built.categories.items() if c == cat] for cat in set(built.categories.values())}
+    corrupt, truncated, exact = by["text_mismatch"], by["truncated"], by["exact"]
+    conn = sqlite3.connect(built.db, isolation_level=None)
+
+    def set_(sid, sql, *args):
+        pk = conn.execute("SELECT pk FROM samples WHERE sample_id = ?", (sid,)).fetchone()[0]
+        conn.execute(sql + " WHERE sample_pk = ?", (*args, pk))
+
+    for sid in (*corrupt, *truncated, exact[0], exact[1]):
+        set_(sid, "UPDATE reconstructions SET roundtrip = 0")
+    for sid in (*corrupt, *truncated, exact[0]):
+        set_(sid, "UPDATE reconstructions SET flags = ?", '["replacement_char"]')
+    set_(exact[2], "UPDATE reconstructions SET category = 'unchecked'")
+    set_(exact[2], "UPDATE responses SET finish_reason = 'length'")
+    conn.close()
+    report = export_run(built.db, tmp_path / "out", "eagle3-shards")
+    assert report.skipped == {"corrupt": len(corrupt), "truncated": len(truncated) + 1, "suspect": 1,
+                              "roundtrip_failed": 1}
+    counts = summary_counts(report)
+    assert counts["seen"] == 60 == counts["exported"] + sum(counts["skipped"].values())
+    assert list(report.skipped) == [k for k in counts["skipped"] if counts["skipped"][k]]  # precedence order
+    assert (SKIP_LABELS["corrupt"], SKIP_LABELS["roundtrip_failed"]) == ("corrupt", "round-trip failed")
+
+
+def test_every_summary_count_says_what_it_means(built_run, tmp_path):
+    from app.export import COUNT_MEANINGS, summary_counts
+
+    counts = summary_counts(export_run(built_run.db, tmp_path, "sglang-raw"))
+    keys = [k for k in counts if k != "skipped"] + [f"skipped.{k}" for k in counts["skipped"]]
+    assert set(keys) == set(COUNT_MEANINGS)
+    assert all(len(COUNT_MEANINGS[k]) > 20 for k in keys)

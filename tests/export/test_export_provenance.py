@@ -52,11 +52,11 @@ def test_failed_round_trips_and_suspect_samples_are_dropped_by_default(run_db, t
     rows = _rows(tmp_path / "out")
     assert roles["roundtrip"] not in rows and roles["suspect"] not in rows
     assert roles["empty_flags"] in rows  # [] = not suspect
-    assert report.skipped["roundtrip"] == 1 and report.skipped["suspect"] == 1
+    assert report.skipped["roundtrip_failed"] == 1 and report.skipped["suspect"] == 1
     kept = export_run(built.db, tmp_path / "all", "eagle3-shards",
                       policy=ExportPolicy(keep_roundtrip_failed=True, keep_suspect=True))
     assert {roles["roundtrip"], roles["suspect"]} <= set(_rows(tmp_path / "all"))
-    assert "roundtrip" not in kept.skipped and "suspect" not in kept.skipped
+    assert "roundtrip_failed" not in kept.skipped and "suspect" not in kept.skipped
     policy = json.loads((tmp_path / "all" / "manifest.json").read_text())["policy"]
     assert policy["keep_roundtrip_failed"] and policy["keep_suspect"]
 
@@ -136,7 +136,7 @@ def test_the_cli_keeps_suspect_and_failed_samples_when_asked(run_db, tmp_path, c
     assert report["files"][0] == "data/speculators_00000.jsonl"
     assert main(["export", "--db", str(built.db), "--format", "modelopt", "--out", str(tmp_path / "text")]) == 0
     line = capsys.readouterr().out
-    assert "ids from: " in line and "1 suspect" in line and "1 roundtrip" in line
+    assert "ids from: " in line and "1 suspect" in line and "1 round-trip failed" in line
 
 
 def test_a_server_that_leaves_out_the_end_token_is_exported_with_it(tmp_path, sample_reference, sample_tokenizer_dir,

@@ -1,6 +1,7 @@
-"""Every sample of a demo export loaded through the trainers' own code (SpecForge, speculators,
-Model-Optimizer; scripts/trainer_venv.sh builds their environment) with zero differences from eaglewatch's ids
-and masks. The loaders run in a child process (tests/export/trainers/consumers.py names the function each calls)."""
+"""Every row of a demo export read through the trainers' own code (SpecForge, speculators, Model-Optimizer;
+scripts/trainer_venv.sh builds their environment): 0 rows dropped, ids and masks equal to eaglewatch's, with the
+settings the manifest records. The code runs in a child process (tests/export/trainers/consumers.py names the
+function each check calls); hidden states and training steps: tests/export/test_smoke_training.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from app.export import export_run
 from app.extract.manifest import read_manifest, read_shard
-from tests.export.trainers.env import run_consumer, trainer_site
+from tests.export.trainers.env import proven, run_consumer, run_trainer_cli, trainer_site
 
 torch = pytest.importorskip("torch")
 
@@ -33,6 +34,23 @@ def specforge_text(built_run, tmp_path_factory):
     return out, report, json.loads((out / "manifest.json").read_text())
 
 
+def test_specforge_single_file_prompts_give_every_row_exactly(truth, built_run, tmp_path):
+    """`--format specforge`: one file of pre-tokenized rows, read by SpecForge's `prepare_prompt_tasks` with the
+    manifest's data.max_length (the longest row): every row, ids and masks equal. SpecForge's default
+    max_length of 2048 would have cut rows and lost loss tokens, which is why the manifest sets it."""
+    _, want, _ = truth
+    out = tmp_path / "sf"
+    report = export_run(built_run.db, out, "specforge")
+    run_consumer("specforge-prompts", out, result=tmp_path / "r.pt")
+    got = torch.load(tmp_path / "r.pt")
+    rows = got["rows"]
+    assert {sid: (r["input_ids"], r["loss_mask"]) for sid, r in rows.items()} == want
+    assert report.max_length > 2048 and got["default_loss_tokens"] < report.loss_tokens
+    proven(f"specforge data.prompts_path (one file): {len(rows)}/{len(want)} rows, 0 dropped, ids and masks equal, "
+           f"{report.loss_tokens} loss tokens with data.max_length={report.max_length} (the default 2048 keeps "
+           f"{got['default_loss_tokens']})")
+
+
 def test_specforge_preformatted_text_gives_the_shard_ids(truth, built_run, specforge_text, sample_tokenizer_dir,
                                                          tmp_path):
     """SpecForge's pre-formatted route gives eaglewatch's ids for every sample; its mask adds K2.5's prefilled
@@ -40,6 +58,7 @@ def test_specforge_preformatted_text_gives_the_shard_ids(truth, built_run, specf
     _, want, _ = truth
     out, report, manifest = specforge_text
     assert manifest["specforge"]["data"]["chat_template"] == "kimi-k2-thinking"
+    assert manifest["train"]["settings"]["specforge"]["data.max_length"] == report.max_length
     run_consumer("specforge-text", out, sample_tokenizer_dir, result=tmp_path / "r.pt")
     got = torch.load(tmp_path / "r.pt")
     # text cannot carry a non-canonical split: those (bpe_equivalent, true ids kept) are skipped, and counted
@@ -57,18 +76,20 @@ def test_specforge_preformatted_text_gives_the_shard_ids(truth, built_run, specf
     assert extra == len(got)
     differs = manifest["specforge"]["loss_mask_differs"]
     assert differs == {"samples": extra, "tokens": extra, "prompt_text_in_loss": {"<think>": extra}}
-    assert manifest["specforge"]["exact_route"] == "eagle3-shards rows as data.prompts_path"
+    assert manifest["specforge"]["exact_route"].startswith("--format specforge")
     [warning] = report.warnings
     assert manifest["warnings"] == [warning]
     for part in (f"masks {extra} tokens in {extra} of {len(got)} samples", "'<think>'", "kimi-k2-thinking",
-                 "--format eagle3-shards", "data.prompts_path"):
+                 "--format specforge", "data.prompts_path"):
         assert part in warning, part
+    proven(f"specforge-text (is_preformatted): {len(got)}/{len(want)} rows ({len(bpe)} non-canonical skipped), ids "
+           f"equal, masks differ by {extra} tokens ('<think>' prefill): warned, the exact route named")
 
 
 def test_no_specforge_template_masks_k25_text_exactly(truth, specforge_text, sample_tokenizer_dir, tmp_path):
     """Every template SpecForge 0.2 registers (all `data.chat_template` can name), last turn only or every
     turn: none gives eaglewatch's mask for all samples; the Kimi ones miss by exactly the prefilled `<think>`.
-    So the warning's route (pre-tokenized rows) is the only exact one, proven by the next test."""
+    So the warning's route (pre-tokenized rows) is the only exact one, proven above."""
     _, want, _ = truth
     out, _, _ = specforge_text
     run_consumer("specforge-text-templates", out, sample_tokenizer_dir, result=tmp_path / "r.pt")
@@ -91,45 +112,77 @@ def test_no_specforge_template_masks_k25_text_exactly(truth, specforge_text, sam
     assert len(failed) < len(got) // 4, failed
 
 
-def test_specforge_reads_the_shards_as_pretokenized_prompts(truth, tmp_path):
-    shards, want, _ = truth
-    [entry] = read_manifest(shards).shards
-    run_consumer("specforge-prompts", entry.path, result=tmp_path / "r.pt")
-    got = torch.load(tmp_path / "r.pt")
-    assert {sid: (r["input_ids"], r["loss_mask"]) for sid, r in got.items()} == want
+def _arrow_rows(prepared, column):
+    from array import array
+
+    from app.extract.arrow_stream import IntListColumn, prepared_files
+
+    out = []
+    for path in prepared_files(prepared):
+        col = IntListColumn(path, column)
+        out += [array("q", bytes(v)).tolist() for v in col.rows()]
+        col.close()
+    return out
 
 
-def test_speculators_prepare_data_keeps_ids_and_masks(truth, built_run, sample_tokenizer_dir, tmp_path):
+def test_speculators_prepare_data_cli_passes_every_row_through(truth, built_run, sample_tokenizer_dir, tmp_path):
+    """The real `speculators prepare-data` command line on `--format speculators`'s data folder, with the
+    manifest's --seq-length: every row comes through with its ids and mask, shuffled (the extraction finds them
+    by ids: tests/export/test_smoke_training.py), and its --no-skip-token-freq count of the loss tokens is the
+    one `eaglewatch vocab` writes."""
+    from app.export.draft_vocab import LossTokenCounts
+
     _, want, order = truth
     out = tmp_path / "spec"
     export_run(built_run.db, out, "speculators", shard_size=40)
     assert not list((out / "data").rglob("*.json"))  # speculators loads every *.json below --data
-    run_consumer("speculators-data", out / "data", sample_tokenizer_dir, tmp_path / "prepared", result=tmp_path / "r.pt")
-    got = torch.load(tmp_path / "r.pt")
-    rows = Counter((tuple(r["input_ids"]), tuple(r["loss_mask"])) for r in got["shuffled"])
-    assert rows == Counter((tuple(i), tuple(m)) for i, m in want.values())
-    assert all(r["seq_len"] == len(r["input_ids"]) for r in got["shuffled"])
-    assert [(r["input_ids"], r["loss_mask"]) for r in got["ordered"]] == [want[sid] for sid in order]
+    settings = json.loads((out / "manifest.json").read_text())["train"]["settings"]["speculators"]
+    prepared = tmp_path / "prepared"
+    proc = run_trainer_cli("speculators", "prepare-data", "--model", sample_tokenizer_dir, "--data", out / "data",
+                           "--output", prepared, "--seq-length", settings["prepare-data --seq-length"],
+                           "--no-skip-token-freq", "--num-preprocessing-workers", "1", scratch=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ids, masks = _arrow_rows(prepared, "input_ids"), _arrow_rows(prepared, "loss_mask")
+    assert Counter(map(tuple, zip(map(tuple, ids), map(tuple, masks), strict=True))) == Counter(
+        (tuple(i), tuple(m)) for i, m in want.values())
+    assert [i for i in ids] != [want[sid][0] for sid in order]  # shuffled: export order is not prepared order
+    counts = LossTokenCounts()
+    for i, m in want.values():
+        counts.add(i, m)
+    assert torch.load(prepared / "token_freq.pt", weights_only=True) == counts.as_dict()
+    proven(f"speculators prepare-data (CLI, --seq-length {settings['prepare-data --seq-length']}): {len(ids)}/"
+           f"{len(want)} rows, 0 dropped, ids and masks equal (shuffled), token_freq.pt equal to eaglewatch's")
 
 
-def test_modelopt_conversations_tokenise_to_the_shard_ids(truth, built_run, sample_tokenizer_dir, tmp_path):
+def test_modelopt_readers_give_every_row_its_ids_and_mask(truth, built_run, sample_tokenizer_dir, tmp_path):
+    """`--format modelopt` rows through Model-Optimizer's three readers (the offline/streaming tokenisation, the
+    streaming dataset's entry reader, the online collator) with the manifest's chat_template, training_seq_len
+    and answer_only_loss: ids and masks equal eaglewatch's for every row, tools included (they are in the
+    rendered context); a non-canonical split cannot come back from text and is skipped, counted."""
     _, want, _ = truth
     out = tmp_path / "mo"
-    export_run(built_run.db, out, "modelopt")
+    report = export_run(built_run.db, out, "modelopt")
     rows = [json.loads(line) for line in (out / "data" / "modelopt.jsonl").read_text().splitlines()]
-    assert {r["conversation_id"] for r in rows} == set(want)
-    run_consumer("modelopt-data", out / "data" / "modelopt.jsonl", sample_tokenizer_dir, result=tmp_path / "r.pt")
+    bpe = {sid for sid, cat in built_run.categories.items() if cat == "bpe_equivalent" and sid in want}
+    assert {r["conversation_id"] for r in rows} == set(want) - bpe
+    assert report.skipped["not_reproducible"] == len(bpe)
+    run_consumer("modelopt-data", out, sample_tokenizer_dir, result=tmp_path / "r.pt")
     got = torch.load(tmp_path / "r.pt")
-    assert set(got) == set(want)
-    with_tools = {r["conversation_id"] for r in rows if r.get("tools")}
-    assert json.loads((out / "manifest.json").read_text())["modelopt"]["rows_with_tools"] == len(with_tools) > 0
-    checked = 0
-    for sid, ids in got.items():
-        # text re-tokenised: canonical splits only; and Model-Optimizer's reader passes no `tools` to the template
-        if built_run.categories[sid] != "bpe_equivalent" and sid not in with_tools:
-            assert ids == want[sid][0], sid
-            checked += 1
-    assert checked > len(got) // 3
+    assert set(got) == set(want) - bpe
+    with_tools = {sid for sid in got if built_run.records[sid].get("tools")}
+    for sid, row in got.items():
+        ids, mask = want[sid]
+        assert row["input_ids"] == row["stream_ids"] == ids, sid
+        assert row["loss_mask"] == row["stream_mask"] == mask and row["stream_cid"] == sid, sid
+        n = len(ids)
+        # the online collator pads to training_seq_len and masks labels: label i is token i+1, kept where i+1 is
+        # in the loss
+        assert row["online_ids"][:n] == ids
+        assert [x != -100 for x in row["online_labels"][: n - 1]] == [bool(m) for m in mask[1:]], sid
+    assert with_tools
+    proven(f"modelopt messages + generation-tag template (answer_only_loss, training_seq_len={report.max_length}): "
+           f"{len(got)}/{len(want)} rows ({len(bpe)} non-canonical skipped, counted), ids and masks equal in its "
+           f"3 readers, {len(with_tools)} rows with tools")
 
 
 def test_specforge_text_masks_qwen3_exactly_and_says_nothing(tmp_path):
