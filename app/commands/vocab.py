@@ -11,8 +11,12 @@ from app.errors import InputError
 
 EXAMPLE = """\
 eaglewatch vocab out/specforge --size 32000
+eaglewatch vocab --db /tmp/eaglewatch-demo.db               # writes /tmp/eaglewatch-demo-vocab/
 eaglewatch vocab --db /tmp/eaglewatch-demo.db --size 4096 --out /tmp/demo-vocab
 eaglewatch vocab out/speculators --size 32000 --model /models/target --json"""
+
+
+DEFAULT_SIZE = 32000  # the draft vocabulary EAGLE-3 drafters of large models use
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,9 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", default=None, help="run name (with --db, when the database holds several runs)")
     parser.add_argument("--eval-fraction", type=float, default=0.0, metavar="F",
                         help="with --db: leave out the rows an export with this --eval-fraction holds out")
-    parser.add_argument("--size", type=int, default=32000, metavar="N", help="draft vocabulary size (default 32000)")
+    parser.add_argument("--size", type=int, default=None, metavar="N",
+                        help=f"draft vocabulary size (default {DEFAULT_SIZE}, or the whole target vocabulary when it "
+                        "is smaller)")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
-                        help="where to write the files (default EXPORT/vocab; required with --db)")
+                        help="where to write the files (default EXPORT/vocab, or DB-vocab beside the database)")
     parser.add_argument("--target-vocab-size", type=int, default=None, metavar="V",
                         help="the target model's vocabulary size, the length of t2d (default: --model's config, "
                         "else the tokenizer's size)")
@@ -50,8 +56,6 @@ def run(args: argparse.Namespace) -> int:
 
     if (args.export is None) == (args.db is None):
         raise InputError("name either an export folder (EXPORT) or a run database (--db PATH), not both")
-    if args.db is not None and args.out is None:
-        raise InputError("--out DIR: where to write the draft vocabulary files (needed with --db)")
     if not 0.0 <= args.eval_fraction < 1.0:
         raise InputError(f"--eval-fraction: must be at least 0 and below 1, got {args.eval_fraction}")
     counts = LossTokenCounts()
@@ -62,14 +66,18 @@ def run(args: argparse.Namespace) -> int:
     else:
         source = f"run database {args.db}" + (f" (run {args.run})" if args.run else "")
         rows = rows_of_run(args.db, args.run, args.eval_fraction)
-        out = args.out
+        out = args.out or args.db.parent / f"{args.db.stem}{'-' + args.run if args.run else ''}-vocab"
     for ids, mask in rows:
         counts.add(ids, mask)
     if not counts.rows:
         raise InputError(f"{source}: no rows to count; export some samples first")
     target = _target_vocab_size(args)
-    vocab = choose(counts.counts, args.size, target)
-    table = coverage_table(counts.counts, sorted({*COMMON_SIZES, args.size}))
+    size = args.size if args.size is not None else min(DEFAULT_SIZE, target)
+    if args.size is None and size < DEFAULT_SIZE and not args.json:
+        print(f"the target vocabulary has {target} tokens, fewer than the default {DEFAULT_SIZE}: the draft "
+              "vocabulary is all of it (pass --size N to reduce it)")
+    vocab = choose(counts.counts, size, target)
+    table = coverage_table(counts.counts, sorted({*COMMON_SIZES, size}))
     files = write_vocab_files(vocab, counts.as_dict(), out)
     summary = write_summary(vocab, table, counts, source, out, files)
     if args.json:
@@ -80,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
           f"seen) from {source}")
     print(f"{'size':>8}  {'covers':>8}  {'loss tokens':>12}")
     for size, covered, share in table:
-        print(f"{size:>8}  {share:>8.2%}  {covered:>12}{'  <- --size' if size == args.size else ''}")
+        print(f"{size:>8}  {share:>8.2%}  {covered:>12}{'  <- chosen' if size == vocab.size else ''}")
     print(f"wrote {out}/: " + ", ".join(summary["files"]))
     return 0
 

@@ -92,3 +92,15 @@ def test_vocab_refuses_an_export_without_ids_and_names_what_works(built_run, tmp
     assert main(["vocab", str(tmp_path / "mo"), "--size", "64"]) == 2
     err = capsys.readouterr().err
     assert "a 'modelopt' export holds no token ids" in err and "--db" in err
+
+
+def test_vocab_with_no_flags_on_the_demo_run_writes_the_files_beside_the_database(built_run, capsys):
+    """A new user's first call: no --size (the demo's 6,160-token vocabulary is below the default 32,000, so the
+    draft vocabulary is all of it, said so) and no --out (the files go beside the database)."""
+    pytest.importorskip("torch")
+    assert main(["vocab", "--db", str(built_run.db)]) == 0
+    printed = capsys.readouterr().out
+    out = built_run.db.parent / f"{built_run.db.stem}-vocab"
+    assert "fewer than the default 32000" in printed and "6160 of 6160 target tokens covers 100.00%" in printed
+    assert (out / "d2t-6160.npy").exists() and (out / "t2d-6160.npy").exists() and (out / "token_freq.pt").exists()
+    assert f"wrote {out}/" in printed
