@@ -4,12 +4,13 @@
 # transformers and datasets clash with ours and with each other; the loaders the tests call run on what the
 # venv already has plus the few pure-Python/data packages listed here). No GPU needed.
 #
-# Cached: the folder is rebuilt only when this package list changes (a stamp holds its hash), so a CI run
-# pays for it once. Usage: scripts/trainer_venv.sh [TARGET]   (default .trainers/site; prints the folder)
-# Tests find it through EAGLEWATCH_TRAINERS_SITE (default .trainers/site under the checkout).
+# Cached outside the checkout, keyed by this package list and the Python version: a fresh clone (CI keeps only
+# $HOME/.cache between runs) finds the folder a previous run built and pays nothing. Usage:
+# scripts/trainer_venv.sh [TARGET]   (default $XDG_CACHE_HOME or ~/.cache, eaglewatch-tests/trainers-<hash>;
+# prints the folder). Tests find it through EAGLEWATCH_TRAINERS_SITE (scripts/test sets it from this output;
+# default .trainers/site under the checkout).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TARGET=${1:-${EAGLEWATCH_TRAINERS_SITE:-.trainers/site}}
 PY=${TRAINER_PYTHON:-python}  # the eaglewatch venv's python (the tests run the loaders with it)
 PACKAGES=(
   "specforge==0.2.0" "speculators==0.9.0" "nvidia-modelopt==0.47.0" "hs-connectors==0.9.0"
@@ -18,8 +19,10 @@ PACKAGES=(
   "dill==0.4.1" "multiprocess==0.70.19" "xxhash==4.1.0" "loguru==0.7.3" "omegaconf==2.4.0"
   "antlr4-python3-runtime==4.9.3" "pydantic-settings==2.16.3" "python-dotenv==1.2.4" "pulp==3.3.2" "scipy==1.17.1"
 )
-STAMP="$TARGET/.eaglewatch-stamp"
 WANT=$(printf '%s\n' "${PACKAGES[@]}" "$("$PY" -c 'import sys; print(sys.version_info[:2])')" | sha256sum | cut -c1-16)
+CACHE=${EAGLEWATCH_TEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/eaglewatch-tests}
+TARGET=${1:-${EAGLEWATCH_TRAINERS_SITE:-$CACHE/trainers-$WANT}}
+STAMP="$TARGET/.eaglewatch-stamp"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
   (cd "$TARGET" && pwd)
   exit 0
