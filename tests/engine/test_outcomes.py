@@ -195,7 +195,9 @@ async def test_the_engine_is_the_run_control_and_set_concurrency_sticks(tmp_path
         await run.start()
         await store.enqueue_command(run_id, "set_concurrency", {"limit": 2})
         await _until(lambda: run.snapshot().concurrency_limit == 2, 5)
-        seen, done = [], run.snapshot().done  # watch the wire while ten more answers come back
+        # set_concurrency holds new requests back and cancels none: the ones above the limit finish first
+        await _until(lambda: run.snapshot().in_flight <= 2, 10)
+        seen, done = [], run.snapshot().done  # then watch the wire while ten more answers come back
 
         def watch() -> bool:
             snap = run.snapshot()
