@@ -41,6 +41,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "with the suite's wall and CPU totals")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the node ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if REAL_TOKENIZER_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("kimi"):
