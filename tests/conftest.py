@@ -28,11 +28,17 @@ _real_tokenizer_outcomes: dict[str, str] = {}
 _cpu_rows: list[tuple[str, float, float, float]] = []  # (test, wall s, own CPU s, children's CPU s)
 
 # Tests that run on one worker, one after another (xdist --dist loadgroup), by path prefix: one session fixture
-# that is expensive to make twice (a started `transformers serve`), or wall-clock measurements that a neighbour
-# on the other core would skew.
+# that is expensive to make twice (a started `transformers serve`). Besides these, the tests of a file that uses a
+# module-scoped fixture (a 100k-row database, a built tokenizer, exported shards) are one group, so the fixture is
+# made once, not once per worker.
 XDIST_GROUPS: dict[str, str] = {
     "tests/realserver/": "realserver",
 }
+
+
+def _uses_a_module_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(d.scope == "module" for defs in info.name2fixturedefs.values() for d in defs)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -49,6 +55,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         rel = Path(str(item.fspath)).resolve().relative_to(REPO_ROOT).as_posix() if str(item.fspath).startswith(
             str(REPO_ROOT)) else ""
         group = next((g for prefix, g in XDIST_GROUPS.items() if rel.startswith(prefix)), None)
+        if group is None and rel and _uses_a_module_fixture(item):
+            group = rel
         if group is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(group))
 
