@@ -592,18 +592,9 @@ class SimulatorServer:
                 events.append((b"data: [DONE]\n\n", 0))
 
         if self.tokens_per_s > 0:
-            # paced against the clock from the first chunk, not by a sleep per chunk: on a loaded machine each
-            # wake-up comes late and per-chunk sleeps add those delays up, so the stream slowed by an amount that
-            # changed with the load (a real provider's pace does not depend on our machine); here a late wake-up
-            # is made up on the next chunks and n tokens take n / tokens_per_s
-            loop = asyncio.get_running_loop()
-            start, sent = loop.time(), 0
             for data, tokens in events:
                 if tokens:
-                    sent += tokens
-                    ahead = start + sent / self.tokens_per_s - loop.time()
-                    if ahead > 0:
-                        await asyncio.sleep(ahead)
+                    await asyncio.sleep(tokens / self.tokens_per_s)
                 await response.write(data)
         else:
             await response.write(b"".join(data for data, _ in events))

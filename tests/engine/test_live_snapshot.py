@@ -19,10 +19,7 @@ async def test_projected_cost_at_a_quarter_done_is_within_15_percent_of_the_fina
     #   samples had finished by a quarter done (the latency draws, the machine's timing) swung the projection by
     #   20-35 %. Fake-clock replays of these 200 samples (tests/engine/test_eta.py's fake_run): at 400 tokens/s
     #   and 200-300 ms it stays within 12 % at 25-33 % done over 20 draws, and so it does when a loaded machine
-    #   slows the streams to 100-200 tokens/s;
-    # - the simulator paced each stream with a sleep per chunk, so on a loaded machine its streams slowed unevenly
-    #   and the tokens/s the projector learns from finished answers did not hold for those in flight (+17 to +25 %
-    #   in 2 of 17 runs beside a busy core); it now paces against the clock
+    #   slows the streams to 100-200 tokens/s
     config = make_config(tmp_path, sample_data, stream=True, limits={"concurrency_initial": 16, "concurrency_max": 16},
                          generation={"max_tokens": 8192},
                          simulator={"latency_median_ms": 200.0, "latency_p95_ms": 300.0, "tokens_per_s": 400.0})
