@@ -9,12 +9,13 @@
 # the tokenizers and huggingface-hub that transformers checks for at import. It goes to OVERLAY (TARGET/overlays/
 # modelopt-train), put before TARGET on PYTHONPATH for that test's child process only.
 #
-# Cached: the folder is rebuilt only when these package lists change (a stamp holds their hash), so a CI run
-# pays for it once. Usage: scripts/trainer_venv.sh [TARGET]   (default .trainers/site; prints the folder)
-# Tests find it through EAGLEWATCH_TRAINERS_SITE (default .trainers/site under the checkout).
+# Cached outside the checkout, keyed by these package lists and the Python version: a fresh clone (CI keeps only
+# $HOME/.cache between runs) finds the folder a previous run built and pays nothing. Usage:
+# scripts/trainer_venv.sh [TARGET]   (default $XDG_CACHE_HOME or ~/.cache, eaglewatch-tests/trainers-<hash>;
+# prints the folder). Tests find it through EAGLEWATCH_TRAINERS_SITE (scripts/test sets it from this output;
+# default .trainers/site under the checkout).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TARGET=${1:-${EAGLEWATCH_TRAINERS_SITE:-.trainers/site}}
 PY=${TRAINER_PYTHON:-python}  # the eaglewatch venv's python (the tests run the loaders with it)
 PACKAGES=(
   "specforge==0.2.0" "speculators==0.9.0" "nvidia-modelopt==0.47.0" "hs-connectors==0.9.0"
@@ -24,9 +25,11 @@ PACKAGES=(
   "antlr4-python3-runtime==4.9.3" "pydantic-settings==2.16.3" "python-dotenv==1.2.4" "pulp==3.3.2" "scipy==1.17.1"
 )
 OVERLAY_MODELOPT_TRAIN=("transformers==5.14.1" "tokenizers==0.22.2" "huggingface-hub==1.33.0")
-STAMP="$TARGET/.eaglewatch-stamp"
 WANT=$(printf '%s\n' "${PACKAGES[@]}" "--" "${OVERLAY_MODELOPT_TRAIN[@]}" \
   "$("$PY" -c 'import sys; print(sys.version_info[:2])')" | sha256sum | cut -c1-16)
+CACHE=${EAGLEWATCH_TEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/eaglewatch-tests}
+TARGET=${1:-${EAGLEWATCH_TRAINERS_SITE:-$CACHE/trainers-$WANT}}
+STAMP="$TARGET/.eaglewatch-stamp"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
   (cd "$TARGET" && pwd)
   exit 0

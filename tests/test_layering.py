@@ -1,4 +1,5 @@
-"""The architecture's layering, enforced: textual only in app/tui and widgets; app/tokens stays pure.
+"""The architecture's layering, enforced: textual only in app/tui and widgets; app/tokens stays pure; SQL only in
+app/store.
 
 The checker reads every module's imports from its syntax tree (imports inside functions included), so
 a lazy import cannot hide a violation.
@@ -7,6 +8,7 @@ a lazy import cannot hide a violation.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -289,3 +291,79 @@ def test_checker_finds_two_modules_with_one_name(tmp_path: Path) -> None:
         "app/engine/ingest.py": "", "app/store/ingest.py": "", "app/commands/ingest.py": "", "app/store/rows.py": "",
     })
     assert repeated_module_names(root) == {"ingest.py": ["app/engine/ingest.py", "app/store/ingest.py"]}
+
+
+# ---------------------------------------------------------------------------------------------- SQL in app/store
+# Every statement the project runs lives in app/store (its reads, its writer, the jobs tables' sync writer), so a
+# schema change has one place to look. bench/ and tests/ are outside the check (they are not scanned).
+SQL_EXEMPT = (
+    "app/store/",
+    # the engine's read of a live run from the database: h-faces moves its queries into app/store (remove at merge)
+    "app/engine/dbsnapshot.py",
+)
+_CURSOR_CALLS = frozenset({"execute", "executemany", "executescript"})
+# a string that opens with a statement's verb (upper case), or holds one of its shapes anywhere
+_SQL_START = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|REPLACE|CREATE|DROP|ALTER|PRAGMA|BEGIN|COMMIT|ROLLBACK"
+                        r"|SAVEPOINT|RELEASE|WITH|VACUUM|ANALYZE|ATTACH|DETACH|EXPLAIN)\b")
+_SQL_ANYWHERE = re.compile(r"\b(SELECT\b[\s\S]*\bFROM|INSERT\s+(OR\s+\w+\s+)?INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM"
+                           r"|CREATE\s+(TABLE|INDEX|UNIQUE|VIEW|TRIGGER|VIRTUAL))\b")
+
+
+def sql_uses(source: str, filename: str = "<module>") -> list[str]:
+    """`line: what` for every cursor call (.execute / .executemany / .executescript) and every SQL statement
+    string (an f-string read with its holes as `{}`; docstrings are prose and left out) in a source file."""
+    tree = ast.parse(source, filename)
+    prose = {id(node.body[0].value) for node in ast.walk(tree)
+             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+             and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    in_fstring = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for part in node.values}
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _CURSOR_CALLS:
+            found.append(f"{node.lineno}: .{node.func.attr}()")
+        text = None
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose | in_fstring:
+            text = node.value
+        elif isinstance(node, ast.JoinedStr):
+            text = "".join(p.value if isinstance(p, ast.Constant) else "{}" for p in node.values)
+        if text is not None and (_SQL_START.search(text) or _SQL_ANYWHERE.search(text)):
+            found.append(f"{node.lineno}: SQL {text.strip().splitlines()[0][:60]!r}")
+    return sorted(set(found), key=lambda f: (int(f.split(":")[0]), f))
+
+
+def sql_outside_store(root: Path) -> list[str]:
+    """`path:line: what` for every SQL use in app/ and widgets/ outside app/store (and the exempt files)."""
+    found: list[str] = []
+    for top in ("app", "widgets"):
+        for path in sorted((root / top).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            if rel.startswith(SQL_EXEMPT):
+                continue
+            found.extend(f"{rel}:{use}" for use in sql_uses(path.read_text(encoding="utf-8"), rel))
+    return found
+
+
+def test_all_sql_lives_in_the_store(repo_root: Path) -> None:
+    assert sql_outside_store(repo_root) == []
+
+
+def test_checker_finds_sql_outside_the_store(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "app/jobs/launcher.py": (
+            '"""SELECT a FROM b is prose in a docstring."""\n'
+            "def f(conn, cols):\n"
+            "    conn.executemany('INSERT INTO jobs (id) VALUES (?)', [(1,)])\n"
+            "    return f'UPDATE jobs SET {cols} WHERE id = ?'\n"
+        ),
+        "app/commands/extract.py": "def g(db):\n    return db.execute(QUERY)\n",
+        "app/commands/help.py": "TEXT = 'Select a run, then update its name and delete from the list'\n",
+        "app/store/job_rows.py": "def h(conn):\n    conn.execute('DELETE FROM jobs')\n",
+        "widgets/table.py": "HEAD = 'PRAGMA user_version'\n",
+    })
+    assert sql_outside_store(root) == [
+        "app/commands/extract.py:2: .execute()",
+        "app/jobs/launcher.py:3: .executemany()",
+        "app/jobs/launcher.py:3: SQL 'INSERT INTO jobs (id) VALUES (?)'",
+        "app/jobs/launcher.py:4: SQL 'UPDATE jobs SET {} WHERE id = ?'",
+        "widgets/table.py:1: SQL 'PRAGMA user_version'",
+    ]

@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from app.jobs.plan import executor_for, local_slots, spec_from_config
     from app.jobs.job_status import status_to_dict
     from app.jobs.store import JobStore
+    from app.store.queries import run_by_name
 
     config = load_config(args.config)
     if args.layout is not None:
@@ -117,9 +118,9 @@ def run(args: argparse.Namespace) -> int:
 
         check_disk_room(spec.output_dir, estimate)
     store = JobStore(db)
-    row = store.conn.execute("SELECT id FROM runs WHERE name = ?", (config.run.name,)).fetchone()
+    run = run_by_name(store.conn, config.run.name)
     ex = executor_for(kind, store, slots)
-    job_id = ex.submit(spec, row[0] if row else None)
+    job_id = ex.submit(spec, run.id if run else None)
     print(f"eaglewatch extract: job {job_id} started on {kind} ({len(spec.shards)} shards); "
           f"`eaglewatch jobs --db {db} {job_id}` shows it", file=sys.stderr)
     if args.detach:

@@ -180,8 +180,9 @@ def _print_table(summary, path: Path, tokenizer, profile: str, stats, assisted=N
 def _store(args, path: Path, references, results, profile: str, fingerprint: str) -> None:
     import asyncio
 
-    from app.store.store_records import SampleInput
+    from app.store.ingest_ops import sample_pks
     from app.store.run_store import RunStore
+    from app.store.store_records import SampleInput
 
     name = args.run or f"validate-{path.stem}"
     tok_dir = str(Path(args.tokenizer).resolve())
@@ -196,9 +197,7 @@ def _store(args, path: Path, references, results, profile: str, fingerprint: str
                 run_id,
                 (SampleInput(r.sample_id, "reference", r.messages or [], None, r.output_ids) for r in references),
             )
-            pks = await store.read(
-                lambda conn: dict(conn.execute("SELECT sample_id, pk FROM samples WHERE run_id = ?", (run_id,)).fetchall())
-            )
+            pks = await store.read(lambda conn: sample_pks(conn, run_id))
             await asyncio.gather(*(
                 store.record_result(
                     run_id, pks[r.sample_id], 1, "validate", r.completion, 0.0, r.reconstruction, r.verdict,

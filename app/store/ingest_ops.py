@@ -122,6 +122,11 @@ def file_record(conn: sqlite3.Connection, run_id: int, role: str, name: str) -> 
     return None
 
 
+def sample_pks(conn: sqlite3.Connection, run_id: int) -> dict[str, int]:
+    """Sample id -> row key of every sample the run holds (what a caller settling results by sample id needs)."""
+    return dict(conn.execute("SELECT sample_id, pk FROM samples WHERE run_id = ?", (run_id,)).fetchall())
+
+
 async def begin_file(store: StoreWriter, run_id: int, role: str, name: str, path: str, fingerprint: str, options: str) -> None:
     """Record that ingesting a file starts (complete = 0) before its first chunk commits."""
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -94,3 +96,51 @@ async def run_to_end(config, sample_data: Path, n: int, *, references: bool = Tr
         await run.close()
         await store.close()
     return run, outcome
+
+
+def last_beat(db: Path) -> float | None:
+    """The time of the latest engine heartbeat the database holds (one row per run, rewritten each beat), or None."""
+    if not Path(db).exists():
+        return None
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return conn.execute("SELECT MAX(beat_at) FROM engine_heartbeats").fetchone()[0]
+    except sqlite3.OperationalError:  # the engine is still creating the schema
+        return None
+    finally:
+        conn.close()
+
+
+def wait_for_beats(db: Path, since: float, beats: int = 2, timeout: float = 30.0, *, check=None) -> None:
+    """Wait until the engine has beaten `beats` times after unix time `since`: the positive witness that its
+    event loop has gone on for about `beats - 1` seconds since then (it beats once a second), so its scheduler
+    (which looks at the run's state at least every half second) has had its turns to do what it should not.
+    `check()` runs on every poll (e.g. to assert that the engine's process is still there)."""
+    seen: set[float] = set()
+    end = time.monotonic() + timeout
+    while True:
+        if check is not None:
+            check()
+        beat = last_beat(db)
+        if beat is not None and beat > since:
+            seen.add(beat)
+        if len(seen) >= beats:
+            return
+        assert time.monotonic() < end, f"the engine beat {len(seen)} time(s) in {timeout:g} s after {since}"
+        time.sleep(0.05)
+
+
+async def beats_after(db: Path, since: float, beats: int = 2, timeout: float = 30.0) -> None:
+    """`wait_for_beats` for a test on the engine's own event loop (it keeps running while this waits)."""
+    import asyncio
+
+    seen: set[float] = set()
+    end = time.monotonic() + timeout
+    while True:
+        beat = last_beat(db)
+        if beat is not None and beat > since:
+            seen.add(beat)
+        if len(seen) >= beats:
+            return
+        assert time.monotonic() < end, f"the engine beat {len(seen)} time(s) in {timeout:g} s after {since}"
+        await asyncio.sleep(0.05)

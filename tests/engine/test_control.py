@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 
 import pytest
 
@@ -12,7 +13,7 @@ from app.engine.run import Run
 from app.errors import EaglewatchError
 from app.simulator.options import SimulatorOptions
 from app.simulator.server import SimulatorServer
-from tests.engine.conftest import make_config, open_ingested, run_to_end
+from tests.engine.conftest import beats_after, make_config, open_ingested, run_to_end
 
 SLOW = {"latency_median_ms": 40.0, "latency_p95_ms": 60.0}
 
@@ -44,8 +45,9 @@ async def test_pause_lets_in_flight_finish_then_resume_completes_exactly_once(tm
         assert run.snapshot().in_flight == 0
         states = _states(config)
         assert states.get("leased", 0) == 0 and states["done"] == paused_done < 60
-        await asyncio.sleep(0.2)
-        assert run.snapshot().done == paused_done  # nothing new while paused
+        await beats_after(config.run.database, time.time())  # the engine goes on, paused
+        assert run.snapshot().done == paused_done and run.snapshot().in_flight == 0  # nothing new while paused
+        assert _states(config) == states
         await run.resume()
         await asyncio.wait_for(run.wait_finished(), 30)
     finally:
@@ -86,8 +88,10 @@ async def test_paused_state_survives_a_restart(tmp_path, sample_data):
     run = Run(config, store)
     try:
         await run.start()
-        await asyncio.sleep(0.3)
-        assert run.state == "paused"
+        # idle: the scheduler has looked at the stored state (paused) and leased nothing; then it goes on, paused
+        outcome = await asyncio.wait_for(run.wait(), 10)
+        await beats_after(config.run.database, time.time())
+        assert run.state == "paused" and outcome.state == "paused"
         assert _states(config).get("leased", 0) == 0
         await run.resume()
         await asyncio.wait_for(run.wait_finished(), 30)

@@ -6,11 +6,17 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+from tests.engine.conftest import wait_for_beats
 
-def _config(tmp_path: Path, sample_data: Path, faults: str = "", latency_ms: float = 0.0) -> Path:
+
+def _config(tmp_path: Path, sample_data: Path, faults: str = "", latency_ms: float = 0.0, in_flight: int | None = None
+            ) -> Path:
+    """A headless run's config over the built-in simulator; `in_flight` pins the concurrency (start and ceiling),
+    so a run lasts long enough (samples x latency / in_flight) to be steered before it ends."""
     text = f"""
 [run]
 name = "h"
@@ -44,6 +50,8 @@ stream = true
 prompt_per_m = 0.6
 completion_per_m = 2.5
 """
+    if in_flight is not None:
+        text += f"\n[limits]\nconcurrency_initial = {in_flight}\nconcurrency_max = {in_flight}\n"
     path = tmp_path / "run.toml"
     path.write_text(text)
     return path
@@ -52,6 +60,34 @@ completion_per_m = 2.5
 def _eaglewatch(*args: str, **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "app.cli", "run", "--headless", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kw)
+
+
+class _Lines:
+    """A process's output read line by line on a thread, so a test can wait for a line while the process runs."""
+
+    def __init__(self, stream) -> None:
+        self._lines: list[str] = []
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            with self._cond:
+                self._lines.append(line)
+                self._cond.notify_all()
+
+    def wait_for(self, needle: str, deadline: float) -> bool:
+        """Whether a line containing `needle` arrives before `deadline` (time.monotonic())."""
+        with self._cond:
+            return self._cond.wait_for(lambda: any(needle in line for line in self._lines),
+                                       max(0.0, deadline - time.monotonic()))
+
+    def text(self, *, until_end_s: float = 0.0) -> str:
+        """Everything read so far; waiting up to `until_end_s` for the end of the stream (the process exited)."""
+        self._thread.join(until_end_s)
+        with self._cond:
+            return "".join(self._lines)
 
 
 def _states(tmp_path: Path) -> dict:
@@ -86,8 +122,9 @@ def test_headless_run_ingests_and_exits_0_when_every_sample_has_ended(tmp_path, 
 
 
 def test_ctrl_c_pauses_and_the_same_command_resumes(tmp_path, sample_data):
-    cfg = _config(tmp_path, sample_data, latency_ms=200.0)
-    p = _eaglewatch(str(cfg), "--limit", "60", "--concurrency", "4")
+    # 4 at a time (slow start would double it each round trip) for 200 ms each: 3 s of work, Ctrl-C comes well before
+    cfg = _config(tmp_path, sample_data, latency_ms=200.0, in_flight=4)
+    p = _eaglewatch(str(cfg), "--limit", "60")
     deadline = time.monotonic() + 60
     while _done_so_far(tmp_path) < 3:
         assert time.monotonic() < deadline
@@ -133,25 +170,36 @@ def _run_state(tmp_path: Path) -> str:
 
 
 def test_pause_now_from_an_attached_viewer_keeps_the_headless_engine_alive_for_its_resume(tmp_path, sample_data):
-    cfg = _config(tmp_path, sample_data, latency_ms=500.0)
-    proc = _eaglewatch(str(cfg), "--limit", "80")
+    # 4 at a time for 500 ms each: 5 s of work, several of the engine's command polls (once a second) for the
+    # pause to arrive in (at the default 64 at once the run ended within one poll: the pause came too late)
+    cfg = _config(tmp_path, sample_data, latency_ms=500.0, in_flight=4)
+    proc = _eaglewatch(str(cfg), "--limit", "40")
+    stderr = _Lines(proc.stderr)
     try:
         deadline = time.monotonic() + 60
         while _done_so_far(tmp_path) < 3:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() is not None else ""
+            assert proc.poll() is None and time.monotonic() < deadline, stderr.text(until_end_s=5)
             time.sleep(0.1)
         _command(tmp_path, "pause", '{"now": true}')  # P in the viewer: cancel in flight, keep the engine
         while (state := _run_state(tmp_path)) != "paused":
             assert state != "done", "the run ended before the pause arrived: give it more work"
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        time.sleep(3.0)
-        assert proc.poll() is None, f"the engine exited on a viewer's pause: {proc.communicate()}"
+        # the engine says it waits (where it would otherwise have exited), then goes on beating while it waits
+        assert stderr.wait_for("waiting for its resume", deadline), \
+            f"the engine did not wait for the viewer's resume: {stderr.text()}"
+
+        def alive() -> None:
+            assert proc.poll() is None, f"the engine exited on a viewer's pause: {stderr.text()}"
+
+        wait_for_beats(tmp_path / "h.db", time.time(), check=alive)
+        assert proc.poll() is None, f"the engine exited on a viewer's pause: {stderr.text()}"
         _command(tmp_path, "resume")
-        out, err = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
+    err = stderr.text(until_end_s=30)
     assert proc.returncode == 0, err
     assert "waiting for its resume" in err
-    assert _states(tmp_path) == {"done": 80}
+    assert _states(tmp_path) == {"done": 40}

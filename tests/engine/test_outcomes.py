@@ -185,22 +185,30 @@ async def test_without_keep_raw_no_body_is_stored(tmp_path, sample_data):
 
 
 async def test_the_engine_is_the_run_control_and_set_concurrency_sticks(tmp_path, sample_data):
-    config = make_config(tmp_path, sample_data, simulator={"latency_median_ms": 100.0, "latency_p95_ms": 100.0})
-    store, run_id = await open_ingested(config, sample_data, 60)
+    # 8 at a time for 100 ms each: 4 s of work, several of the engine's command polls (once a second)
+    config = make_config(tmp_path, sample_data, simulator={"latency_median_ms": 100.0, "latency_p95_ms": 100.0},
+                         limits={"concurrency_initial": 8, "concurrency_max": 8})
+    store, run_id = await open_ingested(config, sample_data, 300)
     run = Run(config, store)
     assert isinstance(run, RunControl)
     try:
         await run.start()
         await store.enqueue_command(run_id, "set_concurrency", {"limit": 2})
         await _until(lambda: run.snapshot().concurrency_limit == 2, 5)
-        seen = []
-        for _ in range(20):
-            seen.append(run.snapshot().in_flight)
-            await asyncio.sleep(0.05)
+        # set_concurrency holds new requests back and cancels none: the ones above the limit finish first
+        await _until(lambda: run.snapshot().in_flight <= 2, 10)
+        seen, done = [], run.snapshot().done  # then watch the wire while ten more answers come back
+
+        def watch() -> bool:
+            snap = run.snapshot()
+            seen.append(snap.in_flight)
+            return snap.done >= done + 10
+
+        await _until(watch, 20)
         assert max(seen) <= 2
         await store.enqueue_command(run_id, "set_concurrency", {"limit": "many"})
-        await asyncio.sleep(1.3)
-        assert run.snapshot().concurrency_limit == 2
+        await _until(lambda: any("set_concurrency needs a limit" in e.message for e in run.events_since(0)), 10)
+        assert run.snapshot().concurrency_limit == 2  # the refused command changed nothing
     finally:
         await run.close()
         await store.close()

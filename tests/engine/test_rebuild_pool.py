@@ -290,12 +290,35 @@ async def test_a_script_without_a_main_guard_runs_once_and_gets_its_workers(tmp_
 
     script, marker = tmp_path / "no_guard.py", tmp_path / "ran.txt"
     script.write_text(_NO_GUARD)
+    # every process the script starts (the fork server, its worker) inherits this tag: the test waits for them all
+    tag = {"EAGLEWATCH_TEST_PROCESS_TAG": str(marker)}
     proc = await asyncio.create_subprocess_exec(sys.executable, str(script), str(sample_data), str(marker),
                                                 cwd=tmp_path, stdout=asyncio.subprocess.PIPE,
                                                 stderr=asyncio.subprocess.PIPE,
-                                                env={**os.environ, "PYTHONPATH": str(Path(app.__file__).parents[1])})
+                                                env={**os.environ, "PYTHONPATH": str(Path(app.__file__).parents[1]),
+                                                     **tag})
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()[-2000:]
     assert out.decode().split() == ["1", "0"], (out, err.decode()[-2000:])  # one worker process, no fallback
-    await asyncio.sleep(0.5)  # a stray re-run in a worker or the fork server would have written by now
+    # a stray re-run in a worker or the fork server would have written by the time each of them has ended
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 30
+    while left := _tagged_processes(tag):
+        assert loop.time() < end, f"processes the script started are still there: {left}"
+        await asyncio.sleep(0.05)
     assert marker.read_text().split() == [str(proc.pid)]
+
+
+def _tagged_processes(tag: dict[str, str]) -> list[int]:
+    """Pids of the processes whose environment holds `tag` (one name and value)."""
+    import psutil
+
+    (name, value), = tag.items()
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(name) == value and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found

@@ -67,7 +67,10 @@ async def test_live_verdicts_use_the_reference_ids(tmp_path, sample_data):
 
 async def test_requests_are_spread_over_endpoints_by_weight(tmp_path, sample_data):
     sim = {"latency_median_ms": 5.0, "latency_p95_ms": 5.0, "seed": 1}
-    config = make_config(tmp_path, sample_data, limits={"concurrency_initial": 8, "concurrency_max": 8}, endpoints=[
+    # the total pinned at 8 (min too): a loaded machine slows the in-process simulator, and the adaptive limit
+    # would take that for a server slowing down and cut the total
+    config = make_config(tmp_path, sample_data, limits={"concurrency_initial": 8, "concurrency_min": 8,
+                                                        "concurrency_max": 8}, endpoints=[
         {"name": "big", "simulator": sim, "weight": 3.0, "max_concurrency": 64},
         {"name": "small", "simulator": sim, "weight": 1.0, "max_concurrency": 64},
     ])

@@ -169,8 +169,8 @@ async def test_a_full_disk_pauses_the_run_says_what_to_free_and_loses_nothing_bi
         filler = filler_files.fill()
         await _until(lambda: run.state == "paused", 30)
         assert run.state_reason.startswith("disk full")
-        await asyncio.sleep(0.5)  # results keep arriving for the requests in flight, and are held
-        held = run.snapshot().in_flight
+        # the requests in flight keep being answered and their results are held: wait until none is on the wire
+        await _until(lambda: run.snapshot().in_flight == 0, 30)
         for p in small_tmpfs.glob("filler-*"):
             p.unlink()
         outcome = await asyncio.wait_for(run.wait(), 30)  # paused, and every held result stored
@@ -190,6 +190,6 @@ async def test_a_full_disk_pauses_the_run_says_what_to_free_and_loses_nothing_bi
     assert full and "free space" in full[0] and str(db_path) in full[0]
     db = sqlite3.connect(db_path)
     assert any("is full" in r[0] for r in db.execute("SELECT message FROM events"))  # written once there was room
-    assert held >= 0 and os.path.exists(db_path)
+    assert os.path.exists(db_path)
     err = capfd.readouterr().err
     assert "Traceback" not in err and "never retrieved" not in err

@@ -228,7 +228,12 @@ async def test_a_resumed_engine_is_not_idle_once_its_state_says_running(tmp_path
         while engine.state != "running":
             await asyncio.sleep(0)
         waiter = asyncio.create_task(engine.wait())
-        await asyncio.sleep(0.05)
+        answered = engine.snapshot().done
+        deadline = asyncio.get_running_loop().time() + 30
+        # until the resumed run has answered one more sample (it went on), or wait() returned (too early)
+        while not waiter.done() and engine.snapshot().done == answered:
+            assert asyncio.get_running_loop().time() < deadline, "the resumed run answered nothing in 30 s"
+            await asyncio.sleep(0.02)
         assert not waiter.done(), "wait() returned while the resumed run was going on"
         waiter.cancel()
         await resuming

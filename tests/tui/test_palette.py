@@ -4,7 +4,9 @@ account without ~/Downloads."""
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from app.engine.snapshot import MetricsSnapshot
@@ -21,24 +23,43 @@ def _titles(app: EaglewatchApp) -> set[str]:
     return {c.title for c in app.get_system_commands(app.screen)}
 
 
-def _live_engine(run_db: Path) -> None:
-    """A fresh heartbeat from an engine on another host: the viewer takes the run for live."""
-    conn = sqlite3.connect(run_db, isolation_level=None)
+@contextmanager
+def _live_engine(run_db: Path):
+    """An engine on another host that beats once a second, as a real one does, while the block runs: the viewer
+    takes the run for live however long the app takes to start (a single beat goes stale after 4 s)."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        conn = sqlite3.connect(run_db, isolation_level=None)
+        try:
+            run_id = conn.execute("SELECT id FROM runs").fetchone()[0]
+            started = time.time() - 60
+            while True:
+                beat_op(run_id, pid=4242, host="gpu-elsewhere", started_at=started, now=time.time(),
+                        snapshot_json=snapshot_to_json(MetricsSnapshot("x", "running")))(conn)
+                if stop.wait(1.0):
+                    return
+        finally:
+            conn.close()
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
     try:
-        run_id = conn.execute("SELECT id FROM runs").fetchone()[0]
-        now = time.time()
-        beat_op(run_id, pid=4242, host="gpu-elsewhere", started_at=now - 60, now=now,
-                snapshot_json=snapshot_to_json(MetricsSnapshot("x", "running")))(conn)
+        yield
     finally:
-        conn.close()
+        stop.set()
+        thread.join()
 
 
 async def test_the_palette_offers_run_controls_only_while_they_would_act(run_db: Path) -> None:
-    _live_engine(run_db)
-    app = EaglewatchApp(AttachedSource(run_db))
-    async with app.run_test(size=(80, 24)) as pilot:
-        await settle(pilot)
-        assert RUN_KEYS <= _titles(app)  # a running run with a live engine
+    with _live_engine(run_db):
+        app = EaglewatchApp(AttachedSource(run_db))
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(pilot)
+            deadline = time.monotonic() + 20
+            while not RUN_KEYS <= _titles(app) and time.monotonic() < deadline:  # the first snapshot may be late
+                await pilot.pause(0.1)
+            assert RUN_KEYS <= _titles(app)  # a running run with a live engine
     conn = sqlite3.connect(run_db, isolation_level=None)
     conn.execute("UPDATE runs SET state = 'done'")
     conn.close()
