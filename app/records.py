@@ -102,7 +102,8 @@ class Category(StrEnum):
     """The six verdict categories (`Verdict.category`, the `reconstructions.category` column).
 
     A StrEnum: each member equals its string ("exact" == Category.EXACT), so rows read back from
-    SQLite, JSON reports and dict keys need no conversion.
+    SQLite, JSON reports and dict keys need no conversion. Faces call UNCHECKED "no reference"
+    (VERDICT_LABELS): the word "unchecked" alone is the verification class below.
     """
 
     EXACT = "exact"  # the rebuilt ids equal the reference ids
@@ -114,6 +115,7 @@ class Category(StrEnum):
 
 
 VERDICTS: tuple[Category, ...] = tuple(Category)
+# The verdict sets, defined here once; every package and face counts with these.
 # Benign: the ids are a faithful encoding of the WHOLE response, fit to train on as they are.
 # `truncated` is not benign: the sample has no end-of-turn (exports leave it out unless asked) even
 # though its ids agree with the reference as far as they go; nor is it corrupt.
@@ -122,6 +124,54 @@ CORRUPT_VERDICTS: tuple[Category, ...] = (Category.TEXT_MISMATCH, Category.STRUC
 # The rebuild agrees with the reference as far as both go (benign, or cut short): what a rebuild check
 # that asks "did I reproduce the reference?" accepts.
 AGREEING_VERDICTS: tuple[Category, ...] = (*BENIGN_VERDICTS, Category.TRUNCATED)
+# What each verdict is, in the words every face uses (a verdict's class: exact, benign, corrupt, truncated,
+# or no reference to judge it).
+VERDICT_CLASSES: dict[str, str] = {
+    Category.EXACT: "exact",
+    Category.BPE_EQUIVALENT: "benign",
+    Category.TEXT_MISMATCH: "corrupt",
+    Category.STRUCTURE_MISMATCH: "corrupt",
+    Category.TRUNCATED: "truncated",
+    Category.UNCHECKED: "no reference",
+}
+VERDICT_LABELS: dict[str, str] = {**{str(v): str(v) for v in VERDICTS}, Category.UNCHECKED: "no reference"}
+
+# Rebuild strategies whose ids are the model's own (server ids; logprob tokens with bytes), never a rebuild.
+TRUE_ID_STRATEGIES: tuple[str, ...] = ("server_ids", "logprobs")
+
+
+class Verification(StrEnum):
+    """How a stored answer's ids are known: every answer is in exactly one class, and every face (the TUI,
+    `status`, `fidelity`, the export) uses these words with these meanings.
+
+    - VERIFIED ("verified"): true ids. The server returned them, logprob tokens with bytes gave them, or a
+      reference judged the text rebuild to be the same text (exact / bpe_equivalent), so the reference's ids
+      are the model's (the export writes them, ids source `reference`).
+    - CHECKED ("checked against a reference"): ids rebuilt from text that a reference judged and found
+      different (text / structure mismatch) or cut short (truncated): judged, not verified.
+    - UNCHECKED ("unchecked"): ids rebuilt from text with neither true ids nor a reference to judge them;
+      the round-trip and the suspect flags are the only signs.
+    """
+
+    VERIFIED = "verified"
+    CHECKED = "checked_against_reference"
+    UNCHECKED = "unchecked"
+
+
+VERIFICATION_WORDS: dict[str, str] = {
+    Verification.VERIFIED: "verified",
+    Verification.CHECKED: "checked against a reference",
+    Verification.UNCHECKED: "unchecked",
+}
+
+
+def verification_of(strategy: str | None, category: str) -> Verification:
+    """The verification class of an answer rebuilt with `strategy` whose verdict is `category` (see Verification)."""
+    if strategy in TRUE_ID_STRATEGIES or category in BENIGN_VERDICTS:
+        return Verification.VERIFIED
+    if category == Category.UNCHECKED:
+        return Verification.UNCHECKED
+    return Verification.CHECKED
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,7 +48,9 @@ from app.engine.rebuild_pool import (CompletionReconstructor, PassThroughReconst
                                     rebuild)
 from app.engine.settle import Settler
 from app.engine.slots import EndpointSlots
-from app.engine.snapshot import MetricsSnapshot
+from app.engine.snapshot import IN_PROCESS, LiveFigures, RunRecord
+from app.engine.store_counts import follower_of
+from app.store.count_records import RunCounts
 from app.engine.verify import Rebuilt, Verifier, seed_from_store
 from app.engine.writes import StoreGate, disk_full_advice
 from app.errors import InputError
@@ -758,10 +760,11 @@ class Run:
                 total += lim.limit
         return total if growing else None
 
-    def snapshot(self) -> MetricsSnapshot:
-        """An immutable view of the run now (no I/O; cheap enough for 4 Hz polling)."""
+    def snapshot(self) -> RunRecord:
+        """The run's record now: this engine's live figures (no I/O) and the store's counts as last read
+        (app.engine.store_counts: re-read in a thread after the database changed while the run runs, at once
+        while it does not, so a paused or finished run's record is exact). Cheap enough for 4 Hz polling."""
         now = time.monotonic()
-        elapsed = (self._ended_m if self.state == "done" and self._ended_m is not None else now) - self._m0
         wire, waiting = self._flight_counts()
         loop_now = self._loop_now()
         eps = tuple(
@@ -771,23 +774,19 @@ class Run:
         tot = self.total_metrics
         lat50, lat95 = tot.latency_ms.quantiles(now)
         t50, t95 = tot.ttft_ms.quantiles(now)
-        rate = tot.rates.rate(now)
-        c = self._counts
-        total, remaining = c.total, c.remaining
         spent = self.budget.spent_usd
-        eta, projected = self._projection(now, spent, remaining)
-        return MetricsSnapshot(
-            run_name=self.config.run.name, state=self.state, state_reason=self.state_reason,
-            started_at=self._t0, elapsed_s=elapsed, eta_s=eta, total=total,
-            pending=c["pending"], leased=c["leased"], done=c["done"], failed=c["failed"],
-            skipped=c["skipped"], truncated=tot.truncated, retried=tot.retried,
-            in_flight=sum(wire), waiting=sum(waiting), concurrency_limit=self._total_limit(), rate=rate,
-            throughput_history=tot.rates.history(now), latency_p50_ms=lat50, latency_p95_ms=lat95,
-            ttft_p50_ms=t50, ttft_p95_ms=t95, errors_by_class=tuple(sorted(tot.errors.items())),
-            cost_usd=spent, cost_per_hour=cost_per_hour(spent - self._spent_at_start, elapsed),
-            projected_cost_usd=projected,
-            budget_usd=self.config.limits.budget_usd,
-            verdicts=tuple(sorted(self._verdicts.items())), strategies=tuple(sorted(self._strategies.items())),
-            endpoints=eps, fidelity=self._verifier.views(),
-            prompt_checks=tuple(sorted(self._verifier.prompt_checks.items())),
+        eta, projected = self._projection(now, spent, self._counts.remaining)
+        live = LiveFigures(
+            state=self.state, state_reason=self.state_reason, started_at=self._t0, in_flight=sum(wire),
+            waiting=sum(waiting), concurrency_limit=self._total_limit(), rate=tot.rates.rate(now),
+            latency_p50_ms=lat50, latency_p95_ms=lat95, ttft_p50_ms=t50, ttft_p95_ms=t95,
+            cost_per_hour=cost_per_hour(spent - self._spent_at_start, now - self._m0), eta_s=eta,
+            projected_cost_usd=projected, endpoints=eps,
         )
+        counts = RunCounts()
+        if self.run_id is not None:
+            follower = follower_of(self, self.db_path, self.run_id)
+            counts = follower.counts(background=self.state == "running" and bool(self._flights))
+        return RunRecord(run_name=self.config.run.name, state=self.state, counts=counts, state_reason=self.state_reason,
+                         engine=IN_PROCESS, engine_text=f"engine pid {os.getpid()} in this process", live=live,
+                         budget_usd=self.config.limits.budget_usd, read_at=time.time())

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.engine import quality
-from app.engine.snapshot import FidelitySnapshot
 from app.records import Completion, Reconstruction, Verdict
 from app.tokens import flags as fl
 
@@ -215,16 +214,6 @@ class Verifier:
     def verified(self) -> int:
         """Verified (measured) samples over every endpoint and provider."""
         return sum(t.verified for t in self.tallies.values())
-
-    def views(self) -> tuple[FidelitySnapshot, ...]:
-        """Measured fidelity per endpoint (provider None) and per endpoint and upstream provider."""
-        per: dict[tuple[str, str | None], list[int]] = {}
-        for (endpoint, provider), t in self.tallies.items():
-            for key in [(endpoint, None)] + ([(endpoint, provider)] if provider else []):
-                c = per.setdefault(key, [0, 0, 0, 0])
-                for i, n in enumerate((t.verified, t.exact, t.benign, t.corrupt_total)):
-                    c[i] += n
-        return tuple(FidelitySnapshot(e, p, *c) for (e, p), c in sorted(per.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")))
 
 
 async def seed_from_store(verifier: Verifier, db_path: Any, run_name: str) -> int:

@@ -15,7 +15,7 @@ from app.store.run_store import RunStore
 from app.store.store_records import SampleInput
 from app.store.schema import MIGRATIONS
 
-TALLY_TABLES = ("sample_tallies", "response_tallies", "reconstruction_tallies", "tally_marks")
+TALLY_TABLES = ("sample_tallies", "response_tallies", "reconstruction_tallies", "quality_tallies", "tally_marks")
 
 
 def samples(n: int, start: int = 0) -> list[SampleInput]:

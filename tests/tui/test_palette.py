@@ -7,7 +7,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from app.engine.snapshot import MetricsSnapshot
+from app.engine.snapshot import LiveFigures
 from app.engine.snapshot_codec import snapshot_to_json
 from app.store.heartbeat import beat_op
 from app.tui.app import EaglewatchApp
@@ -28,7 +28,7 @@ def _live_engine(run_db: Path) -> None:
         run_id = conn.execute("SELECT id FROM runs").fetchone()[0]
         now = time.time()
         beat_op(run_id, pid=4242, host="gpu-elsewhere", started_at=now - 60, now=now,
-                snapshot_json=snapshot_to_json(MetricsSnapshot("x", "running")))(conn)
+                snapshot_json=snapshot_to_json(LiveFigures("running")))(conn)
     finally:
         conn.close()
 
@@ -45,7 +45,7 @@ async def test_the_palette_offers_run_controls_only_while_they_would_act(run_db:
     app = EaglewatchApp(AttachedSource(run_db))
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
-        assert app.last_snapshot is not None and app.last_snapshot.state == "done"
+        assert app.last_record is not None and app.last_record.state == "done"
         assert not RUN_KEYS & _titles(app)  # nothing to pause on a DONE run
         assert "Mismatches" in _titles(app)
 

@@ -14,6 +14,7 @@ from textual.widgets import Footer, Input, Static
 from app.records import Category
 from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
 from app.tui.format import duration
+from app.engine.snapshot import LIVE_STATES
 from app.tui.source import MISMATCH_ORDERS, MISMATCH_VERDICTS, MismatchPage, MismatchRow
 from widgets.page_table import PageTable
 
@@ -25,7 +26,7 @@ VERDICT_LABELS = {
     Category.TEXT_MISMATCH: "✗ text",
     Category.STRUCTURE_MISMATCH: "✗ structure",
     Category.TRUNCATED: "truncated",
-    Category.UNCHECKED: "unchecked",
+    Category.UNCHECKED: "no ref",  # no reference to judge it (the verdict `unchecked`; see the glossary)
 }
 
 
@@ -146,8 +147,10 @@ class MismatchesScreen(Screen):
         polled state is not finished (an attached viewer cannot tell more without reading)."""
         if self.app.source.live:
             return True
-        snap = getattr(self.app, "last_snapshot", None)
-        return snap is None or snap.state not in ("done", "failed")
+        rec = getattr(self.app, "last_record", None)
+        # a live state whose engine exited or is gone writes nothing more; one with no heartbeat at all may be
+        # written by an engine from before heartbeats
+        return rec is None or (rec.state in LIVE_STATES and rec.engine not in ("gone", "stopped"))
 
     def _tick(self) -> None:
         """Once a second: re-read the page when it is due, and say how old the shown page is."""
@@ -246,7 +249,7 @@ class MismatchesScreen(Screen):
                 shown = "no samples match"
             else:
                 shown = f"rows {page.offset + 1:,}–{page.offset + len(page.rows):,} of {page.total:,}"
-        verdict = self.verdict_filter or "all non-exact"
+        verdict = VERDICT_LABELS.get(self.verdict_filter, self.verdict_filter) if self.verdict_filter else "all non-exact"
         text = f" · text: {self.text_filter!r}" if self.text_filter else ""
         order = MISMATCH_ORDERS[self.order]
         fresh, short = self._freshness()
