@@ -136,8 +136,9 @@ VERDICT_CLASSES: dict[str, str] = {
 }
 VERDICT_LABELS: dict[str, str] = {**{str(v): str(v) for v in VERDICTS}, Category.UNCHECKED: "no reference"}
 
-# Rebuild strategies whose ids are the model's own (server ids; logprob tokens with bytes), never a rebuild.
-TRUE_ID_STRATEGIES: tuple[str, ...] = ("server_ids", "logprobs")
+# Where stored ids came from when they are the model's own, never a rebuild (Reconstruction.ids_source: the
+# server's ids; logprob tokens with bytes). The third source, "text", is a rebuild from the returned text.
+TRUE_ID_SOURCES: tuple[str, ...] = ("server", "logprobs")
 
 
 class Verification(StrEnum):
@@ -165,9 +166,9 @@ VERIFICATION_WORDS: dict[str, str] = {
 }
 
 
-def verification_of(strategy: str | None, category: str) -> Verification:
-    """The verification class of an answer rebuilt with `strategy` whose verdict is `category` (see Verification)."""
-    if strategy in TRUE_ID_STRATEGIES or category in BENIGN_VERDICTS:
+def verification_of(ids_source: str | None, category: str) -> Verification:
+    """The verification class of an answer whose ids came from `ids_source` and whose verdict is `category`."""
+    if ids_source in TRUE_ID_SOURCES or category in BENIGN_VERDICTS:
         return Verification.VERIFIED
     if category == Category.UNCHECKED:
         return Verification.UNCHECKED

@@ -1,9 +1,11 @@
 """`eaglewatch fidelity --db PATH`: how faithful the text path is, per endpoint and upstream provider.
 
-Reads the run database (read-only): per endpoint and provider (responses.provider), the verified samples
-(true ids whose text-only rebuild was measured, flag `text_path:<verdict>`), how many came out exact,
-benign or corrupt (by kind), the suspects among the text-rebuilt samples, and the learned fidelity
-profile's steps; then the advice ("pin provider X", "ignore Y", "measure more").
+Reads the run database (read-only): per endpoint and provider (responses.provider), the run record's counts
+(`app.store.queries.run_counts`, the words of `app.records`): the answers by verification class (verified,
+checked against a reference, unchecked), the measured ones (verified answers whose text-only rebuild was also
+compared with their true ids, flag `text_path:<verdict>`) and how they came out (exact, benign, truncated,
+corrupt by kind), the suspects; from the rows, which suspect flags and the first corrupt sample; the learned
+fidelity profile's steps; then the advice ("pin provider X", "ignore Y", "measure more").
 """
 
 from __future__ import annotations
@@ -28,27 +30,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-corrupt-rate", type=float, default=0.02, metavar="R",
                         help="a provider above this measured corrupt rate is advised against (default 0.02)")
     parser.add_argument("--min-verified", type=int, default=20, metavar="N",
-                        help="verified samples needed before a provider is judged (default 20)")
+                        help="measured answers (verified, text path compared) needed before a provider is judged "
+                             "(default 20)")
 
 
 @dataclass
 class Row:
-    """The report line of one endpoint and upstream provider: the quality gate's tally plus the suspects."""
+    """The report line of one endpoint and upstream provider: its answers' counts (the run record's), the quality
+    gate's tally of the measured ones, which suspect flags, and the learned profile's steps."""
 
     endpoint: str
     provider: str | None
-    measured: Any = None  # app.engine.quality.FidelityTally of the verified samples (None: none)
-    samples: int = 0
-    suspects: int = 0
+    answers: Any = None  # app.store.count_records.AnswerCounts (over every run read)
+    measured: Any = None  # app.engine.quality.FidelityTally of the measured answers (None: none)
     suspect_flags: Counter = field(default_factory=Counter)
     steps: list = field(default_factory=list)
 
     def as_json(self) -> dict:
-        t = self.measured
-        return {"endpoint": self.endpoint, "provider": self.provider, "samples": self.samples,
-                "verified": t.verified if t else 0, "exact": t.exact if t else 0, "benign": t.benign if t else 0,
-                "corrupt": dict(t.corrupt) if t else {}, "corrupt_rate": round(t.corrupt_rate, 6) if t else 0.0,
-                "suspects": self.suspects, "suspect_flags": dict(self.suspect_flags),
+        a, t = self.answers, self.measured
+        return {"endpoint": self.endpoint, "provider": self.provider, "samples": a.answers,
+                "verification": a.verification(), "verified": a.verified, "measured": a.measured,
+                "exact": a.measured_exact, "benign": a.measured_benign, "truncated": a.measured_truncated,
+                "corrupt": dict(a.measured_corrupt), "corrupt_rate": round(t.corrupt_rate, 6) if t else 0.0,
+                "suspects": a.suspects, "suspect_flags": dict(self.suspect_flags),
                 "example_corrupt_pk": t.example_pk if t else None, "steps": self.steps}
 
 
@@ -58,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 <= args.max_corrupt_rate <= 1:
         raise InputError(f"--max-corrupt-rate {args.max_corrupt_rate}: a rate must be between 0 and 1")
-    rows = build_rows(read_measurements(args.db, args.run))
+    measurements = list(read_measurements(args.db, args.run))  # says first when the run does not exist
+    rows = build_rows(measurements, provider_counts(args.db, args.run))
     for p in load_profiles(args.db):
         row = rows.get((p.endpoint, p.provider or None))
         if row is not None:
@@ -73,24 +78,41 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_rows(measurements) -> dict[tuple[str, str | None], Row]:
-    """Report rows keyed by (endpoint, provider) from stored measurements (app.store.profile_store.Measurement)."""
-    from app.engine.quality import tally
-    from app.tokens.flags import IDS_TEXT, suspect_flags, text_path_of
+def provider_counts(db, run: str | None) -> dict[tuple[str, str | None], Any]:
+    """AnswerCounts per (endpoint, provider) over the run named `run` (every run when None): the run record's
+    counts (app.store.queries.run_counts), summed over runs."""
+    from app.store import queries
+    from app.store.count_records import merge_answers
 
-    rows: dict[tuple[str, str | None], Row] = {}
-    verified = []
+    conn = queries.connect_readonly(db)
+    try:
+        runs = [queries.resolve_run(conn, run, db_label=str(db))] if run is not None else queries.list_runs(conn)
+        parts: dict[tuple[str, str | None], list] = {}
+        for r in runs:
+            for p in queries.run_counts(conn, r.id).providers:
+                parts.setdefault((p.endpoint or "?", p.provider), []).append(p.answers)
+    finally:
+        conn.close()
+    return {key: merge_answers(*answers) for key, answers in parts.items()}
+
+
+def build_rows(measurements, counts: dict[tuple[str, str | None], Any]) -> dict[tuple[str, str | None], Row]:
+    """Report rows keyed by (endpoint, provider): the counts (provider_counts); from the stored measurements
+    (app.store.profile_store.Measurement), which suspect flags and the quality gate's tally (its example pk)."""
+    from app.engine.quality import tally
+    from app.tokens.flags import suspect_flags, text_path_of
+
+    rows = {key: Row(key[0], key[1], answers) for key, answers in counts.items()}
+    measured = []
     for m in measurements:
-        row = rows.setdefault((m.endpoint, m.provider), Row(m.endpoint, m.provider))
-        row.samples += 1
-        measured = text_path_of(m.flags)
-        if measured is not None:
-            verified.append((m.endpoint, m.provider, measured, m.sample_pk))
-        suspects = suspect_flags(m.flags) if m.ids_source in (None, IDS_TEXT) else ()
-        if suspects:
-            row.suspects += 1
-            row.suspect_flags.update(suspects)
-    for t in tally(verified):
+        row = rows.get((m.endpoint, m.provider))
+        if row is None:  # written after the counts were read
+            continue
+        text_path = text_path_of(m.flags)
+        if text_path is not None:
+            measured.append((m.endpoint, m.provider, text_path, m.sample_pk))
+        row.suspect_flags.update(suspect_flags(m.flags))
+    for t in tally(measured):
         rows[(t.endpoint, t.provider)].measured = t
     return rows
 
@@ -115,38 +137,43 @@ def advise(rows: list[Row], max_rate: float, min_verified: int) -> list[str]:
             kinds = ", ".join(f"{k} {n}" for k, n in sorted(t.corrupt.items()))
             verb = (f"ignore provider {d.provider!r} (OpenRouter provider.ignore)" if d.action == "route_around"
                     else f"stop using endpoint {endpoint!r} for text rebuilds")
-            out.append(f"{verb}: measured corrupt rate {d.rate:.1%} ({kinds} of {d.verified} verified; "
+            out.append(f"{verb}: measured corrupt rate {d.rate:.1%} ({kinds} of {d.verified} measured; "
                        f"e.g. sample pk {d.example_pk})")
         good = [t for t in tallies if t.provider and t.provider not in bad_names and t.verified >= min_verified]
         if bad and good:
             best = min(good, key=lambda t: (t.corrupt_rate, -t.verified))
             out.append(f"pin provider {best.provider!r} on {endpoint!r} (OpenRouter provider.order / only): "
-                       f"{best.corrupt_rate:.1%} corrupt over {best.verified} verified samples")
+                       f"{best.corrupt_rate:.1%} corrupt over {best.verified} measured answers")
         for r in group:
             who = endpoint + (f" / {r.provider}" if r.provider else "")
-            n = r.measured.verified if r.measured else 0
-            if n == 0:
-                out.append(f"{who}: no verified samples — all {r.samples} are unchecked (not verified); ask for "
-                           "server ids or logprobs on a probe fraction, or run `eaglewatch calibrate`")
-            elif n < min_verified:
-                out.append(f"{who}: only {n} verified sample(s) (need {min_verified} to judge); measure more")
+            a = r.answers
+            if a.measured == 0:
+                out.append(f"{who}: no measured answers, so its text path is not judged (of its {a.answers} answers: "
+                           f"verified {a.verified}, checked against a reference {a.checked}, unchecked {a.unchecked}); "
+                           "ask for server ids or logprobs on a probe fraction, or run `eaglewatch calibrate`")
+            elif a.measured < min_verified:
+                out.append(f"{who}: only {a.measured} measured answer(s) (need {min_verified} to judge); measure more")
             for s in r.steps:
                 if not s["invertible"]:
                     out.append(f"{who}: {s['name']} ({s['where']}) cannot be inverted from text; "
-                               f"{r.suspects} sample(s) flagged suspect — prefer a provider without it, or ids")
+                               f"{a.suspects} answer(s) flagged suspect — prefer a provider without it, or ids")
     return out
 
 
 def _print(rows: list[Row], advice: list[str], db) -> None:
     out = sys.stdout
-    out.write(f"{db}: text-path fidelity per endpoint and upstream provider (verified = true ids, text rebuild measured)\n")
-    out.write(f"  {'endpoint / provider':<32} {'samples':>7} {'verified':>8} {'exact':>6} {'benign':>6} "
+    out.write(f"{db}: text-path fidelity per endpoint and upstream provider (measured = verified answers whose "
+              "text-only rebuild was compared with their true ids)\n")
+    out.write(f"  {'endpoint / provider':<32} {'answers':>7} {'measured':>8} {'exact':>6} {'benign':>6} {'trunc':>5} "
               f"{'corrupt':>7} {'rate':>7} {'suspect':>7}\n")
     for r in rows:
         who = r.endpoint + (f" / {r.provider}" if r.provider else "")
         t = r.as_json()
-        out.write(f"  {who:<32} {r.samples:>7} {t['verified']:>8} {t['exact']:>6} {t['benign']:>6} "
-                  f"{sum(t['corrupt'].values()):>7} {t['corrupt_rate']:>7.1%} {r.suspects:>7}\n")
+        out.write(f"  {who:<32} {t['samples']:>7} {t['measured']:>8} {t['exact']:>6} {t['benign']:>6} "
+                  f"{t['truncated']:>5} {sum(t['corrupt'].values()):>7} {t['corrupt_rate']:>7.1%} {t['suspects']:>7}\n")
+        a = r.answers
+        out.write(f"      ids: verified {a.verified} · checked against a reference {a.checked} · unchecked "
+                  f"{a.unchecked}\n")
         if t["corrupt"]:
             out.write("      corrupt by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(t["corrupt"].items())) + "\n")
         if r.suspect_flags:

@@ -37,7 +37,7 @@ class CountsFollower:
     def counts(self, *, background: bool) -> RunCounts:
         """The counts as last read; with `background` (on a running event loop) a re-read is started in a
         thread and shows in a later call, else the re-read happens now."""
-        if background:
+        if background and self._version is not None:  # the first read is made at once: never an empty record
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:

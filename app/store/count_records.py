@@ -214,7 +214,7 @@ def fold_answers(rows: Iterable[QualityTally]) -> AnswerCounts:
     for r in rows:
         answers += r.n
         verdicts[r.category] = verdicts.get(r.category, 0) + r.n
-        classes[verification_of(r.strategy, r.category)] += r.n
+        classes[verification_of(r.ids_source, r.category)] += r.n
         suspects += r.n if r.suspect else 0
         truncated += r.n if (r.truncated or r.category == Category.TRUNCATED) else 0
         if r.prompt_check:
@@ -235,5 +235,23 @@ def fold_answers(rows: Iterable[QualityTally]) -> AnswerCounts:
     )
 
 
+def merge_answers(*parts: AnswerCounts) -> AnswerCounts:
+    """The sum of AnswerCounts (e.g. one endpoint and provider over several runs)."""
+
+    def pairs(name: str) -> tuple[tuple[str, int], ...]:
+        out: dict[str, int] = {}
+        for part in parts:
+            for key, n in getattr(part, name):
+                out[key] = out.get(key, 0) + n
+        return tuple(sorted(out.items()))
+
+    ints = {f: sum(getattr(p, f) for p in parts) for f in (
+        "answers", "verified", "checked", "unchecked", "measured", "measured_exact", "measured_benign",
+        "measured_truncated", "suspects", "truncated")}
+    verdicts = dict(pairs("verdicts"))
+    return AnswerCounts(**ints, verdicts=tuple((str(v), verdicts.get(str(v), 0)) for v in VERDICTS),
+                        measured_corrupt=pairs("measured_corrupt"), prompt_checks=pairs("prompt_checks"))
+
+
 __all__ = ["SampleStates", "AnswerCounts", "EndpointCounts", "ProviderCounts", "RunCounts", "Percentiles",
-           "RunLatency", "percentile", "percentiles_of", "fold_answers"]
+           "RunLatency", "percentile", "percentiles_of", "fold_answers", "merge_answers"]

@@ -456,14 +456,15 @@ SELECT r.sample_pk, s.sample_id, s.dataset, COALESCE(r.explanation, '')
 # reads the verification classes (app.records.Verification), the measured text-path fidelity, the suspects,
 # the truncated answers and the prompt checks from a handful of rows, as it reads the other tallies
 # (app.store.tallies.quality_tallies). One row per (run, the endpoint and provider of the reconstruction's
-# response, verdict, strategy, text-path verdict, suspect, truncated, prompt check); kept by INSERT / UPDATE /
-# DELETE triggers on reconstructions (a reprocess's upsert fires the UPDATE trigger). text_path: the verdict
+# response, verdict, ids source, text-path verdict, suspect, truncated, prompt check); kept by INSERT / UPDATE /
+# DELETE triggers on reconstructions (a reprocess's upsert fires the UPDATE trigger). ids_source: the column
+# (server | logprobs | text), or for a row from before v5 what its strategy implies. text_path: the verdict
 # after `text_path:` in flags ('' when not measured); suspect: 1 when flags hold any other name (every flag
 # but the informational text_path one marks a suspect: app.tokens.flags); truncated: 1 when the response
 # stopped at max_tokens (finish_reason 'length'). The response is looked up when the row is counted and when
 # it is uncounted: responses are never updated, so both see the same key (a tool that deletes responses
 # under their reconstructions runs `app.store.tallies.recount` afterwards).
-_QUALITY_KEY = ("run_id", "endpoint", "provider", "category", "strategy", "text_path", "suspect", "truncated",
+_QUALITY_KEY = ("run_id", "endpoint", "provider", "category", "ids_source", "text_path", "suspect", "truncated",
                 "prompt_check")
 
 
@@ -471,7 +472,9 @@ def _quality_values(row: str) -> str:
     """The tally key of reconstruction `row` (new / old / r), with its responses row joined as `p`."""
     flags = f"CASE WHEN json_valid({row}.flags) THEN {row}.flags END"
     return (
-        f"{row}.run_id, COALESCE(p.endpoint, ''), COALESCE(p.provider, ''), {row}.category, {row}.strategy, "
+        f"{row}.run_id, COALESCE(p.endpoint, ''), COALESCE(p.provider, ''), {row}.category, "
+        f"COALESCE({row}.ids_source, CASE {row}.strategy WHEN 'server_ids' THEN 'server' "
+        f"WHEN 'logprobs' THEN 'logprobs' ELSE 'text' END), "
         f"COALESCE((SELECT substr(value, 11) FROM json_each({flags}) WHERE value LIKE 'text_path:%' LIMIT 1), ''), "
         f"EXISTS (SELECT 1 FROM json_each({flags}) WHERE value NOT LIKE 'text_path:%'), "
         f"COALESCE(p.finish_reason IS 'length', 0), COALESCE({row}.prompt_check, '')"
@@ -502,7 +505,7 @@ CREATE TABLE quality_tallies (
     endpoint     TEXT NOT NULL,              -- the endpoint of the reconstruction's response ('' when none)
     provider     TEXT NOT NULL,              -- that response's upstream provider ('' when not reported)
     category     TEXT NOT NULL,              -- the verdict
-    strategy     TEXT NOT NULL,              -- server_ids | logprobs | canonical | none
+    ids_source   TEXT NOT NULL,              -- server | logprobs | text (app.tokens.flags.IDS_SOURCES)
     text_path    TEXT NOT NULL,              -- the measured text-path verdict, '' when not measured
     suspect      INTEGER NOT NULL,           -- 1: flagged suspect
     truncated    INTEGER NOT NULL,           -- 1: the response stopped at max_tokens
@@ -517,7 +520,7 @@ BEGIN
 END;
 
 CREATE TRIGGER reconstructions_quality_update
-AFTER UPDATE OF run_id, response_id, category, strategy, flags, prompt_check ON reconstructions
+AFTER UPDATE OF run_id, response_id, category, strategy, ids_source, flags, prompt_check ON reconstructions
 BEGIN
     {_quality_sql("sub", "old")}
     {_quality_sql("add", "new")}

@@ -49,13 +49,14 @@ class ResponseTally:
 
 @dataclass(frozen=True, slots=True)
 class QualityTally:
-    """Stored answers (reconstructions) of one run that share an endpoint, upstream provider, verdict, strategy,
-    text-path verdict ('' not measured), suspect flag, truncation and prompt check ('' not checked)."""
+    """Stored answers (reconstructions) of one run that share an endpoint, upstream provider, verdict, ids source
+    (server | logprobs | text), text-path verdict ('' not measured), suspect flag, truncation and prompt check
+    ('' not checked)."""
 
     endpoint: str  # '' when the answer has no response row
     provider: str | None  # None when the endpoint reported none
     category: str
-    strategy: str
+    ids_source: str
     text_path: str
     suspect: bool
     truncated: bool
@@ -222,7 +223,7 @@ def strategy_counts(conn: sqlite3.Connection, run_id: int) -> dict[str, int]:
 def quality_tallies(conn: sqlite3.Connection, run_id: int) -> list[QualityTally]:
     """The run's stored answers grouped by endpoint, provider and what they are (rows with none left skipped)."""
     rows = conn.execute(
-        "SELECT endpoint, provider, category, strategy, text_path, suspect, truncated, prompt_check, n "
+        "SELECT endpoint, provider, category, ids_source, text_path, suspect, truncated, prompt_check, n "
         "FROM quality_tallies WHERE run_id = ? AND n != 0",
         (run_id,),
     ).fetchall()

@@ -192,15 +192,15 @@ async def test_the_engine_is_the_run_control_and_set_concurrency_sticks(tmp_path
     try:
         await run.start()
         await store.enqueue_command(run_id, "set_concurrency", {"limit": 2})
-        await _until(lambda: run.snapshot().concurrency_limit == 2, 5)
+        await _until(lambda: run.snapshot().live.concurrency_limit == 2, 5)
         seen = []
         for _ in range(20):
-            seen.append(run.snapshot().in_flight)
+            seen.append(run.snapshot().live.in_flight)
             await asyncio.sleep(0.05)
         assert max(seen) <= 2
         await store.enqueue_command(run_id, "set_concurrency", {"limit": "many"})
         await asyncio.sleep(1.3)
-        assert run.snapshot().concurrency_limit == 2
+        assert run.snapshot().live.concurrency_limit == 2
     finally:
         await run.close()
         await store.close()

@@ -63,10 +63,10 @@ def _fidelity(db: Path, capsys) -> dict:
 
 
 def _corrupt_counted(report: dict, endpoint: str) -> tuple[int, int]:
-    """(verified, corrupt) of `endpoint` over its rows (one per upstream provider) in `eaglewatch fidelity --json`."""
+    """(measured, corrupt) of `endpoint` over its rows (one per upstream provider) in `eaglewatch fidelity --json`."""
     rows = [r for r in report["rows"] if r["endpoint"] == endpoint]
     assert rows, report
-    return sum(r["verified"] for r in rows), sum(sum(r["corrupt"].values()) for r in rows)
+    return sum(r["measured"] for r in rows), sum(sum(r["corrupt"].values()) for r in rows)
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -90,8 +90,9 @@ async def test_server_ids_are_stored_and_exported_while_the_text_path_counts_its
         assert r["category"] == "unchecked"  # no reference in production
         measured = [f for f in r["flags"] if f.startswith("text_path:")]
         assert len(measured) == 1 and measured[0][len("text_path:"):] in CORRUPT, r["flags"]
-    m = run.snapshot().measured
-    assert m.verified == N and m.corrupt == N, m  # the live match rate counts the text path, not the stored ids
+    m = run.snapshot().counts.answers
+    assert m.measured == N and m.measured_corrupt_total == N, m  # the match rate counts the text path, not the stored ids
+    assert m.verified == N  # while the stored ids are the server's: verified
 
     assert _corrupt_counted(_fidelity(config.run.database, capsys), "vllm") == (N, N)
 
@@ -118,7 +119,7 @@ async def test_logprob_ids_are_stored_and_exported_while_the_text_path_counts_it
         assert (r["source"], r["strategy"], r["roundtrip"]) == ("logprobs", "logprobs", None), r
         assert "content_text_differs" in r["notes"], r
         assert [f for f in r["flags"] if f.startswith("text_path:")][0][len("text_path:"):] in CORRUPT
-    assert run.snapshot().measured.corrupt == N
+    assert run.snapshot().counts.answers.measured_corrupt_total == N
     assert _corrupt_counted(_fidelity(config.run.database, capsys), "or") == (N, N)
     records, _ = _exported(tmp_path, config.run.database, capsys)
     assert {k: tuple(v["output_ids"]) for k, v in records.items()} == {r["id"]: r["ids"] for r in rows}
