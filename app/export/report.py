@@ -26,6 +26,13 @@ class ExportReport:
     ids_sources: dict[str, int] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()  # what the consumer will do differently (also in the manifest)
 
+    @property
+    def verified(self) -> int:
+        """Exported samples whose ids are verified, in the words of every face (app.records.Verification): every
+        ids source but `text` (the server's ids, logprob ids, or the reference's ids for a rebuild it judged the
+        same text)."""
+        return sum(n for source, n in self.ids_sources.items() if source != "text")
+
     def as_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data (`export --json`)."""
         return {
@@ -35,6 +42,7 @@ class ExportReport:
             "exported": self.exported,
             "skipped": dict(self.skipped),
             "ids_sources": dict(self.ids_sources),
+            "verified": self.verified,
             "tokens": self.tokens,
             "loss_tokens": self.loss_tokens,
             "min_length": self.min_length,

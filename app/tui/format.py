@@ -47,14 +47,15 @@ def short_ms(value: float | None) -> str:
 
 
 def count(n: int) -> str:
-    """`9,999` / `12.3k` / `123k` / `1.23M`: a whole count in at most 6 cells (compact tiles)."""
+    """`999` / `1.2k` / `12k` / `123k` / `1.2M`: a count rounded to at most 4 cells, for a tile line that does not
+    fit with the exact number (`9,999`)."""
+    if n < 1_000:
+        return str(n)
     if n < 10_000:
-        return f"{n:,}"
-    if n < 100_000:
         return f"{n / 1000:.1f}k"
     if n < 1_000_000:
-        return f"{n / 1000:.0f}k"
-    return f"{n / 1_000_000:.2f}M"
+        return f"{n // 1000}k"
+    return f"{n / 1_000_000:.1f}M"
 
 
 def percent(part: int, whole: int) -> str:

@@ -14,7 +14,7 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, ProgressBar, Static
 
-from app.engine.snapshot import EndpointLive, FinishedFigures, LiveFigures, RunRecord, state_words
+from app.engine.snapshot import WITH_FAILURES, EndpointLive, FinishedFigures, LiveFigures, RunRecord, state_words
 from app.records import Category
 from app.tui import format as fmt
 from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
@@ -76,23 +76,31 @@ class DashboardData:
 TONES = {"good": "bold green", "live": "bold green", "warn": "bold yellow", "bad": "bold red", "plain": "bold"}
 
 
-def status_line(rec: RunRecord) -> Text:
-    """`● RUNNING  demo · 412/1,000 (41.2%) · elapsed 1m23s · ETA 2m00s` (app.engine.snapshot.state_words says
-    the state; a finished run's elapsed is frozen and it has no ETA)."""
+def status_line(rec: RunRecord, width: int = 200) -> Text:
+    """`● RUNNING  demo · 412/1,000 (41.2%) · elapsed 1m23s · ETA 2m00s` in `width` cells (app.engine.snapshot
+    .state_words says the state; a finished run's elapsed is frozen and it has no ETA). When narrow, the share
+    goes first (the progress bar below shows it), then the failures' total (the counts show it)."""
     words = state_words(rec)
-    text = Text()
-    text.append(words.label, style=TONES[words.tone])
-    if words.detail:
-        text.append(f" ({words.detail})", style=TONES[words.tone])
-    if rec.engine_gone:
-        text.append(" · keys off", style="dim")  # the keys would queue commands nothing reads
     ended, total = rec.counts.samples.ended, rec.total
-    text.append(f"  {rec.run_name}", style="bold")
-    text.append(f" · {ended:,}/{total:,} ({fmt.percent(ended, total)})")
-    text.append(f" · elapsed {fmt.duration(rec.elapsed_s)}")
-    if rec.eta_s is not None or (rec.finished is None and rec.state == "running"):
-        text.append(f" · ETA {fmt.duration(rec.eta_s)}")
-    return text
+    eta = rec.eta_s is not None or (rec.finished is None and rec.state == "running")
+    short_detail = words.detail
+    if words.label == WITH_FAILURES:
+        short_detail = f"{rec.failed:,} failed"
+    candidates = []
+    for detail, share in ((words.detail, True), (words.detail, False), (short_detail, False)):
+        text = Text()
+        text.append(words.label, style=TONES[words.tone])
+        if detail:
+            text.append(f" ({detail})", style=TONES[words.tone])
+        if rec.engine_gone:
+            text.append(" · keys off", style="dim")  # the keys would queue commands nothing reads
+        text.append(f"  {rec.run_name}", style="bold")
+        text.append(f" · {ended:,}/{total:,}" + (f" ({fmt.percent(ended, total)})" if share else ""))
+        text.append(f" · elapsed {fmt.duration(rec.elapsed_s)}")
+        if eta:
+            text.append(f" · ETA {fmt.duration(rec.eta_s)}")
+        candidates.append(text)
+    return next((t for t in candidates if t.cell_len <= width), candidates[-1])
 
 
 def engine_gone(rec: RunRecord) -> bool:
@@ -157,10 +165,12 @@ def throughput_lines(rec: RunRecord, width: int = 40, compact: bool = False) -> 
         return _lines([f"avg tok/s {fin.tok_s:,.0f}", f"avg req/s {fin.req_s:,.1f}", *latency,
                        f"leased {rec.counts.samples.leased:,}"], n)
     rate = live.rate
-    reason, cap = limit_words(live.endpoints, compact)
-    limit = reason + (f" cap {cap}" if cap is not None else "") if compact else \
-        _fit(width, reason + (f" · capacity {cap}" if cap is not None else ""),
-             COMPACT_REASONS.get(reason, reason) + (f" cap {cap}" if cap is not None else ""))
+    reason, cap = limit_words(live.endpoints, False)
+    short = COMPACT_REASONS.get(reason, reason)
+    with_cap = f" · capacity {cap}" if cap is not None else ""
+    short_cap = f" cap {cap}" if cap is not None else ""
+    limit = _fit(width, f"limit {reason}{with_cap}", f"limit {short}{with_cap}", f"limit {short}{short_cap}",
+                 f"{short}{short_cap}")
     flight = f"{live.in_flight}/{live.concurrency_limit}"
     if compact:
         return _lines([
@@ -171,8 +181,8 @@ def throughput_lines(rec: RunRecord, width: int = 40, compact: bool = False) -> 
             limit,
         ], n)
     return _lines([
-        f"req/s {rate.req_s_10s:6.1f}  1m {rate.req_s_1m:.1f}",
-        f"tok/s {rate.tok_s_10s:6.0f}  1m {rate.tok_s_1m:.0f}",
+        f"req/s {rate.req_s_10s:,.1f}  1m {rate.req_s_1m:,.1f}",
+        _fit(width, f"tok/s {rate.tok_s_10s:,.0f}  1m {rate.tok_s_1m:,.0f}", f"tok/s {rate.tok_s_10s:,.0f} 1m {rate.tok_s_1m:,.0f}"),
         f"p50 {ms(live.latency_p50_ms)}  p95 {ms(live.latency_p95_ms)}",
         _fit(width, f"ttft p50 {ms(live.ttft_p50_ms)} p95 {ms(live.ttft_p95_ms)}", f"ttft {ms(live.ttft_p95_ms)}"),
         _fit(width, f"in flight {flight}  waiting {live.waiting:,}", f"flight {flight} waiting {live.waiting:,}"),
@@ -191,8 +201,11 @@ def cost_lines(rec: RunRecord, width: int = 40, compact: bool = False) -> tuple[
                  f"proj. {fmt.money(rec.live.projected_cost_usd)}"]
     if rec.budget_usd:
         fraction = spent / rec.budget_usd
-        lines.append(f"budget {fmt.money(rec.budget_usd)} {100 * fraction:.0f}%")
-        lines.append(fmt.bar(fraction, min(16, width)))
+        share = f"{100 * fraction:.0f}%"
+        if len(f"budget {fmt.money(rec.budget_usd)} {share}") <= width:
+            lines += [f"budget {fmt.money(rec.budget_usd)} {share}", fmt.bar(fraction, min(16, width))]
+        else:  # a large budget: its share goes before the bar
+            lines += [f"budget {fmt.money(rec.budget_usd)}", f"{share} " + fmt.bar(fraction, min(16, width) - len(share) - 1)]
     else:
         lines.append("budget none")
     return _lines(lines, COMPACT_LINES if compact else FULL_LINES)
@@ -206,26 +219,30 @@ def reconstruction_lines(rec: RunRecord, width: int = 40, compact: bool = False)
     corrupt, trunc, no_ref = a.corrupt, a.truncated, a.verdict(Category.UNCHECKED)
     match = f"match {fmt.percent(a.measured_matched, a.measured)} n={a.measured:,}" if a.measured else "measured 0"
 
-    def pair(first: str, x: int, second: str, y: int, short: str | None = None) -> str:
-        return _fit(width, f"{first} {x:,} · {second} {y:,}", f"{first} {x:,} {second} {y:,}",
-                    f"{first} {x:,} {short or second} {y:,}",
-                    f"{first} {fmt.count(x)} {short or second} {fmt.count(y)}")
+    def pair(first: str, x: int, second: str, y: int, *shorter: str) -> str:
+        """`first x · second y`, in fewer cells when narrow: shorter labels (GLOSSARY), then rounded counts."""
+        labels = [(first, second), *((first, s) for s in shorter)]
+        return _fit(width, f"{first} {x:,} · {second} {y:,}",
+                    *(f"{a} {x:,} {b} {y:,}" for a, b in labels),
+                    *(f"{a} {fmt.count(x)} {b} {fmt.count(y)}" for a, b in labels))
 
+    verified = _fit(width, f"verified {a.verified:,} of {a.answers:,}", f"verified {a.verified:,}/{a.answers:,}",
+                    f"verified {fmt.count(a.verified)}/{fmt.count(a.answers)}")
     if compact:
         return _lines([
             pair("exact", exact, "benign", benign),
             pair("corrupt", corrupt, "trunc", trunc),
             pair("no ref", no_ref, "suspect", a.suspects),
-            _fit(width, f"verified {a.verified:,}/{a.answers:,}", f"verified {fmt.count(a.verified)}/{fmt.count(a.answers)}"),
+            verified,
             match,
         ], COMPACT_LINES)
     return _lines([
         pair("exact", exact, "benign", benign),
         pair("corrupt", corrupt, "truncated", trunc, "trunc"),
-        pair("no reference", no_ref, "suspect", a.suspects) if len(f"no reference {no_ref:,} · suspect {a.suspects:,}") <= width
-        else pair("no ref", no_ref, "suspect", a.suspects),
-        pair("verified", a.verified, "unchecked", a.unchecked),
-        _fit(width, f"ref-checked {a.checked:,}", f"ref-checked {fmt.count(a.checked)}"),
+        pair("no reference", no_ref, "suspect", a.suspects) if len(f"no reference {no_ref:,} · suspect {a.suspects:,}")
+        <= width else pair("no ref", no_ref, "suspect", a.suspects),
+        verified,
+        pair("ref-checked", a.checked, "unchecked", a.unchecked),
         match,
     ], FULL_LINES)
 
@@ -234,16 +251,16 @@ def error_lines(rec: RunRecord, width: int = 40, compact: bool = False) -> tuple
     """Every class of failed request with its count, then failed samples and retried requests."""
     n = COMPACT_LINES if compact else FULL_LINES
     c = rec.counts
-    tail = _fit(width, f"failed {c.samples.failed:,} · retried {c.retried:,}", f"failed {c.samples.failed:,} retried {c.retried:,}",
-                f"failed {fmt.count(c.samples.failed)} retried {fmt.count(c.retried)}")
+    failed, retried = f"failed {c.samples.failed:,}", f"retried {c.retried:,}"
+    tail = [f"{failed} · {retried}"] if len(f"{failed} · {retried}") <= width else \
+        [f"{failed} {retried}"] if len(f"{failed} {retried}") <= width else [failed, retried]
     if not c.errors_by_class:
-        return _lines(["none", tail], n)
+        return _lines(["none", *tail], n)
     ranked = sorted(c.errors_by_class, key=lambda item: (-item[1], item[0]))
-    items = [f"{name} {count:,}" for name, count in ranked]
-    body = _pack(items, width, n - 1)
+    body = _pack([f"{name} {count:,}" for name, count in ranked], width, n - len(tail))
     if any(len(line) > width for line in body):
-        body = _pack([f"{name} {fmt.count(count)}" for name, count in ranked], width, n - 1)
-    return _lines([*body, tail], n)
+        body = _pack([f"{name} {fmt.count(count)}" for name, count in ranked], width, n - len(tail))
+    return _lines([*body, *tail], n)
 
 
 class DashboardScreen(Screen):
@@ -378,7 +395,8 @@ class DashboardScreen(Screen):
             if not data.series.caught_up:
                 self._not_before = 0.0  # still reading a big run's history: the next poll continues at once
         with self.app.batch_update():
-            self.query_one("#run-status", Static).update(status_line(rec), layout=False)
+            status = self.query_one("#run-status", Static)
+            status.update(status_line(rec, status.content_region.width or self.size.width - 2), layout=False)
             progress = self.query_one("#run-progress", ProgressBar)
             progress.update(total=max(rec.total, 1), progress=rec.counts.samples.ended)
             self._last = rec

@@ -11,10 +11,10 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Static
 
+from app.engine.snapshot import LIVE_STATES
 from app.records import Category
 from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
 from app.tui.format import duration
-from app.engine.snapshot import LIVE_STATES
 from app.tui.source import MISMATCH_ORDERS, MISMATCH_VERDICTS, MismatchPage, MismatchRow
 from widgets.page_table import PageTable
 
@@ -28,6 +28,19 @@ VERDICT_LABELS = {
     Category.TRUNCATED: "truncated",
     Category.UNCHECKED: "no ref",  # no reference to judge it (the verdict `unchecked`; see the glossary)
 }
+
+
+def column_widths(rows: tuple[MismatchRow, ...], room: int) -> tuple[int, ...]:
+    """COLUMNS' widths for a page within `room` cells: the dataset column gets the width of the page's longest
+    dataset name (never cut while the sample column keeps its 16), the sample column the rest it can use."""
+    widths = [w for _, w in COLUMNS]
+    fixed = sum(widths[2:]) + len(COLUMNS)
+    left = max(room - fixed, widths[0] + widths[1])
+    need_dataset = max([widths[1], *(len(r.dataset) for r in rows)])
+    need_sample = max([widths[0], *(len(r.sample_id) for r in rows)])
+    widths[1] = min(need_dataset, left - widths[0])
+    widths[0] = min(need_sample, left - widths[1])
+    return tuple(widths)
 
 
 class MismatchesScreen(Screen):
@@ -219,6 +232,8 @@ class MismatchesScreen(Screen):
             scroll_y = old_scroll + cursor - old_cursor
         self.page = page
         self._loading = False
+        room = (table.scrollable_content_region.width or self.size.width) - 2
+        table.set_widths(column_widths(page.rows, room))
         table.show(
             [
                 (
