@@ -56,9 +56,10 @@ def _database(args: argparse.Namespace) -> Path:
 
 
 def run_status(conn: Any, run: Any) -> dict[str, Any]:
-    """One run's record (app.engine.snapshot.read_record: the store's counts, the engine's live figures while it
+    """One run's record (app.engine.record_reads.read_record: the store's counts, the engine's live figures while it
     beats, finished figures once nothing moves the run) as JSON-ready data, in the words every face uses."""
-    from app.engine.snapshot import read_record, state_words
+    from app.engine.record_reads import read_record
+    from app.engine.snapshot import state_words
 
     rec = read_record(conn, run.name)
     c, a = rec.counts, rec.counts.answers

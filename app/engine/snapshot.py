@@ -15,15 +15,14 @@ A RunRecord has four parts, each with one source:
 - the engine's liveness: `here` (this process hosts it) | running | stopped | gone | never (app.store.heartbeat),
   and `engine_text`, that in words.
 
-`read_record` builds one from a database connection (any thread); `state_words` says the run's state as every
-face words it (one rule for DONE, below).
+`app.engine.record_reads.read_record` builds one from a database connection (any thread); `state_words` says the
+run's state as every face words it (one rule for DONE, below). This module holds no I/O.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from app.store.count_records import Percentiles, RunCounts, RunLatency
 
@@ -242,59 +241,5 @@ def finished_figures(counts: RunCounts, latency: RunLatency) -> FinishedFigures:
     )
 
 
-class LatencyCache:
-    """Keeps a finished run's percentiles (one read of every answer) until its rows change."""
-
-    def __init__(self) -> None:
-        self._key: tuple[Any, ...] | None = None
-        self._value: RunLatency | None = None
-
-    def get(self, conn: Any, run_id: int, counts: RunCounts) -> RunLatency:
-        from app.store.queries import run_latency
-
-        key = (run_id, counts.requests, counts.last_at)
-        if self._value is None or key != self._key:
-            self._value, self._key = run_latency(conn, run_id), key
-        return self._value
-
-
-def read_record(conn: Any, run_name: str, *, live: LiveFigures | None = None, now: float | None = None,
-                latency: LatencyCache | None = None) -> RunRecord:
-    """The record of run `run_name` read through `conn` (a read-only sqlite3 connection; any thread).
-
-    `live`: the engine's live figures when this process hosts it (taken on its loop); otherwise they come from
-    the engine's heartbeat while it beats. Finished figures replace live ones once the run is done or no
-    engine beats. `latency` keeps a finished run's percentiles between calls.
-    """
-    from app.engine.snapshot_codec import live_from_json
-    from app.store import queries
-    from app.store.heartbeat import liveness, read_heartbeat
-
-    now = time.time() if now is None else now
-    run = queries.resolve_run(conn, run_name)
-    counts = queries.run_counts(conn, run.id)
-    state, reason = run.state, run.reason
-    if live is not None:
-        engine, engine_text = IN_PROCESS, "engine in this process"
-        state, reason = live.state, live.state_reason
-    else:
-        beat = read_heartbeat(conn, run.id)
-        seen = liveness(beat, now)
-        engine, engine_text = seen.state, seen.short
-        if seen.alive and beat is not None and beat.snapshot_json:
-            try:
-                live = live_from_json(beat.snapshot_json)
-            except (ValueError, TypeError, KeyError):  # a torn or foreign beat: no live figures this time
-                live = None
-            if live is not None and state in LIVE_STATES:
-                state, reason = live.state, live.state_reason
-    finished = None
-    if state == "done" or live is None:
-        finished = finished_figures(counts, (latency or LatencyCache()).get(conn, run.id, counts))
-    budget = (run.config.get("limits") or {}).get("budget_usd")
-    return RunRecord(run_name=run.name, state=state, counts=counts, state_reason=reason, engine=engine,
-                     engine_text=engine_text, live=live, finished=finished, budget_usd=budget, read_at=now)
-
-
-__all__ = ["IN_PROCESS", "Rate", "EndpointLive", "LiveFigures", "FinishedFigures", "RunRecord", "StateWords",
-           "state_words", "finished_figures", "LatencyCache", "read_record"]
+__all__ = ["IN_PROCESS", "LIVE_STATES", "Rate", "EndpointLive", "LiveFigures", "FinishedFigures", "RunRecord",
+           "StateWords", "state_words", "finished_figures"]

@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from app.engine.snapshot import read_record
+from app.engine.record_reads import read_record
 from app.store.queries import connect_readonly
 from app.engine.run import Run
 from app.errors import EaglewatchError
