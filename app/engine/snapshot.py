@@ -180,6 +180,7 @@ class RunRecord:
 
 # ---------------------------------------------------------------------------------------------- words
 
+ENGINE_STOPPED = "engine stopped"  # the reason an engine that closes cleanly leaves on a run it did not finish
 DONE = "✓ DONE"
 WITH_FAILURES = "⚠ FINISHED WITH FAILURES"
 STATE_LABELS = {
@@ -220,7 +221,8 @@ def state_words(record: RunRecord) -> StateWords:
     label = STATE_LABELS.get(record.state, record.state.upper())
     reasons = [record.state_reason] if record.state_reason else []
     if record.engine == "stopped" and record.state in LIVE_STATES:
-        reasons.append(record.engine_text)  # "engine exited 3 min ago": nothing moves the run now
+        # "engine exited 3 min ago": nothing moves the run now (the reason a clean close records says less)
+        reasons = [r for r in reasons if r != ENGINE_STOPPED] + [record.engine_text]
     tone = {"running": "live", "paused": "warn", "failed": "bad"}.get(record.state, "plain")
     return StateWords(label, "; ".join(reasons) or None, tone)
 

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from app.commands.run import progress_line
 from app.config import load_config
 from app.engine.session import open_run
 from app.engine.snapshot import RunRecord, state_words
@@ -247,6 +248,8 @@ async def test_every_face_reports_the_same_numbers_through_a_crash_a_restart_and
         words = state_words(gone)
         assert words.label == "⚠ FINISHED WITH FAILURES" and f"{end.failed}/{N} failed" in words.detail
         assert "DONE" not in status_line(gone).plain and "ETA" not in status_line(gone).plain
+        line = progress_line(gone)  # the headless progress line: the same record, the same words
+        assert f"failed {end.failed}" in line and "FINISHED WITH FAILURES" in line and "in flight" not in line
         assert_status_agrees(await asyncio.to_thread(_cli, "status", "--db", str(db), "--json"), gone)
         assert_fidelity_agrees(await asyncio.to_thread(_cli, "fidelity", "--db", str(db), "--json"), gone)
     finally:
