@@ -50,14 +50,14 @@ class CountsFollower:
         return self._counts
 
     def _refresh(self) -> None:
-        from app.store.queries import connect_readonly, run_counts
+        from app.store.queries import connect_readonly, data_version, run_counts
 
         with self._lock:
             try:
                 if self._conn is None:
                     self._conn = connect_readonly(self.database, check=False)
                     weakref.finalize(self, self._conn.close)
-                version = self._conn.execute("PRAGMA data_version").fetchone()[0]
+                version = data_version(self._conn)
                 if version == self._version:
                     return
                 counts = run_counts(self._conn, self.run_id)

@@ -63,7 +63,7 @@ __all__ = [
     "connect_readonly", "RunReader", "RunRow", "MismatchRow", "MismatchPage", "SampleDetail", "EventRow",
     "JobSummary", "JobShardRow", "MISMATCH_ORDERS", "MISMATCH_VERDICTS", "SORT_CACHE_S", "SortCache",
     "list_runs", "run_by_name", "resolve_run", "state_counts", "verdict_counts", "strategy_counts", "cost_total",
-    "run_counts", "run_latency",
+    "run_counts", "run_latency", "data_version",
     "mismatch_page", "mismatch_count", "sample_detail", "reconstruction_of", "latest_completions", "events_tail", "job_summaries",
     "latest_shard_log",
 ]
@@ -201,6 +201,12 @@ def _run_counts(conn: sqlite3.Connection, run_id: int) -> RunCounts:
         first_at=first,
         last_at=last,
     )
+
+
+def data_version(conn: sqlite3.Connection) -> int:
+    """A number that changes whenever another connection commits to the database (`PRAGMA data_version`): a
+    reader that keeps one re-reads only after a change."""
+    return int(conn.execute("PRAGMA data_version").fetchone()[0])
 
 
 def run_latency(conn: sqlite3.Connection, run_id: int) -> RunLatency:

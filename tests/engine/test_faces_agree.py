@@ -223,6 +223,7 @@ async def test_every_face_reports_the_same_numbers_through_a_crash_a_restart_and
             mine, other = await _until(paused_everywhere, what="the attached face to show the pause")
             assert mine.state == "paused" and mine.done + mine.failed < N
             assert_faces_agree(mine, other)
+            assert run.snapshot().counts == mine.counts  # the engine's own record (the headless line's): exact
             assert mine.counts.retried > 0 and mine.failed > 0  # retries and final failures both happened
             assert_status_agrees(await asyncio.to_thread(_cli, "status", "--db", str(db), "--json"), mine)
             assert_fidelity_agrees(await asyncio.to_thread(_cli, "fidelity", "--db", str(db), "--json"), mine)

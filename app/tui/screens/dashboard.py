@@ -457,22 +457,22 @@ class DashboardScreen(Screen):
         room = (table.content_region.width or self.size.width - 2) - 2 * len(ENDPOINT_COLUMNS) - 1
         widths, aliases = endpoint_widths(rows, room)
         self.endpoint_aliases = aliases
-        named = {alias: name for alias, name in aliases.items()}
-        shown = [(next((a for a, n in named.items() if n == row[0]), row[0]), *row[1:]) for row in rows]
+        alias_of = {name: alias for alias, name in aliases.items()}
         if widths != self._endpoint_widths:
             table.clear(columns=True)
             for (key, label, _), width in zip(ENDPOINT_COLUMNS, widths):
                 table.add_column(label, width=width, key=key)
             self._endpoint_widths, self._endpoint_rows = widths, {}
-        for cells in shown:
-            old = self._endpoint_rows.get(cells[0])
+        for name, *rest in rows:  # rows are keyed by the endpoint's name; the first cell may be its alias
+            cells = (alias_of.get(name, name), *rest)
+            old = self._endpoint_rows.get(name)
             if old is None:
-                table.add_row(*cells, key=cells[0])
+                table.add_row(*cells, key=name)
             elif old != cells:
                 for (key, _, _), value, before in zip(ENDPOINT_COLUMNS, cells, old):
                     if value != before:
-                        table.update_cell(cells[0], key, value)
-            self._endpoint_rows[cells[0]] = cells
+                        table.update_cell(name, key, value)
+            self._endpoint_rows[name] = cells
 
 
 def endpoint_rows(rec: RunRecord) -> list[tuple[str, ...]]:
