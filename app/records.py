@@ -145,13 +145,15 @@ class Verification(StrEnum):
     """How a stored answer's ids are known: every answer is in exactly one class, and every face (the TUI,
     `status`, `fidelity`, the export) uses these words with these meanings.
 
-    - VERIFIED ("verified"): true ids. The server returned them, logprob tokens with bytes gave them, or a
-      reference judged the text rebuild to be the same text (exact / bpe_equivalent), so the reference's ids
-      are the model's (the export writes them, ids source `reference`).
-    - CHECKED ("checked against a reference"): ids rebuilt from text that a reference judged and found
-      different (text / structure mismatch) or cut short (truncated): judged, not verified.
+    - VERIFIED ("verified"): true ids, the model's own: the server returned them, or logprob tokens with bytes
+      gave them (ids source server | logprobs), whatever the returned text says.
+    - CHECKED ("checked against a reference"): ids rebuilt from text that a reference judged; the verdict says
+      how it came out (exact, benign, corrupt, truncated).
     - UNCHECKED ("unchecked"): ids rebuilt from text with neither true ids nor a reference to judge them;
       the round-trip and the suspect flags are the only signs.
+
+    An endpoint's own state (verified by probes, prior only, unverified) is app.store.verification's word for
+    the endpoint, not for an answer.
     """
 
     VERIFIED = "verified"
@@ -168,7 +170,7 @@ VERIFICATION_WORDS: dict[str, str] = {
 
 def verification_of(ids_source: str | None, category: str) -> Verification:
     """The verification class of an answer whose ids came from `ids_source` and whose verdict is `category`."""
-    if ids_source in TRUE_ID_SOURCES or category in BENIGN_VERDICTS:
+    if ids_source in TRUE_ID_SOURCES:
         return Verification.VERIFIED
     if category == Category.UNCHECKED:
         return Verification.UNCHECKED

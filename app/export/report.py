@@ -28,10 +28,11 @@ class ExportReport:
 
     @property
     def verified(self) -> int:
-        """Exported samples whose ids are verified, in the words of every face (app.records.Verification): every
-        ids source but `text` (the server's ids, logprob ids, or the reference's ids for a rebuild it judged the
-        same text)."""
-        return sum(n for source, n in self.ids_sources.items() if source != "text")
+        """Exported samples whose ids are verified, in the words of every face (app.records.Verification): true
+        ids from the server or from logprobs (app.records.TRUE_ID_SOURCES)."""
+        from app.records import TRUE_ID_SOURCES
+
+        return sum(n for source, n in self.ids_sources.items() if source in TRUE_ID_SOURCES)
 
     def as_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data (`export --json`)."""

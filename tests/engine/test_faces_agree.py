@@ -264,7 +264,8 @@ async def test_every_face_reports_the_same_numbers_through_a_crash_a_restart_and
                                    "--keep-roundtrip-failed", "--keep-suspect")
     assert kept["exported"] + sum(kept["skipped"].values()) == end.done == a.answers
     assert kept["skipped"] == {} and kept["verified"] == a.verified
-    assert kept["ids_sources"].get("text", 0) == a.checked + a.unchecked
+    sources = kept["ids_sources"]
+    assert sources.get("text", 0) + sources.get("reference", 0) == a.checked + a.unchecked
     cut = await asyncio.to_thread(_cli, "export", "--db", str(db), "--format", "sglang-raw", "--out",
                                   str(tmp_path / "cut"), "--json", "--keep-mismatches", "--keep-roundtrip-failed",
                                   "--keep-suspect")

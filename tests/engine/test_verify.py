@@ -55,7 +55,7 @@ async def test_provenance_is_stored_and_read_by_fidelity_and_export(tmp_path, sa
         assert bool(measured) == (source == "logprobs"), (source, flags)
     a = run.snapshot().counts.answers
     assert a.measured == 6 and a.measured_exact + a.measured_benign + a.measured_truncated + a.measured_corrupt_total == 6
-    assert a.verified >= 6  # the logprob rows are verified (a reference may verify text rebuilds too)
+    assert (a.verified, a.checked) == (6, 6)  # the logprob rows have true ids; a reference judged the text ones
 
     capsys.readouterr()
     assert main(["fidelity", "--db", str(config.run.database), "--json"]) == 0

@@ -72,9 +72,9 @@ async def test_every_answer_is_counted_as_what_it_is(tmp_path: Path) -> None:
     assert (c.samples.done, c.samples.failed, c.samples.pending, c.samples.total) == (7, 1, 0, 8)
     assert a.answers == 7 and dict(a.verdicts) == {"exact": 1, "bpe_equivalent": 1, "text_mismatch": 1,
                                                    "structure_mismatch": 0, "truncated": 1, "unchecked": 3}
-    # verified: s0 (server ids), s1 (a reference judged it exact), s5 (logprobs); checked against a reference:
-    # s2 (corrupt), s4 (truncated); unchecked: s3, s6 (text, no reference)
-    assert a.verification() == {"verified": 3, "checked_against_reference": 2, "unchecked": 2}
+    # verified: s0 (server ids), s5 (logprobs); checked against a reference: s1 (exact), s2 (corrupt), s4
+    # (truncated); unchecked: s3, s6 (text, no reference)
+    assert a.verification() == {"verified": 2, "checked_against_reference": 3, "unchecked": 2}
     assert (a.measured, a.measured_exact, a.measured_corrupt, a.measured_matched) == (2, 1, (("text_mismatch", 1),), 1)
     assert (a.suspects, a.truncated, a.corrupt) == (1, 2, 1)  # truncated: s4's verdict, s6's finish_reason
     assert dict(a.prompt_checks) == {"agree": 1, "differ": 1}
@@ -82,7 +82,7 @@ async def test_every_answer_is_counted_as_what_it_is(tmp_path: Path) -> None:
     assert [(e.name, e.completed, e.failed) for e in c.endpoints] == [("ep-a", 3, 1), ("ep-b", 4, 0)]
     per = {(p.endpoint, p.provider): p.answers for p in c.providers}
     assert set(per) == {("ep-a", "P1"), ("ep-a", "P2"), ("ep-b", None)}
-    assert per[("ep-a", "P1")].verified == 2 and per[("ep-a", "P2")].checked == 1
+    assert (per[("ep-a", "P1")].verified, per[("ep-a", "P1")].checked, per[("ep-a", "P2")].checked) == (1, 1, 1)
     assert merge_answers(*per.values()) == a  # the providers' rows add up to the run's
     _recounted_equals_kept(db)
 
@@ -94,7 +94,8 @@ async def test_a_reprocess_moves_an_answer_to_its_new_class_and_a_recount_agrees
     response = conn.execute("SELECT id FROM responses WHERE sample_pk = ?", (pks["s2"],)).fetchone()[0]
     conn.close()
     store = await RunStore.open(db)
-    # s2 rebuilt again (e.g. with a fixed profile): now exact, so verified; its response (and endpoint) kept
+    # s2 rebuilt again (e.g. with a fixed profile): now exact, still a text rebuild a reference checked; its
+    # response (and endpoint) kept
     await store.upsert_reconstructions([ReconstructionRow(run_id=run, sample_pk=pks["s2"], strategy="canonical",
                                                           output_ids=(1,), category="exact", response_id=response,
                                                           ids_source="text", created_at=time.time())])
@@ -104,8 +105,9 @@ async def test_a_reprocess_moves_an_answer_to_its_new_class_and_a_recount_agrees
         c = queries.run_counts(conn, run)
     finally:
         conn.close()
-    assert c.answers.verification() == {"verified": 4, "checked_against_reference": 1, "unchecked": 2}
-    assert {(p.endpoint, p.provider): p.answers.verified for p in c.providers}[("ep-a", "P2")] == 1
+    assert c.answers.verification() == {"verified": 2, "checked_against_reference": 3, "unchecked": 2}
+    assert dict(c.answers.verdicts)["text_mismatch"] == 0 and dict(c.answers.verdicts)["exact"] == 2
+    assert {(p.endpoint, p.provider): p.answers.checked for p in c.providers}[("ep-a", "P2")] == 1
     _recounted_equals_kept(db)
 
 
@@ -119,7 +121,7 @@ def test_the_tally_calls_suspect_what_the_export_calls_suspect() -> None:
 @pytest.mark.parametrize(("source", "category", "expected"), [
     ("server", "text_mismatch", Verification.VERIFIED),  # true ids, whatever the reference says
     ("logprobs", "unchecked", Verification.VERIFIED),
-    ("text", "bpe_equivalent", Verification.VERIFIED),  # the reference judged it the same text
+    ("text", "bpe_equivalent", Verification.CHECKED),  # a reference judged it: the same text
     ("text", "truncated", Verification.CHECKED),
     ("text", "structure_mismatch", Verification.CHECKED),
     ("text", "unchecked", Verification.UNCHECKED),

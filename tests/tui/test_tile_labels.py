@@ -24,7 +24,7 @@ IDS = ["80x24", "120x40", "120x24", "80x40"]
 ANSWERS = AnswerCounts(
     answers=2_030, verdicts=(("exact", 1_804), ("bpe_equivalent", 75), ("text_mismatch", 23), ("structure_mismatch", 4),
                              ("truncated", 16), ("unchecked", 108)),
-    verified=1_879, checked=43, unchecked=108, measured=312, measured_exact=300, measured_benign=8,
+    verified=312, checked=1_610, unchecked=108, measured=312, measured_exact=300, measured_benign=8,
     measured_corrupt=(("text_mismatch", 4),), suspects=7, truncated=16)
 DEMANDING = replace(
     RECORD,
@@ -46,7 +46,7 @@ LIVE_ITEMS = {
                    ("waiting 191",), ("limit mixed",)],
     "cost": [("spent $1.28",), ("$6.13/h",), ("proj. $2.79",), ("budget $5.00 26%",)],
     "reconstruction": [("exact 1,804",), ("benign 75",), ("corrupt 27",), ("trunc 16", "truncated 16"),
-                       ("no ref 108", "no reference 108"), ("suspect 7",), ("verified 1,879",),
+                       ("no ref 108", "no reference 108"), ("suspect 7",), ("verified 312",),
                        ("match 98.7% n=312",)],
     "errors": [("429 57",), ("5xx 12",), ("stream 3",), ("timeout 1",), ("failed 12",), ("retried 70",)],
 }

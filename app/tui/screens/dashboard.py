@@ -53,8 +53,8 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
     ("trunc", "truncated: stopped at max_tokens (no end-of-turn; the export leaves it out unless asked)"),
     ("no ref", "no reference to judge the ids against"),
     ("suspect", "rebuilt from text with a sign it may not be the model's ids (left out of exports)"),
-    ("verified", "true ids: from the server, logprobs, or a reference that judged the rebuild the same text"),
-    ("ref-checked", "checked against a reference: a reference judged the text rebuild different or cut short"),
+    ("verified", "true ids, the model's own: from the server or logprobs"),
+    ("ref-checked", "checked against a reference: rebuilt from text and judged by a reference (its verdict above)"),
     ("unchecked", "rebuilt from text with neither true ids nor a reference"),
     ("match N% n=M", "of M measured answers (true ids whose text-only rebuild was also compared), N% came out "
                      "the same text: the text path's fidelity"),
