@@ -152,9 +152,12 @@ def progress_line(s) -> str:
     """One short line of a run's record (app.engine.snapshot.RunRecord), in the words every face uses: the
     engine's answers and tokens per second (a finished run's averages), what is spent, the ETA, requests in
     flight / the limit and the samples waiting, failed samples, and the state's words once it is not running."""
-    from app.engine.snapshot import state_words
+    from app.engine.snapshot import finished_figures, state_words
+    from app.store.count_records import RunLatency
 
     live, fin = s.live, s.finished
+    if fin is None and s.state == "done":  # the engine's own record at the end: averages over the run's span
+        fin = finished_figures(s.counts, RunLatency())
     if fin is None and live is not None:
         rates = f"{live.rate.req_s_10s:.1f} req/s {live.rate.tok_s_10s:.0f} tok/s"
     else:

@@ -240,6 +240,8 @@ async def test_every_face_reports_the_same_numbers_through_a_crash_a_restart_and
             assert mine.finished is not None and mine.done + mine.failed == N
             assert_faces_agree(mine, other)
             end = mine
+            own = progress_line(run.snapshot())  # the headless line of the engine's own record at the end
+            assert own.startswith("avg ") and "in flight" not in own and f"failed {end.failed} · ⚠ FINISHED" in own
             a = end.counts.answers  # every kind the faces count happened, so no comparison is of zeros
             assert min(a.verified, a.checked, a.measured, a.suspects, a.truncated, end.counts.retried, end.failed) > 0, a
         # 3. the engine has exited: the attached face shows the same finished record, no live figure
