@@ -102,7 +102,8 @@ class Category(StrEnum):
     """The six verdict categories (`Verdict.category`, the `reconstructions.category` column).
 
     A StrEnum: each member equals its string ("exact" == Category.EXACT), so rows read back from
-    SQLite, JSON reports and dict keys need no conversion.
+    SQLite, JSON reports and dict keys need no conversion. Faces call UNCHECKED "no reference"
+    (VERDICT_LABELS): the word "unchecked" alone is the verification class below.
     """
 
     EXACT = "exact"  # the rebuilt ids equal the reference ids
@@ -114,6 +115,7 @@ class Category(StrEnum):
 
 
 VERDICTS: tuple[Category, ...] = tuple(Category)
+# The verdict sets, defined here once; every package and face counts with these.
 # Benign: the ids are a faithful encoding of the WHOLE response, fit to train on as they are.
 # `truncated` is not benign: the sample has no end-of-turn (exports leave it out unless asked) even
 # though its ids agree with the reference as far as they go; nor is it corrupt.
@@ -122,6 +124,57 @@ CORRUPT_VERDICTS: tuple[Category, ...] = (Category.TEXT_MISMATCH, Category.STRUC
 # The rebuild agrees with the reference as far as both go (benign, or cut short): what a rebuild check
 # that asks "did I reproduce the reference?" accepts.
 AGREEING_VERDICTS: tuple[Category, ...] = (*BENIGN_VERDICTS, Category.TRUNCATED)
+# What each verdict is, in the words every face uses (a verdict's class: exact, benign, corrupt, truncated,
+# or no reference to judge it).
+VERDICT_CLASSES: dict[str, str] = {
+    Category.EXACT: "exact",
+    Category.BPE_EQUIVALENT: "benign",
+    Category.TEXT_MISMATCH: "corrupt",
+    Category.STRUCTURE_MISMATCH: "corrupt",
+    Category.TRUNCATED: "truncated",
+    Category.UNCHECKED: "no reference",
+}
+VERDICT_LABELS: dict[str, str] = {**{str(v): str(v) for v in VERDICTS}, Category.UNCHECKED: "no reference"}
+
+# Where stored ids came from when they are the model's own, never a rebuild (Reconstruction.ids_source: the
+# server's ids; logprob tokens with bytes). The third source, "text", is a rebuild from the returned text.
+TRUE_ID_SOURCES: tuple[str, ...] = ("server", "logprobs")
+
+
+class Verification(StrEnum):
+    """How a stored answer's ids are known: every answer is in exactly one class, and every face (the TUI,
+    `status`, `fidelity`, the export) uses these words with these meanings.
+
+    - VERIFIED ("verified"): true ids, the model's own: the server returned them, or logprob tokens with bytes
+      gave them (ids source server | logprobs), whatever the returned text says.
+    - CHECKED ("checked against a reference"): ids rebuilt from text that a reference judged; the verdict says
+      how it came out (exact, benign, corrupt, truncated).
+    - UNCHECKED ("unchecked"): ids rebuilt from text with neither true ids nor a reference to judge them;
+      the round-trip and the suspect flags are the only signs.
+
+    An endpoint's own state (verified by probes, prior only, unverified) is app.store.verification's word for
+    the endpoint, not for an answer.
+    """
+
+    VERIFIED = "verified"
+    CHECKED = "checked_against_reference"
+    UNCHECKED = "unchecked"
+
+
+VERIFICATION_WORDS: dict[str, str] = {
+    Verification.VERIFIED: "verified",
+    Verification.CHECKED: "checked against a reference",
+    Verification.UNCHECKED: "unchecked",
+}
+
+
+def verification_of(ids_source: str | None, category: str) -> Verification:
+    """The verification class of an answer whose ids came from `ids_source` and whose verdict is `category`."""
+    if ids_source in TRUE_ID_SOURCES:
+        return Verification.VERIFIED
+    if category == Category.UNCHECKED:
+        return Verification.UNCHECKED
+    return Verification.CHECKED
 
 
 @dataclass(frozen=True, slots=True)

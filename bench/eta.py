@@ -37,10 +37,12 @@ async def trace(config_path: Path) -> tuple[list[tuple[float, float, float | Non
             while not waiter.done():
                 s = engine.snapshot()
                 ended = (s.done + s.failed + s.skipped) / max(1, s.total)
-                rows.append((s.elapsed_s, ended, s.eta_s, s.projected_cost_usd, s.concurrency_limit))
+                # the time since this engine started (the projection's clock), not the run's since its first answer
+                rows.append((s.read_at - s.live.started_at, ended, s.live.eta_s, s.live.projected_cost_usd,
+                             s.live.concurrency_limit))
                 await asyncio.wait({waiter}, timeout=0.25)
             s = engine.snapshot()
-            return rows, s.elapsed_s, s.cost_usd
+            return rows, s.read_at - s.live.started_at, s.cost_usd
 
 
 def main() -> int:

@@ -7,11 +7,12 @@ each database is brought to NOW (a reused --db has its times shifted so its last
 old: the 5-minute window the rates read is never empty), and while it is measured a live writer stands in
 for the engine: it beats the heartbeat (with a live snapshot, so the attached refresh decodes it) and
 stores about 12 responses a second, as a running engine would. Median of --repeat rounds:
-  - dashboard refresh, attached: `snapshot_from_db` (with the heartbeat) + jobs + events + the plots' new
-    rows (`series_since`) from SQLite (through the store's `RunReader`, as the attached source reads),
-    then rendering them (tiles, the three time plots over the whole 24 h, tables, events);
-  - dashboard refresh, in-process: jobs + events + the plots' new rows (the snapshot is in memory), then
-    rendering;
+  - dashboard refresh, attached: the run's record (`app.engine.record_reads.read_record`: the store's counts and
+    the heartbeat's live figures) + jobs + events + the plots' new rows (`series_since`) from SQLite (through
+    the store's `RunReader`, as the attached source reads), then rendering them (tiles, the three time plots
+    over the whole 24 h, tables, events);
+  - dashboard refresh, in-process: the run's record (the store's counts with the engine's live figures, taken
+    in memory) + jobs + events + the plots' new rows, then rendering;
   - the plots' first read: a viewer that opens the run reads its whole history once, in chunks;
   - token diff open: `app.tokens.align` of a 32k-token pair with 64 differences + model build + first
     paint of `TokenDiffView`, and a jump to the last difference;
@@ -188,14 +189,11 @@ class LiveWriter:
         self._thread.join()
 
     def _beat(self, conn: sqlite3.Connection, close: bool = False) -> None:
-        from app.engine.snapshot import EndpointSnapshot, MetricsSnapshot
         from app.engine.snapshot_codec import snapshot_to_json
         from app.store.heartbeat import beat_op, this_host
 
         now = time.time()
-        live = MetricsSnapshot("bench", "running", in_flight=40, waiting=3, concurrency_limit=48, eta_s=120.0,
-                               endpoints=(EndpointSnapshot("sim-a", in_flight=20, concurrency_limit=24),
-                                          EndpointSnapshot("sim-b", in_flight=20, concurrency_limit=24)))
+        live = LIVE
         beat_op(1, pid=os.getpid(), host=this_host(), started_at=now - 86_400, now=now,
                 snapshot_json=snapshot_to_json(live))(conn)
         if close:
@@ -223,6 +221,18 @@ class LiveWriter:
             if self._stop.wait(0.5):
                 break
         conn.close()
+
+
+def _live():
+    from app.engine.snapshot import EndpointLive, LiveFigures, Rate
+
+    return LiveFigures("running", started_at=time.time() - 86_400, in_flight=40, waiting=3, concurrency_limit=48,
+                       rate=Rate(req_s_10s=12.0, req_s_1m=12.0, tok_s_10s=3000.0, tok_s_1m=3000.0), eta_s=120.0,
+                       endpoints=(EndpointLive("sim-a", in_flight=20, concurrency_limit=24),
+                                  EndpointLive("sim-b", in_flight=20, concurrency_limit=24)))
+
+
+LIVE = _live()  # what the stand-in engine beats, and what an in-process face takes from its engine
 
 
 def read_history(source) -> tuple[float, "object"]:
@@ -273,12 +283,10 @@ def measure_db(path: Path, repeat: int) -> dict[str, float]:
     total = reader.mismatch_page(MISMATCH_VERDICTS, "", "sample", 0, 1).total
     deep = max(0, min(50_000, total - PAGE_SIZE))
     out: dict[str, float] = {"mismatches": float(total)}
-    snap = source.snapshot()
-    # a stale database would read an empty window (and a gone engine): say so instead of reporting its numbers
-    if snap.engine != "running" or snap.rate.req_s_1m <= 0:
-        raise SystemExit(f"{path}: the heartbeat or the 5-minute window is stale (engine {snap.engine}, "
-                         f"{snap.rate.req_s_1m:.1f} req/s over 1 min): the bench would measure nothing")
-    out["window_req_s_1m"] = snap.rate.req_s_1m
+    snap = source.record(None)
+    # a stale heartbeat would read as a gone engine (finished figures): say so instead of reporting its numbers
+    if snap.engine != "running" or snap.live is None:
+        raise SystemExit(f"{path}: the heartbeat is stale (engine {snap.engine}): the bench would measure nothing")
     out["history_read"], series = read_history(source)
     out["history_buckets"] = float(len(series.plots(snap)["throughput"].values))
 
@@ -286,12 +294,13 @@ def measure_db(path: Path, repeat: int) -> dict[str, float]:
         # the plots read only what was stored since the previous poll, as the dashboard does
         chunk = read_chunk(source, series.cursor)
         series.add(chunk)
-        return source.snapshot(), source.jobs(), source.events(EVENTS_FETCHED), chunk
+        return source.record(None), source.jobs(), source.events(EVENTS_FETCHED), chunk
 
     def fetch_in_process():
+        # the live figures come from the engine's memory; the counts, as attached, from the store
         chunk = read_chunk(source, series.cursor)
         series.add(chunk)
-        return source.jobs(), source.events(EVENTS_FETCHED), chunk
+        return source.record(LIVE), source.jobs(), source.events(EVENTS_FETCHED), chunk
 
     out["fetch_attached"] = median_ms(fetch_attached, repeat)
     out["fetch_in_process"] = median_ms(fetch_in_process, repeat)
@@ -337,7 +346,7 @@ def measure_db(path: Path, repeat: int) -> dict[str, float]:
 
             # Pilot's own cost per round trip, subtracted from the render rows below.
             out["pilot_idle"] = await median_ms_async(idle_once, repeat)
-            data = DashboardData(source.snapshot(), tuple(source.jobs()), tuple(source.events(EVENTS_FETCHED)))
+            data = DashboardData(source.record(None), tuple(source.jobs()), tuple(source.events(EVENTS_FETCHED)))
 
             async def apply_once() -> None:
                 # tiles, tables, events and the three plots (redrawn: their time axis moves with the clock)
@@ -458,7 +467,8 @@ def main() -> int:
     refresh_in_process = large["fetch_in_process"] + large["render_dashboard"]
     rows = [
         row("dashboard refresh, attached (fetch + render)", base["fetch_attached"] + base["render_dashboard"], refresh_attached, 50),
-        row("  fetch: snapshot_from_db + heartbeat + jobs + events + plot rows", base["fetch_attached"], large["fetch_attached"], None),
+        row("  fetch: the record (counts + heartbeat) + jobs + events + plot rows", base["fetch_attached"], large["fetch_attached"], None),
+        row("  fetch: the record (counts + live) + jobs + events + plot rows", base["fetch_in_process"], large["fetch_in_process"], None),
         row("dashboard refresh, in-process (fetch + render)", base["fetch_in_process"] + base["render_dashboard"], refresh_in_process, 50),
         row("  render: apply one poll, with the plots (CPU)", base["render_dashboard"], large["render_dashboard"], None),
         row("plots' first read of the whole history (once)", base["history_read"], large["history_read"], None),

@@ -296,11 +296,7 @@ def test_checker_finds_two_modules_with_one_name(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------- SQL in app/store
 # Every statement the project runs lives in app/store (its reads, its writer, the jobs tables' sync writer), so a
 # schema change has one place to look. bench/ and tests/ are outside the check (they are not scanned).
-SQL_EXEMPT = (
-    "app/store/",
-    # the engine's read of a live run from the database: h-faces moves its queries into app/store (remove at merge)
-    "app/engine/dbsnapshot.py",
-)
+SQL_EXEMPT = ("app/store/",)
 _CURSOR_CALLS = frozenset({"execute", "executemany", "executescript"})
 # a string that opens with a statement's verb (upper case), or holds one of its shapes anywhere
 _SQL_START = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|REPLACE|CREATE|DROP|ALTER|PRAGMA|BEGIN|COMMIT|ROLLBACK"

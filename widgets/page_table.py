@@ -93,6 +93,15 @@ class PageTable(ScrollView, can_focus=True):
     def row_count(self) -> int:
         return len(self.rows)
 
+    def set_widths(self, widths: Sequence[int]) -> None:
+        """Give the columns new widths (same labels, same order), e.g. the width a page's names need."""
+        columns = tuple((label, int(w)) for (label, _), w in zip(self.columns, widths))
+        if columns != self.columns:
+            self.columns = columns
+            self._line_width = sum(width for _, width in columns) + len(columns)
+            self.virtual_size = Size(self._line_width, len(self.rows) + 1)
+            self.refresh()
+
     def show(self, rows: Sequence[tuple[str, ...]], cursor: int = 0, *, scroll_y: int = 0) -> None:
         """Replace the page and put the cursor on row `cursor` (clamped), the view scrolled to `scroll_y`
         (then moved only as far as the cursor needs to stay visible): a live refresh passes the old scroll."""

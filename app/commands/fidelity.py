@@ -1,11 +1,13 @@
 """`eaglewatch fidelity --db PATH`: how faithful the text path is, per endpoint and upstream provider.
 
 Reads the run database (read-only): per run, endpoint and provider (responses.provider), the verification state
-(app.store.verification: *verified* (n probes, x % exact), *prior only*, *unverified*: the words every face uses),
-the verified samples (true ids whose text-only rebuild was measured, flag `text_path:<verdict>`) and how many came
-out exact, benign or corrupt (by kind), the samples rebuilt from text that a reference checked, the suspects among
-the text rebuilds, the profile's steps (known from the server table, or learned), the population statistics of
-edge whitespace; then the advice ("pin provider X", "ignore Y", what would verify an endpoint).
+(app.store.verification: *verified* (n probes, x % exact), *prior only*, *unverified*: the words every face uses);
+the run record's counts (`app.store.queries.run_counts`, the words of `app.records`): the answers by verification
+class (verified: true ids; checked against a reference; unchecked), the measured ones (verified answers whose
+text-only rebuild was also compared with their true ids, flag `text_path:<verdict>`: the probes) and how they came
+out (exact, benign, truncated, corrupt by kind), the suspects; from the rows, which suspect flags and the first
+corrupt sample; the profile's steps (known from the server table, or learned), the population statistics of edge
+whitespace; then the advice ("pin provider X", "ignore Y", what would verify an endpoint).
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ import json
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+from app.store.count_records import AnswerCounts
+
+if TYPE_CHECKING:
+    from app.engine.quality import FidelityTally
+    from app.store.count_records import RunCounts
+    from app.store.verification import VerificationStatus
 
 EXAMPLE = """\
 eaglewatch fidelity --db /tmp/eaglewatch-demo.db
@@ -30,30 +39,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-corrupt-rate", type=float, default=0.02, metavar="R",
                         help="a provider above this measured corrupt rate is advised against (default 0.02)")
     parser.add_argument("--min-verified", type=int, default=20, metavar="N",
-                        help="verified samples needed before a provider is judged (default 20)")
+                        help="measured answers (verified, text path compared) needed before a provider is judged "
+                             "(default 20)")
 
 
 @dataclass
 class Row:
-    """The report line of one run, endpoint and upstream provider: its verification status, the quality gate's
-    tally and the suspects."""
+    """The report line of one run, endpoint and upstream provider: its verification status, its answers' counts
+    (the run record's), the quality gate's tally of the measured ones, which suspect flags, the profile's steps."""
 
     endpoint: str
     provider: str | None
     run: str = ""
-    measured: Any = None  # app.engine.quality.FidelityTally of the verified samples (None: none)
-    samples: int = 0
-    suspects: int = 0
+    answers: AnswerCounts = field(default_factory=AnswerCounts)
+    measured: FidelityTally | None = None  # the quality gate's tally of the measured answers (None: none)
     suspect_flags: Counter = field(default_factory=Counter)
     steps: list = field(default_factory=list)
-    status: Any = None  # app.store.verification.VerificationStatus
+    status: VerificationStatus | None = None
 
     def as_json(self) -> dict:
-        t, s = self.measured, self.status
-        out = {"run": self.run, "endpoint": self.endpoint, "provider": self.provider, "samples": self.samples,
-               "verified": t.verified if t else 0, "exact": t.exact if t else 0, "benign": t.benign if t else 0,
-               "corrupt": dict(t.corrupt) if t else {}, "corrupt_rate": round(t.corrupt_rate, 6) if t else 0.0,
-               "suspects": self.suspects, "suspect_flags": dict(self.suspect_flags),
+        a, t, s = self.answers, self.measured, self.status
+        out = {"run": self.run, "endpoint": self.endpoint, "provider": self.provider, "samples": a.answers,
+               "verification": a.verification(), "verified": a.verified, "measured": a.measured,
+               "exact": a.measured_exact, "benign": a.measured_benign, "truncated": a.measured_truncated,
+               "corrupt": dict(a.measured_corrupt), "corrupt_rate": round(t.corrupt_rate, 6) if t else 0.0,
+               "suspects": a.suspects, "suspect_flags": dict(self.suspect_flags),
                "example_corrupt_pk": t.example_pk if t else None, "steps": self.steps}
         if s is not None:
             out.update({"state": s.state, "text": s.describe(), "probes": s.probes, "text_samples": s.text_samples,
@@ -64,18 +74,18 @@ class Row:
 def run(args: argparse.Namespace) -> int:
     from app.errors import InputError
     from app.store.profile_store import load_profiles, read_measurements
-    from app.store.queries import connect_readonly, list_runs
+    from app.store.queries import connect_readonly, list_runs, run_counts
     from app.store.verification import edge_contrasts, read_edge_stats, read_verification
 
     if not 0 <= args.max_corrupt_rate <= 1:
         raise InputError(f"--max-corrupt-rate {args.max_corrupt_rate}: a rate must be between 0 and 1")
-    rows = build_rows(read_measurements(args.db, args.run))
+    measurements = list(read_measurements(args.db, args.run))  # says first when the run does not exist
     conn = connect_readonly(args.db)
     contrasts: list[str] = []
     try:
-        for info in list_runs(conn):
-            if args.run not in (None, info.name):
-                continue
+        runs = [info for info in list_runs(conn) if args.run in (None, info.name)]
+        rows = build_rows(measurements, {info.name: run_counts(conn, info.id) for info in runs})
+        for info in runs:
             for status in read_verification(conn, info.id):
                 row = rows.get((info.name, status.endpoint, status.provider))
                 if row is not None:
@@ -112,24 +122,28 @@ def _endpoint_steps(db, endpoint: str) -> list:
     return []
 
 
-def build_rows(measurements) -> dict[tuple[str, str, str | None], Row]:
-    """Report rows keyed by (run, endpoint, provider) from stored measurements (app.store.profile_store.Measurement)."""
+def build_rows(measurements, counts: dict[str, "RunCounts"]) -> dict[tuple[str, str, str | None], Row]:
+    """Report rows keyed by (run, endpoint, provider): the run record's counts per endpoint and provider (`counts`:
+    run name -> app.store.queries.run_counts); from the stored measurements (app.store.profile_store.Measurement),
+    which suspect flags and the quality gate's tally (its example pk)."""
     from app.engine.quality import tally
-    from app.tokens.flags import IDS_TEXT, suspect_flags, text_path_of
+    from app.tokens.flags import suspect_flags, text_path_of
 
     rows: dict[tuple[str, str, str | None], Row] = {}
-    verified: dict[str, list] = {}
+    for run_name, rc in counts.items():
+        for p in rc.providers:
+            key = (run_name, p.endpoint or "?", p.provider)
+            rows[key] = Row(key[1], key[2], run_name, p.answers)
+    measured: dict[str, list] = {}
     for m in measurements:
-        row = rows.setdefault((m.run, m.endpoint, m.provider), Row(m.endpoint, m.provider, m.run))
-        row.samples += 1
-        measured = text_path_of(m.flags)
-        if measured is not None:
-            verified.setdefault(m.run, []).append((m.endpoint, m.provider, measured, m.sample_pk))
-        suspects = suspect_flags(m.flags) if m.ids_source in (None, IDS_TEXT) else ()
-        if suspects:
-            row.suspects += 1
-            row.suspect_flags.update(suspects)
-    for run_name, items in verified.items():
+        row = rows.get((m.run, m.endpoint, m.provider))
+        if row is None:  # written after the counts were read
+            continue
+        text_path = text_path_of(m.flags)
+        if text_path is not None:
+            measured.setdefault(m.run, []).append((m.endpoint, m.provider, text_path, m.sample_pk))
+        row.suspect_flags.update(suspect_flags(m.flags))
+    for run_name, items in measured.items():
         for t in tally(items):
             rows[(run_name, t.endpoint, t.provider)].measured = t
     return rows
@@ -154,46 +168,47 @@ def advise(rows: list[Row], max_rate: float, min_verified: int) -> list[str]:
             kinds = ", ".join(f"{k} {n}" for k, n in sorted(t.corrupt.items()))
             verb = (f"ignore provider {d.provider!r} (OpenRouter provider.ignore)" if d.action == "route_around"
                     else f"stop using endpoint {endpoint!r} for text rebuilds")
-            out.append(f"{verb}: measured corrupt rate {d.rate:.1%} ({kinds} of {d.verified} verified; "
+            out.append(f"{verb}: measured corrupt rate {d.rate:.1%} ({kinds} of {d.verified} measured; "
                        f"e.g. sample pk {d.example_pk})")
         good = [t for t in tallies if t.provider and t.provider not in bad_names and t.verified >= min_verified]
         if bad and good:
             best = min(good, key=lambda t: (t.corrupt_rate, -t.verified))
             out.append(f"pin provider {best.provider!r} on {endpoint!r} (OpenRouter provider.order / only): "
-                       f"{best.corrupt_rate:.1%} corrupt over {best.verified} verified samples")
+                       f"{best.corrupt_rate:.1%} corrupt over {best.verified} measured answers")
         for r in group:
             who = endpoint + (f" / {r.provider}" if r.provider else "")
-            n = r.measured.verified if r.measured else 0
+            a = r.answers
             said = r.status.advice() if r.status is not None else None
             if said:
                 out.append(said)
-            elif n == 0:
-                out.append(f"{who}: no verified samples; ask for server ids or logprobs on a probe fraction, or run "
-                           "`eaglewatch calibrate`")
-            elif n < min_verified:
-                out.append(f"{who}: only {n} verified sample(s) (need {min_verified} to judge); measure more")
+            elif a.measured == 0:
+                out.append(f"{who}: no measured answers, so its text path is not judged (of its {a.answers} answers: "
+                           f"verified {a.verified}, checked against a reference {a.checked}, unchecked {a.unchecked}); "
+                           "ask for server ids or logprobs on a probe fraction, or run `eaglewatch calibrate`")
+            elif a.measured < min_verified:
+                out.append(f"{who}: only {a.measured} measured answer(s) (need {min_verified} to judge); measure more")
             for s in r.steps:
                 if not s["invertible"]:
                     out.append(f"{who}: {s['name']} ({s['where']}) cannot be inverted from text; "
-                               f"{r.suspects} sample(s) flagged suspect — prefer a provider without it, or ids")
+                               f"{r.answers.suspects} answer(s) flagged suspect — prefer a provider without it, or ids")
     return out
 
 
 def _print(rows: list[Row], advice: list[str], db) -> None:
     out = sys.stdout
-    out.write(f"{db}: text-path fidelity per endpoint and upstream provider (verified = probes with true ids, their "
-              "text rebuild measured)\n")
+    out.write(f"{db}: text-path fidelity per endpoint and upstream provider (verified = true ids; measured = "
+              "verified answers whose text-only rebuild was compared with their true ids)\n")
     for r in rows:
         who = (f"{r.run}: " if len({x.run for x in rows}) > 1 else "") + r.endpoint + (f" / {r.provider}" if r.provider else "")
         t = r.as_json()
         s = r.status
         out.write(f"  {who}: {s.describe() if s else 'unverified'}\n")
-        line = (f"      {r.samples} samples; {s.text_samples if s else '?'} rebuilt from text, "
-                f"{s.checked if s else 0} of them checked against a reference; {r.suspects} suspect")
-        out.write(line + "\n")
-        if t["verified"]:
-            out.write(f"      probes: {t['verified']} verified, exact {t['exact']}, benign {t['benign']}, corrupt "
-                      f"{sum(t['corrupt'].values())} ({t['corrupt_rate']:.1%})\n")
+        a = r.answers
+        out.write(f"      {a.answers} answers: verified {a.verified} · checked against a reference {a.checked} · "
+                  f"unchecked {a.unchecked}; {a.suspects} suspect\n")
+        if t["measured"]:
+            out.write(f"      measured {t['measured']}: exact {t['exact']}, benign {t['benign']}, truncated "
+                      f"{t['truncated']}, corrupt {sum(t['corrupt'].values())} ({t['corrupt_rate']:.1%})\n")
         if t["corrupt"]:
             out.write("      corrupt by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(t["corrupt"].items())) + "\n")
         if r.suspect_flags:

@@ -149,10 +149,27 @@ async def _watch(engine, stream, progress: bool):
 
 
 def progress_line(s) -> str:
-    """req/s, tok/s, $ and ETA of a MetricsSnapshot in one short line."""
+    """One short line of a run's record (app.engine.snapshot.RunRecord), in the words every face uses: the
+    engine's answers and tokens per second (a finished run's averages), what is spent, the ETA, requests in
+    flight / the limit and the samples waiting, failed samples, and the state's words once it is not running."""
+    from app.engine.snapshot import finished_figures, state_words
+    from app.store.count_records import RunLatency
+
+    live, fin = s.live, s.finished
+    if fin is None and s.state == "done":  # the engine's own record at the end: averages over the run's span
+        fin = finished_figures(s.counts, RunLatency())
+    if fin is None and live is not None:
+        rates = f"{live.rate.req_s_10s:.1f} req/s {live.rate.tok_s_10s:.0f} tok/s"
+    else:
+        rates = f"avg {fin.req_s:.1f} req/s {fin.tok_s:.0f} tok/s" if fin is not None else "- req/s - tok/s"
     eta = "-" if s.eta_s is None else time.strftime("%H:%M:%S", time.gmtime(s.eta_s))
-    return (f"{s.rate.req_s_10s:.1f} req/s {s.rate.tok_s_10s:.0f} tok/s ${s.cost_usd:.4f} ETA {eta} "
-            f"in flight {s.in_flight}/{s.concurrency_limit} waiting {s.waiting} failed {s.failed}")
+    line = f"{rates} ${s.cost_usd:.4f} ETA {eta}"
+    if live is not None and fin is None:
+        line += f" in flight {live.in_flight}/{live.concurrency_limit} waiting {live.waiting}"
+    line += f" failed {s.failed}"
+    if s.state != "running":
+        line += f" · {state_words(s).text}"
+    return line
 
 
 def _print_events(engine, console, after_id: int) -> int:

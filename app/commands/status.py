@@ -1,4 +1,6 @@
-"""`eaglewatch status`: per run, samples by state, cost so far, and verdict counts (read-only; safe during a run)."""
+"""`eaglewatch status`: per run, its record (app.engine.snapshot.RunRecord) as every face shows it: the state in
+words, samples by state, cost, verdicts and the verification classes, errors, the engine's live figures or a
+finished run's (read-only; safe during a run)."""
 
 from __future__ import annotations
 
@@ -54,43 +56,74 @@ def _database(args: argparse.Namespace) -> Path:
 
 
 def run_status(conn: Any, run: Any) -> dict[str, Any]:
-    """One run's status as JSON-ready data; `engine` is the heartbeat's verdict (running | stopped | gone |
-    never) and, while the engine runs, its live in-flight, waiting, limit and ETA."""
-    from app.store import queries
+    """One run's record (app.engine.record_reads.read_record: the store's counts, the engine's live figures while it
+    beats, finished figures once nothing moves the run) as JSON-ready data, in the words every face uses."""
+    from app.engine.record_reads import read_record
+    from app.engine.snapshot import state_words
 
-    states = queries.state_counts(conn, run.id)
-    return {
-        "name": run.name,
-        "state": run.state,
+    rec = read_record(conn, run.name)
+    c, a = rec.counts, rec.counts.answers
+    words = state_words(rec)
+    out: dict[str, Any] = {
+        "name": rec.run_name,
+        "state": run.state,  # as recorded (runs.state); `words` says what is true now
         "reason": run.reason,
-        "samples": sum(states.values()),
-        "states": states,
-        "cost_usd": round(queries.cost_total(conn, run.id), 6),
-        "verdicts": queries.verdict_counts(conn, run.id),
-        "strategies": queries.strategy_counts(conn, run.id),
-        "engine": engine_status(conn, run),
+        "words": words.text,
+        "samples": c.samples.total,
+        "states": c.samples.as_dict(),
+        "cost_usd": round(c.cost_usd, 6),
+        "requests": c.requests,
+        "retried": c.retried,
+        "errors_by_class": dict(c.errors_by_class),  # failed requests per class
+        "failed_by_class": dict(c.failed_by_class),  # failed samples per class
+        "answers": a.answers,
+        "verdicts": dict(a.verdicts),  # per verdict category; `unchecked` there means "no reference"
+        "verification": a.verification(),
+        "truncated": a.truncated,
+        "suspects": a.suspects,
+        "measured": {"n": a.measured, "exact": a.measured_exact, "benign": a.measured_benign,
+                     "truncated": a.measured_truncated, "corrupt": dict(a.measured_corrupt),
+                     "matched": a.measured_matched},
+        "prompt_checks": dict(a.prompt_checks),
+        "strategies": dict(c.strategies),
+        "endpoints": [{"name": e.name, "completed": e.completed, "failed": e.failed, "retried": e.retried,
+                       "cost_usd": round(e.cost_usd, 6), "errors_by_class": dict(e.errors_by_class)}
+                      for e in c.endpoints],
+        "figures": _figures(rec),
+        "engine": engine_status(conn, run, rec),
     }
+    return out
 
 
-def engine_status(conn: Any, run: Any) -> dict[str, Any]:
-    """The run's engine as its heartbeat tells (app.store.heartbeat), with the live numbers while it beats."""
+def _figures(rec: Any) -> dict[str, Any]:
+    """The live figures while an engine moves the run, else the finished ones over the whole run."""
+    if rec.finished is None and rec.live is not None:
+        live = rec.live
+        return {"kind": "live", "elapsed_s": round(rec.elapsed_s, 1), "req_s": round(live.rate.req_s_10s, 3),
+                "tok_s": round(live.rate.tok_s_10s, 1), "cost_per_hour": round(live.cost_per_hour, 6),
+                "latency_p95_ms": live.latency_p95_ms, "ttft_p95_ms": live.ttft_p95_ms,
+                "eta_s": None if rec.eta_s is None else round(rec.eta_s, 1),
+                "projected_cost_usd": live.projected_cost_usd}
+    fin = rec.finished
+    return {"kind": "finished", "elapsed_s": round(fin.elapsed_s, 1), "req_s": round(fin.req_s, 3),
+            "tok_s": round(fin.tok_s, 1), "cost_per_hour": round(fin.cost_per_hour, 6),
+            "latency_p95_ms": fin.percentiles.latency_p95_ms, "ttft_p95_ms": fin.percentiles.ttft_p95_ms}
+
+
+def engine_status(conn: Any, run: Any, rec: Any) -> dict[str, Any]:
+    """The run's engine as its heartbeat tells (app.store.heartbeat), with its live numbers while it beats."""
     import time
 
-    from app.engine.dbsnapshot import with_engine
-    from app.engine.snapshot import MetricsSnapshot
     from app.store.heartbeat import liveness, read_heartbeat
 
-    try:
-        hb = read_heartbeat(conn, run.id)
-    except Exception:  # a database from before heartbeats
-        hb = None
-    live = liveness(hb, time.time())
-    out: dict[str, Any] = {"state": live.state, "text": live.text, "pid": live.pid, "host": live.host,
-                           "last_seen_s": None if live.age_s is None else round(live.age_s, 1)}
-    if live.alive:
-        snap = with_engine(MetricsSnapshot(run.name, run.state), hb, live)
-        out.update(in_flight=snap.in_flight, waiting=snap.waiting, concurrency_limit=snap.concurrency_limit,
-                   eta_s=None if snap.eta_s is None else round(snap.eta_s, 1))
+    live_seen = liveness(read_heartbeat(conn, run.id), time.time())
+    out: dict[str, Any] = {"state": live_seen.state, "text": live_seen.text, "pid": live_seen.pid,
+                           "host": live_seen.host,
+                           "last_seen_s": None if live_seen.age_s is None else round(live_seen.age_s, 1)}
+    if live_seen.alive and rec.live is not None:
+        out.update(in_flight=rec.live.in_flight, waiting=rec.live.waiting,
+                   concurrency_limit=rec.live.concurrency_limit,
+                   eta_s=None if rec.eta_s is None else round(rec.eta_s, 1))
     return out
 
 
@@ -98,32 +131,43 @@ def _print(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from app.records import VERDICT_LABELS, VERIFICATION_WORDS
+
     console = Console(highlight=False)
     if not report["runs"]:
         console.print(f"{report['database']}: no runs yet (`eaglewatch ingest CONFIG` adds one)")
         return
     for r in report["runs"]:
-        engine = r["engine"]
-        if engine["state"] == "gone" and r["state"] in ("running", "paused"):
-            # the database says live, but no engine beats: the state shown is the truth, not the row
-            head = f"[b]{r['name']}[/b]  [b red]{engine['text']}[/b red] (recorded {r['state']})"
-        else:
-            head = f"[b]{r['name']}[/b]  {r['state']}" + (f" ({r['reason']})" if r["reason"] else "")
-        console.print(f"{head}  {r['samples']} samples  ${r['cost_usd']:.4f} spent")
+        engine, fig = r["engine"], r["figures"]
+        console.print(f"[b]{r['name']}[/b]  {r['words']}  {r['samples']} samples  ${r['cost_usd']:.4f} spent",
+                      markup=True)
         if engine["state"] == "running":
             eta = "" if engine.get("eta_s") is None else f"  ETA {engine['eta_s']:.0f} s"
             console.print(f"{engine['text']}: {engine['in_flight']} in flight/{engine['concurrency_limit']}, "
-                          f"{engine['waiting']} waiting{eta}")
+                          f"{engine['waiting']} waiting{eta}", markup=False)
+        elif engine["state"] in ("stopped", "gone"):
+            console.print(engine["text"], markup=False)
+        span = "the engine's last 10 s" if fig["kind"] == "live" else f"averaged over the run's {fig['elapsed_s']:.0f} s"
+        console.print(f"{fig['req_s']:.2f} answers/s, {fig['tok_s']:.0f} tok/s, ${fig['cost_per_hour']:.4f}/h ({span})",
+                      markup=False)
         table = Table(box=None, pad_edge=False, show_header=True)
         for name in r["states"]:
             table.add_column(name, justify="right")
         table.add_row(*(str(n) for n in r["states"].values()))
         console.print(table)
-        verdicts = Table(box=None, pad_edge=False, show_header=True)
-        for name in r["verdicts"]:
-            verdicts.add_column(name, justify="right")
-        verdicts.add_row(*(str(n) for n in r["verdicts"].values()))
-        console.print(verdicts)
+        # one line that wraps between items, never a table column cut to fit the terminal
+        console.print("verdicts: " + " · ".join(f"{VERDICT_LABELS.get(k, k)} {n}" for k, n in r["verdicts"].items()),
+                      markup=False)
+        console.print("ids: " + " · ".join(f"{VERIFICATION_WORDS[k]} {n}" for k, n in r["verification"].items())
+                      + f"  (truncated {r['truncated']}, suspect {r['suspects']})", markup=False)
+        m = r["measured"]
+        if m["n"]:
+            corrupt = sum(m["corrupt"].values())
+            console.print(f"text path measured on {m['n']} verified answers: {m['matched']} the same text, "
+                          f"{corrupt} corrupt, {m['truncated']} truncated", markup=False)
+        if r["errors_by_class"] or r["retried"]:
+            console.print("failed requests: " + "  ".join(f"{k} {v}" for k, v in r["errors_by_class"].items())
+                          + f"  (retried {r['retried']})", markup=False)
         if r["strategies"]:
-            console.print("strategies: " + "  ".join(f"{k} {v}" for k, v in r["strategies"].items()))
+            console.print("strategies: " + "  ".join(f"{k} {v}" for k, v in r["strategies"].items()), markup=False)
         console.print()

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from app.engine.events import EventLog
-from app.engine.snapshot import MetricsSnapshot
+from app.engine.snapshot import RunRecord
 from app.engine.snapshot_codec import snapshot_to_json
 from app.engine.writes import StoreGate
 from app.store.heartbeat import BEAT_INTERVAL_S, beat_op, stop_op, this_host
@@ -28,7 +28,7 @@ class HeartbeatWriter:
     """Writes the run's heartbeat rows from `snapshot()` (the Run's live view)."""
 
     def __init__(self, *, store: RunStore, gate: StoreGate, events: EventLog, run_id: int, started_at: float,
-                 snapshot: Callable[[], MetricsSnapshot]) -> None:
+                 snapshot: Callable[[], RunRecord]) -> None:
         self._store = store
         self._gate = gate
         self._events = events

@@ -10,18 +10,11 @@ from __future__ import annotations
 
 from collections import Counter, deque
 
-from app.engine.snapshot import EndpointSnapshot, Rate
+from app.engine.snapshot import EndpointLive, Rate
+from app.store.count_records import percentile
 
 WINDOW_S = 300
 HISTORY_BUCKET_S = 10
-
-
-def percentile(sorted_values: list[float], q: float) -> float | None:
-    """The q-quantile (0..1) of already-sorted values by nearest rank; None when empty."""
-    if not sorted_values:
-        return None
-    k = min(len(sorted_values) - 1, max(0, int(round(q * (len(sorted_values) - 1)))))
-    return sorted_values[k]
 
 
 class RateWindow:
@@ -135,14 +128,13 @@ class EndpointMetrics:
             self.failed += 1
 
     def snapshot(self, now: float, in_flight: int, limit: int, *, waiting: int = 0, limit_reason: str | None = None,
-                 capacity: int | None = None) -> EndpointSnapshot:
-        """An immutable view of this endpoint now (in_flight: requests on the wire; the limiter's state)."""
+                 capacity: int | None = None) -> EndpointLive:
+        """This endpoint's live figures now (in_flight: requests on the wire; the limiter's state); its counts
+        over the run are the store's (app.store.queries.run_counts)."""
         lat50, lat95 = self.latency_ms.quantiles(now)
         t50, t95 = self.ttft_ms.quantiles(now)
-        return EndpointSnapshot(
-            name=self.name, completed=self.completed, failed=self.failed, retried=self.retried,
-            in_flight=in_flight, concurrency_limit=limit, rate=self.rates.rate(now),
+        return EndpointLive(
+            name=self.name, in_flight=in_flight, waiting=waiting, concurrency_limit=limit,
+            limit_reason=limit_reason, capacity=capacity, rate=self.rates.rate(now),
             latency_p50_ms=lat50, latency_p95_ms=lat95, ttft_p50_ms=t50, ttft_p95_ms=t95,
-            errors_by_class=tuple(sorted(self.errors.items())), cost_usd=self.cost_usd,
-            waiting=waiting, limit_reason=limit_reason, capacity=capacity,
         )

@@ -3,7 +3,8 @@ crosses `limits.max_corrupt_rate`, once it has at least `limits.min_verified_sam
 
 Pure: counts in, decisions out (no I/O, no asyncio). A *verified* sample is one with true ids (server ids
 or logprobs with bytes) whose text-only rebuild was compared with them (app.tokens.flags.TEXT_PATH); its
-verdict is exact, benign (bpe_equivalent / truncated) or corrupt (text_mismatch / structure_mismatch).
+verdict is exact, benign (bpe_equivalent), truncated, or corrupt (text_mismatch / structure_mismatch): the verdict
+sets of `app.records`.
 The engine feeds `tally(...)` from its results and acts on `judge(...)`.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Iterable
 
-from app.records import CORRUPT_VERDICTS
+from app.records import CORRUPT_VERDICTS, Category
 
 ACTIONS = ("pause", "route_around")
 
@@ -25,8 +26,9 @@ class FidelityTally:
     provider: str | None
     verified: int = 0
     exact: int = 0
-    benign: int = 0
+    benign: int = 0  # bpe_equivalent (app.records.BENIGN_VERDICTS, exact counted apart)
     corrupt: dict[str, int] = field(default_factory=dict)  # verdict -> count
+    truncated: int = 0  # cut short: neither benign nor corrupt
     example_pk: int | None = None  # the first corrupt sample seen
 
     @property
@@ -56,11 +58,13 @@ class QualityDecision:
 
 def add(t: FidelityTally, category: str, pk: int) -> FidelityTally:
     """`t` with one more verified sample of text-path verdict `category` (sample `pk`)."""
-    if category == "exact":
+    if category == Category.EXACT:
         return replace(t, verified=t.verified + 1, exact=t.exact + 1)
     if category in CORRUPT_VERDICTS:
         return replace(t, verified=t.verified + 1, corrupt={**t.corrupt, category: t.corrupt.get(category, 0) + 1},
                        example_pk=t.example_pk if t.example_pk is not None else pk)
+    if category == Category.TRUNCATED:
+        return replace(t, verified=t.verified + 1, truncated=t.truncated + 1)
     return replace(t, verified=t.verified + 1, benign=t.benign + 1)
 
 

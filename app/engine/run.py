@@ -45,12 +45,14 @@ from app.engine.run_state import RunOutcome, RunState
 from app.engine.scheduler import Scheduler
 from app.engine.settle import Settler
 from app.engine.slots import EndpointSlots
-from app.engine.snapshot import MetricsSnapshot
+from app.engine.snapshot import IN_PROCESS, LiveFigures, RunRecord
 from app.engine.steering import VIEWER_PAUSE, Steering
+from app.engine.store_counts import follower_of
 from app.engine.store_health import StoreHealth
 from app.engine.verify import Verifier, open_verification, save_profiles
 from app.engine.writes import StoreGate
 from app.providers.pricing import ModelPricing
+from app.store.count_records import RunCounts
 from app.providers.retry import RetryPolicy
 from app.store.run_store import RunStore, StoreWriteError
 from app.tokens.fidelity_profile import FidelityProfile
@@ -327,10 +329,11 @@ class Run:
         """Events this engine wrote after `after_id` (the latest 1,000 are kept in memory)."""
         return self.events.since(after_id)
 
-    def snapshot(self) -> MetricsSnapshot:
-        """An immutable view of the run now (no I/O; cheap enough for 4 Hz polling)."""
+    def snapshot(self) -> RunRecord:
+        """The run's record now: this engine's live figures (no I/O) and the store's counts as last read
+        (app.engine.store_counts: re-read in a thread after the database changed while the run runs, at once
+        while it does not, so a paused or finished run's record is exact). Cheap enough for 4 Hz polling."""
         now = time.monotonic()
-        elapsed = self._state.elapsed_s(now)
         endpoints, ledger = self.endpoints, self._ledger
         n = len(endpoints)
         wire, waiting = self._live.flights.per_endpoint() if self._live is not None else ([0] * n, [0] * n)
@@ -342,23 +345,20 @@ class Run:
         tot = ledger.total_metrics
         lat50, lat95 = tot.latency_ms.quantiles(now)
         t50, t95 = tot.ttft_ms.quantiles(now)
-        rate = tot.rates.rate(now)
-        c = ledger.counts
-        total, remaining = c.total, c.remaining
         spent = ledger.budget.spent_usd
-        eta, projected = self._forecast.eta_and_cost(now, spent, remaining, endpoints)
-        return MetricsSnapshot(
-            run_name=self.config.run.name, state=self.state, state_reason=self.state_reason,
-            started_at=self._state.started_at, elapsed_s=elapsed, eta_s=eta, total=total,
-            pending=c["pending"], leased=c["leased"], done=c["done"], failed=c["failed"],
-            skipped=c["skipped"], truncated=tot.truncated, retried=tot.retried,
-            in_flight=sum(wire), waiting=sum(waiting), concurrency_limit=total_limit(endpoints), rate=rate,
-            throughput_history=tot.rates.history(now), latency_p50_ms=lat50, latency_p95_ms=lat95,
-            ttft_p50_ms=t50, ttft_p95_ms=t95, errors_by_class=tuple(sorted(tot.errors.items())),
-            cost_usd=spent, cost_per_hour=cost_per_hour(spent - ledger.spent_at_start, elapsed),
-            projected_cost_usd=projected,
-            budget_usd=self.config.limits.budget_usd,
-            verdicts=tuple(sorted(ledger.verdicts.items())), strategies=tuple(sorted(ledger.strategies.items())),
-            endpoints=eps, fidelity=self._verifier.views(),
-            prompt_checks=tuple(sorted(self._verifier.prompt_checks.items())),
+        eta, projected = self._forecast.eta_and_cost(now, spent, ledger.counts.remaining, endpoints)
+        live = LiveFigures(
+            state=self.state, state_reason=self.state_reason, started_at=self._state.started_at, in_flight=sum(wire),
+            waiting=sum(waiting), concurrency_limit=total_limit(endpoints), rate=tot.rates.rate(now),
+            latency_p50_ms=lat50, latency_p95_ms=lat95, ttft_p50_ms=t50, ttft_p95_ms=t95,
+            cost_per_hour=cost_per_hour(spent - ledger.spent_at_start, self._state.elapsed_s(now)), eta_s=eta,
+            projected_cost_usd=projected, endpoints=eps,
         )
+        counts = RunCounts()
+        if self.run_id is not None:
+            follower = follower_of(self, self.db_path, self.run_id)
+            counts = follower.counts(background=self.state == "running" and self._live is not None
+                                     and len(self._live.flights) > 0)
+        return RunRecord(run_name=self.config.run.name, state=self.state, counts=counts, state_reason=self.state_reason,
+                         engine=IN_PROCESS, engine_text=f"engine pid {os.getpid()} in this process", live=live,
+                         budget_usd=self.config.limits.budget_usd, read_at=time.time())

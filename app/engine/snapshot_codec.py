@@ -1,4 +1,7 @@
-"""MetricsSnapshot <-> JSON, for the heartbeat row an attached viewer reads (app.store.heartbeat)."""
+"""The live part of a run's record <-> JSON, for the heartbeat row an attached reader reads (app.store.heartbeat).
+
+Only the live figures travel: an attached reader takes the counts from the store's tallies itself.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +9,24 @@ import json
 from dataclasses import asdict, fields
 from typing import Any
 
-from app.engine.snapshot import EndpointSnapshot, FidelitySnapshot, MetricsSnapshot, Rate
+from app.engine.snapshot import EndpointLive, LiveFigures, Rate, RunRecord
 
 
-def snapshot_to_json(snapshot: MetricsSnapshot) -> str:
-    """Compact JSON of every field (tuples become lists)."""
-    return json.dumps(asdict(snapshot), separators=(",", ":"))
+def snapshot_to_json(record: RunRecord | LiveFigures) -> str:
+    """Compact JSON of the live figures (of a record: its `live` part; a record without one writes its state)."""
+    live = record if isinstance(record, LiveFigures) else record.live
+    if live is None:
+        live = LiveFigures(record.state, record.state_reason)
+    return json.dumps(asdict(live), separators=(",", ":"))
 
 
-def snapshot_from_json(text: str) -> MetricsSnapshot:
-    """The snapshot written by `snapshot_to_json`; unknown keys (a newer writer) are ignored, missing ones default."""
+def live_from_json(text: str) -> LiveFigures:
+    """The live figures written by `snapshot_to_json`; unknown keys (a newer writer) are ignored, missing ones
+    default. Raises ValueError / TypeError / KeyError on a torn or foreign row."""
     data = json.loads(text)
-    return _build(MetricsSnapshot, data)
+    if not isinstance(data, dict) or "state" not in data:
+        raise ValueError("not a heartbeat's live figures")
+    return _build(LiveFigures, data)
 
 
 def _build(cls: type, data: dict[str, Any]) -> Any:
@@ -29,11 +38,7 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
         if key == "rate" and isinstance(value, dict):
             value = _build(Rate, value)
         elif key == "endpoints":
-            value = tuple(_build(EndpointSnapshot, e) for e in value)
-        elif key == "fidelity":
-            value = tuple(_build(FidelitySnapshot, e) for e in value)
-        elif key in ("errors_by_class", "verdicts", "strategies", "prompt_checks"):
-            value = tuple((str(k), int(n)) for k, n in value)
+            value = tuple(_build(EndpointLive, e) for e in value)
         elif isinstance(value, list):
             value = tuple(value)
         kwargs[key] = value

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from app.engine import quality
-from app.engine.snapshot import FidelitySnapshot
 from app.records import Completion, Reconstruction, Verdict
 from app.tokens import Reconstructor
 from app.tokens import flags as fl
@@ -415,16 +414,6 @@ class Verifier:
     def verified(self) -> int:
         """Verified (measured) samples over every endpoint and provider."""
         return sum(t.verified for t in self.tallies.values())
-
-    def views(self) -> tuple[FidelitySnapshot, ...]:
-        """Measured fidelity per endpoint (provider None) and per endpoint and upstream provider."""
-        per: dict[tuple[str, str | None], list[int]] = {}
-        for (endpoint, provider), t in self.tallies.items():
-            for key in [(endpoint, None)] + ([(endpoint, provider)] if provider else []):
-                c = per.setdefault(key, [0, 0, 0, 0])
-                for i, n in enumerate((t.verified, t.exact, t.benign, t.corrupt_total)):
-                    c[i] += n
-        return tuple(FidelitySnapshot(e, p, *c) for (e, p), c in sorted(per.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")))
 
     def statuses(self) -> list[VerificationStatus]:
         """app.store.verification.VerificationStatus of every endpoint (and provider seen behind it) now: the

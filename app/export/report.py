@@ -32,6 +32,14 @@ class ExportReport:
     eval_fraction: float = 0.0
     train: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def verified(self) -> int:
+        """Exported samples whose ids are verified, in the words of every face (app.records.Verification): true
+        ids from the server or from logprobs (app.records.TRUE_ID_SOURCES)."""
+        from app.records import TRUE_ID_SOURCES
+
+        return sum(n for source, n in self.ids_sources.items() if source in TRUE_ID_SOURCES)
+
     def as_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data (`export --json`)."""
         return {
@@ -42,6 +50,7 @@ class ExportReport:
             "exported": self.exported,
             "skipped": dict(self.skipped),
             "ids_sources": dict(self.ids_sources),
+            "verified": self.verified,
             "tokens": self.tokens,
             "loss_tokens": self.loss_tokens,
             "min_length": self.min_length,

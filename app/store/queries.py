@@ -36,6 +36,8 @@ from typing import Any, TypeVar
 from app.errors import InputError
 from app.records import VERDICTS, Category
 from app.store import tallies
+from app.store.count_records import (EndpointCounts, ProviderCounts, RunCounts, RunLatency, SampleStates,
+                                     fold_answers, percentiles_of)
 from app.store.db import connect_readonly
 from app.store.ids import unpack_ids
 from app.store.rows import (
@@ -61,6 +63,7 @@ __all__ = [
     "connect_readonly", "RunReader", "RunRow", "MismatchRow", "MismatchPage", "SampleDetail", "EventRow",
     "JobSummary", "JobShardRow", "MISMATCH_ORDERS", "MISMATCH_VERDICTS", "SORT_CACHE_S", "SortCache",
     "list_runs", "run_by_name", "resolve_run", "state_counts", "verdict_counts", "strategy_counts", "cost_total",
+    "run_counts", "run_latency", "data_version",
     "mismatch_page", "mismatch_count", "sample_detail", "reconstruction_of", "latest_completions", "events_tail", "job_summaries",
     "latest_shard_log",
 ]
@@ -141,6 +144,88 @@ def strategy_counts(conn: sqlite3.Connection, run_id: int) -> dict[str, int]:
 def cost_total(conn: sqlite3.Connection, run_id: int) -> float:
     """Dollars spent by the run so far (the sum over every stored attempt). Reads the maintained tally."""
     return float(sum(t.cost_usd for t in tallies.response_tallies(conn, run_id)))
+
+
+def run_counts(conn: sqlite3.Connection, run_id: int) -> RunCounts:
+    """The counts part of the run's record (app.store.count_records.RunCounts), read from the maintained tallies:
+    the one function every face takes its counts from, so each number has one definition.
+
+    About a dozen small reads whatever the run's size, plus one index probe per failed sample (failed samples
+    are few): cheap enough for a dashboard polling at 2 Hz. They run in one read transaction (unless the caller
+    holds one), so the counts are of one moment even while the engine writes.
+    """
+    own = not conn.in_transaction
+    if own:
+        conn.execute("BEGIN")
+    try:
+        return _run_counts(conn, run_id)
+    finally:
+        if own:
+            conn.execute("COMMIT")
+
+
+def _run_counts(conn: sqlite3.Connection, run_id: int) -> RunCounts:
+    responses = tallies.response_tallies(conn, run_id)
+    finals = tallies.final_failures_by_endpoint(conn, run_id)
+    quality = tallies.quality_tallies(conn, run_id)
+    errors: dict[str, int] = {}
+    endpoints = []
+    for name in sorted({t.endpoint for t in responses}):
+        mine = [t for t in responses if t.endpoint == name]
+        failed_requests = [(t.error_class or "", t.n) for t in mine if not t.ok]
+        for cls, n in failed_requests:
+            errors[cls] = errors.get(cls, 0) + n
+        final = finals.get(name, 0)
+        endpoints.append(EndpointCounts(
+            name=name, completed=sum(t.n for t in mine if t.ok), failed=final,
+            retried=max(0, sum(n for _, n in failed_requests) - final), errors_by_class=tuple(sorted(failed_requests)),
+            cost_usd=sum(t.cost_usd for t in mine), completion_tokens=sum(t.completion_tokens for t in mine if t.ok),
+        ))
+    groups: dict[tuple[str, str | None], list[tallies.QualityTally]] = {}
+    for row in quality:
+        groups.setdefault((row.endpoint, row.provider), []).append(row)
+    first, last = tallies.response_span(conn, run_id)
+    return RunCounts(
+        samples=SampleStates(**state_counts(conn, run_id)),
+        cost_usd=sum(t.cost_usd for t in responses),
+        requests=sum(t.n for t in responses),
+        completion_tokens=sum(e.completion_tokens for e in endpoints),
+        errors_by_class=tuple(sorted(errors.items())),
+        failed_by_class=tuple(sorted(tallies.failed_by_class(conn, run_id).items())),
+        retried=sum(e.retried for e in endpoints),
+        answers=fold_answers(quality),
+        strategies=tuple(strategy_counts(conn, run_id).items()),
+        endpoints=tuple(endpoints),
+        providers=tuple(ProviderCounts(e, p, fold_answers(rows))
+                        for (e, p), rows in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))),
+        first_at=first,
+        last_at=last,
+    )
+
+
+def data_version(conn: sqlite3.Connection) -> int:
+    """A number that changes whenever another connection commits to the database (`PRAGMA data_version`): a
+    reader that keeps one re-reads only after a change."""
+    return int(conn.execute("PRAGMA data_version").fetchone()[0])
+
+
+def run_latency(conn: sqlite3.Connection, run_id: int) -> RunLatency:
+    """Latency and TTFT percentiles over every answer of the run, overall and per endpoint (a finished run's
+    figures). Reads one (endpoint, latency, ttft) triple per answer: call it once per finished run, not per poll."""
+    per: dict[str, tuple[list[float], list[float]]] = {}
+    n = 0
+    for endpoint, latency, ttft in conn.execute(
+        "SELECT endpoint, latency_ms, ttft_ms FROM responses WHERE run_id = ? AND error_class IS NULL", (run_id,)
+    ):
+        n += 1
+        lat, first = per.setdefault(endpoint, ([], []))
+        if latency is not None:
+            lat.append(float(latency))
+        if ttft is not None:
+            first.append(float(ttft))
+    every = ([v for lat, _ in per.values() for v in lat], [v for _, first in per.values() for v in first])
+    return RunLatency(n, percentiles_of(*every),
+                      tuple((name, percentiles_of(*values)) for name, values in sorted(per.items())))
 
 
 # ============================================================================================== mismatches
@@ -571,14 +656,15 @@ SERIES_CHUNK = 250_000  # ids read per call at most (bounds one poll's cost whil
 @dataclass(frozen=True, slots=True)
 class SeriesBucket:
     """One 10 s bucket (`bucket` * SERIES_BUCKET_S is its unix start): output tokens and count of successful
-    responses, cost of every attempt, measured samples (probes with true ids) and how many agreed, and when
+    responses, cost of every attempt, measured answers (true ids whose text-only rebuild was compared) and how
+    many of them matched (the same text), and when
     its first and last attempts were stored (where a plot's time axis starts and, once the run ends, stops)."""
 
     bucket: int
     tokens: int = 0
     responses: int = 0
     cost_usd: float = 0.0
-    verified: int = 0
+    measured: int = 0
     matched: int = 0
     first_at: float | None = None  # the earliest and latest response stored in this bucket (None: none)
     last_at: float | None = None
@@ -601,10 +687,10 @@ def series_since(conn: sqlite3.Connection, run_id: int, response_cursor: int = 0
 
     Each table is read by one rowid range of at most `chunk` ids (`+run_id` keeps the planner off the run
     indexes, which would read the whole run for every call); a measured
-    reconstruction carries the `text_path:<verdict>` flag (app.tokens.flags), and it agrees unless that
-    verdict is corrupt (app.records.CORRUPT_VERDICTS), as the snapshot's measured fidelity counts it.
+    reconstruction carries the `text_path:<verdict>` flag (app.tokens.flags), and it matched when that
+    verdict is benign (app.records.BENIGN_VERDICTS: the same text), as the record's measured counts have it.
     """
-    from app.records import CORRUPT_VERDICTS
+    from app.records import BENIGN_VERDICTS
     from app.tokens.flags import TEXT_PATH
 
     sums: dict[int, list] = {}
@@ -619,7 +705,7 @@ def series_since(conn: sqlite3.Connection, run_id: int, response_cursor: int = 0
         sums[int(b)] = [int(tokens or 0), int(ok or 0), float(cost or 0.0), 0, 0, first, last]
     newest_rec = conn.execute("SELECT MAX(id) FROM reconstructions").fetchone()[0] or 0
     top_rec = min(newest_rec, reconstruction_cursor + chunk)
-    corrupt = {str(v) for v in CORRUPT_VERDICTS}
+    benign = {str(v) for v in BENIGN_VERDICTS}
     for created, flags in conn.execute(
         "SELECT created_at, flags FROM reconstructions WHERE id > ? AND id <= ? AND +run_id = ? "
         "AND instr(flags, ?) > 0", (reconstruction_cursor, top_rec, run_id, TEXT_PATH),
@@ -629,7 +715,7 @@ def series_since(conn: sqlite3.Connection, run_id: int, response_cursor: int = 0
             continue
         row = sums.setdefault(int(created // SERIES_BUCKET_S), [0, 0, 0.0, 0, 0, None, None])
         row[3] += 1
-        row[4] += verdict not in corrupt
+        row[4] += verdict in benign
     buckets = tuple(SeriesBucket(b, *row) for b, row in sorted(sums.items()))
     return SeriesChunk(buckets, top_response, top_rec, top_response == newest_response and top_rec == newest_rec)
 

@@ -393,7 +393,7 @@ CREATE TABLE engine_heartbeats (
     started_at REAL NOT NULL,                    -- when this engine process started the run
     beat_at    REAL NOT NULL,                    -- last beat (unix s); about once a second while it runs
     stopped_at REAL,                             -- set on a clean exit; NULL while running or after a crash
-    snapshot   TEXT                              -- the engine's MetricsSnapshot as JSON (app.engine.snapshot_codec)
+    snapshot   TEXT                              -- the engine's live figures as JSON (app.engine.snapshot_codec)
 );
 
 -- per input file ingest progress, so an interrupted ingest is finished on restart, never taken
@@ -452,7 +452,102 @@ SELECT r.sample_pk, s.sample_id, s.dataset, COALESCE(r.explanation, '')
   FROM reconstructions r JOIN samples s ON s.pk = r.sample_pk;
 """
 
-# Version 6 (unreleased: append, one comment header per concern).
+# Version 7: the run's answers by what they are, per endpoint and upstream provider, so every face
+# reads the verification classes (app.records.Verification), the measured text-path fidelity, the suspects,
+# the truncated answers and the prompt checks from a handful of rows, as it reads the other tallies
+# (app.store.tallies.quality_tallies). One row per (run, the endpoint and provider of the reconstruction's
+# response, verdict, ids source, text-path verdict, suspect, truncated, prompt check); kept by INSERT / UPDATE /
+# DELETE triggers on reconstructions (a reprocess's upsert fires the UPDATE trigger). ids_source: the column
+# (server | logprobs | text), or for a row from before v5 what its strategy implies. text_path: the verdict
+# after `text_path:` in flags ('' when not measured); suspect: 1 when flags hold any other name (every flag
+# but the informational text_path one marks a suspect: app.tokens.flags); truncated: 1 when the response
+# stopped at max_tokens (finish_reason 'length'). The response is looked up when the row is counted and when
+# it is uncounted: responses are never updated, so both see the same key (a tool that deletes responses
+# under their reconstructions runs `app.store.tallies.recount` afterwards).
+_QUALITY_KEY = ("run_id", "endpoint", "provider", "category", "ids_source", "text_path", "suspect", "truncated",
+                "prompt_check")
+
+
+def _quality_values(row: str) -> str:
+    """The tally key of reconstruction `row` (new / old / r), with its responses row joined as `p`.
+
+    `flags` is the writer's compact JSON list of flag names (no name holds a quote), so plain string functions
+    read it (json_each cost the store thread a third more per result): the text-path verdict is the text after
+    `"text_path:` up to its closing quote; the answer is suspect when it holds more names (quotes / 2) than
+    that one text-path name.
+    """
+    f = f"{row}.flags"
+    at = f"instr({f}, '\"text_path:')"
+    return (
+        f"{row}.run_id, COALESCE(p.endpoint, ''), COALESCE(p.provider, ''), {row}.category, "
+        f"COALESCE({row}.ids_source, CASE {row}.strategy WHEN 'server_ids' THEN 'server' "
+        f"WHEN 'logprobs' THEN 'logprobs' ELSE 'text' END), "
+        f"CASE WHEN {at} > 0 THEN substr({f}, {at} + 11, instr(substr({f}, {at} + 11), '\"') - 1) ELSE '' END, "
+        f"COALESCE((length({f}) - length(replace({f}, '\"', ''))) / 2 > ({at} > 0), 0), "
+        f"COALESCE(p.finish_reason IS 'length', 0), COALESCE({row}.prompt_check, '')"
+    )
+
+
+def _quality_sql(change: str, row: str) -> str:
+    """The statement that counts (`add`) or uncounts (`sub`) reconstruction `row` (new / old) in its tally row."""
+    keys = ", ".join(_QUALITY_KEY)
+    key_of_row = f"SELECT {_quality_values(row)} FROM (SELECT {row}.response_id AS rid) AS k " \
+                 "LEFT JOIN responses AS p ON p.id = k.rid"
+    if change == "add":  # (WHERE true: SQLite's parser needs it between a SELECT and ON CONFLICT)
+        return f"INSERT INTO quality_tallies ({keys}, n) {key_of_row.replace(' FROM (', ', 1 FROM (', 1)} " \
+               f"WHERE true ON CONFLICT ({keys}) DO UPDATE SET n = n + 1;"
+    return f"UPDATE quality_tallies SET n = n - 1 WHERE ({keys}) = ({key_of_row});"
+
+
+# (re)count every reconstruction (`where`: a filter on r, or ""): the migration's backfill and tallies.recount
+QUALITY_RECOUNT = (
+    f"INSERT INTO quality_tallies ({', '.join(_QUALITY_KEY)}, n) SELECT {_quality_values('r')}, COUNT(*) "
+    "FROM reconstructions AS r LEFT JOIN responses AS p ON p.id = r.response_id{where} GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9"
+)
+
+_QUALITY_TALLIES = f"""
+-- the run's answers by what they are, per endpoint and upstream provider (app.store.tallies.quality_tallies)
+CREATE TABLE quality_tallies (
+    run_id       INTEGER NOT NULL,
+    endpoint     TEXT NOT NULL,              -- the endpoint of the reconstruction's response ('' when none)
+    provider     TEXT NOT NULL,              -- that response's upstream provider ('' when not reported)
+    category     TEXT NOT NULL,              -- the verdict
+    ids_source   TEXT NOT NULL,              -- server | logprobs | text (app.tokens.flags.IDS_SOURCES)
+    text_path    TEXT NOT NULL,              -- the measured text-path verdict, '' when not measured
+    suspect      INTEGER NOT NULL,           -- 1: flagged suspect
+    truncated    INTEGER NOT NULL,           -- 1: the response stopped at max_tokens
+    prompt_check TEXT NOT NULL,              -- agree | differ | no_server_ids, '' when not checked
+    n            INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY ({", ".join(_QUALITY_KEY)})
+) WITHOUT ROWID;
+
+CREATE TRIGGER reconstructions_quality_insert AFTER INSERT ON reconstructions
+BEGIN
+    {_quality_sql("add", "new")}
+END;
+
+CREATE TRIGGER reconstructions_quality_update
+AFTER UPDATE OF run_id, response_id, category, strategy, ids_source, flags, prompt_check ON reconstructions
+BEGIN
+    {_quality_sql("sub", "old")}
+    {_quality_sql("add", "new")}
+END;
+
+CREATE TRIGGER reconstructions_quality_delete AFTER DELETE ON reconstructions
+BEGIN
+    {_quality_sql("sub", "old")}
+END;
+
+CREATE TRIGGER runs_quality_delete AFTER DELETE ON runs
+BEGIN
+    DELETE FROM quality_tallies WHERE run_id = old.id;
+END;
+
+{QUALITY_RECOUNT.format(where="")};
+"""
+
+
+# Version 6: the mismatch list's text index filled in bulk.
 _V6 = """
 -- the mismatch list's text index is filled in bulk, not row by row. A row's own FTS5 insert
 -- (its trigram postings, content and docsize rows, flushed at each commit) cost the engine's store thread
@@ -486,5 +581,7 @@ BEGIN
 END;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
+_V7 = _QUALITY_TALLIES
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
 SCHEMA_VERSION = len(MIGRATIONS)

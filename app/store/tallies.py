@@ -1,7 +1,7 @@
-"""The run store's maintained tallies (schema version 3): per-run counts read in O(states + endpoints + verdicts).
+"""The run store's maintained tallies (schema versions 3 and 6): per-run counts read in O(states + endpoints + verdicts).
 
-Triggers keep `sample_tallies` (UPDATE / DELETE), `response_tallies` and `reconstruction_tallies` in the
-writers' own transactions; sample INSERTs are counted by `RunStore.ingest` per chunk (`add_ingested`).
+Triggers keep `sample_tallies` (UPDATE / DELETE), `response_tallies`, `reconstruction_tallies` and
+`quality_tallies` (v6: answers per endpoint, provider and what they are) in the writers' own transactions; sample INSERTs are counted by `RunStore.ingest` per chunk (`add_ingested`).
 A tool that inserts samples with plain SQL must call `recount(conn)` afterwards; until it does, readers
 notice (MAX(samples.pk) is above `tally_marks.samples_max_pk`) and count the samples table instead.
 Every reader here takes any sqlite3 connection (read-only is fine) and returns plain dicts / tuples.
@@ -12,15 +12,21 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
+from app.store.schema import QUALITY_RECOUNT
+
 __all__ = [
     "ResponseTally",
+    "QualityTally",
     "add_ingested",
     "samples_current",
     "sample_counts",
     "failed_by_class",
+    "final_failures_by_endpoint",
     "response_tallies",
     "verdict_counts",
     "strategy_counts",
+    "quality_tallies",
+    "response_span",
     "recount",
 ]
 
@@ -39,6 +45,23 @@ class ResponseTally:
     truncated: int
     cost_usd: float
     completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class QualityTally:
+    """Stored answers (reconstructions) of one run that share an endpoint, upstream provider, verdict, ids source
+    (server | logprobs | text), text-path verdict ('' not measured), suspect flag, truncation and prompt check
+    ('' not checked)."""
+
+    endpoint: str  # '' when the answer has no response row
+    provider: str | None  # None when the endpoint reported none
+    category: str
+    ids_source: str
+    text_path: str
+    suspect: bool
+    truncated: bool
+    prompt_check: str
+    n: int
 
 
 # ---------------------------------------------------------------------------------------------- writers
@@ -74,7 +97,7 @@ def recount(conn: sqlite3.Connection, run_id: int | None = None) -> None:
     where, args = ("", ()) if run_id is None else (" WHERE run_id = ?", (run_id,))
     conn.execute("SAVEPOINT tally_recount")
     try:
-        for table in ("sample_tallies", "response_tallies", "reconstruction_tallies"):
+        for table in ("sample_tallies", "response_tallies", "reconstruction_tallies", "quality_tallies"):
             conn.execute(f"DELETE FROM {table}{where}", args)
         conn.execute(
             f"INSERT INTO sample_tallies (run_id, state, error_class, n) SELECT run_id, state, {_SAMPLE_KEY}, COUNT(*) "
@@ -93,6 +116,7 @@ def recount(conn: sqlite3.Connection, run_id: int | None = None) -> None:
             f"SELECT run_id, category, strategy, COUNT(*) FROM reconstructions{where} GROUP BY 1, 2, 3",
             args,
         )
+        conn.execute(QUALITY_RECOUNT.format(where=where.replace("run_id", "r.run_id")), args)
         mark = _mark(conn)
         others_behind = (
             run_id is not None
@@ -194,3 +218,22 @@ def strategy_counts(conn: sqlite3.Connection, run_id: int) -> dict[str, int]:
         (run_id,),
     ).fetchall()
     return {str(k): int(n) for k, n in rows}
+
+
+def quality_tallies(conn: sqlite3.Connection, run_id: int) -> list[QualityTally]:
+    """The run's stored answers grouped by endpoint, provider and what they are (rows with none left skipped)."""
+    rows = conn.execute(
+        "SELECT endpoint, provider, category, ids_source, text_path, suspect, truncated, prompt_check, n "
+        "FROM quality_tallies WHERE run_id = ? AND n != 0",
+        (run_id,),
+    ).fetchall()
+    return [QualityTally(str(e), str(p) or None, str(c), str(s), str(t), bool(su), bool(tr), str(pc), int(n))
+            for e, p, c, s, t, su, tr, pc, n in rows]
+
+
+def response_span(conn: sqlite3.Connection, run_id: int) -> tuple[float | None, float | None]:
+    """(first, last) time a response of the run was stored (unix s; None, None before any): two probes of the
+    (run_id, created_at) index."""
+    first = conn.execute("SELECT MIN(created_at) FROM responses WHERE run_id = ?", (run_id,)).fetchone()[0]
+    last = conn.execute("SELECT MAX(created_at) FROM responses WHERE run_id = ?", (run_id,)).fetchone()[0]
+    return first, last

@@ -19,6 +19,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Iterable
 
+from app.store.count_records import AnswerCounts
 from app.tokens.fidelity_profile import FidelityProfile
 
 VERIFIED = "verified"
@@ -159,25 +160,18 @@ def statuses(counts: Iterable[Counts], priors: dict[tuple[str, str], Prior]) -> 
     return out
 
 
-_COUNTS_SQL = """
-SELECT COALESCE(re.endpoint, '?'), COALESCE(re.provider, ''), COUNT(*),
-       SUM(rc.ids_source IS NULL OR rc.ids_source = 'text'),
-       SUM((rc.ids_source IS NULL OR rc.ids_source = 'text') AND rc.category != 'unchecked'),
-       SUM(instr(COALESCE(rc.flags, ''), '"text_path:') > 0),
-       SUM(instr(COALESCE(rc.flags, ''), '"text_path:exact"') > 0),
-       SUM(instr(COALESCE(rc.flags, ''), '"text_path:text_mismatch"') > 0
-           OR instr(COALESCE(rc.flags, ''), '"text_path:structure_mismatch"') > 0)
-FROM reconstructions AS rc LEFT JOIN responses AS re ON re.id = rc.response_id
-WHERE rc.run_id = ?
-GROUP BY 1, 2
-ORDER BY 1, 2
-"""
+def counts_of(endpoint: str, provider: str | None, answers: AnswerCounts) -> Counts:
+    """One endpoint × provider's Counts from the run record's answer counts (app.store.queries.run_counts): the
+    same numbers every face shows (probes: its measured answers; text samples: checked + unchecked)."""
+    return Counts(endpoint, provider, answers.answers, answers.checked + answers.unchecked, answers.checked,
+                  answers.measured, answers.measured_exact, answers.measured_corrupt_total)
 
 
 def read_counts(conn: sqlite3.Connection, run_id: int) -> list[Counts]:
     """Per endpoint × provider of the run: samples, text samples, reference-checked ones and probes by verdict."""
-    return [Counts(e, p or None, int(n), int(t or 0), int(ch or 0), int(pr or 0), int(ex or 0), int(co or 0))
-            for e, p, n, t, ch, pr, ex, co in conn.execute(_COUNTS_SQL, (run_id,))]
+    from app.store.queries import run_counts
+
+    return [counts_of(p.endpoint or "?", p.provider, p.answers) for p in run_counts(conn, run_id).providers]
 
 
 def read_priors(conn: sqlite3.Connection, endpoints: Iterable[str] | None = None) -> dict[tuple[str, str], Prior]:

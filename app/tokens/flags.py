@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from app.records import TRUE_ID_SOURCES
+
 # ---- ids_source ------------------------------------------------------------------------------------------
 IDS_SERVER = "server"  # server-returned output ids (vLLM token_ids, SGLang output_ids / logprob token_id)
 IDS_LOGPROBS = "logprobs"  # logprob tokens with bytes, mapped to ids
 IDS_TEXT = "text"  # canonical rebuild from the returned text (with learned repairs, if any)
 IDS_SOURCES = (IDS_SERVER, IDS_LOGPROBS, IDS_TEXT)
-VERIFIED_SOURCES = (IDS_SERVER, IDS_LOGPROBS)
+VERIFIED_SOURCES = TRUE_ID_SOURCES  # (IDS_SERVER, IDS_LOGPROBS): app.records defines them once
 
 # ---- suspect flags (text-path rebuilds only) -------------------------------------------------------------
 REPLACEMENT_CHAR = "replacement_char"  # U+FFFD in the text: bytes were lost on the way (partial UTF-8)

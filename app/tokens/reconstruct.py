@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from itertools import product
 from typing import Iterator, Sequence
 
-from app.records import Completion, Reconstruction, TokenLogprob, ToolCall, Verdict
+from app.records import AGREEING_VERDICTS, Completion, Reconstruction, TokenLogprob, ToolCall, Verdict
 from app.tokens import flags as fl
 from app.tokens.align import common_prefix, common_suffix
 from app.tokens.compare import UNCHECKED, compare
@@ -41,7 +41,6 @@ from app.tokens.profile import Profile
 from app.tokens.template import Fields, Piece, ProviderView, kimi_tool_id, parse_output, render_output
 from app.tokens.tokenizer import Tokenizer
 
-BENIGN = ("exact", "bpe_equivalent", "truncated")
 REGIONS_FROM_TEXT = "regions_from_text"  # note: logprob ids whose uncovered regions (tool calls) came from text
 REPAIRS = (
     "think_close",
@@ -461,7 +460,7 @@ class Reconstructor:
             ref_bytes = self.tokenizer.decode_bytes(ref)
             rec_bytes = text.encode("utf-8") if known else self.tokenizer.decode_bytes(ids)
         verdict = compare(ids, ref, self.tokenizer, self.profile, ref_bytes=ref_bytes, rec_bytes=rec_bytes)
-        if verdict.category in BENIGN:
+        if verdict.category in AGREEING_VERDICTS:
             return (Reconstruction(tuple(ids), "canonical", repair, True, (), fl.IDS_TEXT, flags),
                     _with_repair(verdict, repair) if repair else verdict)
         plain = Reconstruction(tuple(ids), "canonical", repair, None, (), fl.IDS_TEXT, flags)
@@ -523,7 +522,7 @@ class Reconstructor:
                     close = ref_truncated or got == ref_bytes
                 if close and ids2 is not None:
                     v2 = compare(ids2, ref, self.tokenizer, self.profile, ref_bytes=ref_bytes)
-                    if v2.category in BENIGN:
+                    if v2.category in AGREEING_VERDICTS:
                         label = "+".join(sorted(dict.fromkeys([*used, name]), key=_repair_order))
                         return tuple(ids2), label, v2
                 if score > best and (step is None or score > step[2]):
@@ -577,7 +576,7 @@ class Reconstructor:
             return out, Verdict("unchecked", rec_len=len(rec.output_ids),
                                 explanation=f"{UNCHECKED}; {sentence}; ids from {rec.ids_source} (ground truth)")
         verdict = compare(rec.output_ids, ref, self.tokenizer, self.profile)
-        ok = verdict.category in BENIGN
+        ok = verdict.category in AGREEING_VERDICTS
         notes += () if ok else self._notes(f, ref, verdict)
         return Reconstruction(rec.output_ids, rec.strategy, None, ok, notes, rec.ids_source, rec.flags), verdict
 

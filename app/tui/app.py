@@ -18,7 +18,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
-from app.engine.snapshot import MetricsSnapshot
+from app.engine.snapshot import RunRecord
 from app.tui.screens.confirm import ConfirmScreen, NumberScreen
 from app.tui.screens.dashboard import DashboardScreen, engine_gone
 from app.tui.screens.diff import DiffScreen
@@ -65,7 +65,7 @@ class EaglewatchApp(App):
     def __init__(self, source: DataSource, *, theme: str = "textual-dark", keymap: dict[str, str] | None = None) -> None:
         super().__init__()
         self.source = source
-        self._run_snapshot: MetricsSnapshot | None = None
+        self._run_record: RunRecord | None = None
         self._theme_name = theme
         self._keymap = keymap or {}
 
@@ -89,15 +89,15 @@ class EaglewatchApp(App):
             self.notify(f"{event.worker.name}: {event.worker.error}", title="internal error", severity="error", timeout=10)
 
     @property
-    def last_snapshot(self) -> MetricsSnapshot | None:
-        """The run's latest polled snapshot (None before the first poll): what the run keys check."""
-        return self._run_snapshot
+    def last_record(self) -> RunRecord | None:
+        """The run's latest polled record (None before the first poll): what the run keys check."""
+        return self._run_record
 
     @on(DashboardScreen.Polled)
-    def _snapshot_polled(self, message: DashboardScreen.Polled) -> None:
-        """The dashboard's polls bubble here: keep the snapshot, and re-check the run keys on a state change."""
-        previous, self._run_snapshot = self._run_snapshot, message.result.snapshot
-        if previous is None or (previous.state, previous.engine) != (self._run_snapshot.state, self._run_snapshot.engine):
+    def _record_polled(self, message: DashboardScreen.Polled) -> None:
+        """The dashboard's polls bubble here: keep the record, and re-check the run keys on a state change."""
+        previous, self._run_record = self._run_record, message.result.record
+        if previous is None or (previous.state, previous.engine) != (self._run_record.state, self._run_record.engine):
             self.refresh_bindings()  # `p`, `P` and `c` show only while they apply
 
     # --- navigation ------------------------------------------------------------------------
@@ -128,12 +128,14 @@ class EaglewatchApp(App):
                 continue
             seen.add(binding.id)
             shown.append((self.get_key_display(binding), f"{binding.description}  ({binding.id})"))
-        self.push_screen(HelpScreen(shown, type(screen).__name__.removesuffix("Screen").lower()))
+        glossary = getattr(screen, "glossary", None)
+        words = glossary() if callable(glossary) else ()
+        self.push_screen(HelpScreen(shown, type(screen).__name__.removesuffix("Screen").lower(), words))
 
     # --- run control -----------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in ("pause_now", "toggle_pause", "set_concurrency"):
-            snap = self.last_snapshot
+            snap = self.last_record
             if not self.source.can_control or isinstance(self.screen, JobsScreen) or snap is None:
                 return False
             if engine_gone(snap):
@@ -144,7 +146,7 @@ class EaglewatchApp(App):
         return True
 
     async def action_toggle_pause(self) -> None:
-        snap = self.last_snapshot
+        snap = self.last_record
         if snap is None or not self.source.can_control:
             return
         if snap.state == "paused":
@@ -153,7 +155,7 @@ class EaglewatchApp(App):
             await steer(self, "pause", self.source.control.pause, "nothing new is leased; requests in flight finish")
 
     def action_pause_now(self) -> None:
-        snap = self.last_snapshot
+        snap = self.last_record
         if snap is None or not self.source.can_control or snap.state != "running":
             return
 
@@ -169,8 +171,8 @@ class EaglewatchApp(App):
         """Ask for a new in-flight limit and send it through the run's control."""
         if not self.check_action("set_concurrency", ()) or isinstance(self.screen, NumberScreen):
             return
-        snap = self.last_snapshot
-        current = snap.concurrency_limit if snap is not None else 0
+        snap = self.last_record
+        current = snap.live.concurrency_limit if snap is not None and snap.live is not None else 0
 
         async def answered(limit: int | None) -> None:
             if limit is not None:

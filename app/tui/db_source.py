@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from app.engine.control import RunControl
-from app.engine.dbsnapshot import snapshot_from_db
-from app.engine.snapshot import MetricsSnapshot
+from app.engine.record_reads import LatencyCache, read_record
+from app.engine.snapshot import LiveFigures, RunRecord
 from app.errors import EaglewatchError, InputError
 from app.store import queries
 from app.store.heartbeat import Liveness, liveness, read_heartbeat
@@ -126,6 +126,7 @@ class _DatabaseBackedSource:
 
     def __init__(self, reader: RunReader, *, tokenizer: Any = None, tokenizer_dir: Path | None = None) -> None:
         self.reader = reader
+        self._latency = LatencyCache()  # a finished run's percentiles: read once, not per poll
         self._jobs = _JobControl(reader.database)
         self._tokenizers: dict[str, Any] = {}
         if tokenizer is not None and tokenizer_dir is not None:
@@ -211,6 +212,10 @@ class _DatabaseBackedSource:
     def control(self) -> RunControl | None:
         raise NotImplementedError
 
+    def record(self, live: LiveFigures | None) -> RunRecord:
+        """`DataSource.record`: app.engine.record_reads.read_record over this reader's connection."""
+        return self.reader.call(read_record, self.reader.run_name, live=live, latency=self._latency)
+
     def series_since(self, responses_after: int, reconstructions_after: int) -> queries.SeriesChunk:
         return self.reader.call(queries.series_since, self.reader.run_id, responses_after, reconstructions_after)
 
@@ -220,8 +225,6 @@ class _DatabaseBackedSource:
 
 class AttachedSource(_DatabaseBackedSource):
     """A viewer over a run database; steers a headless engine through the `commands` table."""
-
-    snapshot_on_loop = False
 
     def __init__(self, database: Path, run_name: str | None = None, *, readonly: bool = False) -> None:
         super().__init__(RunReader(database, run_name))
@@ -241,8 +244,8 @@ class AttachedSource(_DatabaseBackedSource):
     def control(self) -> AttachedControl | None:
         return self._control
 
-    def snapshot(self) -> MetricsSnapshot:
-        return self.reader.call(snapshot_from_db, self.reader.run_name)
+    def live_figures(self) -> None:
+        return None  # the engine's heartbeat carries them (read_record)
 
     async def aclose(self) -> None:
         """Close the command writer, if one was opened."""
@@ -251,9 +254,7 @@ class AttachedSource(_DatabaseBackedSource):
 
 
 class InProcessSource(_DatabaseBackedSource):
-    """The monitor over an engine `Run` hosted in this process (its snapshot is read on the event loop)."""
-
-    snapshot_on_loop = True
+    """The monitor over an engine `Run` hosted in this process (its live figures are taken on the event loop)."""
 
     def __init__(self, *, run: Any, config: Any) -> None:
         engine_tokenizer = getattr(getattr(run, "reconstructor", None), "tokenizer", None)
@@ -274,8 +275,8 @@ class InProcessSource(_DatabaseBackedSource):
     def control(self) -> RunControl:
         return self.run
 
-    def snapshot(self) -> MetricsSnapshot:
-        return self.run.snapshot()
+    def live_figures(self) -> LiveFigures | None:
+        return self.run.snapshot().live
 
 
 def open_attached(database: Path, run_name: str | None, *, readonly: bool) -> AttachedSource:

@@ -33,6 +33,31 @@ def ms(value: float | None) -> str:
     return f"{value / 1000:.1f} s" if value >= 1000 else f"{value:.0f} ms"
 
 
+def short_ms(value: float | None) -> str:
+    """`310ms` / `6.4s` / `12s` / `4m10s`: at most 5 cells, for compact tiles ("-" when unknown)."""
+    if value is None:
+        return "-"
+    if value < 1000:
+        return f"{value:.0f}ms"
+    if value < 10_000:
+        return f"{value / 1000:.1f}s"
+    if value < 100_000:
+        return f"{value / 1000:.0f}s"
+    return duration(value / 1000)
+
+
+def count(n: int) -> str:
+    """`999` / `1.2k` / `12k` / `123k` / `1.2M`: a count rounded to at most 4 cells, for a tile line that does not
+    fit with the exact number (`9,999`)."""
+    if n < 1_000:
+        return str(n)
+    if n < 10_000:
+        return f"{n / 1000:.1f}k"
+    if n < 1_000_000:
+        return f"{n // 1000}k"
+    return f"{n / 1_000_000:.1f}M"
+
+
 def percent(part: int, whole: int) -> str:
     """`12.3%` of whole, "-" when whole is zero."""
     return f"{100 * part / whole:.1f}%" if whole else "-"

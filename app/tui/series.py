@@ -2,9 +2,10 @@
 
 In-process and attached, the plots come from the same rows (`app.store.queries.series_since`, through the
 source's `series_since`), so both faces draw the same curves; the tiles beside them show the same totals
-(the cost plot ends at the run's spend, the match-rate plot at the measured rate and its n). The time
-axis runs from the run's first stored response to now while the engine runs or pauses, and stops at the
-run's last response once it is done, stopped, failed or its engine is gone (the series freeze).
+(the cost plot ends at the run's spend, the match-rate plot at the measured rate and its n: both the store's,
+with the record's definitions). The time axis runs from the run's first stored response to now while an
+engine moves the run, and stops at the run's last response once the record is finished (done, or no engine
+beats: the series freeze).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from app.engine.snapshot import MetricsSnapshot
+from app.engine.snapshot import RunRecord
 from app.tui import format as fmt
 from app.tui.source import SERIES_BUCKET_S, DataSource, SeriesChunk
 from widgets.time_plot import PlotSeries
@@ -39,7 +40,7 @@ class RunSeries:
     """Per-bucket sums of the run, grown chunk by chunk (UI thread only)."""
 
     def __init__(self) -> None:
-        self._buckets: dict[int, list] = {}  # bucket -> [tokens, responses, cost, verified, matched]
+        self._buckets: dict[int, list] = {}  # bucket -> [tokens, responses, cost, measured, matched]
         self.cursor = Cursor()
         self.caught_up = False
         self.first_at: float | None = None  # the run's first and latest stored attempt
@@ -59,7 +60,7 @@ class RunSeries:
             row[0] += b.tokens
             row[1] += b.responses
             row[2] += b.cost_usd
-            row[3] += b.verified
+            row[3] += b.measured
             row[4] += b.matched
             if b.first_at is not None:
                 self.first_at = b.first_at if self.first_at is None else min(self.first_at, b.first_at)
@@ -73,7 +74,7 @@ class RunSeries:
         return not self._buckets
 
     def measured(self) -> tuple[int, int]:
-        """(verified, matched) over the whole run: what the match-rate plot ends at."""
+        """(measured, matched) over the whole run: what the match-rate plot ends at."""
         return (sum(r[3] for r in self._buckets.values()), sum(r[4] for r in self._buckets.values()))
 
     def spent(self) -> float:
@@ -97,51 +98,56 @@ class RunSeries:
             p.spans.append(max(hi - lo, 0.0))
             if row:
                 p.spent += row[2]
-                p.verified += row[3]
+                p.measured += row[3]
                 p.matched += row[4]
             p.cost.append(p.spent)
-            p.checked.append((p.verified, p.matched))
-            p.match.append(p.matched / p.verified if p.verified else None)
+            p.checked.append((p.measured, p.matched))
+            p.match.append(p.matched / p.measured if p.measured else None)
         self._prefix, self._dirty_from = p, None
         return p
 
-    def window(self, snap: MetricsSnapshot, now: float | None = None) -> tuple[int, int, float, float]:
+    def window(self, rec: RunRecord, now: float | None = None) -> tuple[int, int, float, float]:
         """(first bucket, last bucket, start time, end time) of the time axis: from the first stored attempt
-        to now while the engine runs or pauses, else to the last stored attempt (frozen, and the same in
-        both faces: both read these times from the database)."""
+        to now while an engine moves the run, else (a finished record) to the last stored attempt (frozen, and
+        the same in both faces: both read these times from the database)."""
         first_b, last_b = min(self._buckets), max(self._buckets)
         start = self.first_at if self.first_at is not None else first_b * SERIES_BUCKET_S
         last = self.last_at if self.last_at is not None else (last_b + 1) * SERIES_BUCKET_S
-        live = snap.state in ("running", "paused") and snap.engine not in ("gone", "stopped", "never")
+        live = rec.finished is None
         end = max(time.time() if now is None else now, last) if live else last
         end = max(end, start + 1.0)  # one second at least, so a first bucket has a rate
         return int(start // SERIES_BUCKET_S), int(end // SERIES_BUCKET_S), start, end
 
-    def plots(self, snap: MetricsSnapshot, now: float | None = None) -> dict[str, PlotSeries]:
+    def plots(self, rec: RunRecord, now: float | None = None) -> dict[str, PlotSeries]:
         """The three plots (PLOTS) of the run up to `now` (or frozen at its end)."""
         if self.empty:
             return {name: PlotSeries(PLOT_TITLES[name], 0.0, SERIES_BUCKET_S, ()) for name in PLOTS}
-        first, last, start, end = self.window(snap, now)
+        first, last, start, end = self.window(rec, now)
         p = self._prefix_upto(first, last, start)
         # the last bucket (its span ends at `end`, which moves with the clock) is never kept in the prefix
         row = self._buckets.get(last)
-        spent, verified, matched = p.spent, p.verified, p.matched
+        spent, measured, matched = p.spent, p.measured, p.matched
         if row:
-            spent, verified, matched = spent + row[2], verified + row[3], matched + row[4]
+            spent, measured, matched = spent + row[2], measured + row[3], matched + row[4]
         lo = max(last * SERIES_BUCKET_S, start)
         tokens = (*p.tokens, float(row[0]) if row else 0.0)
         spans = (*p.spans, max(end - lo, 0.0))
         cost = (*p.cost, spent)
-        match = (*p.match, matched / verified if verified else None)
-        rate = snap.rate.tok_s_10s
+        match = (*p.match, matched / measured if measured else None)
+        if rec.finished is None and rec.live is not None:
+            now_rate, per_hour = f"10 s: {rec.live.rate.tok_s_10s:,.0f}", f"{fmt.money(rec.live.cost_per_hour)}/h"
+        else:
+            fin = rec.finished
+            now_rate = f"avg {fin.tok_s:,.0f}" if fin is not None else "avg -"
+            per_hour = f"avg {fmt.money(fin.cost_per_hour if fin is not None else None)}/h"
         return {
             "throughput": PlotSeries(PLOT_TITLES["throughput"], start, SERIES_BUCKET_S, tuple(tokens), tuple(spans),
-                                     "rate", "count", f"10 s: {rate:,.0f}"),
+                                     "rate", "count", now_rate),
             "match": PlotSeries(PLOT_TITLES["match"], start, SERIES_BUCKET_S, tuple(match), tuple(spans), "level",
-                                "percent", f"{fmt.percent(matched, verified)} n={verified:,}" if verified else "no probes yet",
+                                "percent", f"{fmt.percent(matched, measured)} n={measured:,}" if measured else "none measured yet",
                                 floor=None),
             "cost": PlotSeries(PLOT_TITLES["cost"], start, SERIES_BUCKET_S, tuple(cost), tuple(spans), "level",
-                               "money", f"{fmt.money(spent)} · {fmt.money(snap.cost_per_hour)}/h"),
+                               "money", f"{fmt.money(spent)} · {per_hour}"),
         }
 
 
@@ -155,9 +161,9 @@ class _Prefix:
     spans: list = field(default_factory=list)
     cost: list = field(default_factory=list)
     match: list = field(default_factory=list)
-    checked: list = field(default_factory=list)  # (verified, matched) so far, per bucket
+    checked: list = field(default_factory=list)  # (measured, matched) so far, per bucket
     spent: float = 0.0
-    verified: int = 0
+    measured: int = 0
     matched: int = 0
 
     def cut(self, n: int) -> "_Prefix":
@@ -168,5 +174,5 @@ class _Prefix:
         out.tokens, out.spans, out.cost, out.match = self.tokens[:n], self.spans[:n], self.cost[:n], self.match[:n]
         out.checked = self.checked[:n]
         out.spent = out.cost[-1]
-        out.verified, out.matched = out.checked[-1]
+        out.measured, out.matched = out.checked[-1]
         return out

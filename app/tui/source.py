@@ -4,7 +4,9 @@ Screens talk only to a DataSource. Its read methods are synchronous and may touc
 screens call them through `app.tui.fetch.fetch_in_thread` (never on the UI loop); run control goes
 through its `control` (the `app.engine.control.RunControl` protocol), job control through `job_command`.
 Two implementations live in `app.tui.db_source`: in-process (an engine `Run` plus the store's reads)
-and attached (the store's reads plus the `commands` table).
+and attached (the store's reads plus the `commands` table). Both faces show the same record of the run
+(`app.engine.snapshot.RunRecord`): the store's counts, the engine's live figures (taken on the UI loop
+in-process, from its heartbeat attached), finished figures once nothing moves the run.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from app.engine.control import RunControl
-from app.engine.snapshot import MetricsSnapshot
-from app.records import Alignment, Category
+from app.engine.snapshot import LiveFigures, RunRecord
+from app.records import VERDICT_CLASSES, Alignment, Category
 from app.store.queries import MISMATCH_ORDERS, MISMATCH_VERDICTS, SERIES_BUCKET_S, SeriesChunk
 from app.store.rows import MismatchPage, MismatchRow, SampleDetail
 from widgets.event_tail import EventLine
@@ -34,17 +36,10 @@ VERDICT_WORDS = {
     Category.TEXT_MISMATCH: "corrupt: the decoded text differs from the reference",
     Category.STRUCTURE_MISMATCH: "corrupt: the special-token layout differs (a reconstruction logic bug)",
     Category.TRUNCATED: "truncated: the response stopped at max_tokens, so there is no end-of-turn",
-    Category.UNCHECKED: "unchecked: there is no reference to compare against",
+    Category.UNCHECKED: "no reference: there is no reference to compare against",
 }
-# the class a verdict belongs to, in words (app.records.BENIGN_VERDICTS / CORRUPT_VERDICTS)
-VERDICT_CLASS = {
-    Category.EXACT: "exact",
-    Category.BPE_EQUIVALENT: "benign",
-    Category.TEXT_MISMATCH: "corrupt",
-    Category.STRUCTURE_MISMATCH: "corrupt",
-    Category.TRUNCATED: "truncated",
-    Category.UNCHECKED: "unchecked",
-}
+# the class a verdict belongs to, in words (app.records.VERDICT_CLASSES: one vocabulary for every face)
+VERDICT_CLASS = VERDICT_CLASSES
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,12 +83,13 @@ class DataSource(Protocol):
         """The run's control (pause, resume, set_concurrency): the engine in-process, the `commands` table
         attached; None for a read-only viewer."""
 
-    @property
-    def snapshot_on_loop(self) -> bool:
-        """True when snapshot() is in-memory and must be taken on the event loop (in-process engine)."""
+    def live_figures(self) -> LiveFigures | None:
+        """The engine's live figures when this process hosts it (call on the UI loop: they are the engine's
+        memory, cheap to take); None for a source that reads them from the database (attached)."""
 
-    def snapshot(self) -> MetricsSnapshot:
-        """The run's metrics now."""
+    def record(self, live: LiveFigures | None) -> RunRecord:
+        """The run's record now (call off the UI thread): the store's counts, with `live` when given (from
+        `live_figures()`), else the engine's heartbeat, and finished figures once nothing moves the run."""
 
     def mismatch_page(
         self,

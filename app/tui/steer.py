@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from app.engine.snapshot import MetricsSnapshot
+from app.engine.snapshot import RunRecord
 from app.tui.db_source import ACK_TIMEOUT_S, AttachedControl, CommandAck
 
 LATE_ACK_S = 30.0  # a live engine that has not taken a command in ACK_TIMEOUT_S is watched this much longer
@@ -24,10 +24,11 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def pause_now_question(snap: MetricsSnapshot) -> str:
+def pause_now_question(rec: RunRecord) -> str:
     """The pause-now confirmation: how many requests are on the wire (not leased, not waiting) and the bill."""
-    waiting = f" ({plural(snap.waiting, 'sample')} waiting to retry or be stored are kept)" if snap.waiting else ""
-    return (f"Pause now and cancel the {plural(snap.in_flight, 'request')} on the wire?{waiting} Their samples "
+    in_flight, waiting = (rec.live.in_flight, rec.live.waiting) if rec.live is not None else (0, 0)
+    kept = f" ({plural(waiting, 'sample')} waiting to retry or be stored are kept)" if waiting else ""
+    return (f"Pause now and cancel the {plural(in_flight, 'request')} on the wire?{kept} Their samples "
             "return to pending, but providers may still bill them.")
 
 

@@ -29,7 +29,8 @@ async def main(path: str, reconstruct: bool) -> int:
         await run.start()
         print("started", flush=True)
         outcome = await run.wait()
-        print(f"spent={run.snapshot().cost_usd!r}", flush=True)
+        # the budget guard's figure (what the engine counted as it settled), not the record's: that is the ledger
+        print(f"spent={run.budget.spent_usd!r}", flush=True)
     finally:
         await run.close()
         await store.close()

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from app.engine.dbsnapshot import connect_readonly, snapshot_from_db
+from app.engine.record_reads import read_record
+from app.store.queries import connect_readonly
 from app.engine.run import Run
 from app.errors import EaglewatchError
 from app.simulator.options import SimulatorOptions
@@ -42,7 +43,7 @@ async def test_pause_lets_in_flight_finish_then_resume_completes_exactly_once(tm
         outcome = await asyncio.wait_for(run.wait(), 10)
         assert outcome.state == "paused" and outcome.reason == "operator"
         paused_done = run.snapshot().done
-        assert run.snapshot().in_flight == 0
+        assert run.snapshot().live.in_flight == 0
         states = _states(config)
         assert states.get("leased", 0) == 0 and states["done"] == paused_done < 60
         await beats_after(config.run.database, time.time())  # the engine goes on, paused
@@ -63,10 +64,10 @@ async def test_pause_now_cancels_in_flight_and_releases_their_leases(tmp_path, s
     run = Run(config, store)
     try:
         await run.start()
-        await _until(lambda: run.snapshot().in_flight >= 8)
+        await _until(lambda: run.snapshot().live.in_flight >= 8)
         await run.pause(now=True)
         await asyncio.wait_for(run.wait(), 5)
-        assert run.snapshot().in_flight == 0
+        assert run.snapshot().live.in_flight == 0
     finally:
         await run.close()
         await store.close()
@@ -125,7 +126,7 @@ async def test_attached_viewer_commands_steer_the_engine(tmp_path, sample_data):
         await store.enqueue_command(run_id, "pause", {})
         outcome = await asyncio.wait_for(run.wait(), 10)
         assert outcome.state == "paused"
-        assert run.snapshot().concurrency_limit == 3
+        assert run.snapshot().live.concurrency_limit == 3
         await store.enqueue_command(run_id, "resume", {})
         await _until(lambda: run.state == "running", 5)
     finally:
@@ -147,7 +148,7 @@ async def test_a_second_engine_on_the_same_run_is_refused(tmp_path, sample_data)
 
 
 async def _live_and_stored(config, sample_data, n):
-    """Run n samples to the end; the engine's last snapshot and the one the database gives afterwards."""
+    """Run n samples to the end; the engine's last record and the one the database gives afterwards."""
     store, _ = await open_ingested(config, sample_data, n)
     run = Run(config, store)
     try:
@@ -157,15 +158,15 @@ async def _live_and_stored(config, sample_data, n):
     finally:
         await run.close()
         await store.close()
-    return live, snapshot_from_db(connect_readonly(config.run.database), "t")
+    return live, read_record(connect_readonly(config.run.database), "t")
 
 
-async def test_db_snapshot_agrees_with_the_engine(tmp_path, sample_data):
-    live, snap = await _live_and_stored(make_config(tmp_path, sample_data), sample_data, 30)
-    assert (snap.state, snap.done, snap.total, snap.failed) == ("done", live.done, 30, 0)
-    assert snap.cost_usd == pytest.approx(live.cost_usd)
-    assert snap.rate.req_s_5m > 0 and snap.latency_p50_ms is not None
-    assert [e.name for e in snap.endpoints] == ["sim"] and snap.endpoints[0].completed == 30
+async def test_the_stored_record_agrees_with_the_engine(tmp_path, sample_data):
+    live, rec = await _live_and_stored(make_config(tmp_path, sample_data), sample_data, 30)
+    assert (rec.state, rec.done, rec.total, rec.failed) == ("done", live.done, 30, 0)
+    assert rec.counts == live.counts  # one source for the counts: the store's tallies
+    assert rec.finished is not None and rec.finished.req_s > 0 and rec.finished.percentiles.latency_p50_ms is not None
+    assert [e.name for e in rec.counts.endpoints] == ["sim"] and rec.counts.endpoints[0].completed == 30
 
 
 SECRET = "sk-or-v1-SECRETSECRET0123456789abcdef"
@@ -197,14 +198,23 @@ async def test_api_key_never_reaches_database_events_or_errors(tmp_path, sample_
     assert SECRET not in caplog.text
 
 
-async def test_db_snapshot_counts_failed_and_retried_per_endpoint_as_the_engine_does(tmp_path, sample_data):
+async def test_failed_and_retried_per_endpoint_count_final_failures_and_requests_tried_again(tmp_path, sample_data):
     """`failed` is samples that failed for good at that endpoint, `retried` the failed requests tried again: the
-    attached face reads the same columns from the database as the in-process face from the engine."""
+    store counts them for every face as the engine's own metrics count them."""
     config = make_config(tmp_path, sample_data, faults={"500": 0.35}, generation={"attempts": 2},
                          simulator={"seed": 5})
-    live, snap = await _live_and_stored(config, sample_data, 60)
-    ep_live, ep_db = live.endpoints[0], snap.endpoints[0]
-    assert ep_live.failed > 0 and ep_live.retried > ep_live.failed  # both kinds happened
-    assert (ep_db.completed, ep_db.failed, ep_db.retried) == (ep_live.completed, ep_live.failed, ep_live.retried)
-    assert dict(ep_db.errors_by_class) == dict(ep_live.errors_by_class)
-    assert (snap.failed, snap.retried) == (live.failed, live.retried)
+    store, _ = await open_ingested(config, sample_data, 60)
+    run = Run(config, store)
+    try:
+        await run.start()
+        await run.wait()
+        metrics = run._endpoints[0].metrics  # what the engine counted as it settled each request
+    finally:
+        await run.close()
+        await store.close()
+    rec = read_record(connect_readonly(config.run.database), "t")
+    (ep,) = rec.counts.endpoints
+    assert metrics.failed > 0 and metrics.retried > metrics.failed  # both kinds happened
+    assert (ep.completed, ep.failed, ep.retried) == (metrics.completed, metrics.failed, metrics.retried)
+    assert dict(ep.errors_by_class) == dict(metrics.errors)
+    assert (rec.failed, rec.counts.retried) == (metrics.failed, metrics.retried)

@@ -78,7 +78,7 @@ async def test_retryable_fault_is_retried_until_every_sample_is_done(tmp_path, s
     assert db.execute(f"SELECT COUNT(*), COUNT(DISTINCT sample_pk) FROM responses WHERE {ok}").fetchone() == (30, 30)
     failed_attempts = db.execute("SELECT COUNT(*) FROM responses WHERE error_class IS NOT NULL").fetchone()[0]
     assert failed_attempts == sim.counters[kind]
-    assert run.snapshot().retried == sim.counters[kind]
+    assert run.snapshot().counts.retried == sim.counters[kind]
 
 
 async def test_hang_past_the_client_timeout_is_retried(tmp_path, sample_data):
@@ -95,7 +95,7 @@ async def test_bad_request_fails_the_sample_without_retry(tmp_path, sample_data)
     failed = db.execute("SELECT COUNT(*) FROM samples WHERE state = 'failed'").fetchone()[0]
     assert failed == sim.counters["400"] > 0
     assert db.execute("SELECT COUNT(*) FROM samples WHERE state = 'done'").fetchone()[0] == 30 - failed
-    assert run.snapshot().retried == 0
+    assert run.snapshot().counts.retried == 0
 
 
 async def test_exhausted_attempts_fail_the_sample(tmp_path, sample_data):
@@ -172,7 +172,7 @@ async def test_adaptive_limit_drops_under_a_429_storm_and_stays_within_bounds(tm
         storm_over = False
         while not waiter.done():
             snap = run.snapshot()
-            seen.append(snap.concurrency_limit)
+            seen.append(snap.live.concurrency_limit)
             if not storm_over and snap.done >= 50:
                 sim._faults = []  # the provider recovers (no public switch on the simulator)
                 storm_over = True

@@ -1,6 +1,6 @@
 """The heartbeat end to end: a real headless engine process, an attached source over its database.
 
-The engine beats about once a second with its live snapshot; the attached viewer shows its in-flight and
+The engine beats about once a second with its live figures; the attached viewer shows its in-flight and
 limits while it runs, calls it gone within seconds of a SIGKILL (and hides the run keys), follows a rerun
 back to running and on to DONE, where the numbers freeze.
 """
@@ -39,13 +39,13 @@ def _until(pred, timeout: float, what: str, source: list) -> object:
         try:
             if source[0] is None:
                 source[0] = AttachedSource(source[1])
-            last = source[0].snapshot()
+            last = source[0].record(None)
         except Exception as exc:  # the database is still being created by the engine
             last = exc
         if not isinstance(last, Exception) and pred(last):
             return last
         time.sleep(0.2)
-    raise AssertionError(f"{what} not seen in {timeout:g} s; last snapshot: {last!r}")
+    raise AssertionError(f"{what} not seen in {timeout:g} s; last record: {last!r}")
 
 
 def test_attached_viewer_sees_the_live_engine_its_crash_and_its_rerun_to_done(tmp_path, sample_data):
@@ -55,16 +55,17 @@ def test_attached_viewer_sees_the_live_engine_its_crash_and_its_rerun_to_done(tm
     n = 120
     proc = _engine(cfg, n)
     try:
-        live = _until(lambda s: s.engine == "running" and s.in_flight > 0 and s.done >= 3, 60,
-                      "a running engine with requests in flight", src)
+        rec = _until(lambda s: s.engine == "running" and s.live is not None and s.live.in_flight > 0 and s.done >= 3,
+                     60, "a running engine with requests in flight", src)
         # what only the engine knows comes from its heartbeat: in flight and the limits, per endpoint too
+        live = rec.live
         assert 0 < live.in_flight <= live.concurrency_limit <= 8
         (ep,) = live.endpoints
         assert ep.name == "sim" and ep.concurrency_limit == live.concurrency_limit
         assert ep.limit_reason in ("growing", "at ceiling", "cooling down after 429", "latency rising")
-        assert "RUNNING" in status_line(live).plain
+        assert "RUNNING" in status_line(rec).plain
         # the ETA and the projection are the engine's (tokens still expected), not an average over the database
-        assert live.eta_s is not None and live.eta_s > 0 and live.projected_cost_usd > live.cost_usd
+        assert rec.eta_s is not None and rec.eta_s > 0 and live.projected_cost_usd > rec.cost_usd
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         killed = time.monotonic()
@@ -73,7 +74,7 @@ def test_attached_viewer_sees_the_live_engine_its_crash_and_its_rerun_to_done(tm
         assert gone.state == "running" and engine_gone(gone)  # the row still says running: the face does not
         line = status_line(gone).plain
         assert "ENGINE GONE (last seen" in line and "RUNNING" not in line and "ETA" not in line
-        assert gone.in_flight == 0 and gone.concurrency_limit == 0  # nothing is on the wire any more
+        assert gone.live is None and gone.finished is not None  # nothing is on the wire any more: figures frozen
         out = subprocess.run([sys.executable, "-m", "app.cli", "status", "--db", str(db), "--json"],
                              capture_output=True, text=True, timeout=60)
         assert json.loads(out.stdout)["runs"][0]["engine"]["state"] == "gone", out.stderr
@@ -87,8 +88,8 @@ def test_attached_viewer_sees_the_live_engine_its_crash_and_its_rerun_to_done(tm
         done = _until(lambda s: s.state == "done" and s.engine == "stopped", 10, "DONE after a clean exit", src)
         assert done.done + done.failed == n and not engine_gone(done)
         time.sleep(1.2)
-        later = src[0].snapshot()
-        assert later.elapsed_s == done.elapsed_s and later.cost_per_hour == done.cost_per_hour  # frozen at DONE
+        later = src[0].record(None)
+        assert later.elapsed_s == done.elapsed_s and later.finished == done.finished  # frozen at DONE
     finally:
         if proc.poll() is None:
             proc.kill()

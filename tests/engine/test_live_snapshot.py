@@ -1,9 +1,11 @@
-"""What the engine's snapshot says while it runs: the projection from tokens still expected, the limiter's
+"""What the engine's record says while it runs: the projection from tokens still expected, the limiter's
 reason and capacity per endpoint (pinned by the operator), and in-flight that means on the wire."""
 
 from __future__ import annotations
 
 import asyncio
+
+import pytest
 
 from app.engine.run import Run
 from tests.engine.conftest import make_config, open_ingested, until
@@ -40,11 +42,12 @@ async def test_projected_cost_at_a_quarter_done_is_within_15_percent_of_the_fina
     finally:
         await run.close()
         await store.close()
-    assert final.state == "done" and final.eta_s == 0.0 and final.projected_cost_usd == final.cost_usd
+    assert final.state == "done" and final.live.eta_s == 0.0
+    assert final.live.projected_cost_usd == pytest.approx(final.cost_usd)  # the engine's spend is the store's ledger
     assert early.eta_s is not None and early.eta_s > 0
-    assert abs(early.projected_cost_usd - final.cost_usd) <= 0.15 * final.cost_usd, (early.projected_cost_usd,
-                                                                                     final.cost_usd)
-    assert final.in_flight == 0 and final.waiting == 0
+    assert abs(early.live.projected_cost_usd - final.cost_usd) <= 0.15 * final.cost_usd, (
+        early.live.projected_cost_usd, final.cost_usd)
+    assert final.live.in_flight == 0 and final.live.waiting == 0
 
 
 async def test_endpoint_rows_carry_the_limit_reason_and_an_operator_limit_is_pinned(tmp_path, sample_data):
@@ -55,15 +58,15 @@ async def test_endpoint_rows_carry_the_limit_reason_and_an_operator_limit_is_pin
     try:
         await run.start()
         await until(lambda: run.snapshot().done >= 10, 30)
-        (ep,) = run.snapshot().endpoints
+        (ep,) = run.snapshot().live.endpoints
         assert ep.limit_reason == "growing" and ep.capacity is None  # slow start: nothing refused yet
         await run.set_concurrency(5)
         await until(lambda: run.snapshot().done >= 40, 30)
-        snap = run.snapshot()
-        (ep,) = snap.endpoints
-        assert ep.limit_reason == "pinned" and ep.concurrency_limit == 5 == snap.concurrency_limit
+        live = run.snapshot().live
+        (ep,) = live.endpoints
+        assert ep.limit_reason == "pinned" and ep.concurrency_limit == 5 == live.concurrency_limit
         # on the wire never exceeds the limit, in the tile and in the row alike
-        assert snap.in_flight == ep.in_flight <= 5 and snap.waiting == ep.waiting
+        assert live.in_flight == ep.in_flight <= 5 and live.waiting == ep.waiting
         await run.pause(now=True)
     finally:
         await run.close()

@@ -194,21 +194,21 @@ async def test_the_engine_is_the_run_control_and_set_concurrency_sticks(tmp_path
     try:
         await run.start()
         await store.enqueue_command(run_id, "set_concurrency", {"limit": 2})
-        await _until(lambda: run.snapshot().concurrency_limit == 2, 5)
+        await _until(lambda: run.snapshot().live.concurrency_limit == 2, 5)
         # set_concurrency holds new requests back and cancels none: the ones above the limit finish first
-        await _until(lambda: run.snapshot().in_flight <= 2, 10)
-        seen, done = [], run.snapshot().done  # then watch the wire while ten more answers come back
+        await _until(lambda: run.snapshot().live.in_flight <= 2, 10)
+        seen, done = [], run.snapshot().counts.states.done  # then watch the wire while ten more answers come back
 
         def watch() -> bool:
             snap = run.snapshot()
-            seen.append(snap.in_flight)
-            return snap.done >= done + 10
+            seen.append(snap.live.in_flight)
+            return snap.counts.states.done >= done + 10
 
         await _until(watch, 20)
         assert max(seen) <= 2
         await store.enqueue_command(run_id, "set_concurrency", {"limit": "many"})
         await _until(lambda: any("set_concurrency needs a limit" in e.message for e in run.events_since(0)), 10)
-        assert run.snapshot().concurrency_limit == 2  # the refused command changed nothing
+        assert run.snapshot().live.concurrency_limit == 2  # the refused command changed nothing
     finally:
         await run.close()
         await store.close()

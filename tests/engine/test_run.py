@@ -35,7 +35,7 @@ async def test_every_sample_is_done_once(tmp_path, sample_data, stream):
     config = make_config(tmp_path, sample_data, stream=stream)
     outcome, snap = await _run_to_end(config, sample_data, 40)
     assert outcome.state == "done"
-    assert (snap.done, snap.failed, snap.pending) == (40, 0, 0)
+    assert (snap.done, snap.failed, snap.counts.samples.pending) == (40, 0, 0)
     db = _db(config)
     assert db.execute("SELECT COUNT(*), COUNT(DISTINCT sample_pk) FROM responses").fetchone() == (40, 40)
     assert db.execute("SELECT state FROM runs").fetchone()[0] == "done"
@@ -58,7 +58,7 @@ async def test_live_verdicts_use_the_reference_ids(tmp_path, sample_data):
     config = make_config(tmp_path, sample_data, stream=True)
     outcome, snap = await _run_to_end(config, sample_data, 40, reconstructor=build_reconstructor(config))
     assert outcome.state == "done"
-    verdicts = dict(snap.verdicts)
+    verdicts = dict(snap.counts.answers.verdicts)
     assert sum(verdicts.values()) == 40
     assert verdicts.get("exact", 0) + verdicts.get("bpe_equivalent", 0) >= 30  # a clean simulator replays the ids
     db = _db(config)
@@ -79,8 +79,9 @@ async def test_requests_are_spread_over_endpoints_by_weight(tmp_path, sample_dat
     per = dict(_db(config).execute("SELECT endpoint, COUNT(*) FROM responses GROUP BY endpoint").fetchall())
     assert per["big"] + per["small"] == 200
     assert 2.0 <= per["big"] / per["small"] <= 4.5
-    assert [e.name for e in snap.endpoints] == ["big", "small"]
-    assert snap.concurrency_limit == 8
+    assert [e.name for e in snap.live.endpoints] == ["big", "small"]
+    assert [e.name for e in snap.counts.endpoints] == ["big", "small"]
+    assert snap.live.concurrency_limit == 8
 
 
 async def test_requests_per_minute_bucket_paces_the_run(tmp_path, sample_data):

@@ -93,8 +93,8 @@ async def test_a_write_lock_held_past_the_busy_timeout_holds_results_until_it_is
         peak = 0
         while run._gate.blocked is not None:
             snap = run.snapshot()
-            peak = max(peak, snap.in_flight)
-            assert snap.in_flight <= snap.concurrency_limit  # held results stay inside the in-flight bound
+            peak = max(peak, snap.live.in_flight)
+            assert snap.live.in_flight <= snap.live.concurrency_limit  # held results stay inside the in-flight bound
             await asyncio.sleep(0.05)
         await holder.wait()
         outcome = await asyncio.wait_for(run.wait(), 60)
@@ -170,11 +170,11 @@ async def test_a_full_disk_pauses_the_run_says_what_to_free_and_loses_nothing_bi
         await _until(lambda: run.state == "paused", 30)
         assert run.state_reason.startswith("disk full")
         # the requests in flight keep being answered and their results are held: wait until none is on the wire
-        await _until(lambda: run.snapshot().in_flight == 0, 30)
+        await _until(lambda: run.snapshot().live.in_flight == 0, 30)
         for p in small_tmpfs.glob("filler-*"):
             p.unlink()
         outcome = await asyncio.wait_for(run.wait(), 30)  # paused, and every held result stored
-        assert outcome.state == "paused" and run.snapshot().in_flight == 0
+        assert outcome.state == "paused" and run.snapshot().live.in_flight == 0
         await run.resume()
         await asyncio.wait_for(run.wait_finished(), 60)
     finally:

@@ -75,10 +75,10 @@ def _fidelity(db: Path, capsys) -> dict:
 
 
 def _corrupt_counted(report: dict, endpoint: str) -> tuple[int, int]:
-    """(verified, corrupt) of `endpoint` over its rows (one per upstream provider) in `eaglewatch fidelity --json`."""
+    """(measured, corrupt) of `endpoint` over its rows (one per upstream provider) in `eaglewatch fidelity --json`."""
     rows = [r for r in report["rows"] if r["endpoint"] == endpoint]
     assert rows, report
-    return sum(r["verified"] for r in rows), sum(sum(r["corrupt"].values()) for r in rows)
+    return sum(r["measured"] for r in rows), sum(sum(r["corrupt"].values()) for r in rows)
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -103,11 +103,12 @@ async def test_server_ids_are_stored_and_exported_while_the_text_path_counts_its
         measured = [f for f in r["flags"] if f.startswith("text_path:")]
         assert len(measured) == 1, r["flags"]
     assert _measured(rows[0]) in CORRUPT  # measured before anything was learned
-    m = run.snapshot().measured
+    m = run.snapshot().counts.answers
     # the live match rate counts the text path, not the stored ids; what the first probes showed is applied
-    assert m.verified == N and 1 <= m.corrupt < N, m
+    assert m.measured == N and 1 <= m.measured_corrupt_total < N, m
+    assert m.verified == N  # while the stored ids are the server's: verified
     report = _fidelity(config.run.database, capsys)
-    assert _corrupt_counted(report, "vllm") == (N, m.corrupt)
+    assert _corrupt_counted(report, "vllm") == (N, m.measured_corrupt_total)
     assert _learned(report, "vllm") >= {"think_spaces"}
 
     records, report = _exported(tmp_path, config.run.database, capsys)
@@ -133,7 +134,7 @@ async def test_logprob_ids_are_stored_and_exported_while_the_text_path_counts_it
         assert (r["source"], r["strategy"], r["roundtrip"]) == ("logprobs", "logprobs", None), r
         assert "content_text_differs" in r["notes"], r
     assert _measured(rows[0]) in CORRUPT
-    corrupt = run.snapshot().measured.corrupt
+    corrupt = run.snapshot().counts.answers.measured_corrupt_total
     assert 1 <= corrupt < N
     report = _fidelity(config.run.database, capsys)
     assert _corrupt_counted(report, "or") == (N, corrupt) and _learned(report, "or") >= {"think_spaces"}

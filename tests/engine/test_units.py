@@ -77,15 +77,16 @@ def test_observations_are_bounded_and_windowed():
     assert o.quantiles(1000.0) == (None, None)
 
 
-def test_endpoint_metrics_snapshot_counts():
+def test_endpoint_metrics_count_and_give_the_live_figures():
     m = EndpointMetrics("a", 0.0)
     m.record_completion(1.0, 50, 0.2, 0.05, 0.01, truncated=True)
     m.record_error("rate_limited", final=False, retried=True)
     m.record_error("bad_request", final=True, retried=False)
-    s = m.snapshot(2.0, in_flight=3, limit=8)
-    assert (s.completed, s.failed, s.retried, s.in_flight, s.concurrency_limit) == (1, 1, 1, 3, 8)
-    assert dict(s.errors_by_class) == {"rate_limited": 1, "bad_request": 1}
-    assert s.latency_p50_ms == pytest.approx(200.0)
+    assert (m.completed, m.failed, m.retried) == (1, 1, 1)
+    assert dict(m.errors) == {"rate_limited": 1, "bad_request": 1}
+    s = m.snapshot(2.0, in_flight=3, limit=8, waiting=2)
+    assert (s.name, s.in_flight, s.waiting, s.concurrency_limit) == ("a", 3, 2, 8)  # counts are the store's
+    assert s.latency_p50_ms == pytest.approx(200.0) and s.rate.req_s_10s > 0
 
 
 def test_budget_guard_refuses_a_request_that_could_cross():

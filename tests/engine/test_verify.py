@@ -54,16 +54,15 @@ async def test_provenance_is_stored_and_read_by_fidelity_and_export(tmp_path, sa
         assert isinstance(flags, list)
         measured = [f for f in flags if f.startswith("text_path:")]
         assert bool(measured) == (source == "logprobs"), (source, flags)
-    snap = run.snapshot()
-    ep = next(f for f in snap.fidelity if f.endpoint == "sim" and f.provider is None)
-    assert ep.verified == 8 and ep.exact + ep.benign + ep.corrupt == 8
-    assert snap.measured.verified == 8
+    a = run.snapshot().counts.answers
+    assert a.measured == 8 and a.measured_exact + a.measured_benign + a.measured_truncated + a.measured_corrupt_total == 8
+    assert (a.verified, a.checked) == (8, 4)  # the logprob rows have true ids; a reference judged the text ones
 
     capsys.readouterr()
     assert main(["fidelity", "--db", str(config.run.database), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     text = json.dumps(report)
-    assert '"probes": 8' in text and '"state": "verified"' in text, report
+    assert '"probes": 8' in text and '"measured": 8' in text and '"state": "verified"' in text, report
 
     out = tmp_path / "export"
     assert main(["export", "--db", str(config.run.database), "--format", "eagle3-shards", "--out", str(out), "--json"]) == 0
@@ -94,9 +93,9 @@ async def test_prompt_mismatch_is_stored_and_reported_once(tmp_path, sample_data
     assert len(prompt_events) == 1, prompt_events
     first = next(r for r in rows)
     assert first[5] in prompt_events[0].message and "differ from the rendered prompt at position" in prompt_events[0].message
-    assert dict(run.snapshot().prompt_checks) == {"differ": 6}
+    assert dict(run.snapshot().counts.answers.prompt_checks) == {"differ": 6}
     # vllm returns ids anyway: every request is a probe by default, so all six are measured
-    assert run.snapshot().measured.verified == 6
+    assert run.snapshot().counts.answers.measured == 6
 
     capsys.readouterr()
     out = tmp_path / "export"
@@ -114,7 +113,7 @@ async def test_prompt_ids_agree_with_the_right_template(tmp_path, sample_data, p
     run, outcome = await run_to_end(config, sample_data, 4, reconstructor=build_reconstructor(config))
     rows = _rows(config.run.database)
     assert {r[2] for r in rows} == {"agree"} and all(r[4] for r in rows) and {r[0] for r in rows} == {"server"}
-    assert dict(run.snapshot().prompt_checks) == {"agree": 4}
+    assert dict(run.snapshot().counts.answers.prompt_checks) == {"agree": 4}
     assert not [e for e in run.events_since(0) if e.kind == "prompt"]
 
 
@@ -143,7 +142,7 @@ async def test_quality_gate_pauses_a_corrupting_endpoint(tmp_path, sample_data) 
     assert "endpoint 'bad'" in events[0] and "measured corrupt rate" in events[0] and "example sample pk" in events[0]
     assert "exceeds limits.max_corrupt_rate 20.0%" in events[0]
     snap = run.snapshot()
-    assert snap.measured.verified <= 4 + 1, snap.measured  # at most one more in flight at concurrency 1
+    assert snap.counts.answers.measured <= 4 + 1, snap.counts.answers  # at most one more in flight at concurrency 1
     assert snap.done < 30
 
 
@@ -163,13 +162,14 @@ def test_route_around_adds_the_provider_to_ignore() -> None:
 
 
 def test_dashboard_match_tile_shows_the_measured_rate_with_its_count() -> None:
-    from app.engine.snapshot import FidelitySnapshot, MetricsSnapshot
+    from app.engine.snapshot import RunRecord
+    from app.store.count_records import AnswerCounts, RunCounts
     from app.tui.screens.dashboard import reconstruction_lines
 
-    snap = MetricsSnapshot("r", "running", fidelity=(FidelitySnapshot("a", None, 40, 30, 6, 4),
-                                                   FidelitySnapshot("a", "X", 40, 30, 6, 4)))
-    assert reconstruction_lines(snap)[-1] == "match 90.0% n=40"
-    assert reconstruction_lines(MetricsSnapshot("r", "running"))[-1].startswith("mix ")  # no probes yet
+    answers = AnswerCounts(answers=40, measured=40, measured_exact=30, measured_benign=6,
+                           measured_corrupt=(("text_mismatch", 4),))
+    assert reconstruction_lines(RunRecord("r", "running", RunCounts(answers=answers)))[-1] == "match 90.0% n=40"
+    assert reconstruction_lines(RunRecord("r", "running"))[-1] == "measured 0"  # no probes yet
 
 
 def _toml(data: dict) -> str:
@@ -217,8 +217,8 @@ async def test_a_calibrated_profile_is_loaded_and_keeps_the_gate_closed(tmp_path
     notes = [e.message for e in run.events_since(0) if e.kind == "fidelity"]
     assert notes and "spaces" in notes[0] and "learned fidelity profile" in notes[0], notes
     assert outcome.state == "done", outcome
-    m = run.snapshot().measured
-    assert m.verified == 16 and m.corrupt == 0, m
+    m = run.snapshot().counts.answers
+    assert m.measured == 16 and m.measured_corrupt_total == 0, m
 
 
 async def test_a_restarted_engine_keeps_the_runs_measurements_and_prompt_event(tmp_path, sample_data) -> None:
@@ -236,7 +236,7 @@ async def test_a_restarted_engine_keeps_the_runs_measurements_and_prompt_event(t
     assert outcome.state == "done"
     assert not [e for e in second.events_since(0) if e.kind == "prompt"]  # one per run, not per engine
     snap = second.snapshot()
-    assert dict(snap.prompt_checks) == {"differ": 8} and snap.measured.verified == 8
+    assert dict(snap.counts.answers.prompt_checks) == {"differ": 8} and snap.counts.answers.measured == 8
 
 
 async def test_route_around_ignores_the_corrupting_provider_in_later_requests(tmp_path, sample_data) -> None:
@@ -277,10 +277,8 @@ async def test_route_around_ignores_the_corrupting_provider_in_later_requests(tm
     assert all(b["provider"] == {"sort": "price", "ignore": ["eaglewatch-simulator"]} for b in bodies[3:])  # the slot is held until the decision
 
 
-def test_probe_fields_respect_generation_logprobs_and_the_snapshot_codec_keeps_fidelity() -> None:
+def test_probe_fields_respect_generation_logprobs() -> None:
     from app.config import Endpoint
-    from app.engine.snapshot import FidelitySnapshot, MetricsSnapshot
-    from app.engine.snapshot_codec import snapshot_from_json, snapshot_to_json
 
     ep = Endpoint(name="or", base_url="https://openrouter.ai/api/v1", probe_fraction=1.0)
     assert Verifier([ep]).request_extra(0) == ({"logprobs": True, "top_logprobs": 0}, True)
@@ -288,10 +286,6 @@ def test_probe_fields_respect_generation_logprobs_and_the_snapshot_codec_keeps_f
     assert Verifier([ep], asks_logprobs=True).request_extra(0) == (None, True)
     vllm = Endpoint(name="v", base_url="http://127.0.0.1:8000/v1", server="vllm")
     assert Verifier([vllm]).request_extra(0) == (None, True)  # ids come anyway: every request is a probe
-    snap = MetricsSnapshot("r", "running", fidelity=(FidelitySnapshot("a", None, 3, 1, 1, 1),
-                                                   FidelitySnapshot("a", "P", 3, 1, 1, 1)),
-                           prompt_checks=(("differ", 2),))
-    assert snapshot_from_json(snapshot_to_json(snap)) == snap
 
 
 # ---- probes by default, the profile learned during the run ------------------------------------------------------

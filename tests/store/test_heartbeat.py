@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.snapshot import EndpointSnapshot, MetricsSnapshot, Rate
-from app.engine.snapshot_codec import snapshot_from_json, snapshot_to_json
+from app.engine.snapshot import EndpointLive, LiveFigures, Rate, RunRecord
+from app.engine.snapshot_codec import live_from_json, snapshot_to_json
+from app.store.count_records import RunCounts, SampleStates
 from app.store.db import migrate
 from app.store.heartbeat import Heartbeat, beat_op, liveness, process_alive, read_heartbeat, stop_op, this_host
 
@@ -86,15 +87,24 @@ def test_a_sigkilled_engine_on_this_host_is_gone_before_its_beats_go_stale(db: s
             proc.kill()
 
 
-def test_the_snapshot_survives_the_json_round_trip() -> None:
-    snap = MetricsSnapshot(
-        run_name="demo", state="running", total=300, done=12, in_flight=9, concurrency_limit=24,
-        rate=Rate(req_s_10s=3.5, tok_s_10s=900.0), throughput_history=(1.0, 2.5), verdicts=(("exact", 10), ("truncated", 2)),
-        endpoints=(EndpointSnapshot(name="sim", in_flight=9, concurrency_limit=24, errors_by_class=(("RateLimited", 3),)),),
+def test_the_live_figures_survive_the_json_round_trip_and_the_counts_stay_home() -> None:
+    live = LiveFigures(
+        state="running", state_reason=None, started_at=99.0, in_flight=9, waiting=2, concurrency_limit=24,
+        rate=Rate(req_s_10s=3.5, tok_s_10s=900.0), latency_p95_ms=6400.0, eta_s=120.0, projected_cost_usd=2.5,
+        endpoints=(EndpointLive(name="sim", in_flight=9, concurrency_limit=24, limit_reason="at ceiling", capacity=24),),
     )
-    assert snapshot_from_json(snapshot_to_json(snap)) == snap
+    record = RunRecord("demo", "running", RunCounts(samples=SampleStates(pending=288, done=12)), live=live)
+    text = snapshot_to_json(record)
+    assert live_from_json(text) == live
+    assert "288" not in text  # a reader takes the counts from the store's tallies, never from a beat
 
 
 def test_a_newer_writer_with_unknown_fields_still_decodes() -> None:
-    text = snapshot_to_json(MetricsSnapshot(run_name="r", state="done"))[:-1] + ',"from_the_future":1}'
-    assert snapshot_from_json(text) == MetricsSnapshot(run_name="r", state="done")
+    text = snapshot_to_json(LiveFigures("done"))[:-1] + ',"from_the_future":1}'
+    assert live_from_json(text) == LiveFigures("done")
+
+
+def test_a_torn_or_foreign_beat_is_refused() -> None:
+    for text in ('{"x":1}', "[1, 2]", '{"state": "running"'):
+        with pytest.raises((ValueError, TypeError, KeyError)):
+            live_from_json(text)

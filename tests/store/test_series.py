@@ -45,7 +45,7 @@ def totals(chunks: list[queries.SeriesChunk]) -> dict[int, tuple]:
     for chunk in chunks:
         for b in chunk.buckets:
             row = sums.setdefault(b.bucket, [0, 0, 0.0, 0, 0])
-            for k, v in enumerate((b.tokens, b.responses, b.cost_usd, b.verified, b.matched)):
+            for k, v in enumerate((b.tokens, b.responses, b.cost_usd, b.measured, b.matched)):
                 row[k] += v
     return {b: (r[0], r[1], round(r[2], 6), r[3], r[4]) for b, r in sums.items()}
 

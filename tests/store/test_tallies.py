@@ -6,7 +6,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from app.engine.dbsnapshot import snapshot_from_db
+from app.engine.record_reads import read_record
 from app.records import Completion, Reconstruction, Usage, Verdict
 from app.store import queries, tallies
 from app.store.db import migrate
@@ -15,7 +15,7 @@ from app.store.run_store import RunStore
 from app.store.store_records import SampleInput
 from app.store.schema import MIGRATIONS
 
-TALLY_TABLES = ("sample_tallies", "response_tallies", "reconstruction_tallies", "tally_marks")
+TALLY_TABLES = ("sample_tallies", "response_tallies", "reconstruction_tallies", "quality_tallies", "tally_marks")
 
 
 def samples(n: int, start: int = 0) -> list[SampleInput]:
@@ -107,15 +107,19 @@ async def test_tallies_equal_a_recount_after_every_kind_of_write(tmp_path: Path)
         assert queries.cost_total(conn, run) == 0.25 + 0.5 + 0.01
         assert tallies.failed_by_class(conn, run) == {"AuthError": 1, "ContentError": 1}
         at = time.time()
-        snap = snapshot_from_db(conn, "r", now=at)
-        # retried: failed requests tried again (c's 503); d's 401 ended its sample, so it is failed, not retried
-        assert (snap.total, snap.done, snap.failed, snap.skipped, snap.truncated, snap.retried) == (45, 2, 2, 1, 1, 1)
-        assert dict(snap.errors_by_class) == {"AuthError": 1, "ContentError": 1, "RetryableError": 1}
-        assert [(e.name, e.completed, e.failed, e.retried, e.cost_usd) for e in snap.endpoints] == [
+        rec = read_record(conn, "r", now=at)
+        c = rec.counts
+        # retried: failed requests tried again (c's 503); d's 401 ended its sample, so it is failed, not retried.
+        # truncated: b's answer stopped at max_tokens, but its reprocessed reconstruction names no response (and
+        # its verdict is exact now), so no answer of the run is truncated any more
+        assert (rec.total, rec.done, rec.failed, rec.skipped, c.answers.truncated, c.retried) == (45, 2, 2, 1, 0, 1)
+        assert dict(c.errors_by_class) == {"AuthError": 1, "RetryableError": 1}  # failed requests, by class
+        assert dict(c.failed_by_class) == {"AuthError": 1, "ContentError": 1}  # failed samples, by class
+        assert [(e.name, e.completed, e.failed, e.retried, e.cost_usd) for e in c.endpoints] == [
             ("ep-a", 1, 0, 1, 0.25 + 0.01), ("ep-b", 1, 1, 0, 0.5)]
-        assert snapshot_from_db(conn, "other").pending == 7
-        conn.row_factory = sqlite3.Row  # a viewer's connection may hand out Rows: the same snapshot
-        assert snapshot_from_db(conn, "r", now=at) == snap
+        assert read_record(conn, "other").counts.samples.pending == 7
+        conn.row_factory = sqlite3.Row  # a viewer's connection may hand out Rows: the same record
+        assert read_record(conn, "r", now=at) == rec
         assert queries.state_counts(conn, run) == counts
     finally:
         conn.close()

@@ -117,9 +117,12 @@ def test_fidelity_reports_per_provider_with_advice(tmp_path, capsys):
     assert main(["fidelity", "--db", str(db), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     rows = {r["provider"]: r for r in report["rows"]}
-    assert (rows["Good"]["samples"], rows["Good"]["verified"], rows["Good"]["exact"], rows["Good"]["suspects"]) == (35, 25, 25, 3)
+    good = rows["Good"]
+    assert (good["samples"], good["measured"], good["exact"], good["suspects"]) == (35, 25, 25, 3)
+    # the logprob answers are verified (true ids); the ten text rebuilds had no reference: unchecked
+    assert good["verification"] == {"verified": 25, "checked_against_reference": 0, "unchecked": 10}
     bad = rows["Bad"]
-    assert (bad["verified"], bad["benign"], bad["corrupt"], bad["example_corrupt_pk"]) == (25, 19, {"text_mismatch": 6}, first_bad)
+    assert (bad["measured"], bad["benign"], bad["corrupt"], bad["example_corrupt_pk"]) == (25, 19, {"text_mismatch": 6}, first_bad)
     assert bad["steps"][0]["name"] == "strip_whitespace" and not bad["steps"][0]["invertible"]
     advice = " | ".join(report["advice"])
     assert "ignore provider 'Bad'" in advice and "pin provider 'Good'" in advice and "24.0%" in advice
@@ -131,7 +134,7 @@ def test_fidelity_table_and_a_provider_with_too_few_samples(tmp_path, capsys):
     assert main(["fidelity", "--db", str(db), "--min-verified", "30"]) == 0
     out = capsys.readouterr().out
     assert "openrouter / Bad" in out and "corrupt by kind: text_mismatch 6" in out
-    assert "only 25 verified sample(s) (need 30 to judge)" in out and "ignore provider" not in out
+    assert "only 25 measured answer(s) (need 30 to judge)" in out and "ignore provider" not in out
 
 
 def test_fidelity_names_a_missing_run(tmp_path, capsys):

@@ -52,3 +52,8 @@ def test_limits_fields_are_validated(tmp_path):
     assert (cfg.limits.max_corrupt_rate, cfg.limits.min_verified_samples, cfg.limits.on_corrupt) == (0.02, 30, "pause")
     with pytest.raises(InputError, match="max_corrupt_rate"):
         parse_config({**base, "limits": {"max_corrupt_rate": 2}}, base_dir=tmp_path)
+
+
+def test_a_truncated_text_path_is_counted_apart_from_benign_and_corrupt():
+    (t,) = tally([("e", None, "bpe_equivalent", 1), ("e", None, "truncated", 2), ("e", None, "exact", 3)])
+    assert (t.verified, t.exact, t.benign, t.truncated, t.corrupt_total) == (3, 1, 1, 1, 0)

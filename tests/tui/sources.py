@@ -5,46 +5,55 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from app.engine.snapshot import EndpointSnapshot, MetricsSnapshot, Rate
+from app.engine.snapshot import EndpointLive, LiveFigures, Rate, RunRecord
 from app.records import AlignBlock, AlignedToken, Alignment
+from app.store.count_records import AnswerCounts, EndpointCounts, RunCounts, SampleStates
 from app.tui.source import MismatchPage, MismatchRow, SampleDetail, SampleDiff
 from widgets.event_tail import EventLine
 from widgets.jobs_table import JobRow
 
-SNAPSHOT = MetricsSnapshot(
-    run_name="demo",
+COUNTS = RunCounts(
+    samples=SampleStates(pending=520, leased=8, done=460, failed=12),
+    cost_usd=1.284,
+    requests=503,
+    completion_tokens=412_000,
+    errors_by_class=(("429", 22), ("timeout", 9)),
+    failed_by_class=(("attempts_exhausted", 12),),
+    retried=31,
+    answers=AnswerCounts(
+        answers=460, verdicts=(("exact", 431), ("bpe_equivalent", 17), ("text_mismatch", 3), ("structure_mismatch", 0),
+                               ("truncated", 9), ("unchecked", 0)),
+        verified=448, checked=12, unchecked=0, measured=80, measured_exact=76, measured_benign=2,
+        measured_corrupt=(("text_mismatch", 2),), suspects=1, truncated=9),
+    strategies=(("canonical", 380), ("logprobs", 80)),
+    endpoints=(EndpointCounts("sim-a", completed=300, failed=8, retried=20, cost_usd=0.84),
+               EndpointCounts("sim-b", completed=160, failed=4, retried=11, cost_usd=0.44)),
+    first_at=1_700_000_000.0,
+    last_at=1_700_000_754.0,
+)
+LIVE = LiveFigures(
     state="running",
     started_at=1_700_000_000.0,
-    elapsed_s=754.0,
-    eta_s=1210.0,
-    total=1000,
-    pending=520,
-    leased=8,
-    done=460,
-    failed=12,
-    retried=31,
     in_flight=8,
     waiting=2,
     concurrency_limit=16,
     rate=Rate(req_s_10s=3.4, req_s_1m=3.1, req_s_5m=2.9, tok_s_10s=1530.0, tok_s_1m=1402.0, tok_s_5m=1390.0),
-    throughput_history=(800.0, 1100.0, 1250.0, 1400.0, 1530.0, 1490.0, 1510.0),
     latency_p50_ms=2150.0,
     latency_p95_ms=6400.0,
     ttft_p50_ms=310.0,
-    errors_by_class=(("RateLimited", 22), ("Timeout", 9)),
-    cost_usd=1.284,
     cost_per_hour=6.13,
+    eta_s=1210.0,
     projected_cost_usd=2.79,
-    budget_usd=5.0,
-    verdicts=(("exact", 431), ("bpe_equivalent", 17), ("text_mismatch", 3), ("truncated", 9)),
-    strategies=(("canonical", 380), ("logprobs", 80)),
     endpoints=(
-        EndpointSnapshot(name="sim-a", completed=300, failed=8, in_flight=5, concurrency_limit=10, latency_p50_ms=2000.0, latency_p95_ms=6000.0, cost_usd=0.84,
-                         waiting=1, limit_reason="at ceiling", capacity=10),
-        EndpointSnapshot(name="sim-b", completed=160, failed=4, in_flight=3, concurrency_limit=6, latency_p50_ms=2400.0, latency_p95_ms=7100.0, cost_usd=0.44,
-                         waiting=1, limit_reason="at ceiling", capacity=6),
+        EndpointLive(name="sim-a", in_flight=5, concurrency_limit=10, latency_p50_ms=2000.0, latency_p95_ms=6000.0,
+                     waiting=1, limit_reason="at ceiling", capacity=10),
+        EndpointLive(name="sim-b", in_flight=3, concurrency_limit=6, latency_p50_ms=2400.0, latency_p95_ms=7100.0,
+                     waiting=1, limit_reason="at ceiling", capacity=6),
     ),
 )
+# a fixed record: 754 s into the run (read_at), as an in-process engine would show it
+RECORD = RunRecord(run_name="demo", state="running", counts=COUNTS, engine="here", engine_text="engine in this process",
+                   live=LIVE, budget_usd=5.0, read_at=1_700_000_754.0)
 
 
 def tok(i: int, text: str, special: bool = False) -> AlignedToken:
@@ -82,7 +91,7 @@ class MemorySource:
     """A DataSource over fixed in-memory data, and its own RunControl; records control calls in `commands`."""
 
     def __init__(self, *, rows: int = 250, live: bool = False, can_control: bool = True, state: str = "running") -> None:
-        self._snapshot = replace(SNAPSHOT, state=state)
+        self._record = replace(RECORD, state=state, live=replace(LIVE, state=state))
         self.rows = make_rows(rows)
         self._live = live
         self._can_control = can_control
@@ -93,7 +102,6 @@ class MemorySource:
         ]
 
     title = "demo (test data)"
-    snapshot_on_loop = False
 
     @property
     def live(self) -> bool:
@@ -107,8 +115,11 @@ class MemorySource:
     def control(self) -> "MemorySource | None":
         return self if self._can_control else None
 
-    def snapshot(self) -> MetricsSnapshot:
-        return self._snapshot
+    def live_figures(self) -> None:
+        return None  # the fixed record carries its own
+
+    def record(self, live: LiveFigures | None) -> RunRecord:
+        return self._record
 
     def mismatch_page(self, verdicts: Sequence[str], text: str, order: str, offset: int, limit: int, **anchor) -> MismatchPage:
         # Pages by offset only (the anchors are an optimisation of the database source).
@@ -150,15 +161,19 @@ class MemorySource:
 
     async def pause(self, now: bool = False) -> None:
         self.commands.append(("pause_now",) if now else ("pause",))
-        self._snapshot = replace(self._snapshot, state="paused", state_reason="operator")
+        self._set(state="paused", state_reason="operator")
 
     async def resume(self) -> None:
         self.commands.append(("resume",))
-        self._snapshot = replace(self._snapshot, state="running", state_reason=None)
+        self._set(state="running", state_reason=None)
 
     async def set_concurrency(self, limit: int) -> None:
         self.commands.append(("set_concurrency", str(limit)))
-        self._snapshot = replace(self._snapshot, concurrency_limit=limit)
+        self._set(concurrency_limit=limit)
+
+    def _set(self, **live) -> None:
+        state = {k: v for k, v in live.items() if k in ("state", "state_reason")}
+        self._record = replace(self._record, live=replace(self._record.live, **live), **state)
 
     async def job_command(self, job_id: int, verb: str) -> None:
         self.commands.append(("job", str(job_id), verb))

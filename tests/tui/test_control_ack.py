@@ -20,7 +20,7 @@ from app.tui.screens.confirm import ConfirmScreen, NumberScreen
 from app.tui.screens.dashboard import DashboardScreen
 from app.tui.steer import pause_now_question
 from tests.engine.test_headless import _config as headless_config
-from tests.tui.sources import SNAPSHOT, MemorySource
+from tests.tui.sources import LIVE, RECORD, MemorySource
 
 
 def RecordingApp(source) -> EaglewatchApp:
@@ -57,11 +57,11 @@ async def toast(pilot, needle: str, seconds: float = 15.0) -> str:
 async def until_state(pilot, state: str, seconds: float = 15.0) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        snap = pilot.app.last_snapshot
+        snap = pilot.app.last_record
         if snap is not None and snap.state == state:
             return
         await asyncio.sleep(0.1)
-    raise AssertionError(f"the run did not show {state!r} in {seconds:g} s (last: {pilot.app.last_snapshot!r})")
+    raise AssertionError(f"the run did not show {state!r} in {seconds:g} s (last: {pilot.app.last_record!r})")
 
 
 def _engine(tmp_path: Path, sample_data: Path, n: int = 120) -> tuple[subprocess.Popen, Path]:
@@ -80,10 +80,10 @@ def _wait_running(db: Path, proc: subprocess.Popen, seconds: float = 60.0) -> No
         try:
             source = AttachedSource(db)
             try:
-                snap = source.snapshot()
+                rec = source.record(None)
             finally:
                 source.close()
-            if snap.engine == "running" and snap.in_flight > 0:
+            if rec.engine == "running" and rec.live is not None and rec.live.in_flight > 0:
                 return
         except Exception:  # the engine is still creating the database
             pass
@@ -178,16 +178,17 @@ async def test_in_process_controls_say_they_applied_directly() -> None:
 
 
 def test_the_pause_now_question_counts_requests_on_the_wire_not_leased() -> None:
-    snap = replace(SNAPSHOT, in_flight=9, leased=36, waiting=3)
-    question = pause_now_question(snap)
+    rec = replace(RECORD, counts=replace(RECORD.counts, samples=replace(RECORD.counts.samples, leased=36)),
+                  live=replace(LIVE, in_flight=9, waiting=3))
+    question = pause_now_question(rec)
     assert "cancel the 9 requests on the wire" in question and "36" not in question
     assert "3 samples waiting" in question and question.endswith("providers may still bill them.")
-    assert "1 request on the wire" in pause_now_question(replace(snap, in_flight=1, waiting=0))
+    assert "1 request on the wire" in pause_now_question(replace(rec, live=replace(LIVE, in_flight=1, waiting=0)))
 
 
 async def test_the_pause_now_confirmation_fits_80_by_24_whole() -> None:
     source = MemorySource()
-    source._snapshot = replace(source._snapshot, in_flight=9, leased=36, waiting=3)
+    source._set(in_flight=9, waiting=3)
     app = RecordingApp(source)
     async with app.run_test(size=(80, 24)) as pilot:
         await until_state(pilot, "running")
@@ -202,7 +203,7 @@ async def test_the_pause_now_confirmation_fits_80_by_24_whole() -> None:
         drawn = " ".join(" ".join(seg.text for seg in strip).strip()
                          for strip in app.screen._compositor.render_strips()).replace("█", " ")
         words = " ".join(drawn.split())
-        assert pause_now_question(source._snapshot) in words  # every word on screen, the billing warning too
+        assert pause_now_question(source._record) in words  # every word on screen, the billing warning too
 
 
 async def test_a_resumed_engine_is_not_idle_once_its_state_says_running(tmp_path, sample_data_dir) -> None:

@@ -8,7 +8,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from app.engine.snapshot import EndpointSnapshot, MetricsSnapshot
+from app.engine.snapshot import EndpointLive, LiveFigures
 from app.engine.snapshot_codec import snapshot_to_json
 from app.store.heartbeat import beat_op
 from app.tui.app import EaglewatchApp
@@ -16,7 +16,7 @@ from app.tui.db_source import AttachedSource
 from tests.tui.test_screens import settle
 
 
-def _beat(run_db: Path, *, age_s: float, snapshot: MetricsSnapshot | None = None) -> None:
+def _beat(run_db: Path, *, age_s: float, snapshot: LiveFigures | None = None) -> None:
     conn = sqlite3.connect(run_db, isolation_level=None)
     try:
         run_id, state = conn.execute("SELECT id, state FROM runs").fetchone()
@@ -47,15 +47,15 @@ async def test_a_stale_heartbeat_reads_engine_gone_and_the_run_keys_are_off(run_
 
 
 async def test_a_fresh_heartbeat_gives_the_engine_numbers_to_the_attached_face(run_db: Path) -> None:
-    live = MetricsSnapshot("x", "running", in_flight=7, waiting=2, concurrency_limit=9, eta_s=42.0,
-                           endpoints=(EndpointSnapshot("sim", in_flight=7, waiting=2, concurrency_limit=9,
-                                                       limit_reason="at ceiling", capacity=9),))
+    live = LiveFigures("running", in_flight=7, waiting=2, concurrency_limit=9, eta_s=42.0,
+                       endpoints=(EndpointLive("sim", in_flight=7, waiting=2, concurrency_limit=9,
+                                               limit_reason="at ceiling", capacity=9),))
     _beat(run_db, age_s=0.0, snapshot=live)
     src = AttachedSource(run_db)
     try:
-        snap = src.snapshot()
+        rec = src.record(None)
     finally:
         src.close()
-    assert snap.engine == "running"
-    assert (snap.in_flight, snap.waiting, snap.concurrency_limit, snap.eta_s) == (7, 2, 9, 42.0)
-    assert snap.endpoints[0].limit_reason == "at ceiling" and snap.endpoints[0].capacity == 9
+    assert rec.engine == "running" and rec.finished is None and rec.live == live
+    assert (rec.live.in_flight, rec.live.waiting, rec.live.concurrency_limit, rec.eta_s) == (7, 2, 9, 42.0)
+    assert rec.total == 240  # the counts are the store's, whatever the beat says

@@ -193,7 +193,7 @@ class Shrunk(EaglewatchApp):
     """The monitor with its compact tiles one row too short: what the fit check must catch."""
 
     CSS_PATH = str(Path(__file__).resolve().parents[2] / "app" / "tui" / "app.tcss")
-    CSS = "DashboardScreen.-short.-narrow #tiles MetricTile { height: 4; }"
+    CSS = "DashboardScreen.-short.-narrow #tiles MetricTile { height: 5; }"
 
 
 async def test_the_fit_check_fails_on_a_layout_that_cuts(run_db: Path) -> None:
@@ -201,6 +201,6 @@ async def test_the_fit_check_fails_on_a_layout_that_cuts(run_db: Path) -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
         found = cuts(app.screen)
-        assert any("MetricTile#tile-" in problem and "needs 4 rows and has 3" in problem for problem in found), found
+        assert any("MetricTile#tile-" in problem and "needs 5 rows and has 4" in problem for problem in found), found
         with pytest.raises(AssertionError):
             assert_tiles_fit(app.screen)

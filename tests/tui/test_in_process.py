@@ -78,7 +78,7 @@ async def test_set_concurrency_key_changes_the_engines_limit(tmp_path: Path, sam
         engine = Run(config, store, db_path=config.run.database)
         await engine.start()
         await engine.pause()  # nothing finishes meanwhile: the key stays available (running or paused)
-        before = engine.snapshot().concurrency_limit
+        before = engine.snapshot().live.concurrency_limit
         assert before != 12
         app = make_app(InProcessSource(run=engine, config=config))
         async with app.run_test(size=(80, 24)) as pilot:
@@ -95,7 +95,7 @@ async def test_set_concurrency_key_changes_the_engines_limit(tmp_path: Path, sam
             await pilot.press("backspace", "1", "2", "enter")
             await settle(pilot)
             assert isinstance(app.screen, DashboardScreen)
-            assert engine.snapshot().concurrency_limit == 12
+            assert engine.snapshot().live.concurrency_limit == 12
     finally:
         if engine is not None:
             await engine.close(cancel_in_flight=True)

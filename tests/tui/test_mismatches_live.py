@@ -129,7 +129,7 @@ async def test_a_finished_run_is_not_re_read_but_says_how_stale_and_r_refreshes(
     app = EaglewatchApp(AttachedSource(run_db))
     async with app.run_test(size=(80, 24)) as pilot:
         screen = await open_list(pilot)
-        assert app.last_snapshot is not None and app.last_snapshot.state == "done"
+        assert app.last_record is not None and app.last_record.state == "done"
         assert not screen.run_goes_on()
         screen.live_refresh_s = 0.2
         for _ in range(4):

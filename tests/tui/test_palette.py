@@ -9,7 +9,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from app.engine.snapshot import MetricsSnapshot
+from app.engine.snapshot import LiveFigures
 from app.engine.snapshot_codec import snapshot_to_json
 from app.store.heartbeat import beat_op
 from app.tui.app import EaglewatchApp
@@ -36,7 +36,7 @@ def _live_engine(run_db: Path):
             started = time.time() - 60
             while True:
                 beat_op(run_id, pid=4242, host="gpu-elsewhere", started_at=started, now=time.time(),
-                        snapshot_json=snapshot_to_json(MetricsSnapshot("x", "running")))(conn)
+                        snapshot_json=snapshot_to_json(LiveFigures("running")))(conn)
                 if stop.wait(1.0):
                     return
         finally:
@@ -66,7 +66,7 @@ async def test_the_palette_offers_run_controls_only_while_they_would_act(run_db:
     app = EaglewatchApp(AttachedSource(run_db))
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
-        assert app.last_snapshot is not None and app.last_snapshot.state == "done"
+        assert app.last_record is not None and app.last_record.state == "done"
         assert not RUN_KEYS & _titles(app)  # nothing to pause on a DONE run
         assert "Mismatches" in _titles(app)
 

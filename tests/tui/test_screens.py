@@ -323,7 +323,7 @@ async def test_set_concurrency_is_hidden_where_it_does_not_apply(run_db: Path) -
     app = attached(run_db)
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
-        assert app.last_snapshot is not None and app.last_snapshot.state == "done"
+        assert app.last_record is not None and app.last_record.state == "done"
         assert app.check_action("set_concurrency", ()) is False  # a finished run has nothing to limit
     app = attached(run_db)
     live = sqlite3.connect(run_db)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from functools import partial
 
 from rich.text import Text
 from textual import on
@@ -15,8 +14,8 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, ProgressBar, Static
 
-from app.engine.snapshot import MetricsSnapshot
-from app.records import BENIGN_VERDICTS, CORRUPT_VERDICTS, Category
+from app.engine.snapshot import WITH_FAILURES, EndpointLive, FinishedFigures, LiveFigures, RunRecord, state_words
+from app.records import Category
 from app.tui import format as fmt
 from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
 from app.tui.series import PLOTS, RunSeries, read_chunk
@@ -28,71 +27,100 @@ from widgets.time_plot import TimePlot
 
 REFRESH_S = 0.5
 EVENTS_FETCHED = 12  # the event box shows the newest that fit (up to 12 at 120x40)
-STATE_LABELS = {
-    "running": "● RUNNING",
-    "paused": "‖ PAUSED",
-    "stopping": "■ STOPPING",
-    "done": "✓ DONE",
-    "stopped": "■ STOPPED",
-    "failed": "✗ FAILED",
-    "idle": "○ IDLE",
-}
-ENDPOINT_COLUMNS = (("endpoint", 12), ("done", 7), ("failed", 6), ("flight", 6), ("req/s", 5), ("p50", 7), ("p95", 7), ("cost", 8))
+# the endpoints table: (key, label, width); the endpoint column's width follows the names (see _endpoint_width)
+ENDPOINT_COLUMNS = (("endpoint", "endpoint", 8), ("done", "done", 7), ("failed", "failed", 6),
+                    ("flight", "flight", 7), ("req/s", "req/s", 5), ("p50", "p50", 6), ("p95", "p95", 6),
+                    ("cost", "cost", 8))
+ENDPOINT_NAME_MAX = 40  # an endpoint name longer than this (or than the room left) shows as its alias, e.g. `#2`
+
+# Every abbreviation the dashboard uses, with its meaning: the help screen (`?`) lists them. A tile line uses a
+# word from here or a whole word; a test reads every tile and checks it.
+GLOSSARY: tuple[tuple[str, str], ...] = (
+    ("tok/s, req/s", "output tokens and answers per second: the engine's last 10 s (1m: its last minute); "
+                     "avg: over the whole run, once it is finished"),
+    ("p50, p95", "median and 95th percentile latency, request to last byte (the engine's last 5 minutes while "
+                 "it runs, every answer once finished)"),
+    ("ttft", "95th percentile time to the first token"),
+    ("flight a/b", "requests on the wire / the concurrency limit"),
+    ("waiting", "samples between requests (a retry's wait) or being rebuilt and stored"),
+    ("limit reasons", "growing · at ceiling · 429 cooldown (cooling down after 429) · latency up (latency "
+                      "rising) · pinned (set by the operator) · mixed (endpoints differ)"),
+    ("cap", "the capacity proven so far (shown once every endpoint has one)"),
+    ("rate $/h, proj.", "what the engine spends per hour; the projected total cost"),
+    ("avg $/h", "a finished run's cost per hour over its span"),
+    ("exact, benign, corrupt", "verdicts against the reference: the same ids; the same text with another BPE "
+                               "split; different text or layout"),
+    ("trunc", "truncated: stopped at max_tokens (no end-of-turn; the export leaves it out unless asked)"),
+    ("no ref", "no reference to judge the ids against"),
+    ("suspect", "rebuilt from text with a sign it may not be the model's ids (left out of exports)"),
+    ("verified", "true ids, the model's own: from the server or logprobs"),
+    ("ref-checked", "checked against a reference: rebuilt from text and judged by a reference (its verdict above)"),
+    ("unchecked", "rebuilt from text with neither true ids nor a reference"),
+    ("match N% n=M", "of M measured answers (true ids whose text-only rebuild was also compared), N% came out "
+                     "the same text: the text path's fidelity"),
+    ("failed, retried", "samples that failed for good; failed requests that were tried again"),
+    ("5xx, 429, …", "failed requests by error class"),
+)
 
 
 @dataclass(frozen=True, slots=True)
 class DashboardData:
     """One poll's worth of data, fetched off the UI thread."""
 
-    snapshot: MetricsSnapshot
+    record: RunRecord
     jobs: tuple[JobRow, ...]
     events: tuple[EventLine, ...]
     series: SeriesChunk | None = None  # the plots' rows stored since the last poll (None: no database)
 
 
-def status_line(snap: MetricsSnapshot) -> Text:
-    """`● RUNNING demo · 412/1,000 (41.2%) · elapsed 1m23s · ETA 2m00s` (reason after PAUSED/STOPPED)."""
-    text = Text()
-    if engine_gone(snap):
-        # the database says running (or paused) but nothing beats: say what is true, and that no key acts
-        text.append(f"✗ {snap.engine_text or 'ENGINE GONE'}", style="bold red")
-        text.append(" · keys off", style="dim")  # the keys would queue commands nothing reads
-    else:
-        label = STATE_LABELS.get(snap.state, snap.state.upper())
-        style = {"running": "bold green", "paused": "bold yellow", "failed": "bold red", "stopped": "bold red"}.get(
-            snap.state, "bold"
-        )
-        text.append(label, style=style)
-        if snap.state_reason:
-            text.append(f" ({snap.state_reason})", style=style)
-    finished = snap.done + snap.failed + snap.skipped
-    text.append(f"  {snap.run_name}", style="bold")
-    text.append(f" · {finished:,}/{snap.total:,} ({fmt.percent(finished, snap.total)})")
-    if engine_gone(snap):
-        return text  # elapsed and ETA mean nothing for a dead engine (and 80 columns are few)
-    text.append(f" · elapsed {fmt.duration(snap.elapsed_s)}")
-    if snap.state == "running":
-        text.append(f" · ETA {fmt.duration(snap.eta_s)}")
-    return text
+TONES = {"good": "bold green", "live": "bold green", "warn": "bold yellow", "bad": "bold red", "plain": "bold"}
 
 
-def engine_gone(snap: MetricsSnapshot) -> bool:
-    """An attached snapshot whose run is live in the database while its engine stopped beating (crashed)."""
-    return snap.engine == "gone" and snap.state not in ("done", "failed")
+def status_line(rec: RunRecord, width: int = 200) -> Text:
+    """`● RUNNING  demo · 412/1,000 (41.2%) · elapsed 1m23s · ETA 2m00s` in `width` cells (app.engine.snapshot
+    .state_words says the state; a finished run's elapsed is frozen and it has no ETA). When narrow, the share
+    goes first (the progress bar below shows it), then the failures' total (the counts show it)."""
+    words = state_words(rec)
+    ended, total = rec.counts.samples.ended, rec.total
+    eta = rec.eta_s is not None or (rec.finished is None and rec.state == "running")
+    short_detail = words.detail
+    if words.label == WITH_FAILURES:
+        short_detail = f"{rec.failed:,} failed"
+    candidates = []
+    for detail, share in ((words.detail, True), (words.detail, False), (short_detail, False)):
+        text = Text()
+        text.append(words.label, style=TONES[words.tone])
+        if detail:
+            text.append(f" ({detail})", style=TONES[words.tone])
+        if rec.engine_gone:
+            text.append(" · keys off", style="dim")  # the keys would queue commands nothing reads
+        text.append(f"  {rec.run_name}", style="bold")
+        text.append(f" · {ended:,}/{total:,}" + (f" ({fmt.percent(ended, total)})" if share else ""))
+        text.append(f" · elapsed {fmt.duration(rec.elapsed_s)}")
+        if eta:
+            text.append(f" · ETA {fmt.duration(rec.eta_s)}")
+        candidates.append(text)
+    return next((t for t in candidates if t.cell_len <= width), candidates[-1])
 
 
-# the limiter's reasons (app.engine.limiter.REASONS) in fewer letters, for tiles narrower than the full words
-COMPACT_REASONS = {"growing": "grow", "at ceiling": "ceiling", "cooling down after 429": "429 wait",
-                   "latency rising": "lat. up", "pinned": "pinned", "mixed": "mixed"}
+def engine_gone(rec: RunRecord) -> bool:
+    """A record whose run is live in the database while its engine stopped beating (crashed)."""
+    return rec.engine_gone
+
+
+# the limiter's reasons (app.engine.limiter.REASONS) in the glossary's words, for tiles narrower than the full ones
+COMPACT_REASONS = {"growing": "growing", "at ceiling": "at ceiling", "cooling down after 429": "429 cooldown",
+                   "latency rising": "latency up", "pinned": "pinned", "mixed": "mixed"}
 
 
 def _fit(width: int, *candidates: str) -> str:
-    """The first candidate that fits `width` columns (the last one when none does)."""
+    """The first candidate that fits `width` columns (the last one when none does). Candidates differ only in
+    how a word or a number is written (GLOSSARY abbreviations, fmt.count), never in what they show."""
     return next((c for c in candidates if len(c) <= width), candidates[-1])
 
 
-FULL_LINES = 6  # lines of every tile at 120 columns and more
-COMPACT_LINES = 4  # lines of every tile under 120 columns (80x24 shows the endpoints, jobs and events too)
+FULL_LINES = 6  # lines of every tile at 120 columns and 32 rows or more
+COMPACT_LINES = 5  # lines of every tile under 120 columns or 32 rows (80x24 shows the tables and events too)
 
 
 def _lines(lines: list[str], n: int) -> tuple[str, ...]:
@@ -100,123 +128,139 @@ def _lines(lines: list[str], n: int) -> tuple[str, ...]:
     return tuple(lines[:n]) + ("",) * max(0, n - len(lines))
 
 
-def short_ms(value: float | None) -> str:
-    """`310ms` / `6.4s` (fmt.ms without the space, for compact tiles)."""
-    return fmt.ms(value).replace(" ", "")
-
-
-def throughput_lines(snap: MetricsSnapshot, width: int = 40, compact: bool = False) -> tuple[str, ...]:
-    """The throughput tile in `width` columns: rates, latency, TTFT, requests on the wire / the limit and what
-    waits, and the limit's reason and measured capacity (fewer letters when narrow; never wrapped)."""
-    rate = snap.rate
-    a, b, w = snap.in_flight, snap.concurrency_limit, snap.waiting
-    if compact:
-        lines = [
-            _fit(width, f"tok/s {rate.tok_s_10s:,.0f} 1m {rate.tok_s_1m:,.0f}", f"tok/s {rate.tok_s_10s:,.0f}"),
-            _fit(width, f"p95 {short_ms(snap.latency_p95_ms)} ttft {short_ms(snap.ttft_p95_ms)}",
-                 f"p95 {short_ms(snap.latency_p95_ms)}"),
-        ]
-        if not b:  # no live engine to ask (attached, engine stopped or gone): leased samples are what is out
-            lines.append(f"leased {snap.leased:,}")
+def _pack(items: list[str], width: int, n: int) -> list[str]:
+    """`items` ("label value") packed into at most `n` lines of `width` (two spaces apart), none split."""
+    lines: list[str] = []
+    for item in items:
+        if lines and len(lines[-1]) + 2 + len(item) <= width:
+            lines[-1] += "  " + item
+        elif len(lines) < n:
+            lines.append(item)
         else:
-            lines.append(_fit(width, f"flight {a}/{b} wait {w}", f"{a}/{b} wait {w}", f"{a}/{b}"))
-            lines.append(limit_line(snap, width))
-        return _lines(lines, COMPACT_LINES)
-    lines = [
-        f"req/s {rate.req_s_10s:6.1f}  1m {rate.req_s_1m:.1f}",
-        f"tok/s {rate.tok_s_10s:6.0f}  1m {rate.tok_s_1m:.0f}",
-        f"p50 {fmt.ms(snap.latency_p50_ms)}  p95 {fmt.ms(snap.latency_p95_ms)}",
-        _fit(width, f"ttft p50 {fmt.ms(snap.ttft_p50_ms)}  p95 {fmt.ms(snap.ttft_p95_ms)}",
-             f"ttft {fmt.ms(snap.ttft_p50_ms)} p95 {fmt.ms(snap.ttft_p95_ms)}"),
-    ]
-    if not b:
-        lines.append(f"leased {snap.leased:,}")
-        return _lines(lines, FULL_LINES)
-    lines.append(_fit(width, f"in flight {a}/{b}  waiting {w}", f"in flight {a}/{b} wait {w}", f"flight {a}/{b} wait {w}"))
-    lines.append(limit_line(snap, width))
-    return _lines(lines, FULL_LINES)
+            lines[-1] += "  " + item  # more items than room: never dropped (the tile shows … at its edge)
+    return lines
 
 
-def limit_line(snap: MetricsSnapshot, width: int = 40) -> str:
-    """`limit 24 at ceiling · capacity 24`: the adaptive limit, why it is there, what was measured."""
-    reasons = {e.limit_reason for e in snap.endpoints if e.limit_reason}
+def limit_words(endpoints: tuple[EndpointLive, ...], compact: bool) -> tuple[str, str | None]:
+    """(the limit's reason over every endpoint, the summed proven capacity or None while any is unknown)."""
+    reasons = {e.limit_reason for e in endpoints if e.limit_reason}
     reason = reasons.pop() if len(reasons) == 1 else ("mixed" if reasons else "")
-    caps = [e.capacity for e in snap.endpoints]
-    cap = str(sum(caps)) if caps and all(c is not None for c in caps) else "?"
-    n, short = snap.concurrency_limit, COMPACT_REASONS.get(reason, reason)
-    return _fit(width, f"limit {n} {reason} · capacity {cap}", f"limit {n} {reason} · cap {cap}",
-                f"limit {n} {short} cap {cap}", f"lim {n} {short} cap {cap}", f"lim {n} {short}",
-                f"lim {n}").replace("  ", " ")
+    caps = [e.capacity for e in endpoints]
+    cap = str(sum(c for c in caps if c is not None)) if caps and all(c is not None for c in caps) else None
+    return (COMPACT_REASONS.get(reason, reason) if compact else reason), cap
 
 
-def cost_lines(snap: MetricsSnapshot, width: int = 40, compact: bool = False) -> tuple[str, ...]:
-    """Spent, $/h, the projection and the budget (with a bar when there is room)."""
-    lines = [
-        f"spent {fmt.money(snap.cost_usd)}",
-        f"rate  {fmt.money(snap.cost_per_hour)}/h",
-        f"proj. {fmt.money(snap.projected_cost_usd)}",
-    ]
-    if snap.budget_usd:
-        fraction = snap.cost_usd / snap.budget_usd
-        lines.append(_fit(width, f"budget {fmt.money(snap.budget_usd)} {100 * fraction:.0f}%",
-                          f"budget {100 * fraction:.0f}%"))
-        if not compact:
-            lines.append(fmt.bar(fraction, min(16, width)))
+def throughput_lines(rec: RunRecord, width: int = 40, compact: bool = False) -> tuple[str, ...]:
+    """The throughput tile: the engine's rates, percentiles, requests in flight / the limit, what waits and
+    why the limit is where it is; for a finished run, averages and percentiles over the whole run."""
+    n = COMPACT_LINES if compact else FULL_LINES
+    ms = fmt.short_ms if compact else fmt.ms
+    fin, live = rec.finished, rec.live
+    if fin is not None or live is None:
+        fin = fin or FinishedFigures()
+        p = fin.percentiles
+        latency = [f"p95 {ms(p.latency_p95_ms)} ttft {ms(p.ttft_p95_ms)}"] if compact else [
+            f"p50 {ms(p.latency_p50_ms)}  p95 {ms(p.latency_p95_ms)}",
+            _fit(width, f"ttft p50 {ms(p.ttft_p50_ms)} p95 {ms(p.ttft_p95_ms)}", f"ttft {ms(p.ttft_p95_ms)}")]
+        return _lines([f"avg tok/s {fin.tok_s:,.0f}", f"avg req/s {fin.req_s:,.1f}", *latency,
+                       f"leased {rec.counts.samples.leased:,}"], n)
+    rate = live.rate
+    reason, cap = limit_words(live.endpoints, False)
+    short = COMPACT_REASONS.get(reason, reason)
+    with_cap = f" · capacity {cap}" if cap is not None else ""
+    short_cap = f" cap {cap}" if cap is not None else ""
+    limit = _fit(width, f"limit {reason}{with_cap}", f"limit {short}{with_cap}", f"limit {short}{short_cap}",
+                 f"{short}{short_cap}")
+    flight = f"{live.in_flight}/{live.concurrency_limit}"
+    if compact:
+        return _lines([
+            _fit(width, f"tok/s {rate.tok_s_10s:,.0f}", f"tok/s {fmt.count(round(rate.tok_s_10s))}"),
+            f"p95 {ms(live.latency_p95_ms)} ttft {ms(live.ttft_p95_ms)}",
+            _fit(width, f"in flight {flight}", f"flight {flight}"),
+            f"waiting {live.waiting:,}",
+            limit,
+        ], n)
+    return _lines([
+        f"req/s {rate.req_s_10s:,.1f}  1m {rate.req_s_1m:,.1f}",
+        _fit(width, f"tok/s {rate.tok_s_10s:,.0f}  1m {rate.tok_s_1m:,.0f}", f"tok/s {rate.tok_s_10s:,.0f} 1m {rate.tok_s_1m:,.0f}"),
+        f"p50 {ms(live.latency_p50_ms)}  p95 {ms(live.latency_p95_ms)}",
+        _fit(width, f"ttft p50 {ms(live.ttft_p50_ms)} p95 {ms(live.ttft_p95_ms)}", f"ttft {ms(live.ttft_p95_ms)}"),
+        _fit(width, f"in flight {flight}  waiting {live.waiting:,}", f"flight {flight} waiting {live.waiting:,}"),
+        limit,
+    ], n)
+
+
+def cost_lines(rec: RunRecord, width: int = 40, compact: bool = False) -> tuple[str, ...]:
+    """Spent, the spending rate and the projection (a finished run: its average $/h, no projection), the budget."""
+    spent = rec.cost_usd
+    if rec.finished is not None or rec.live is None:
+        per_hour = rec.finished.cost_per_hour if rec.finished is not None else 0.0
+        lines = [f"spent {fmt.money(spent)}", f"avg {fmt.money(per_hour)}/h"]
+    else:
+        lines = [f"spent {fmt.money(spent)}", f"rate  {fmt.money(rec.live.cost_per_hour)}/h",
+                 f"proj. {fmt.money(rec.live.projected_cost_usd)}"]
+    if rec.budget_usd:
+        fraction = spent / rec.budget_usd
+        share = f"{100 * fraction:.0f}%"
+        if len(f"budget {fmt.money(rec.budget_usd)} {share}") <= width:
+            lines += [f"budget {fmt.money(rec.budget_usd)} {share}", fmt.bar(fraction, min(16, width))]
+        else:  # a large budget: its share goes before the bar
+            lines += [f"budget {fmt.money(rec.budget_usd)}", f"{share} " + fmt.bar(fraction, min(16, width) - len(share) - 1)]
     else:
         lines.append("budget none")
     return _lines(lines, COMPACT_LINES if compact else FULL_LINES)
 
 
-def reconstruction_lines(snap: MetricsSnapshot, width: int = 40, compact: bool = False,
-                         measured: tuple[int, int] | None = None) -> tuple[str, ...]:
-    """Verdict counts and shares; the last line is the measured match rate with its n (`measured`:
-    (verified, matched) from the plots' rows when the face has them, else the snapshot's), or the
-    strategy mix before the first probe."""
-    counts = dict(snap.verdicts)
-    checked = sum(n for verdict, n in counts.items() if verdict != Category.UNCHECKED)
-    exact = counts.get(Category.EXACT, 0)
-    benign = sum(counts.get(v, 0) for v in BENIGN_VERDICTS if v != Category.EXACT)
-    corrupt = sum(counts.get(v, 0) for v in CORRUPT_VERDICTS)
-    strategies = sorted(snap.strategies, key=lambda item: -item[1])
-    total_strategies = sum(n for _, n in strategies)
-    mix = " ".join(f"{name} {100 * n / total_strategies:.0f}%" for name, n in strategies[:3]) or "-"
-    if measured is None:  # live match rate: probes with true ids whose text-only rebuild agreed
-        m = snap.measured
-        measured = (m.verified, m.exact + m.benign)
-    verified, matched = measured
-    last = _fit(width, f"match {fmt.percent(matched, verified)} n={verified:,}", f"match {fmt.percent(matched, verified)}"
-                ) if verified else _fit(width, f"mix {mix}", "mix " + mix.split(" ")[0], "no probes")
+def reconstruction_lines(rec: RunRecord, width: int = 40, compact: bool = False) -> tuple[str, ...]:
+    """What the stored ids are: every verdict class (exact, benign, corrupt, truncated, no reference), the
+    suspects, the verification classes and the measured match rate (app.records' vocabulary)."""
+    a = rec.counts.answers
+    exact, benign = a.verdict(Category.EXACT), a.verdict(Category.BPE_EQUIVALENT)
+    corrupt, trunc, no_ref = a.corrupt, a.truncated, a.verdict(Category.UNCHECKED)
+    match = f"match {fmt.percent(a.measured_matched, a.measured)} n={a.measured:,}" if a.measured else "measured 0"
 
-    def count(label: str, n: int, pad: int) -> str:
-        share = fmt.percent(n, checked)
-        return _fit(width, f"{label:<{pad}} {n:>7,} {share:>6}", f"{label} {n:,} {share}", f"{label} {share}")
+    def pair(first: str, x: int, second: str, y: int, *shorter: str) -> str:
+        """`first x · second y`, in fewer cells when narrow: shorter labels (GLOSSARY), then rounded counts."""
+        labels = [(first, second), *((first, s) for s in shorter)]
+        return _fit(width, f"{first} {x:,} · {second} {y:,}",
+                    *(f"{a} {x:,} {b} {y:,}" for a, b in labels),
+                    *(f"{a} {fmt.count(x)} {b} {fmt.count(y)}" for a, b in labels))
 
+    verified = _fit(width, f"verified {a.verified:,} of {a.answers:,}", f"verified {a.verified:,}/{a.answers:,}",
+                    f"verified {fmt.count(a.verified)}/{fmt.count(a.answers)}")
     if compact:
-        return _lines([count("exact", exact, 0), count("benign", benign, 0), count("corrupt", corrupt, 0), last],
-                      COMPACT_LINES)
+        return _lines([
+            pair("exact", exact, "benign", benign),
+            pair("corrupt", corrupt, "trunc", trunc),
+            pair("no ref", no_ref, "suspect", a.suspects),
+            verified,
+            match,
+        ], COMPACT_LINES)
     return _lines([
-        count("exact", exact, 7),
-        count("benign", benign, 7),
-        count("corrupt", corrupt, 7),
-        _fit(width, f"  text {counts.get(Category.TEXT_MISMATCH, 0):,} · structure {counts.get(Category.STRUCTURE_MISMATCH, 0):,}",
-             f"  text {counts.get(Category.TEXT_MISMATCH, 0):,} · struct {counts.get(Category.STRUCTURE_MISMATCH, 0):,}"),
-        _fit(width, f"trunc {counts.get(Category.TRUNCATED, 0):,} · unchecked {counts.get(Category.UNCHECKED, 0):,}",
-             f"trunc {counts.get(Category.TRUNCATED, 0):,} · unchk {counts.get(Category.UNCHECKED, 0):,}"),
-        last,
+        pair("exact", exact, "benign", benign),
+        pair("corrupt", corrupt, "truncated", trunc, "trunc"),
+        pair("no reference", no_ref, "suspect", a.suspects) if len(f"no reference {no_ref:,} · suspect {a.suspects:,}")
+        <= width else pair("no ref", no_ref, "suspect", a.suspects),
+        verified,
+        pair("ref-checked", a.checked, "unchecked", a.unchecked),
+        match,
     ], FULL_LINES)
 
 
-def error_lines(snap: MetricsSnapshot, width: int = 40, compact: bool = False) -> tuple[str, ...]:
-    """The commonest error classes, failed samples and retries."""
-    n_lines = COMPACT_LINES if compact else FULL_LINES
-    tail = [f"failed {snap.failed:,}" if compact else f"failed samples {snap.failed:,}", f"retried {snap.retried:,}"]
-    if not snap.errors_by_class:
-        return _lines(["none", *tail], n_lines)
-    ranked = sorted(snap.errors_by_class, key=lambda item: -item[1])
-    name_w = max(width - 8, 6)
-    lines = [f"{name[:name_w]:<{name_w}}{n:>8,}" if len(f"{n:,}") < 8 else f"{name[:width - 9]} {n:,}"
-             for name, n in ranked[:n_lines - len(tail)]]
-    return _lines([*lines, *tail], n_lines)
+def error_lines(rec: RunRecord, width: int = 40, compact: bool = False) -> tuple[str, ...]:
+    """Every class of failed request with its count, then failed samples and retried requests."""
+    n = COMPACT_LINES if compact else FULL_LINES
+    c = rec.counts
+    failed, retried = f"failed {c.samples.failed:,}", f"retried {c.retried:,}"
+    tail = [f"{failed} · {retried}"] if len(f"{failed} · {retried}") <= width else \
+        [f"{failed} {retried}"] if len(f"{failed} {retried}") <= width else [failed, retried]
+    if not c.errors_by_class:
+        return _lines(["none", *tail], n)
+    ranked = sorted(c.errors_by_class, key=lambda item: (-item[1], item[0]))
+    body = _pack([f"{name} {count:,}" for name, count in ranked], width, n - len(tail))
+    if any(len(line) > width for line in body):
+        body = _pack([f"{name} {fmt.count(count)}" for name, count in ranked], width, n - len(tail))
+    return _lines([*body, *tail], n)
 
 
 class DashboardScreen(Screen):
@@ -265,17 +309,16 @@ class DashboardScreen(Screen):
         yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
-        endpoints = self.query_one("#endpoints", DataTable)
-        endpoints.border_title = "endpoints"
-        for label, width in ENDPOINT_COLUMNS:
-            endpoints.add_column(label, width=width, key=label)
+        self.query_one("#endpoints", DataTable).border_title = "endpoints"
+        self._endpoint_widths: tuple[int, ...] = ()
+        self.endpoint_aliases: dict[str, str] = {}  # alias -> a name too long for the table (the help lists them)
         self.query_one("#dashboard-jobs", JobsTable).border_title = "jobs"
         self.query_one("#events", EventTail).border_title = "events"
         self._polling = False
         self._not_before = 0.0
         self._fetch_started = 0.0
         self._endpoint_rows: dict[str, tuple[str, ...]] = {}
-        self._last: MetricsSnapshot | None = None
+        self._last: RunRecord | None = None
         self.series = RunSeries()
         self.shown_plot = PLOTS[0]
         self.poll()
@@ -308,19 +351,18 @@ class DashboardScreen(Screen):
             return
         self._polling = True
         self._fetch_started = time.monotonic()
-        source = self.app.source
-        # An in-process engine's snapshot is in memory and owned by this loop: take it here.
-        snapshot = source.snapshot() if source.snapshot_on_loop else None
-        self._fetch(snapshot)
+        # An in-process engine's live figures are its memory, owned by this loop: take them here; the rest of
+        # the record (the store's counts) is read in the thread
+        self._fetch(self.app.source.live_figures())
 
-    def _fetch(self, snapshot: MetricsSnapshot | None) -> None:
+    def _fetch(self, live: LiveFigures | None) -> None:
         source = self.app.source
         cursor = self.series.cursor
         n_events = EVENTS_FETCHED
 
         def fetch() -> DashboardData:
-            snap = snapshot if snapshot is not None else source.snapshot()
-            return DashboardData(snap, tuple(source.jobs()), tuple(source.events(n_events)), read_chunk(source, cursor))
+            return DashboardData(source.record(live), tuple(source.jobs()), tuple(source.events(n_events)),
+                                 read_chunk(source, cursor))
 
         fetch_in_thread(self, fetch, self.Polled, self.PollFailed, group="dashboard-poll")
 
@@ -347,44 +389,44 @@ class DashboardScreen(Screen):
     def apply(self, data: DashboardData) -> None:
         """Render one poll (called on the UI thread)."""
         self._fetched()
-        snap = data.snapshot
+        rec = data.record
         if data.series is not None:
             self.series.add(data.series)
             if not data.series.caught_up:
                 self._not_before = 0.0  # still reading a big run's history: the next poll continues at once
         with self.app.batch_update():
-            self.query_one("#run-status", Static).update(status_line(snap), layout=False)
+            status = self.query_one("#run-status", Static)
+            status.update(status_line(rec, status.content_region.width or self.size.width - 2), layout=False)
             progress = self.query_one("#run-progress", ProgressBar)
-            progress.update(total=max(snap.total, 1), progress=snap.done + snap.failed + snap.skipped)
-            self._last = snap
+            progress.update(total=max(rec.total, 1), progress=rec.counts.samples.ended)
+            self._last = rec
             self._show_tiles()
             self._show_plots()
-            self._show_endpoints(snap)
+            self._show_endpoints(rec)
             self.query_one("#dashboard-jobs", JobsTable).show(data.jobs)
             self.query_one("#events", EventTail).show(data.events)
 
-    def measured(self) -> tuple[int, int] | None:
-        """(verified, matched) from the plots' rows (the same numbers the match-rate plot ends at), or None
-        where the source has no database (then the snapshot's)."""
-        return None if self.series.empty else self.series.measured()
-
     def _show_tiles(self) -> None:
         """Every tile in its current width and mode (lines pick fewer letters when the tile is narrow)."""
-        snap = self._last
-        if snap is None:
+        rec = self._last
+        if rec is None:
             return
         compact = self.compact
         for tile_id, lines in (("throughput", throughput_lines), ("cost", cost_lines),
-                               ("reconstruction", partial(reconstruction_lines, measured=self.measured())),
-                               ("errors", error_lines)):
+                               ("reconstruction", reconstruction_lines), ("errors", error_lines)):
             tile = self.query_one(f"#tile-{tile_id}", MetricTile)
-            tile.show(*lines(snap, tile.content_size.width or 40, compact))
+            tile.show(*lines(rec, tile.content_size.width or 40, compact))
 
     def _show_plots(self) -> None:
         if self._last is None:
             return
         for name, series in self.series.plots(self._last).items():
             self.query_one(f"#plot-{name}", TimePlot).show(series)
+
+    def glossary(self) -> tuple[tuple[str, str], ...]:
+        """The words the dashboard abbreviates (GLOSSARY), and the endpoint names shown as their alias."""
+        aliases = tuple((alias, f"endpoint {name}") for alias, name in self.endpoint_aliases.items())
+        return GLOSSARY + aliases
 
     def action_next_plot(self) -> None:
         """Show the next plot (under 120 columns one plot shows at a time)."""
@@ -406,25 +448,63 @@ class DashboardScreen(Screen):
         self._show_tiles()
         self.refresh_bindings()
 
-    def _show_endpoints(self, snap: MetricsSnapshot) -> None:
+    def _show_endpoints(self, rec: RunRecord) -> None:
+        """One row per endpoint: its counts over the run (the store's), its live figures while an engine runs
+        it, else its figures over the run. Names get the width they need; one longer than the room shows as
+        its alias (`#2`), which the help lists."""
         table = self.query_one("#endpoints", DataTable)
-        for endpoint in snap.endpoints:
-            cells = (
-                endpoint.name,
-                f"{endpoint.completed:,}",
-                f"{endpoint.failed:,}",
-                f"{endpoint.in_flight}/{endpoint.concurrency_limit}",
-                f"{endpoint.rate.req_s_10s:.1f}",
-                fmt.ms(endpoint.latency_p50_ms),
-                fmt.ms(endpoint.latency_p95_ms),
-                fmt.money(endpoint.cost_usd),
-            )
-            old = self._endpoint_rows.get(endpoint.name)
+        rows = endpoint_rows(rec)
+        room = (table.content_region.width or self.size.width - 2) - 2 * len(ENDPOINT_COLUMNS) - 1
+        widths, aliases = endpoint_widths(rows, room)
+        self.endpoint_aliases = aliases
+        alias_of = {name: alias for alias, name in aliases.items()}
+        if widths != self._endpoint_widths:
+            table.clear(columns=True)
+            for (key, label, _), width in zip(ENDPOINT_COLUMNS, widths):
+                table.add_column(label, width=width, key=key)
+            self._endpoint_widths, self._endpoint_rows = widths, {}
+        for name, *rest in rows:  # rows are keyed by the endpoint's name; the first cell may be its alias
+            cells = (alias_of.get(name, name), *rest)
+            old = self._endpoint_rows.get(name)
             if old is None:
-                table.add_row(*cells, key=endpoint.name)
+                table.add_row(*cells, key=name)
             elif old != cells:
-                for (label, _), value, before in zip(ENDPOINT_COLUMNS, cells, old):
+                for (key, _, _), value, before in zip(ENDPOINT_COLUMNS, cells, old):
                     if value != before:
-                        table.update_cell(endpoint.name, label, value)
-            self._endpoint_rows[endpoint.name] = cells
+                        table.update_cell(name, key, value)
+            self._endpoint_rows[name] = cells
 
+
+def endpoint_rows(rec: RunRecord) -> list[tuple[str, ...]]:
+    """The endpoints table's cells: every endpoint the store has counted or the engine runs, by name."""
+    counts = {e.name: e for e in rec.counts.endpoints}
+    live = {e.name: e for e in rec.live.endpoints} if rec.live is not None and rec.finished is None else {}
+    out = []
+    for name in [*live, *(n for n in counts if n not in live)]:
+        c = counts.get(name)
+        done, failed, cost = (c.completed, c.failed, c.cost_usd) if c is not None else (0, 0, 0.0)
+        if name in live:
+            e = live[name]
+            flight, req_s, p50, p95 = f"{e.in_flight}/{e.concurrency_limit}", e.rate.req_s_10s, e.latency_p50_ms, e.latency_p95_ms
+        else:
+            req_s, p = rec.finished.endpoint(name) if rec.finished is not None else (0.0, None)
+            flight, p50, p95 = "-", p.latency_p50_ms if p else None, p.latency_p95_ms if p else None
+        out.append((name, f"{done:,}", f"{failed:,}", flight, f"{req_s:.1f}", fmt.short_ms(p50), fmt.short_ms(p95),
+                    fmt.money(cost)))
+    return out
+
+
+def endpoint_widths(rows: list[tuple[str, ...]], room: int) -> tuple[tuple[int, ...], dict[str, str]]:
+    """Column widths that fit every cell, and the aliases (`#1` -> name) of endpoint names longer than the room
+    left for them: a name is shown whole or as its alias, never cut."""
+    widths = [max([w, *(len(r[i]) for r in rows)]) for i, (_, _, w) in enumerate(ENDPOINT_COLUMNS)]
+    name_room = max(8, room - sum(widths[1:]))
+    longest = max([8, *(len(r[0]) for r in rows)])
+    aliases: dict[str, str] = {}
+    if longest > min(name_room, ENDPOINT_NAME_MAX):
+        for i, r in enumerate(rows, 1):
+            if len(r[0]) > min(name_room, ENDPOINT_NAME_MAX):
+                aliases[f"#{i}"] = r[0]
+        longest = max([8, *(len(r[0]) for r in rows if r[0] not in aliases.values()), *(len(a) for a in aliases)])
+    widths[0] = longest
+    return tuple(widths), aliases

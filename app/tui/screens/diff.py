@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
@@ -9,7 +10,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from app.records import Category
+from app.records import VERDICT_LABELS, Category
 from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
 from app.tui.source import SampleDiff
 from widgets.token_diff import TokenDiffView
@@ -33,6 +34,7 @@ class DiffScreen(Screen):
         super().__init__(**kwargs)
         self.sample_id = sample_id
         self.diff: SampleDiff | None = None
+        self._position = (-1, 0)
 
     def compose(self) -> ComposeResult:
         yield Static(f"sample {self.sample_id} · loading…", id="diff-header")
@@ -68,7 +70,8 @@ class DiffScreen(Screen):
         self.diff = diff
         header = Text()
         header.append(f"sample {diff.sample_id}", style="bold")
-        header.append(f" · {diff.category}", style="bold green" if diff.category == Category.EXACT else "bold yellow")
+        header.append(f" · {VERDICT_LABELS.get(diff.category, diff.category)}",
+                      style="bold green" if diff.category == Category.EXACT else "bold yellow")
         if diff.strategy:
             header.append(f" · strategy {diff.strategy}")
         header.append(f"\n{diff.headline}")
@@ -85,11 +88,24 @@ class DiffScreen(Screen):
     def _show_position(self, index: int, total: int) -> None:
         if self.diff is None:
             return
+        self._position = (index, total)
         alignment = self.diff.alignment
         where = f"difference {index + 1}/{total}" if total and index >= 0 else f"{total} differences"
-        self.query_one("#diff-position", Static).update(
-            f"{where} · ref {alignment.ref_len:,} tokens · rec {alignment.rec_len:,} tokens · n/N next/prev · i ids · u layout"
+        ref, rec = f"{alignment.ref_len:,}", f"{alignment.rec_len:,}"
+        line = self.query_one("#diff-position", Static)
+        room = line.content_region.width or self.size.width - 2
+        # one line, every key whole: the token counts lose their word "tokens" first, then the keys their verbs
+        candidates = (
+            f"{where} · ref {ref} tokens · rec {rec} tokens · n/N next/prev · i ids · u layout",
+            f"{where} · ref {ref} · rec {rec} tokens · n/N next/prev · i ids · u layout",
+            f"{where} · ref {ref} · rec {rec} · n/N next/prev · i ids · u layout",
+            f"{where} · ref {ref} · rec {rec} · n/N · i ids · u layout",
         )
+        line.update(next((c for c in candidates if cell_len(c) <= room), candidates[-1]))
+
+    def on_resize(self) -> None:
+        if self.diff is not None:
+            self.call_after_refresh(lambda: self._show_position(*self._position))
 
     def action_open_sample(self) -> None:
         self.app.open_sample(self.sample_id)

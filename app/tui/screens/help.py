@@ -1,4 +1,5 @@
-"""`?`: every key of the current screen and of the app, from the live bindings (so remaps show)."""
+"""`?`: every key of the current screen and of the app, from the live bindings (so remaps show), and the words
+the screen abbreviates with their meaning (the dashboard's glossary)."""
 
 from __future__ import annotations
 
@@ -24,10 +25,12 @@ class HelpScreen(ModalScreen[None]):
 
     BINDINGS = [Binding("escape,question_mark,q", "app.pop_screen", "Close", id="help.close")]
 
-    def __init__(self, bindings: list[tuple[str, str]], screen_name: str, **kwargs) -> None:
+    def __init__(self, bindings: list[tuple[str, str]], screen_name: str,
+                 words: tuple[tuple[str, str], ...] = (), **kwargs) -> None:
         super().__init__(**kwargs)
         self.bindings_shown = bindings
         self.screen_name = screen_name
+        self.words = words
 
     def compose(self) -> ComposeResult:
         table = Table(title=f"keys · {self.screen_name}", show_header=False, box=None, padding=(0, 2))
@@ -38,6 +41,11 @@ class HelpScreen(ModalScreen[None]):
         table.add_row("", "")
         for key, description in GENERAL:
             table.add_row(key, description)
+        if self.words:
+            table.add_row("", "")
+            table.add_row("words", f"what the {self.screen_name} abbreviates")
+            for word, meaning in self.words:
+                table.add_row(word, meaning)
         table.add_row("", "")
         table.add_row("esc / ?", "close this help")
         with VerticalScroll(id="help-box"):

@@ -11,6 +11,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Static
 
+from app.engine.snapshot import LIVE_STATES
 from app.records import Category
 from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
 from app.tui.format import duration
@@ -25,8 +26,21 @@ VERDICT_LABELS = {
     Category.TEXT_MISMATCH: "✗ text",
     Category.STRUCTURE_MISMATCH: "✗ structure",
     Category.TRUNCATED: "truncated",
-    Category.UNCHECKED: "unchecked",
+    Category.UNCHECKED: "no ref",  # no reference to judge it (the verdict `unchecked`; see the glossary)
 }
+
+
+def column_widths(rows: tuple[MismatchRow, ...], room: int) -> tuple[int, ...]:
+    """COLUMNS' widths for a page within `room` cells: the dataset column gets the width of the page's longest
+    dataset name (never cut while the sample column keeps its 16), the sample column the rest it can use."""
+    widths = [w for _, w in COLUMNS]
+    fixed = sum(widths[2:]) + len(COLUMNS)
+    left = max(room - fixed, widths[0] + widths[1])
+    need_dataset = max([widths[1], *(len(r.dataset) for r in rows)])
+    need_sample = max([widths[0], *(len(r.sample_id) for r in rows)])
+    widths[1] = min(need_dataset, left - widths[0])
+    widths[0] = min(need_sample, left - widths[1])
+    return tuple(widths)
 
 
 class MismatchesScreen(Screen):
@@ -146,8 +160,10 @@ class MismatchesScreen(Screen):
         polled state is not finished (an attached viewer cannot tell more without reading)."""
         if self.app.source.live:
             return True
-        snap = getattr(self.app, "last_snapshot", None)
-        return snap is None or snap.state not in ("done", "failed")
+        rec = getattr(self.app, "last_record", None)
+        # a live state whose engine exited or is gone writes nothing more; one with no heartbeat at all may be
+        # written by an engine from before heartbeats
+        return rec is None or (rec.state in LIVE_STATES and rec.engine not in ("gone", "stopped"))
 
     def _tick(self) -> None:
         """Once a second: re-read the page when it is due, and say how old the shown page is."""
@@ -216,6 +232,8 @@ class MismatchesScreen(Screen):
             scroll_y = old_scroll + cursor - old_cursor
         self.page = page
         self._loading = False
+        room = (table.scrollable_content_region.width or self.size.width) - 2
+        table.set_widths(column_widths(page.rows, room))
         table.show(
             [
                 (
@@ -246,7 +264,7 @@ class MismatchesScreen(Screen):
                 shown = "no samples match"
             else:
                 shown = f"rows {page.offset + 1:,}–{page.offset + len(page.rows):,} of {page.total:,}"
-        verdict = self.verdict_filter or "all non-exact"
+        verdict = VERDICT_LABELS.get(self.verdict_filter, self.verdict_filter) if self.verdict_filter else "all non-exact"
         text = f" · text: {self.text_filter!r}" if self.text_filter else ""
         order = MISMATCH_ORDERS[self.order]
         fresh, short = self._freshness()
