@@ -39,6 +39,7 @@ from app.engine.budget import BudgetGuard, Prices, cost_per_hour, estimate_promp
 from app.token_bucket import TokenBucket
 from app.engine.counts import SampleCounts
 from app.engine.eta import Projector
+from app.engine.endpoint_health import ENDPOINTS_DOWN, EndpointGuard, HealthBook
 from app.engine.endpoints import CompletionClient, Endpoint, Endpoints, close_endpoints, open_endpoints, set_total_limit
 from app.engine.events import EngineEvent, EventLog
 from app.engine.lock import EngineLock
@@ -140,6 +141,7 @@ class Run:
         self._gate = StoreGate(self._on_store_change)
         self.events = EventLog(store, self._gate)
         self._settler: Settler | None = None
+        self._guard: EndpointGuard | None = None  # endpoint health: down endpoints skipped and probed back up
         self._verifier = Verifier.of(config)
         # a variant (":floor", ":nitro", ...) takes its base model's price unless priced itself
         prices, _ = resolve_pricing(config.model.name, config.pricing)
@@ -193,13 +195,22 @@ class Run:
             self._req_bucket = TokenBucket(cfg.limits.requests_per_min, now=now)
         if cfg.limits.tokens_per_min:
             self._tok_bucket = TokenBucket(cfg.limits.tokens_per_min, now=now)
-        self._eps = await open_endpoints(cfg, started=self._m0, clients=self._given_clients, on_event=self._event)
+        self._eps = await open_endpoints(cfg, started=self._m0, clients=self._given_clients, on_event=self._event,
+                                         vocab_size=getattr(getattr(self.reconstructor, "tokenizer", None), "vocab_size",
+                                                            None))
         await self._settle_prices()
-        self._slots = EndpointSlots([e.limit for e in self._endpoints], [e.config.weight for e in self._endpoints])
+        health = HealthBook.of([e.name for e in self._endpoints], cfg.limits.endpoint_down_after)
+        self._slots = EndpointSlots([e.limit for e in self._endpoints], [e.config.weight for e in self._endpoints],
+                                    up=health.up)
         self._settler = Settler(
             cfg, self.store, self.run_id, self._gate, self.events, self._counts, self.budget, self._endpoints,
             self._slots, self.total_metrics, self._verdicts, self._strategies, self._tok_bucket,
             self._tokenizer_fingerprint, self.pricing)
+        self._guard = EndpointGuard(
+            health, [e.name for e in self._endpoints], [e.client for e in self._endpoints], self._slots,
+            note_error=lambda i: self._settler.note_error(self._endpoints[i], "unreachable", final=False, retried=True),
+            event=lambda level, message: self._event(level, "endpoint", message),
+            all_down=self._endpoints_down, back=self._endpoint_back)
         await self._start_verify()
         if not isinstance(self.reconstructor, PassThroughReconstructor):
             self._pool = await RebuildPool.open(self.reconstructor, cfg.run.rebuild_workers,
@@ -216,6 +227,7 @@ class Run:
             asyncio.create_task(self._poll_commands(), name="eaglewatch-commands"),
             asyncio.create_task(self._keep_leases(), name="eaglewatch-leases"),
             asyncio.create_task(self._beat(), name="eaglewatch-heartbeat"),
+            asyncio.create_task(self._guard.watch(), name="eaglewatch-endpoint-health"),
         ]
 
     async def _settle_prices(self) -> None:
@@ -463,6 +475,7 @@ class Run:
                 f, endpoints=self._endpoints, slots=self._slots, policy=self.policy, model=self.config.model.name,
                 reconstruct=self._reconstruct, on_retry=self._on_retry,
                 request_extra=self._verifier.request_extra, on_first_token=self._first_token,
+                on_unreachable=self._guard.unreachable, on_answered=self._guard.answered,
             )
             first_stop = self._stop_leasing(outcome)
             await self._settler.settle(f, outcome)
@@ -475,9 +488,9 @@ class Run:
             self.budget.settle(f.reserved_usd, 0.0)
             self._projector.requeued(f.sample.pk, time.monotonic())
             raise
-        except Exception as exc:  # a bug in settling itself: tell the operator; the lease returns at restart
-            await self._event("error", "sample", f"sample {f.sample.sample_id!r} (pk {f.sample.pk}): recording its "
-                              f"outcome failed ({type(exc).__name__}: {exc}); it stays leased until the run restarts")
+        except Exception as exc:  # settle records every outcome (or returns the lease); what failed came after it
+            await self._event("error", "sample", f"sample {f.sample.sample_id!r} (pk {f.sample.pk}): the engine failed "
+                              f"after settling it ({type(exc).__name__}: {exc}); the run goes on")
         finally:
             if f.index is not None:
                 self._slots.release(f.index)
@@ -533,6 +546,23 @@ class Run:
     async def _quality_pause(self, d: QualityDecision) -> None:
         await self._event("error", "quality", d.message)
         await self.pause(reason=self.state_reason or "quality gate")
+
+    def _endpoints_down(self, why: str) -> None:
+        """Every endpoint is down: pause at once (nothing more is leased) and cancel what waits on them; the
+        samples stay pending. The run resumes by itself when a probe gets an answer (`_endpoint_back`)."""
+        if self.state == "running":
+            self.state, self.state_reason = "paused", f"{ENDPOINTS_DOWN} ({why})"[:300]
+            asyncio.get_running_loop().create_task(self._endpoints_down_pause(why))
+
+    async def _endpoints_down_pause(self, why: str) -> None:
+        await self._event("error", "endpoint", f"{ENDPOINTS_DOWN} ({why}): the run is paused and its samples stay "
+                          "pending; it resumes by itself when a probe gets an answer, or run it again once the endpoint "
+                          "is back (check base_url, the network, or start the server)")
+        await self.pause(now=True, reason=self.state_reason or ENDPOINTS_DOWN)
+
+    async def _endpoint_back(self, index: int) -> None:
+        if self.state == "paused" and (self.state_reason or "").startswith(ENDPOINTS_DOWN):
+            await self.resume()
 
     def _stop_leasing(self, o: Outcome) -> bool:
         """A run-stopping error: pause before any await lets the scheduler start another request. True for the

@@ -256,10 +256,13 @@ class ChatClient:
             scrubbed = self._scrub(str(exc))
             if scrubbed != str(exc):
                 exc.args = (scrubbed,)
+            exc.answered = head.seen
             raise
         except (httpx.TransportError, OSError, TimeoutError, aiohttp.ClientError) as exc:
             # OSError / aiohttp errors: anything a transport lets through unmapped
-            raise self._transport_failure(exc, head.seen, started) from None
+            error = self._transport_failure(exc, head.seen, started)
+            error.answered = head.seen
+            raise error from None
 
     def _transport_failure(self, exc: BaseException, head_seen: bool, started: float) -> RetryableError:
         """The error for a transport failure: unreachable when no response began (and no deadline passed),

@@ -44,6 +44,8 @@ class ProviderError(EaglewatchError):
         # the failed attempt's usage counts when they were sound (app.records.Usage): the engine charges
         # the larger of `cost_usd` and their list price
         self.usage = None
+        # a response (of any status) came back from the endpoint: it is there (app.engine.endpoint_health)
+        self.answered = status is not None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.error_class!r}, {str(self)!r})"

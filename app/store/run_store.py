@@ -408,7 +408,7 @@ class RunStore:
             conn.execute(
                 "UPDATE samples SET state = ?, lease_expires = NULL, lease_owner = NULL, error_class = ?, "
                 "last_error = ?, updated_at = ? WHERE pk = ? AND run_id = ?",
-                ("failed" if final else "pending", error_class, message, now, pk, run_id),
+                ("failed" if final else "pending", error_class, rows.clean_text(message), now, pk, run_id),
             )
             if endpoint is not None or cost_usd:
                 n = attempt
@@ -457,8 +457,8 @@ class RunStore:
         return await self.write(op)
 
     async def add_event(self, run_id: int | None, level: str, kind: str, message: str) -> None:
-        """Append to the operator's log."""
-        row = (run_id, time.time(), level, kind, message)
+        """Append to the operator's log (a lone surrogate in `message` is stored as U+FFFD)."""
+        row = (run_id, time.time(), level, kind, rows.clean_text(message))
 
         def op(conn: sqlite3.Connection) -> None:
             conn.execute("INSERT INTO events (run_id, ts, level, kind, message) VALUES (?, ?, ?, ?, ?)", row)
@@ -654,6 +654,6 @@ def _insert_attempt(conn: sqlite3.Connection, run_id: int, pk: int, attempt: int
     conn.execute(
         "INSERT INTO responses (run_id, sample_pk, attempt, endpoint, cost_usd, error_class, error, created_at) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        (run_id, pk, attempt, endpoint, float(cost_usd or 0.0), error_class, message[:2000], now),
+        (run_id, pk, attempt, endpoint, float(cost_usd or 0.0), error_class, rows.clean_text(message[:2000]), now),
     )
     conn.execute("UPDATE samples SET tries = MAX(tries, ?) WHERE pk = ?", (attempt, pk))
