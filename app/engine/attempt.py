@@ -104,10 +104,11 @@ async def request_sample(
     """Send `flight.sample` until it succeeds or fails for good, and rebuild its ids; see the module doc.
     `on_first_token(flight)`: a streamed request's first token arrived (the ETA's clock for that sample)."""
     sample = flight.sample
-    left = policy.attempts - flight.tries
+    counted = flight.tries - sample.tries_forgiven  # an operator's retry of failed samples forgave the earlier ones
+    left = policy.attempts - counted
     if left <= 0:
         return Outcome("failed", flight.tries, error_class="attempts_exhausted",
-                       message=f"{flight.tries} requests sent over earlier leases; generation.attempts is {policy.attempts}")
+                       message=f"{counted} requests sent over earlier leases; generation.attempts is {policy.attempts}")
 
     async def once() -> Completion:
         if flight.index is None:

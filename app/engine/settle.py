@@ -143,7 +143,7 @@ class Settler:
         if f.reserved_usd:  # failed before its charge replaced the reservation: free it (nothing was charged)
             self.budget.settle(f.reserved_usd, 0.0)
             f.reserved_usd = 0.0
-        final = f.tries >= self.config.generation.attempts
+        final = f.tries - f.sample.tries_forgiven >= self.config.generation.attempts
         message = f"its outcome ({o.kind}) could not be recorded: {type(exc).__name__}: {exc}"[:1000]
         cost = f.unrecorded_usd
         try:

@@ -243,7 +243,7 @@ class RunStore:
                 "UPDATE samples SET state = 'leased', lease_expires = ?, lease_owner = ?, attempts = attempts + 1, "
                 "updated_at = ? "
                 "WHERE pk IN (SELECT pk FROM samples WHERE run_id = ? AND state = 'pending' ORDER BY pk LIMIT ?) "
-                "RETURNING pk, sample_id, dataset, messages, tools, attempts, reference_ids, tries",
+                "RETURNING pk, sample_id, dataset, messages, tools, attempts, reference_ids, tries, tries_forgiven",
                 (expires, owner, now, run_id, n),
             ).fetchall()
             rows.sort(key=lambda r: r[0])
@@ -258,6 +258,7 @@ class RunStore:
                     reference_ids=unpack_ids(r[6]),
                     lease_expires=expires,
                     tries=r[7],
+                    tries_forgiven=r[8],
                 )
                 for r in rows
             ]
@@ -325,6 +326,19 @@ class RunStore:
                 keys,
             )
             return cur.rowcount
+
+        return await self.write(op)
+
+    async def retry_failed(self, run_id: int) -> int:
+        """Put every failed sample of the run back to pending, in one transaction, each with a fresh allowance of
+        attempts (`tries_forgiven` = its tries; its responses and their attempt numbers stay). Returns how many."""
+
+        def op(conn: sqlite3.Connection) -> int:
+            return conn.execute(
+                "UPDATE samples SET state = 'pending', tries_forgiven = tries, error_class = NULL, last_error = NULL, "
+                "lease_expires = NULL, lease_owner = NULL, updated_at = ? WHERE run_id = ? AND state = 'failed'",
+                (time.time(), run_id),
+            ).rowcount
 
         return await self.write(op)
 

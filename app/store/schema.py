@@ -484,6 +484,11 @@ BEGIN
     DELETE FROM mismatch_text WHERE rowid = old.sample_pk;
     DELETE FROM mismatch_text_pending WHERE sample_pk = old.sample_pk;
 END;
+
+-- an operator's retry of failed samples (`eaglewatch run --retry-failed`, the monitor's R) gives each a fresh
+-- allowance of generation.attempts: the requests it had already cost are forgiven, while `tries` (and with it
+-- each response's attempt number) keeps counting up. The engine counts tries - tries_forgiven against the limit.
+ALTER TABLE samples ADD COLUMN tries_forgiven INTEGER NOT NULL DEFAULT 0;
 """
 
 MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
