@@ -177,8 +177,10 @@ async def _watch(engine, stream, progress: bool):
 
 def progress_line(s) -> str:
     """req/s, tok/s, $ and ETA of a MetricsSnapshot in one short line."""
+    from app.engine.budget import usd
+
     eta = "-" if s.eta_s is None else time.strftime("%H:%M:%S", time.gmtime(s.eta_s))
-    return (f"{s.rate.req_s_10s:.1f} req/s {s.rate.tok_s_10s:.0f} tok/s ${s.cost_usd:.4f} ETA {eta} "
+    return (f"{s.rate.req_s_10s:.1f} req/s {s.rate.tok_s_10s:.0f} tok/s {usd(s.cost_usd)} ETA {eta} "
             f"in flight {s.in_flight}/{s.concurrency_limit} waiting {s.waiting} failed {s.failed}")
 
 

@@ -65,7 +65,7 @@ def run_status(conn: Any, run: Any) -> dict[str, Any]:
         "reason": run.reason,
         "samples": sum(states.values()),
         "states": states,
-        "cost_usd": round(queries.cost_total(conn, run.id), 6),
+        "cost_usd": _money(queries.cost_total(conn, run.id)),
         "verdicts": queries.verdict_counts(conn, run.id),
         "strategies": queries.strategy_counts(conn, run.id),
         "engine": engine_status(conn, run),
@@ -94,9 +94,19 @@ def engine_status(conn: Any, run: Any) -> dict[str, Any]:
     return out
 
 
+def _money(amount: float | None) -> float | None:
+    """A ledger figure for JSON: rounded, or null when it is not a finite number (JSON has no NaN)."""
+    from app.engine.budget import finite_or_none
+
+    value = finite_or_none(amount)
+    return None if value is None else round(value, 6)
+
+
 def _print(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    from app.engine.budget import usd
 
     console = Console(highlight=False)
     if not report["runs"]:
@@ -109,7 +119,7 @@ def _print(report: dict[str, Any]) -> None:
             head = f"[b]{r['name']}[/b]  [b red]{engine['text']}[/b red] (recorded {r['state']})"
         else:
             head = f"[b]{r['name']}[/b]  {r['state']}" + (f" ({r['reason']})" if r["reason"] else "")
-        console.print(f"{head}  {r['samples']} samples  ${r['cost_usd']:.4f} spent")
+        console.print(f"{head}  {r['samples']} samples  {usd(r['cost_usd'])} spent")
         if engine["state"] == "running":
             eta = "" if engine.get("eta_s") is None else f"  ETA {engine['eta_s']:.0f} s"
             console.print(f"{engine['text']}: {engine['in_flight']} in flight/{engine['concurrency_limit']}, "

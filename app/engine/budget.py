@@ -121,6 +121,22 @@ class BudgetGuard:
         self.spent_usd += cost_usd
 
 
+def usd(amount: float | None) -> str:
+    """Dollars as every face prints them: cents from a dollar up, four decimals under it, "-" when unknown, and a
+    word, never `nan` or `inf`, for a figure that is not a finite number (a database written before costs were
+    checked)."""
+    if amount is None:
+        return "-"
+    if not math.isfinite(amount):
+        return "$(not a number)"
+    return f"${amount:,.2f}" if abs(amount) >= 1 else f"${amount:.4f}"
+
+
+def finite_or_none(amount: float | None) -> float | None:
+    """`amount` when it is a finite number, else None (what JSON output carries instead of NaN or inf)."""
+    return amount if amount is not None and math.isfinite(amount) else None
+
+
 def cost_per_hour(spent_usd: float, elapsed_s: float) -> float:
     """Average spending rate since the run started in this process."""
     return spent_usd * 3600.0 / elapsed_s if elapsed_s > 0 else 0.0
