@@ -142,6 +142,7 @@ class Run:
         self.events = EventLog(store, self._gate)
         self._settler: Settler | None = None
         self._guard: EndpointGuard | None = None  # endpoint health: down endpoints skipped and probed back up
+        self._pause_pending = False  # the state says paused, the pause() that returns the leases is still to run
         self._verifier = Verifier.of(config)
         # a variant (":floor", ":nitro", ...) takes its base model's price unless priced itself
         prices, _ = resolve_pricing(config.model.name, config.pricing)
@@ -558,26 +559,36 @@ class Run:
         if d.action == "pause" and self.state == "running":
             self.state, self.state_reason = "paused", f"quality gate: {d.endpoint}" + (
                 f" / {d.provider}" if d.provider else "") + f" corrupt rate {d.rate:.1%}"
+            self._pause_pending = True
             loop.create_task(self._quality_pause(d))
         elif d.action == "route_around":
             loop.create_task(self._event("warning", "quality", d.message))
 
     async def _quality_pause(self, d: QualityDecision) -> None:
-        await self._event("error", "quality", d.message)
-        await self.pause(reason=self.state_reason or "quality gate")
+        try:
+            await self._event("error", "quality", d.message)
+            await self.pause(reason=self.state_reason or "quality gate")
+        finally:
+            self._pause_pending = False
+            self._check_idle()
 
     def _endpoints_down(self, why: str) -> None:
         """Every endpoint is down: pause at once (nothing more is leased) and cancel what waits on them; the
         samples stay pending. The run resumes by itself when a probe gets an answer (`_endpoint_back`)."""
         if self.state == "running":
             self.state, self.state_reason = "paused", f"{ENDPOINTS_DOWN} ({why})"[:300]
+            self._pause_pending = True
             asyncio.get_running_loop().create_task(self._endpoints_down_pause(why))
 
     async def _endpoints_down_pause(self, why: str) -> None:
-        await self._event("error", "endpoint", f"{ENDPOINTS_DOWN} ({why}): the run is paused and its samples stay "
-                          "pending; it resumes by itself when a probe gets an answer, or run it again once the endpoint "
-                          "is back (check base_url, the network, or start the server)")
-        await self.pause(now=True, reason=self.state_reason or ENDPOINTS_DOWN)
+        try:
+            await self._event("error", "endpoint", f"{ENDPOINTS_DOWN} ({why}): the run is paused and its samples "
+                              "stay pending; it resumes by itself when a probe gets an answer, or run it again once "
+                              "the endpoint is back (check base_url, the network, or start the server)")
+            await self.pause(now=True, reason=self.state_reason or ENDPOINTS_DOWN)
+        finally:
+            self._pause_pending = False
+            self._check_idle()
 
     async def _endpoint_back(self, index: int) -> None:
         if self.state == "paused" and (self.state_reason or "").startswith(ENDPOINTS_DOWN):
@@ -641,6 +652,8 @@ class Run:
             self._idle.set()
 
     def _check_idle(self) -> None:
+        if self._pause_pending:  # paused in a hurry, its leases not yet returned: idle once pause() is through
+            return
         if self.state == "done" or (self.state == "paused" and not self._flights):
             self._idle.set()
 

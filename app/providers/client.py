@@ -242,9 +242,10 @@ class ChatClient:
         content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         started = time.perf_counter()
         head = _Head()
+        deadline = asyncio.timeout(self.timeout_s)
         try:
             # the attempt's deadline: connect, the wait for the answer and every byte of it
-            async with asyncio.timeout(self.timeout_s):
+            async with deadline:
                 if self._direct:
                     if body.get("stream"):
                         return await self._stream_direct(content, started, on_first_token, head)
@@ -260,13 +261,18 @@ class ChatClient:
             raise
         except (httpx.TransportError, OSError, TimeoutError, aiohttp.ClientError) as exc:
             # OSError / aiohttp errors: anything a transport lets through unmapped
-            error = self._transport_failure(exc, head.seen, started)
+            if deadline.expired():
+                error = RetryableError(f"{self.endpoint_name}: the attempt passed its deadline (timeout_s = "
+                                       f"{self.timeout_s:g} s) after {time.perf_counter() - started:.1f} s",
+                                       error_class="timeout")
+            else:
+                error = self._transport_failure(exc, head.seen)
             error.answered = head.seen
             raise error from None
 
-    def _transport_failure(self, exc: BaseException, head_seen: bool, started: float) -> RetryableError:
-        """The error for a transport failure: unreachable when no response began (and no deadline passed),
-        else a timeout or a network error of this attempt."""
+    def _transport_failure(self, exc: BaseException, head_seen: bool) -> RetryableError:
+        """The error for a transport failure: unreachable when no response began, else a timeout or a network
+        error of this attempt."""
         detail = self._scrub(describe_transport_error(exc))
         cause = unreachable_cause(exc)
         if not head_seen and cause is None and isinstance(_root_cause(exc), (ConnectionResetError,
@@ -274,10 +280,6 @@ class ChatClient:
             cause = "reset"
         if not head_seen and cause is not None:
             return EndpointUnreachable(f"{self.endpoint_name} ({self.url}): {detail}", cause=cause)
-        if type(exc) is TimeoutError and _root_cause(exc) is exc:  # the attempt's own deadline
-            return RetryableError(f"{self.endpoint_name}: the attempt passed its deadline (timeout_s = "
-                                  f"{self.timeout_s:g} s) after {time.perf_counter() - started:.1f} s",
-                                  error_class="timeout")
         return RetryableError(f"{self.endpoint_name}: {detail}", error_class=_transport_error_class(exc))
 
     def _request(self, content: bytes, headers: httpx.Headers) -> httpx.Request:
@@ -333,8 +335,6 @@ class ChatClient:
                         break
         except (httpx.TransportError, OSError, TimeoutError, aiohttp.ClientError) as exc:
             kind = "timeout" if _transport_error_class(exc) == "timeout" else "stream"
-            if type(exc) is TimeoutError and _root_cause(exc) is exc:
-                raise  # the attempt's deadline: `complete` names it
             how = describe_transport_error(exc)
             if kind == "timeout":
                 how = f"no byte for stall_timeout_s = {self.stall_timeout_s:g} s"
