@@ -207,6 +207,7 @@ class Run:
             cfg, self.store, self.run_id, self._gate, self.events, self._counts, self.budget, self._endpoints,
             self._slots, self.total_metrics, self._verdicts, self._strategies, self._tok_bucket,
             self._tokenizer_fingerprint, self.pricing)
+        self._settler.attempts = self.policy.attempts
         self._guard = EndpointGuard(
             health, [e.name for e in self._endpoints], [e.client for e in self._endpoints], self._slots,
             note_error=lambda i: self._settler.note_error(self._endpoints[i], "unreachable", final=False, retried=True),

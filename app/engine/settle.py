@@ -85,6 +85,7 @@ class Settler:
     verifier: Verifier | None = None
     on_decision: Callable[[QualityDecision], None] | None = None
     cost_notes: CostNotes = dataclasses.field(default_factory=CostNotes)
+    attempts: int = 0  # requests a sample may cost (the run's retry policy; 0: generation.attempts)
 
     async def settle(self, f: Flight, o: Outcome) -> None:
         """Record an Outcome (see the module doc); returns once the store has it. Never leaves the sample leased:
@@ -143,7 +144,7 @@ class Settler:
         if f.reserved_usd:  # failed before its charge replaced the reservation: free it (nothing was charged)
             self.budget.settle(f.reserved_usd, 0.0)
             f.reserved_usd = 0.0
-        final = f.tries - f.sample.tries_forgiven >= self.config.generation.attempts
+        final = f.tries - f.sample.tries_forgiven >= (self.attempts or self.config.generation.attempts)
         message = f"its outcome ({o.kind}) could not be recorded: {type(exc).__name__}: {exc}"[:1000]
         cost = f.unrecorded_usd
         try:
