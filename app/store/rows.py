@@ -197,6 +197,8 @@ def encode_response(
     """The `INSERT_RESPONSE` parameters (RESPONSE_COLUMNS order) of one successful attempt; a value the table
     cannot hold is a RowError naming its column (see the module doc)."""
     u = completion.usage
+    counts = [_count(getattr(u, name), f"responses.{name}")  # before the usage JSON, which holds them too
+              for name in ("prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_tokens")]
     return (
         run_id,
         sample_pk,
@@ -212,10 +214,7 @@ def encode_response(
         encode_logprobs(completion),
         _ids(completion.token_ids, "responses.token_ids"),
         _json(asdict(u), "responses.usage"),
-        _count(u.prompt_tokens, "responses.prompt_tokens"),
-        _count(u.completion_tokens, "responses.completion_tokens"),
-        _count(u.reasoning_tokens, "responses.reasoning_tokens"),
-        _count(u.cached_tokens, "responses.cached_tokens"),
+        *counts,
         _real(cost_usd, "responses.cost_usd"),
         _real(completion.total_s * 1000.0, "responses.latency_ms"),
         _real(completion.ttft_s * 1000.0, "responses.ttft_ms") if completion.ttft_s is not None else None,

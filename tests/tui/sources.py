@@ -160,6 +160,10 @@ class MemorySource:
         self.commands.append(("set_concurrency", str(limit)))
         self._snapshot = replace(self._snapshot, concurrency_limit=limit)
 
+    async def retry_failed(self) -> None:
+        self.commands.append(("retry_failed",))
+        self._snapshot = replace(self._snapshot, pending=self._snapshot.pending + self._snapshot.failed, failed=0)
+
     async def job_command(self, job_id: int, verb: str) -> None:
         self.commands.append(("job", str(job_id), verb))
 
