@@ -236,8 +236,9 @@ class Endpoint(_Section):
         None, description="The server behind base_url: vllm/sglang are asked for output and prompt token ids.")
     weight: float = Field(1.0, gt=0, description="Share of requests relative to the other endpoints.")
     max_concurrency: int = Field(64, gt=0, description="Most requests in flight to this endpoint.")
-    timeout_s: float = Field(600.0, gt=0, description="Deadline of one whole attempt: connecting, waiting for the "
-                             "answer and reading every byte of it.")
+    timeout_s: float = Field(1800.0, gt=0, description="Deadline of one whole attempt: connecting, waiting for the "
+                             "answer and reading every byte of it (a long answer needs max_tokens over the slowest "
+                             "tokens/s you accept).")
     stall_timeout_s: float = Field(120.0, gt=0, description="Longest silence between two reads of a streamed answer "
                                    "(at most timeout_s); a stream that stalls longer is retried.")
     max_response_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Largest response body read; a longer one is "

@@ -157,7 +157,7 @@ class ChatClient:
         # built once: httpx normalises every header of a plain dict on each request
         self._headers = httpx.Headers(headers)
         self._stream_headers = httpx.Headers(dict(headers, Accept="text/event-stream"))
-        timeout_s = float(getattr(endpoint, "timeout_s", None) or 600.0)
+        timeout_s = float(getattr(endpoint, "timeout_s", None) or 1800.0)
         self.timeout_s = timeout_s
         self.stall_timeout_s = min(timeout_s, float(getattr(endpoint, "stall_timeout_s", None)
                                                     or DEFAULT_STALL_TIMEOUT_S))
