@@ -699,7 +699,8 @@ class _Tee(io.TextIOBase):
 
 async def run_fuzz(bodies: int, seed: int, *, samples_per_round: int = 2000, mutate: float = 0.6,
                    concurrency: int = 64, folder: Path | None = None, progress: bool = False) -> Report:
-    """Serve at least `bodies` bodies over rounds (plain/streamed and OpenRouter/vLLM shapes in turn); the Report."""
+    """Serve at least `bodies` bodies, at least half of them streamed, over rounds (plain and streamed, OpenRouter and
+    vLLM shapes in turn); the Report."""
     from app.engine.rebuild_pool import build_reconstructor
 
     prompts, truths = load_truths()
@@ -715,11 +716,13 @@ async def run_fuzz(bodies: int, seed: int, *, samples_per_round: int = 2000, mut
     try:
         with contextlib.redirect_stderr(tee):
             first = 0
-            while server.served.bodies < bodies:
-                combo = report.rounds % 4
-                left = bodies - server.served.bodies
+            served = server.served
+            # until `bodies` were served, at least half of them streamed: each round takes the mode that is behind
+            while served.bodies < bodies or 2 * served.streamed < bodies:
+                stream = 2 * served.streamed < served.bodies or (served.bodies >= bodies)
+                left = max(bodies - served.bodies, bodies // 2 - served.streamed, 1)
                 n = max(1, min(samples_per_round, math.ceil(left / 1.6)))
-                await fuzz_round(server, prompts, first, n, stream=combo in (1, 3), vllm=combo >= 2,
+                await fuzz_round(server, prompts, first, n, stream=stream, vllm=report.rounds % 4 >= 2,
                                  concurrency=concurrency, folder=work, report=report, reconstructor=reconstructor)
                 first += n
                 if progress:
