@@ -13,6 +13,7 @@ import tomllib
 import types
 import typing
 from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -36,6 +37,27 @@ DatasetFormat = Literal["openai-messages", "sharegpt", "specforge-conversations"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # keys inside `extra` tables whose values are masked by RunConfig.redacted()
 _SECRET_KEY = re.compile(r"(^|_)(api_?key|key|secret|password|token|authorization|auth)$", re.IGNORECASE)
+# query parameters of a base_url that carry a credential (`?api-key=...`, `?access_token=...`, `?sig=...`)
+_SECRET_PARAM = re.compile(r"(^|[-_.])(api[-_]?key|apikey|key|token|access[-_]?token|auth|authorization|secret|"
+                           r"password|passwd|pwd|sig|signature|credential|credentials|session)$", re.IGNORECASE)
+
+
+def url_secret_problem(url: str) -> str | None:
+    """Why `url` must not be stored or printed (credentials in it: `user:key@host`, or a query parameter whose name
+    says it holds a key), in words that never include the secret; None when it carries none."""
+    try:
+        parts = urlsplit(url)
+        userinfo = parts.username is not None or parts.password is not None
+    except ValueError:
+        return None  # not a URL at all: the URL check says so
+    if userinfo or "@" in parts.netloc:
+        return ("carries credentials before the host (user:key@host); remove them from the URL and put the key in "
+                "an environment variable named by api_key_env")
+    names = sorted({name for name, _ in parse_qsl(parts.query, keep_blank_values=True) if _SECRET_PARAM.search(name)})
+    if names:
+        return (f"carries a credential in its query ({', '.join(repr(n) for n in names)}); remove it from the URL and "
+                "put the key in an environment variable named by api_key_env (it is sent as a bearer token)")
+    return None
 
 
 # a name becomes a file name, a log label, a Slurm job name and a line of a generated script: no control
@@ -214,7 +236,13 @@ class Endpoint(_Section):
         None, description="The server behind base_url: vllm/sglang are asked for output and prompt token ids.")
     weight: float = Field(1.0, gt=0, description="Share of requests relative to the other endpoints.")
     max_concurrency: int = Field(64, gt=0, description="Most requests in flight to this endpoint.")
-    timeout_s: float = Field(600.0, gt=0, description="Per-request timeout.")
+    timeout_s: float = Field(1800.0, gt=0, description="Deadline of one whole attempt: connecting, waiting for the "
+                             "answer and reading every byte of it (a long answer needs max_tokens over the slowest "
+                             "tokens/s you accept).")
+    stall_timeout_s: float = Field(120.0, gt=0, description="Longest silence between two reads of a streamed answer "
+                                   "(at most timeout_s); a stream that stalls longer is retried.")
+    max_response_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Largest response body read; a longer one is "
+                                    "a malformed response (retried).")
     probe_fraction: float | None = Field(
         None, ge=0, le=1, description="Share of requests that ask for true ids (logprobs on OpenRouter) once the "
         "endpoint (and each upstream provider behind it) has limits.min_verified_samples verified samples; before "
@@ -232,9 +260,15 @@ class Endpoint(_Section):
     @field_validator("base_url")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^https?://[^/\s]+", value):
+        if value is None:
+            return value
+        # before anything else, so no message (nor a derived endpoint name) ever holds the secret
+        problem = url_secret_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        if not re.match(r"^https?://[^/\s]+", value):
             raise ValueError("must start with http:// or https://")
-        return value.rstrip("/") if value else value
+        return value.rstrip("/")
 
     @field_validator("api_key_env")
     @classmethod
@@ -280,6 +314,13 @@ class Limits(_Section):
     requests_per_min: float | None = Field(None, gt=0, description="Request rate cap across endpoints.")
     tokens_per_min: int | None = Field(None, gt=0, description="Token rate cap (prompt + completion).")
     budget_usd: float | None = Field(None, ge=0, description="Stop leasing new samples once this much is spent.")
+    max_response_cost_usd: float = Field(
+        20.0, gt=0, description="A cost reported for one response above this (or negative, NaN, infinite) is not "
+        "believed: an event says so and the response is charged at the list price ([pricing]).")
+    endpoint_down_after: int = Field(
+        5, ge=1, description="Consecutive connection failures (DNS, refused, TLS, reset before any byte) with no "
+        "answer in between that mark an endpoint down: requests go to the other endpoints, or the run pauses when "
+        "all are down; a down endpoint is probed with backoff and comes back on its first answer.")
     lease_s: float = Field(600.0, gt=0, description="A leased sample returns to pending after this long (crash safety).")
     max_corrupt_rate: float | None = Field(
         None, ge=0, le=1, description="Pause (or route around) an endpoint/provider whose measured corrupt rate exceeds this."

@@ -1,7 +1,8 @@
 """Streaming readers for prompt datasets and SGLang-style reference files (JSONL, one object a line).
 
-Files are read line by line, never whole. A bad line is counted and skipped, and its `file:line: reason`
-kept (the first few) in the `ReadStats` passed in; without one, the first bad line raises InputError.
+Files are read line by line, never whole. A bad line is counted and skipped, and its `file:line:column: reason`
+(`file:line: reason` when the problem is not at one place in the text) kept (the first few) in the `ReadStats`
+passed in; without one, the first bad line raises InputError. Columns count characters from 1, as editors do.
 
 Formats (the prompt is the conversation without its trailing assistant turn, which is what we regenerate):
 - openai-messages:          {"id", "messages": [{"role", "content", ...}], "tools"?}
@@ -61,7 +62,15 @@ class ReadStats:
 
 
 class _BadLine(Exception):
-    pass
+    """A line that cannot be used; `column` (1-based, in characters) where the problem is, when it is at one place."""
+
+    def __init__(self, reason: str, column: int | None = None) -> None:
+        super().__init__(reason)
+        self.column = column
+
+    def where(self, path: Path | str, number: int) -> str:
+        """`file:line:column` (or `file:line`)."""
+        return f"{path}:{number}:{self.column}" if self.column is not None else f"{path}:{number}"
 
 
 def content_id(messages: list[dict[str, Any]], tools: list[Any] | None) -> str:
@@ -88,18 +97,20 @@ def _lines(path: Path, stats: ReadStats) -> Iterator[tuple[int, bytes]]:
 def _parse(line: bytes) -> dict[str, Any]:
     try:
         obj = orjson.loads(line)
-    except orjson.JSONDecodeError:
+    except orjson.JSONDecodeError as first:
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise _BadLine(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
+            column = len(line[: exc.start].decode("utf-8", "replace")) + 1
+            raise _BadLine(f"not UTF-8 ({exc.reason} at byte {exc.start})", column) from None
         try:  # the stdlib parser words its errors better
             json.loads(text)
         except json.JSONDecodeError as exc:
-            raise _BadLine(f"invalid JSON ({exc.msg} at column {exc.colno})") from None
+            raise _BadLine(f"invalid JSON ({exc.msg})", exc.colno) from None
         except ValueError as exc:
             raise _BadLine(f"invalid JSON ({exc})") from None
-        raise _BadLine("invalid JSON (a number out of range or a NaN)") from None
+        # the stdlib accepts what orjson does not: NaN / Infinity, or a number past a double's range
+        raise _BadLine(f"invalid JSON ({first.msg}: a number out of range, NaN or Infinity)", first.colno) from None
     if not isinstance(obj, dict):
         raise _BadLine(f"expected a JSON object, got {type(obj).__name__}")
     return obj
@@ -204,8 +215,8 @@ def iter_prompts(
             sid = _sample_id(obj, id_field) or content_id(messages, tools)
         except _BadLine as exc:
             if strict:
-                raise InputError(f"{path}:{number}: {exc}; fix or remove the line") from None
-            stats.reject(f"{path}:{number}", str(exc))
+                raise InputError(f"{exc.where(path, number)}: {exc}; fix or remove the line") from None
+            stats.reject(exc.where(path, number), str(exc))
             continue
         stats.good += 1
         yield SampleInput(sid, name, messages, tools, line=number)
@@ -271,8 +282,8 @@ def iter_references(
                 sid = content_id(_prompt(messages, "messages"), obj.get("tools"))
         except _BadLine as exc:
             if strict:
-                raise InputError(f"{path}:{number}: {exc}; fix or remove the line") from None
-            stats.reject(f"{path}:{number}", str(exc))
+                raise InputError(f"{exc.where(path, number)}: {exc}; fix or remove the line") from None
+            stats.reject(exc.where(path, number), str(exc))
             continue
         stats.good += 1
         yield ReferenceRecord(sid, tuple(ids), _finish_reason(obj.get("meta_info")), messages, number)
@@ -291,15 +302,18 @@ def file_fingerprint(path: str | Path) -> str:
 
 @dataclass(frozen=True, slots=True)
 class InputsCheck:
-    """What checking a config's input files found: errors (the run must not start), warnings, the vocab size."""
+    """What checking a config's input files found: errors (the run must not start), warnings, the vocab size,
+    and how many reference and dataset lines were read."""
 
     errors: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     vocab_size: int | None = None
     references_checked: int = 0
+    dataset_lines_checked: int = 0
 
 
 REFERENCE_SAMPLE = 2000
+DATASET_SAMPLE = 2000  # lines of each dataset `run` and `ingest` read before writing (`config check` reads all)
 
 
 def _file_problem(path: Path, what: str) -> str | None:
@@ -315,23 +329,95 @@ def _file_problem(path: Path, what: str) -> str | None:
     return None
 
 
-def check_inputs(config: Any, *, reference_sample: int | None = REFERENCE_SAMPLE) -> InputsCheck:
-    """Check everything a config names on disk without running: each dataset and reference file exists and is
-    readable, the tokenizer directory loads (and the profile is known), and the first `reference_sample` lines
-    of each reference file parse with ids inside the vocabulary (None: every line).
+def _database_problem(path: Path) -> str | None:
+    """Why a run database cannot be written at `path` (folder missing or not writable, file not writable), in
+    words that say what to do; None when it can. The advice differs for a database that does not exist yet."""
+    import os
 
-    Messages read `<key>: <problem>; <what to do>`. A reference whose every sampled line is refused is an error
-    (the wrong tokenizer, most likely); some refused lines are a warning (ingest skips them by file:line).
+    folder = path.parent
+    if not folder.is_dir():
+        return (f"its folder {folder} does not exist; create it (mkdir -p {folder}) or set run.database (or --db) to a "
+                "path in an existing folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        if path.exists():
+            return (f"its folder {folder} is read-only (or not writable by this user), and a run database is written "
+                    "with a journal beside it (-wal, -shm); copy it to a writable folder and point run.database (or "
+                    "--db) at the copy. The reading verbs (status, watch --readonly, export) work where it is.")
+        return (f"cannot be created: its folder {folder} is read-only (or not writable by this user); set "
+                "run.database (or --db) to a path in a writable folder, or fix the folder's permissions")
+    if path.exists() and not os.access(path, os.R_OK | os.W_OK):
+        return f"exists but is not readable and writable by this user; fix its permissions or use another database path"
+    return None
+
+
+def check_api_keys(config: Any) -> tuple[list[str], list[str]]:
+    """(errors, warnings) about the endpoints' keys: an `api_key_env` whose variable is not set or empty is an
+    error (the run would fail on its first request); a hosted API (OpenRouter, OpenAI) with no api_key_env is a
+    warning. Never reads a key beyond checking that it is there."""
+    import os
+    from urllib.parse import urlsplit
+
+    label = str(config.source) if getattr(config, "source", None) else "config"
+    errors: list[str] = []
+    warnings: list[str] = []
+    for i, ep in enumerate(config.endpoints):
+        if ep.simulator is not None:
+            continue
+        if ep.api_key_env:
+            if not os.environ.get(ep.api_key_env):
+                errors.append(f"{label}: endpoints[{i}].api_key_env: the environment variable {ep.api_key_env} "
+                              f"(endpoint {ep.name!r}) is not set or empty; export it before starting the run")
+        else:
+            host = urlsplit(ep.base_url or "").hostname or ""
+            if host.endswith(("openrouter.ai", "openai.com")):
+                warnings.append(f"endpoints[{i}] ({ep.name!r}) calls {host} without api_key_env; it will refuse the "
+                                "requests (401): name the variable holding the key")
+    return errors, warnings
+
+
+def check_inputs(config: Any, *, reference_sample: int | None = REFERENCE_SAMPLE,
+                 dataset_sample: int | None = DATASET_SAMPLE, require_keys: bool = True) -> InputsCheck:
+    """Check everything a config names without running or writing: each dataset and reference file exists and is
+    readable, the first `dataset_sample` lines of each dataset parse in its format (None: every line), the
+    tokenizer directory loads (and the profile is known), the first `reference_sample` lines of each reference
+    file parse with ids inside the vocabulary (None: every line), the database can be written where the config
+    puts it, and each endpoint's API key variable is set (an error with `require_keys`, else a warning: `ingest`
+    sends no request).
+
+    Messages read `<key>: <problem>; <what to do>`. A file whose every checked line is refused is an error (the
+    wrong format or tokenizer, most likely); some refused lines are a warning with their count and the first few
+    as file:line:column (ingest skips them).
     """
     from app.tokens import get_profile, load_tokenizer
 
     label = str(config.source) if getattr(config, "source", None) else "config"
     errors: list[str] = []
     warnings: list[str] = []
+    lines_checked = 0
     for i, ds in enumerate(config.data.datasets):
         problem = _file_problem(Path(ds.path), "prompt JSONL file")
         if problem:
             errors.append(f"{label}: data.datasets[{i}].path: {problem}")
+            continue
+        stats = ReadStats()
+        try:
+            for _ in iter_prompts(ds.path, ds.format, dataset=ds.name, id_field=ds.id_field, stats=stats):
+                if dataset_sample is not None and stats.good + stats.bad >= dataset_sample:
+                    break
+        except InputError as exc:
+            errors.append(f"{label}: data.datasets[{i}].path: {exc}")
+            continue
+        seen = stats.good + stats.bad
+        lines_checked += seen
+        if stats.bad:
+            scope = f"the first {seen}" if dataset_sample is not None and seen >= dataset_sample else f"all {seen}"
+            examples = "; ".join(stats.examples[:3])
+            if not stats.good:
+                errors.append(f"{label}: data.datasets[{i}]: every one of {scope} lines checked is refused as "
+                              f"{ds.format}, e.g. {examples}; is `format` right for this file?")
+            else:
+                warnings.append(f"data.datasets[{i}] ({ds.name}): {stats.bad} of {scope} lines checked are refused "
+                                f"(ingest skips them): {examples}")
     references: list[tuple[str, Path]] = []
     if config.data.reference is not None:
         references.append(("data.reference", Path(config.data.reference)))
@@ -380,4 +466,13 @@ def check_inputs(config: Any, *, reference_sample: int | None = REFERENCE_SAMPLE
                     f"{key}: {stats.bad} of {scope} lines checked are refused (ingest skips them), "
                     f"e.g. {stats.examples[0]}"
                 )
-    return InputsCheck(tuple(errors), tuple(warnings), vocab_size, checked)
+    problem = _database_problem(Path(config.run.database))
+    if problem:
+        errors.append(f"{label}: run.database: {config.run.database} {problem}")
+    key_errors, key_warnings = check_api_keys(config)
+    if require_keys:
+        errors += key_errors
+    else:
+        warnings += [e.split(": ", 1)[1] for e in key_errors]
+    warnings += key_warnings
+    return InputsCheck(tuple(errors), tuple(warnings), vocab_size, checked, lines_checked)

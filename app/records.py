@@ -40,7 +40,10 @@ class Usage:
     completion_tokens: int = 0
     reasoning_tokens: int = 0
     cached_tokens: int = 0
-    cost_usd: float | None = None  # None: the API reported no cost
+    cost_usd: float | None = None  # None: the API reported no cost (or one that could not be used)
+    # why a reported cost could not be used (NaN, infinite, negative, past the cap): app.providers.wire.cost;
+    # the engine then charges the list price and tells the operator
+    cost_problem: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +53,8 @@ class Completion:
     `content_logprobs` / `reasoning_logprobs` are None when the provider returned none.
     `token_ids` holds server-returned output ids (vLLM / SGLang `choices[].token_ids`);
     `prompt_token_ids` the server's prompt ids when it returned them (vLLM, SGLang non-streaming).
+    `wire_flags`: what the body boundary had to do to the answer (app.providers.wire: text replaced because it
+    was not valid Unicode, an answer with no finish_reason kept as truncated).
     """
 
     content: str
@@ -67,6 +72,7 @@ class Completion:
     model: str | None = None
     generation_id: str | None = None
     raw: Any = None  # parsed JSON body (non-streaming) or list of chunk dicts (streaming)
+    wire_flags: tuple[str, ...] = ()
 
     @property
     def truncated(self) -> bool:

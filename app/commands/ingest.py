@@ -44,12 +44,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _ingest(config: Any, **kw: Any) -> Any:
-    from app.engine.config_ingest import ingest_config
+    from app.engine.config_ingest import ingest_config, preflight
     from app.store.run_store import RunStore
 
+    inputs = await preflight(config, require_keys=False)  # before the database is opened: a refused config writes nothing
     store = await RunStore.open(config.run.database)
     try:
-        return await ingest_config(store, config, **kw)
+        return await ingest_config(store, config, inputs=inputs, **kw)
     finally:
         await store.close()
 

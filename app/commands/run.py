@@ -1,4 +1,10 @@
-"""`eaglewatch run`: generate responses for a run config, in the TUI or headless with progress on stderr."""
+"""`eaglewatch run`: generate responses for a run config, in the TUI or headless with progress on stderr.
+
+Before anything is written the config's inputs are checked (`app.datasets.check_inputs`: files, dataset lines,
+tokenizer, the database folder, each endpoint's API key). Headless exit codes: 0 every sample done; 1 some
+samples failed (how many, and `--retry-failed` to put them back), or the run paused (budget, operator, every
+endpoint down: the reason is printed); 3 a run-stopping error from the provider (key, credits, permissions).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ from app.errors import EaglewatchError
 EXAMPLE = """\
 eaglewatch run --headless sample_data/demo.toml
 eaglewatch run --headless run.toml --db runs.db --concurrency 32 --budget 5 --limit 1000
+eaglewatch run --headless run.toml --retry-failed   # failed samples back to pending, fresh attempts
 eaglewatch run run.toml          # the same run inside the terminal UI"""
 
 
@@ -25,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, metavar="N", help="start with N requests in flight (raises the max if needed)")
     parser.add_argument("--budget", type=float, metavar="USD", help="pause before spending would pass USD")
     parser.add_argument("--limit", type=int, metavar="N", help="ingest at most N samples per dataset")
+    parser.add_argument("--retry-failed", action="store_true",
+                        help="put the run's failed samples back to pending first, each with a fresh allowance of "
+                        "generation.attempts (their earlier responses stay in the ledger)")
 
 
 def load_run_config(args: argparse.Namespace):
@@ -67,12 +77,14 @@ def run(args: argparse.Namespace) -> int:
                 "the terminal UI is not available in this build; use 'eaglewatch run --headless "
                 f"{args.config}' for progress on stderr"
             ) from None
-        return int(run_tui(config=config, run=config.run.name) or 0)
-    return asyncio.run(run_headless(config))
+        return int(run_tui(config=config, run=config.run.name, retry_failed=args.retry_failed) or 0)
+    return asyncio.run(run_headless(config, retry_failed=args.retry_failed))
 
 
-async def run_headless(config, *, progress: bool = True, stream=None) -> int:
-    """Run to the end (exit 0), a run-stopping error (3) or a budget/operator pause (1); Ctrl-C pauses."""
+async def run_headless(config, *, progress: bool = True, stream=None, retry_failed: bool = False) -> int:
+    """Run to the end: exit 0 when every sample is done, 1 when some failed or the run paused (budget, operator,
+    every endpoint down), 3 on a run-stopping error; Ctrl-C pauses. `retry_failed` first puts failed samples
+    back to pending (`Run.retry_failed`)."""
     from app.engine.run import VIEWER_PAUSE
     from app.engine.session import open_run
 
@@ -80,6 +92,9 @@ async def run_headless(config, *, progress: bool = True, stream=None) -> int:
     database = config.run.database
     async with open_run(config, on_ingested=lambda summary: print(f"{summary} ({database})", file=stream)) as opened:
         engine = opened.run
+        if retry_failed:
+            n = await engine.retry_failed()
+            print(f"{n} failed samples put back to pending ({database})", file=stream)
         loop = asyncio.get_running_loop()
         interrupts = 0
 
@@ -107,10 +122,22 @@ async def run_headless(config, *, progress: bool = True, stream=None) -> int:
         finally:
             loop.remove_signal_handler(signal.SIGINT)
             loop.remove_signal_handler(signal.SIGTERM)
+        snap = engine.snapshot()
     if outcome.state == "done":
+        if snap.failed:
+            print(f"run finished with {snap.failed} failed samples of {snap.total} ({snap.done} done); "
+                  f"'eaglewatch status --db {database}' shows why, and 'eaglewatch run --headless {_config_arg(config)} "
+                  "--retry-failed' puts them back to pending with fresh attempts", file=stream)
+            return 1
         return 0
-    print(f"run paused: {outcome.reason}; run the same command again to resume", file=stream)
+    print(f"run paused: {outcome.reason}; {snap.pending + snap.leased} samples pending; run the same command again "
+          "to resume", file=stream)
     return 3 if outcome.stopping_error else 1
+
+
+def _config_arg(config) -> str:
+    """The config file as the operator would type it again (its path, else a placeholder)."""
+    return str(config.source) if getattr(config, "source", None) else "CONFIG"
 
 
 async def _watch(engine, stream, progress: bool):
@@ -152,6 +179,7 @@ def progress_line(s) -> str:
     """One short line of a run's record (app.engine.snapshot.RunRecord), in the words every face uses: the
     engine's answers and tokens per second (a finished run's averages), what is spent, the ETA, requests in
     flight / the limit and the samples waiting, failed samples, and the state's words once it is not running."""
+    from app.engine.budget import usd
     from app.engine.snapshot import finished_figures, state_words
     from app.store.count_records import RunLatency
 
@@ -163,7 +191,7 @@ def progress_line(s) -> str:
     else:
         rates = f"avg {fin.req_s:.1f} req/s {fin.tok_s:.0f} tok/s" if fin is not None else "- req/s - tok/s"
     eta = "-" if s.eta_s is None else time.strftime("%H:%M:%S", time.gmtime(s.eta_s))
-    line = f"{rates} ${s.cost_usd:.4f} ETA {eta}"
+    line = f"{rates} {usd(s.cost_usd)} ETA {eta}"
     if live is not None and fin is None:
         line += f" in flight {live.in_flight}/{live.concurrency_limit} waiting {live.waiting}"
     line += f" failed {s.failed}"

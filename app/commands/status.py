@@ -71,7 +71,7 @@ def run_status(conn: Any, run: Any) -> dict[str, Any]:
         "words": words.text,
         "samples": c.samples.total,
         "states": c.samples.as_dict(),
-        "cost_usd": round(c.cost_usd, 6),
+        "cost_usd": _money(c.cost_usd),
         "requests": c.requests,
         "retried": c.retried,
         "errors_by_class": dict(c.errors_by_class),  # failed requests per class
@@ -87,7 +87,7 @@ def run_status(conn: Any, run: Any) -> dict[str, Any]:
         "prompt_checks": dict(a.prompt_checks),
         "strategies": dict(c.strategies),
         "endpoints": [{"name": e.name, "completed": e.completed, "failed": e.failed, "retried": e.retried,
-                       "cost_usd": round(e.cost_usd, 6), "errors_by_class": dict(e.errors_by_class)}
+                       "cost_usd": _money(e.cost_usd), "errors_by_class": dict(e.errors_by_class)}
                       for e in c.endpoints],
         "figures": _figures(rec),
         "engine": engine_status(conn, run, rec),
@@ -127,11 +127,20 @@ def engine_status(conn: Any, run: Any, rec: Any) -> dict[str, Any]:
     return out
 
 
+def _money(amount: float | None) -> float | None:
+    """A ledger figure for JSON: rounded, or null when it is not a finite number (JSON has no NaN)."""
+    from app.engine.budget import finite_or_none
+
+    value = finite_or_none(amount)
+    return None if value is None else round(value, 6)
+
+
 def _print(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
     from app.records import VERDICT_LABELS, VERIFICATION_WORDS
+    from app.engine.budget import usd
 
     console = Console(highlight=False)
     if not report["runs"]:
@@ -139,7 +148,7 @@ def _print(report: dict[str, Any]) -> None:
         return
     for r in report["runs"]:
         engine, fig = r["engine"], r["figures"]
-        console.print(f"[b]{r['name']}[/b]  {r['words']}  {r['samples']} samples  ${r['cost_usd']:.4f} spent",
+        console.print(f"[b]{r['name']}[/b]  {r['words']}  {r['samples']} samples  {usd(r['cost_usd'])} spent",
                       markup=True)
         if engine["state"] == "running":
             eta = "" if engine.get("eta_s") is None else f"  ETA {engine['eta_s']:.0f} s"

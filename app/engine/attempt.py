@@ -6,6 +6,11 @@ success, and turns whatever happened into an Outcome: it never raises except on 
 engine settles the Outcome in one place (`app.engine.settle.Settler.settle`). The slot stays held from the
 request until the engine has stored the result, so finished-but-unstored responses count against the
 in-flight bound.
+
+A request that reached no endpoint (`EndpointUnreachable`) goes to `on_unreachable` first: when that says the
+failure was the endpoint's (app.engine.endpoint_health), the request is sent again without using one of the
+sample's attempts; otherwise it is a failed attempt like any other. `on_answered(index)` hears of every
+response that came back from endpoint `index`, whatever its status.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from app.engine.endpoints import Endpoint
 from app.engine.limiter import Ticket
 from app.engine.slots import EndpointSlots
 from app.engine.verify import Rebuilt
-from app.providers.exceptions import ProviderError, RetryableError, RunStoppingError, SampleFatalError
+from app.providers.exceptions import (EndpointUnreachable, ProviderError, RetryableError, RunStoppingError,
+                                      SampleFatalError)
 from app.providers.retry import RetryPolicy, with_retries
 from app.records import Completion, Reconstruction, Verdict
 from app.store.store_records import LeasedSample
@@ -44,9 +50,12 @@ class Flight:
     tries: int = 0
     last: int = 0  # the endpoint of the latest request
     billed_usd: float = 0.0  # what failed earlier requests of this flight were billed
+    unrecorded_usd: float = 0.0  # what the last request was charged, kept until its outcome is recorded
     settling: bool = False  # a response arrived: pause-now leaves it to be rebuilt and stored
     probe: bool = False  # the latest request asked for true ids (app.engine.verify): its text path is measured
     ticket: Ticket | None = None  # the limiter's ticket of the latest request (its level and epoch)
+    # endpoint index -> its answer count at this flight's latest connection failure there (endpoint_health)
+    unreachable_seen: dict[int, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.tries = self.sample.tries
@@ -75,6 +84,9 @@ class Outcome:
 # Called before each retry's wait with the failed attempt: the engine counts it, cuts the limit on overload,
 # gives back the slot and logs the attempt with its cost.
 OnRetry = Callable[[Flight, RetryableError], Awaitable[None]]
+# A request reached no endpoint: True when it was the endpoint's failure (the slot is given back, the wait done,
+# and the request is sent again without using an attempt); False to count it as a failed attempt.
+OnUnreachable = Callable[[Flight, EndpointUnreachable], Awaitable[bool]]
 
 
 async def request_sample(
@@ -88,16 +100,19 @@ async def request_sample(
     on_retry: OnRetry,
     request_extra: RequestExtra | None = None,
     on_first_token: Callable[[Flight], None] | None = None,
+    on_unreachable: OnUnreachable | None = None,
+    on_answered: Callable[[int], None] | None = None,
 ) -> Outcome:
     """Send `flight.sample` until it succeeds or fails for good, and rebuild its ids; see the module doc.
     `on_first_token(flight)`: a streamed request's first token arrived (the ETA's clock for that sample)."""
     sample = flight.sample
-    left = policy.attempts - flight.tries
+    counted = flight.tries - sample.tries_forgiven  # an operator's retry of failed samples forgave the earlier ones
+    left = policy.attempts - counted
     if left <= 0:
         return Outcome("failed", flight.tries, error_class="attempts_exhausted",
-                       message=f"{flight.tries} requests sent over earlier leases; generation.attempts is {policy.attempts}")
+                       message=f"{counted} requests sent over earlier leases; generation.attempts is {policy.attempts}")
 
-    async def send() -> Completion:
+    async def once() -> Completion:
         if flight.index is None:
             flight.index, flight.ticket = await slots.acquire_ticket()
         ep = endpoints[flight.index]
@@ -107,10 +122,28 @@ async def request_sample(
             extra, flight.probe = ep.config.extra or None, False
         else:
             extra, flight.probe = request_extra(flight.index)
-        if on_first_token is None:
-            return await ep.client.complete(sample.messages, sample.tools, model=model, extra=extra)
-        return await ep.client.complete(sample.messages, sample.tools, model=model, extra=extra,
-                                        on_first_token=lambda: on_first_token(flight))
+        try:
+            if on_first_token is None:
+                completion = await ep.client.complete(sample.messages, sample.tools, model=model, extra=extra)
+            else:
+                completion = await ep.client.complete(sample.messages, sample.tools, model=model, extra=extra,
+                                                      on_first_token=lambda: on_first_token(flight))
+        except ProviderError as exc:
+            if on_answered is not None and getattr(exc, "answered", False):
+                on_answered(flight.last)
+            raise
+        if on_answered is not None:
+            on_answered(flight.last)
+        return completion
+
+    async def send() -> Completion:
+        while True:
+            try:
+                return await once()
+            except EndpointUnreachable as exc:
+                if on_unreachable is None or not await on_unreachable(flight, exc):
+                    raise
+                flight.tries -= 1  # the endpoint's failure, not the sample's: sent again, no attempt used
 
     async def retrying(_n: int, exc: RetryableError, _delay: float) -> None:
         await on_retry(flight, exc)

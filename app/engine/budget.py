@@ -6,12 +6,22 @@ may start only while spent + reserved + its own worst case stays within the budg
 the model there is no worst case to reserve, so the engine refuses a budget then (`Run.start`). What a
 request costs beyond its reservation (prices below the provider's bill, billed retries) is summed in
 `overshoot_usd` so the operator is told the budget was passed, not "reached". Pure arithmetic: no I/O.
+
+What a response is charged (`charge`): the larger of its reported cost and the list price of its tokens, so
+money never goes backwards; a reported cost that is NaN, infinite, negative or past
+`limits.max_response_cost_usd` is not used (the boundary said why: `Usage.cost_problem`) and the tokens' list
+price is charged instead, or nothing when no price is known (the tokens are still counted). `CostNotes` turns
+those problems into operator events without flooding the log. Every figure here is finite and non-negative.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
+
+from app.providers.pricing import PricingLike, list_price
+from app.records import Usage
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +30,51 @@ class Prices:
 
     prompt_per_m: float
     completion_per_m: float
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """What one attempt is charged (`usd`, finite, >= 0) and why: the usable reported cost, the list price
+    (None: no price known), and the problem with the reported cost when it was not used."""
+
+    usd: float
+    reported: float | None
+    priced: float | None
+    problem: str | None = None
+
+
+def charge(usage: Usage | None, pricing: PricingLike | None, reported_usd: float | None = None) -> Charge:
+    """The charge for an attempt with `usage` (None: no sound usage came back) at `pricing`: max(reported, priced).
+    `reported_usd` overrides the usage's reported cost (a failed attempt's `ProviderError.cost_usd`)."""
+    priced = list_price(usage, pricing) if usage is not None else None
+    problem = usage.cost_problem if usage is not None else None
+    reported = reported_usd if reported_usd is not None else (usage.cost_usd if usage is not None else None)
+    if reported is not None and (not math.isfinite(reported) or reported < 0):
+        problem, reported = problem or f"the reported cost is {reported!r}", None
+    usd = max(reported or 0.0, priced or 0.0)
+    return Charge(usd, reported, priced, problem)
+
+
+class CostNotes:
+    """Operator sentences for reported costs that were not believed: the first few in full, then one line per
+    hundred more (a provider that reports -1 on every answer must not bury the log)."""
+
+    FULL = 3
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def note(self, c: Charge, sample_id: str, endpoint: str) -> str | None:
+        """The event text for charge `c` (which has a problem), or None when this one is only counted."""
+        self.count += 1
+        if self.count <= self.FULL:
+            what = (f"charged its tokens' list price ${c.usd:.6f}" if c.priced is not None else
+                    "charged $0 for it: no list price is known for the model ([pricing]); its tokens are counted")
+            return (f"{endpoint}: sample {sample_id!r}: {c.problem}, so the reported cost is not used; {what}"
+                    + (" (further such costs are summed, one line per 100)" if self.count == self.FULL else ""))
+        if self.count % 100 == 0:
+            return f"{endpoint}: {self.count} responses so far reported a cost that was not used (charged at list price)"
+        return None
 
 
 def estimate_prompt_tokens(messages: list[dict], tools: list | None = None) -> int:
@@ -58,9 +113,28 @@ class BudgetGuard:
         self.reserved_usd += worst_case_usd
 
     def settle(self, reserved_usd: float, cost_usd: float) -> None:
-        """Replace a reservation with what the request really cost (0 for a request that failed unbilled)."""
+        """Replace a reservation with what the request really cost (0 for a request that failed unbilled).
+        A cost that is not finite or is negative is a bug of the caller (`charge` never gives one): ValueError."""
+        if not math.isfinite(cost_usd) or cost_usd < 0:
+            raise ValueError(f"a charge must be a finite, non-negative amount, got {cost_usd!r}")
         self.reserved_usd = max(0.0, self.reserved_usd - reserved_usd)
         self.spent_usd += cost_usd
+
+
+def usd(amount: float | None) -> str:
+    """Dollars as every face prints them: cents from a dollar up, four decimals under it, "-" when unknown, and a
+    word, never `nan` or `inf`, for a figure that is not a finite number (a database written before costs were
+    checked)."""
+    if amount is None:
+        return "-"
+    if not math.isfinite(amount):
+        return "$(not a number)"
+    return f"${amount:,.2f}" if abs(amount) >= 1 else f"${amount:.4f}"
+
+
+def finite_or_none(amount: float | None) -> float | None:
+    """`amount` when it is a finite number, else None (what JSON output carries instead of NaN or inf)."""
+    return amount if amount is not None and math.isfinite(amount) else None
 
 
 def cost_per_hour(spent_usd: float, elapsed_s: float) -> float:

@@ -7,8 +7,9 @@ fingerprint and read options is skipped; a file whose pass was interrupted (SIGK
 changed is read again from the start — lines the run holds are "already present", so a second pass adds
 exactly what the first did not. The reference file is attached again whenever a dataset pass added samples.
 
-Before anything is written the config's inputs are checked (`app.datasets.check_inputs`: paths, tokenizer,
-reference ids inside the vocabulary), so `run` fails on a bad path before it ingests. Bad lines are counted,
+Before anything is written the config's inputs are checked (`app.datasets.check_inputs`: paths, dataset
+lines, tokenizer, reference ids inside the vocabulary, the database folder, API keys), so `run` fails on a bad
+path before it ingests; `preflight` runs that check before the store is even opened (no file is created). Bad lines are counted,
 reported by file:line and skipped; conflicting duplicate ids likewise.
 """
 
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from app.config import RunConfig
-from app.datasets import ReadStats, check_inputs, file_fingerprint, iter_dataset, iter_references
+from app.datasets import InputsCheck, ReadStats, check_inputs, file_fingerprint, iter_dataset, iter_references
 from app.errors import InputError
 from app.store.ingest_ops import IngestStatus, begin_file, file_record, finish_file, ingest_status, require_complete
 from app.store.run_store import RunStore
@@ -31,7 +32,17 @@ from app.store.run_store import RunStore
 # progress(label, path, stats) -> an async context manager shown while that file is read (None: no progress)
 Progress = Callable[[str, Path, ReadStats], AbstractAsyncContextManager[object]]
 
-__all__ = ["FileReport", "IngestConfigReport", "ingest_config"]
+__all__ = ["FileReport", "IngestConfigReport", "ingest_config", "preflight"]
+
+
+async def preflight(config: Any, *, require_keys: bool = True) -> InputsCheck:
+    """Check the config's inputs (`check_inputs`, in a thread) before anything is opened or written; raise
+    InputError with every problem found (a missing API key only with `require_keys`: `ingest` sends nothing).
+    Pass the result to `ingest_config(..., inputs=)`."""
+    inputs = await asyncio.to_thread(check_inputs, config, require_keys=require_keys)
+    if inputs.errors:
+        raise InputError("\n".join(inputs.errors))
+    return inputs
 
 
 @dataclass(frozen=True)
@@ -137,19 +148,20 @@ async def ingest_config(
     allow_partial: bool = False,
     force: bool = False,
     check: bool = True,
+    inputs: InputsCheck | None = None,
 ) -> IngestConfigReport:
     """Bring the run `config` names up to date with its dataset and reference files; return what happened.
 
     Raises InputError before writing anything when the inputs check finds an error (`check`), and after the
     files when the run is still half-ingested (a file failed to read) unless `allow_partial`. `force` reads
-    files again even when unchanged since their last complete pass.
+    files again even when unchanged since their last complete pass. `store` is an open RunStore. `inputs`: the
+    result of a `preflight` already run (the check is not run again).
     """
     warnings: tuple[str, ...] = ()
     vocab_size = None
-    if check:
-        inputs = await asyncio.to_thread(check_inputs, config)
-        if inputs.errors:
-            raise InputError("\n".join(inputs.errors))
+    if inputs is None and check:
+        inputs = await preflight(config, require_keys=False)
+    if inputs is not None:
         warnings, vocab_size = inputs.warnings, inputs.vocab_size
     run_id = await store.ensure_run(config.run.name, config.redacted())
     reports: list[FileReport] = []

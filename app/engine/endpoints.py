@@ -15,7 +15,7 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 from app.config import Endpoint as EndpointConfig
-from app.config import RunConfig
+from app.config import RunConfig, url_secret_problem
 from app.engine.limiter import AdaptiveLimit
 from app.engine.metrics import EndpointMetrics
 from app.errors import InputError
@@ -74,21 +74,18 @@ def share_limits(config: RunConfig) -> list[AdaptiveLimit]:
 
 
 def check_base_url(ep: EndpointConfig) -> None:
-    """Refuse a base_url the client cannot use safely: credentials in it (`user:key@host`) would be sent to
-    logs and the database with the URL, so the key belongs in `api_key_env`."""
+    """Refuse a base_url the client cannot use safely: credentials in it (`user:key@host`, `?api-key=...`) would
+    reach logs and the database with the URL, so the key belongs in `api_key_env`. The config refuses them at
+    load (`app.config.url_secret_problem`); this holds for an endpoint built in code too."""
     if ep.base_url is None:
         return
     try:
-        parts = urlsplit(ep.base_url)
-        has_credentials = parts.username is not None or parts.password is not None
-        parts.port  # noqa: B018 - raises ValueError on a malformed port
+        urlsplit(ep.base_url).port  # noqa: B018 - raises ValueError on a malformed port
     except ValueError as exc:
         raise InputError(f"endpoint {ep.name!r}: base_url is not a valid URL ({exc}); fix [[endpoints]] base_url") from None
-    if has_credentials:
-        raise InputError(
-            f"endpoint {ep.name!r}: base_url carries credentials (user:key@host); remove them from the URL and "
-            "put the key in an environment variable named by api_key_env"
-        )
+    problem = url_secret_problem(ep.base_url)
+    if problem is not None:
+        raise InputError(f"endpoint {ep.name!r}: base_url {problem}")
 
 
 async def open_endpoints(
@@ -97,11 +94,16 @@ async def open_endpoints(
     started: float,
     clients: Mapping[str, CompletionClient] | None = None,
     on_event: Callable[[str, str, str], Awaitable[None]] | None = None,
+    vocab_size: int | None = None,
 ) -> Endpoints:
     """Start each endpoint's simulator (if any) and client; `clients` replaces the client of the endpoints it
-    names (tests, benchmarks). Raises InputError for a missing key or a bad base_url; on any error whatever
-    was started is closed again."""
+    names (tests, benchmarks). Response bodies are checked against `vocab_size` (ids) and the config's
+    `limits.max_response_cost_usd` (app.providers.wire). Raises InputError for a missing key or a bad base_url;
+    on any error whatever was started is closed again."""
     from app.providers.client import ChatClient
+    from app.providers.wire import WireLimits
+
+    limits = WireLimits(vocab_size=vocab_size, max_cost_usd=config.limits.max_response_cost_usd)
 
     given = clients or {}
     out = Endpoints()
@@ -120,7 +122,7 @@ async def open_endpoints(
                 if on_event is not None:
                     await on_event("info", "endpoint", f"{ep.name}: built-in simulator listening on {server.base_url}")
             check_base_url(ep)
-            client = ChatClient(ep, config.generation, _api_key(ep))
+            client = ChatClient(ep, config.generation, _api_key(ep), limits=limits)
             out.items.append(Endpoint(ep, client, limit, metrics))
     except BaseException:
         await close_endpoints(out)

@@ -26,6 +26,7 @@ class EventLog:
         self._events: deque[EngineEvent] = deque(maxlen=1000)
         self._seq = 0
         self._unsaved: deque[tuple[str, str, str]] = deque(maxlen=1000)
+        self._flushing = False  # one flush at a time: two would write the same event and pop another
 
     def _remember(self, level: str, kind: str, message: str) -> None:
         self._seq += 1
@@ -51,14 +52,21 @@ class EventLog:
             self._unsaved.append((level, kind, message))
 
     async def flush(self) -> None:
-        """Write the events the store could not take, oldest first, while it takes them."""
-        while self._unsaved and self._gate.blocked is None and self.run_id is not None:
-            level, kind, message = self._unsaved[0]
-            try:
-                await self.store.add_event(self.run_id, level, kind, message)
-            except StoreWriteError:
-                return
-            self._unsaved.popleft()
+        """Write the events the store could not take, oldest first, while it takes them. A flush already under
+        way writes what is noted meanwhile too, so a second one returns at once."""
+        if self._flushing:
+            return
+        self._flushing = True
+        try:
+            while self._unsaved and self._gate.blocked is None and self.run_id is not None:
+                level, kind, message = self._unsaved[0]
+                try:
+                    await self.store.add_event(self.run_id, level, kind, message)
+                except StoreWriteError:
+                    return
+                self._unsaved.popleft()
+        finally:
+            self._flushing = False
 
     def since(self, after_id: int) -> list[EngineEvent]:
         """Events after `after_id` (the latest 1,000 are kept)."""

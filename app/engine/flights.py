@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from app.engine.attempt import Flight, Outcome, request_sample
 from app.engine.endpoints import Endpoint
+from app.engine.endpoint_health import EndpointGuard
 from app.engine.events import EventLog
 from app.engine.forecast import Forecast
 from app.engine.ledger import Ledger
@@ -37,13 +38,15 @@ class Flights:
     """The tasks of the samples in flight and what each one holds (its Flight)."""
 
     def __init__(self, *, endpoints: list[Endpoint], slots: EndpointSlots, policy: RetryPolicy, model: str,
-                 pool: RebuildPool | None, verifier: Verifier, settler: Settler, forecast: Forecast, ledger: Ledger,
-                 source: WorkSource, state: RunState, events: EventLog, wake: asyncio.Event, pause: Pause) -> None:
+                 pool: RebuildPool | None, guard: EndpointGuard, verifier: Verifier, settler: Settler,
+                 forecast: Forecast, ledger: Ledger, source: WorkSource, state: RunState, events: EventLog,
+                 wake: asyncio.Event, pause: Pause) -> None:
         self._endpoints = endpoints
         self._slots = slots
         self._policy = policy
         self._model = model
         self._pool = pool  # None: the text is stored as is (no reconstructor)
+        self._guard = guard  # endpoint health: connection failures and answers
         self._verifier = verifier
         self._settler = settler
         self._forecast = forecast
@@ -117,6 +120,7 @@ class Flights:
                 reconstruct=self._rebuild, on_retry=self._on_retry,
                 request_extra=lambda index: self._verifier.request_extra(index, f.sample),
                 on_first_token=self._forecast.first_token,
+                on_unreachable=self._guard.unreachable, on_answered=self._guard.answered,
             )
             # before any await: the scheduler must not start another request after a run-stopping error
             first_stop = outcome.kind == "stopping" and self._state.stop_for_error(
@@ -132,10 +136,9 @@ class Flights:
             self._ledger.budget.settle(f.reserved_usd, 0.0)
             self._forecast.requeued(f)
             raise
-        except Exception as exc:  # a bug in settling itself: tell the operator; the lease returns at restart
-            await self._events.add("error", "sample", f"sample {f.sample.sample_id!r} (pk {f.sample.pk}): recording "
-                                   f"its outcome failed ({type(exc).__name__}: {exc}); it stays leased until the run "
-                                   "restarts")
+        except Exception as exc:  # settle records every outcome (or returns the lease); what failed came after it
+            await self._events.add("error", "sample", f"sample {f.sample.sample_id!r} (pk {f.sample.pk}): the engine "
+                                   f"failed after settling it ({type(exc).__name__}: {exc}); the run goes on")
         finally:
             if f.index is not None:
                 self._slots.release(f.index)

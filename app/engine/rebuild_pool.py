@@ -16,6 +16,10 @@ Each worker has at most IN_FLIGHT batches in flight: a worker with room gets a r
 the loop's turn), and while all are full the results that arrive gather into the next batches. A worker
 that dies (its socket ends) loses nothing: the calls it held are rebuilt in threads, and so is the rest of
 the run, with one operator event.
+
+A huge answer (over BIG_REBUILD_CHARS of text) is rebuilt in a lane of its own, one thread of the engine's
+process (the tokenizers encode with the GIL released), never in a worker's batch: a 4 MB answer takes its
+tokenizer about 10 s, and in a worker it would hold up every small result queued behind it for that long.
 """
 
 from __future__ import annotations
@@ -60,6 +64,13 @@ AUTO_MAX_WORKERS = 4  # reconstruction is ~0.4 ms of a ~1 ms request: a few proc
 BATCH_MAX = 8
 IN_FLIGHT = 4
 START_TIMEOUT_S = 120.0  # a worker's start: interpreter, imports, the tokenizer (0.2-0.4 s measured)
+BIG_REBUILD_CHARS = 256 * 1024  # text of an answer past which it is rebuilt in the big lane (module doc)
+
+
+def rebuild_size(completion: Completion) -> int:
+    """Characters of text a rebuild of `completion` encodes (reasoning, content, tool names and arguments)."""
+    return (len(completion.content) + len(completion.reasoning or "")
+            + sum(len(c.arguments) + len(c.name) for c in completion.tool_calls))
 
 
 class RebuildSample(Protocol):
@@ -368,6 +379,7 @@ class RebuildPool:
         self.rebuilder = rebuilder
         self._on_event = on_event
         self._threads: ThreadPoolExecutor | None = None
+        self._big: ThreadPoolExecutor | None = None  # the lane of huge answers (module doc)
         self._procs: list[_Worker] = []
         self._pending: list[tuple[_Call, asyncio.Future]] = []
         self._flushing = False
@@ -442,6 +454,11 @@ class RebuildPool:
                       twin: Completion | None = None) -> Rebuilt:
         """The Rebuilt of one result of `sample` from `endpoint` (`measure`: a probe; `twin`: a trusted server's
         greedy answer to compare it with)."""
+        if rebuild_size(completion) > BIG_REBUILD_CHARS:
+            if self._big is None:
+                self._big = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reconstruct-big")
+            return await self._in_threads(_call_of(completion, sample, endpoint, measure, light=False, twin=twin),
+                                          self._big)
         if not self._procs:
             return await self._in_threads(_call_of(completion, sample, endpoint, measure, light=False, twin=twin))
         fut = asyncio.get_running_loop().create_future()
@@ -550,9 +567,11 @@ class RebuildPool:
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
 
-    async def _in_threads(self, call: _Call) -> Rebuilt:
-        if self._threads is None:
-            self._threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="reconstruct")
+    async def _in_threads(self, call: _Call, executor: ThreadPoolExecutor | None = None) -> Rebuilt:
+        if executor is None:
+            if self._threads is None:
+                self._threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="reconstruct")
+            executor = self._threads
 
         def timed() -> Rebuilt:
             t = time.thread_time()
@@ -561,7 +580,7 @@ class RebuildPool:
             finally:
                 self.cpu_s += time.thread_time() - t  # float += under the GIL; two threads rarely collide
 
-        return await asyncio.get_running_loop().run_in_executor(self._threads, timed)
+        return await asyncio.get_running_loop().run_in_executor(executor, timed)
 
     async def _tell(self, level: str, message: str) -> None:
         if self._on_event is not None:
@@ -581,9 +600,10 @@ class RebuildPool:
         procs, self._procs = self._procs, []
         for w in procs:
             _stop(w)
-        if self._threads is not None:
-            self._threads.shutdown(wait=False, cancel_futures=True)
-            self._threads = None
+        for lane in (self._threads, self._big):
+            if lane is not None:
+                lane.shutdown(wait=False, cancel_futures=True)
+        self._threads = self._big = None
 
 
 def _frame(value: list[_Call]) -> bytes:

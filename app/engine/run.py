@@ -31,6 +31,7 @@ from pathlib import Path
 from app.config import RunConfig
 from app.engine.budget import BudgetGuard, cost_per_hour
 from app.engine.endpoints import CompletionClient, Endpoint, Endpoints, close_endpoints, open_endpoints, total_limit
+from app.engine.endpoint_health import EndpointGuard, HealthBook
 from app.engine.events import EngineEvent, EventLog
 from app.engine.flights import Flights
 from app.engine.forecast import Forecast, loop_now
@@ -73,6 +74,7 @@ class _Started:
     steering: Steering
     keeper: LeaseKeeper
     heartbeat: HeartbeatWriter
+    guard: EndpointGuard
 
 
 class Run:
@@ -176,7 +178,9 @@ class Run:
         await self._ledger.load(store, run_id)
         await self._forecast.load(store, run_id)
         stored_state, stored_reason = await store.run_state(run_id)
-        self._eps = await open_endpoints(cfg, started=self._state.started_m, clients=self._clients, on_event=events.add)
+        vocab = self.reconstructor.tokenizer.vocab_size if self.reconstructor is not None else None
+        self._eps = await open_endpoints(cfg, started=self._state.started_m, clients=self._clients, on_event=events.add,
+                                         vocab_size=vocab)
         await self._ledger.quote_prices(cfg, self.endpoints, events.add)
         self._forecast.prices = self._ledger.budget.prices
         # the endpoints' servers identified, their prior, stored and (as probes come in) learned fidelity profiles
@@ -200,6 +204,7 @@ class Run:
             asyncio.create_task(live.steering.poll_commands(), name="eaglewatch-commands"),
             asyncio.create_task(live.keeper.run(), name="eaglewatch-leases"),
             asyncio.create_task(live.heartbeat.run(), name="eaglewatch-heartbeat"),
+            asyncio.create_task(live.guard.watch(), name="eaglewatch-endpoint-health"),
         ]
 
     def _wire(self, run_id: int) -> _Started:
@@ -208,26 +213,34 @@ class Run:
         lim, now = cfg.limits, asyncio.get_running_loop().time()
         requests = TokenBucket(lim.requests_per_min, now=now) if lim.requests_per_min else None
         tokens = TokenBucket(lim.tokens_per_min, now=now) if lim.tokens_per_min else None
-        slots = EndpointSlots([e.limit for e in eps], [e.config.weight for e in eps])
+        health = HealthBook.of([e.name for e in eps], lim.endpoint_down_after)
+        slots = EndpointSlots([e.limit for e in eps], [e.config.weight for e in eps], up=health.up)
         source = SampleLeases(store=self.store, run_id=run_id, lease_s=cfg.limits.lease_s, owner=self.owner)
         settler = Settler(config=cfg, store=self.store, run_id=run_id, gate=gate, events=events, ledger=self._ledger,
                           endpoints=eps, slots=slots, verifier=self._verifier, on_decision=self._on_quality,
-                          tok_bucket=tokens,
+                          attempts=self.policy.attempts, tok_bucket=tokens,
                           tokenizer_fingerprint=self.reconstructor.tokenizer.fingerprint if self.reconstructor else "")
-        flights = Flights(endpoints=eps, slots=slots, policy=self.policy, model=cfg.model.name, pool=self._pool,
+        # endpoint health: a dead endpoint's requests go to the others; all down pauses the run until one answers
+        guard = EndpointGuard(
+            health, [e.name for e in eps], [e.client for e in eps], slots,
+            note_error=lambda i: settler.note_error(eps[i], "unreachable", final=False, retried=True),
+            event=lambda level, message: events.add(level, "endpoint", message),
+            all_down=lambda why: steering.endpoints_down(why), back=lambda index: steering.endpoint_back(index))
+        flights = Flights(endpoints=eps, slots=slots, policy=self.policy, model=cfg.model.name, pool=self._pool, guard=guard,
                           verifier=self._verifier, settler=settler, forecast=self._forecast, ledger=self._ledger,
                           source=source, state=state, events=events, wake=self._wake, pause=self._pause_for)
         scheduler = Scheduler(config=cfg, source=source, flights=flights, slots=slots, ledger=self._ledger,
                               forecast=self._forecast, state=state, gate=gate, events=events, wake=self._wake,
                               pause=self._pause_for, requests=requests, tokens=tokens, lease_batch=self._lease_batch)
         steering = Steering(store=self.store, run_id=run_id, state=state, scheduler=scheduler, flights=flights,
-                            endpoints=eps, slots=slots, gate=gate, events=events, wake=self._wake)
+                            endpoints=eps, slots=slots, gate=gate, events=events, wake=self._wake,
+                            counts=self._ledger.counts, attempts=cfg.generation.attempts)
         keeper = LeaseKeeper(source=source, lease_s=cfg.limits.lease_s,
                              held=lambda: flights.pks() + scheduler.queued_pks(), on_returned=scheduler.work_returned,
                              gate=gate, counts=self._ledger.counts, events=events)
         heartbeat = HeartbeatWriter(store=self.store, gate=gate, events=events, run_id=run_id,
                                     started_at=state.started_at, snapshot=self.snapshot)
-        return _Started(slots, flights, scheduler, steering, keeper, heartbeat)
+        return _Started(slots, flights, scheduler, steering, keeper, heartbeat, guard)
 
     async def wait(self) -> RunOutcome:
         """Wait until every sample has ended, or the run is paused with nothing in flight."""
@@ -294,9 +307,30 @@ class Run:
         """Set the total in-flight limit, spread over the endpoints by weight and clamped to min/max."""
         await self._steering.set_concurrency(limit)
 
+    async def retry_failed(self) -> int:
+        """Put the failed samples back to pending with a fresh allowance of attempts (`RunStore.retry_failed`, one
+        transaction) and schedule them, also after the run had ended; returns how many."""
+        n = await self._gate.commit(lambda: self.store.retry_failed(self.run_id))
+        self._counts.reset(await self.store.counts(self.run_id))
+        await self._event("info", "run", f"{n} failed samples put back to pending, each with a fresh allowance of "
+                          f"{self.config.generation.attempts} attempts (generation.attempts)")
+        if n and self.state == "done":
+            self._ended_m = None
+            self._finished.clear()
+            self._idle.clear()
+            await self._set_state("running", None)
+        self._lease_empty_at = -1e9
+        self._wake.set()
+        return n
+
     async def apply_command(self, verb: str, args: dict) -> None:
-        """Carry out one control command from the `commands` table (pause, resume, set_concurrency)."""
+        """Carry out one control command from the `commands` table (pause, resume, set_concurrency, retry_failed)."""
         await self._steering.apply_command(verb, args)
+
+    async def retry_failed(self) -> int:
+        """Put the failed samples back to pending with a fresh allowance of attempts and schedule them, also after
+        the run had ended; returns how many (`Steering.retry_failed`)."""
+        return await self._steering.retry_failed()
 
     async def _pause_for(self, reason: str) -> None:
         await self.pause(reason=reason)

@@ -36,6 +36,8 @@ class RunState:
         self.reason: str | None = None
         self.stopping_error = False  # a run-stopping provider error paused it (the headless exit code says so)
         self.unsaved = False  # the store refused the last change: `write_unsaved` writes it
+        # paused in a hurry (`hold`) by a part whose pause() that returns the leases is still to run: not idle yet
+        self.pause_pending = False
         self.idle = asyncio.Event()
         self.finished = asyncio.Event()
         self.started_at = time.time()
@@ -97,6 +99,9 @@ class RunState:
         self.idle.set()
 
     def check_idle(self, in_flight: int) -> None:
-        """Set `idle` when the run is done, or paused with nothing in flight."""
+        """Set `idle` when the run is done, or paused with nothing in flight (and no hurried pause still to run:
+        a headless engine that woke now would close with leases the pause was about to return)."""
+        if self.pause_pending:
+            return
         if self.current == "done" or (self.current == "paused" and not in_flight):
             self.idle.set()

@@ -34,13 +34,14 @@ async def open_run(
 ) -> AsyncIterator[OpenRun]:
     """Open the config's database, ingest what the run lacks, build the Reconstructor (unless
     reconstruct=False) and start the engine; yield it, then close engine and store."""
-    from app.engine.config_ingest import ingest_config
+    from app.engine.config_ingest import ingest_config, preflight
     from app.engine.rebuild_pool import build_reconstructor
 
+    inputs = await preflight(config)  # before the database is opened: a refused config writes nothing
     store = await RunStore.open(config.run.database)
     try:
         # finishes an interrupted ingest and refuses to start on a half-ingested run (app.engine.config_ingest)
-        summary = (await ingest_config(store, config)).summary()
+        summary = (await ingest_config(store, config, inputs=inputs)).summary()
         if summary and on_ingested is not None:
             on_ingested(summary)
         reconstructor = build_reconstructor(config) if reconstruct else None

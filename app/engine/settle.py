@@ -5,6 +5,12 @@ ids could not be rebuilt), a failure with its error named, or a stopped sample's
 write goes through the StoreGate, so a database that refuses writes for a while delays the result but never
 drops it. `Settler.on_retry` books a failed request that will be retried. The slot is given back by the
 request task once this returns.
+
+A sample never stays leased: when its outcome cannot be recorded (a value the row codecs refuse, a write that
+fails for a lasting reason), `settle` records it as a failed attempt with that error named, back to pending
+while the sample has attempts left, else failed, and the lease is released in the same turn; when even that
+cannot be written it returns the lease (`RunStore.release`) and tells the operator. Every charge is
+`app.engine.budget.charge`: max(reported, list price), never NaN, infinite or negative.
 """
 
 from __future__ import annotations
@@ -18,21 +24,22 @@ import orjson
 
 from app.config import RunConfig
 from app.engine.attempt import Flight, Outcome
-from app.engine.budget import estimate_prompt_tokens
-from app.token_bucket import TokenBucket
+from app.engine.budget import Charge, CostNotes, charge, estimate_prompt_tokens
 from app.engine.endpoints import Endpoint
 from app.engine.events import EventLog
 from app.engine.ledger import Ledger
 from app.engine.limiter import LimitChange, Ticket, limiter_latency
-from app.engine.slots import EndpointSlots
 from app.engine.quality import QualityDecision
+from app.engine.slots import EndpointSlots
 from app.engine.verify import Verifier
 from app.engine.writes import StoreGate
 from app.providers.exceptions import ProviderError, RetryableError
-from app.providers.pricing import cost_of
-from app.records import Completion
-from app.store.store_records import LeasedSample
+from app.providers.wire import TEXT_REPLACED
+from app.records import Completion, Usage
 from app.store.run_store import RunStore
+from app.store.store_records import LeasedSample
+from app.token_bucket import TokenBucket
+from app.tokens.flags import REPLACEMENT_CHAR
 
 OVERLOAD_STATUSES = (429, 503, 529)
 OVERLOAD_CLASSES = ("429", "rate_limited", "overloaded", "529")
@@ -69,52 +76,129 @@ class Settler:
     # live fidelity (app.engine.verify): tallies measured results; `on_decision` acts on the gate's decisions
     verifier: Verifier
     on_decision: Callable[[QualityDecision], None]
+    attempts: int  # requests a sample may cost (the run's retry policy): an unrecordable outcome's last one fails it
     tok_bucket: TokenBucket | None = None  # tokens per minute: corrected by what a request really used
     tokenizer_fingerprint: str = ""
+    cost_notes: CostNotes = dataclasses.field(default_factory=CostNotes)  # costs a provider reported wrongly
 
     async def settle(self, f: Flight, o: Outcome) -> None:
-        """Record an Outcome (see the module doc); returns once the store has it."""
+        """Record an Outcome (see the module doc); returns once the store has it. Never leaves the sample leased:
+        an outcome that cannot be recorded ends as a failed attempt naming why (`_unrecorded`)."""
         f.settling = True
         s, ep = f.sample, self.endpoints[f.last]
-        if o.completion is not None:
-            await self._paid(f, o, ep)
-        elif o.kind == "failed":
-            if isinstance(o.error, RetryableError):
-                self.note_overload(ep, o.error, f.ticket)
-            if o.attempt:
-                self.note_error(ep, o.error_class or "error", final=True, retried=False)
-            self._charge(f, o.cost_usd)
-            await self.gate.commit(lambda: self.store.record_failure(
-                self.run_id, s.pk, o.error_class or "error", o.message or "", final=True, cost_usd=o.cost_usd,
-                endpoint=ep.name if o.attempt else None, attempt=o.attempt or None))
-            self.ledger.counts.ended("failed")
-        else:  # stopping or released: the lease goes back, the attempt is logged with its cost
-            if f.index is not None:
-                self.slots.release(f.index)
-                f.index = None
-            self.note_error(ep, o.error_class or "error", final=False, retried=False)
-            self._charge(f, o.cost_usd)
-            if isinstance(o.error, ProviderError) and o.attempt:
-                await self.gate.commit(lambda: self.store.log_attempt(
-                    self.run_id, s.pk, o.attempt, ep.name, o.cost_usd, o.error_class or "error", o.message or ""))
-            await self.gate.commit(lambda: self.store.release(self.run_id, [s.pk]))
-            self.ledger.counts.released()
+        try:
+            if o.completion is not None:
+                await self._paid(f, o, ep)
+            elif o.kind == "failed":
+                await self._failed(f, o, ep)
+            else:  # stopping or released: the lease goes back, the attempt is logged with its cost
+                await self._released(f, o, ep)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await self._unrecorded(f, o, ep, exc)
+            return
         if o.unexpected:
             await self.events.add("error", "sample", f"sample {s.sample_id!r} ({s.dataset}) failed: {o.error_class}: "
                                   f"{o.message}"[:1000] + " — the run goes on; fix the input and reprocess or "
                                   "re-ingest it")
 
+    async def _failed(self, f: Flight, o: Outcome, ep: Endpoint) -> None:
+        s = f.sample
+        if isinstance(o.error, RetryableError):
+            self.note_overload(ep, o.error, f.ticket)
+        if o.attempt:
+            self.note_error(ep, o.error_class or "error", final=True, retried=False)
+        cost = self._bill(f, o.error.usage if o.error is not None else None, o.cost_usd, ep)
+        await self.gate.commit(lambda: self.store.record_failure(
+            self.run_id, s.pk, o.error_class or "error", o.message or "", final=True, cost_usd=cost,
+            endpoint=ep.name if o.attempt else None, attempt=o.attempt or None))
+        self.ledger.counts.ended("failed")
+
+    async def _released(self, f: Flight, o: Outcome, ep: Endpoint) -> None:
+        s = f.sample
+        if f.index is not None:
+            self.slots.release(f.index)
+            f.index = None
+        self.note_error(ep, o.error_class or "error", final=False, retried=False)
+        cost = self._bill(f, o.error.usage if o.error is not None else None, o.cost_usd, ep)
+        if isinstance(o.error, ProviderError) and o.attempt:
+            await self.gate.commit(lambda: self.store.log_attempt(
+                self.run_id, s.pk, o.attempt, ep.name, cost, o.error_class or "error", o.message or ""))
+        await self.gate.commit(lambda: self.store.release(self.run_id, [s.pk]))
+        self.ledger.counts.released()
+
+    async def _unrecorded(self, f: Flight, o: Outcome, ep: Endpoint, exc: Exception) -> None:
+        """The outcome could not be recorded: store a failed attempt naming why (back to pending while the sample
+        has attempts left, else failed), with what was charged, in one write; failing that, return the lease."""
+        s = f.sample
+        if f.index is not None:
+            self.slots.release(f.index)
+            f.index = None
+        if f.reserved_usd:  # failed before its charge replaced the reservation: free it (nothing was charged)
+            self.ledger.budget.settle(f.reserved_usd, 0.0)
+            f.reserved_usd = 0.0
+        final = f.tries - f.sample.tries_forgiven >= self.attempts
+        message = f"its outcome ({o.kind}) could not be recorded: {type(exc).__name__}: {exc}"[:1000]
+        cost = f.unrecorded_usd
+        try:
+            await self.gate.commit(lambda: self.store.record_failure(
+                self.run_id, s.pk, "unrecordable", message, final=final, cost_usd=cost,
+                endpoint=ep.name if o.attempt else None, attempt=o.attempt or None))
+        except asyncio.CancelledError:
+            raise
+        except Exception as second:
+            try:
+                await self.gate.commit(lambda: self.store.release(self.run_id, [s.pk]))
+                self.ledger.counts.released()
+                fate = "its lease was returned, so it is sent again later"
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                fate = "the database refused to return its lease too; the next start returns it"
+            await self.events.add("error", "sample", f"sample {s.sample_id!r}: {message}; recording that failed as "
+                                  f"well ({type(second).__name__}: {second}); {fate}")
+            return
+        if final:
+            self.ledger.counts.ended("failed")
+        else:
+            self.ledger.counts.released()
+        await self.events.add("error", "sample", f"sample {s.sample_id!r} ({s.dataset}): {message}; "
+                              + ("it is failed (no attempts left)" if final else "it goes back to pending for another "
+                                 "attempt"))
+
+    def _bill(self, f: Flight, usage: Usage | None, reported_usd: float, ep: Endpoint) -> float:
+        """Charge the flight's last request (budget.charge) and return the amount to record with it."""
+        c = charge(usage, self.ledger.pricing, reported_usd if reported_usd else None)
+        self._cost_problem(c, f, ep)
+        self._charge(f, c.usd)
+        f.unrecorded_usd = c.usd
+        return c.usd
+
+    def _cost_problem(self, c: Charge, f: Flight, ep: Endpoint) -> None:
+        if c.problem is None:
+            return
+        text = self.cost_notes.note(c, f.sample.sample_id, ep.name)
+        if text is not None:
+            self.events.note("warning", "budget", text)
+            asyncio.get_running_loop().create_task(self.events.flush())
+
     async def _paid(self, f: Flight, o: Outcome, ep: Endpoint) -> None:
         s, completion = f.sample, o.completion
-        cost = cost_of(completion.usage, self.ledger.pricing)
-        self._charge(f, cost)
+        cost = self._bill(f, completion.usage, 0.0, ep)
         keep = self.config.run.keep_raw
         if keep:
             completion = capped_raw(completion, self.config.run.keep_raw_max_bytes)
+        rec = o.reconstruction
+        if rec is not None and completion.wire_flags:
+            # what the boundary did to the text travels with the ids: replaced text is suspect (the export drops it)
+            extra = tuple(completion.wire_flags) + ((REPLACEMENT_CHAR,) if TEXT_REPLACED in completion.wire_flags
+                                                    and REPLACEMENT_CHAR not in rec.flags else ())
+            rec = dataclasses.replace(rec, flags=tuple(rec.flags) + extra)
         state = "done" if o.kind == "done" else "failed"
         # shielded: a cancellation must not abandon a result that is already being committed
         await self.gate.commit(lambda: asyncio.shield(self.store.record_result(
-            self.run_id, s.pk, o.attempt, ep.name, completion, cost, o.reconstruction, o.verdict, s.reference_ids,
+            self.run_id, s.pk, o.attempt, ep.name, completion, cost, rec, o.verdict, s.reference_ids,
             state, profile=self.config.model.profile, tokenizer=self.tokenizer_fingerprint, keep_raw=keep,
             error_class=o.error_class, error=o.message,
             prompt_check=o.prompt_check.status if o.prompt_check is not None else None,
@@ -147,11 +231,13 @@ class Settler:
             self.slots.release(f.index)
             f.index = None
         self.note_error(ep, exc.error_class, final=False, retried=True)
-        if exc.cost_usd:
-            self.ledger.budget.settle(0.0, exc.cost_usd)
-            f.billed_usd += exc.cost_usd
+        c = charge(exc.usage, self.ledger.pricing, exc.cost_usd or None)
+        self._cost_problem(c, f, ep)
+        if c.usd:
+            self.ledger.budget.settle(0.0, c.usd)
+            f.billed_usd += c.usd
         await self.gate.commit(lambda: self.store.log_attempt(
-            self.run_id, f.sample.pk, f.tries, ep.name, exc.cost_usd, exc.error_class, str(exc)))
+            self.run_id, f.sample.pk, f.tries, ep.name, c.usd, exc.error_class, str(exc)))
 
     def _charge(self, f: Flight, cost: float) -> None:
         """Replace the flight's reservation with its last request's cost; report spending beyond the reservation."""

@@ -3,13 +3,16 @@
 `EndpointSlots.acquire_ticket()` waits until some endpoint can start a request (a free slot, no cooldown)
 and returns its index with the limiter's `Ticket` (the request's level, start and epoch, which the outcome
 gives back to the limiter; `acquire()` returns the index alone); among the endpoints that can, the pick follows the weights (smooth weighted round
-robin). Waiters are served first come, first served; a cooldown's end wakes them with a timer.
+robin). An endpoint its health marks down (`app.engine.endpoint_health`) gets no request; when it comes back,
+`wake()` serves the waiters. Waiters are served first come, first served; a cooldown's end wakes them with a timer.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+
+from collections.abc import Callable
 
 from app.engine.limiter import AdaptiveLimit, Ticket
 from app.engine.weights import WeightedRoundRobin
@@ -18,8 +21,10 @@ from app.engine.weights import WeightedRoundRobin
 class EndpointSlots:
     """The in-flight slots of all endpoints of a run."""
 
-    def __init__(self, limits: list[AdaptiveLimit], weights: list[float]) -> None:
+    def __init__(self, limits: list[AdaptiveLimit], weights: list[float],
+                 up: Callable[[int], bool] | None = None) -> None:
         self.limits = limits
+        self._up = up  # endpoint index -> whether it may be sent requests (None: always)
         self._rr = WeightedRoundRobin(weights)
         self._waiters: deque[asyncio.Future[tuple[int, Ticket]]] = deque()
         self._timer: asyncio.TimerHandle | None = None
@@ -32,7 +37,8 @@ class EndpointSlots:
         return asyncio.get_running_loop().time()
 
     def _pick(self, now: float) -> tuple[int, Ticket] | None:
-        i = self._rr.pick([lim.can_start(now) for lim in self.limits])
+        up = self._up
+        i = self._rr.pick([lim.can_start(now) and (up is None or up(k)) for k, lim in enumerate(self.limits)])
         if i is None:
             return None
         return i, self.limits[i].take(now)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 
+from app.engine.counts import SampleCounts
+from app.engine.endpoint_health import ENDPOINTS_DOWN
 from app.engine.endpoints import Endpoint, set_total_limit
 from app.engine.events import EventLog
 from app.engine.flights import Flights
@@ -32,7 +34,7 @@ class Steering:
 
     def __init__(self, *, store: RunStore, run_id: int, state: RunState, scheduler: Scheduler, flights: Flights,
                  endpoints: list[Endpoint], slots: EndpointSlots, gate: StoreGate, events: EventLog,
-                 wake: asyncio.Event) -> None:
+                 wake: asyncio.Event, counts: SampleCounts, attempts: int) -> None:
         self._store = store
         self._run_id = run_id
         self._state = state
@@ -43,6 +45,8 @@ class Steering:
         self._gate = gate
         self._events = events
         self._wake = wake  # the scheduler's
+        self._counts = counts
+        self._attempts = attempts  # generation.attempts: the fresh allowance retry_failed gives
 
     async def pause(self, now: bool = False, reason: str = "operator") -> None:
         """Lease nothing new; with now=True also cancel in-flight requests (providers may still bill)."""
@@ -74,8 +78,27 @@ class Steering:
         await self._events.add("info", "concurrency", f"concurrency set to {total} by the operator")
         self._slots.wake()
 
+    async def retry_failed(self) -> int:
+        """Put the failed samples back to pending with a fresh allowance of attempts (`RunStore.retry_failed`, one
+        transaction) and schedule them, also after the run had ended; returns how many."""
+        n = await self._gate.commit(lambda: self._store.retry_failed(self._run_id))
+        self._counts.reset(await self._store.counts(self._run_id))
+        await self._events.add("info", "run", f"{n} failed samples put back to pending, each with a fresh allowance of "
+                               f"{self._attempts} attempts (generation.attempts)")
+        if n and self._state.current == "done":
+            self._state.ended_m = None
+            self._state.finished.clear()
+            self._state.idle.clear()
+            await self._state.set("running", None)
+        self._scheduler.work_returned()
+        return n
+
     async def apply_command(self, verb: str, args: dict) -> None:
-        """Carry out one control command from the `commands` table (pause, resume, set_concurrency)."""
+        """Carry out one control command from the `commands` table (pause, resume, set_concurrency,
+        retry_failed)."""
+        if verb == "retry_failed":
+            await self.retry_failed()
+            return
         if verb == "pause":
             await self.pause(now=bool(args.get("now", False)), reason=VIEWER_PAUSE)
         elif verb == "resume":
@@ -115,10 +138,39 @@ class Steering:
         if d.action == "pause" and self._state.running:
             self._state.hold("paused", f"quality gate: {d.endpoint}" + (f" / {d.provider}" if d.provider else "")
                              + f" corrupt rate {d.rate:.1%}")
+            self._state.pause_pending = True
             loop.create_task(self._quality_pause(d))
         elif d.action == "route_around":
             loop.create_task(self._events.add("warning", "quality", d.message))
 
     async def _quality_pause(self, d: QualityDecision) -> None:
-        await self._events.add("error", "quality", d.message)
-        await self.pause(reason=self._state.reason or "quality gate")
+        try:
+            await self._events.add("error", "quality", d.message)
+            await self.pause(reason=self._state.reason or "quality gate")
+        finally:
+            self._state.pause_pending = False
+            self._state.check_idle(len(self._flights))
+
+    def endpoints_down(self, why: str) -> None:
+        """Every endpoint is down (app.engine.endpoint_health): pause at once (nothing more is leased) and cancel
+        what waits on them; the samples stay pending. The run resumes by itself when a probe gets an answer
+        (`endpoint_back`)."""
+        if self._state.running:
+            self._state.hold("paused", f"{ENDPOINTS_DOWN} ({why})"[:300])
+            self._state.pause_pending = True
+            asyncio.get_running_loop().create_task(self._endpoints_down_pause(why))
+
+    async def _endpoints_down_pause(self, why: str) -> None:
+        try:
+            await self._events.add("error", "endpoint", f"{ENDPOINTS_DOWN} ({why}): the run is paused and its samples "
+                                   "stay pending; it resumes by itself when a probe gets an answer, or run it again "
+                                   "once the endpoint is back (check base_url, the network, or start the server)")
+            await self.pause(now=True, reason=self._state.reason or ENDPOINTS_DOWN)
+        finally:
+            self._state.pause_pending = False
+            self._state.check_idle(len(self._flights))
+
+    async def endpoint_back(self, index: int) -> None:
+        """An endpoint answered again: resume a run that every endpoint being down had paused."""
+        if self._state.current == "paused" and (self._state.reason or "").startswith(ENDPOINTS_DOWN):
+            await self.resume()

@@ -1,14 +1,18 @@
 """What can go wrong with one chat-completion attempt, as a small hierarchy callers branch on.
 
 - `RetryableError`: try the same request again later (408, 409, 429, 5xx, 524, 529, network errors,
-  timeouts, a stream that failed or ended early, a malformed body). `retry_after_s` is the server's
-  requested wait when it sent one.
+  timeouts, a stream that failed or ended early). `retry_after_s` is the server's requested wait when it sent one.
+  - `MalformedResponse`: the body broke the boundary (`app.providers.wire`): not JSON, a field of the wrong
+    type or out of range, a second choice. `field` names the field.
+  - `EndpointUnreachable`: no byte of a response came back: DNS, a refused or timed-out connect, TLS, a reset
+    before the response head. The endpoint failed, not the sample: the engine retries it without using the
+    sample's attempts and marks the endpoint down after a run of them (`app.engine.endpoint_health`).
 - `SampleFatalError`: this request will never succeed (400, 413, 422, other 4xx, content filtered).
 - `RunStoppingError`: no request will succeed until an operator acts (401, 402 out of credits, 403,
   404 model not found): the engine pauses the run.
 
 Each error carries `error_class`, a short stable string for metrics ("429", "5xx", "timeout", "network",
-"stream", "malformed", "auth", "credits", "forbidden", "not_found", "filtered", "400", ...). Messages
+"stream", "malformed", "unreachable", "auth", "credits", "forbidden", "not_found", "filtered", "400", ...). Messages
 never contain the API key: the client builds them from the status and the body, never from headers.
 """
 
@@ -37,6 +41,11 @@ class ProviderError(EaglewatchError):
         # what the provider reported billing for this failed attempt (usually 0: OpenRouter does
         # not charge errored generations); the engine records it with the failure, never twice
         self.cost_usd = cost_usd
+        # the failed attempt's usage counts when they were sound (app.records.Usage): the engine charges
+        # the larger of `cost_usd` and their list price
+        self.usage = None
+        # a response (of any status) came back from the endpoint: it is there (app.engine.endpoint_health)
+        self.answered = status is not None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.error_class!r}, {str(self)!r})"
@@ -63,3 +72,25 @@ class RunStoppingError(ProviderError):
 
     error_class = "stopping"
     exit_code = 3
+
+
+class MalformedResponse(RetryableError):
+    """The body broke the boundary at `field` (see app.providers.wire); `cost_usd` is what its usage reported
+    when that part was sound."""
+
+    error_class = "malformed"
+
+    def __init__(self, field: str, detail: str, **kwargs) -> None:
+        super().__init__(f"the provider sent a malformed response: {field} {detail}", **kwargs)
+        self.field = field
+
+
+class EndpointUnreachable(RetryableError):
+    """Nothing came back from the endpoint (`cause`: dns, refused, connect_timeout, tls, reset, connect): a failure of
+    the endpoint, not of the sample."""
+
+    error_class = "unreachable"
+
+    def __init__(self, message: str, *, cause: str = "connect", **kwargs) -> None:
+        super().__init__(message, **kwargs)
+        self.cause = cause

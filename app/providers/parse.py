@@ -1,7 +1,12 @@
 """Turn chat-completion bodies, SSE chunks and error responses into a `Completion` or a `ProviderError`.
 
-Pure functions over parsed JSON (no I/O), so they are cheap to test. Bodies are read defensively: a
-field of the wrong type raises `RetryableError(error_class="malformed")` naming the field.
+Pure functions over bytes and parsed JSON (no I/O), so they are cheap to test. Every field read passes the
+boundary of `app.providers.wire` (type and range; `WireLimits` carries the vocabulary size and the cost cap):
+a field of the wrong type or out of range raises `MalformedResponse` naming it, never a skip. Only choice 0 is
+read (eaglewatch asks for n = 1): a second choice, or a choice with another index, is a protocol error. An
+answer that ends without a finish_reason (a stream's `[DONE]` with none before it) is kept as truncated: its
+finish_reason reads `length` (verdict and export policy as for a cut answer) and it carries
+`wire.FINISH_MISSING`.
 """
 
 from __future__ import annotations
@@ -12,117 +17,95 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from app.providers.exceptions import ProviderError, RetryableError, RunStoppingError, SampleFatalError
+from app.providers import wire
+from app.providers.exceptions import (MalformedResponse, ProviderError, RetryableError, RunStoppingError,
+                                      SampleFatalError)
+from app.providers.wire import DEFAULT_LIMITS, WireLimits, count, obj, opt_list, opt_obj, opt_str
 from app.records import Completion, TokenLogprob, ToolCall, Usage
 
 # ---------------------------------------------------------------------------------------------------
-# small typed readers
+# usage, logprobs, ids
 
 
-def _malformed(field: str, detail: str) -> RetryableError:
-    return RetryableError(f"the provider sent a malformed response: {field} {detail}", error_class="malformed")
-
-
-def _obj(value: Any, field: str) -> dict:
-    if not isinstance(value, dict):
-        raise _malformed(field, f"should be an object, got {type(value).__name__}")
-    return value
-
-
-def _opt_str(value: Any, field: str) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    raise _malformed(field, f"should be a string or null, got {type(value).__name__}")
-
-
-def _opt_int(value: Any, field: str) -> int:
-    if value is None:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _malformed(field, f"should be a number, got {type(value).__name__}")
-    return int(value)
-
-
-def _opt_float(value: Any, field: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _malformed(field, f"should be a number, got {type(value).__name__}")
-    return float(value)
-
-
-def _int_list(value: Any, field: str) -> list[int]:
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise _malformed(field, "should be a list of integers")
-    return value
-
-
-def parse_usage(raw: Any, field: str = "usage") -> Usage:
-    """Usage counts and cost from an OpenAI/OpenRouter `usage` object (missing counts read as 0).
+def parse_usage(raw: Any, field: str = "usage", limits: WireLimits = DEFAULT_LIMITS) -> Usage:
+    """Usage counts and cost from an OpenAI/OpenRouter `usage` object (null counts read as 0).
 
     OpenRouter (openrouter.ai/docs/use-cases/usage-accounting; openai-compatible-apis.md B.5): `cost` is what
     OpenRouter charged; with a bring-your-own-key request (`is_byok: true`) that is only its fee and the
-    provider bills `cost_details.upstream_inference_cost` to the user's own key, so both are counted.
+    provider bills `cost_details.upstream_inference_cost` to the user's own key, so both are counted. A cost
+    that is NaN, infinite, negative or past `limits.max_cost_usd` is not used: `Usage.cost_problem` says why.
     """
     if raw is None:
         return Usage()
-    raw = _obj(raw, field)
-    completion_details = raw.get("completion_tokens_details") or {}
-    prompt_details = raw.get("prompt_tokens_details") or {}
-    _obj(completion_details, f"{field}.completion_tokens_details")
-    _obj(prompt_details, f"{field}.prompt_tokens_details")
-    cost = _opt_float(raw.get("cost"), f"{field}.cost")
+    raw = obj(raw, field)
+    completion_details = opt_obj(raw.get("completion_tokens_details"), f"{field}.completion_tokens_details") or {}
+    prompt_details = opt_obj(raw.get("prompt_tokens_details"), f"{field}.prompt_tokens_details") or {}
+    cost, problem = wire.cost(raw.get("cost"), f"{field}.cost", limits)
     if raw.get("is_byok") is True:
-        details = _obj(raw.get("cost_details") or {}, f"{field}.cost_details")
-        upstream = _opt_float(details.get("upstream_inference_cost"), f"{field}.cost_details.upstream_inference_cost")
-        if upstream is not None:
-            cost = (cost or 0.0) + upstream
+        details = opt_obj(raw.get("cost_details"), f"{field}.cost_details") or {}
+        upstream, upstream_problem = wire.cost(details.get("upstream_inference_cost"),
+                                               f"{field}.cost_details.upstream_inference_cost", limits)
+        if upstream_problem is not None:
+            cost, problem = None, problem or upstream_problem
+        elif upstream is not None and problem is None:
+            cost, problem = wire.cost((cost or 0.0) + upstream, f"{field}.cost + upstream_inference_cost", limits)
     # SGLang puts reasoning_tokens at the top of usage (protocol.py UsageInfo), OpenAI under the details
     reasoning = completion_details.get("reasoning_tokens")
+    where = f"{field}.completion_tokens_details.reasoning_tokens"
     if reasoning is None:
-        reasoning = raw.get("reasoning_tokens")
+        reasoning, where = raw.get("reasoning_tokens"), f"{field}.reasoning_tokens"
     return Usage(
-        prompt_tokens=_opt_int(raw.get("prompt_tokens"), f"{field}.prompt_tokens"),
-        completion_tokens=_opt_int(raw.get("completion_tokens"), f"{field}.completion_tokens"),
-        reasoning_tokens=_opt_int(reasoning, f"{field}.completion_tokens_details.reasoning_tokens"),
-        cached_tokens=_opt_int(prompt_details.get("cached_tokens"), f"{field}.prompt_tokens_details.cached_tokens"),
+        prompt_tokens=count(raw.get("prompt_tokens"), f"{field}.prompt_tokens"),
+        completion_tokens=count(raw.get("completion_tokens"), f"{field}.completion_tokens"),
+        reasoning_tokens=count(reasoning, where),
+        cached_tokens=count(prompt_details.get("cached_tokens"), f"{field}.prompt_tokens_details.cached_tokens"),
         cost_usd=cost,
+        cost_problem=problem,
     )
 
 
 def parse_logprob_list(raw: Any, field: str) -> list[TokenLogprob]:
-    """A `logprobs.content`-style list into TokenLogprob records (bytes kept when present)."""
+    """A `logprobs.content`-style list into TokenLogprob records (bytes kept when present; a logprob must be
+    finite: vLLM sends -9999.0 for -inf, `ChatCompletionLogProb.logprob`)."""
     if raw is None:
         return []
-    if not isinstance(raw, list):
-        raise _malformed(field, "should be a list")
+    if type(raw) is not list:
+        raise MalformedResponse(field, f"should be a list, got {wire.kind_of(raw)}")
     out = []
     for i, item in enumerate(raw):
-        item = _obj(item, f"{field}[{i}]")
+        if type(item) is not dict:
+            raise MalformedResponse(f"{field}[{i}]", f"should be an object, got {wire.kind_of(item)}")
         token = item.get("token")
-        if not isinstance(token, str):
-            raise _malformed(f"{field}[{i}].token", "should be a string")
+        if type(token) is not str:
+            raise MalformedResponse(f"{field}[{i}].token", f"should be a string, got {wire.kind_of(token)}")
         raw_bytes = item.get("bytes")
-        byte_tuple = tuple(_int_list(raw_bytes, f"{field}[{i}].bytes")) if raw_bytes is not None else None
-        logprob = _opt_float(item.get("logprob"), f"{field}[{i}].logprob")
-        out.append(TokenLogprob(token=token, bytes=byte_tuple, logprob=logprob if logprob is not None else 0.0))
+        byte_tuple = wire.byte_values(raw_bytes, f"{field}[{i}].bytes") if raw_bytes is not None else None
+        logprob = item.get("logprob")
+        if type(logprob) is not float:
+            logprob = wire.finite(logprob, f"{field}[{i}].logprob")
+        elif logprob != logprob or logprob in (float("inf"), float("-inf")):
+            raise MalformedResponse(f"{field}[{i}].logprob", f"is {logprob!r}, not a finite number")
+        out.append(TokenLogprob(token=token, bytes=byte_tuple, logprob=logprob))
     return out
 
 
 def _details_text(details: Any, field: str) -> str:
-    """Reasoning text carried only in `reasoning_details` (reasoning.text / reasoning.summary items)."""
-    if not isinstance(details, list):
-        raise _malformed(field, "should be a list")
+    """Reasoning text carried only in `reasoning_details` (OpenRouter, openai-compatible-apis.md B.4):
+    `reasoning.text` items' `text`, `reasoning.summary` items' `summary`; `reasoning.encrypted` has none."""
+    details = opt_list(details, field) or []
     parts = []
-    for item in details:
-        if isinstance(item, dict):
-            text = item.get("text") if item.get("type", "reasoning.text") == "reasoning.text" else item.get("summary")
-            if isinstance(text, str):
+    for i, item in enumerate(details):
+        item = obj(item, f"{field}[{i}]")
+        kind = opt_str(item.get("type"), f"{field}[{i}].type") or "reasoning.text"
+        key = "text" if kind == "reasoning.text" else "summary" if kind == "reasoning.summary" else None
+        if key is not None:
+            text = opt_str(item.get(key), f"{field}[{i}].{key}")
+            if text:
                 parts.append(text)
     return "".join(parts)
 
 
-def _server_ids(choice: dict, field: str) -> list[int] | None:
+def _server_ids(choice: dict, field: str, limits: WireLimits) -> list[int] | None:
     """Server output ids of one choice, where the servers really put them.
 
     - vLLM: `choices[].token_ids` with `return_token_ids: true` (full ids non-streaming, the chunk's delta ids
@@ -135,119 +118,147 @@ def _server_ids(choice: dict, field: str) -> list[int] | None:
     ids = choice.get("token_ids")
     if ids is None:
         return None
-    return _int_list(ids, f"{field}.token_ids")
+    return wire.ids(ids, f"{field}.token_ids", limits)
 
 
-def _prompt_ids(holder: dict, field: str) -> list[int] | None:
+def _prompt_ids(holder: dict, field: str, limits: WireLimits) -> list[int] | None:
     """`prompt_token_ids` of a body, chunk or choice: vLLM puts it on the response (and the first stream
     chunk, chat_completion/protocol.py ChatCompletionResponse / ChatCompletionStreamResponse); SGLang on the
     choice with `return_prompt_token_ids: true` (protocol.py ChatCompletionResponseChoice, non-streaming)."""
     ids = holder.get("prompt_token_ids")
     if ids is None:
         return None
-    return _int_list(ids, f"{field}.prompt_token_ids")
+    return wire.ids(ids, f"{field}.prompt_token_ids", limits)
+
+
+def _choice_index(choice: dict, field: str) -> None:
+    """Only choice 0 is ours: every server names it (`index: int` in vLLM's and SGLang's choice models) and a
+    missing index is taken as 0; any other index is a protocol error (eaglewatch asks for n = 1)."""
+    index = choice.get("index")
+    if index is not None and (type(index) is not int or index != 0):
+        raise MalformedResponse(f"{field}.index", f"is {wire.shown(index)}; eaglewatch asks for one choice (n = 1), "
+                                "so only index 0 may come back")
 
 
 def _provider_error_in_body(error: Any, where: str) -> RetryableError:
     # OpenRouter: {"code", "message", "metadata"}; transformers serve streams `{"error": "<text>"}`
     # (transformers cli/serving/chat_completion.py sse_gen, _StreamError)
     message = error.get("message") if isinstance(error, dict) else error if isinstance(error, str) else None
+    if not isinstance(message, str):
+        message = None
     return RetryableError(
-        f"the provider failed during generation ({where}): {message or 'no message'}", error_class="stream"
-    )
+        f"the provider failed during generation ({where}): {message[:300] if message else 'no message'}",
+        error_class="stream")
 
 
 def _check_finish(finish: str | None, error: Any, where: str) -> None:
     if error is not None or finish == "error":
         raise _provider_error_in_body(error, where)
+    if finish == "abort":  # SGLang: the request was aborted server-side (protocol.py finish_reason "abort")
+        raise RetryableError(f"the server aborted the request ({where}: finish_reason abort)", error_class="stream")
     if finish == "content_filter":
         raise SampleFatalError("the provider's content filter stopped this sample", error_class="filtered")
+
+
+def _tool_call(call: Any, where: str, position: int) -> ToolCall:
+    call = obj(call, where)
+    function = obj(call.get("function"), f"{where}.function")
+    index = call.get("index")
+    return ToolCall(
+        id=opt_str(call.get("id"), f"{where}.id") or "",
+        name=opt_str(function.get("name"), f"{where}.function.name") or "",
+        arguments=opt_str(function.get("arguments"), f"{where}.function.arguments") or "",
+        index=wire.index(index, f"{where}.index") if index is not None else position,
+        type=opt_str(call.get("type"), f"{where}.type") or "function",
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
 # non-streaming
 
 
-def parse_body(text: bytes | str, *, total_s: float, ttft_s: float | None = None) -> Completion:
-    """A non-streaming 200 body (leading keep-alive whitespace allowed) into a Completion."""
-    try:
-        body = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise _malformed("body", f"is not JSON ({exc.__class__.__name__}: {exc})") from None
-    body = _obj(body, "body")
+def parse_body(text: bytes | str, *, total_s: float, ttft_s: float | None = None,
+               limits: WireLimits = DEFAULT_LIMITS) -> Completion:
+    """A non-streaming 200 body (leading keep-alive whitespace allowed) into a Completion, through the boundary."""
+    body, replaced = wire.load_json(text, "body")
+    body = obj(body, "body")
     if body.get("error") is not None and not body.get("choices"):
         code = body["error"].get("code") if isinstance(body["error"], dict) else None
-        status = code if isinstance(code, int) and 400 <= code < 600 else 200
+        status = code if type(code) is int and 400 <= code < 600 else 200
         raise classify_status(status, {}, body)  # an error envelope under HTTP 200: judge it by its code
+    usage = parse_usage(body.get("usage"), "usage", limits)
+    try:
+        return _completion_of(body, usage, replaced, total_s, ttft_s, limits)
+    except ProviderError as exc:
+        # the usage part was sound: what it reports was spent on this attempt
+        exc.cost_usd, exc.usage = usage.cost_usd or 0.0, usage
+        raise
+
+
+def _completion_of(body: dict, usage: Usage, replaced: bool, total_s: float, ttft_s: float | None,
+                   limits: WireLimits) -> Completion:
     choices = body.get("choices")
-    if not isinstance(choices, list) or not choices:
-        raise _malformed("choices", "should be a non-empty list")
-    choice = _obj(choices[0], "choices[0]")
-    message = _obj(choice.get("message"), "choices[0].message")
-    finish = _opt_str(choice.get("finish_reason"), "choices[0].finish_reason")
+    if type(choices) is not list or not choices:
+        raise MalformedResponse("choices", f"should be a non-empty list, got {wire.kind_of(choices) if choices != [] else 'an empty list'}")
+    if len(choices) > 1:
+        raise MalformedResponse("choices", f"holds {len(choices)} choices; eaglewatch asks for one (n = 1)")
+    choice = obj(choices[0], "choices[0]")
+    _choice_index(choice, "choices[0]")
+    message = obj(choice.get("message"), "choices[0].message")
+    finish = opt_str(choice.get("finish_reason"), "choices[0].finish_reason")
     _check_finish(finish, choice.get("error"), "choices[0].error")
 
-    content = _opt_str(message.get("content"), "choices[0].message.content") or ""
+    content = opt_str(message.get("content"), "choices[0].message.content") or ""
     # reasoning: OpenRouter and vLLM `reasoning` (vllm/entrypoints/openai/chat_completion/protocol.py
     # ChatMessage.reasoning); SGLang `reasoning_content` (python/sglang/srt/entrypoints/openai/protocol.py
     # ChatMessage) and transformers serve (transformers cli/serving/chat_completion.py _build_completion);
     # OpenRouter also `reasoning_details[]` (openai-compatible-apis.md B.4)
-    reasoning = _opt_str(message.get("reasoning"), "choices[0].message.reasoning")
+    reasoning = opt_str(message.get("reasoning"), "choices[0].message.reasoning")
     if reasoning is None:
-        reasoning = _opt_str(message.get("reasoning_content"), "choices[0].message.reasoning_content")
-    if reasoning is None and message.get("reasoning_details"):
+        reasoning = opt_str(message.get("reasoning_content"), "choices[0].message.reasoning_content")
+    if reasoning is None and message.get("reasoning_details") is not None:
         reasoning = _details_text(message["reasoning_details"], "choices[0].message.reasoning_details") or None
 
     # tool calls: the OpenAI shape on every server; transformers serve makes ids `{request_id}_tool_call_{i}`
     # and json.dumps the arguments (cli/serving/utils.py _normalize_tool_call), vLLM/SGLang parsers per model
-    tool_calls = []
-    raw_calls = message.get("tool_calls") or []
-    if not isinstance(raw_calls, list):
-        raise _malformed("choices[0].message.tool_calls", "should be a list")
-    for i, call in enumerate(raw_calls):
-        where = f"choices[0].message.tool_calls[{i}]"
-        call = _obj(call, where)
-        function = _obj(call.get("function"), f"{where}.function")
-        tool_calls.append(
-            ToolCall(
-                id=_opt_str(call.get("id"), f"{where}.id") or "",
-                name=_opt_str(function.get("name"), f"{where}.function.name") or "",
-                arguments=_opt_str(function.get("arguments"), f"{where}.function.arguments") or "",
-                index=_opt_int(call.get("index", i), f"{where}.index"),
-                type=_opt_str(call.get("type"), f"{where}.type") or "function",
-            )
-        )
+    raw_calls = opt_list(message.get("tool_calls"), "choices[0].message.tool_calls") or []
+    if len(raw_calls) > wire.MAX_TOOL_CALLS:
+        raise MalformedResponse("choices[0].message.tool_calls", f"holds {len(raw_calls)} calls")
+    tool_calls = [_tool_call(call, f"choices[0].message.tool_calls[{i}]", i) for i, call in enumerate(raw_calls)]
 
     content_lp = reasoning_lp = None
-    logprobs = choice.get("logprobs")
+    logprobs = opt_obj(choice.get("logprobs"), "choices[0].logprobs")
     if logprobs is not None:
-        logprobs = _obj(logprobs, "choices[0].logprobs")
         if logprobs.get("content") is not None:
             content_lp = tuple(parse_logprob_list(logprobs["content"], "choices[0].logprobs.content"))
         for name in ("reasoning", "reasoning_content"):
             if logprobs.get(name) is not None:
                 reasoning_lp = tuple(parse_logprob_list(logprobs[name], f"choices[0].logprobs.{name}"))
 
-    ids = _server_ids(choice, "choices[0]")
-    prompt_ids = _prompt_ids(choice, "choices[0]")
+    ids = _server_ids(choice, "choices[0]", limits)
+    prompt_ids = _prompt_ids(choice, "choices[0]", limits)
     if prompt_ids is None:
-        prompt_ids = _prompt_ids(body, "body")
+        prompt_ids = _prompt_ids(body, "body", limits)
+    flags = (wire.TEXT_REPLACED,) if replaced else ()
+    if finish is None:
+        finish, flags = "length", (*flags, wire.FINISH_MISSING)
     return Completion(
         content=content,
         reasoning=reasoning,
         tool_calls=tuple(tool_calls),
         finish_reason=finish,
-        usage=parse_usage(body.get("usage")),
+        usage=usage,
         content_logprobs=content_lp,
         reasoning_logprobs=reasoning_lp,
         token_ids=tuple(ids) if ids is not None else None,
         prompt_token_ids=tuple(prompt_ids) if prompt_ids is not None else None,
         ttft_s=ttft_s,
         total_s=total_s,
-        provider=_opt_str(body.get("provider"), "provider"),
-        model=_opt_str(body.get("model"), "model"),
-        generation_id=_opt_str(body.get("id"), "id"),
+        provider=opt_str(body.get("provider"), "provider"),
+        model=opt_str(body.get("model"), "model"),
+        generation_id=opt_str(body.get("id"), "id"),
         raw=body,
+        wire_flags=flags,
     )
 
 
@@ -256,16 +267,19 @@ def parse_body(text: bytes | str, *, total_s: float, ttft_s: float | None = None
 
 
 class StreamAssembler:
-    """Collects SSE `data:` payloads of one streamed completion; `finish()` gives the Completion.
+    """Collects SSE `data:` payloads of one streamed completion; `finish_completion()` gives the Completion.
 
     Content and reasoning deltas are concatenated; tool calls are assembled by `index` with argument
     strings concatenated exactly as sent; usage comes from the final chunk (empty `choices`). An
-    `error` chunk or `finish_reason: "error"` raises RetryableError (error_class "stream").
+    `error` chunk or `finish_reason: "error"` raises RetryableError (error_class "stream"); a field of the
+    wrong type or range raises MalformedResponse naming the chunk and the field.
     """
 
-    def __init__(self, started: float, on_first_token: Callable[[], None] | None = None) -> None:
+    def __init__(self, started: float, on_first_token: Callable[[], None] | None = None,
+                 limits: WireLimits = DEFAULT_LIMITS) -> None:
         self._started = started
         self._on_first_token = on_first_token
+        self._limits = limits
         self.ttft_s: float | None = None
         self._content: list[str] = []
         self._reasoning: list[str] = []
@@ -281,96 +295,103 @@ class StreamAssembler:
         self.model: str | None = None
         self.generation_id: str | None = None
         self.done = False
+        self.replaced = False  # some text was not valid Unicode and was replaced (wire.TEXT_REPLACED)
         self.chunks: list[dict] = []
 
-    def feed(self, data: str) -> None:
+    def feed(self, data: bytes | str) -> None:
         """One event's data (already joined across `data:` lines).
 
         A stream ends with `[DONE]` (OpenRouter, vLLM, SGLang) or with the finish chunk alone (transformers
         serve sends no [DONE]; its usage rides on that chunk: cli/serving/chat_completion.py sse_gen).
         """
-        if data == "[DONE]":
+        if data == b"[DONE]" or data == "[DONE]":
             self.done = True
             return
         n = len(self.chunks)
         try:
-            chunk = json.loads(data)
-        except ValueError:
-            if data.lstrip().startswith('{"error"'):
+            chunk, replaced = wire.load_json(data, f"stream chunk {n}")
+        except MalformedResponse as exc:
+            text = data.decode("utf-8", "replace") if isinstance(data, (bytes, bytearray)) else data
+            if text.lstrip().startswith('{"error"'):
                 # transformers serve formats its error chunk with an f-string: a message holding a quote
                 # is not JSON (cli/serving/chat_completion.py sse_gen); keep its text as the error
-                self._fail(data.strip()[:300], f"stream chunk {n}.error")
-            raise _malformed(f"stream chunk {n}", "is not JSON") from None
+                self._fail(text.strip()[:300], f"stream chunk {n}.error")
+            self._charge(exc)
+            raise
         if type(chunk) is not dict:
-            raise _malformed(f"stream chunk {n}", f"should be an object, got {type(chunk).__name__}")
+            self._charge(MalformedResponse(f"stream chunk {n}", f"should be an object, got {wire.kind_of(chunk)}"))
+        self.replaced = self.replaced or replaced
         self.chunks.append(chunk)
+        try:
+            self._feed_chunk(chunk, n)
+        except MalformedResponse as exc:
+            self._charge(exc)
+
+    def _feed_chunk(self, chunk: dict, n: int) -> None:
         if n == 0:
-            self.generation_id = _opt_str(chunk.get("id"), f"stream chunk {n}.id")
-            self.provider = _opt_str(chunk.get("provider"), f"stream chunk {n}.provider")
-            self.model = _opt_str(chunk.get("model"), f"stream chunk {n}.model")
+            self.generation_id = opt_str(chunk.get("id"), f"stream chunk {n}.id")
+            self.provider = opt_str(chunk.get("provider"), f"stream chunk {n}.provider")
+            self.model = opt_str(chunk.get("model"), f"stream chunk {n}.model")
         if chunk.get("usage") is not None:
-            self.usage = parse_usage(chunk["usage"], f"stream chunk {n}.usage")
+            self.usage = parse_usage(chunk["usage"], f"stream chunk {n}.usage", self._limits)
         if self._prompt_ids is None and chunk.get("prompt_token_ids") is not None:
-            self._prompt_ids = _prompt_ids(chunk, f"stream chunk {n}")
+            self._prompt_ids = _prompt_ids(chunk, f"stream chunk {n}", self._limits)
         if chunk.get("error") is not None:
             self._fail(chunk["error"], f"stream chunk {n}.error")
-        choices = chunk.get("choices")
+        choices = opt_list(chunk.get("choices"), f"stream chunk {n}.choices")
         if not choices:
             return
-        if type(choices) is not list:
-            raise _malformed(f"stream chunk {n}.choices", "should be a list")
-        for choice in choices:
-            if type(choice) is not dict:
-                raise _malformed(f"stream chunk {n}.choices[]", "should be an object")
-            self._feed_choice(choice, chunk, n)
+        if len(choices) > 1:
+            raise MalformedResponse(f"stream chunk {n}.choices", f"holds {len(choices)} choices; eaglewatch asks "
+                                    "for one (n = 1)")
+        choice = obj(choices[0], f"stream chunk {n}.choices[0]")
+        _choice_index(choice, f"stream chunk {n}.choices[0]")
+        self._feed_choice(choice, chunk, n)
 
     def reported_cost(self) -> float:
         """The cost a usage chunk reported so far (0.0 when none did)."""
         return float(self.usage.cost_usd) if self.usage is not None and self.usage.cost_usd else 0.0
 
-    def _fail(self, error: Any, where: str) -> None:
-        exc = _provider_error_in_body(error, where)
-        exc.cost_usd = self.reported_cost()
+    def _charge(self, exc: ProviderError) -> None:
+        """Raise `exc` carrying what the stream's usage reported so far (a billed attempt stays billed)."""
+        exc.cost_usd, exc.usage = self.reported_cost(), self.usage
         raise exc
 
+    def _fail(self, error: Any, where: str) -> None:
+        self._charge(_provider_error_in_body(error, where))
+
     def _feed_choice(self, choice: dict, chunk: dict, n: int) -> None:
-        delta = choice.get("delta")
+        where = f"stream chunk {n}.choices[0]"
+        delta = opt_obj(choice.get("delta"), f"{where}.delta")
         got_token = False
         content = reasoning = None
-        if delta:
-            if type(delta) is not dict:
-                raise _malformed(f"stream chunk {n}.choices[0].delta", "should be an object")
-            content = delta.get("content")
+        if delta is not None:
+            content = opt_str(delta.get("content"), f"{where}.delta.content")
             if content:
-                if type(content) is not str:
-                    raise _malformed(f"stream chunk {n}.choices[0].delta.content", "should be a string")
                 self._content.append(content)
                 got_token = True
             reasoning = delta.get("reasoning")
             if reasoning is None:
-                reasoning = delta.get("reasoning_content")
+                reasoning = opt_str(delta.get("reasoning_content"), f"{where}.delta.reasoning_content")
+            else:
+                reasoning = opt_str(reasoning, f"{where}.delta.reasoning")
             if reasoning:
-                if type(reasoning) is not str:
-                    raise _malformed(f"stream chunk {n}.choices[0].delta.reasoning", "should be a string")
                 self._reasoning.append(reasoning)
                 got_token = True
             details = delta.get("reasoning_details")
-            if details and not self._reasoning:
-                self._details.append(_details_text(details, f"stream chunk {n}.choices[0].delta.reasoning_details"))
-            calls = delta.get("tool_calls")
+            if details is not None:
+                text = _details_text(details, f"{where}.delta.reasoning_details")
+                if text and not self._reasoning:
+                    self._details.append(text)
+            calls = opt_list(delta.get("tool_calls"), f"{where}.delta.tool_calls")
             if calls:
-                where = f"stream chunk {n}.choices[0]"
-                if type(calls) is not list:
-                    raise _malformed(f"{where}.delta.tool_calls", "should be a list")
-                for call in calls:
-                    self._feed_call(_obj(call, f"{where}.delta.tool_calls[]"), where)
+                for i, call in enumerate(calls):
+                    self._feed_call(obj(call, f"{where}.delta.tool_calls[{i}]"), f"{where}.delta.tool_calls[{i}]")
                 got_token = True
-        logprobs = choice.get("logprobs")
+        logprobs = opt_obj(choice.get("logprobs"), f"{where}.logprobs")
         if logprobs is not None:
-            where = f"stream chunk {n}.choices[0].logprobs"
-            logprobs = _obj(logprobs, where)
             if logprobs.get("content") is not None:
-                items = parse_logprob_list(logprobs["content"], f"{where}.content")
+                items = parse_logprob_list(logprobs["content"], f"{where}.logprobs.content")
                 # vLLM puts the logprobs of reasoning tokens under `content` in reasoning deltas
                 if reasoning and not content:
                     self._reasoning_lp = (self._reasoning_lp or []) + items
@@ -378,50 +399,61 @@ class StreamAssembler:
                     self._content_lp = (self._content_lp or []) + items
             for name in ("reasoning", "reasoning_content"):
                 if logprobs.get(name) is not None:
-                    items = parse_logprob_list(logprobs[name], f"{where}.{name}")
+                    items = parse_logprob_list(logprobs[name], f"{where}.logprobs.{name}")
                     self._reasoning_lp = (self._reasoning_lp or []) + items
-        ids = _server_ids(choice, f"stream chunk {n}.choices[0]")
+        ids = _server_ids(choice, where, self._limits)
         if ids is not None:
             self._ids = (self._ids or []) + ids
         if self._prompt_ids is None and choice.get("prompt_token_ids") is not None:
-            self._prompt_ids = _prompt_ids(choice, f"stream chunk {n}.choices[0]")
+            self._prompt_ids = _prompt_ids(choice, where, self._limits)
         if got_token and self.ttft_s is None:
             self.ttft_s = time.perf_counter() - self._started
             if self._on_first_token is not None:
                 self._on_first_token()
-        finish = choice.get("finish_reason")
-        if finish is not None or "error" in choice:
-            finish = _opt_str(finish, f"stream chunk {n}.choices[0].finish_reason")
-            if finish == "error" or choice.get("error") is not None:
-                self._fail(choice.get("error") or chunk.get("error"), f"stream chunk {n}.choices[0].error")
-            if finish is not None:
-                self.finish = finish
+        finish = opt_str(choice.get("finish_reason"), f"{where}.finish_reason")
+        if finish == "error" or choice.get("error") is not None:
+            self._fail(choice.get("error") or chunk.get("error"), f"{where}.error")
+        if finish is not None:
+            self.finish = finish
 
     def _feed_call(self, call: dict, where: str) -> None:
-        index = _opt_int(call.get("index"), f"{where}.delta.tool_calls[].index")
-        slot = self._calls.setdefault(index, {"id": "", "name": "", "arguments": [], "type": "function"})
-        if call.get("id"):
-            slot["id"] = _opt_str(call["id"], f"{where}.delta.tool_calls[{index}].id")
-        if call.get("type"):
-            slot["type"] = _opt_str(call["type"], f"{where}.delta.tool_calls[{index}].type")
-        function = call.get("function") or {}
-        function = _obj(function, f"{where}.delta.tool_calls[{index}].function")
-        if function.get("name"):
-            slot["name"] = _opt_str(function["name"], f"{where}.delta.tool_calls[{index}].function.name")
-        args = _opt_str(function.get("arguments"), f"{where}.delta.tool_calls[{index}].function.arguments")
+        index = wire.index(call.get("index"), f"{where}.index")
+        slot = self._calls.get(index)
+        if slot is None:
+            if len(self._calls) >= wire.MAX_TOOL_CALLS:
+                raise MalformedResponse(where, f"opens more than {wire.MAX_TOOL_CALLS} tool calls")
+            slot = self._calls[index] = {"id": "", "name": "", "arguments": [], "type": "function"}
+        call_id = opt_str(call.get("id"), f"{where}.id")
+        if call_id:
+            slot["id"] = call_id
+        kind = opt_str(call.get("type"), f"{where}.type")
+        if kind:
+            slot["type"] = kind
+        function = opt_obj(call.get("function"), f"{where}.function") or {}
+        name = opt_str(function.get("name"), f"{where}.function.name")
+        if name:
+            slot["name"] = name
+        args = opt_str(function.get("arguments"), f"{where}.function.arguments")
         if args:
             slot["arguments"].append(args)
 
     def finish_completion(self, total_s: float) -> Completion:
-        """The assembled Completion; raises RetryableError when the stream ended early."""
-        if not self.done and self.finish is None:
-            exc = RetryableError(
-                f"the stream ended after {len(self.chunks)} chunks without a finish_reason or [DONE]",
-                error_class="stream",
-            )
-            exc.cost_usd = self.reported_cost()  # a usage chunk with a cost was billed, finished or not
-            raise exc
-        _check_finish(self.finish, None, "stream")
+        """The assembled Completion; raises RetryableError when the stream broke off (no finish_reason and no
+        [DONE]). A stream that said [DONE] without a finish_reason is kept as truncated (wire.FINISH_MISSING)."""
+        flags: tuple[str, ...] = (wire.TEXT_REPLACED,) if self.replaced else ()
+        finish = self.finish
+        if finish is None:
+            if not self.done:
+                exc = RetryableError(
+                    f"the stream ended after {len(self.chunks)} chunks without a finish_reason or [DONE]",
+                    error_class="stream",
+                )
+                self._charge(exc)  # a usage chunk with a cost was billed, finished or not
+            finish, flags = "length", (*flags, wire.FINISH_MISSING)
+        try:
+            _check_finish(finish, None, "stream")
+        except ProviderError as exc:
+            self._charge(exc)
         reasoning = "".join(self._reasoning) if self._reasoning else ("".join(self._details) or None)
         calls = tuple(
             ToolCall(id=s["id"], name=s["name"], arguments="".join(s["arguments"]), index=i, type=s["type"])
@@ -431,7 +463,7 @@ class StreamAssembler:
             content="".join(self._content),
             reasoning=reasoning,
             tool_calls=calls,
-            finish_reason=self.finish,
+            finish_reason=finish,
             usage=self.usage or Usage(),
             content_logprobs=tuple(self._content_lp) if self._content_lp is not None else None,
             reasoning_logprobs=tuple(self._reasoning_lp) if self._reasoning_lp is not None else None,
@@ -443,11 +475,13 @@ class StreamAssembler:
             model=self.model,
             generation_id=self.generation_id,
             raw=self.chunks,
+            wire_flags=flags,
         )
 
 
-def iter_sse_events(buffer: bytearray, data: bytes) -> list[str]:
-    """Append `data` to `buffer`; return the complete events' data strings, comments skipped.
+def iter_sse_events(buffer: bytearray, data: bytes) -> list[bytes]:
+    """Append `data` to `buffer`; return the complete events' data (bytes: the JSON reader decodes and checks
+    them, `wire.load_json`), comments skipped.
 
     Lines starting with ':' are SSE comments (`: OPENROUTER PROCESSING`); several `data:` lines in
     one event are joined with '\\n'; other fields (event:, id:, retry:) are ignored; CRLF is accepted.
@@ -467,17 +501,17 @@ def iter_sse_events(buffer: bytearray, data: bytes) -> list[str]:
         return []
     block = bytes(buffer[:end])
     del buffer[: end + 2]
-    events: list[str] = []
+    events: list[bytes] = []
     lines: list[bytes] = []
     for line in block.split(b"\n"):
         if not line:
             if lines:
-                events.append(b"\n".join(lines).decode("utf-8", "replace"))
+                events.append(b"\n".join(lines))
                 lines = []
         elif line.startswith(b"data:"):
             lines.append(line[6:] if line[5:6] == b" " else line[5:])
     if lines:
-        events.append(b"\n".join(lines).decode("utf-8", "replace"))
+        events.append(b"\n".join(lines))
     return events
 
 

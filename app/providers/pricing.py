@@ -1,12 +1,17 @@
-"""Cost of one completion: the provider's own figure when it reported one, else from list prices.
+"""Cost of one completion: the larger of the provider's own figure and the list price of its tokens.
 
 `pricing` is anything with `prompt_per_m`, `completion_per_m` and `cached_prompt_per_m` (USD per
 million tokens): the config's `Pricing`, or `ModelPricing` below (built from `/v1/models`).
 Reasoning tokens are part of `completion_tokens` (OpenRouter bills them as output), so they are not
-added again. Cached prompt tokens are part of `prompt_tokens` and are billed at the cached rate.
+added again. Cached prompt tokens are part of `prompt_tokens` and are billed at the cached rate. The larger of
+the two is charged so money never goes backwards: a provider that reports less than its tokens' list price (a
+negative cost, zero) cannot lower the ledger below what the tokens cost; a reported cost the body boundary
+refused (`Usage.cost_problem`: NaN, infinite, negative, absurd) is not used at all.
 """
 
 from __future__ import annotations
+
+import math
 
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
@@ -30,11 +35,19 @@ class ModelPricing:
 
 
 def cost_of(usage: Usage, pricing: PricingLike | None) -> float:
-    """USD for `usage`: `usage.cost_usd` when the API reported it, else computed from `pricing` (0 if none)."""
-    if usage.cost_usd is not None:
-        return float(usage.cost_usd)
+    """USD charged for `usage`: the larger of the reported cost (when usable) and the list price of its tokens
+    (0 without prices). Always finite and non-negative."""
+    priced = list_price(usage, pricing) or 0.0
+    reported = usage.cost_usd
+    if reported is None or not math.isfinite(reported) or reported < 0:
+        return priced
+    return max(float(reported), priced)
+
+
+def list_price(usage: Usage, pricing: PricingLike | None) -> float | None:
+    """USD of `usage`'s tokens at `pricing`, or None without prices."""
     if pricing is None:
-        return 0.0
+        return None
     cached = min(max(usage.cached_tokens, 0), max(usage.prompt_tokens, 0))
     uncached = max(usage.prompt_tokens, 0) - cached
     cached_rate = pricing.cached_prompt_per_m
@@ -56,7 +69,11 @@ def pricing_from_models_entry(entry: dict[str, Any]) -> ModelPricing:
         value = raw.get(key)
         if value in (None, ""):
             return None
-        return float(value) * 1_000_000
+        try:
+            price = float(value) * 1_000_000
+        except (TypeError, ValueError):
+            return None
+        return price if math.isfinite(price) and price >= 0 else None  # a hostile listing cannot set NaN prices
 
     return ModelPricing(
         prompt_per_m=per_m("prompt") or 0.0,

@@ -59,6 +59,7 @@ def make_transport(kind: str, max_connections: int) -> httpx.AsyncBaseTransport:
     raise ValueError(f"unknown transport {kind!r}: use one of aiohttp, httpx, pools[:N]")
 
 
-def make_timeout(timeout_s: float) -> httpx.Timeout:
-    """`timeout_s` for reads, writes and pool waits; connecting gives up after at most 10 s."""
-    return httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
+def make_timeout(timeout_s: float, read_s: float | None = None) -> httpx.Timeout:
+    """`timeout_s` for writes and pool waits, `read_s` (default `timeout_s`) between reads; connecting gives up
+    after at most 10 s. The attempt's whole deadline is the client's own (`ChatClient.complete`)."""
+    return httpx.Timeout(timeout_s, read=timeout_s if read_s is None else read_s, connect=min(10.0, timeout_s))

@@ -162,6 +162,10 @@ def migrate(
         raise InputError(f"{path}: no such database; run `eaglewatch ingest CONFIG` first or pass another database "
                          "path")
     if _readonly_folder(path):
+        if not exists:  # nothing to copy yet: the database must be made elsewhere
+            raise InputError(
+                f"{path}: cannot be created: its folder {path.parent} is read-only (or not writable by this user); "
+                "set run.database (or --db) to a path in a writable folder")
         raise InputError(
             f"{path}: its folder {path.parent} is read-only, and a run database is written with a journal beside "
             "it (-wal, -shm); copy it to a writable folder for this command. The reading verbs (status, watch "

@@ -9,10 +9,18 @@
   EventRow, JobSummary, JobShardRow): frozen dataclasses, never tuples.
 
 JSON goes through orjson both ways (the column formats are in `app.store.schema`). Stdlib + orjson only.
+
+The encoders check what they write: an integer column within SQLite's 64-bit range (counts never negative), a
+cost finite and never negative, text valid Unicode (a lone surrogate cannot be encoded as UTF-8), ids within
+uint32, JSON that serialises. A value that is not is a `RowError` naming the column, raised before any
+statement runs, so a caller can end the sample with that sentence instead of losing the transaction.
+`clean_text` makes any message safe to store (lone surrogates become U+FFFD).
 """
 
 from __future__ import annotations
 
+import math
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -28,6 +36,68 @@ from app.store.schema import N_DIFF_SQL
 def dumps(value: Any) -> str:
     """JSON text of `value` (orjson: compact, UTF-8, enums as their values)."""
     return orjson.dumps(value).decode("utf-8")
+
+
+class RowError(ValueError):
+    """A value a row codec will not write: `column` names where, the message what is wrong with it."""
+
+    def __init__(self, column: str, problem: str) -> None:
+        super().__init__(f"{column} {problem}; it was not stored")
+        self.column = column
+
+
+INT64_MAX = 2**63 - 1
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """`text` with any lone surrogate replaced by U+FFFD: what an error message or event may always store."""
+    if text.isascii():
+        return text
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def _text(value: str | None, column: str) -> str | None:
+    """A text column's value, refused when it is not valid Unicode (a lone surrogate)."""
+    if value is None or type(value) is str and value.isascii():
+        return value
+    if type(value) is not str:
+        raise RowError(column, f"should be text, got {type(value).__name__}")
+    if _SURROGATE.search(value):
+        raise RowError(column, "holds a lone surrogate (not valid Unicode)")
+    return value
+
+
+def _count(value: int, column: str) -> int:
+    if type(value) is not int or not 0 <= value <= INT64_MAX:
+        raise RowError(column, f"is {value!r}, not a count SQLite can hold (0..{INT64_MAX})")
+    return value
+
+
+def _real(value: float | None, column: str, *, nullable: bool = False, negative: bool = False) -> float | None:
+    if value is None and nullable:
+        return None
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        raise RowError(column, f"is {value!r}, not a number") from None
+    if not math.isfinite(number) or (number < 0 and not negative):
+        raise RowError(column, f"is {number!r}, not a finite{'' if negative else ' non-negative'} number")
+    return number
+
+
+def _ids(ids: Sequence[int] | None, column: str) -> bytes | None:
+    try:
+        return pack_ids(ids)
+    except (ValueError, TypeError) as exc:
+        raise RowError(column, f"cannot be packed as uint32 ids ({exc})") from None
+
+
+def _json(value: Any, column: str) -> str:
+    try:
+        return dumps(value)
+    except (TypeError, ValueError) as exc:  # orjson: a huge integer, a lone surrogate, too deep
+        raise RowError(column, f"cannot be written as JSON ({exc})") from None
 
 
 def loads(text: str | bytes | None, default: Any = None) -> Any:
@@ -54,7 +124,7 @@ INSERT_RESPONSE = (
 
 def encode_tool_calls(calls: Sequence[ToolCall]) -> str | None:
     """The `responses.tool_calls` JSON list ({id, name, arguments, index, type}), NULL when there are none."""
-    return dumps([asdict(t) for t in calls]) if calls else None
+    return _json([asdict(t) for t in calls], "responses.tool_calls") if calls else None
 
 
 def decode_tool_calls(text: str | None) -> tuple[ToolCall, ...]:
@@ -74,9 +144,13 @@ def encode_logprobs(completion: Completion) -> str | None:
     def enc(seq: tuple[TokenLogprob, ...] | None) -> Any:
         if seq is None:
             return None
+        for t in seq:
+            if not math.isfinite(t.logprob):  # orjson would write NaN as null, which reads back as no number
+                raise RowError("responses.logprobs", f"holds logprob {t.logprob!r} for token {t.token!r}")
         return [[t.token, list(t.bytes) if t.bytes is not None else None, t.logprob] for t in seq]
 
-    return dumps({"content": enc(completion.content_logprobs), "reasoning": enc(completion.reasoning_logprobs)})
+    return _json({"content": enc(completion.content_logprobs), "reasoning": enc(completion.reasoning_logprobs)},
+                 "responses.logprobs")
 
 
 def decode_logprobs(
@@ -120,33 +194,33 @@ def encode_response(
     raw_max_bytes: int | None = None,
     created_at: float | None = None,
 ) -> tuple[Any, ...]:
-    """The `INSERT_RESPONSE` parameters (RESPONSE_COLUMNS order) of one successful attempt."""
+    """The `INSERT_RESPONSE` parameters (RESPONSE_COLUMNS order) of one successful attempt; a value the table
+    cannot hold is a RowError naming its column (see the module doc)."""
     u = completion.usage
+    counts = [_count(getattr(u, name), f"responses.{name}")  # before the usage JSON, which holds them too
+              for name in ("prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_tokens")]
     return (
         run_id,
         sample_pk,
         attempt,
-        endpoint,
-        completion.provider,
-        completion.model,
-        completion.generation_id,
-        completion.finish_reason,
-        completion.reasoning,
-        completion.content,
+        _text(endpoint, "responses.endpoint"),
+        _text(completion.provider, "responses.provider"),
+        _text(completion.model, "responses.model"),
+        _text(completion.generation_id, "responses.generation_id"),
+        _text(completion.finish_reason, "responses.finish_reason"),
+        _text(completion.reasoning, "responses.reasoning"),
+        _text(completion.content, "responses.content"),
         encode_tool_calls(completion.tool_calls),
         encode_logprobs(completion),
-        pack_ids(completion.token_ids),
-        dumps(asdict(u)),
-        u.prompt_tokens,
-        u.completion_tokens,
-        u.reasoning_tokens,
-        u.cached_tokens,
-        float(cost_usd),
-        completion.total_s * 1000.0,
-        completion.ttft_s * 1000.0 if completion.ttft_s is not None else None,
+        _ids(completion.token_ids, "responses.token_ids"),
+        _json(asdict(u), "responses.usage"),
+        *counts,
+        _real(cost_usd, "responses.cost_usd"),
+        _real(completion.total_s * 1000.0, "responses.latency_ms"),
+        _real(completion.ttft_s * 1000.0, "responses.ttft_ms") if completion.ttft_s is not None else None,
         encode_raw(completion.raw, raw_max_bytes) if keep_raw else None,
         time.time() if created_at is None else created_at,
-        pack_ids(completion.prompt_token_ids),
+        _ids(completion.prompt_token_ids, "responses.prompt_ids"),
     )
 
 
@@ -291,18 +365,18 @@ def encode_reconstruction(row: ReconstructionRow, **override: Any) -> dict[str, 
         "strategy": row.strategy,
         "repair": row.repair,
         "roundtrip": None if row.roundtrip is None else int(row.roundtrip),
-        "notes": dumps(list(row.notes)),
-        "output_ids": pack_ids(row.output_ids),
-        "reference_ids": pack_ids(row.reference_ids),
+        "notes": _json(list(row.notes), "reconstructions.notes"),
+        "output_ids": _ids(row.output_ids, "reconstructions.output_ids"),
+        "reference_ids": _ids(row.reference_ids, "reconstructions.reference_ids"),
         "category": str(row.category),
         "first_diff": row.first_diff,
         "n_tokens": row.n_tokens,
         "ref_len": row.ref_len,
-        "explanation": row.explanation,
-        "detail": dumps({"spans": [list(s) for s in row.spans]}),
+        "explanation": _text(row.explanation, "reconstructions.explanation"),
+        "detail": _json({"spans": [list(s) for s in row.spans]}, "reconstructions.detail"),
         "created_at": row.created_at,
         "ids_source": row.ids_source,
-        "flags": dumps(list(row.flags)) if row.flags is not None else None,
+        "flags": _json(list(row.flags), "reconstructions.flags") if row.flags is not None else None,
         "prompt_check": row.prompt_check,
         "prompt_first_diff": row.prompt_first_diff,
     }

@@ -243,7 +243,7 @@ class RunStore:
                 "UPDATE samples SET state = 'leased', lease_expires = ?, lease_owner = ?, attempts = attempts + 1, "
                 "updated_at = ? "
                 "WHERE pk IN (SELECT pk FROM samples WHERE run_id = ? AND state = 'pending' ORDER BY pk LIMIT ?) "
-                "RETURNING pk, sample_id, dataset, messages, tools, attempts, reference_ids, tries",
+                "RETURNING pk, sample_id, dataset, messages, tools, attempts, reference_ids, tries, tries_forgiven",
                 (expires, owner, now, run_id, n),
             ).fetchall()
             rows.sort(key=lambda r: r[0])
@@ -258,6 +258,7 @@ class RunStore:
                     reference_ids=unpack_ids(r[6]),
                     lease_expires=expires,
                     tries=r[7],
+                    tries_forgiven=r[8],
                 )
                 for r in rows
             ]
@@ -325,6 +326,19 @@ class RunStore:
                 keys,
             )
             return cur.rowcount
+
+        return await self.write(op)
+
+    async def retry_failed(self, run_id: int) -> int:
+        """Put every failed sample of the run back to pending, in one transaction, each with a fresh allowance of
+        attempts (`tries_forgiven` = its tries; its responses and their attempt numbers stay). Returns how many."""
+
+        def op(conn: sqlite3.Connection) -> int:
+            return conn.execute(
+                "UPDATE samples SET state = 'pending', tries_forgiven = tries, error_class = NULL, last_error = NULL, "
+                "lease_expires = NULL, lease_owner = NULL, updated_at = ? WHERE run_id = ? AND state = 'failed'",
+                (time.time(), run_id),
+            ).rowcount
 
         return await self.write(op)
 
@@ -408,7 +422,7 @@ class RunStore:
             conn.execute(
                 "UPDATE samples SET state = ?, lease_expires = NULL, lease_owner = NULL, error_class = ?, "
                 "last_error = ?, updated_at = ? WHERE pk = ? AND run_id = ?",
-                ("failed" if final else "pending", error_class, message, now, pk, run_id),
+                ("failed" if final else "pending", error_class, rows.clean_text(message), now, pk, run_id),
             )
             if endpoint is not None or cost_usd:
                 n = attempt
@@ -457,8 +471,8 @@ class RunStore:
         return await self.write(op)
 
     async def add_event(self, run_id: int | None, level: str, kind: str, message: str) -> None:
-        """Append to the operator's log."""
-        row = (run_id, time.time(), level, kind, message)
+        """Append to the operator's log (a lone surrogate in `message` is stored as U+FFFD)."""
+        row = (run_id, time.time(), level, kind, rows.clean_text(message))
 
         def op(conn: sqlite3.Connection) -> None:
             conn.execute("INSERT INTO events (run_id, ts, level, kind, message) VALUES (?, ?, ?, ?, ?)", row)
@@ -652,6 +666,6 @@ def _insert_attempt(conn: sqlite3.Connection, run_id: int, pk: int, attempt: int
     conn.execute(
         "INSERT INTO responses (run_id, sample_pk, attempt, endpoint, cost_usd, error_class, error, created_at) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        (run_id, pk, attempt, endpoint, float(cost_usd or 0.0), error_class, message[:2000], now),
+        (run_id, pk, attempt, endpoint, float(cost_usd or 0.0), error_class, rows.clean_text(message[:2000]), now),
     )
     conn.execute("UPDATE samples SET tries = MAX(tries, ?) WHERE pk = ?", (attempt, pk))

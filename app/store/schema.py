@@ -581,7 +581,12 @@ BEGIN
 END;
 """
 
-_V7 = _QUALITY_TALLIES
+_V7 = _QUALITY_TALLIES + """
+-- an operator's retry of failed samples (`eaglewatch run --retry-failed`, the monitor's R) gives each a fresh
+-- allowance of generation.attempts: the requests it had already cost are forgiven, while `tries` (and with it
+-- each response's attempt number) keeps counting up. The engine counts tries - tries_forgiven against the limit.
+ALTER TABLE samples ADD COLUMN tries_forgiven INTEGER NOT NULL DEFAULT 0;
+"""
 
 MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -62,6 +62,7 @@ class LeasedSample:
     reference_ids: tuple[int, ...] | None
     lease_expires: float = 0.0
     tries: int = 0  # requests already sent for this sample, over every lease and restart
+    tries_forgiven: int = 0  # of those, forgiven by an operator's retry of failed samples (not counted any more)
 
 
 @dataclass(frozen=True, slots=True)

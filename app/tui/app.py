@@ -58,6 +58,7 @@ class EaglewatchApp(App):
         Binding("p", "toggle_pause", "Pause", id="run.pause"),
         Binding("P", "pause_now", "Pause now", show=False, id="run.pause_now"),
         Binding("c", "set_concurrency", "Set concurrency limit", show=False, id="run.concurrency"),
+        Binding("R", "retry_failed", "Retry failed samples", show=False, id="run.retry_failed"),
         Binding("q", "quit_monitor", "Quit", id="app.quit"),
         Binding("ctrl+q", "quit_monitor", "Quit", show=False, id="app.quit_ctrl", priority=True),
     ]
@@ -134,6 +135,10 @@ class EaglewatchApp(App):
 
     # --- run control -----------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "retry_failed":
+            snap = self.last_snapshot
+            return (self.source.can_control and not isinstance(self.screen, JobsScreen) and snap is not None
+                    and not engine_gone(snap) and snap.failed > 0)
         if action in ("pause_now", "toggle_pause", "set_concurrency"):
             snap = self.last_record
             if not self.source.can_control or isinstance(self.screen, JobsScreen) or snap is None:
@@ -184,6 +189,20 @@ class EaglewatchApp(App):
             question += f"; now {current}"
         self.push_screen(NumberScreen(question, initial=current or None), answered)
 
+    def action_retry_failed(self) -> None:
+        """Ask, then put the run's failed samples back to pending through the run's control."""
+        if not self.check_action("retry_failed", ()) or isinstance(self.screen, ConfirmScreen):
+            return
+        snap = self.last_snapshot
+
+        async def answered(yes: bool | None) -> None:
+            if yes:
+                await steer(self, "retry failed samples", self.source.control.retry_failed,
+                            "they are pending again, each with a fresh allowance of attempts")
+
+        self.push_screen(ConfirmScreen(f"Put the {snap.failed} failed samples back to pending, each with a fresh "
+                                       "allowance of attempts? The provider bills the new requests."), answered)
+
     async def action_quit_monitor(self) -> None:
         if not self.source.live:
             self.exit()
@@ -218,6 +237,9 @@ class EaglewatchApp(App):
         if self.check_action("set_concurrency", ()):
             yield SystemCommand("Set concurrency limit", "Requests in flight across all endpoints (c)",
                                 self.action_set_concurrency)
+        if self.check_action("retry_failed", ()):
+            yield SystemCommand("Retry failed samples", "Back to pending with a fresh allowance of attempts (R)",
+                                self.action_retry_failed)
         for name in THEMES:
             yield SystemCommand(f"Theme: {name}", "ansi-* use your terminal's own palette", partial(setattr, self, "theme", name))
 
@@ -243,20 +265,21 @@ async def host_run(*, config: Any, run: Any, mouse: bool = True, theme: str = "t
     await make_app(source, theme=theme).run_async(mouse=mouse)
 
 
-def run_tui(*, config: Any, run: str | None = None, mouse: bool = True, theme: str = "textual-dark") -> int:
+def run_tui(*, config: Any, run: str | None = None, mouse: bool = True, theme: str = "textual-dark",
+            retry_failed: bool = False) -> int:
     """`eaglewatch run CONFIG` with the monitor: ingest, start the engine, host the TUI, close the engine on quit.
 
-    `run` may name the run (it must match `config.run.name`, which the caller has already applied).
-    Returns the exit status: 0 once the operator quits.
+    `run` may name the run (it must match `config.run.name`, which the caller has already applied);
+    `retry_failed` puts the run's failed samples back to pending first. Returns 0 once the operator quits.
     """
     import asyncio
 
     if run is not None and not isinstance(run, str):
         raise TypeError("run_tui takes the run's name; use host_run() with a started engine Run")
-    return asyncio.run(_run_in_process(config, mouse=mouse, theme=theme))
+    return asyncio.run(_run_in_process(config, mouse=mouse, theme=theme, retry_failed=retry_failed))
 
 
-async def _run_in_process(config: Any, *, mouse: bool, theme: str) -> int:
+async def _run_in_process(config: Any, *, mouse: bool, theme: str, retry_failed: bool = False) -> int:
     from app.errors import EaglewatchError
 
     try:
@@ -267,5 +290,7 @@ async def _run_in_process(config: Any, *, mouse: bool, theme: str) -> int:
             "watch an existing run with 'eaglewatch watch DB' instead"
         ) from None
     async with open_run(config) as opened:
+        if retry_failed:
+            await opened.run.retry_failed()
         await host_run(config=config, run=opened.run, mouse=mouse, theme=theme)
     return 0

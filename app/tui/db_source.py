@@ -49,7 +49,7 @@ class CommandAck:
 
 class AttachedControl:
     """`RunControl` for an attached viewer: each call queues a row in the `commands` table, which the
-    headless engine polls (verbs pause {now}, resume, set_concurrency {limit}) and marks done when it takes
+    headless engine polls (verbs pause {now}, resume, set_concurrency {limit}, retry_failed) and marks done when it takes
     it; `last_command` is the id of the row the latest call queued, and `acknowledgement` waits for it."""
 
     def __init__(self, database: Path, run_id: int) -> None:
@@ -82,6 +82,10 @@ class AttachedControl:
         if limit < 1:
             raise InputError(f"a concurrency limit must be at least 1 (got {limit})")
         await self._command("set_concurrency", {"limit": int(limit)})
+
+    async def retry_failed(self) -> None:
+        """Queue putting the run's failed samples back to pending (fresh attempts)."""
+        await self._command("retry_failed")
 
     async def acknowledgement(self, command_id: int, timeout_s: float = ACK_TIMEOUT_S) -> CommandAck:
         """Wait up to `timeout_s` for the engine to take command `command_id` (its `done_at` set); when it does

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from app.engine.budget import usd as _usd
+
 
 def duration(seconds: float | None) -> str:
     """`1h02m03s`-style duration, or "-" when unknown."""
@@ -20,10 +22,9 @@ def duration(seconds: float | None) -> str:
 
 
 def money(usd: float | None) -> str:
-    """Dollars with cents (or four decimals under a dollar), "-" when unknown."""
-    if usd is None:
-        return "-"
-    return f"${usd:,.2f}" if abs(usd) >= 1 else f"${usd:.4f}"
+    """Dollars with cents (or four decimals under a dollar), "-" when unknown, never NaN or inf
+    (`app.engine.budget.usd`, the one money format of every face)."""
+    return _usd(usd)
 
 
 def ms(value: float | None) -> str:

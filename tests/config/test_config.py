@@ -236,9 +236,10 @@ def test_unknown_key_inside_nested_tables_lists_that_tables_keys(tmp_path: Path)
     assert "data.datasets[0].fromat: unknown key (allowed here: path, format, id_field, limit, name)" in msg
 
 
-def test_check_inputs_names_every_missing_path_with_its_key(tmp_path: Path, sample_data_dir: Path) -> None:
+def test_check_inputs_names_every_missing_path_with_its_key(tmp_path: Path, sample_data_dir: Path, monkeypatch) -> None:
     from app.datasets import check_inputs
 
+    monkeypatch.setenv("OPENROUTER_API_KEY", "set")
     config = load_config(write(tmp_path, MINIMAL))
     errors = check_inputs(config).errors
     label = tmp_path / "run.toml"
@@ -253,9 +254,11 @@ def test_check_inputs_names_every_missing_path_with_its_key(tmp_path: Path, samp
     assert demo.errors == () and demo.warnings == () and demo.vocab_size and demo.references_checked > 100
 
 
-def test_check_inputs_samples_reference_ids_against_the_vocabulary(tmp_path: Path, sample_tokenizer_dir: Path) -> None:
+def test_check_inputs_samples_reference_ids_against_the_vocabulary(tmp_path: Path, sample_tokenizer_dir: Path,
+                                                                    monkeypatch) -> None:
     from app.datasets import check_inputs
 
+    monkeypatch.setenv("OPENROUTER_API_KEY", "set")
     (tmp_path / "prompts.jsonl").write_text("")
     text = MINIMAL.replace('tokenizer = "tok"', f'tokenizer = "{sample_tokenizer_dir}"')
     ref = tmp_path / "ref.jsonl"

@@ -64,7 +64,7 @@ async def run_against(tmp_path, sample_data, n, *, faults, stream=False, timeout
     return run, outcome, sim, sqlite3.connect(config.run.database), wrapped
 
 
-RETRYABLE = [("429", False), ("500", False), ("502", False), ("503", False), ("reset", False),
+RETRYABLE = [("429", False), ("500", False), ("502", False), ("503", False),
              ("malformed", False), ("truncate", True), ("stream_error", True), ("malformed", True)]
 
 
@@ -79,6 +79,19 @@ async def test_retryable_fault_is_retried_until_every_sample_is_done(tmp_path, s
     failed_attempts = db.execute("SELECT COUNT(*) FROM responses WHERE error_class IS NOT NULL").fetchone()[0]
     assert failed_attempts == sim.counters[kind]
     assert run.snapshot().counts.retried == sim.counters[kind]
+
+
+async def test_a_reset_before_any_byte_is_retried_as_the_endpoints_failure_not_the_samples(tmp_path, sample_data):
+    run, outcome, sim, db, _ = await run_against(tmp_path, sample_data, 30, faults={"reset": 0.3})
+    assert outcome.state == "done"
+    assert sim.counters["reset"] > 0
+    assert db.execute("SELECT COUNT(*) FROM samples WHERE state = 'done'").fetchone()[0] == 30
+    # every reset was retried, and counted in the metrics; only those that hit a sample again after the endpoint
+    # had answered in between are failed attempts of that sample (app.engine.endpoint_health)
+    counted = db.execute("SELECT COUNT(*) FROM responses WHERE error_class IS NOT NULL").fetchone()[0]
+    assert counted < sim.counters["reset"]
+    assert run.snapshot().retried == sim.counters["reset"]
+    assert dict(run.snapshot().errors_by_class)["unreachable"] == sim.counters["reset"]
 
 
 async def test_hang_past_the_client_timeout_is_retried(tmp_path, sample_data):

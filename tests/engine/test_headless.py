@@ -203,3 +203,21 @@ def test_pause_now_from_an_attached_viewer_keeps_the_headless_engine_alive_for_i
     assert proc.returncode == 0, err
     assert "waiting for its resume" in err
     assert _states(tmp_path) == {"done": 40}
+
+
+def test_failed_samples_exit_1_with_how_many_and_retry_failed_recovers_them(tmp_path, sample_data):
+    cfg = _config(tmp_path, sample_data, faults='"400" = 1.0')  # every request refused: every sample fails
+    p = _eaglewatch(str(cfg), "--limit", "8")
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 1, err
+    assert "run finished with 8 failed samples of 8 (0 done)" in err and "--retry-failed" in err
+    assert _states(tmp_path) == {"failed": 8}
+    _config(tmp_path, sample_data)  # the provider works again
+    p = _eaglewatch(str(cfg), "--limit", "8")
+    p.communicate(timeout=120)
+    assert p.returncode == 1 and _states(tmp_path) == {"failed": 8}  # a plain rerun leaves them failed
+    p = _eaglewatch(str(cfg), "--limit", "8", "--retry-failed")
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    assert "8 failed samples put back to pending" in err
+    assert _states(tmp_path) == {"done": 8}

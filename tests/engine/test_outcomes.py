@@ -50,9 +50,13 @@ async def test_a_reference_id_beyond_the_vocabulary_fails_that_sample_and_keeps_
         == pytest.approx(run.snapshot().cost_usd)
 
 
-async def test_credentials_in_base_url_are_refused_before_anything_is_leased(tmp_path, sample_data):
+async def test_credentials_in_a_base_url_built_in_code_are_refused_before_anything_is_leased(tmp_path, sample_data):
+    # the config refuses such a URL at load (tests/config/test_url_secrets.py); an endpoint built in code, past
+    # the loader, is refused by the engine before a request is made
     config = make_config(tmp_path, sample_data, endpoints=[
-        {"name": "api", "base_url": "https://user:sk-secret@openrouter.example/api/v1", "timeout_s": 5}])
+        {"name": "api", "base_url": "https://openrouter.example/api/v1", "timeout_s": 5}])
+    endpoint = config.endpoints[0].model_copy(update={"base_url": "https://user:sk-secret@openrouter.example/api/v1"})
+    config = config.model_copy(update={"endpoints": [endpoint]})
     store, _ = await open_ingested(config, sample_data, 3)
     run = Run(config, store)
     try:

@@ -62,3 +62,64 @@ class Generation:
     logprobs: bool = False
     top_logprobs: int = 0
     attempts: int = 3
+
+
+BODIES = Path(__file__).parent / "bodies"
+
+
+class BodyServer:
+    """A real loopback HTTP server answering every chat request with saved bytes (`tests/providers/bodies`), as
+    one write or in `pieces` separated by `pause_s` (a slow drip); GET /models answers 200 (a probe's answer)."""
+
+    def __init__(self, body: bytes, *, stream: bool, pieces: int = 1, pause_s: float = 0.0) -> None:
+        self.body, self.stream, self.pieces, self.pause_s = body, stream, pieces, pause_s
+        self.requests = 0
+        self._runner: Any = None
+        self.base_url = ""
+
+    async def __aenter__(self) -> "BodyServer":
+        from aiohttp import web
+
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.base_url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1"  # type: ignore[union-attr]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._runner.cleanup()
+
+    async def _models(self, request: Any) -> Any:
+        from aiohttp import web
+
+        return web.json_response({"data": []})
+
+    async def _chat(self, request: Any) -> Any:
+        import asyncio
+
+        from aiohttp import web
+
+        self.requests += 1
+        await request.read()
+        kind = "text/event-stream" if self.stream else "application/json"
+        response = web.StreamResponse(headers={"Content-Type": kind})
+        await response.prepare(request)
+        step = -(-len(self.body) // self.pieces)
+        try:
+            for i in range(0, len(self.body), step):
+                if i and self.pause_s:
+                    await asyncio.sleep(self.pause_s)
+                await response.write(self.body[i:i + step])
+            await response.write_eof()
+        except (ConnectionError, RuntimeError):
+            pass  # the client gave up on a drip: what the test is about
+        return response
+
+
+def saved_body(name: str) -> bytes:
+    """The bytes of a saved hostile body."""
+    return (BODIES / name).read_bytes()

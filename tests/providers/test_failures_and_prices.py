@@ -9,6 +9,7 @@ import struct
 import pytest
 
 from app.providers import ChatClient, RetryableError
+from app.providers.exceptions import EndpointUnreachable
 from app.providers.pricing import ModelPricing, PriceQuote, base_model, prices_at_start, resolve_pricing
 from app.simulator import SimulatorOptions, SimulatorServer
 from tests.providers.support import Endpoint, Generation, user
@@ -47,7 +48,7 @@ async def test_a_connection_reset_is_reported_as_a_reset_not_a_connect_timeout(t
             with pytest.raises(RetryableError) as caught:
                 await client.complete(user("x"), model="m")
     text = str(caught.value)
-    assert caught.value.error_class == "network"
+    assert isinstance(caught.value, EndpointUnreachable) and caught.value.cause == "reset"
     assert "reset" in text or "closed the connection" in text, text
     assert "ConnectTimeout" not in text and "timed out" not in text
 

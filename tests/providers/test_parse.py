@@ -105,8 +105,8 @@ def test_transformers_serve_error_chunks_json_or_not_name_the_failure():
 def test_sse_comments_multiline_data_and_crlf():
     buffer = bytearray()
     events = iter_sse_events(buffer, b": OPENROUTER PROCESSING\n\ndata: {\"a\":\r\ndata: 1}\r\n\r\ndata: [DO")
-    assert events == ['{"a":\n1}']
-    assert iter_sse_events(buffer, b"NE]\n\n") == ["[DONE]"]
+    assert events == [b'{"a":\n1}']
+    assert iter_sse_events(buffer, b"NE]\n\n") == [b"[DONE]"]
 
 
 def test_stream_tool_call_arguments_concatenate_exactly_by_index():

@@ -121,5 +121,5 @@ async def test_mixed_fault_storm_at_concurrency_completes_every_request(tok, ref
             + sim.counters["stream_error"] >= 200
     assert all(c.finish_reason in ("stop", "tool_calls") for c in completions)
     assert {c.content for c in completions} == {"Hello! ünï 中文 here.", "Checking."}
-    assert set(classes) <= {"429", "5xx", "network", "malformed", "stream"}
-    assert classes["429"] and classes["5xx"] and classes["network"]
+    assert set(classes) <= {"429", "5xx", "unreachable", "malformed", "stream"}
+    assert classes["429"] and classes["5xx"] and classes["unreachable"]

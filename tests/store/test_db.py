@@ -276,6 +276,18 @@ def test_a_read_only_folder_has_its_own_message_and_read_verbs_work_there(tmp_pa
     assert f"its folder {ro} is read-only" in write.stderr and "status, watch" in write.stderr
 
 
+def test_a_new_database_in_a_read_only_folder_is_refused_before_anything_with_advice_that_fits(
+        tmp_path: Path, readonly_folder) -> None:
+    _, ro = readonly_folder
+    cfg = _run_config(tmp_path, ro / "new.db", n=5)
+    for verb in (["config", "check"], ["ingest"], ["run", "--headless"]):
+        p = eaglewatch(*verb, str(cfg), cwd=tmp_path)
+        assert p.returncode == 2 and "Traceback" not in p.stderr, (verb, p.stderr)
+        assert f"new.db cannot be created: its folder {ro} is read-only" in p.stderr, (verb, p.stderr)
+        assert "set run.database (or --db)" in p.stderr and "copy" not in p.stderr
+    assert not (ro / "new.db").exists()
+
+
 def test_an_empty_file_is_not_a_run_for_the_read_verbs(tmp_path: Path) -> None:
     db = tmp_path / "empty.db"
     db.write_bytes(b"")

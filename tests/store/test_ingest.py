@@ -130,7 +130,7 @@ def test_bad_lines_are_counted_reported_and_skipped(tmp_path: Path) -> None:
     got = [s.sample_id for s in iter_prompts(path, "openai-messages", stats=stats)]
     assert got == ["g", "g2"]
     assert stats.bad == 6 and stats.good == 2
-    assert stats.examples[0] == f"{path}:2: invalid JSON (Expecting property name enclosed in double quotes at column 2)"
+    assert stats.examples[0] == f"{path}:2:2: invalid JSON (Expecting property name enclosed in double quotes)"
     assert stats.examples[1] == f"{path}:4: expected a JSON object, got list"
     assert stats.examples[2].startswith(f"{path}:5: messages[0].role is 'robot'")
     assert f"{path}:6: 'messages' must be a non-empty list" in stats.examples[3]
@@ -140,7 +140,7 @@ def test_bad_lines_are_counted_reported_and_skipped(tmp_path: Path) -> None:
 
 def test_strict_reading_raises_on_the_first_bad_line(tmp_path: Path) -> None:
     path = write_lines(tmp_path / "p.jsonl", [{"id": "g", "messages": [{"role": "user", "content": "q"}]}, "nope"])
-    with pytest.raises(InputError, match=r"p\.jsonl:2: invalid JSON"):
+    with pytest.raises(InputError, match=r"p\.jsonl:2:1: invalid JSON"):
         list(iter_prompts(path, "openai-messages"))
 
 
@@ -203,7 +203,7 @@ async def test_ingest_config_is_idempotent_and_attaches_references(tmp_path: Pat
     d1, d2 = first.datasets[0], second.datasets[0]
     assert (d1.added, d1.already_present, d1.bad_lines) == (20, 0, 1)
     assert (d2.added, d2.already_present, d2.bad_lines) == (0, 20, 1)
-    assert d1.bad_examples == (f"{tmp_path / 'prompts.jsonl'}:21: invalid JSON (Expecting value at column 1)",)
+    assert d1.bad_examples == (f"{tmp_path / 'prompts.jsonl'}:21:1: invalid JSON (Expecting value)",)
     assert first.reference is not None and (first.reference.attached, first.reference.unmatched) == (10, 1)
     assert second.reference is not None and second.reference.attached == 0
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import sqlite3
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from app.records import Category, DiffSpan, Reconstruction, TokenLogprob, Verdict
+from app.records import Category, Completion, DiffSpan, Reconstruction, TokenLogprob, Usage, Verdict
 from app.store import queries, rows
 from tests.store.test_run_store import completion, open_with
 
@@ -92,3 +93,28 @@ def test_every_column_the_codec_writes_exists(tmp_path: Path) -> None:
     assert set(rows.RECONSTRUCTION_COLUMNS) <= columns
     assert set(rows.RESPONSE_COLUMNS) <= {r[1] for r in conn.execute("PRAGMA table_info(responses)")}
     conn.close()
+
+
+# ---- what the codecs refuse to write ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("completion", "cost", "column"), [
+    (Completion("ok"), float("nan"), "responses.cost_usd"),
+    (Completion("ok"), float("inf"), "responses.cost_usd"),
+    (Completion("ok"), -1.0, "responses.cost_usd"),
+    (Completion("ok", usage=Usage(prompt_tokens=2**64)), 0.0, "responses.prompt_tokens"),
+    (Completion("ok", usage=Usage(completion_tokens=-1)), 0.0, "responses.completion_tokens"),
+    (Completion("a\ud83db"), 0.0, "responses.content"),
+    (Completion("ok", reasoning="\udc00"), 0.0, "responses.reasoning"),
+    (Completion("ok", token_ids=(1, -5)), 0.0, "responses.token_ids"),
+    (Completion("ok", prompt_token_ids=(2**33,)), 0.0, "responses.prompt_ids"),
+    (Completion("ok", content_logprobs=(TokenLogprob("o", None, math.nan),)), 0.0, "responses.logprobs"),
+])
+def test_a_value_the_table_cannot_hold_is_refused_naming_its_column(completion, cost, column):
+    with pytest.raises(rows.RowError) as caught:
+        rows.encode_response(1, 1, 1, "e", completion, cost)
+    assert caught.value.column == column and str(caught.value).startswith(column)
+
+
+def test_any_message_can_be_stored_once_cleaned():
+    assert rows.clean_text("plain") == "plain" and rows.clean_text("a\ud83db") == "a\ufffdb"
+    rows.clean_text("a\ud83db").encode("utf-8")

@@ -175,6 +175,10 @@ class MemorySource:
         state = {k: v for k, v in live.items() if k in ("state", "state_reason")}
         self._record = replace(self._record, live=replace(self._record.live, **live), **state)
 
+    async def retry_failed(self) -> None:
+        self.commands.append(("retry_failed",))
+        self._snapshot = replace(self._snapshot, pending=self._snapshot.pending + self._snapshot.failed, failed=0)
+
     async def job_command(self, job_id: int, verb: str) -> None:
         self.commands.append(("job", str(job_id), verb))
 

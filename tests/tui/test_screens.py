@@ -348,7 +348,7 @@ def test_the_attached_control_implements_run_control_exactly() -> None:
     # job control is not the run's: the TUI sends it to app.jobs.job_control (RunControl.job_command, while the
     # protocol still names it, has no sender)
     wanted = {name for name, _ in inspect.getmembers(RunControl, inspect.iscoroutinefunction)} - {"job_command"}
-    assert wanted == {"pause", "resume", "set_concurrency"}
+    assert wanted == {"pause", "resume", "set_concurrency", "retry_failed"}
     for name in wanted:
         mine = getattr(AttachedControl, name)
         assert inspect.iscoroutinefunction(mine), name
