@@ -136,7 +136,7 @@ class EaglewatchApp(App):
     # --- run control -----------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "retry_failed":
-            snap = self.last_snapshot
+            snap = self.last_record
             return (self.source.can_control and not isinstance(self.screen, JobsScreen) and snap is not None
                     and not engine_gone(snap) and snap.failed > 0)
         if action in ("pause_now", "toggle_pause", "set_concurrency"):
@@ -193,7 +193,7 @@ class EaglewatchApp(App):
         """Ask, then put the run's failed samples back to pending through the run's control."""
         if not self.check_action("retry_failed", ()) or isinstance(self.screen, ConfirmScreen):
             return
-        snap = self.last_snapshot
+        snap = self.last_record
 
         async def answered(yes: bool | None) -> None:
             if yes:

@@ -47,7 +47,7 @@ async def test_pause_lets_in_flight_finish_then_resume_completes_exactly_once(tm
         states = _states(config)
         assert states.get("leased", 0) == 0 and states["done"] == paused_done < 60
         await beats_after(config.run.database, time.time())  # the engine goes on, paused
-        assert run.snapshot().done == paused_done and run.snapshot().in_flight == 0  # nothing new while paused
+        assert run.snapshot().done == paused_done and run.snapshot().live.in_flight == 0  # nothing new while paused
         assert _states(config) == states
         await run.resume()
         await asyncio.wait_for(run.wait_finished(), 30)
@@ -208,7 +208,7 @@ async def test_failed_and_retried_per_endpoint_count_final_failures_and_requests
     try:
         await run.start()
         await run.wait()
-        metrics = run._endpoints[0].metrics  # what the engine counted as it settled each request
+        metrics = run.endpoints[0].metrics  # what the engine counted as it settled each request
     finally:
         await run.close()
         await store.close()

@@ -180,7 +180,7 @@ async def test_retry_failed_puts_failed_samples_back_with_a_fresh_allowance_and_
         assert run.snapshot().failed == 6
         before = {k: v for k, v in (await store.counts(run_id)).items() if v}
         n = await run.retry_failed()  # the faults still answer 500: each gets two new attempts and fails again
-        assert n == 6 and run.snapshot().pending + run.snapshot().leased == 6
+        assert n == 6 and run.snapshot().counts.samples.pending + run.snapshot().counts.samples.leased == 6
         await asyncio.wait_for(run.wait_finished(), 60)
     finally:
         await run.close()

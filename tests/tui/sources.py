@@ -177,7 +177,9 @@ class MemorySource:
 
     async def retry_failed(self) -> None:
         self.commands.append(("retry_failed",))
-        self._snapshot = replace(self._snapshot, pending=self._snapshot.pending + self._snapshot.failed, failed=0)
+        counts = self._record.counts
+        samples = replace(counts.samples, pending=counts.samples.pending + counts.samples.failed, failed=0)
+        self._record = replace(self._record, counts=replace(counts, samples=samples))
 
     async def job_command(self, job_id: int, verb: str) -> None:
         self.commands.append(("job", str(job_id), verb))

@@ -37,9 +37,10 @@ async def test_r_and_its_palette_command_are_offered_only_while_samples_have_fai
         await until_state(pilot, "running")
         titles = [c.title for c in app.get_system_commands(app.screen)]
         assert "Retry failed samples" in titles and app.check_action("retry_failed", ())
-        source._snapshot = replace(source._snapshot, failed=0)
-        for _ in range(100):  # the dashboard's next poll brings the snapshot to the app
-            if app.last_snapshot.failed == 0:
+        counts = source._record.counts
+        source._record = replace(source._record, counts=replace(counts, samples=replace(counts.samples, failed=0)))
+        for _ in range(100):  # the dashboard's next poll brings the record to the app
+            if app.last_record.failed == 0:
                 break
             await asyncio.sleep(0.05)
         assert not app.check_action("retry_failed", ())
