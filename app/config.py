@@ -111,6 +111,14 @@ class Dataset(_Section):
     limit: int | None = Field(None, gt=0, description="Ingest at most this many samples from the file.")
     name: Name = Field("", description="Dataset name recorded with each sample (default: the file's stem); "
                        "no control characters or path separators.")
+    regenerate: Literal["last", "all"] = Field(
+        "last", description="\"last\": one sample per line, the conversation without its trailing assistant turn; "
+        "\"all\": every assistant turn regenerated in order, each request carrying the model's own earlier answers "
+        "(sample ids `<id>#<turn>`).")
+    on_tool_divergence: Literal["stop", "replay"] = Field(
+        "stop", description="With regenerate = \"all\": when the model's tool calls differ from the recorded ones, "
+        "end the conversation there (\"stop\") or go on with the recorded results, the later turns marked "
+        "off-policy (\"replay\").")
 
     @model_validator(mode="after")
     def _default_name(self) -> Dataset:
