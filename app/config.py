@@ -160,6 +160,12 @@ class SimulatorOptions(_Section):
     """[endpoints.simulator]: the built-in provider simulator instead of a real base_url."""
 
     reference: ConfigPath | None = Field(None, description="Reference JSONL to replay (default: data.reference).")
+    extra_references: list[ConfigPath] = Field(
+        default_factory=list, description="More reference JSONL files replayed too (e.g. the per-turn references "
+        "`<conversation id>#<turn>` of a regenerate = \"all\" dataset).")
+    prompt_cache: bool = Field(False, description="Report as `cached_tokens` the prompt tokens of the longest "
+                               "earlier request whose messages begin this one's, byte for byte (a provider's prompt "
+                               "cache: a conversation's later turns hit it).")
     latency_median_ms: float = Field(300.0, ge=0, description="Median time to the first byte.")
     latency_p95_ms: float = Field(1200.0, ge=0, description="95th percentile time to the first byte.")
     tokens_per_s: float = Field(0.0, ge=0, description="Streaming pace per request; 0 = unpaced.")

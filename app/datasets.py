@@ -395,6 +395,8 @@ def check_inputs(config: Any, *, reference_sample: int | None = REFERENCE_SAMPLE
         sim = ep.simulator
         if sim is not None and sim.reference is not None and sim.reference != config.data.reference:
             references.append((f"endpoints[{i}].simulator.reference", Path(sim.reference)))
+        for j, extra in enumerate(getattr(sim, "extra_references", None) or ()):
+            references.append((f"endpoints[{i}].simulator.extra_references[{j}]", Path(extra)))
     readable_refs = []
     for key, path in references:
         problem = _file_problem(path, "reference JSONL file")

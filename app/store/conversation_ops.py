@@ -39,7 +39,8 @@ from app.store.ingest_ops import INGEST_CHUNK, MAX_CONFLICT_EXAMPLES, StoreWrite
 from app.store.store_records import IngestReport
 from app.store.tallies import add_ingested_rows
 
-__all__ = ["TurnEnd", "after_turn", "ingest_conversations", "restore_children_of"]
+__all__ = ["OpenTurnWork", "TurnEnd", "after_turn", "ingest_conversations", "next_turn_state", "open_turn_work",
+           "restore_children_of"]
 
 
 # ---------------------------------------------------------------------------------------------- ingest
@@ -264,3 +265,37 @@ def next_turn_state(conn: sqlite3.Connection, run_id: int, conversation_id: str,
     if not rows:
         return "", 0
     return str(rows[0][1]), sum(1 for _, state in rows if state == "skipped")
+
+
+@dataclass(frozen=True, slots=True)
+class OpenTurnWork:
+    """The open conversations' work to come: `waiting` per dataset (turns waiting on their parents, their prompts'
+    JSON characters known now, the model's answers still to come in them) and `chains` (turns left, the current
+    one included -> open conversations)."""
+
+    waiting: dict[str, tuple[int, int, int]]
+    chains: dict[int, int]
+
+
+# Per open conversation (window over its unfinished turns, the current one first): a waiting turn's prompt is the
+# current turn's request plus the segments up to it; the answers of the turns from the current one to it are to come.
+_WAITING_WORK = (
+    "SELECT dataset, COUNT(*), TOTAL(known), TOTAL(outputs) FROM ("
+    " SELECT dataset, state, SUM(CASE WHEN state = 'waiting' THEN LENGTH(segment) ELSE LENGTH(messages) END "
+    "   + COALESCE(LENGTH(tools), 0) * (state != 'waiting')) OVER w AS known, "
+    "   turn - MIN(turn) OVER w AS outputs "
+    " FROM samples WHERE run_id = ? AND conversation_id IS NOT NULL AND state IN ('pending', 'leased', 'waiting') "
+    " WINDOW w AS (PARTITION BY conversation_id ORDER BY turn)"
+    ") WHERE state = 'waiting' GROUP BY dataset"
+)
+_CHAINS = (
+    "SELECT left, COUNT(*) FROM (SELECT COUNT(*) AS left FROM samples WHERE run_id = ? AND conversation_id IS NOT NULL "
+    "AND state IN ('pending', 'leased', 'waiting') GROUP BY conversation_id) GROUP BY left"
+)
+
+
+def open_turn_work(conn: sqlite3.Connection, run_id: int) -> OpenTurnWork:
+    """`OpenTurnWork` of a run (any connection)."""
+    waiting = {str(d): (int(n), int(chars), int(outs)) for d, n, chars, outs in conn.execute(_WAITING_WORK, (run_id,))}
+    chains = {int(k): int(n) for k, n in conn.execute(_CHAINS, (run_id,))}
+    return OpenTurnWork(waiting, chains)

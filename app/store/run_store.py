@@ -35,7 +35,7 @@ from app.store import queries, rows, tallies
 from app.store.store_records import Command, IngestReport, LeasedSample, ReferenceRecord, SampleInput
 from app.store.schema import RUN_STATES, SAMPLE_STATES
 from app.store import conversation_ops, ingest_ops
-from app.store.conversation_ops import TurnEnd, after_turn
+from app.store.conversation_ops import OpenTurnWork, TurnEnd, after_turn
 from app.store.ingest_ops import INGEST_CHUNK
 
 T = TypeVar("T")
@@ -545,6 +545,12 @@ class RunStore:
             "SELECT dataset, COUNT(*), TOTAL(LENGTH(messages) + COALESCE(LENGTH(tools), 0)) FROM samples "
             "WHERE run_id = ? AND state IN ('pending', 'leased') GROUP BY dataset", (run_id,)).fetchall())
         return {str(d): (int(n), int(c)) for d, n, c in rows}
+
+    async def open_turn_work(self, run_id: int) -> OpenTurnWork:
+        """What the open conversations still hold for the ETA (`app.store.conversation_ops.open_turn_work`): per
+        dataset the turns waiting on their parents (count, prompt JSON characters known, answers of the model still
+        to come in their prompts) and the open conversations by turns left. One scan of the open turns at start."""
+        return await self.read(lambda conn: conversation_ops.open_turn_work(conn, run_id))
 
     async def finished_output_stats(self, run_id: int, newest: int = 20_000) -> dict[str, tuple[float, ...]]:
         """Per dataset, what the newest `newest` answered requests of this run tell the ETA (`Projector.seed`):
