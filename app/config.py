@@ -133,6 +133,14 @@ class Dataset(_Section):
     limit: int | None = Field(None, gt=0, description="Ingest at most this many samples from the file.")
     name: Name = Field("", description="Dataset name recorded with each sample (default: the file's stem); "
                        "no control characters or path separators.")
+    regenerate: Literal["last", "all"] = Field(
+        "last", description="\"last\": one sample per line, the conversation without its trailing assistant turn; "
+        "\"all\": every assistant turn regenerated in order, each request carrying the model's own earlier answers "
+        "(sample ids `<id>#<turn>`).")
+    on_tool_divergence: Literal["stop", "replay"] = Field(
+        "stop", description="With regenerate = \"all\": when the model's tool calls differ from the recorded ones, "
+        "end the conversation there (\"stop\") or go on with the recorded results, the later turns marked "
+        "off-policy (\"replay\").")
 
     @model_validator(mode="after")
     def _default_name(self) -> Dataset:
@@ -174,6 +182,12 @@ class SimulatorOptions(_Section):
     """[endpoints.simulator]: the built-in provider simulator instead of a real base_url."""
 
     reference: ConfigPath | None = Field(None, description="Reference JSONL to replay (default: data.reference).")
+    extra_references: list[ConfigPath] = Field(
+        default_factory=list, description="More reference JSONL files replayed too (e.g. the per-turn references "
+        "`<conversation id>#<turn>` of a regenerate = \"all\" dataset).")
+    prompt_cache: bool = Field(False, description="Report as `cached_tokens` the prompt tokens of the longest "
+                               "earlier request whose messages begin this one's, byte for byte (a provider's prompt "
+                               "cache: a conversation's later turns hit it).")
     latency_median_ms: float = Field(300.0, ge=0, description="Median time to the first byte.")
     latency_p95_ms: float = Field(1200.0, ge=0, description="95th percentile time to the first byte.")
     tokens_per_s: float = Field(0.0, ge=0, description="Streaming pace per request; 0 = unpaced.")

@@ -4,7 +4,9 @@ Files are read line by line, never whole. A bad line is counted and skipped, and
 (`file:line: reason` when the problem is not at one place in the text) kept (the first few) in the `ReadStats`
 passed in; without one, the first bad line raises InputError. Columns count characters from 1, as editors do.
 
-Formats (the prompt is the conversation without its trailing assistant turn, which is what we regenerate):
+Formats (with `regenerate = "last"`, the default, the prompt is the conversation without its trailing assistant
+turn, which is what we regenerate; with `regenerate = "all"` each line is a whole conversation whose assistant
+turns are all regenerated in order: `iter_conversations`, turns split by `app.conversation.split_turns`):
 - openai-messages:          {"id", "messages": [{"role", "content", ...}], "tools"?}
 - sharegpt:                 {"id", "conversations": [{"from": "human"|"gpt"|"system"|"tool", "value"}], "tools"?}
 - specforge-conversations:  {"id", "conversations": [{"role", "content"}], "tools"?}
@@ -23,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from app.conversation import ConversationInput, ConversationShapeError, conversation_content_id, split_turns
 from app.errors import InputError
 from app.store.store_records import ReferenceRecord, SampleInput
 
@@ -223,8 +226,61 @@ def iter_prompts(
 
 
 def iter_dataset(ds: Any, stats: ReadStats | None = None) -> Iterator[SampleInput]:
-    """Yield the samples of a config `Dataset` (path, format, id_field, limit, name)."""
+    """Yield the samples of a config `Dataset` (path, format, id_field, limit, name) read with regenerate =
+    "last" (one sample per line)."""
     return iter_prompts(ds.path, ds.format, dataset=ds.name, id_field=ds.id_field, limit=ds.limit, stats=stats)
+
+
+def iter_conversations(
+    path: str | Path,
+    fmt: str,
+    *,
+    dataset: str | None = None,
+    id_field: str = "id",
+    limit: int | None = None,
+    stats: ReadStats | None = None,
+    on_tool_divergence: str = "stop",
+) -> Iterator[ConversationInput]:
+    """Yield a ConversationInput per good line of a JSONL file in format `fmt`, at most `limit` of them: the whole
+    conversation, split into the turns to regenerate (`app.conversation.split_turns`). A line without an id gets
+    a hash of its messages and tools ("c-" + 16 hex digits). Bad lines as in `iter_prompts`, the reason naming the
+    message (e.g. `messages[3] is a tool result, but ...`)."""
+    if fmt not in FORMATS:
+        raise InputError(f"{path}: unknown dataset format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    path = Path(path)
+    name = dataset or path.stem
+    strict = stats is None
+    stats = stats if stats is not None else ReadStats()
+    key = "messages" if fmt == "openai-messages" else "conversations"
+    for number, line in _lines(path, stats):
+        if limit is not None and stats.good >= limit:
+            return
+        try:
+            obj = _parse(line)
+            messages = _messages_of(obj, fmt)
+            tools = obj.get("tools")
+            if tools is not None and not isinstance(tools, list):
+                raise _BadLine("'tools' must be a list")
+            try:
+                turns = split_turns(messages, key)
+            except ConversationShapeError as exc:
+                raise _BadLine(str(exc)) from None
+            cid = _sample_id(obj, id_field) or conversation_content_id(messages, tools)
+            if "#" in cid:
+                raise _BadLine(f"{id_field!r} {cid!r} holds '#', which separates a conversation id from its turn")
+        except _BadLine as exc:
+            if strict:
+                raise InputError(f"{path}:{number}: {exc}; fix or remove the line") from None
+            stats.reject(f"{path}:{number}", str(exc))
+            continue
+        stats.good += 1
+        yield ConversationInput(cid, name, tools, turns, on_tool_divergence, line=number)
+
+
+def iter_dataset_conversations(ds: Any, stats: ReadStats | None = None) -> Iterator[ConversationInput]:
+    """Yield the conversations of a config `Dataset` read with regenerate = "all"."""
+    return iter_conversations(ds.path, ds.format, dataset=ds.name, id_field=ds.id_field, limit=ds.limit, stats=stats,
+                              on_tool_divergence=ds.on_tool_divergence)
 
 
 def _finish_reason(meta: Any) -> str | None:
@@ -425,6 +481,8 @@ def check_inputs(config: Any, *, reference_sample: int | None = REFERENCE_SAMPLE
         sim = ep.simulator
         if sim is not None and sim.reference is not None and sim.reference != config.data.reference:
             references.append((f"endpoints[{i}].simulator.reference", Path(sim.reference)))
+        for j, extra in enumerate(getattr(sim, "extra_references", None) or ()):
+            references.append((f"endpoints[{i}].simulator.extra_references[{j}]", Path(extra)))
     readable_refs = []
     for key, path in references:
         problem = _file_problem(path, "reference JSONL file")

@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
                 quirks=list(sim.quirks), logprobs=sim.logprobs, seed=sim.seed, personality=sim.personality,
                 concurrency_cap=sim.concurrency_cap, cap_changes=list(sim.cap_changes),
                 requests_per_min=sim.requests_per_min, tokens_per_min=sim.tokens_per_min, batch_slots=sim.batch_slots,
+                extra_references=list(sim.extra_references), prompt_cache=sim.prompt_cache,
             )
         else:
             base = SimulatorOptions(reference=config.data.reference)
@@ -96,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         requests_per_min=pick(args.rpm, base.requests_per_min),
         tokens_per_min=pick(args.tpm, base.tokens_per_min),
         batch_slots=pick(args.batch_slots, base.batch_slots),
+        extra_references=base.extra_references, prompt_cache=base.prompt_cache,
     )
     args.tokenizer = pick(args.tokenizer, tokenizer)
     check_options(options)

@@ -26,10 +26,12 @@ from app.records import Usage
 
 @dataclass(frozen=True, slots=True)
 class Prices:
-    """USD per million tokens (None: unknown)."""
+    """USD per million tokens; `cached_prompt_per_m` for prompt tokens a provider's cache served (None: the
+    prompt price). The worst case is priced without the cache."""
 
     prompt_per_m: float
     completion_per_m: float
+    cached_prompt_per_m: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

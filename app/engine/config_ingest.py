@@ -10,7 +10,9 @@ exactly what the first did not. The reference file is attached again whenever a 
 Before anything is written the config's inputs are checked (`app.datasets.check_inputs`: paths, dataset
 lines, tokenizer, reference ids inside the vocabulary, the database folder, API keys), so `run` fails on a bad
 path before it ingests; `preflight` runs that check before the store is even opened (no file is created). Bad lines are counted,
-reported by file:line and skipped; conflicting duplicate ids likewise.
+reported by file:line and skipped; conflicting duplicate ids likewise. A dataset with `regenerate = "all"` is
+ingested as whole conversations (`RunStore.ingest_conversations`: one row per turn; its report counts
+conversations).
 """
 
 from __future__ import annotations
@@ -24,7 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from app.config import RunConfig
-from app.datasets import InputsCheck, ReadStats, check_inputs, file_fingerprint, iter_dataset, iter_references
+from app.datasets import (
+    InputsCheck,
+    ReadStats,
+    check_inputs,
+    file_fingerprint,
+    iter_dataset,
+    iter_dataset_conversations,
+    iter_references,
+)
 from app.errors import InputError
 from app.store.ingest_ops import IngestStatus, begin_file, file_record, finish_file, ingest_status, require_complete
 from app.store.run_store import RunStore
@@ -167,9 +177,15 @@ async def ingest_config(
     reports: list[FileReport] = []
     grew = False
     for ds in config.data.datasets:
-        options = json.dumps({"format": ds.format, "id_field": ds.id_field, "limit": ds.limit}, sort_keys=True)
+        read_options: dict[str, Any] = {"format": ds.format, "id_field": ds.id_field, "limit": ds.limit}
+        whole = ds.regenerate == "all"
+        if whole:  # (only then: a regenerate = "last" file ingested before keeps its recorded options)
+            read_options.update(regenerate=ds.regenerate, on_tool_divergence=ds.on_tool_divergence)
+        options = json.dumps(read_options, sort_keys=True)
+        read = ((lambda stats, ds=ds: iter_dataset_conversations(ds, stats)) if whole
+                else (lambda stats, ds=ds: iter_dataset(ds, stats)))
         report = await _one_file(store, run_id, "dataset", ds.name, Path(ds.path), ds.format, options, force,
-                                 allow_partial, progress, lambda stats, ds=ds: iter_dataset(ds, stats))
+                                 allow_partial, progress, read, conversations=whole)
         grew = grew or report.added > 0
         reports.append(report)
     if config.data.reference is not None:
@@ -191,7 +207,7 @@ async def ingest_config(
 
 async def _one_file(
     store: RunStore, run_id: int, role: str, name: str, path: Path, fmt: str, options: str, force: bool,
-    allow_partial: bool, progress: Progress | None, read: Callable[[ReadStats], Any],
+    allow_partial: bool, progress: Progress | None, read: Callable[[ReadStats], Any], *, conversations: bool = False,
 ) -> FileReport:
     try:
         fingerprint = await asyncio.to_thread(file_fingerprint, path)
@@ -210,7 +226,8 @@ async def _one_file(
     try:
         async with progress(name, path, stats) if progress is not None else nullcontext():
             if role == "dataset":
-                part = await store.ingest(run_id, read(stats), source=str(path), track=track)
+                ingest = store.ingest_conversations if conversations else store.ingest
+                part = await ingest(run_id, read(stats), source=str(path), track=track)
                 counts = dict(added=part.added, already_present=part.already_present, conflicts=part.conflicts,
                               conflict_examples=part.conflict_examples)
             else:

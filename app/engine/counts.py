@@ -12,7 +12,7 @@ from app.store.schema import SAMPLE_STATES
 
 
 class SampleCounts:
-    """Samples per state (pending, leased, done, failed, skipped) as this engine last knew them."""
+    """Samples per state (app.store.schema.SAMPLE_STATES) as this engine last knew them."""
 
     def __init__(self, stored: dict[str, int] | None = None) -> None:
         self._c: Counter[str] = Counter(dict.fromkeys(SAMPLE_STATES, 0))
@@ -35,6 +35,12 @@ class SampleCounts:
         """A leased sample ended as `state` (done or failed: RunStore.record_result / record_failure)."""
         self._move("leased", state, 1)
 
+    def followed(self, ready: int, skipped: int) -> None:
+        """A conversation turn's end made `ready` waiting turns pending and `skipped` of them skipped (the
+        conversation ended there), in the transaction that stored it."""
+        self._move("waiting", "pending", ready)
+        self._move("waiting", "skipped", skipped)
+
     def _move(self, src: str, dst: str, n: int) -> None:
         if n:
             self._c[src] -= n
@@ -49,5 +55,5 @@ class SampleCounts:
 
     @property
     def remaining(self) -> int:
-        """Samples still to end (pending or leased)."""
-        return self["pending"] + self["leased"]
+        """Samples still to end (pending, leased, or a conversation's turn waiting on its parent)."""
+        return self["pending"] + self["leased"] + self["waiting"]

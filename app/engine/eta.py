@@ -25,9 +25,15 @@ flight are the long ones. Here:
   a prior as wide as [g, cap] runs to the cap) nor one number. The joint law is the Frechet mixture of
   the two (`_ALIKE` = 1/2 each: all tail samples at one shared quantile, or independent), which keeps each
   sample's own distribution, so the expected tokens and cost do not depend on it;
-- the cost is spent + the prompt tokens left at the prompt price + the output tokens left (in flight
-  included, since nothing is billed before it ends) at the completion price. Without prices, the dollars
-  per token of the finished samples are used.
+- the cost is spent + the prompt tokens left at the prompt price (blended with the cached-prompt price at the
+  share of prompt tokens the providers' caches served so far) + the output tokens left (in flight included,
+  since nothing is billed before it ends) at the completion price. Without prices, the dollars per token of the
+  finished samples are used;
+- whole conversations: the turns waiting on their parents are work to come like pending samples, each prompt the
+  tokens known now (the request of its conversation's current turn and the segments up to it) plus the model's
+  answers before it at the dataset's mean length (prompts grow turn by turn); and the ETA is at least the
+  critical path, the most turns any open conversation has after its current one, run one after the other at the
+  mean time of a turn (`set_chains`, `chain_moved`).
 
 A projection costs 2 ms at 64 in flight and 300 waiting, 21 ms at 1,024 in flight and 200,000 waiting
 (alike samples in flight and dispatch times are grouped); the engine projects at most once a second.
@@ -77,11 +83,15 @@ class Projection:
 
 
 class _Dataset:
-    __slots__ = ("pending", "pending_prompt", "done", "bins", "longest")
+    __slots__ = ("pending", "pending_prompt", "waiting", "waiting_prompt", "waiting_outputs", "done", "bins",
+                 "longest")
 
     def __init__(self) -> None:
         self.pending = 0
         self.pending_prompt = 0
+        self.waiting = 0  # conversation turns whose parent is not stored yet
+        self.waiting_prompt = 0  # their prompt tokens known now (the frontier's request and the segments after it)
+        self.waiting_outputs = 0  # the model's answers their prompts will also hold, not generated yet
         self.done = 0
         self.bins: dict[int, list[float]] = {}  # bin -> [finished count, their output tokens]
         self.longest = 0
@@ -214,6 +224,9 @@ class Projector:
         self._at: float | None = None
         self._marks: list[tuple[float, float, int]] = []
         self._answered_at: deque[float] = deque()  # when samples were answered, the last `_PACE_S` seconds
+        self._prompt_reported = 0  # prompt tokens the providers reported for finished samples ...
+        self._cached_reported = 0  # ... and how many of them their prompt caches served
+        self._chains: dict[int, int] = {}  # turns left (the turn in progress included) -> open conversations
 
     def _ds(self, name: str) -> _Dataset:
         ds = self._datasets.get(name)
@@ -264,12 +277,54 @@ class Projector:
         ds.pending += count
         ds.pending_prompt += prompt_tokens * count
 
-    def started(self, key: Hashable, dataset: str, prompt_tokens: int, now: float) -> None:
-        """A pending sample was sent (key: anything unique, e.g. the sample's primary key)."""
+    def add_waiting(self, dataset: str, prompt_tokens: int, outputs: int, count: int = 1) -> None:
+        """`count` conversation turns of `dataset` wait on their parents, each with `prompt_tokens` known now and
+        `outputs` answers of the model still to come in its prompt (each priced at the dataset's mean length)."""
+        ds = self._ds(dataset)
+        ds.waiting += count
+        ds.waiting_prompt += prompt_tokens * count
+        ds.waiting_outputs += outputs * count
+
+    def _take_waiting(self, ds: _Dataset, count: int) -> None:
+        count = min(count, ds.waiting)
+        if count <= 0:
+            return
+        ds.waiting_prompt -= ds.waiting_prompt * count // ds.waiting
+        ds.waiting_outputs -= ds.waiting_outputs * count // ds.waiting
+        ds.waiting -= count
+
+    def unneeded(self, dataset: str, count: int) -> None:
+        """`count` waiting turns of `dataset` will never run (their conversation ended before them)."""
+        self._take_waiting(self._ds(dataset), count)
+
+    def set_chains(self, lengths: dict[int, int]) -> None:
+        """The open conversations by turns left, the turn in progress included ({turns left: conversations})."""
+        self._chains = {int(k): int(v) for k, v in lengths.items() if v > 0 and k > 0}
+
+    def chain_moved(self, before: int, after: int) -> None:
+        """An open conversation went from `before` turns left to `after` (0: it ended)."""
+        if self._chains.get(before, 0) > 0:
+            self._chains[before] -= 1
+            if not self._chains[before]:
+                del self._chains[before]
+        if after > 0:
+            self._chains[after] = self._chains.get(after, 0) + 1
+
+    @property
+    def longest_chain(self) -> int:
+        """The most turns any open conversation has left (0: none open)."""
+        return max(self._chains, default=0)
+
+    def started(self, key: Hashable, dataset: str, prompt_tokens: int, now: float, *, waited: bool = False) -> None:
+        """A pending sample was sent (key: anything unique, e.g. the sample's primary key); `waited`: a
+        conversation's later turn, counted as waiting until now."""
         self._tick(now)
         ds = self._ds(dataset)
-        ds.pending = max(0, ds.pending - 1)
-        ds.pending_prompt = max(0, ds.pending_prompt - prompt_tokens)
+        if waited and ds.waiting:
+            self._take_waiting(ds, 1)
+        else:
+            ds.pending = max(0, ds.pending - 1)
+            ds.pending_prompt = max(0, ds.pending_prompt - prompt_tokens)
         self._flight[key] = [dataset, prompt_tokens, now, None]
 
     def first_token(self, key: Hashable, now: float) -> None:
@@ -297,9 +352,13 @@ class Projector:
         self._flight.pop(key, None)
 
     def finished(self, key: Hashable, output_tokens: int, latency_s: float, ttft_s: float | None,
-                 cost_usd: float, now: float) -> None:
-        """A sent sample was answered: its output tokens, latency, time to first token (None: unknown), cost."""
+                 cost_usd: float, now: float, *, prompt_tokens: int = 0, cached_tokens: int = 0) -> None:
+        """A sent sample was answered: its output tokens, latency, time to first token (None: unknown), cost, and
+        the prompt tokens the provider reported with those its prompt cache served (the cost of the prompts
+        left is priced at that mix)."""
         self._tick(now)
+        self._prompt_reported += max(0, prompt_tokens)
+        self._cached_reported += min(max(0, cached_tokens), max(0, prompt_tokens))
         item = self._flight.pop(key, None)
         dataset, prompt = (item[0], item[1]) if item is not None else ("", 0)
         self._ds(dataset).add(output_tokens)
@@ -370,13 +429,16 @@ class Projector:
         waiting: list[tuple[float, Survival]] = []  # (samples waiting, their curve) per dataset
         prompt_left = flight_prompt
         for name, ds in self._datasets.items():
-            if ds.pending:
-                out_left += ds.pending * means[name]
-                billed_out_left += ds.pending * means[name]
-                pending += ds.pending
-                pending_s += ds.pending * (ttft + (means[name] / rate if rate > 0 else 0.0))
-                waiting.append((float(ds.pending), curves[name]))
-            prompt_left += ds.pending_prompt
+            todo = ds.pending + ds.waiting  # a conversation's turns waiting on their parents are work to come
+            if todo:
+                out_left += todo * means[name]
+                billed_out_left += todo * means[name]
+                pending += todo
+                pending_s += todo * (ttft + (means[name] / rate if rate > 0 else 0.0))
+                waiting.append((float(todo), curves[name]))
+            prompt_left += ds.pending_prompt + ds.waiting_prompt
+            if ds.waiting_outputs:  # their prompts grow by the answers before them
+                prompt_left += ds.waiting_outputs * means.get(name, curves[None].mean())
         eta = None
         if rate > 0 and (held > 0 or not pending):
             slots = max(1, round(held))
@@ -384,6 +446,9 @@ class Projector:
             extra = [now + (i + 1) / pace for i in range(int(ceiling) - slots)] if pace > 0 else []
             eta = self._expected_end(now, slots, extra, flight, ends, curves, waiting,
                                      pending_s / pending if pending else 0.0, rate, ttft) - now
+            if self._chains:  # the critical path: the longest conversation's turns after its current one, in turn
+                turn_s = ttft + curves[None].mean() / rate
+                eta = max(eta, (self.longest_chain - 1) * turn_s)
         cost = spent_usd + self._cost_of(prompt_left, billed_out_left)
         return Projection(eta, cost, out_left, held, tuple(sorted(means.items())))
 
@@ -489,6 +554,11 @@ class Projector:
 
     def _cost_of(self, prompt_tokens: float, output_tokens: float) -> float:
         if self.prices is not None:
-            return (prompt_tokens * self.prices.prompt_per_m + output_tokens * self.prices.completion_per_m) / 1e6
+            prompt_rate = self.prices.prompt_per_m
+            cached_rate = getattr(self.prices, "cached_prompt_per_m", None)
+            if cached_rate is not None and self._prompt_reported:  # at the share the caches served so far
+                share = self._cached_reported / self._prompt_reported
+                prompt_rate = (1.0 - share) * prompt_rate + share * cached_rate
+            return (prompt_tokens * prompt_rate + output_tokens * self.prices.completion_per_m) / 1e6
         tokens_done = self._done_prompt + self._gen_tokens
         return self._done_cost / tokens_done * (prompt_tokens + output_tokens) if tokens_done else 0.0

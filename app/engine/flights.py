@@ -2,7 +2,9 @@
 
 `Flights.start(flight)` runs one sample's task: `attempt.request_sample` (requests under the retry policy, the
 ids rebuilt in the `RebuildPool`), then `Settler.settle` (the one place a sample ends in the store), then the
-forecast told how it ended. The task gives back its slot whatever happens. A run-stopping error (a key refused,
+forecast told how it ended; for a conversation's turn with turns after it, what its end made of them
+(`WorkSource.after_turn`: the next turn ready, or the conversation ended) moves the counts and the forecast, and a
+ready turn is leased at once (`on_ready`). The task gives back its slot whatever happens. A run-stopping error (a key refused,
 credits gone) pauses the run before any await, so the scheduler starts nothing more; the first one tells the
 operator. `cancel` ends flights early (pause-now, close) and returns their leases; `per_endpoint` counts them as
 the snapshot shows them.
@@ -19,7 +21,7 @@ from app.engine.endpoint_health import EndpointGuard
 from app.engine.events import EventLog
 from app.engine.forecast import Forecast
 from app.engine.ledger import Ledger
-from app.engine.leases import WorkSource
+from app.engine.leases import TurnFollow, WorkSource
 from app.engine.rebuild_pool import RebuildPool
 from app.engine.run_state import RunState
 from app.engine.settle import Settler
@@ -58,6 +60,8 @@ class Flights:
         self._pause = pause
         self._tasks: dict[asyncio.Task[None], Flight] = {}
         self.settled = asyncio.Event()  # set whenever a flight ends (the budget waits on it)
+        # called when a settled turn made the next turn of its conversation ready (the scheduler's work_returned)
+        self.on_ready: Callable[[], None] | None = None
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -127,6 +131,8 @@ class Flights:
                 f"{outcome.error_class}: {outcome.message}")
             await self._settler.settle(f, outcome)
             self._forecast.ended(f, outcome, self._ledger.pricing)
+            if f.sample.conversation_id is not None and outcome.kind in ("done", "failed"):
+                await self._followed(f)
             if first_stop:
                 await self._events.add("error", "endpoint", f"{self._endpoints[f.last].name}: {outcome.error} — the "
                                        "run is paused so the queue is not burnt; fix the cause (key, credits, "
@@ -150,6 +156,21 @@ class Flights:
             if not self._tasks:
                 self._wake.set()
                 self._state.check_idle(0)
+
+    async def _followed(self, f: Flight) -> None:
+        """A conversation's turn ended: move the counts and the forecast by what its end made of the turns after
+        it (stored in the same transaction), and have the scheduler lease a ready turn at once."""
+        if not f.sample.turns_after:  # its conversation's last turn
+            self._forecast.followed(f.sample, 0, 0)
+            return
+        try:
+            follow = await self._source.after_turn(f.sample)
+        except Exception:  # a read the database refused: the counts are read afresh when the queue runs dry
+            follow = TurnFollow(ready=1)
+        self._ledger.counts.followed(follow.ready, follow.skipped)
+        self._forecast.followed(f.sample, follow.ready, follow.skipped)
+        if follow.ready and self.on_ready is not None:
+            self.on_ready()
 
     async def _rebuild(self, completion: Completion, f: Flight) -> Rebuilt:
         """The ids of one answer, rebuilt in the pool; a probe also asks the trusted twin (when the run has one and

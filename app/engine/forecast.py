@@ -1,7 +1,8 @@
 """The run's ETA and projected cost as the snapshot shows them: `app.engine.eta.Projector`, fed by every flight.
 
 `Forecast` seeds the Projector at start with the samples still to run (their prompt sizes, `RunStore.open_prompt_sizes`,
-~4 JSON characters a token) and what the run's newest stored answers tell (`finished_output_stats` and
+~4 JSON characters a token; a conversation's turns waiting on their parents and its open conversations' chains,
+`RunStore.open_turn_work`) and what the run's newest stored answers tell (`finished_output_stats` and
 `finished_output_lengths`: a resumed run projects at once), tells it how each flight starts, gets its first token,
 is sent again and ends, and projects at most once a second (a projection costs 2-20 ms; faces poll at 4 Hz) over
 the concurrency held (the endpoints' limit while none is held, e.g. paused), told where the limits are headed
@@ -42,10 +43,15 @@ class Forecast:
         self.projector.prices = prices
 
     async def load(self, store: RunStore, run_id: int) -> None:
-        """Seed the projection with the samples still to run and what the stored answers tell."""
+        """Seed the projection with the samples still to run (a conversation's turns waiting on their parents
+        included, and its open conversations' chains) and what the stored answers tell."""
         for dataset, (n, chars) in (await store.open_prompt_sizes(run_id)).items():
             # ~4 JSON characters per prompt token (estimate_prompt_tokens' 2 is a deliberate worst case)
             self.projector.add_pending(dataset, chars // max(1, n) // CHARS_PER_TOKEN, n)
+        work = await store.open_turn_work(run_id)
+        for dataset, (n, chars, outputs) in work.waiting.items():
+            self.projector.add_waiting(dataset, chars // max(1, n) // CHARS_PER_TOKEN, outputs // max(1, n), n)
+        self.projector.set_chains(work.chains)
         lengths = await store.finished_output_lengths(run_id)
         for dataset, stats in (await store.finished_output_stats(run_id)).items():
             # a resumed run projects from what it learned before
@@ -55,7 +61,16 @@ class Forecast:
 
     def started(self, sample: LeasedSample, prompt_est: int) -> None:
         """A sample was sent; `prompt_est` is the budget's worst-case prompt estimate (2 characters a token)."""
-        self.projector.started(sample.pk, sample.dataset, 2 * (prompt_est - 16) // CHARS_PER_TOKEN, time.monotonic())
+        self.projector.started(sample.pk, sample.dataset, 2 * (prompt_est - 16) // CHARS_PER_TOKEN, time.monotonic(),
+                               waited=(sample.turn or 0) > 1)
+
+    def followed(self, sample: LeasedSample, ready: int, skipped: int) -> None:
+        """A conversation's turn ended, making the next turn ready or ending the conversation (`skipped` turns
+        will never run): its chain is one turn shorter, or over."""
+        left = sample.turns_after + 1
+        self.projector.chain_moved(left, left - 1 if ready else 0)
+        if skipped:
+            self.projector.unneeded(sample.dataset, skipped)
 
     def first_token(self, f: Flight) -> None:
         self.projector.first_token(f.sample.pk, time.monotonic())
@@ -74,7 +89,8 @@ class Forecast:
         c = o.completion
         if c is not None:
             self.projector.finished(f.sample.pk, c.usage.completion_tokens, c.total_s, c.ttft_s,
-                                    cost_of(c.usage, pricing), now)
+                                    cost_of(c.usage, pricing), now, prompt_tokens=c.usage.prompt_tokens,
+                                    cached_tokens=c.usage.cached_tokens)
         elif o.kind == "failed":
             self.projector.dropped(f.sample.pk, now)
         else:

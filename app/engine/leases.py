@@ -2,12 +2,15 @@
 
 `WorkSource` is the seam between the scheduler and what there is to send: it leases up to n items that are ready
 now, in the order they should start, takes unused ones back, and keeps the leases of the items this engine holds.
-Today's source is `SampleLeases`, the samples of one run in the store (`RunStore.lease`: pending samples, oldest
-first). The seam is there for whole conversations: a conversation source leases a turn only once the turn before
-it is stored (its request is the conversation so far with the model's own earlier answers), and its lease order
-is the scheduling policy, e.g. the conversations with the longest chain of turns left first, so the turns of many
-conversations interleave and the endpoints stay at their limit. The scheduler itself never looks inside an item
-beyond what a request needs (`LeasedSample`: its messages, tools, dataset, reference ids and tries).
+The source is `SampleLeases`, the samples of one run in the store (`RunStore.lease`). Whole conversations go
+through it too: a conversation's turn is pending only once the turn before it is stored (its request is the
+conversation so far with the model's own earlier answers, written in the transaction that stored the parent), and
+the lease order is the scheduling policy: the turns with the longest chain of turns after them first, then oldest
+first, so the turns of many conversations interleave and the endpoints stay at their limit to the end. After a
+turn with turns after it has settled, `after_turn` says what its end made of the next one (ready, or the
+conversation ended with its later turns skipped), so the engine's counts follow and the scheduler leases a ready
+turn at once. The scheduler itself never looks inside an item beyond what a request needs (`LeasedSample`: its
+messages, tools, dataset, reference ids and tries).
 
 `LeaseKeeper` is the lease heartbeat: every lease_s/3 it extends the leases this engine holds and returns any lease
 past its expiry (an engine elsewhere that stopped) to pending, through `WorkSource.keep`.
@@ -17,11 +20,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from app.engine.counts import SampleCounts
 from app.engine.events import EventLog
 from app.engine.writes import StoreGate
+from app.store.conversation_ops import next_turn_state
 from app.store.run_store import RunStore, StoreWriteError
 from app.store.store_records import LeasedSample
 
@@ -45,9 +50,23 @@ class WorkSource(Protocol):
         ...
 
     async def counts(self) -> dict[str, int]:
-        """Items per state (pending, leased, done, failed, skipped): the run has ended when none is pending or
-        leased."""
+        """Items per state (pending, waiting, leased, done, failed, skipped): the run has ended when none is
+        pending or leased."""
         ...
+
+    async def after_turn(self, item: LeasedSample) -> TurnFollow:
+        """What the settled end of a conversation's turn (one with turns after it) made of the turns after it."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class TurnFollow:
+    """What a turn's end made of the turns after it: the next one `ready` (pending, or already leased again),
+    `skipped` of them skipped (the conversation ended: diverged, a failed or truncated parent), or neither (the
+    turn went back to pending)."""
+
+    ready: int = 0
+    skipped: int = 0
 
 
 class SampleLeases:
@@ -71,6 +90,13 @@ class SampleLeases:
 
     async def counts(self) -> dict[str, int]:
         return await self._store.counts(self._run_id)
+
+    async def after_turn(self, item: LeasedSample) -> TurnFollow:
+        if item.conversation_id is None or item.turn is None:
+            return TurnFollow()
+        state, skipped = await self._store.read(
+            lambda conn: next_turn_state(conn, self._run_id, item.conversation_id, item.turn))
+        return TurnFollow(ready=int(state not in ("", "waiting", "skipped")), skipped=skipped)
 
 
 class LeaseKeeper:

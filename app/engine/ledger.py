@@ -41,7 +41,7 @@ class Ledger:
         self.pricing: ModelPricing | None = resolve_pricing(config.model.name, config.pricing)[0]
         p = self.pricing
         self.budget = BudgetGuard(config.limits.budget_usd,
-                                  Prices(p.prompt_per_m, p.completion_per_m) if p else None,
+                                  Prices(p.prompt_per_m, p.completion_per_m, p.cached_prompt_per_m) if p else None,
                                   config.generation.max_tokens)
         self.counts = SampleCounts()
         self.total_metrics = EndpointMetrics("all", started_m)  # every endpoint together
@@ -64,7 +64,8 @@ class Ledger:
         quote = await prices_at_start(config.model.name, config.pricing, quoting)
         if quote.pricing is not None and self.pricing is None:
             self.pricing = quote.pricing
-            self.budget.prices = Prices(quote.pricing.prompt_per_m, quote.pricing.completion_per_m)
+            self.budget.prices = Prices(quote.pricing.prompt_per_m, quote.pricing.completion_per_m,
+                                        quote.pricing.cached_prompt_per_m)
         if quote.source != "config":
             await on_event("info" if quote.pricing is not None else "warning", "budget", quote.describe())
         if config.limits.budget_usd is not None and self.budget.prices is None:

@@ -232,6 +232,7 @@ class Run:
         scheduler = Scheduler(config=cfg, source=source, flights=flights, slots=slots, ledger=self._ledger,
                               forecast=self._forecast, state=state, gate=gate, events=events, wake=self._wake,
                               pause=self._pause_for, requests=requests, tokens=tokens, lease_batch=self._lease_batch)
+        flights.on_ready = scheduler.work_returned  # a turn's parent stored: lease it now
         steering = Steering(store=self.store, run_id=run_id, state=state, scheduler=scheduler, flights=flights,
                             endpoints=eps, slots=slots, gate=gate, events=events, wake=self._wake,
                             counts=self._ledger.counts, attempts=cfg.generation.attempts)

@@ -73,13 +73,19 @@ class Scheduler:
         self._queue: deque[LeasedSample] = deque()
         self._prefetch: asyncio.Future[list[LeasedSample]] | None = None
         self._empty_at = -1e9  # when the source last leased nothing (loop clock)
+        # bumped when work becomes ready (a turn's parent stored, leases returned): a lease that started before
+        # and came back empty does not hold the next one back (a chain of turns would idle EMPTY_RETRY_S a turn)
+        self._ready_seq = 0
+        self._lease_seq = 0
 
     def queued_pks(self) -> list[int]:
         """The items leased and not yet started."""
         return [s.pk for s in self._queue]
 
     def work_returned(self) -> None:
-        """Work became ready again (expired leases returned): lease at once, not after the empty-source pause."""
+        """Work became ready (expired leases returned, a conversation's next turn made pending by its parent's
+        result): lease at once, not after the empty-source pause."""
+        self._ready_seq += 1
         self._empty_at = -1e9
         self._wake.set()
 
@@ -114,6 +120,7 @@ class Scheduler:
             limit = self._total_limit()
             if len(self._queue) <= limit and self._prefetch is None and loop.time() - self._empty_at > EMPTY_RETRY_S:
                 lease = functools.partial(self._source.lease, self._lease_batch or max(16, min(512, 2 * limit)))
+                self._lease_seq = self._ready_seq
                 self._prefetch = asyncio.ensure_future(self._gate.commit(lease))
             if not self._queue:
                 if self._prefetch is not None:
@@ -167,7 +174,8 @@ class Scheduler:
         self._prefetch = None
         leased = fut.result()  # a lasting store error ends the scheduler with an operator event
         if not leased:
-            self._empty_at = asyncio.get_running_loop().time()
+            if self._lease_seq == self._ready_seq:  # nothing became ready while it leased
+                self._empty_at = asyncio.get_running_loop().time()
             return
         self._queue.extend(leased)
         self._ledger.counts.leased(len(leased))
@@ -192,6 +200,9 @@ class Scheduler:
         counts = await self._source.counts()
         self._ledger.counts.reset(counts)
         if counts.get("pending", 0) == 0 and counts.get("leased", 0) == 0:
+            if counts.get("waiting", 0):  # cannot happen: a turn is made ready or skipped with its parent's end
+                await self._events.add("warning", "run", f"{counts['waiting']} conversation turns wait on parents "
+                                       "that ended without readying or skipping them; they are left waiting")
             await self._state.end()
             done, failed = counts.get("done", 0), counts.get("failed", 0)
             await self._events.add("info", "run", f"run finished: {done} done, {failed} failed")

@@ -62,10 +62,14 @@ class SimulatorOptions:
     latency: lognormal with this median and p95 (ms; 0 = no added latency); tokens_per_s paces
     generation (0 = unpaced, for benchmarks); faults: rate per kind in FAULT_KINDS plus "keepalive";
     quirks: names from QUIRKS; logprobs: whether logprobs are returned when asked; concurrency_cap,
-    cap_changes, requests_per_min, tokens_per_min, batch_slots: capacity (app/simulator/capacity.py).
+    cap_changes, requests_per_min, tokens_per_min, batch_slots: capacity (app/simulator/capacity.py);
+    extra_references: more reference files replayed beside `reference`; prompt_cache: cached_tokens reported for
+    the longest earlier request whose messages begin this one's (app/simulator/server.py, `PromptCache`).
     """
 
     reference: Path | None = None
+    extra_references: list[Path] = field(default_factory=list)  # replayed too (per-turn conversation references)
+    prompt_cache: bool = False  # report cached_tokens for the prefix earlier requests share with this one
     latency_median_ms: float = 0.0
     latency_p95_ms: float = 0.0
     tokens_per_s: float = 0.0

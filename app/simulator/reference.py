@@ -116,6 +116,22 @@ class ReferenceBook:
         return cls(samples, keys)
 
     @classmethod
+    def load_all(cls, paths: list[Path]) -> ReferenceBook:
+        """The samples of several reference files, in order (the first file's sample wins an id or prompt two
+        files share)."""
+        books = [cls.load(Path(p)) for p in paths]
+        if len(books) == 1:
+            return books[0]
+        samples: list[ReferenceSample] = []
+        keys: dict[str, int] = {}
+        for book in books:
+            offset = len(samples)
+            samples.extend(book.samples)
+            for key, index in book._keys.items():
+                keys.setdefault(key, offset + index)
+        return cls(samples, keys)
+
+    @classmethod
     def synthetic(cls, tokenizer: Any) -> ReferenceBook:
         """A few built-in samples encoded with `tokenizer`, for a simulator started without a reference."""
         samples = [

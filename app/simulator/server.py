@@ -10,7 +10,9 @@ Simulator extensions beyond OpenRouter's protocol: `metadata.sample_id` names th
 (`SAMPLE_FIELD`; eaglewatch sends it to its simulators only), so samples that share a prompt each get their
 own; logprobs of reasoning tokens under `choices[0].logprobs.reasoning`; `"return_token_ids": true` adds vLLM-style `token_ids` to the choice
 (the full output ids; in a stream they come with the finish chunk); an `api_key` makes it answer 401 to
-any other Bearer token.
+any other Bearer token. `options.prompt_cache` reports `cached_tokens` as a provider's prompt cache would
+(`PromptCache`: the longest earlier request whose messages begin this one's); `record=True` keeps every chat
+request as received (`received`: arrival time, the sample it named, the body bytes).
 
 `options.personality` (app.simulator.personalities) makes it answer as another real server: vLLM, SGLang
 or transformers serve field names, ids and prompt ids where that server puts them, its text steps, its
@@ -22,12 +24,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import email.utils
+import hashlib
 import json
 import math
 import random
 import socket
 import struct
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +69,51 @@ def _json(obj: Any) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
 
+@dataclass(frozen=True, slots=True)
+class ReceivedRequest:
+    """A chat request as the simulator received it: when (unix time, on arrival), the sample it named, the body."""
+
+    at: float
+    sample_id: str | None
+    body: bytes
+
+
+class PromptCache:
+    """A provider's prompt cache, by message list: each request's messages are remembered (the JSON text of each
+    message as sent, chained through a hash) with its prompt tokens; a later request whose messages begin with an
+    earlier request's, byte for byte, is served that many cached tokens. Bounded (oldest forgotten first)."""
+
+    def __init__(self, entries: int = 65536) -> None:
+        self._seen: collections.OrderedDict[bytes, int] = collections.OrderedDict()
+        self._entries = entries
+
+    @staticmethod
+    def _prefixes(messages: list) -> list[bytes]:
+        h = hashlib.sha256()
+        out = []
+        for m in messages:
+            h.update(_json(m))
+            h.update(b"\x00")
+            out.append(h.copy().digest())
+        return out
+
+    def serve(self, messages: list, prompt_tokens: int) -> int:
+        """The cached prompt tokens for this request (then remember it)."""
+        prefixes = self._prefixes(messages)
+        cached = 0
+        for key in reversed(prefixes):
+            hit = self._seen.get(key)
+            if hit is not None:
+                cached = min(hit, prompt_tokens)
+                break
+        if prefixes:
+            self._seen[prefixes[-1]] = prompt_tokens
+            self._seen.move_to_end(prefixes[-1])
+            while len(self._seen) > self._entries:
+                self._seen.popitem(last=False)
+        return cached
+
+
 def requested_sample(body: dict) -> str | None:
     """The reference sample id a request names (`metadata.sample_id`), or None."""
     meta = body.get(SAMPLE_FIELD[0])
@@ -93,6 +142,7 @@ class SimulatorServer:
         stream_chunk_tokens: int = 4,
         report_cost: bool = True,
         profile: Any = None,
+        record: bool = False,
     ) -> None:
         self.options = options if options is not None else SimulatorOptions()
         check_options(self.options)
@@ -105,7 +155,11 @@ class SimulatorServer:
         self.tokenizer = tokenizer
         self.renderer = OutputRenderer(tokenizer, profile)
         ref = reference if reference is not None else getattr(self.options, "reference", None)
-        self.book = ReferenceBook.load(Path(ref)) if ref else ReferenceBook.synthetic(tokenizer)
+        paths = ([Path(ref)] if ref else []) + [Path(p) for p in getattr(self.options, "extra_references", None) or ()]
+        self.book = ReferenceBook.load_all(paths) if paths else ReferenceBook.synthetic(tokenizer)
+        self.prompt_cache = PromptCache() if getattr(self.options, "prompt_cache", False) else None
+        # every chat request as received, when `record` (tests read what a client really sent)
+        self.received: list[ReceivedRequest] | None = [] if record else None
         self.model = model
         self.pricing = pricing
         self.host = host
@@ -207,20 +261,20 @@ class SimulatorServer:
             self._cache[key] = out
         return out
 
-    def _usage(self, index: int, out: RenderedOutput) -> dict:
+    def _usage(self, index: int, out: RenderedOutput, cached: int = 0) -> dict:
         sample = self.book.samples[index]
         completion = len(out.output_ids)
+        cached = max(cached, sample.cached_tokens)
         usage: dict[str, Any] = {
             "prompt_tokens": sample.prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": sample.prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": sample.cached_tokens},
+            "prompt_tokens_details": {"cached_tokens": cached},
             "completion_tokens_details": {"reasoning_tokens": len(out.reasoning_ids)},
         }
         if self.report_cost:
             usage["cost"] = round(
-                cost_of(Usage(sample.prompt_tokens, completion, len(out.reasoning_ids), sample.cached_tokens),
-                        self.pricing), 10)
+                cost_of(Usage(sample.prompt_tokens, completion, len(out.reasoning_ids), cached), self.pricing), 10)
         return usage
 
     def _error(self, status: int) -> web.Response:
@@ -347,6 +401,8 @@ class SimulatorServer:
 
     async def _chat_gated(self, request: web.Request) -> web.StreamResponse:
         """`_chat` behind the capacity model: refused with 429 + Retry-After, or queued for a slot."""
+        if self.received is not None:
+            await self._record(request)
         if self.capacity is None:
             return await self._chat(request)
         tokens = 0
@@ -367,6 +423,14 @@ class SimulatorServer:
             return await self._chat(request)
         finally:
             self.capacity.release()
+
+    async def _record(self, request: web.Request) -> None:
+        raw = await request.read()  # (aiohttp keeps the body: the handler reads it again)
+        try:
+            named = requested_sample(json.loads(raw))
+        except (ValueError, AttributeError):
+            named = None
+        self.received.append(ReceivedRequest(time.time(), named, raw))
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
@@ -404,6 +468,8 @@ class SimulatorServer:
             return refused
         history = sum(len(m.get("tool_calls") or []) for m in messages if isinstance(m, dict))
         index, _ = self.book.pick(messages, requested_sample(body))
+        cached = (self.prompt_cache.serve(messages, self.book.samples[index].prompt_tokens)
+                  if self.prompt_cache is not None else 0)
         out = self._rendered(index, history, bool(body.get("stream")))
         if self.personality.non_json_tool_region_500 and self._tool_region_not_json(out):
             self.counters["500"] += 1
@@ -419,15 +485,15 @@ class SimulatorServer:
             out = self._with_tool_ids(out, gen_id)
         if body.get("stream"):
             return await self._stream(request, index, history, out, gen_id, model, want_lp, top, ids_field, fault,
-                                      keepalive, latency, prompt_ids)
+                                      keepalive, latency, prompt_ids, cached)
         if latency:
             await asyncio.sleep(latency)
         if self.tokens_per_s > 0:
             await asyncio.sleep(len(out.output_ids) / self.tokens_per_s)
-        return self._plain(index, out, gen_id, model, want_lp, top, ids_field, fault, keepalive, prompt_ids)
+        return self._plain(index, out, gen_id, model, want_lp, top, ids_field, fault, keepalive, prompt_ids, cached)
 
     def _plain(self, index, out: RenderedOutput, gen_id, model, want_lp, top, ids_field, fault, keepalive,
-               prompt_ids=None):
+               prompt_ids=None, cached: int = 0):
         p = self.personality
         content = out.content if out.content is not None or p.null_content else ""
         message: dict[str, Any] = {"role": "assistant", "content": content}
@@ -471,7 +537,7 @@ class SimulatorServer:
             "model": model,
             "provider": PROVIDER,
             "choices": [choice],
-            "usage": self._usage(index, out),
+            "usage": self._usage(index, out, cached),
         }
         if not p.provider_field:
             del body["provider"]
@@ -537,7 +603,7 @@ class SimulatorServer:
         return parts, reasoning_end
 
     async def _stream(self, request, index, history, out: RenderedOutput, gen_id, model, want_lp, top, ids_field,
-                      fault, keepalive, latency, prompt_ids=None) -> web.StreamResponse:
+                      fault, keepalive, latency, prompt_ids=None, cached: int = 0) -> web.StreamResponse:
         if latency:
             await asyncio.sleep(latency)
         response = web.StreamResponse(
@@ -576,11 +642,11 @@ class SimulatorServer:
         body_events = len(events)
         if p.usage_on_finish_chunk:
             finish = dict(head, choices=[{"index": 0, "delta": {}, "finish_reason": self._finish(out)}],
-                          usage=self._usage(index, out))
+                          usage=self._usage(index, out, cached))
             events.append((b"data: " + _json(finish) + b"\n\n", 0))
         else:
             events.append((chunk({}, finish=self._finish(out), extra=extra), 0))
-            usage = dict(head, choices=[], usage=self._usage(index, out))
+            usage = dict(head, choices=[], usage=self._usage(index, out, cached))
             events.append((b"data: " + _json(usage) + b"\n\n", 0))
         if p.done_marker:
             events.append((b"data: [DONE]\n\n", 0))

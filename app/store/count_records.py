@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from app.records import CORRUPT_VERDICTS, VERDICTS, Category, Verification, verification_of
+from app.store.rows import ConversationCounts
 from app.store.schema import SAMPLE_STATES
 from app.store.tallies import QualityTally
 
@@ -26,6 +27,7 @@ class SampleStates:
     """Samples of the run per state (schema SAMPLE_STATES)."""
 
     pending: int = 0
+    waiting: int = 0  # a conversation's turns whose parent turn is not stored yet
     leased: int = 0
     done: int = 0
     failed: int = 0  # ended without usable ids, after every attempt (or at once, for a fatal error)
@@ -33,7 +35,7 @@ class SampleStates:
 
     @property
     def total(self) -> int:
-        return self.pending + self.leased + self.done + self.failed + self.skipped
+        return self.pending + self.waiting + self.leased + self.done + self.failed + self.skipped
 
     @property
     def ended(self) -> int:
@@ -42,8 +44,8 @@ class SampleStates:
 
     @property
     def remaining(self) -> int:
-        """Samples still to end: pending or leased."""
-        return self.pending + self.leased
+        """Samples still to end: pending, leased, or a conversation's turn waiting on its parent."""
+        return self.pending + self.waiting + self.leased
 
     def as_dict(self) -> dict[str, int]:
         return {state: getattr(self, state) for state in SAMPLE_STATES}
@@ -153,6 +155,7 @@ class RunCounts:
     providers: tuple[ProviderCounts, ...] = ()
     first_at: float | None = None
     last_at: float | None = None
+    conversations: ConversationCounts | None = None  # a run of whole conversations: each counted by how it stands
 
     @property
     def answered(self) -> int:

@@ -5,6 +5,8 @@ reconstruction's `output_ids` each row carries the other sources of output ids t
 can prefer true ids (server ids, then logprob-rebuilt ids, then the sample's reference) over a re-encoding:
 `responses.token_ids` (what the server returned), `samples.reference_ids`, and the v5 columns
 `reconstructions.ids_source` / `reconstructions.flags` (read with plain SQL: NULL on rows from before v5).
+A whole conversation's turn (schema v8) is a row like any other (its `messages` are that turn's request: the
+model's own earlier answers); it also carries its conversation id, turn, turns and off-policy mark.
 """
 
 from __future__ import annotations
@@ -41,13 +43,17 @@ class ExportRow:
     prompt_check: str | None = None  # v5: agree | differ | no_server_ids; None = not checked
     endpoint: str | None = None  # responses.endpoint of the stored answer
     provider: str | None = None  # responses.provider (the upstream behind it)
+    conversation_id: str | None = None  # v8: a whole conversation's turn `turn` of `turns` (None: single-turn)
+    turn: int | None = None
+    turns: int | None = None
+    off_policy: bool = False  # v8: recorded tool results replayed after a divergent call are in its history
 
 
 _ROWS_SQL = """
 SELECT s.pk, s.sample_id, s.dataset, s.messages, s.tools,
        r.output_ids, r.category, r.tokenizer, p.finish_reason,
        r.strategy, r.roundtrip, r.ids_source, r.flags, p.token_ids, s.reference_ids, r.prompt_check,
-       p.endpoint, p.provider
+       p.endpoint, p.provider, s.conversation_id, s.turn, s.turns, s.off_policy
 FROM samples AS s
 LEFT JOIN reconstructions AS r ON r.run_id = s.run_id AND r.sample_pk = s.pk
 LEFT JOIN responses AS p ON p.id = r.response_id
@@ -65,7 +71,8 @@ def iter_rows(conn: sqlite3.Connection, run_id: int, page_size: int = 256) -> It
         if not page:
             return
         for (pk, sample_id, dataset, messages, tools, ids, category, fingerprint, finish, strategy, roundtrip,
-             ids_source, flags, server_ids, reference_ids, prompt_check, endpoint, provider) in page:
+             ids_source, flags, server_ids, reference_ids, prompt_check, endpoint, provider, conversation_id, turn,
+             turns, off_policy) in page:
             yield ExportRow(
                 pk=int(pk),
                 sample_id=str(sample_id),
@@ -85,6 +92,10 @@ def iter_rows(conn: sqlite3.Connection, run_id: int, page_size: int = 256) -> It
                 prompt_check=prompt_check,
                 endpoint=endpoint,
                 provider=provider or None,
+                conversation_id=conversation_id,
+                turn=turn,
+                turns=turns,
+                off_policy=bool(off_policy),
             )
         last = int(page[-1][0])
 

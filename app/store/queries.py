@@ -42,6 +42,10 @@ from app.store.db import connect_readonly
 from app.store.ids import unpack_ids
 from app.store.rows import (
     RECONSTRUCTION_SELECT,
+    ConversationCounts,
+    ConversationRow,
+    TurnRow,
+    conversation_status,
     RUN_SELECT,
     EventRow,
     JobShardRow,
@@ -65,7 +69,7 @@ __all__ = [
     "list_runs", "run_by_name", "resolve_run", "state_counts", "verdict_counts", "strategy_counts", "cost_total",
     "run_counts", "run_latency", "data_version",
     "mismatch_page", "mismatch_count", "sample_detail", "reconstruction_of", "latest_completions", "events_tail", "job_summaries",
-    "latest_shard_log",
+    "latest_shard_log", "conversation_counts", "conversation_turns", "conversation_page",
 ]
 
 T = TypeVar("T")
@@ -185,8 +189,10 @@ def _run_counts(conn: sqlite3.Connection, run_id: int) -> RunCounts:
     for row in quality:
         groups.setdefault((row.endpoint, row.provider), []).append(row)
     first, last = tallies.response_span(conn, run_id)
+    conversations = conversation_counts(conn, run_id)
     return RunCounts(
         samples=SampleStates(**state_counts(conn, run_id)),
+        conversations=conversations if conversations.total else None,
         cost_usd=sum(t.cost_usd for t in responses),
         requests=sum(t.n for t in responses),
         completion_tokens=sum(e.completion_tokens for e in endpoints),
@@ -226,6 +232,91 @@ def run_latency(conn: sqlite3.Connection, run_id: int) -> RunLatency:
     every = ([v for lat, _ in per.values() for v in lat], [v for _, first in per.values() for v in first])
     return RunLatency(n, percentiles_of(*every),
                       tuple((name, percentiles_of(*values)) for name, values in sorted(per.items())))
+
+
+# ============================================================================================== conversations
+
+
+def conversation_counts(conn: sqlite3.Connection, run_id: int) -> ConversationCounts:
+    """The run's conversations by how they stand, its turns by state and its off-policy turns
+    (`app.store.rows.ConversationCounts`). Reads the maintained `turn_tallies` (a handful of rows at any size);
+    counts the samples table instead while the tally is behind (rows inserted with plain SQL)."""
+    from app.conversation import DIVERGED, ENDED_CLASSES, PARENT_TRUNCATED
+
+    if tallies.samples_current(conn):
+        rows = conn.execute(
+            "SELECT state, first, last, off_policy, error_class, n FROM turn_tallies WHERE run_id = ? AND n != 0",
+            (run_id,)).fetchall()
+    else:
+        rows = conn.execute(
+            "SELECT state, turn = 1, turn = turns, off_policy, CASE WHEN state IN ('failed', 'skipped') "
+            "THEN COALESCE(error_class, '') ELSE '' END, COUNT(*) FROM samples "
+            "WHERE run_id = ? AND conversation_id IS NOT NULL GROUP BY 1, 2, 3, 4, 5", (run_id,)).fetchall()
+    c: dict[str, int] = dict.fromkeys(("total", "done", "diverged", "failed", "truncated", "ended_skipped",
+                                       "not_started", "in_flight", "waiting_on_parent", "off_policy"), 0)
+    turns = dict.fromkeys(SAMPLE_STATES, 0)
+    for state, first, last, off, error_class, n in rows:
+        turns[state] = turns.get(state, 0) + n
+        c["total"] += n if first else 0
+        c["off_policy"] += n if off else 0
+        if state == "done" and last:
+            c["done"] += n
+        elif state == "failed":
+            c["failed"] += n
+        elif state == "skipped":
+            if error_class == DIVERGED:
+                c["diverged"] += n
+            elif error_class == PARENT_TRUNCATED:
+                c["truncated"] += n
+            elif error_class not in ENDED_CLASSES:
+                c["ended_skipped"] += n
+        elif state == "pending" and first:
+            c["not_started"] += n
+        elif state == "leased":
+            c["in_flight"] += n
+            c["waiting_on_parent"] += 0 if last else n
+    ended = c["done"] + c["diverged"] + c["failed"] + c["truncated"] + c["ended_skipped"]
+    return ConversationCounts(
+        total=c["total"], done=c["done"], diverged=c["diverged"], failed=c["failed"], truncated=c["truncated"],
+        ended_skipped=c["ended_skipped"], open=max(0, c["total"] - ended), not_started=c["not_started"],
+        in_flight=c["in_flight"], waiting_on_parent=c["waiting_on_parent"], turns=turns,
+        off_policy_turns=c["off_policy"])
+
+
+def conversation_turns(conn: sqlite3.Connection, run_id: int, conversation_id: str) -> list[TurnRow]:
+    """Every turn of one conversation in order, with its verdict where it has a reconstruction (the conversation
+    view; enter on a turn opens its token diff by `sample_id`)."""
+    rows = conn.execute(
+        "SELECT s.pk, s.sample_id, s.turn, s.turns, s.state, s.error_class, s.last_error, s.off_policy, r.category, "
+        "r.n_tokens, r.first_diff FROM samples AS s LEFT JOIN reconstructions AS r ON r.sample_pk = s.pk "
+        "WHERE s.run_id = ? AND s.conversation_id = ? ORDER BY s.turn", (run_id, conversation_id)).fetchall()
+    return [TurnRow(int(r[0]), str(r[1]), int(r[2]), int(r[3]), str(r[4]), r[5], r[6], bool(r[7]), r[8], r[9], r[10])
+            for r in rows]
+
+
+def conversation_page(conn: sqlite3.Connection, run_id: int, *, after_pk: int = 0,
+                      limit: int = 50) -> list[ConversationRow]:
+    """Up to `limit` conversations in ingest order after the one whose turn 1 has row key `after_pk` (keyset
+    paging: ~limit index entries at any depth), each with how it stands (`rows.conversation_status`)."""
+    firsts = conn.execute(
+        "SELECT pk, conversation_id, dataset, turns FROM samples WHERE run_id = ? AND turn = 1 AND pk > ? "
+        "ORDER BY pk LIMIT ?", (run_id, after_pk, limit)).fetchall()
+    if not firsts:
+        return []
+    ids = json.dumps([r[1] for r in firsts])
+    by_conv: dict[str, list[tuple[int, str, str | None, int]]] = {}
+    for cid, turn, state, error_class, off in conn.execute(
+            "SELECT s.conversation_id, s.turn, s.state, s.error_class, s.off_policy FROM json_each(?2) AS j "
+            "CROSS JOIN samples AS s ON s.run_id = ?1 AND s.conversation_id = j.value ORDER BY s.conversation_id, "
+            "s.turn", (run_id, ids)):
+        by_conv.setdefault(cid, []).append((int(turn), str(state), error_class, int(off)))
+    out = []
+    for pk, cid, dataset, turns in firsts:
+        states = by_conv.get(cid, [])
+        status, at = conversation_status([(t, s, e) for t, s, e, _ in states])
+        out.append(ConversationRow(str(cid), str(dataset), int(turns), sum(1 for _, s, _, _ in states if s == "done"),
+                                   status, at, any(o for *_, o in states), int(pk)))
+    return out
 
 
 # ============================================================================================== mismatches

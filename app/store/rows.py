@@ -534,3 +534,93 @@ class JobShardRow:
     error: str | None
     started_at: float | None
     ended_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationCounts:
+    """A run's whole conversations (schema v8) at a glance: each counted once by how it stands.
+
+    total = done + diverged + failed + truncated + ended_skipped + open. A conversation ends done (every turn
+    done), diverged (the model's tool calls differed, policy stop), failed (a turn failed for good), truncated (an
+    answer cut at max_tokens before its last turn) or ended_skipped (a turn skipped, e.g. its prompt too long).
+    Of the open ones: not_started (turn 1 pending), in_flight (a turn leased: on the wire or about to be), of which
+    waiting_on_parent have later turns that wait for it; the rest are ready (a later turn pending).
+    `turns` counts turn rows by state (pending, waiting, leased, done, failed, skipped); off_policy_turns the
+    turns with replayed recorded tool results after a divergent call in their history."""
+
+    total: int = 0
+    done: int = 0
+    diverged: int = 0
+    failed: int = 0
+    truncated: int = 0
+    ended_skipped: int = 0
+    open: int = 0
+    not_started: int = 0
+    in_flight: int = 0
+    waiting_on_parent: int = 0
+    turns: dict[str, int] = field(default_factory=dict)
+    off_policy_turns: int = 0
+
+    @property
+    def in_progress(self) -> int:
+        """Open conversations with a turn done or in flight."""
+        return self.open - self.not_started
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRow:
+    """One turn of a conversation as the conversation view lists it (its verdict when it has a reconstruction)."""
+
+    pk: int
+    sample_id: str
+    turn: int
+    turns: int
+    state: str
+    error_class: str | None
+    last_error: str | None
+    off_policy: bool
+    category: str | None
+    n_tokens: int | None
+    first_diff: int | None
+
+
+# How a conversation stands (ConversationRow.status), with `at_turn` the turn it refers to.
+CONVERSATION_STATUSES = ("not_started", "ready", "running", "done", "diverged", "failed", "truncated", "skipped")
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationRow:
+    """One conversation in the conversations list: `status` (CONVERSATION_STATUSES) at turn `at_turn` of
+    `turns`, its turns done, whether any turn is off-policy."""
+
+    conversation_id: str
+    dataset: str
+    turns: int
+    done_turns: int
+    status: str
+    at_turn: int
+    off_policy: bool
+    pk: int  # turn 1's row key: pages turn by it
+
+
+def conversation_status(states: Sequence[tuple[int, str, str | None]]) -> tuple[str, int]:
+    """(status, turn) of a conversation from its turns' (turn, state, error_class), in turn order."""
+    from app.conversation import DIVERGED, ENDED_CLASSES, PARENT_TRUNCATED
+
+    for turn, state, error_class in states:
+        if state == "failed":
+            return "failed", turn
+        if state == "skipped":
+            if error_class == DIVERGED:
+                return "diverged", turn
+            if error_class == PARENT_TRUNCATED:
+                return "truncated", turn - 1
+            if error_class in ENDED_CLASSES:
+                continue
+            return "skipped", turn
+        if state == "leased":
+            return "running", turn
+        if state == "pending":
+            return ("not_started" if turn == 1 else "ready"), turn
+    last = states[-1][0] if states else 0
+    return "done", last

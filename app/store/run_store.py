@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import aiosqlite
 import orjson
 
+from app.conversation import ConversationInput
 from app.errors import EaglewatchError, InputError
 from app.records import Completion, Reconstruction, Verdict
 from app.store.db import DEFAULT_BUSY_TIMEOUT_S, configure, migrate
@@ -33,7 +34,8 @@ from app.store.ids import unpack_ids
 from app.store import queries, rows, tallies
 from app.store.store_records import Command, IngestReport, LeasedSample, ReferenceRecord, SampleInput
 from app.store.schema import RUN_STATES, SAMPLE_STATES
-from app.store import ingest_ops
+from app.store import conversation_ops, ingest_ops
+from app.store.conversation_ops import OpenTurnWork, TurnEnd, after_turn, restore_children_of
 from app.store.ingest_ops import INGEST_CHUNK
 
 T = TypeVar("T")
@@ -223,6 +225,14 @@ class RunStore:
         """Insert samples the run does not hold yet, in chunked transactions (see `app.store.ingest_ops.ingest`)."""
         return await ingest_ops.ingest(self, run_id, samples, chunk=chunk, source=source, track=track)
 
+    async def ingest_conversations(self, run_id: int, conversations: Iterable[ConversationInput], *,
+                                   chunk: int = INGEST_CHUNK, source: str = "",
+                                   track: tuple[str, str] | None = None) -> IngestReport:
+        """Insert the conversations the run does not hold yet as turn rows (turn 1 pending, later turns waiting;
+        `app.store.conversation_ops.ingest_conversations`); the report counts conversations."""
+        return await conversation_ops.ingest_conversations(self, run_id, conversations, chunk=chunk, source=source,
+                                                           track=track)
+
     async def attach_references(self, run_id: int, references: Iterable[ReferenceRecord], *,
                                 chunk: int = INGEST_CHUNK, track: tuple[str, str] | None = None) -> tuple[int, int]:
         """Set reference ids on samples that have none yet; return (attached, unmatched sample ids)."""
@@ -231,8 +241,11 @@ class RunStore:
     # ------------------------------------------------------------------------------------ leases
 
     async def lease(self, run_id: int, n: int, lease_s: float, owner: str | None = None) -> list[LeasedSample]:
-        """Hand out up to n pending samples (oldest first) until now + lease_s, held by `owner` (host:pid); each
-        lease counts one in `attempts`, and `tries` says how many requests the sample has already cost."""
+        """Hand out up to n pending samples until now + lease_s, held by `owner` (host:pid); each lease counts one
+        in `attempts`, and `tries` says how many requests the sample has already cost. Order: the conversation
+        turns with the most turns after them first (the longest remaining chain: keeps the most conversations in
+        progress, so the endpoints stay full to the end), then oldest first; single-turn samples have none after
+        them. A conversation's later turns are never pending before their parent is stored."""
         if n <= 0:
             return []
 
@@ -242,11 +255,13 @@ class RunStore:
             rows = conn.execute(
                 "UPDATE samples SET state = 'leased', lease_expires = ?, lease_owner = ?, attempts = attempts + 1, "
                 "updated_at = ? "
-                "WHERE pk IN (SELECT pk FROM samples WHERE run_id = ? AND state = 'pending' ORDER BY pk LIMIT ?) "
-                "RETURNING pk, sample_id, dataset, messages, tools, attempts, reference_ids, tries, tries_forgiven",
+                "WHERE pk IN (SELECT pk FROM samples WHERE run_id = ? AND state = 'pending' "
+                "ORDER BY COALESCE(turns - turn, 0) DESC, pk LIMIT ?) "
+                "RETURNING pk, sample_id, dataset, messages, tools, attempts, reference_ids, tries, tries_forgiven, "
+                "conversation_id, turn, turns",
                 (expires, owner, now, run_id, n),
             ).fetchall()
-            rows.sort(key=lambda r: r[0])
+            rows.sort(key=lambda r: (-((r[11] or 0) - (r[10] or 0)), r[0]))
             return [
                 LeasedSample(
                     pk=r[0],
@@ -259,6 +274,9 @@ class RunStore:
                     lease_expires=expires,
                     tries=r[7],
                     tries_forgiven=r[8],
+                    conversation_id=r[9],
+                    turn=r[10],
+                    turns=r[11],
                 )
                 for r in rows
             ]
@@ -334,11 +352,13 @@ class RunStore:
         attempts (`tries_forgiven` = its tries; its responses and their attempt numbers stay). Returns how many."""
 
         def op(conn: sqlite3.Connection) -> int:
-            return conn.execute(
+            pks = [r[0] for r in conn.execute(
                 "UPDATE samples SET state = 'pending', tries_forgiven = tries, error_class = NULL, last_error = NULL, "
-                "lease_expires = NULL, lease_owner = NULL, updated_at = ? WHERE run_id = ? AND state = 'failed'",
-                (time.time(), run_id),
-            ).rowcount
+                "lease_expires = NULL, lease_owner = NULL, updated_at = ? WHERE run_id = ? AND state = 'failed' "
+                "RETURNING pk", (time.time(), run_id)).fetchall()]
+            # a conversation's turn tried again: the turns its failure skipped wait on it again
+            restore_children_of(conn, run_id, pks)
+            return len(pks)
 
         return await self.write(op)
 
@@ -390,11 +410,16 @@ class RunStore:
             response_id = conn.execute(rows.INSERT_RESPONSE, response_row).lastrowid
             if rec_row is not None:
                 conn.execute(rows.UPSERT_RECONSTRUCTION, rows.encode_reconstruction(rec_row, response_id=response_id))
-            conn.execute(
+            turn = conn.execute(
                 "UPDATE samples SET state = ?, lease_expires = NULL, lease_owner = NULL, error_class = ?, "
-                "last_error = ?, tries = MAX(tries, ?), updated_at = ? WHERE pk = ? AND run_id = ?",
+                "last_error = ?, tries = MAX(tries, ?), updated_at = ? WHERE pk = ? AND run_id = ? "
+                "RETURNING conversation_id",
                 (state, error_class, error, attempt, time.time(), pk, run_id),
-            )
+            ).fetchone()
+            if turn is not None and turn[0] is not None:  # a conversation's turn: the next one, same transaction
+                after_turn(conn, run_id, pk, TurnEnd(
+                    state, completion.content, completion.reasoning, completion.tool_calls, completion.truncated,
+                    _history_reasoning(profile), error or ""))
             return response_id
 
         return await self.write(op)
@@ -419,11 +444,13 @@ class RunStore:
 
         def op(conn: sqlite3.Connection) -> None:
             now = time.time()
-            conn.execute(
+            turn = conn.execute(
                 "UPDATE samples SET state = ?, lease_expires = NULL, lease_owner = NULL, error_class = ?, "
-                "last_error = ?, updated_at = ? WHERE pk = ? AND run_id = ?",
+                "last_error = ?, updated_at = ? WHERE pk = ? AND run_id = ? RETURNING conversation_id",
                 ("failed" if final else "pending", error_class, rows.clean_text(message), now, pk, run_id),
-            )
+            ).fetchone()
+            if final and turn is not None and turn[0] is not None:
+                after_turn(conn, run_id, pk, TurnEnd("failed", why=f"{error_class}: {message}"[:500]))
             if endpoint is not None or cost_usd:
                 n = attempt
                 if n is None:
@@ -449,11 +476,14 @@ class RunStore:
         rows = [(reason, time.time(), run_id, pk) for pk in pks]
 
         def op(conn: sqlite3.Connection) -> int:
-            return conn.executemany(
+            n = conn.executemany(
                 "UPDATE samples SET state = 'skipped', lease_expires = NULL, last_error = ?, updated_at = ? "
                 "WHERE run_id = ? AND pk = ?",
                 rows,
             ).rowcount
+            for _, _, _, pk in rows:  # a skipped turn ends its conversation (no-op for single-turn samples)
+                after_turn(conn, run_id, pk, TurnEnd("skipped", why=reason))
+            return n
 
         return await self.write(op)
 
@@ -532,6 +562,12 @@ class RunStore:
             "WHERE run_id = ? AND state IN ('pending', 'leased') GROUP BY dataset", (run_id,)).fetchall())
         return {str(d): (int(n), int(c)) for d, n, c in rows}
 
+    async def open_turn_work(self, run_id: int) -> OpenTurnWork:
+        """What the open conversations still hold for the ETA (`app.store.conversation_ops.open_turn_work`): per
+        dataset the turns waiting on their parents (count, prompt JSON characters known, answers of the model still
+        to come in their prompts) and the open conversations by turns left. One scan of the open turns at start."""
+        return await self.read(lambda conn: conversation_ops.open_turn_work(conn, run_id))
+
     async def finished_output_stats(self, run_id: int, newest: int = 20_000) -> dict[str, tuple[float, ...]]:
         """Per dataset, what the newest `newest` answered requests of this run tell the ETA (`Projector.seed`):
         (answered, output tokens, generation seconds, time-to-first-token seconds, prompt tokens, longest output,
@@ -574,6 +610,18 @@ _NEWEST_ANSWERS = (
     "(SELECT sample_pk, completion_tokens, latency_ms, ttft_ms, prompt_tokens, cost_usd FROM responses "
     " WHERE run_id = ? AND error_class IS NULL ORDER BY created_at DESC LIMIT ?) AS r "
     "JOIN samples s ON s.pk = r.sample_pk")
+
+
+def _history_reasoning(profile: str) -> str:
+    """The profile's `history_reasoning` ("keep" for an unnamed or unknown profile: the template decides)."""
+    if not profile:
+        return "keep"
+    from app.tokens.profile import get_profile
+
+    try:
+        return get_profile(profile).history_reasoning
+    except InputError:
+        return "keep"
 
 
 def _run_batch(conn: sqlite3.Connection, ops: list[Operation], path: Path) -> list[tuple[bool, Any]]:

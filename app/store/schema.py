@@ -11,14 +11,15 @@ Conventions other packages code against (keep these names stable):
 
 States:
 - runs.state: idle (ingested, never started) | running | paused | stopping | done | failed
-- samples.state: pending | leased | done | failed | skipped
+- samples.state: pending | waiting | leased | done | failed | skipped (waiting, v8: a conversation's turn whose
+  parent turn is not stored yet)
 - jobs.state / job_shards.state: pending | submitted | running | paused | done | failed | cancelled
 """
 
 from __future__ import annotations
 
 RUN_STATES = ("idle", "running", "paused", "stopping", "done", "failed")
-SAMPLE_STATES = ("pending", "leased", "done", "failed", "skipped")
+SAMPLE_STATES = ("pending", "waiting", "leased", "done", "failed", "skipped")
 JOB_STATES = ("pending", "submitted", "running", "paused", "done", "failed", "cancelled")
 
 # Version 1: the tables.
@@ -588,5 +589,83 @@ _V7 = _QUALITY_TALLIES + """
 ALTER TABLE samples ADD COLUMN tries_forgiven INTEGER NOT NULL DEFAULT 0;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
+# Version 8: whole conversations regenerated turn by turn (app/conversation.py). Each turn is a sample row: its
+# conversation, its 1-based turn of `turns`, its parent turn (turn - 1; NULL for turn 1), the messages the turn
+# adds (`segment`, JSON list), the dataset's answer to it (`recorded`, JSON, NULL for a final turn after a user
+# message), the dataset's tool-divergence policy (`divergence`: stop | replay) and `off_policy` (1: recorded tool
+# results replayed after a call the model made differently are in its history). Turn 1 is ingested pending with
+# `messages` = its segment; a later turn `waiting` with messages '[]' until its parent's result commits, which in
+# the same transaction writes the child's messages (the parent's + the model's answer + the child's segment) and
+# makes it pending, or skips it (and every turn after it) with the reason (app.conversation.ENDED_CLASSES).
+# The CHECK on samples.state gains 'waiting': rewritten in place in the table's schema text (the rows already
+# satisfy the looser constraint; SQLite's documented procedure for a change that needs no row rewritten:
+# writable_schema, then RESET so every connection reloads the schema; a test runs integrity_check after it).
+# turn_tallies counts the turns of conversations by (state, first turn, last turn, off-policy, error class of a
+# failed or skipped turn), kept by an UPDATE trigger in the writers' transactions and by the ingest per chunk, so
+# conversation counts (app.store.queries.conversation_counts) read a handful of rows at any size.
+# The lease order is turns left first (longest remaining chain, then pk): samples_ready walks it.
+_V8 = """
+ALTER TABLE samples ADD COLUMN conversation_id TEXT;
+ALTER TABLE samples ADD COLUMN turn INTEGER;
+ALTER TABLE samples ADD COLUMN turns INTEGER;
+ALTER TABLE samples ADD COLUMN parent_pk INTEGER;
+ALTER TABLE samples ADD COLUMN segment TEXT;
+ALTER TABLE samples ADD COLUMN recorded TEXT;
+ALTER TABLE samples ADD COLUMN divergence TEXT;
+ALTER TABLE samples ADD COLUMN off_policy INTEGER NOT NULL DEFAULT 0;
+
+PRAGMA writable_schema = ON;
+UPDATE sqlite_master
+   SET sql = replace(sql, 'CHECK (state IN (''pending'',''leased'',''done'',''failed'',''skipped''))',
+                          'CHECK (state IN (''pending'',''waiting'',''leased'',''done'',''failed'',''skipped''))')
+ WHERE type = 'table' AND name = 'samples';
+PRAGMA writable_schema = RESET;
+
+CREATE INDEX samples_conversation ON samples (run_id, conversation_id, turn) WHERE conversation_id IS NOT NULL;
+CREATE INDEX samples_ready ON samples (run_id, COALESCE(turns - turn, 0) DESC, pk) WHERE state = 'pending';
+-- the conversations list pages over each conversation's first turn in ingest order
+CREATE INDEX samples_first_turns ON samples (run_id, pk) WHERE turn = 1;
+
+CREATE TABLE turn_tallies (
+    run_id      INTEGER NOT NULL,
+    state       TEXT NOT NULL,
+    first       INTEGER NOT NULL,                -- turn = 1
+    last        INTEGER NOT NULL,                -- turn = turns
+    off_policy  INTEGER NOT NULL,
+    error_class TEXT NOT NULL DEFAULT '',        -- a failed or skipped turn's error_class ('' otherwise)
+    n           INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (run_id, state, first, last, off_policy, error_class)
+) WITHOUT ROWID;
+
+CREATE TRIGGER samples_turn_tally_update AFTER UPDATE OF state, error_class, off_policy ON samples
+WHEN new.conversation_id IS NOT NULL AND (old.state IS NOT new.state OR old.off_policy IS NOT new.off_policy
+     OR (CASE WHEN old.state IN ('failed','skipped') THEN COALESCE(old.error_class, '') ELSE '' END)
+        IS NOT (CASE WHEN new.state IN ('failed','skipped') THEN COALESCE(new.error_class, '') ELSE '' END))
+BEGIN
+    UPDATE turn_tallies SET n = n - 1
+     WHERE run_id = old.run_id AND state = old.state AND first = (old.turn = 1) AND last = (old.turn = old.turns)
+       AND off_policy = old.off_policy
+       AND error_class = (CASE WHEN old.state IN ('failed','skipped') THEN COALESCE(old.error_class, '') ELSE '' END);
+    INSERT INTO turn_tallies (run_id, state, first, last, off_policy, error_class, n)
+    VALUES (new.run_id, new.state, new.turn = 1, new.turn = new.turns, new.off_policy,
+            CASE WHEN new.state IN ('failed','skipped') THEN COALESCE(new.error_class, '') ELSE '' END, 1)
+        ON CONFLICT (run_id, state, first, last, off_policy, error_class) DO UPDATE SET n = n + 1;
+END;
+
+CREATE TRIGGER samples_turn_tally_delete AFTER DELETE ON samples
+WHEN old.conversation_id IS NOT NULL
+BEGIN
+    UPDATE turn_tallies SET n = n - 1
+     WHERE run_id = old.run_id AND state = old.state AND first = (old.turn = 1) AND last = (old.turn = old.turns)
+       AND off_policy = old.off_policy
+       AND error_class = (CASE WHEN old.state IN ('failed','skipped') THEN COALESCE(old.error_class, '') ELSE '' END);
+END;
+
+CREATE TRIGGER runs_turn_tally_delete AFTER DELETE ON runs
+BEGIN
+    DELETE FROM turn_tallies WHERE run_id = old.id;
+END;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
 SCHEMA_VERSION = len(MIGRATIONS)

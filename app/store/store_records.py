@@ -63,6 +63,14 @@ class LeasedSample:
     lease_expires: float = 0.0
     tries: int = 0  # requests already sent for this sample, over every lease and restart
     tries_forgiven: int = 0  # of those, forgiven by an operator's retry of failed samples (not counted any more)
+    conversation_id: str | None = None  # a conversation's turn (schema v8): its conversation, turn k of `turns`
+    turn: int | None = None
+    turns: int | None = None
+
+    @property
+    def turns_after(self) -> int:
+        """How many turns of its conversation come after this one (0 for a single-turn sample)."""
+        return (self.turns or 0) - (self.turn or 0) if self.conversation_id is not None else 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ __all__ = [
     "ResponseTally",
     "QualityTally",
     "add_ingested",
+    "add_ingested_rows",
     "samples_current",
     "sample_counts",
     "failed_by_class",
@@ -32,6 +33,7 @@ __all__ = [
 
 _MARK = "samples_max_pk"
 _SAMPLE_KEY = "CASE WHEN state = 'failed' THEN COALESCE(error_class, '') ELSE '' END"
+_TURN_KEY = "CASE WHEN state IN ('failed', 'skipped') THEN COALESCE(error_class, '') ELSE '' END"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,13 +94,41 @@ def add_ingested(conn: sqlite3.Connection, run_id: int, added: int, max_pk_befor
         conn.execute("UPDATE tally_marks SET value = ? WHERE name = ?", (_max_pk(conn), _MARK))
 
 
+def add_ingested_rows(conn: sqlite3.Connection, run_id: int, max_pk_before: int) -> None:
+    """Count the samples of `run_id` inserted above `max_pk_before` by state (pending, and waiting for a
+    conversation's later turns), and the conversation turns among them in `turn_tallies` (schema v8); call in the
+    inserting transaction, as `add_ingested`."""
+    conn.execute(
+        "INSERT INTO sample_tallies (run_id, state, error_class, n) "
+        "SELECT run_id, state, '', COUNT(*) FROM samples WHERE run_id = ? AND pk > ? GROUP BY state "
+        "ON CONFLICT (run_id, state, error_class) DO UPDATE SET n = n + excluded.n",
+        (run_id, max_pk_before),
+    )
+    conn.execute(
+        "INSERT INTO turn_tallies (run_id, state, first, last, off_policy, error_class, n) "
+        "SELECT run_id, state, turn = 1, turn = turns, off_policy, '', COUNT(*) FROM samples "
+        "WHERE run_id = ? AND pk > ? AND conversation_id IS NOT NULL GROUP BY 2, 3, 4, 5 "
+        "ON CONFLICT (run_id, state, first, last, off_policy, error_class) DO UPDATE SET n = n + excluded.n",
+        (run_id, max_pk_before),
+    )
+    if _mark(conn) == max_pk_before:
+        conn.execute("UPDATE tally_marks SET value = ? WHERE name = ?", (_max_pk(conn), _MARK))
+
+
 def recount(conn: sqlite3.Connection, run_id: int | None = None) -> None:
     """Rebuild the tallies of `run_id` (every run when None) from the rows themselves, in one savepoint."""
     where, args = ("", ()) if run_id is None else (" WHERE run_id = ?", (run_id,))
     conn.execute("SAVEPOINT tally_recount")
     try:
-        for table in ("sample_tallies", "response_tallies", "reconstruction_tallies", "quality_tallies"):
+        for table in ("sample_tallies", "response_tallies", "reconstruction_tallies", "quality_tallies",
+                      "turn_tallies"):
             conn.execute(f"DELETE FROM {table}{where}", args)
+        conn.execute(
+            "INSERT INTO turn_tallies (run_id, state, first, last, off_policy, error_class, n) "
+            f"SELECT run_id, state, turn = 1, turn = turns, off_policy, {_TURN_KEY}, COUNT(*) FROM samples"
+            f"{where or ' WHERE 1'} AND conversation_id IS NOT NULL GROUP BY 1, 2, 3, 4, 5, 6",
+            args,
+        )
         conn.execute(
             f"INSERT INTO sample_tallies (run_id, state, error_class, n) SELECT run_id, state, {_SAMPLE_KEY}, COUNT(*) "
             f"FROM samples{where} GROUP BY 1, 2, 3",

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 TOOL_FORMATS = ("kimi", "hermes", "deepseek-v3.1", "glm-4.5")
+HISTORY_REASONING = ("keep", "drop")
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,11 @@ class Profile:
     think tags. tool_format: one of TOOL_FORMATS; tool_markers: its marker strings by role.
     tool_id_in_stream: the tool-call id is part of the token stream (Kimi). audit_tokens: marker text ->
     the id in the model's real tokenizer (None where unverified), checked when `vocab_size` matches.
+    history_reasoning: how a whole conversation's later requests carry the model's earlier reasoning (one of
+    HISTORY_REASONING): "keep" sends it with each earlier answer (`reasoning_content`) and leaves it to the chat
+    template, which renders it where the model saw it (Kimi K2.5 and Qwen3: only inside the running tool-call
+    chain, after the last plain assistant turn or user query; `<think></think>` or nothing before); "drop" never
+    sends it (a template that renders no earlier reasoning at all).
     """
 
     name: str
@@ -55,6 +61,7 @@ class Profile:
     pretokenizer_pattern: str | None = None
     vocab_size: int | None = None
     audit_tokens: dict[str, int | None] = field(default_factory=dict)
+    history_reasoning: str = "keep"
 
     def __hash__(self) -> int:  # dict fields: hash by name (profiles are registered by name)
         return hash(self.name)
@@ -106,6 +113,9 @@ def _load(path: Path) -> Profile:
         raise InputError(f"{path}: missing or wrong profile field ({exc})") from None
     if profile.tool_format not in TOOL_FORMATS:
         raise InputError(f"{path}: tool_format {profile.tool_format!r} is not one of {', '.join(TOOL_FORMATS)}")
+    if profile.history_reasoning not in HISTORY_REASONING:
+        raise InputError(f"{path}: history_reasoning {profile.history_reasoning!r} is not one of "
+                         f"{', '.join(HISTORY_REASONING)}")
     return profile
 
 

@@ -186,7 +186,7 @@ def test_migration_fills_the_tallies_from_a_version_2_database(tmp_path: Path) -
     assert migrated == recounted(db)
     conn = queries.connect_readonly(db)
     assert tallies.failed_by_class(conn, 1) == {"AuthError": 1}
-    assert queries.state_counts(conn, 1) == {"pending": 1, "leased": 0, "done": 1, "failed": 2, "skipped": 0}
+    assert queries.state_counts(conn, 1) == {"pending": 1, "waiting": 0, "leased": 0, "done": 1, "failed": 2, "skipped": 0}
     conn.close()
 
 

@@ -69,8 +69,8 @@ def test_demo_runs_live_and_answers_keys(tmp_path: Path) -> None:
     db = tmp_path / "demo.db"
     term = Terminal(f"ew-smoke-{os.getpid()}", f"{sys.executable} -m app.cli demo --no-mouse --db {db}")
     try:
-        # Live numbers: samples finishing (N/300 with N > 0) while the run is RUNNING.
-        term.wait_for(r"RUNNING\s+demo · [1-9][\d,]*/300", timeout=25)
+        # Live numbers: samples finishing (N/368: 300 prompts and 68 conversation turns, N > 0) while RUNNING.
+        term.wait_for(r"RUNNING\s+demo · [1-9][\d,]*/368", timeout=25)
         term.press("m")
         screen = term.wait_for(r"mismatches · ")
         assert "sample" in screen and "verdict" in screen
