@@ -91,8 +91,19 @@ def run_status(conn: Any, run: Any) -> dict[str, Any]:
                       for e in c.endpoints],
         "figures": _figures(rec),
         "engine": engine_status(conn, run, rec),
+        "trust": [t.as_json() for t in endpoint_trust(conn, rec)],
     }
     return out
+
+
+def endpoint_trust(conn: Any, rec: Any) -> list[Any]:
+    """Each endpoint × upstream provider of the run as verified (probes with true ids), prior only (a known
+    server's table, no probe yet) or unverified (app.store.verification), from the record's counts."""
+    from app.store.verification import counts_of, read_priors, statuses
+
+    providers = rec.counts.providers
+    return statuses([counts_of(p.endpoint or "?", p.provider, p.answers) for p in providers],
+                    read_priors(conn, {p.endpoint for p in providers if p.endpoint}))
 
 
 def _figures(rec: Any) -> dict[str, Any]:
@@ -169,6 +180,9 @@ def _print(report: dict[str, Any]) -> None:
                       markup=False)
         console.print("ids: " + " · ".join(f"{VERIFICATION_WORDS[k]} {n}" for k, n in r["verification"].items())
                       + f"  (truncated {r['truncated']}, suspect {r['suspects']})", markup=False)
+        for t in r["trust"]:  # verified | prior only | unverified, the words `fidelity` and the export use
+            console.print(f"text path {t['endpoint']}" + (f" / {t['provider']}" if t["provider"] else "")
+                          + f": {t['text']}", markup=False)
         m = r["measured"]
         if m["n"]:
             corrupt = sum(m["corrupt"].values())

@@ -124,9 +124,14 @@ def assert_status_agrees(status: dict, rec: RunRecord) -> None:
     assert run["words"] == state_words(rec).text
 
 
-def assert_fidelity_agrees(fidelity: dict, rec: RunRecord) -> None:
-    """`fidelity --json`'s rows are the record's answers per endpoint and provider."""
+def assert_fidelity_agrees(fidelity: dict, rec: RunRecord, status: dict | None = None) -> None:
+    """`fidelity --json`'s rows are the record's answers per endpoint and provider; `status --json` names each
+    endpoint × provider verified / prior only / unverified in the same words."""
     rows = {(r["endpoint"], r["provider"]): r for r in fidelity["rows"]}
+    if status is not None:
+        (run,) = status["runs"]
+        trust = {(t["endpoint"], t["provider"]): (t["state"], t["text"], t["probes"]) for t in run["trust"]}
+        assert trust == {k: (r["state"], r["text"], r["probes"]) for k, r in rows.items()} and trust
     providers = {(p.endpoint, p.provider): p.answers for p in rec.counts.providers}
     assert set(rows) == set(providers)
     for key, a in providers.items():
@@ -225,8 +230,9 @@ async def test_every_face_reports_the_same_numbers_through_a_crash_a_restart_and
             assert_faces_agree(mine, other)
             assert run.snapshot().counts == mine.counts  # the engine's own record (the headless line's): exact
             assert mine.counts.retried > 0 and mine.failed > 0  # retries and final failures both happened
-            assert_status_agrees(await asyncio.to_thread(_cli, "status", "--db", str(db), "--json"), mine)
-            assert_fidelity_agrees(await asyncio.to_thread(_cli, "fidelity", "--db", str(db), "--json"), mine)
+            status = await asyncio.to_thread(_cli, "status", "--db", str(db), "--json")
+            assert_status_agrees(status, mine)
+            assert_fidelity_agrees(await asyncio.to_thread(_cli, "fidelity", "--db", str(db), "--json"), mine, status)
 
             # to the end: the faces agree on the finished run while its engine is still here
             await run.resume()
