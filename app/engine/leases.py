@@ -79,7 +79,7 @@ class SampleLeases:
         self._owner = owner
 
     async def lease(self, n: int) -> list[LeasedSample]:
-        """Up to n pending samples, oldest first."""
+        """Up to n pending samples: the turns with the longest chain of turns after them first, then oldest first."""
         return await self._store.lease(self._run_id, n, self._lease_s, self._owner)
 
     async def release(self, pks: Sequence[int]) -> None:

@@ -8,8 +8,8 @@ arguments: `RunState` (the run's state and why; `run_state`), `Ledger` (budget, 
 `scheduler`), the `Flights` (one task per sample: request, settle, forecast; `flights`), the `Settler` (the one
 place a sample ends; `settle`), `Steering` (pause, resume, concurrency, the commands table; `steering`), the
 `HeartbeatWriter` (`heartbeat_writer`), `StoreHealth` (a store that refuses writes; `store_health`) and the
-`RebuildPool` (where ids are rebuilt; `rebuild_pool`). Four tasks run once started: the scheduler, the command
-poll, the lease keeper and the heartbeat.
+`RebuildPool` (where ids are rebuilt; `rebuild_pool`). Five tasks run once started: the scheduler, the command
+poll, the lease keeper, the heartbeat and the endpoint guard's watch (`EndpointGuard.watch`: a dead endpoint).
 
 Crash safety comes from the store: a sample is `leased` until its result commits, and a SIGKILL loses at
 most the requests in flight (finished-but-unstored results hold their slot). Leases carry an owner
