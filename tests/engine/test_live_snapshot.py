@@ -33,8 +33,8 @@ async def test_projected_cost_at_a_quarter_done_is_within_15_percent_of_the_fina
         await until(lambda: run.snapshot().done >= n // 4, 120)
         # a snapshot reuses the projection for up to a second (faces poll at 4 Hz): take the first one made at a
         # quarter done or later, not one made before it
-        before = run.snapshot().projected_cost_usd
-        await until(lambda: run.snapshot().projected_cost_usd != before, 10)
+        before = run.snapshot().live.projected_cost_usd
+        await until(lambda: run.snapshot().live.projected_cost_usd != before, 10)
         early = run.snapshot()
         assert early.done < n // 2
         await asyncio.wait_for(run.wait(), 120)

@@ -201,12 +201,12 @@ async def test_the_engine_is_the_run_control_and_set_concurrency_sticks(tmp_path
         await _until(lambda: run.snapshot().live.concurrency_limit == 2, 5)
         # set_concurrency holds new requests back and cancels none: the ones above the limit finish first
         await _until(lambda: run.snapshot().live.in_flight <= 2, 10)
-        seen, done = [], run.snapshot().counts.states.done  # then watch the wire while ten more answers come back
+        seen, done = [], run.snapshot().counts.samples.done  # then watch the wire while ten more answers come back
 
         def watch() -> bool:
             snap = run.snapshot()
             seen.append(snap.live.in_flight)
-            return snap.counts.states.done >= done + 10
+            return snap.counts.samples.done >= done + 10
 
         await _until(watch, 20)
         assert max(seen) <= 2

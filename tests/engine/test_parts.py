@@ -142,7 +142,7 @@ async def test_the_settler_takes_every_collaborator_by_name_at_construction(tmp_
         decided = []
         parts = dict(config=config, store=store, run_id=run_id, gate=gate, events=events, ledger=ledger,
                      endpoints=endpoints.items, slots=EndpointSlots([e.limit for e in endpoints.items], [1.0]),
-                     verifier=Verifier.of(config),
+                     verifier=Verifier.of(config), attempts=config.generation.attempts,
                      on_decision=decided.append)
         with pytest.raises(TypeError):
             Settler(*parts.values())  # positional: refused, so no argument lands in the wrong place
