@@ -122,6 +122,35 @@ def sim_options(profile: str, folder: Path, seed: int):
                             seed=seed, prompt_cache=True, logprobs=False, **PROFILES[profile][1])
 
 
+class Occupancy:
+    """The simulator's busy slots (requests admitted and running, at most its capacity), sampled every 10 ms: the
+    share of the capacity a client kept busy, and the limit it held (`limit()`, when it has one)."""
+
+    def __init__(self, sim, capacity: int, limit=None) -> None:
+        self._sim, self._capacity, self._limit = sim, capacity, limit
+        self.samples: list[tuple[float, int, int]] = []
+        self._task = None
+
+    async def _loop(self) -> None:
+        t0 = time.perf_counter()
+        while True:
+            busy = min(self._sim.capacity.model.active, self._capacity)
+            self.samples.append((time.perf_counter() - t0, busy, self._limit() if self._limit else 0))
+            await asyncio.sleep(0.01)
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._loop())
+
+    def stop(self) -> dict:
+        self._task.cancel()
+        busy = [b for _, b, _ in self.samples]
+        # the share of the capacity in use until the last 5 % of samples (the tail is the chains' own)
+        head = busy[: max(1, int(len(busy) * 0.95))]
+        return {"busy_share": sum(busy) / max(1, len(busy)) / self._capacity,
+                "busy_share_head": sum(head) / max(1, len(head)) / self._capacity,
+                "trace": [(round(t, 2), b, lim) for t, b, lim in self.samples[::50]]}
+
+
 # ---- eaglewatch ---------------------------------------------------------------------------------------
 
 async def run_engine(profile: str, folder: Path, seed: int) -> dict:
@@ -137,6 +166,8 @@ async def run_engine(profile: str, folder: Path, seed: int) -> dict:
     from app.store.run_store import RunStore
 
     db = folder / f"engine-{profile}.db"
+    for stale in folder.glob(f"engine-{profile}.db*"):  # a fresh run each time
+        stale.unlink()
     cfg = parse_config({
         "run": {"name": "cbench", "database": str(db), "output_dir": str(folder / "out")},
         "data": {"datasets": [{"path": str(folder / "conversations.jsonl"), "format": "openai-messages",
@@ -162,11 +193,14 @@ async def run_engine(profile: str, folder: Path, seed: int) -> dict:
         run = Run(cfg, store, reconstructor=build_reconstructor(cfg), clients={"sim": client})
         t0 = time.perf_counter()
         await run.start()
+        occupancy = Occupancy(sim, PROFILES[profile][2], lambda: run.endpoints[0].limit.limit)
+        occupancy.start()
         pool = run.rebuild_pool
         if pool is not None and pool.workers:
             t0 += pool.start_s  # the worker's one-off start, like ingest, is not the scheduling's
         await run.wait()
         wall = time.perf_counter() - t0
+        busy = occupancy.stop()
         final_limit = run.endpoints[0].limit.limit
         await run.close()
         counts = await store.read(lambda conn: run_counts(conn, 1))
@@ -181,7 +215,7 @@ async def run_engine(profile: str, folder: Path, seed: int) -> dict:
             "429": sum(v for k, v in sim.counters.items() if k.startswith("429")),
             "turns_done": counts.conversations.turns.get("done", 0), "conversations_done": conv.done,
             "conversations_ended_early": conv.total - conv.done, "cached_share": cached / prompt if prompt else 0.0,
-            "spent_usd": spent, "final_limit": final_limit}
+            "spent_usd": spent, "final_limit": final_limit, "cpu_s": time.process_time(), **busy}
 
 
 # ---- the naive client ---------------------------------------------------------------------------------
@@ -240,13 +274,17 @@ async def run_naive(profile: str, folder: Path, seed: int, workers: int) -> dict
     try:
         limits = httpx.Limits(max_connections=workers, max_keepalive_connections=workers)
         async with httpx.AsyncClient(base_url=sim.base_url, limits=limits, timeout=120.0) as http:
+            occupancy = Occupancy(sim, PROFILES[profile][2])
+            occupancy.start()
             t0 = time.perf_counter()
             await asyncio.gather(*(walk(http) for _ in range(workers)))
             wall = time.perf_counter() - t0
+            busy = occupancy.stop()
     finally:
         await sim.close()
     return {"wall_s": wall, "requests": stats["requests"], "429": stats["429"], "turns_done": stats["turns_done"],
-            "cached_share": stats["cached"] / stats["prompt"] if stats["prompt"] else 0.0, "workers": workers}
+            "cached_share": stats["cached"] / stats["prompt"] if stats["prompt"] else 0.0, "workers": workers,
+            "cpu_s": time.process_time(), **busy}
 
 
 # ---- the run --------------------------------------------------------------------------------------------

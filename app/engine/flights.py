@@ -130,6 +130,9 @@ class Flights:
             first_stop = outcome.kind == "stopping" and self._state.stop_for_error(
                 f"{outcome.error_class}: {outcome.message}")
             await self._settler.settle(f, outcome)
+            if f.index is not None:  # stored: the slot takes the next request while a conversation's next turn
+                self._slots.release(f.index, answered=f.settling)  # is read below
+                f.index = None
             self._forecast.ended(f, outcome, self._ledger.pricing)
             if f.sample.conversation_id is not None and outcome.kind in ("done", "failed"):
                 await self._followed(f)
@@ -147,7 +150,7 @@ class Flights:
                                    f"failed after settling it ({type(exc).__name__}: {exc}); the run goes on")
         finally:
             if f.index is not None:
-                self._slots.release(f.index)
+                self._slots.release(f.index, answered=f.settling)
                 f.index = None
             task = asyncio.current_task()
             if task is not None:

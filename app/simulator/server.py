@@ -12,7 +12,7 @@ own; logprobs of reasoning tokens under `choices[0].logprobs.reasoning`; `"retur
 (the full output ids; in a stream they come with the finish chunk); an `api_key` makes it answer 401 to
 any other Bearer token. `options.prompt_cache` reports `cached_tokens` as a provider's prompt cache would
 (`PromptCache`: the longest earlier request whose messages begin this one's); `record=True` keeps every chat
-request as received (`received`: arrival time, the sample it named, the body bytes). `latency_by_sample=True`
+request as received (`received`: arrival time, the sample it named, the body bytes, the requests in flight). `latency_by_sample=True`
 draws each request's latency from its sample alone (`sample_latency_s`), not from the order requests arrive in,
 so every client that sends the same samples is given the same work (benchmarks compute their oracle from it).
 
@@ -73,11 +73,13 @@ def _json(obj: Any) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class ReceivedRequest:
-    """A chat request as the simulator received it: when (unix time, on arrival), the sample it named, the body."""
+    """A chat request as the simulator received it: when (unix time, on arrival), the sample it named, the body,
+    and how many chat requests the server was handling on its arrival, itself included (refused ones too)."""
 
     at: float
     sample_id: str | None
     body: bytes
+    in_flight: int = 0
 
 
 class PromptCache:
@@ -174,6 +176,7 @@ class SimulatorServer:
         self.prompt_cache = PromptCache() if getattr(self.options, "prompt_cache", False) else None
         # every chat request as received, when `record` (tests read what a client really sent)
         self.received: list[ReceivedRequest] | None = [] if record else None
+        self.in_flight = 0  # chat requests being handled now (answered, refused or still waiting)
         self.latency_by_sample = latency_by_sample  # latency from the sample alone (`sample_latency_s`)
         self.model = model
         self.pricing = pricing
@@ -416,8 +419,15 @@ class SimulatorServer:
 
     async def _chat_gated(self, request: web.Request) -> web.StreamResponse:
         """`_chat` behind the capacity model: refused with 429 + Retry-After, or queued for a slot."""
-        if self.received is not None:
-            await self._record(request)
+        self.in_flight += 1
+        try:
+            if self.received is not None:
+                await self._record(request)
+            return await self._admitted(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _admitted(self, request: web.Request) -> web.StreamResponse:
         if self.capacity is None:
             return await self._chat(request)
         tokens = 0
@@ -445,7 +455,7 @@ class SimulatorServer:
             named = requested_sample(json.loads(raw))
         except (ValueError, AttributeError):
             named = None
-        self.received.append(ReceivedRequest(time.time(), named, raw))
+        self.received.append(ReceivedRequest(time.time(), named, raw, self.in_flight))
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
