@@ -16,8 +16,8 @@ that reference with a prompt cache (`cached_tokens`) and a capacity:
 Each request's service time is the simulator's latency for its turn alone (`latency_by_sample`: lognormal, median
 300 ms, p95 600 ms, seeded by the turn's id), so every client is given exactly the same work whatever order it
 sends the turns in, and the oracle is computed from it: max(sum of the service times / capacity, the longest
-conversation's turns one after the other). Clients, all at once in separate processes so they share the machine
-alike:
+conversation's turns one after the other). Clients, one after another, each in a fresh process (run at once
+they fought over a 2-core machine's CPU, and every client measured its neighbours' load):
 
 - `eaglewatch`: the engine (`app.engine.run.Run`) over a real SQLite store, rebuilding every answer's ids
   (`[run] rebuild_workers = "auto"`), its limit adaptive from the engine's default start (concurrency_max 64);
@@ -27,8 +27,11 @@ alike:
   Retry-After: what a script written around `asyncio.gather` does;
 - `naive@cap`: the same at the true capacity (24 or 16): the naive client told the capacity.
 
-Prints a line per profile and a markdown table of wall times and ratios; writes bench/results/conversations.json.
-Machine load moves every wall time alike; the ratios are what to read.
+Each client's result also says how busy it kept the provider (`busy_share`: the simulator's admitted requests,
+at most its capacity, sampled every 10 ms, over the capacity; `busy_share_head` leaves out the last 5 % of the
+run, the chains' own tail) and its CPU seconds. `--reps R` repeats the three clients R times in rotating order
+and reports the median ratio with its range. Prints a line per profile and a markdown table; writes
+bench/results/conversations.json. Machine load moves wall times; the ratios are what to read.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import argparse
 import asyncio
 import json
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -307,6 +311,7 @@ def main() -> int:
                         "(each has 1 to 2T-1; default 4)")
     parser.add_argument("--profiles", nargs="+", default=list(PROFILES), choices=list(PROFILES))
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--reps", type=int, default=1, help="repetitions of the three clients (rotating order)")
     parser.add_argument("--quick", action="store_true", help="a small run: 40 conversations of 3 turns on average")
     parser.add_argument("--one", nargs=2, metavar=("PROFILE", "CLIENT"), help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
@@ -321,33 +326,54 @@ def main() -> int:
         folder = Path(tmp)
         shape = build(folder, args.n, args.turns, args.seed)
         for profile in args.profiles:
-            procs = {c: subprocess.Popen([sys.executable, __file__, "--one", profile, c, "--folder", tmp,
-                                          "--seed", str(args.seed)], stdout=subprocess.PIPE, text=True)
-                     for c in CLIENTS}
-            row = {c: json.loads(p.communicate()[0].strip().splitlines()[-1]) for c, p in procs.items()}
-            row["oracle"] = oracle(shape, PROFILES[profile][2], args.seed)
-            row["settings"] = {"n": args.n, "turns": args.turns, "seed": args.seed, "median_ms": MEDIAN_MS,
-                               "p95_ms": P95_MS, "time": time.time()}
+            reps: list[dict] = []
+            for r in range(args.reps):
+                order = CLIENTS[r % len(CLIENTS):] + CLIENTS[:r % len(CLIENTS)]
+                rep = {}
+                for c in order:
+                    out = subprocess.run([sys.executable, __file__, "--one", profile, c, "--folder", tmp,
+                                          "--seed", str(args.seed)], stdout=subprocess.PIPE, text=True, check=True)
+                    rep[c] = json.loads(out.stdout.strip().splitlines()[-1])
+                    rep[c].pop("trace", None)
+                reps.append(rep)
+            o = oracle(shape, PROFILES[profile][2], args.seed)
+            ratios = {c: sorted(rep["eaglewatch"]["wall_s"] / rep[c]["wall_s"] for rep in reps) for c in CLIENTS[1:]}
+            to_oracle = sorted(rep["eaglewatch"]["wall_s"] / o["wall_s"] for rep in reps)
+            row = {"profile": profile, "oracle": o, "reps": reps, "to_oracle": to_oracle, "ratios": ratios,
+                   "settings": {"n": args.n, "turns": args.turns, "seed": args.seed, "median_ms": MEDIAN_MS,
+                                "p95_ms": P95_MS, "reps": args.reps, "time": time.time()}}
             results.append(row)
-            e, o = row["eaglewatch"], row["oracle"]
-            print(f"{profile}: eaglewatch {e['wall_s']:.1f}s ({e['turns_done']}/{o['requests']} turns, "
-                  f"{e['429']} 429s, cached {e['cached_share']:.0%} of prompt tokens) oracle {o['wall_s']:.1f}s "
-                  f"(work {o['work_s']:.0f} slot-s, critical path {o['critical_path_s']:.1f}s) "
-                  + " ".join(f"{c} {row[c]['wall_s']:.1f}s ({row[c]['429']} 429s)" for c in CLIENTS[1:])
-                  + f" -> {e['wall_s'] / o['wall_s']:.2f}x oracle, "
-                  + ", ".join(f"{e['wall_s'] / row[c]['wall_s']:.2f}x {c}" for c in CLIENTS[1:]), flush=True)
+            for rep in reps:
+                e = rep["eaglewatch"]
+                print(f"{profile}: eaglewatch {e['wall_s']:.1f}s ({e['turns_done']}/{o['requests']} turns, "
+                      f"{e['429']} 429s, busy {e['busy_share_head']:.0%}, cached {e['cached_share']:.0%} of prompt "
+                      f"tokens) oracle {o['wall_s']:.1f}s (work {o['work_s']:.0f} slot-s, critical path "
+                      f"{o['critical_path_s']:.1f}s) "
+                      + " ".join(f"{c} {rep[c]['wall_s']:.1f}s ({rep[c]['429']} 429s, busy "
+                                 f"{rep[c]['busy_share_head']:.0%})" for c in CLIENTS[1:])
+                      + f" -> {e['wall_s'] / o['wall_s']:.2f}x oracle, "
+                      + ", ".join(f"{e['wall_s'] / rep[c]['wall_s']:.2f}x {c}" for c in CLIENTS[1:]), flush=True)
     out = ROOT / "bench" / "results" / "conversations.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"results": results}, indent=1))
+    def span(values: list[float]) -> str:
+        mid = statistics.median(values)
+        return f"{mid:.2f}x" + (f" ({values[0]:.2f}-{values[-1]:.2f}x)" if len(values) > 1 else "")
+
     print("\n| profile | eaglewatch | oracle | naive 64 | naive at capacity | eaglewatch / oracle | "
-          "eaglewatch / naive 64 | eaglewatch / naive at capacity | 429s (eaglewatch / naive 64) | cached prompt share |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "eaglewatch / naive 64 | eaglewatch / naive at capacity | 429s (eaglewatch / naive 64) | provider busy "
+          "(eaglewatch / naive at capacity) | cached prompt share |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in results:
-        e, o, n64, ncap = row["eaglewatch"], row["oracle"], row["naive64"], row["naive@cap"]
-        print(f"| {PROFILES[e['profile']][0]} | {e['wall_s']:.1f} s | {o['wall_s']:.1f} s | {n64['wall_s']:.1f} s | "
-              f"{ncap['wall_s']:.1f} s | {e['wall_s'] / o['wall_s']:.2f}x | {e['wall_s'] / n64['wall_s']:.2f}x | "
-              f"{e['wall_s'] / ncap['wall_s']:.2f}x | {e['429']} / {n64['429']} | "
-              f"{e['cached_share']:.0%} / {n64['cached_share']:.0%} |")
+        o = row["oracle"]
+        walls = {c: statistics.median(rep[c]["wall_s"] for rep in row["reps"]) for c in CLIENTS}
+        last = row["reps"][-1]
+        print(f"| {PROFILES[row['profile']][0]} | {walls['eaglewatch']:.1f} s | {o['wall_s']:.1f} s | "
+              f"{walls['naive64']:.1f} s | {walls['naive@cap']:.1f} s | {span(row['to_oracle'])} | "
+              f"{span(row['ratios']['naive64'])} | {span(row['ratios']['naive@cap'])} | "
+              f"{last['eaglewatch']['429']} / {last['naive64']['429']} | "
+              f"{last['eaglewatch']['busy_share_head']:.0%} / {last['naive@cap']['busy_share_head']:.0%} | "
+              f"{last['eaglewatch']['cached_share']:.0%} / {last['naive64']['cached_share']:.0%} |")
     return 0
 
 
