@@ -162,6 +162,8 @@ async def request_sample(
         return Outcome("failed", flight.tries, error_class="internal", message=f"{type(exc).__name__}: {exc}",
                        unexpected=True)
     flight.settling = True
+    if flight.index is not None:
+        slots.answered(flight.index)  # off the wire: the limiter's levels count what the provider holds
     try:
         rebuilt = await reconstruct(completion, flight)
     except asyncio.CancelledError:

@@ -4,9 +4,11 @@
 ids rebuilt in the `RebuildPool`), then `Settler.settle` (the one place a sample ends in the store), then the
 forecast told how it ended; for a conversation's turn with turns after it, what its end made of them
 (`WorkSource.after_turn`: the next turn ready, or the conversation ended) moves the counts and the forecast, and a
-ready turn is leased at once (`on_ready`). The task gives back its slot whatever happens. A run-stopping error (a key refused,
-credits gone) pauses the run before any await, so the scheduler starts nothing more; the first one tells the
-operator. `cancel` ends flights early (pause-now, close) and returns their leases; `per_endpoint` counts them as
+ready turn is leased at once (`on_ready`). The task gives back its slot once the outcome is stored (before a
+conversation's next turn is read), and whatever happens; the limiter is told when the answer arrived
+(`EndpointSlots.answered`), since a slot held while the result is stored is no longer at the provider. A
+run-stopping error (a key refused, credits gone) pauses the run before any await, so the scheduler starts nothing
+more; the first one tells the operator. `cancel` ends flights early (pause-now, close) and returns their leases; `per_endpoint` counts them as
 the snapshot shows them.
 """
 
@@ -130,6 +132,9 @@ class Flights:
             first_stop = outcome.kind == "stopping" and self._state.stop_for_error(
                 f"{outcome.error_class}: {outcome.message}")
             await self._settler.settle(f, outcome)
+            if f.index is not None:  # stored: the slot takes the next request while a conversation's next turn
+                self._slots.release(f.index, answered=f.settling)  # is read below
+                f.index = None
             self._forecast.ended(f, outcome, self._ledger.pricing)
             if f.sample.conversation_id is not None and outcome.kind in ("done", "failed"):
                 await self._followed(f)
@@ -147,7 +152,7 @@ class Flights:
                                    f"failed after settling it ({type(exc).__name__}: {exc}); the run goes on")
         finally:
             if f.index is not None:
-                self._slots.release(f.index)
+                self._slots.release(f.index, answered=f.settling)
                 f.index = None
             task = asyncio.current_task()
             if task is not None:

@@ -2,10 +2,13 @@
 
 The rule, per endpoint (pure and synchronous: the caller passes the clock reading):
 
-- **Levels.** `take(now)` returns a `Ticket` with the request's *level* (how many requests were in flight on
-  the endpoint with it), its start time and the limiter's *epoch* (cuts so far). A success at level n shows
-  the provider served n at once; a 429 at level n says it would not. The ceiling (`capacity_estimate`) is
-  the level proven since the last cut; two successes above it are needed to raise it (one alone may have
+- **Levels.** `take(now)` returns a `Ticket` with the request's *level* (how many requests were on the wire to
+  the endpoint with it: a slot still held by an answered request whose result is being stored, `mark_answered`,
+  is no longer at the provider and does not count), its start time and the limiter's *epoch* (cuts so far). A
+  success at level n shows the provider served n at once; a 429 at level n says it would not. Counting the
+  slots instead proved levels the provider never admitted (results being stored add to them), and the 429s at
+  those levels then read as capacity falling. The ceiling (`capacity_estimate`) is the level proven since the
+  last cut; two successes above it are needed to raise it (one alone may have
   slipped in while a refused request was still on its way back: the client counted it, the server did not).
 - **The start.** By default the limit starts at the maximum (`concurrency_initial` unset = `concurrency_max`),
   what a fixed-concurrency client sends: a hidden cap below it costs one refusal per excess request, once
@@ -133,6 +136,7 @@ class AdaptiveLimit:
         self.maximum = maximum
         self.limit = min(max(initial, minimum), maximum)
         self.in_flight = 0
+        self.answered = 0  # of the slots in flight, those whose request was answered (its result being stored)
         self.reduce_factor = reduce_factor
         self.noise_tolerance = noise_tolerance
         self.latency_tolerance = latency_tolerance
@@ -182,11 +186,19 @@ class AdaptiveLimit:
         self.in_flight += 1
         if now is not None:
             self._now = max(self._now, now)
-        return Ticket(self.in_flight, 0.0 if now is None else now, self._epoch)
+        return Ticket(max(1, self.in_flight - self.answered), 0.0 if now is None else now, self._epoch)
 
-    def release(self) -> None:
-        """Count one request as ended (success, failure or cancellation)."""
+    def mark_answered(self) -> None:
+        """One request in flight has its answer (or its final error): it keeps its slot until its result is
+        stored, but the provider no longer holds it, so it is left out of the levels of the requests after it."""
+        self.answered = min(self.in_flight, self.answered + 1)
+
+    def release(self, answered: bool = False) -> None:
+        """Count one request as ended (success, failure or cancellation); `answered`: it was marked answered."""
         self.in_flight = max(0, self.in_flight - 1)
+        if answered:
+            self.answered = max(0, self.answered - 1)
+        self.answered = min(self.answered, self.in_flight)
 
     # ---- signals ---------------------------------------------------------------------------------
 

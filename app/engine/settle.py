@@ -84,6 +84,8 @@ class Settler:
     async def settle(self, f: Flight, o: Outcome) -> None:
         """Record an Outcome (see the module doc); returns once the store has it. Never leaves the sample leased:
         an outcome that cannot be recorded ends as a failed attempt naming why (`_unrecorded`)."""
+        if not f.settling and f.index is not None:
+            self.slots.answered(f.index)  # its slot is held until stored, no longer on the wire
         f.settling = True
         s, ep = f.sample, self.endpoints[f.last]
         try:
@@ -118,7 +120,7 @@ class Settler:
     async def _released(self, f: Flight, o: Outcome, ep: Endpoint) -> None:
         s = f.sample
         if f.index is not None:
-            self.slots.release(f.index)
+            self.slots.release(f.index, answered=f.settling)
             f.index = None
         self.note_error(ep, o.error_class or "error", final=False, retried=False)
         cost = self._bill(f, o.error.usage if o.error is not None else None, o.cost_usd, ep)
@@ -133,7 +135,7 @@ class Settler:
         has attempts left, else failed), with what was charged, in one write; failing that, return the lease."""
         s = f.sample
         if f.index is not None:
-            self.slots.release(f.index)
+            self.slots.release(f.index, answered=f.settling)
             f.index = None
         if f.reserved_usd:  # failed before its charge replaced the reservation: free it (nothing was charged)
             self.ledger.budget.settle(f.reserved_usd, 0.0)

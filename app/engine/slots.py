@@ -68,9 +68,15 @@ class EndpointSlots:
                     pass
             raise
 
-    def release(self, index: int) -> None:
-        """Give back a slot of endpoint `index` and hand free slots to waiters."""
-        self.limits[index].release()
+    def answered(self, index: int) -> None:
+        """A request holding a slot of endpoint `index` has its answer: it keeps the slot until its result is
+        stored, but no longer counts as on the wire in the limiter's levels (`AdaptiveLimit.mark_answered`)."""
+        self.limits[index].mark_answered()
+
+    def release(self, index: int, answered: bool = False) -> None:
+        """Give back a slot of endpoint `index` (`answered`: its request was marked answered) and hand free slots
+        to waiters."""
+        self.limits[index].release(answered)
         self.wake()
 
     def wake(self) -> None:

@@ -12,7 +12,9 @@ own; logprobs of reasoning tokens under `choices[0].logprobs.reasoning`; `"retur
 (the full output ids; in a stream they come with the finish chunk); an `api_key` makes it answer 401 to
 any other Bearer token. `options.prompt_cache` reports `cached_tokens` as a provider's prompt cache would
 (`PromptCache`: the longest earlier request whose messages begin this one's); `record=True` keeps every chat
-request as received (`received`: arrival time, the sample it named, the body bytes).
+request as received (`received`: arrival time, the sample it named, the body bytes, the requests in flight). `latency_by_sample=True`
+draws each request's latency from its sample alone (`sample_latency_s`), not from the order requests arrive in,
+so every client that sends the same samples is given the same work (benchmarks compute their oracle from it).
 
 `options.personality` (app.simulator.personalities) makes it answer as another real server: vLLM, SGLang
 or transformers serve field names, ids and prompt ids where that server puts them, its text steps, its
@@ -42,7 +44,7 @@ from app.records import Usage
 from app.simulator.capacity import CapacityGate, has_capacity, retry_after_headers
 from app.simulator.options import FAULT_KINDS, KEEPALIVE, SimulatorOptions, canonical_faults, check_options
 from app.simulator.personalities import OPENAI_CHAT_FIELDS, Personality, get_personality
-from app.simulator.reference import ReferenceBook
+from app.simulator.reference import ReferenceBook, messages_key
 from app.simulator.render import OutputRenderer, RenderedOutput, text_pieces
 
 PROVIDER = "eaglewatch-simulator"
@@ -71,11 +73,13 @@ def _json(obj: Any) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class ReceivedRequest:
-    """A chat request as the simulator received it: when (unix time, on arrival), the sample it named, the body."""
+    """A chat request as the simulator received it: when (unix time, on arrival), the sample it named, the body,
+    and how many chat requests the server was handling on its arrival, itself included (refused ones too)."""
 
     at: float
     sample_id: str | None
     body: bytes
+    in_flight: int = 0
 
 
 class PromptCache:
@@ -114,6 +118,17 @@ class PromptCache:
         return cached
 
 
+def sample_latency_s(seed: int, key: str, median_ms: float, p95_ms: float) -> float:
+    """The latency (seconds) of sample `key` under `latency_by_sample`: a lognormal draw with this median and p95
+    (ms; 0 median = none) from an RNG seeded by (`seed`, `key`) alone, the same in any order and any process."""
+    if median_ms <= 0:
+        return 0.0
+    p95_ms = max(p95_ms, median_ms)
+    sigma = (math.log(p95_ms) - math.log(median_ms)) / _Z95
+    digest = hashlib.sha256(f"{seed}\x00{key}".encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big")).lognormvariate(math.log(median_ms / 1000.0), sigma)
+
+
 def requested_sample(body: dict) -> str | None:
     """The reference sample id a request names (`metadata.sample_id`), or None."""
     meta = body.get(SAMPLE_FIELD[0])
@@ -143,6 +158,7 @@ class SimulatorServer:
         report_cost: bool = True,
         profile: Any = None,
         record: bool = False,
+        latency_by_sample: bool = False,
     ) -> None:
         self.options = options if options is not None else SimulatorOptions()
         check_options(self.options)
@@ -160,6 +176,8 @@ class SimulatorServer:
         self.prompt_cache = PromptCache() if getattr(self.options, "prompt_cache", False) else None
         # every chat request as received, when `record` (tests read what a client really sent)
         self.received: list[ReceivedRequest] | None = [] if record else None
+        self.in_flight = 0  # chat requests being handled now (answered, refused or still waiting)
+        self.latency_by_sample = latency_by_sample  # latency from the sample alone (`sample_latency_s`)
         self.model = model
         self.pricing = pricing
         self.host = host
@@ -401,8 +419,15 @@ class SimulatorServer:
 
     async def _chat_gated(self, request: web.Request) -> web.StreamResponse:
         """`_chat` behind the capacity model: refused with 429 + Retry-After, or queued for a slot."""
-        if self.received is not None:
-            await self._record(request)
+        self.in_flight += 1
+        try:
+            if self.received is not None:
+                await self._record(request)
+            return await self._admitted(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _admitted(self, request: web.Request) -> web.StreamResponse:
         if self.capacity is None:
             return await self._chat(request)
         tokens = 0
@@ -430,7 +455,7 @@ class SimulatorServer:
             named = requested_sample(json.loads(raw))
         except (ValueError, AttributeError):
             named = None
-        self.received.append(ReceivedRequest(time.time(), named, raw))
+        self.received.append(ReceivedRequest(time.time(), named, raw, self.in_flight))
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
@@ -448,7 +473,13 @@ class SimulatorServer:
         self._served += 1
         fault = self._draw_fault()
         keepalive = self._keepalive_rate > 0 and self._rng.random() < self._keepalive_rate
-        latency = self._latency_s()
+        if self.latency_by_sample:
+            latency = sample_latency_s(int(getattr(self.options, "seed", 0) or 0),
+                                       requested_sample(body) or messages_key(messages),
+                                       float(getattr(self.options, "latency_median_ms", 0) or 0),
+                                       float(getattr(self.options, "latency_p95_ms", 0) or 0))
+        else:
+            latency = self._latency_s()
         if keepalive:
             self.counters[KEEPALIVE] += 1
         if fault is not None and fault.isdigit():

@@ -337,3 +337,78 @@ def test_streamed_survivors_move_the_tails_start_to_where_half_of_them_are():
     assert aged.cond_mean(300.0) == pytest.approx((8192 - 300) / math.log(8192 / 300))
     assert streamed.cond_mean(2000.0) == pytest.approx(aged.cond_mean(2000.0))
     assert streamed.tail == pytest.approx(aged.tail)  # the tail's share is Kaplan-Meier's either way
+
+
+# ---- whole conversations ------------------------------------------------------------------------------
+
+def _learned(proj: Projector, n: int = 40, *, prompt: int = 1000, cached: int = 0) -> None:
+    """`n` answered turns of "chat": 100 output tokens in 1 s, 0.2 s of it to the first token (a turn: 1 s)."""
+    for i in range(n):
+        proj.add_pending("chat", prompt)
+        proj.started(("done", i), "chat", prompt, 0.0)
+        proj.finished(("done", i), 100, 1.0, 0.2, 0.0, 1.0, prompt_tokens=prompt, cached_tokens=cached)
+
+
+def test_one_long_conversation_left_holds_the_eta_at_its_turns_one_after_another():
+    proj = Projector(PRICES, max_tokens=MAX_TOKENS)
+    _learned(proj)
+    proj.add_waiting("chat", 1000, 1, count=9)  # its nine turns after the one in flight, at 8 slots
+    proj.started("turn", "chat", 1000, 1.0)
+    proj.set_chains({10: 1})
+    eta = proj.project(1.0, 0.0, concurrency=8).eta_s
+    assert 9.0 <= eta <= 10.5  # the nine turns after it, in turn, at a turn's mean time (1 s)
+    proj.set_chains({})  # the same work taken as independent samples: spread over the 8 slots
+    assert proj.project(1.0, 0.0, concurrency=8).eta_s < 3.0
+
+
+def test_the_critical_path_shortens_as_the_conversation_moves_and_goes_when_it_ends():
+    proj = Projector(PRICES, max_tokens=MAX_TOKENS)
+    _learned(proj)
+    proj.add_waiting("chat", 1000, 1, count=9)
+    proj.set_chains({10: 1, 2: 3})
+    assert proj.longest_chain == 10
+    proj.chain_moved(10, 9)  # its turn ended and the next one is ready
+    assert proj.longest_chain == 9
+    proj.chain_moved(9, 0)  # it ended there (diverged): its waiting turns will never run
+    proj.unneeded("chat", 8)
+    assert proj.longest_chain == 2
+    assert proj.project(1.0, 0.0, concurrency=8).output_tokens_left == pytest.approx(100.0)  # one waiting turn
+
+
+def test_turns_waiting_on_their_parents_are_work_and_cost_to_come():
+    proj = Projector(PRICES, max_tokens=MAX_TOKENS)
+    _learned(proj)
+    proj.add_pending("chat", 1000, count=8)  # one round of the 8 slots
+    before = proj.project(1.0, 0.0, concurrency=8)
+    # five turns wait on their parents, each with 500 prompt tokens known now and two answers of the model to
+    # come in its prompt before it is sent
+    proj.add_waiting("chat", 500, 2, count=5)
+    after = proj.project(1.0, 0.0, concurrency=8)
+    assert after.output_tokens_left - before.output_tokens_left == pytest.approx(5 * 100)
+    prompt_tokens = 5 * (500 + 2 * 100)  # the answers before them at the dataset's mean length
+    added = (prompt_tokens * PRICES.prompt_per_m + 5 * 100 * PRICES.completion_per_m) / 1e6
+    assert after.projected_cost_usd - before.projected_cost_usd == pytest.approx(added)
+    assert after.eta_s > before.eta_s + 0.5  # a second round of the slots
+    proj.started("t", "chat", 700, 1.0, waited=True)  # one of them sent: in flight now, no longer waiting
+    proj.unneeded("chat", 4)  # the other four's conversations ended
+    assert proj.project(1.0, 0.0, concurrency=8).output_tokens_left == pytest.approx(
+        before.output_tokens_left + 100, rel=0.01)
+
+
+def test_prompts_left_are_priced_at_the_share_the_prompt_cache_served():
+    cached_prices = Prices(prompt_per_m=0.60, completion_per_m=2.50, cached_prompt_per_m=0.15)
+    costs = {}
+    for served in (0, 750):  # of each answered turn's 1000 prompt tokens
+        proj = Projector(cached_prices, max_tokens=MAX_TOKENS)
+        _learned(proj, cached=served)
+        proj.add_pending("chat", 1000, count=100)
+        costs[served] = proj.project(1.0, 0.0, concurrency=8).projected_cost_usd
+    output = 100 * 100 * 2.50 / 1e6
+    assert costs[0] == pytest.approx(100 * 1000 * 0.60 / 1e6 + output)
+    # three quarters served from the cache at its price, the rest at the prompt price
+    assert costs[750] == pytest.approx(100 * 1000 * (0.25 * 0.60 + 0.75 * 0.15) / 1e6 + output)
+    # without a cached price the prompt price holds for every prompt token
+    proj = Projector(PRICES, max_tokens=MAX_TOKENS)
+    _learned(proj, cached=750)
+    proj.add_pending("chat", 1000, count=100)
+    assert proj.project(1.0, 0.0, concurrency=8).projected_cost_usd == pytest.approx(costs[0])

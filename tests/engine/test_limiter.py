@@ -250,3 +250,18 @@ def test_a_hidden_cap_costs_one_refusal_per_excess_request_at_the_start():
     out = run(AdaptiveLimit(64, 1, 64), 400, seed=3, concurrency_cap=24)
     early = [t for t in out.overload_times if t < 0.01]
     assert len(early) == 40 and out.limit_at(0.01) == 24
+
+
+def test_a_slot_held_while_its_answer_is_stored_is_left_out_of_the_next_requests_level():
+    # the level says how many requests the provider held with this one: an answered request whose result is
+    # still being stored keeps its slot (the in-flight bound) but is no longer at the provider
+    lim = AdaptiveLimit(8, 1, 8)
+    for _ in range(3):
+        lim.take(0.0)
+    lim.mark_answered()
+    ticket = lim.take(0.0)
+    assert (ticket.level, lim.in_flight) == (3, 4)
+    lim.release(answered=True)  # stored: its slot is free
+    lim.release()  # an unanswered one ended (a failure to retry)
+    assert lim.take(0.0).level == 3 and lim.in_flight == 3
+

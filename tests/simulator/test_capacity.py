@@ -137,7 +137,8 @@ def test_config_capacity_fields_reach_the_server(tmp_path, tok, reference):
     sample = Path(__file__).resolve().parents[2] / "sample_data"
     demo = (sample / "demo.toml").read_text(encoding="utf-8").replace(
         "seed = 7 ", "seed = 7\nconcurrency_cap = 24\ncap_changes = [[30.0, 16]]\nbatch_slots = 8\n#")
-    for name in ("tokenizer", "reference.jsonl", "prompts.openai.jsonl"):  # the copy lives elsewhere
+    # the copy lives elsewhere: every file the demo names, the conversations' per-turn reference included
+    for name in ("tokenizer", "reference.jsonl", "prompts.openai.jsonl", "conversations.reference.jsonl"):
         demo = demo.replace(f'"{name}"', f'"{(sample / name).as_posix()}"', 1)
     path = tmp_path / "demo.toml"
     path.write_text(demo, encoding="utf-8")
