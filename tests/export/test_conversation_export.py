@@ -186,3 +186,71 @@ def test_sglang_raw_refuses_merged_conversations(conversation_run, tmp_path):
     with pytest.raises(InputError, match="sglang-raw holds one request"):
         export_run(conversation_run, tmp_path / "raw", "sglang-raw", conversations="merged")
     assert not (tmp_path / "raw").exists()
+
+
+@pytest.mark.parametrize("mode", ["per-turn", "merged"])
+def test_rendering_in_worker_processes_writes_the_same_conversation_rows(conversation_run, tmp_path, mode):
+    export_run(conversation_run, tmp_path / "one", "eagle3-shards", conversations=mode)
+    export_run(conversation_run, tmp_path / "two", "eagle3-shards", conversations=mode, workers=2)
+    assert _rows(tmp_path / "two") == _rows(tmp_path / "one")
+    assert (tmp_path / "two" / "samples.tsv").read_text() == (tmp_path / "one" / "samples.tsv").read_text()
+
+
+@pytest.mark.kimi
+def test_kimi_per_turn_prompts_equal_transformers_rendering_encoded_by_tiktoken(
+        conversation_run, kimi_tokenizer_dir, sample_tokenizer_dir, tmp_path):
+    """The same conversations with the real Kimi K2.5 vocabulary (the answers re-encoded with it; the files ship
+    no template, so the sample's K2.5 template is given): each turn's prompt ids are what transformers' own
+    renderer (`render_jinja_template`, behind apply_chat_template) gives for its request, encoded by tiktoken's
+    own loop with every special token allowed."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    from app.export import load_chat_template
+    from app.store.db import configure, migrate
+    from app.store.ids import pack_ids, unpack_ids
+    from app.tokens import load_tokenizer
+
+    kimi, small = load_tokenizer(kimi_tokenizer_dir), load_tokenizer(sample_tokenizer_dir)
+    db = tmp_path / "kimi.db"
+    migrate(db)
+    src = sqlite3.connect(conversation_run)
+    conn = sqlite3.connect(db, isolation_level=None)
+    configure(conn)
+    config = {"model": {"tokenizer": str(kimi_tokenizer_dir), "profile": "kimi-k2.5"}, "endpoints": []}
+    conn.execute("BEGIN")
+    run_id = conn.execute("INSERT INTO runs (name, config, state, created_at, updated_at) VALUES ('k', ?, 'done', 0, 0)",
+                          (json.dumps(config),)).lastrowid
+    for sid, messages, tools, cid, turn, turns, ids in src.execute(
+            "SELECT s.sample_id, s.messages, s.tools, s.conversation_id, s.turn, s.turns, r.output_ids FROM samples s "
+            "JOIN reconstructions r ON r.sample_pk = s.pk WHERE s.state = 'done' ORDER BY s.pk"):
+        output = kimi.encode(small.decode(unpack_ids(ids)))
+        pk = conn.execute("INSERT INTO samples (run_id, sample_id, dataset, messages, tools, conversation_id, turn, "
+                          "turns, state, attempts, updated_at) VALUES (?, ?, 'c', ?, ?, ?, ?, ?, 'done', 1, 0)",
+                          (run_id, sid, messages, tools, cid, turn, turns)).lastrowid
+        rid = conn.execute("INSERT INTO responses (run_id, sample_pk, attempt, endpoint, finish_reason, created_at) "
+                           "VALUES (?, ?, 1, 'sim', 'stop', 0)", (run_id, pk)).lastrowid
+        conn.execute("INSERT INTO reconstructions (run_id, sample_pk, response_id, tokenizer, strategy, output_ids, "
+                     "category, n_tokens, created_at) VALUES (?, ?, ?, ?, 'canonical', ?, 'exact', ?, 0)",
+                     (run_id, pk, rid, kimi.fingerprint, pack_ids(output), len(output)))
+    conn.execute("COMMIT")
+    conn.close()
+    src.close()
+    template = tmp_path / "k25.jinja"
+    template.write_text(load_chat_template(sample_tokenizer_dir).text, encoding="utf-8")
+    report = export_run(db, tmp_path / "out", "eagle3-shards", chat_template=template)
+    merged = export_run(db, tmp_path / "merged", "eagle3-shards", chat_template=template, conversations="merged")
+    specials = load_chat_template(sample_tokenizer_dir).special_tokens
+    stored = _turns(db)
+    rows = _rows(tmp_path / "out")
+    assert len(rows) == report.seen > 40
+    for sid, (ids, mask) in rows.items():
+        t = stored[sid]
+        [text], _ = render_jinja_template(conversations=[json.loads(t["messages"])],
+                                          tools=json.loads(t["tools"]) if t["tools"] else None,
+                                          chat_template=template.read_text(encoding="utf-8"),
+                                          add_generation_prompt=True, **specials)
+        [(start, _)] = _spans(mask)
+        assert ids[:start] == kimi.encoding.encode(text, allowed_special="all"), sid
+    c = merged.conversations
+    assert c["merged"] + sum(c["per_turn"].values()) == c["conversations"] == 16
+    assert c["per_turn"]["history_reasoning_dropped"] > 0  # K2.5 drops earlier reasoning after a later user turn
