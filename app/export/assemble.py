@@ -225,9 +225,7 @@ def export_run(
             elif not contiguous:
                 why = "turn_left_out"
             else:
-                rows_kept = [turns[i][2] for i in kept]
-                assert all(t is not None for t in rows_kept)
-                proven = [t for t in rows_kept if t is not None]
+                proven = [t for i in kept if (t := turns[i][2]) is not None]  # a kept turn has its row
                 broken = prefix_break(proven)
                 if broken is not None:
                     why = why_not_prefix(proven[broken - 1], proven[broken], tokenizer)

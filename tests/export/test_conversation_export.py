@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from app.errors import InputError
-from app.export import ExportPolicy, export_run
+from app.export import ExportPolicy, TrainingRow, export_run
+from app.export.conversations import merged_row, prefix_break
 from app.export.report import summary_line
 from app.extract.manifest import read_manifest, read_shard
 
@@ -254,3 +255,25 @@ def test_kimi_per_turn_prompts_equal_transformers_rendering_encoded_by_tiktoken(
     c = merged.conversations
     assert c["merged"] + sum(c["per_turn"].values()) == c["conversations"] == 16
     assert c["per_turn"]["history_reasoning_dropped"] > 0  # K2.5 drops earlier reasoning after a later user turn
+
+
+def _row(sid, prompt, output, source="server", verdict="exact"):
+    n = len(prompt)
+    return TrainingRow(sid, [*prompt, *output], ((n, n + len(output)),), source, verdict)
+
+
+def test_prefix_break_names_the_first_turn_whose_prompt_does_not_extend_the_row_before():
+    one = _row("c#1", [1, 2], [3, 4])
+    two = _row("c#2", [1, 2, 3, 4, 5], [6])
+    assert prefix_break([one, two]) is None
+    dropped = _row("c#2", [1, 2, 4, 5], [6])  # the history lost id 3 (as a dropped reasoning would)
+    assert prefix_break([one, dropped]) == 1 and prefix_break([one, two, _row("c#3", [1, 2, 3], [9])]) == 2
+
+
+def test_a_merged_row_takes_the_least_certain_ids_source_and_every_span():
+    one = _row("c#1", [1, 2], [3, 4], "server")
+    two = _row("c#2", [1, 2, 3, 4, 5], [6, 7], "text", "bpe_equivalent")
+    row = merged_row("c", [one, two])
+    assert (row.sample_id, row.split_key, row.input_ids) == ("c", "c", [1, 2, 3, 4, 5, 6, 7])
+    assert row.loss_spans == ((2, 4), (5, 7)) and row.loss_mask == [0, 0, 1, 1, 0, 1, 1]
+    assert (row.ids_source, row.verdict) == ("text", "bpe_equivalent+exact")
