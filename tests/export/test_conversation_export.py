@@ -124,7 +124,8 @@ def test_a_merged_row_is_the_concatenation_of_its_turns_rows(merged_pair, conver
     turns = _turns(conversation_run)
     assert set(merged) == {t["conversation_id"] for t in turns.values()}
     for cid, (ids, mask) in merged.items():
-        done = sorted((t["turn"], sid) for sid, t in turns.items() if t["conversation_id"] == cid and t["state"] == "done")
+        done = sorted((t["turn"], sid) for sid, t in turns.items()
+                      if t["conversation_id"] == cid and t["state"] == "done")
         spans = _spans(mask)
         assert len(spans) == len(done), cid
         for (start, end), (_, sid) in zip(spans, done, strict=True):
@@ -219,8 +220,8 @@ def test_kimi_per_turn_prompts_equal_transformers_rendering_encoded_by_tiktoken(
     configure(conn)
     config = {"model": {"tokenizer": str(kimi_tokenizer_dir), "profile": "kimi-k2.5"}, "endpoints": []}
     conn.execute("BEGIN")
-    run_id = conn.execute("INSERT INTO runs (name, config, state, created_at, updated_at) VALUES ('k', ?, 'done', 0, 0)",
-                          (json.dumps(config),)).lastrowid
+    run_id = conn.execute("INSERT INTO runs (name, config, state, created_at, updated_at) "
+                          "VALUES ('k', ?, 'done', 0, 0)", (json.dumps(config),)).lastrowid
     for sid, messages, tools, cid, turn, turns, ids in src.execute(
             "SELECT s.sample_id, s.messages, s.tools, s.conversation_id, s.turn, s.turns, r.output_ids FROM samples s "
             "JOIN reconstructions r ON r.sample_pk = s.pk WHERE s.state = 'done' ORDER BY s.pk"):
