@@ -13,7 +13,8 @@ from app.errors import InputError
 EXAMPLE = """\
 eaglewatch export --db /tmp/eaglewatch-demo.db --run demo --format eagle3-shards --out /tmp/demo-shards
 eaglewatch export --db runs.db --format specforge --out out/specforge --eval-fraction 0.02
-eaglewatch export --db runs.db --format speculators --out out/speculators --max-length 16384"""
+eaglewatch export --db runs.db --format speculators --out out/speculators --max-length 16384
+eaglewatch export --db runs.db --format eagle3-shards --out out/merged --conversations merged"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +53,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "prompt; the rest are skipped as prompt_unverified")
     parser.add_argument("--max-length", type=int, default=None, metavar="N",
                         help="skip samples whose prompt + completion exceed N tokens (never cut)")
+    parser.add_argument("--conversations", choices=("per-turn", "merged"), default="per-turn",
+                        help="whole conversations (regenerate = \"all\"): per-turn writes one row per done turn, its "
+                        "request's prompt (the model's own earlier answers) + that answer in the loss (default); "
+                        "merged writes one row per conversation with every answer in the loss where each turn's "
+                        "prompt ids are proven to start with the previous turn's prompt + answer ids, else keeps "
+                        "that conversation's per-turn rows, counted by why in the report and manifest.json "
+                        "(templates that drop earlier reasoning, such as Kimi K2.5's and Qwen3's, break it); a "
+                        "conversation that ended early merges its done prefix. Either way the eval split keeps a "
+                        "conversation's rows together")
+    parser.add_argument("--drop-off-policy", action="store_true",
+                        help="leave out conversation turns whose history holds recorded tool results replayed after "
+                        "a divergent call (on_tool_divergence = \"replay\"); exported and counted by default")
     parser.add_argument("--shard-size", type=int, default=1000, metavar="N",
                         help="rows per shard file of eagle3-shards / speculators (default 1000)")
     parser.add_argument("--eval-fraction", type=float, default=0.0, metavar="F",
@@ -121,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         require_prompt_agreement=args.require_prompt_agreement,
         max_length=args.max_length,
         accept_unverified=args.accept_unverified,
+        keep_off_policy=not args.drop_off_policy,
     )
     progress = _Progress()
     report = export_run(
@@ -137,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         workers=args.workers,
         eval_fraction=args.eval_fraction,
+        conversations=args.conversations,
         progress=progress,
     )
     progress.done()

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import InputError
+from app.export.conversations import (CONVERSATION_MODES, ConversationTally, kept_prefix, merged_row, prefix_break,
+                                      why_not_prefix)
 from app.export.eval_split import EVAL_DIR, check_fraction, held_out
 from app.export.parallel import prepare_parallel, prepare_serial
 from app.export.policy import (SKIP_REASONS, ExportPolicy, held_back_advice, is_unverified_text, skip_reason,
@@ -29,7 +31,7 @@ from app.export.templates import load_chat_template, template_kwargs_of_run
 from app.export.trainer_routes import trainer_routes
 from app.export.training_rows import TrainingRow
 from app.export.writers import DATA_DIR, SPECFORGE_TEMPLATES, WRITE_BUFFER, Writer, make_writer
-from app.store.export_reads import ExportRow, iter_rows
+from app.store.export_reads import ExportRow, conversation_is_open, iter_rows
 from app.tokens.render_export import PromptRenderer
 
 FORMATS = ("sglang-raw", "specforge", "specforge-text", "speculators", "modelopt", "eagle3-shards")
@@ -47,13 +49,15 @@ class _Folder:
         folder.mkdir(parents=True, exist_ok=True)
         self.writer = writer_of(folder)
         self.samples_fh = (folder / SAMPLES).open("w", encoding="utf-8", buffering=WRITE_BUFFER)
-        self.samples_fh.write("id\tids_source\tverdict\ttokens\n")
+        self.samples_fh.write("id\tids_source\tverdict\ttokens\tturns\toff_policy\n")
         self.exported = self.tokens = self.loss_tokens = 0
         self.shortest: int | None = None
         self.longest: int | None = None
         self.sources: Counter[str] = Counter()
 
-    def write(self, row: TrainingRow) -> str | None:
+    def write(self, row: TrainingRow, turns: str = "", off_policy: bool = False) -> str | None:
+        """Write a row (None) or say why its format cannot hold it; `turns` names a conversation's turns in it
+        ("2", "1-3"; "" for a single-turn sample) and `off_policy` marks replayed tool results in its history."""
         reason = self.writer.write(row)
         if reason is not None:
             return reason
@@ -64,7 +68,8 @@ class _Folder:
         self.loss_tokens += row.loss_tokens
         self.shortest = total if self.shortest is None else min(self.shortest, total)
         self.longest = total if self.longest is None else max(self.longest, total)
-        self.samples_fh.write(f"{_tsv(row.sample_id)}\t{row.ids_source}\t{row.verdict}\t{total}\n")
+        self.samples_fh.write(f"{_tsv(row.sample_id)}\t{row.ids_source}\t{row.verdict}\t{total}\t{turns}\t"
+                              f"{int(off_policy)}\n")
         return None
 
     def close(self) -> list[dict[str, Any]]:
@@ -93,12 +98,16 @@ def export_run(
     overwrite: bool = False,
     workers: int = 1,
     eval_fraction: float = 0.0,
+    conversations: str = "per-turn",
     progress: Callable[[int, int], None] | None = None,
 ) -> ExportReport:
     """Stream a run's done samples into `out_dir` in format `fmt` (built aside, renamed in at the end).
 
     workers > 1 renders prompts in that many processes (order and bounded memory kept). `eval_fraction` holds
-    that share of the rows out under `out_dir/eval` (app.export.eval_split: by a stable hash of the sample id).
+    that share of the rows out under `out_dir/eval` (app.export.eval_split: by a stable hash of the sample id, a
+    conversation's id for its rows). `conversations`: "per-turn" writes a row per done turn of a whole
+    conversation, "merged" one row per conversation where its prefix property is proven, else its per-turn rows
+    (app.export.conversations; counted in the report's and manifest's `conversations`).
     progress(seen, exported) is called after every sample. Raises InputError for a bad database, run,
     tokenizer, template, or an output directory that already holds an export (unless overwrite) or other files.
     """
@@ -107,6 +116,12 @@ def export_run(
 
     if fmt not in FORMATS:
         raise InputError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
+    if conversations not in CONVERSATION_MODES:
+        raise InputError(f"--conversations: {conversations!r} is not one of {', '.join(CONVERSATION_MODES)}")
+    if conversations == "merged" and fmt == "sglang-raw":
+        raise InputError("--conversations merged: sglang-raw holds one request and its output ids per record, so "
+                         "it cannot hold a merged conversation; export it per-turn, or choose a format of ids and "
+                         "masks (eagle3-shards, speculators, specforge)")
     if workers <= 0:
         raise InputError(f"--workers: must be at least 1, got {workers}")
     if shard_size <= 0:
@@ -164,24 +179,99 @@ def export_run(
         rows = iter_rows(conn, info.id)
         prepared = (prepare_parallel(rows, check, renderer, tok_dir, workers) if workers > 1
                     else prepare_serial(rows, check, renderer))
-        for row, reason, prompt_ids in prepared:
-            seen += 1
-            if reason is None:
-                output_ids, source = true_ids(row)
-                training = TrainingRow.single_turn(row, prompt_ids or [], output_ids, source)
-                if policy.max_length is not None and len(training.input_ids) > policy.max_length:
-                    reason = "too_long"
-                else:
-                    folder = evals if evals is not None and held_out(training.split_key, eval_fraction) else train
-                    reason = folder.write(training)
+        tally = ConversationTally(mode=conversations)
+        group: list[tuple[ExportRow, str | None, TrainingRow | None]] = []  # one conversation's done turns
+
+        def emit(training: TrainingRow, turns: str = "", off_policy: bool = False) -> str | None:
+            """Write one row to its split (None), or say why not (too long, or the format cannot hold it)."""
+            if policy.max_length is not None and len(training.input_ids) > policy.max_length:
+                return "too_long"
+            folder = evals if evals is not None and held_out(training.split_key, eval_fraction) else train
+            return folder.write(training, turns, off_policy)
+
+        def settle(row: ExportRow, reason: str | None) -> None:
+            """Count one sample's outcome: skipped under its reason, or exported."""
+            nonlocal accepted
             if reason is not None:
                 skipped[reason] += 1
                 if reason == "suspect":  # per endpoint: the advice says when the other path would keep more
                     held[(row.endpoint or "", row.provider or "")] += 1
+                return
+            accepted += policy.accept_unverified and is_unverified_text(row, policy)
+            if row.conversation_id is not None:
+                tally.exported_turns += 1
+                tally.off_policy_turns += row.off_policy
+
+        def per_turn(turns: list[tuple[ExportRow, str | None, TrainingRow | None]]) -> None:
+            for row, reason, training in turns:
+                if reason is None and training is not None:
+                    reason = emit(training, str(row.turn), row.off_policy)
+                settle(row, reason)
+
+        def flush() -> None:
+            """Write the buffered conversation: one merged row where its prefix property is proven (module doc of
+            app.export.conversations), else its per-turn rows, counted under why."""
+            turns = list(group)
+            group.clear()
+            kept, contiguous = kept_prefix([(row, reason) for row, reason, _ in turns])
+            if not kept:
+                tally.none_kept += 1
+                per_turn(turns)
+                return
+            cid = str(turns[0][0].conversation_id)
+            why: str | None
+            if conversation_is_open(conn, info.id, cid):
+                why = "open"
+            elif not contiguous:
+                why = "turn_left_out"
             else:
-                accepted += policy.accept_unverified and is_unverified_text(row, policy)
+                proven = [t for i in kept if (t := turns[i][2]) is not None]  # a kept turn has its row
+                broken = prefix_break(proven)
+                if broken is not None:
+                    why = why_not_prefix(proven[broken - 1], proven[broken], tokenizer)
+                else:
+                    merged = merged_row(cid, proven)
+                    last = turns[kept[-1]][0]
+                    off = any(turns[i][0].off_policy for i in kept)
+                    why = emit(merged, f"1-{last.turn}" if last.turn and last.turn > 1 else "1", off)
+                    if why is None:
+                        tally.merged += 1
+                        tally.merged_turns += len(kept)
+                        tally.merged_prefix += bool(last.turns and last.turn and last.turn < last.turns)
+                        for row, reason, _ in turns:
+                            settle(row, reason)
+                        return
+                    why = "merged_too_long" if why == "too_long" else "not_reproducible"
+            tally.per_turn[why] += 1
+            per_turn(turns)
+
+        current: str | None = None  # the conversation whose turns are being read (rows come in pk order, and
+        # ingest gives a conversation's turns consecutive keys, so its done turns arrive together, in turn order)
+        for row, reason, prompt_ids in prepared:
+            seen += 1
+            training = None
+            if reason is None:
+                output_ids, source = true_ids(row)
+                training = TrainingRow.single_turn(row, prompt_ids or [], output_ids, source)
+            if row.conversation_id != current:
+                if group:
+                    flush()
+                current = row.conversation_id
+                tally.conversations += current is not None
+            if row.conversation_id is None:
+                if reason is None and training is not None:
+                    reason = emit(training)
+                settle(row, reason)
+            else:
+                tally.turns += 1
+                if conversations == "merged":
+                    group.append((row, reason, training))
+                else:
+                    per_turn([(row, reason, training)])
             if progress is not None:
-                progress(seen, train.exported + (evals.exported if evals else 0))
+                progress(seen, train.exported + (evals.exported if evals is not None else 0))
+        if group:
+            flush()
         folders = [train] + ([evals] if evals is not None else [])
         train_files, *eval_files = [f.close() for f in folders]
         said = list(verification.advice) if skipped.get("unverified") or accepted else []
@@ -215,6 +305,7 @@ def export_run(
             seen=seen,
             eval_exported=evals.exported if evals is not None else 0,
             eval_fraction=eval_fraction,
+            conversations=tally.as_dict() if tally.conversations else None,
             train=trainer_routes(fmt, out_dir, longest, specforge_template=template_name, evaluated=evals is not None,
                                  db=db, run=info.name),
         )
@@ -232,7 +323,7 @@ def export_run(
             "data_dir": DATA_DIR,
             "samples_file": SAMPLES,
         }
-        split = {"eval_fraction": eval_fraction, "key": "sample id", "hash": "sha256, first 8 bytes below fraction",
+        split = {"eval_fraction": eval_fraction, "key": "sample id (a whole conversation's id for its rows)", "hash": "sha256, first 8 bytes below fraction",
                  "eval_dir": EVAL_DIR if evals is not None else None}
         _write_manifest(work, header, fmt, shard_size, train, train_files, {
             "counts": summary_counts(report),
@@ -240,6 +331,7 @@ def export_run(
                 "endpoints": [st.as_json() for st in verification.statuses],
                 "unverified": {"refused": skipped.get("unverified", 0), "accepted": accepted},
             },
+            "conversations": tally.as_dict(),
             "split": {**split, "role": "train" if evals is not None else "all"},
             "train": report.train,
             "warnings": list(warnings),

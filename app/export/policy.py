@@ -35,6 +35,8 @@ class ExportPolicy:
     # unless accepted; `unverified` holds the (endpoint, provider or "") pairs to refuse (`with_verification`)
     accept_unverified: bool = False
     unverified: frozenset = frozenset()
+    # a conversation's turns after a divergent tool call replayed with the recorded results (off-policy history)
+    keep_off_policy: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         """The policy as JSON-ready data (recorded in the manifest)."""
@@ -47,6 +49,7 @@ class ExportPolicy:
             "require_prompt_agreement": self.require_prompt_agreement,
             "max_length": self.max_length,
             "accept_unverified": self.accept_unverified,
+            "keep_off_policy": self.keep_off_policy,
         }
 
 
@@ -88,6 +91,9 @@ SKIP_RULES: tuple[SkipRule, ...] = (
     SkipRule("prompt_unverified", "prompt unverified", "--require-prompt-agreement: the server's prompt ids did not "
              "agree with the rendered prompt, or the server returned none",
              lambda row, p: p.require_prompt_agreement and row.prompt_check != "agree"),
+    SkipRule("off_policy", "off-policy turn", "--drop-off-policy: a conversation's turn whose history holds recorded "
+             "tool results replayed after the model's own calls diverged (on_tool_divergence = \"replay\")",
+             lambda row, p: row.off_policy and not p.keep_off_policy),
     SkipRule("bpe_equivalent", "BPE-equivalent", "--drop-bpe-equivalent: same text as the reference, another "
              "token split", lambda row, p: row.category == Category.BPE_EQUIVALENT and not p.keep_bpe_equivalent),
     # found while writing

@@ -30,6 +30,8 @@ class ExportReport:
     seen: int = 0
     eval_exported: int = 0  # of `exported`, the rows in the eval split (OUT/eval)
     eval_fraction: float = 0.0
+    # whole conversations (app.export.conversations.ConversationTally.as_dict); None when the run has none
+    conversations: dict[str, Any] | None = None
     train: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -56,6 +58,7 @@ class ExportReport:
             "min_length": self.min_length,
             "max_length": self.max_length,
             "eval": {"fraction": self.eval_fraction, "exported": self.eval_exported},
+            "conversations": self.conversations,
             "files": list(self.files),
             "seconds": round(self.seconds, 3),
             "train": self.train,
@@ -67,7 +70,9 @@ class ExportReport:
 COUNT_MEANINGS: dict[str, str] = {
     "seen": "samples of the run read from the store: those whose state is done (pending, leased, failed and "
             "skipped samples are never exported, so they are not seen)",
-    "exported": "rows written, the train and eval splits together (exported + every skipped count = seen)",
+    "exported": "rows written, the train and eval splits together (exported + every skipped count = seen, "
+                "except that a merged conversation's row holds several of the samples seen: "
+                "exported - conversations.merged + conversations.merged_turns + every skipped count = seen)",
     "train": "rows written under OUT/data (exported minus eval)",
     "eval": "rows held out under OUT/eval by --eval-fraction (a stable hash of the sample id)",
     **{f"skipped.{rule.key}": f"{rule.label}: {rule.meaning}" for rule in SKIP_RULES},
@@ -94,6 +99,14 @@ def summary_line(report: ExportReport) -> str:
     sources = ", ".join(f"{n} {k}" for k, n in report.ids_sources.items()) or "none"
     split = (f" ({counts['train']} train, {counts['eval']} eval in {report.out_dir}/eval)"
              if report.eval_fraction else "")
+    talk = ""
+    if report.conversations:
+        c = report.conversations
+        why = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in c["per_turn"].items() if n)
+        merged = (f", {c['merged']} merged into one row each ({c['merged_prefix']} of them the done prefix of a "
+                  f"conversation that ended early), per-turn: {why or 'none'}" if c["mode"] == "merged" else "")
+        talk = (f"; conversations: {c['conversations']} ({c['exported_turns']} of {c['turns']} turns written"
+                f"{merged}; {c['off_policy_turns']} off-policy turns)")
     return (f"exported {report.exported} of {counts['seen']} samples of run {report.run!r} as {report.format} to "
             f"{report.out_dir}/data{split} ({report.tokens} tokens, {report.loss_tokens} in the loss, longest "
-            f"{report.max_length}) in {report.seconds:.1f}s; ids from: {sources}; skipped: {skipped}")
+            f"{report.max_length}) in {report.seconds:.1f}s; ids from: {sources}; skipped: {skipped}{talk}")

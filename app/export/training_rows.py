@@ -28,10 +28,11 @@ class TrainingRow:
     @classmethod
     def single_turn(cls, row: Any, prompt_ids: list[int], output_ids: tuple[int, ...] | list[int],
                     ids_source: str) -> TrainingRow:
-        """The row of one stored sample: its rendered prompt, then its output ids in the loss."""
+        """The row of one stored sample: its rendered prompt, then its output ids in the loss; a conversation's
+        turn is split by its conversation id (all its rows on one side of the eval split)."""
         n = len(prompt_ids)
         return cls(row.sample_id, [*prompt_ids, *output_ids], ((n, n + len(output_ids)),), ids_source,
-                   row.category, row, row.sample_id)
+                   row.category, row, getattr(row, "conversation_id", None) or row.sample_id)
 
     def __post_init__(self) -> None:
         at = 0

@@ -118,3 +118,13 @@ def _json_field(text: str | None, sample_id: str, name: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"sample {sample_id!r}: stored {name} is not valid JSON ({exc.msg}); re-ingest the run") from None
+
+
+
+def conversation_is_open(conn: sqlite3.Connection, run_id: int, conversation_id: str) -> bool:
+    """Whether a conversation still has turns to run (a turn pending, waiting on its parent, or leased); a
+    conversation that is not open either finished every turn or ended (diverged, failed, truncated, skipped)."""
+    row = conn.execute(
+        "SELECT 1 FROM samples WHERE run_id = ? AND conversation_id = ? AND state IN ('pending', 'waiting', 'leased') "
+        "LIMIT 1", (run_id, conversation_id)).fetchone()
+    return row is not None

@@ -117,3 +117,45 @@ def hf_sample_tokenizer(sample_tokenizer_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(sample_tokenizer_dir))
+
+
+def run_conversations(tmp: Path, sample_data: Path, *, policy: str = "stop") -> Path:
+    """A finished run of sample_data's 16 whole conversations (regenerate = "all") over the simulator, its answers
+    rebuilt as a run rebuilds them (the engine's own Reconstructor); the run database's path."""
+    import asyncio
+
+    from app.engine.config_ingest import ingest_config
+    from app.engine.rebuild_pool import build_reconstructor
+    from app.engine.run import Run
+    from app.store.run_store import RunStore
+    from tests.engine.test_conversation_run import _config
+
+    config = _config(tmp, sample_data, policy=policy)
+
+    async def run() -> None:
+        store = await RunStore.open(config.run.database)
+        try:
+            await ingest_config(store, config)
+            engine = Run(config, store, reconstructor=build_reconstructor(config), db_path=config.run.database)
+            try:
+                await engine.start()
+                await asyncio.wait_for(engine.wait(), 120)
+            finally:
+                await engine.close()
+        finally:
+            await store.close()
+
+    asyncio.run(run())
+    return config.run.database
+
+
+@pytest.fixture(scope="session")
+def conversation_run(tmp_path_factory, sample_data_dir) -> Path:
+    """The run database of sample_data's conversations, `on_tool_divergence = "stop"` (conv-oa-03 ends early)."""
+    return run_conversations(tmp_path_factory.mktemp("conversations"), sample_data_dir)
+
+
+@pytest.fixture(scope="session")
+def conversation_run_replay(tmp_path_factory, sample_data_dir) -> Path:
+    """The same conversations under `on_tool_divergence = "replay"` (conv-oa-03's later turns off-policy)."""
+    return run_conversations(tmp_path_factory.mktemp("conversations-replay"), sample_data_dir, policy="replay")

@@ -217,3 +217,68 @@ def test_specforge_text_masks_qwen3_exactly_and_says_nothing(tmp_path):
                      template_kwargs={"enable_thinking": False})
     differs = json.loads((tmp_path / "sf-off" / "manifest.json").read_text())["specforge"]["loss_mask_differs"]
     assert differs["prompt_text_in_loss"] == {"<think>\n\n</think>\n\n": len(rows)} and len(off.warnings) == 1
+
+
+# ---------------------------------------------------------------------------------------------- whole conversations
+
+MULTI_TURN = {"per-turn": {}, "merged": {"template_kwargs": {"preserve_thinking": True}}}  # merged: several spans
+
+
+@pytest.fixture(scope="module", params=list(MULTI_TURN))
+def conversation_truth(request, conversation_run, tmp_path_factory):
+    """eaglewatch's ids and masks of the sample conversations, per turn or merged (every conversation merges with
+    earlier reasoning kept in the history), as the eagle3-shards export writes them."""
+    trainer_site()
+    mode = request.param
+    out = tmp_path_factory.mktemp(f"conv-{mode}") / "shards"
+    export_run(conversation_run, out, "eagle3-shards", conversations=mode, **MULTI_TURN[mode])
+    rows = {s.sample_id: (list(s.input_ids), list(s.loss_mask))
+            for e in read_manifest(out).shards for s in read_shard(e)}
+    spans = sum(sum(1 for a, b in zip([0, *mask], mask) if b and not a) for _, mask in rows.values())
+    assert spans > len(rows) if mode == "merged" else spans == len(rows)
+    return mode, rows
+
+
+def _export(conversation_run, out, fmt, mode):
+    return export_run(conversation_run, out, fmt, conversations=mode, **MULTI_TURN[mode])
+
+
+def test_specforge_prompts_take_multi_turn_rows(conversation_truth, conversation_run, tmp_path):
+    mode, want = conversation_truth
+    _export(conversation_run, tmp_path / "sf", "specforge", mode)
+    run_consumer("specforge-prompts", tmp_path / "sf", result=tmp_path / "r.pt")
+    rows = torch.load(tmp_path / "r.pt")["rows"]
+    assert {sid: (r["input_ids"], r["loss_mask"]) for sid, r in rows.items()} == want
+    proven(f"specforge data.prompts_path, conversations {mode}: {len(rows)}/{len(want)} rows, ids and masks equal")
+
+
+def test_speculators_prepare_data_takes_multi_turn_rows(conversation_truth, conversation_run, sample_tokenizer_dir,
+                                                        tmp_path):
+    mode, want = conversation_truth
+    _export(conversation_run, tmp_path / "spec", "speculators", mode)
+    run_consumer("speculators-data", tmp_path / "spec" / "data", sample_tokenizer_dir, tmp_path / "prepared",
+                 result=tmp_path / "r.pt")
+    rows = torch.load(tmp_path / "r.pt")["rows"]
+    assert Counter((tuple(r["input_ids"]), tuple(r["loss_mask"])) for r in rows) == Counter(
+        (tuple(i), tuple(m)) for i, m in want.values())
+    proven(f"speculators load_and_preprocess_dataset, conversations {mode}: {len(rows)}/{len(want)} rows, ids and "
+           "masks equal")
+
+
+def test_modelopt_generation_blocks_mask_every_turn_of_a_multi_turn_row(conversation_truth, conversation_run,
+                                                                        sample_tokenizer_dir, tmp_path):
+    """Model-Optimizer's readers mask each assistant message's `{% generation %}` block: a merged row's several
+    generated spans come back as several masked runs, equal to eaglewatch's mask, in all three readers."""
+    mode, want = conversation_truth
+    report = _export(conversation_run, tmp_path / "mo", "modelopt", mode)
+    run_consumer("modelopt-data", tmp_path / "mo", sample_tokenizer_dir, result=tmp_path / "r.pt")
+    got = torch.load(tmp_path / "r.pt")
+    assert set(got) == set(want) and not report.skipped  # every row's text gives its ids back
+    for sid, row in got.items():
+        ids, mask = want[sid]
+        assert row["input_ids"] == row["stream_ids"] == ids, sid
+        assert row["loss_mask"] == row["stream_mask"] == mask, sid
+        n = len(ids)
+        assert [x != -100 for x in row["online_labels"][: n - 1]] == [bool(m) for m in mask[1:]], sid
+    proven(f"modelopt generation-tag template, conversations {mode}: {len(got)}/{len(want)} rows, ids and masks "
+           "equal in its 3 readers")
