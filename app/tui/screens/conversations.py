@@ -105,7 +105,8 @@ class ConversationsScreen(Screen):
         """The page could not be read."""
 
     BINDINGS = [
-        Binding("enter", "open_conversation", "Turns", id="conversations.turns"),
+        # priority: before the table's own enter, so the footer and the help show it
+        Binding("enter", "open_conversation", "Turns", id="conversations.turns", priority=True),
         Binding("r", "refresh_page", "Refresh", show=False, id="conversations.refresh"),
         Binding("right_square_bracket", "page(1)", "Next page", show=False, id="conversations.next_page"),
         Binding("left_square_bracket", "page(-1)", "Prev page", show=False, id="conversations.previous_page"),
@@ -287,7 +288,7 @@ class ConversationScreen(Screen):
         """The turns could not be read."""
 
     BINDINGS = [
-        Binding("enter", "open_diff", "Diff", id="conversation.diff"),
+        Binding("enter", "open_diff", "Diff", id="conversation.diff", priority=True),
         Binding("s", "open_sample", "Sample", id="conversation.sample"),
         Binding("r", "refresh", "Refresh", show=False, id="conversation.refresh"),
         Binding("escape", "app.pop_screen", "Back", id="conversation.back"),

@@ -64,13 +64,14 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
 )
 # The conversations tile's words (shown, with the GLOSSARY, only for a run of whole conversations).
 CONVERSATION_GLOSSARY: tuple[tuple[str, str], ...] = (
-    ("done a/b", "conversations: a of the b ended with every turn done"),
+    ("done a/b", "conversations: a of the b (the tile's title) ended with every turn done"),
     ("open", "conversations not ended: not started, a turn in flight, or a later turn ready"),
-    ("diverged", "conversations ended where the model's tool calls differed from the recorded ones (stop policy)"),
+    ("diverged, div", "conversations ended where the model's tool calls differed from the recorded ones (stop "
+                      "policy)"),
     ("failed (conv.)", "conversations ended by a turn that failed for good"),
     ("trunc (conv.)", "conversations ended by an answer cut at max_tokens before their last turn"),
     ("skipped (conv.)", "conversations ended by a skipped turn (e.g. its prompt too long)"),
-    ("off-policy", "turns whose history holds recorded tool results replayed after a divergent call (replay policy)"),
+    ("off-policy, off-pol", "turns whose history holds recorded tool results replayed after a divergent call (replay policy)"),
     ("turns done, pending", "turns by state: answered; ready to be sent"),
     ("flight (turns)", "turns leased: on the wire or being stored"),
     ("wait", "turns waiting on their parent turn's answer (their request is not written yet)"),
@@ -263,32 +264,42 @@ def reconstruction_lines(rec: RunRecord, width: int = 40, compact: bool = False)
 
 
 CONVERSATION_LINES = 4  # the conversations tile: two lines of conversations, two of turns (fits the plot row)
+CONVERSATION_WIDTH = 42  # its lines' width (app.tcss gives the tile this much inside its border and padding)
 
 
-def conversation_lines(conv: ConversationCounts, width: int = 38) -> tuple[str, ...]:
-    """The conversations tile: conversations done of all, open, diverged, failed, truncated (and ended skipped when
-    any), the off-policy turns; then the turns by state (done, in flight, waiting on their parent, pending, failed,
-    skipped). Each half packs into two lines of `width`; wider numbers are written shorter (fmt.count) first."""
+def conversation_lines(conv: ConversationCounts, width: int = CONVERSATION_WIDTH) -> tuple[str, ...]:
+    """The conversations tile (its title says how many): conversations done of all, open, diverged, failed,
+    truncated (and ended skipped when any), the off-policy turns; then the turns by state (done, in flight, waiting
+    on their parent, pending, failed, skipped). Each half packs into two lines of `width`; when they do not fit,
+    the numbers are written shorter (fmt.count, the total left to the title) and the items closer together."""
     turns = conv.turns
 
-    def items(n: Callable[[int], str]) -> tuple[list[str], list[str]]:
+    def items(n: Callable[[int], str], of_total: bool, short: bool) -> tuple[list[str], list[str]]:
         ended = [f"skipped {n(conv.ended_skipped)}"] if conv.ended_skipped else []
-        conversations = [f"done {n(conv.done)}/{n(conv.total)}", f"open {n(conv.open)}", f"diverged {n(conv.diverged)}",
-                         f"failed {n(conv.failed)}", f"trunc {n(conv.truncated)}", *ended,
-                         f"off-policy {n(conv.off_policy_turns)}"]
+        done = f"done {n(conv.done)}/{n(conv.total)}" if of_total else f"done {n(conv.done)}"
+        diverged, off_policy = ("div", "off-pol") if short else ("diverged", "off-policy")
+        conversations = [done, f"open {n(conv.open)}", f"{diverged} {n(conv.diverged)}", f"failed {n(conv.failed)}",
+                         f"trunc {n(conv.truncated)}", *ended, f"{off_policy} {n(conv.off_policy_turns)}"]
         by_state = [f"turns done {n(turns.get('done', 0))}", f"flight {n(turns.get('leased', 0))}",
                     f"wait {n(turns.get('waiting', 0))}", f"pending {n(turns.get('pending', 0))}",
                     f"failed {n(turns.get('failed', 0))}", f"skipped {n(turns.get('skipped', 0))}"]
         return conversations, by_state
 
-    candidates = []
-    for n, sep in (((lambda v: f"{v:,}"), " · "), ((lambda v: f"{v:,}"), "  "), (fmt.count, "  ")):
-        first, second = items(n)
+    whole = (lambda v: f"{v:,}")
+    lines: list[str] = []
+    for n, of_total, sep, short in ((whole, True, " · ", False), (whole, True, "  ", False),
+                                    (fmt.count, True, "  ", False), (fmt.count, False, " ", False),
+                                    (fmt.count, False, " ", True)):
+        first, second = items(n, of_total, short)
         lines = _pack(first, width, 2, sep) + _pack(second, width, 2, sep)
-        candidates.append(lines)
-        if all(len(line) <= width for line in lines) and len(lines) <= CONVERSATION_LINES:
+        if all(len(line) <= width for line in lines):
             break
-    return _lines(candidates[-1], CONVERSATION_LINES)
+    return _lines(lines, CONVERSATION_LINES)
+
+
+def conversation_title(conv: ConversationCounts) -> str:
+    """The conversations tile's title: how many conversations the run has."""
+    return f"conversations {conv.total:,}"
 
 
 def error_lines(rec: RunRecord, width: int = 40, compact: bool = False) -> tuple[str, ...]:
@@ -316,8 +327,8 @@ class DashboardScreen(Screen):
     Layout (app.tcss): under 120 columns one plot shows at a time (`t` shows the next); under 120 columns or
     32 rows the tiles are compact (COMPACT_LINES each); under 32 rows the boxes draw only their top edge, so
     80x24 shows the tiles, a plot, the endpoints, the jobs and the events at once (the jobs screen `j` and
-    `m` hold the details). A run of whole conversations adds the conversations tile beside the plots (`C` lists
-    the conversations); a run without any shows no trace of it.
+    `m` hold the details). A run of whole conversations adds the conversations tile beside the plots (under 160
+    columns, beside one plot at a time; `C` lists the conversations); a run without any shows no trace of it.
     """
 
     class Polled(Fetched):
@@ -387,8 +398,8 @@ class DashboardScreen(Screen):
 
     @property
     def one_plot(self) -> bool:
-        """True under 120 columns: one plot at a time (`t` the next)."""
-        return self.has_class("-narrow")
+        """True under 120 columns, and under 160 beside the conversations tile: one plot at a time (`t` the next)."""
+        return self.has_class("-narrow") or (self.has_class("-wide") and self.has_class("-conversations"))
 
     def poll(self) -> None:
         """Start one fetch unless the previous one is still running or was slow (a slow DB never piles up).
@@ -468,8 +479,11 @@ class DashboardScreen(Screen):
         conv, tile = rec.counts.conversations, self.query_one("#tile-conversations", MetricTile)
         if (conv is not None) != tile.display:
             tile.display = conv is not None
+            self.set_class(conv is not None, "-conversations")  # from 120 to 159 columns: one plot beside it
+            self.refresh_bindings()
         if conv is not None:
-            tile.show(*conversation_lines(conv, tile.content_size.width or 38))
+            tile.border_title = conversation_title(conv)
+            tile.show(*conversation_lines(conv, tile.content_size.width or CONVERSATION_WIDTH))
 
     def _show_plots(self) -> None:
         if self._last is None:

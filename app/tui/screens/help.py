@@ -11,7 +11,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 GENERAL = (
-    ("enter", "drill down (mismatch → token diff; conversation → its turns → a turn's token diff)"),
+    ("enter", "drill down (mismatch → token diff)"),
     ("esc", "go back"),
     ("/", "filter (mismatches)"),
     ("ctrl+p", "command palette: screens, pause/resume, themes"),
