@@ -415,7 +415,8 @@ class ConversationScreen(Screen):
         turn = self.selected
         line = self.query_one("#turn-error", Static)
         why = (turn.last_error or "") if turn is not None and turn.state in ("failed", "skipped") else ""
-        line.update(Text(f"turn {turn.turn}: {turn.error_class}: {why}" if why and turn is not None else ""))
+        label = (turn.error_class or turn.state) if turn is not None else ""
+        line.update(Text(f"turn {turn.turn}: {label}: {why}" if why and turn is not None else ""))
         line.display = bool(why)
 
     def _tick(self) -> None:
