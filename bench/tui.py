@@ -17,7 +17,10 @@ stores about 12 responses a second, as a running engine would. Median of --repea
   - token diff open: `app.tokens.align` of a 32k-token pair with 64 differences + model build + first
     paint of `TokenDiffView`, and a jump to the last difference;
   - mismatch page: one page (50 rows) of the 100k non-exact samples, first and deep (offset 50,000),
-    per sort order of `app.store.queries.MISMATCH_ORDERS` and with a text filter, plus filling the table.
+    per sort order of `app.store.queries.MISMATCH_ORDERS` and with a text filter, plus filling the table;
+  - the dashboard's poll (fetch + render) over the big database as it is and over a copy whose rows are the
+    turns of whole conversations (4 each, the last 1% in progress): the cost of the conversations tile and
+    counts, as a ratio of the two measured in the same run.
 Queries are wall-clock; rendering (through Textual's Pilot) is the process's CPU time less the CPU time of
 an empty Pilot round trip measured alongside.
 Targets: refresh < 50 ms, diff open < 300 ms, page < 50 ms, free-text filter < 50 ms. Results go to
@@ -374,6 +377,87 @@ def measure_db(path: Path, repeat: int) -> dict[str, float]:
     return out
 
 
+def as_conversations(src: Path, dst: Path, turns: int = 4) -> int:
+    """A copy of `src` whose samples are the turns of whole conversations (`turns` each, in row order), the last
+    1% of them in progress (turn 1 done, turn 2 in flight, the rest waiting on it), its tallies recounted: the
+    same rows, counted as conversations too. Returns how many conversations."""
+    source, copy = sqlite3.connect(src), sqlite3.connect(dst, isolation_level=None)
+    try:
+        source.backup(copy)
+    finally:
+        source.close()
+    try:
+        n = copy.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+        open_from = n - max(turns, n // 100)
+        copy.execute("BEGIN")
+        copy.execute("UPDATE samples SET conversation_id = 'c' || ((pk - 1) / ?), turn = ((pk - 1) % ?) + 1, turns = ?, "
+                     "sample_id = 'c' || ((pk - 1) / ?) || '#' || (((pk - 1) % ?) + 1), "
+                     "parent_pk = CASE WHEN (pk - 1) % ? = 0 THEN NULL ELSE pk - 1 END",
+                     (turns, turns, turns, turns, turns, turns))
+        copy.execute("UPDATE samples SET state = CASE turn WHEN 1 THEN 'done' WHEN 2 THEN 'leased' ELSE 'waiting' END "
+                     "WHERE pk > ? ", (open_from - open_from % turns,))
+        copy.execute("COMMIT")
+        from app.store.tallies import recount
+
+        recount(copy)
+        copy.execute("ANALYZE")
+        return copy.execute("SELECT COUNT(*) FROM samples WHERE turn = 1").fetchone()[0]
+    finally:
+        copy.close()
+
+
+def measure_poll(path: Path, repeat: int) -> dict[str, float]:
+    """The dashboard's poll over one database: the fetch (attached: the record with the heartbeat's figures, jobs,
+    events, the plots' new rows) and applying it at 80x24 (CPU, less an empty Pilot round trip), where a run with
+    conversations and one without both show one plot: they differ by the conversations tile alone."""
+    from app.tui.app import EaglewatchApp
+    from app.tui.db_source import AttachedSource
+    from app.tui.screens.dashboard import EVENTS_FETCHED, DashboardData
+    from app.tui.series import read_chunk
+
+    source = AttachedSource(path)
+    _, series = read_history(source)
+    out: dict[str, float] = {}
+
+    def fetch():
+        chunk = read_chunk(source, series.cursor)
+        series.add(chunk)
+        return source.record(None), source.jobs(), source.events(EVENTS_FETCHED), chunk
+
+    out["fetch"] = median_ms(fetch, repeat)
+    out["conversations"] = float(0 if source.record(None).counts.conversations is None
+                                 else source.record(None).counts.conversations.total)
+
+    async def render() -> None:
+        app = EaglewatchApp(source)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause()
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            screen = app.screen
+            while not screen.series.caught_up:
+                screen.poll()
+                await pilot.pause()
+                await app.workers.wait_for_complete()
+
+            async def idle_once() -> None:
+                await pilot.pause()
+
+            idle = await median_ms_async(idle_once, repeat)
+            data = DashboardData(source.record(None), tuple(source.jobs()), tuple(source.events(EVENTS_FETCHED)))
+
+            async def apply_once() -> None:
+                screen._polling = True
+                screen.apply(data)
+                await pilot.pause()
+
+            out["render"] = max(0.0, await median_ms_async(apply_once, repeat) - idle)
+
+    asyncio.run(render())
+    source.close()
+    return out
+
+
 def measure_diff(tokenizer_dir: Path, n_tokens: int, repeat: int) -> dict[str, float]:
     """Align + open + jump-to-end of the diff view for an n-token pair with 64 differences."""
     from textual.app import App
@@ -456,6 +540,16 @@ def main() -> int:
     with LiveWriter(big) as writer:
         large = measure_db(big, args.repeat)
     print(f"live writer: {writer.written} responses stored while measuring, heartbeat every 0.5 s")
+    # the same rows counted as whole conversations too: the dashboard's poll with its conversations tile, against
+    # the poll of the rows as single-turn samples, measured one after the other in this run
+    conversations_db = work / "conversations.db"
+    n_conversations = as_conversations(big, conversations_db)
+    rounds: dict[Path, list[dict[str, float]]] = {big: [], conversations_db: []}
+    for _ in range(3):  # alternated, so a neighbour's load on a shared machine falls on both alike
+        for path in rounds:
+            with LiveWriter(path):
+                rounds[path].append(measure_poll(path, args.repeat))
+    single, whole = ({k: statistics.median(r[k] for r in rounds[p]) for k in rounds[p][0]} for p in rounds)
     diff_small = measure_diff(args.tokenizer, 1_000, args.repeat)
     diff_big = measure_diff(args.tokenizer, 32_000, args.repeat)
 
@@ -492,6 +586,12 @@ def main() -> int:
         row("  view: model + first paint (CPU)", diff_small["open_view"], diff_big["open_view"], None),
         row("  jump to last difference and back (CPU)", diff_small["jump_last_and_back"], diff_big["jump_last_and_back"], None),
     ]
+    conversation_rows = [
+        row("dashboard poll, attached: fetch (the record, jobs, events, plots)", single["fetch"], whole["fetch"], None),
+        row("dashboard poll: render at 80x24 (CPU; + the conversations tile)", single["render"], whole["render"], None),
+        row("dashboard poll: fetch + render", single["fetch"] + single["render"],
+            whole["fetch"] + whole["render"], 50),
+    ]
     print(f"\nbaseline: 1,000 samples / 1k-token diff; measured: {args.samples:,} samples "
           f"({int(large['mismatches']):,} mismatches) / {int(diff_big['tokens']):,}-token diff "
           f"({int(diff_big['rows']):,} display rows at 120 columns); median of {args.repeat}")
@@ -499,6 +599,13 @@ def main() -> int:
     for name, s, b, ratio, target, verdict in rows:
         t = f"<{target}" if target else ""
         print(f"{name:<66} {s:>11.1f} {b:>11.1f} {ratio:>6.1f}x {t:>7} {verdict}")
+    print(f"\nthe same {args.samples:,} rows as single-turn samples (baseline) and as {n_conversations:,} whole "
+          f"conversations of 4 turns (measured); median of 3 alternated rounds of {args.repeat}; indicative (a "
+          "shared machine)")
+    print(f"{'what':<66} {'single ms':>11} {'conv. ms':>11} {'ratio':>7} {'target':>7}")
+    for name, s, b, ratio, target, verdict in conversation_rows:
+        t = f"<{target}" if target else ""
+        print(f"{name:<66} {s:>11.1f} {b:>11.1f} {ratio:>6.2f}x {t:>7} {verdict}")
 
     result = {
         "samples": args.samples, "mismatches": large["mismatches"], "diff_tokens": diff_big["tokens"],
@@ -507,6 +614,8 @@ def main() -> int:
         "page_ms": large["page_sample"] + large["render_page"], "diff_open_ms": diff_big["open_total"],
         "text_filter_ms": large["page_text"], "history_read_ms": large["history_read"], "reused_db_shift_s": shifted,
         "build_s": build_s, "python": platform.python_version(), "machine": platform.machine(),
+        "poll_single_turn": single, "poll_conversations": whole, "conversations": n_conversations,
+        "poll_conversations_ratio": (whole["fetch"] + whole["render"]) / max(single["fetch"] + single["render"], 1e-9),
     }
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)

@@ -178,7 +178,8 @@ async def _watch(engine, stream, progress: bool):
 def progress_line(s) -> str:
     """One short line of a run's record (app.engine.snapshot.RunRecord), in the words every face uses: the
     engine's answers and tokens per second (a finished run's averages), what is spent, the ETA, requests in
-    flight / the limit and the samples waiting, failed samples, and the state's words once it is not running."""
+    flight / the limit and the samples waiting, failed samples, and the state's words once it is not running. A run
+    of whole conversations starts it with its conversations done (`conv 15/16 done`, and the diverged ones)."""
     from app.engine.budget import usd
     from app.engine.snapshot import finished_figures, state_words
     from app.store.count_records import RunLatency
@@ -191,13 +192,21 @@ def progress_line(s) -> str:
     else:
         rates = f"avg {fin.req_s:.1f} req/s {fin.tok_s:.0f} tok/s" if fin is not None else "- req/s - tok/s"
     eta = "-" if s.eta_s is None else time.strftime("%H:%M:%S", time.gmtime(s.eta_s))
-    line = f"{rates} {usd(s.cost_usd)} ETA {eta}"
+    line = f"{conversations_words(s.counts.conversations)}{rates} {usd(s.cost_usd)} ETA {eta}"
     if live is not None and fin is None:
         line += f" in flight {live.in_flight}/{live.concurrency_limit} waiting {live.waiting}"
     line += f" failed {s.failed}"
     if s.state != "running":
         line += f" · {state_words(s).text}"
     return line
+
+
+def conversations_words(conv) -> str:
+    """`conv 15/16 done · 1 diverged · ` for a run of whole conversations (failed ones too when any); "" without."""
+    if conv is None:
+        return ""
+    ended = "".join(f" · {n} {word}" for n, word in ((conv.diverged, "diverged"), (conv.failed, "failed")) if n)
+    return f"conv {conv.done}/{conv.total} done{ended} · "
 
 
 def _print_events(engine, console, after_id: int) -> int:

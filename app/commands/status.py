@@ -1,6 +1,6 @@
 """`eaglewatch status`: per run, its record (app.engine.snapshot.RunRecord) as every face shows it: the state in
-words, samples by state, cost, verdicts and the verification classes, errors, the engine's live figures or a
-finished run's (read-only; safe during a run)."""
+words, samples by state, whole conversations (when the run has any), cost, verdicts and the verification classes,
+errors, the engine's live figures or a finished run's (read-only; safe during a run)."""
 
 from __future__ import annotations
 
@@ -89,6 +89,7 @@ def run_status(conn: Any, run: Any) -> dict[str, Any]:
         "endpoints": [{"name": e.name, "completed": e.completed, "failed": e.failed, "retried": e.retried,
                        "cost_usd": _money(e.cost_usd), "errors_by_class": dict(e.errors_by_class)}
                       for e in c.endpoints],
+        "conversations": conversations_status(c.conversations),
         "figures": _figures(rec),
         "engine": engine_status(conn, run, rec),
         "trust": [t.as_json() for t in endpoint_trust(conn, rec)],
@@ -104,6 +105,18 @@ def endpoint_trust(conn: Any, rec: Any) -> list[Any]:
     providers = rec.counts.providers
     return statuses([counts_of(p.endpoint or "?", p.provider, p.answers) for p in providers],
                     read_priors(conn, {p.endpoint for p in providers if p.endpoint}))
+
+
+def conversations_status(conv: Any) -> dict[str, Any] | None:
+    """A run's whole conversations (app.store.rows.ConversationCounts) as JSON-ready data: each conversation
+    counted once by how it stands, its turns by state, the off-policy turns; None for a run without any."""
+    if conv is None:
+        return None
+    return {"total": conv.total, "done": conv.done, "open": conv.open, "diverged": conv.diverged,
+            "failed": conv.failed, "truncated": conv.truncated, "ended_skipped": conv.ended_skipped,
+            "not_started": conv.not_started, "in_flight": conv.in_flight,
+            "waiting_on_parent": conv.waiting_on_parent, "turns": dict(conv.turns),
+            "off_policy_turns": conv.off_policy_turns}
 
 
 def _figures(rec: Any) -> dict[str, Any]:
@@ -146,6 +159,19 @@ def _money(amount: float | None) -> float | None:
     return None if value is None else round(value, 6)
 
 
+TURN_WORDS = {"done": "done", "leased": "in flight", "pending": "pending", "waiting": "waiting on parent",
+              "failed": "failed", "skipped": "skipped"}
+
+
+def conversations_line(conv: dict[str, Any]) -> str:
+    """`conversations: 15/16 done · 0 open · 1 diverged · …` and the turns by state, from `conversations_status`."""
+    skipped = f" · {conv['ended_skipped']} skipped" if conv["ended_skipped"] else ""
+    turns = " · ".join(f"{conv['turns'].get(state, 0)} {words}" for state, words in TURN_WORDS.items())
+    return (f"conversations: {conv['done']}/{conv['total']} done · {conv['open']} open · {conv['diverged']} diverged · "
+            f"{conv['failed']} failed · {conv['truncated']} truncated{skipped} · {conv['off_policy_turns']} "
+            f"off-policy turns\nturns: {turns}")
+
+
 def _print(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -175,6 +201,9 @@ def _print(report: dict[str, Any]) -> None:
             table.add_column(name, justify="right")
         table.add_row(*(str(n) for n in r["states"].values()))
         console.print(table)
+        conv = r["conversations"]
+        if conv is not None:
+            console.print(conversations_line(conv), markup=False)
         # one line that wraps between items, never a table column cut to fit the terminal
         console.print("verdicts: " + " · ".join(f"{VERDICT_LABELS.get(k, k)} {n}" for k, n in r["verdicts"].items()),
                       markup=False)

@@ -20,6 +20,7 @@ from textual.worker import Worker, WorkerState
 
 from app.engine.snapshot import RunRecord
 from app.tui.screens.confirm import ConfirmScreen, NumberScreen
+from app.tui.screens.conversations import ConversationScreen, ConversationsScreen
 from app.tui.screens.dashboard import DashboardScreen, engine_gone
 from app.tui.screens.diff import DiffScreen
 from app.tui.screens.help import HelpScreen
@@ -98,8 +99,8 @@ class EaglewatchApp(App):
     def _record_polled(self, message: DashboardScreen.Polled) -> None:
         """The dashboard's polls bubble here: keep the record, and re-check the run keys on a state change."""
         previous, self._run_record = self._run_record, message.result.record
-        if previous is None or (previous.state, previous.engine) != (self._run_record.state, self._run_record.engine):
-            self.refresh_bindings()  # `p`, `P` and `c` show only while they apply
+        if previous is None or _key_state(previous) != _key_state(self._run_record):
+            self.refresh_bindings()  # `p`, `P`, `c` and `C` show only while they apply
 
     # --- navigation ------------------------------------------------------------------------
     def action_show_mismatches(self) -> None:
@@ -107,6 +108,15 @@ class EaglewatchApp(App):
 
     def action_show_jobs(self) -> None:
         self.push_screen(JobsScreen(id="jobs"))
+
+    def action_show_conversations(self) -> None:
+        """The run's whole conversations (offered only while the run has any)."""
+        if self.check_action("show_conversations", ()) and not isinstance(self.screen, ConversationsScreen):
+            self.push_screen(ConversationsScreen(id="conversations"))
+
+    def open_conversation(self, conversation_id: str) -> None:
+        """Drill down from a conversation to its turns."""
+        self.push_screen(ConversationScreen(conversation_id))
 
     def open_diff(self, sample_id: str) -> None:
         """Drill down from a mismatch to its token diff."""
@@ -135,6 +145,9 @@ class EaglewatchApp(App):
 
     # --- run control -----------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "show_conversations":
+            snap = self.last_record
+            return snap is not None and snap.counts.conversations is not None
         if action == "retry_failed":
             snap = self.last_record
             return (self.source.can_control and not isinstance(self.screen, JobsScreen) and snap is not None
@@ -228,6 +241,9 @@ class EaglewatchApp(App):
         yield from super().get_system_commands(screen)
         yield SystemCommand("Mismatches", "Every non-exact sample, filterable", self.action_show_mismatches)
         yield SystemCommand("Jobs", "Extraction jobs: pause, resume, cancel, log", self.action_show_jobs)
+        if self.check_action("show_conversations", ()):
+            yield SystemCommand("Conversations", "Whole conversations: turn k of T, status, each turn's verdict (C)",
+                                self.action_show_conversations)
         # the same rule as the keys (check_action): nothing that would do nothing, e.g. pause on a DONE run
         if self.check_action("toggle_pause", ()):
             yield SystemCommand("Pause or resume the run", "Same as p", self.action_toggle_pause)
@@ -242,6 +258,11 @@ class EaglewatchApp(App):
                                 self.action_retry_failed)
         for name in THEMES:
             yield SystemCommand(f"Theme: {name}", "ansi-* use your terminal's own palette", partial(setattr, self, "theme", name))
+
+
+def _key_state(record: RunRecord) -> tuple[object, ...]:
+    """What the run keys depend on: the run's state, its engine, whether it has conversations."""
+    return record.state, record.engine, record.counts.conversations is not None
 
 
 def keymap_from_env() -> dict[str, str]:

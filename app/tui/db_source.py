@@ -25,7 +25,7 @@ from app.store import queries
 from app.store.heartbeat import Liveness, liveness, read_heartbeat
 from app.store.queries import RunReader
 from app.tui.format import clock
-from app.tui.source import MismatchPage, SampleDetail, SampleDiff
+from app.tui.source import ConversationRow, MismatchPage, SampleDetail, SampleDiff, TurnRow
 from widgets.event_tail import EventLine
 from widgets.jobs_table import JobRow
 
@@ -140,6 +140,14 @@ class _DatabaseBackedSource:
     def mismatch_page(self, *args: Any, **kwargs: Any) -> MismatchPage:
         """`DataSource.mismatch_page`: the store's `RunReader.mismatch_page` (same arguments)."""
         return self.reader.mismatch_page(*args, **kwargs)
+
+    def conversation_page(self, after_pk: int, limit: int) -> Sequence[ConversationRow]:
+        """`DataSource.conversation_page`: the store's `conversation_page` over this run."""
+        return self.reader.call(queries.conversation_page, self.reader.run_id, after_pk=after_pk, limit=limit)
+
+    def conversation_turns(self, conversation_id: str) -> Sequence[TurnRow]:
+        """`DataSource.conversation_turns`: the store's `conversation_turns` over this run."""
+        return self.reader.call(queries.conversation_turns, self.reader.run_id, conversation_id)
 
     def tokenizer_dir(self) -> Path:
         """The run's tokenizer directory, from the config stored with the run."""

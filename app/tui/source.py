@@ -19,7 +19,10 @@ from app.engine.control import RunControl
 from app.engine.snapshot import LiveFigures, RunRecord
 from app.records import VERDICT_CLASSES, Alignment, Category
 from app.store.queries import MISMATCH_ORDERS, MISMATCH_VERDICTS, SERIES_BUCKET_S, SeriesChunk
-from app.store.rows import MismatchPage, MismatchRow, SampleDetail
+from app.store.rows import (
+    CONVERSATION_STATUSES, ConversationCounts, ConversationRow, MismatchPage, MismatchRow, SampleDetail, TurnRow,
+    conversation_status,
+)
 from widgets.event_tail import EventLine
 from widgets.jobs_table import JobRow
 
@@ -27,7 +30,8 @@ from widgets.jobs_table import JobRow
 # definition for every face. Re-exported here for the screens.
 __all__ = [
     "MISMATCH_ORDERS", "MISMATCH_VERDICTS", "MismatchPage", "MismatchRow", "SampleDetail", "SampleDiff",
-    "DataSource", "VERDICT_WORDS", "VERDICT_CLASS", "SERIES_BUCKET_S", "SeriesChunk",
+    "DataSource", "VERDICT_WORDS", "VERDICT_CLASS", "SERIES_BUCKET_S", "SeriesChunk", "ConversationCounts",
+    "ConversationRow", "TurnRow", "CONVERSATION_STATUSES", "conversation_status",
 ]
 
 VERDICT_WORDS = {
@@ -107,6 +111,13 @@ class DataSource(Protocol):
         With `after` (`before`), the page is the one right after (before) that row, and `offset` is only
         reported back; without them the page starts at `offset`.
         """
+
+    def conversation_page(self, after_pk: int, limit: int) -> Sequence[ConversationRow]:
+        """Up to `limit` of the run's whole conversations in ingest order, after the one whose turn 1 has row key
+        `after_pk` (0: from the first), each with how it stands; empty for a run without conversations."""
+
+    def conversation_turns(self, conversation_id: str) -> Sequence[TurnRow]:
+        """Every turn of one conversation in order, each with its state and verdict (empty when unknown)."""
 
     def sample_diff(self, sample_id: str) -> SampleDiff:
         """Reference vs reconstructed tokens for one sample, aligned (raises EaglewatchError if none)."""

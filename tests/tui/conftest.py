@@ -117,3 +117,56 @@ def run_db(tmp_path: Path, run_db_template: Path) -> Path:
     path = tmp_path / "run.db"
     shutil.copyfile(run_db_template, path)
     return path
+
+
+def conversation_config(directory: Path, sample_data_dir: Path):
+    """A run of sample_data's whole conversations (10 openai-messages ones with tools, conv-oa-03 diverging under
+    the stop policy, 6 sharegpt ones) over the built-in simulator replaying each turn's reference."""
+    from app.config import parse_config
+    from tests.engine.conftest import config_data
+
+    data = config_data(directory, sample_data_dir, simulator={"prompt_cache": True})
+    data["data"] = {
+        "datasets": [
+            {"path": str(sample_data_dir / "conversations.openai.jsonl"), "format": "openai-messages",
+             "regenerate": "all", "on_tool_divergence": "stop"},
+            {"path": str(sample_data_dir / "conversations.sharegpt.jsonl"), "format": "sharegpt", "regenerate": "all"},
+        ],
+        "reference": str(sample_data_dir / "conversations.reference.jsonl"),
+    }
+    return parse_config(data, base_dir=directory)
+
+
+async def run_conversations(config) -> None:
+    """Ingest and run the config to its end through the engine as `eaglewatch run` does (app.engine.session)."""
+    import asyncio
+
+    from app.engine.session import open_run
+
+    async with open_run(config) as opened:
+        await asyncio.wait_for(opened.run.wait(), 60)
+
+
+@pytest.fixture(scope="session")
+def conversation_db_template(tmp_path_factory, sample_data_dir: Path) -> Path:
+    """A finished run of sample_data's 16 conversations, built once per session; tests get their own copy."""
+    import asyncio
+
+    config = conversation_config(tmp_path_factory.mktemp("conversations"), sample_data_dir)
+    asyncio.run(run_conversations(config))
+    return Path(config.run.database)
+
+
+@pytest.fixture
+def conversation_db(tmp_path: Path, conversation_db_template: Path) -> Path:
+    """A copy of the template through SQLite's backup (its write-ahead log included)."""
+    import sqlite3
+
+    path = tmp_path / "conversations.db"
+    source, copy = sqlite3.connect(conversation_db_template), sqlite3.connect(path)
+    try:
+        source.backup(copy)
+    finally:
+        source.close()
+        copy.close()
+    return path

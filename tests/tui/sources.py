@@ -8,7 +8,9 @@ from dataclasses import replace
 from app.engine.snapshot import EndpointLive, LiveFigures, Rate, RunRecord
 from app.records import AlignBlock, AlignedToken, Alignment
 from app.store.count_records import AnswerCounts, EndpointCounts, RunCounts, SampleStates
-from app.tui.source import MismatchPage, MismatchRow, SampleDetail, SampleDiff
+from app.tui.source import (
+    ConversationCounts, ConversationRow, MismatchPage, MismatchRow, SampleDetail, SampleDiff, TurnRow,
+)
 from widgets.event_tail import EventLine
 from widgets.jobs_table import JobRow
 
@@ -130,6 +132,12 @@ class MemorySource:
         rows.sort(key=key)
         return MismatchPage(tuple(rows[offset:offset + limit]), len(rows), offset)
 
+    def conversation_page(self, after_pk: int, limit: int) -> list[ConversationRow]:
+        return []  # a single-turn run
+
+    def conversation_turns(self, conversation_id: str) -> list[TurnRow]:
+        return []
+
     def sample_diff(self, sample_id: str) -> SampleDiff:
         return SampleDiff(sample_id, "bpe_equivalent", "same text, different BPE split — '·NOR' vs '·N' + 'OR'", sample_alignment(3), "canonical")
 
@@ -186,3 +194,56 @@ class MemorySource:
 
     def close(self) -> None:
         pass
+
+
+# a run of whole conversations in every status: 12 conversations, 40 turns (in flight, waiting on its parent,
+# diverged, failed, truncated, off-policy after a replayed divergent call)
+CONVERSATIONS = (
+    ConversationRow("conv-oa-01", "agent-tools", 4, 4, "done", 4, False, 1),
+    ConversationRow("conv-oa-02", "agent-tools", 5, 2, "running", 3, False, 5),
+    ConversationRow("conv-oa-03", "agent-tools", 5, 1, "diverged", 2, False, 10),
+    ConversationRow("conv-oa-04", "agent-tools", 3, 1, "ready", 2, False, 15),
+    ConversationRow("conv-oa-05", "agent-tools", 4, 4, "done", 4, True, 18),
+    ConversationRow("conv-oa-06", "agent-tools", 2, 0, "not_started", 1, False, 22),
+    ConversationRow("conv-sg-01", "chats", 3, 1, "failed", 2, False, 24),
+    ConversationRow("conv-sg-02", "chats", 4, 1, "truncated", 1, False, 27),
+    ConversationRow("conv-sg-03", "chats", 3, 3, "done", 3, False, 31),
+    ConversationRow("conv-sg-04", "chats", 3, 3, "done", 3, False, 34),
+    ConversationRow("conv-sg-05", "chats", 2, 0, "running", 1, False, 37),
+    ConversationRow("conv-sg-06", "chats", 2, 2, "done", 2, False, 39),
+)
+DIVERGED_WHY = ('turn 1: tool call 0 (search) has arguments {"limit":9,"note":"a different call"} where the dataset '
+                'had {"limit":9}')
+TURNS = {
+    "conv-oa-02": (
+        TurnRow(5, "conv-oa-02#1", 1, 5, "done", None, None, False, "exact", 88, None),
+        TurnRow(6, "conv-oa-02#2", 2, 5, "done", None, None, False, "bpe_equivalent", 140, 37),
+        TurnRow(7, "conv-oa-02#3", 3, 5, "leased", None, None, False, None, None, None),
+        TurnRow(8, "conv-oa-02#4", 4, 5, "waiting", None, None, False, None, None, None),
+        TurnRow(9, "conv-oa-02#5", 5, 5, "waiting", None, None, False, None, None, None),
+    ),
+    "conv-oa-03": (
+        TurnRow(10, "conv-oa-03#1", 1, 5, "done", None, None, False, "exact", 101, None),
+        TurnRow(11, "conv-oa-03#2", 2, 5, "skipped", "diverged", DIVERGED_WHY, False, None, None, None),
+        *(TurnRow(10 + k, f"conv-oa-03#{k}", k, 5, "skipped", "parent_skipped", DIVERGED_WHY, False, None, None, None)
+          for k in (3, 4, 5)),
+    ),
+}
+CONVERSATION_COUNTS = ConversationCounts(
+    total=12, done=4, diverged=1, failed=1, truncated=1, ended_skipped=0, open=5, not_started=1, in_flight=2,
+    waiting_on_parent=2, turns={"pending": 2, "waiting": 11, "leased": 2, "done": 21, "failed": 1, "skipped": 3},
+    off_policy_turns=2)
+
+
+class ConversationSource(MemorySource):
+    """MemorySource of a run of whole conversations: the record counts them, the conversation view lists them."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._record = replace(self._record, counts=replace(self._record.counts, conversations=CONVERSATION_COUNTS))
+
+    def conversation_page(self, after_pk: int, limit: int) -> list[ConversationRow]:
+        return [c for c in CONVERSATIONS if c.pk > after_pk][:limit]
+
+    def conversation_turns(self, conversation_id: str) -> list[TurnRow]:
+        return list(TURNS.get(conversation_id, ()))

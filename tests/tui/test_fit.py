@@ -57,7 +57,7 @@ def with_probes(run_db: Path) -> Path:
 def assert_tiles_fit(screen: DashboardScreen) -> None:
     """Every tile shows its designed number of lines, each within the tile's width, all of them visible."""
     designed = COMPACT_LINES if screen.size.width < 120 or screen.size.height < 32 else FULL_LINES
-    for tile in screen.query(MetricTile):
+    for tile in screen.query("#tiles MetricTile"):  # the four tiles (a conversations tile has its own test)
         lines = tile._shown
         assert lines is not None and len(lines) == designed, (tile.id, lines)
         width, height = tile.content_size
@@ -68,7 +68,8 @@ def assert_tiles_fit(screen: DashboardScreen) -> None:
 
 def assert_plots_fit(screen: DashboardScreen) -> None:
     shown = [p for p in screen.query(TimePlot) if p.display]
-    assert len(shown) == (1 if screen.size.width < 120 else len(PLOTS))
+    assert len(shown) == (1 if screen.one_plot else len(PLOTS))
+    assert screen.one_plot == (screen.size.width < 120 or (screen.size.width < 160 and screen.has_class("-conversations")))
     for plot in shown:
         width, height = plot.content_size
         lines = plot.lines(width, height)

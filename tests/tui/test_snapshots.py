@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from app.tui.app import EaglewatchApp
-from tests.tui.sources import MemorySource
+from tests.tui.sources import ConversationSource, MemorySource
 
 SIZES = [(80, 24), (120, 40)]
 
@@ -67,3 +67,21 @@ def test_help(snap_compare) -> None:
 def test_paused_dashboard_in_ansi_theme(snap_compare) -> None:
     app = EaglewatchApp(MemorySource(state="paused"), theme="ansi-dark")
     assert snap_compare(app, terminal_size=(80, 24), run_before=keys())
+
+
+def test_dashboard_with_conversations(snap_compare) -> None:
+    assert snap_compare(EaglewatchApp(ConversationSource()), terminal_size=(80, 24), run_before=keys())
+
+
+def test_conversations(snap_compare) -> None:
+    assert snap_compare(EaglewatchApp(ConversationSource()), terminal_size=(80, 24), run_before=keys("C"))
+
+
+def test_conversation_turns_in_flight(snap_compare) -> None:
+    # conv-oa-02: two turns done, the third in flight, the last two waiting on it
+    assert snap_compare(EaglewatchApp(ConversationSource()), terminal_size=(80, 24), run_before=keys("C", "down", "enter"))
+
+
+def test_conversation_turns_diverged(snap_compare) -> None:
+    assert snap_compare(EaglewatchApp(ConversationSource()), terminal_size=(80, 24),
+                        run_before=keys("C", "down", "down", "enter"))

@@ -4,6 +4,7 @@ jobs, events."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rich.text import Text
@@ -19,7 +20,7 @@ from app.records import Category
 from app.tui import format as fmt
 from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
 from app.tui.series import PLOTS, RunSeries, read_chunk
-from app.tui.source import SeriesChunk
+from app.tui.source import ConversationCounts, SeriesChunk
 from widgets.event_tail import EventLine, EventTail
 from widgets.jobs_table import JobRow, JobsTable
 from widgets.metric_tile import MetricTile
@@ -60,6 +61,21 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
                      "the same text: the text path's fidelity"),
     ("failed, retried", "samples that failed for good; failed requests that were tried again"),
     ("5xx, 429, …", "failed requests by error class"),
+)
+# The conversations tile's words (shown, with the GLOSSARY, only for a run of whole conversations).
+CONVERSATION_GLOSSARY: tuple[tuple[str, str], ...] = (
+    ("done a/b", "conversations: a of the b (the tile's title) ended with every turn done"),
+    ("open", "conversations not ended: not started, a turn in flight, or a later turn ready"),
+    ("diverged, div", "conversations ended where the model's tool calls differed from the recorded ones (stop "
+                      "policy)"),
+    ("failed (conv.)", "conversations ended by a turn that failed for good"),
+    ("trunc (conv.)", "conversations ended by an answer cut at max_tokens before their last turn"),
+    ("skipped (conv.)", "conversations ended by a skipped turn (e.g. its prompt too long)"),
+    ("off-policy, off-pol", "turns whose history holds recorded tool results replayed after a divergent call (replay policy)"),
+    ("turns done, pending", "turns by state: answered; ready to be sent"),
+    ("flight (turns)", "turns leased: on the wire or being stored"),
+    ("wait", "turns waiting on their parent turn's answer (their request is not written yet)"),
+    ("failed, skipped (turns)", "turns that failed for good; turns skipped (their conversation ended before them)"),
 )
 
 
@@ -128,16 +144,16 @@ def _lines(lines: list[str], n: int) -> tuple[str, ...]:
     return tuple(lines[:n]) + ("",) * max(0, n - len(lines))
 
 
-def _pack(items: list[str], width: int, n: int) -> list[str]:
-    """`items` ("label value") packed into at most `n` lines of `width` (two spaces apart), none split."""
+def _pack(items: list[str], width: int, n: int, sep: str = "  ") -> list[str]:
+    """`items` ("label value") packed into at most `n` lines of `width` (`sep` apart), none split."""
     lines: list[str] = []
     for item in items:
-        if lines and len(lines[-1]) + 2 + len(item) <= width:
-            lines[-1] += "  " + item
+        if lines and len(lines[-1]) + len(sep) + len(item) <= width:
+            lines[-1] += sep + item
         elif len(lines) < n:
             lines.append(item)
         else:
-            lines[-1] += "  " + item  # more items than room: never dropped (the tile shows … at its edge)
+            lines[-1] += sep + item  # more items than room: never dropped (the tile shows … at its edge)
     return lines
 
 
@@ -247,6 +263,45 @@ def reconstruction_lines(rec: RunRecord, width: int = 40, compact: bool = False)
     ], FULL_LINES)
 
 
+CONVERSATION_LINES = 4  # the conversations tile: two lines of conversations, two of turns (fits the plot row)
+CONVERSATION_WIDTH = 42  # its lines' width (app.tcss gives the tile this much inside its border and padding)
+
+
+def conversation_lines(conv: ConversationCounts, width: int = CONVERSATION_WIDTH) -> tuple[str, ...]:
+    """The conversations tile (its title says how many): conversations done of all, open, diverged, failed,
+    truncated (and ended skipped when any), the off-policy turns; then the turns by state (done, in flight, waiting
+    on their parent, pending, failed, skipped). Each half packs into two lines of `width`; when they do not fit,
+    the numbers are written shorter (fmt.count, the total left to the title) and the items closer together."""
+    turns = conv.turns
+
+    def items(n: Callable[[int], str], of_total: bool, short: bool) -> tuple[list[str], list[str]]:
+        ended = [f"skipped {n(conv.ended_skipped)}"] if conv.ended_skipped else []
+        done = f"done {n(conv.done)}/{n(conv.total)}" if of_total else f"done {n(conv.done)}"
+        diverged, off_policy = ("div", "off-pol") if short else ("diverged", "off-policy")
+        conversations = [done, f"open {n(conv.open)}", f"{diverged} {n(conv.diverged)}", f"failed {n(conv.failed)}",
+                         f"trunc {n(conv.truncated)}", *ended, f"{off_policy} {n(conv.off_policy_turns)}"]
+        by_state = [f"turns done {n(turns.get('done', 0))}", f"flight {n(turns.get('leased', 0))}",
+                    f"wait {n(turns.get('waiting', 0))}", f"pending {n(turns.get('pending', 0))}",
+                    f"failed {n(turns.get('failed', 0))}", f"skipped {n(turns.get('skipped', 0))}"]
+        return conversations, by_state
+
+    whole = (lambda v: f"{v:,}")
+    lines: list[str] = []
+    for n, of_total, sep, short in ((whole, True, " · ", False), (whole, True, "  ", False),
+                                    (fmt.count, True, "  ", False), (fmt.count, False, " ", False),
+                                    (fmt.count, False, " ", True)):
+        first, second = items(n, of_total, short)
+        lines = _pack(first, width, 2, sep) + _pack(second, width, 2, sep)
+        if all(len(line) <= width for line in lines):
+            break
+    return _lines(lines, CONVERSATION_LINES)
+
+
+def conversation_title(conv: ConversationCounts) -> str:
+    """The conversations tile's title: how many conversations the run has."""
+    return f"conversations {conv.total:,}"
+
+
 def error_lines(rec: RunRecord, width: int = 40, compact: bool = False) -> tuple[str, ...]:
     """Every class of failed request with its count, then failed samples and retried requests."""
     n = COMPACT_LINES if compact else FULL_LINES
@@ -272,7 +327,8 @@ class DashboardScreen(Screen):
     Layout (app.tcss): under 120 columns one plot shows at a time (`t` shows the next); under 120 columns or
     32 rows the tiles are compact (COMPACT_LINES each); under 32 rows the boxes draw only their top edge, so
     80x24 shows the tiles, a plot, the endpoints, the jobs and the events at once (the jobs screen `j` and
-    `m` hold the details).
+    `m` hold the details). A run of whole conversations adds the conversations tile beside the plots (under 160
+    columns, beside one plot at a time; `C` lists the conversations); a run without any shows no trace of it.
     """
 
     class Polled(Fetched):
@@ -287,6 +343,7 @@ class DashboardScreen(Screen):
     BINDINGS = [
         Binding("m", "app.show_mismatches", "Mismatches", id="nav.mismatches"),
         Binding("j", "app.show_jobs", "Jobs", id="nav.jobs"),
+        Binding("C", "app.show_conversations", "Conversations", id="nav.conversations"),
         Binding("t", "next_plot", "Next plot", id="dash.plot"),
     ]
 
@@ -302,6 +359,8 @@ class DashboardScreen(Screen):
             with Horizontal(id="plots"):
                 for n, name in enumerate(PLOTS):
                     yield TimePlot(id=f"plot-{name}", classes="-shown" if n == 0 else "")
+                # a run of whole conversations only (hidden otherwise: a single-turn run's layout is unchanged)
+                yield MetricTile("conversations", id="tile-conversations")
             with Horizontal(id="tables"):
                 yield DataTable(id="endpoints", cursor_type="none", zebra_stripes=True)
                 yield JobsTable(id="dashboard-jobs")
@@ -319,6 +378,7 @@ class DashboardScreen(Screen):
         self._fetch_started = 0.0
         self._endpoint_rows: dict[str, tuple[str, ...]] = {}
         self._last: RunRecord | None = None
+        self.query_one("#tile-conversations", MetricTile).display = False
         self.series = RunSeries()
         self.shown_plot = PLOTS[0]
         self.poll()
@@ -338,8 +398,8 @@ class DashboardScreen(Screen):
 
     @property
     def one_plot(self) -> bool:
-        """True under 120 columns: one plot at a time (`t` the next)."""
-        return self.has_class("-narrow")
+        """True under 120 columns, and under 160 beside the conversations tile: one plot at a time (`t` the next)."""
+        return self.has_class("-narrow") or (self.has_class("-wide") and self.has_class("-conversations"))
 
     def poll(self) -> None:
         """Start one fetch unless the previous one is still running or was slow (a slow DB never piles up).
@@ -416,6 +476,14 @@ class DashboardScreen(Screen):
                                ("reconstruction", reconstruction_lines), ("errors", error_lines)):
             tile = self.query_one(f"#tile-{tile_id}", MetricTile)
             tile.show(*lines(rec, tile.content_size.width or 40, compact))
+        conv, tile = rec.counts.conversations, self.query_one("#tile-conversations", MetricTile)
+        if (conv is not None) != tile.display:
+            tile.display = conv is not None
+            self.set_class(conv is not None, "-conversations")  # from 120 to 159 columns: one plot beside it
+            self.refresh_bindings()
+        if conv is not None:
+            tile.border_title = conversation_title(conv)
+            tile.show(*conversation_lines(conv, tile.content_size.width or CONVERSATION_WIDTH))
 
     def _show_plots(self) -> None:
         if self._last is None:
@@ -424,9 +492,11 @@ class DashboardScreen(Screen):
             self.query_one(f"#plot-{name}", TimePlot).show(series)
 
     def glossary(self) -> tuple[tuple[str, str], ...]:
-        """The words the dashboard abbreviates (GLOSSARY), and the endpoint names shown as their alias."""
+        """The words the dashboard abbreviates (GLOSSARY; CONVERSATION_GLOSSARY while the conversations tile shows),
+        and the endpoint names shown as their alias."""
         aliases = tuple((alias, f"endpoint {name}") for alias, name in self.endpoint_aliases.items())
-        return GLOSSARY + aliases
+        conversations = self._last is not None and self._last.counts.conversations is not None
+        return GLOSSARY + (CONVERSATION_GLOSSARY if conversations else ()) + aliases
 
     def action_next_plot(self) -> None:
         """Show the next plot (under 120 columns one plot shows at a time)."""

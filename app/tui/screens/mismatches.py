@@ -6,7 +6,7 @@ import time
 
 from rich.cells import cell_len
 from textual import on
-from textual.app import ComposeResult
+from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Static
@@ -41,6 +41,17 @@ def column_widths(rows: tuple[MismatchRow, ...], room: int) -> tuple[int, ...]:
     widths[1] = min(need_dataset, left - widths[0])
     widths[0] = min(need_sample, left - widths[1])
     return tuple(widths)
+
+
+def run_goes_on(app: App) -> bool:
+    """True while the run's rows may still change: an in-process engine that is live, or a run whose last polled
+    state is not finished (an attached viewer cannot tell more without reading)."""
+    if app.source.live:
+        return True
+    rec = getattr(app, "last_record", None)
+    # a live state whose engine exited or is gone writes nothing more; one with no heartbeat at all may be
+    # written by an engine from before heartbeats
+    return rec is None or (rec.state in LIVE_STATES and rec.engine not in ("gone", "stopped"))
 
 
 class MismatchesScreen(Screen):
@@ -156,14 +167,8 @@ class MismatchesScreen(Screen):
 
     # --- live refresh ------------------------------------------------------------------------
     def run_goes_on(self) -> bool:
-        """True while new mismatches may still come: an in-process engine that is live, or a run whose last
-        polled state is not finished (an attached viewer cannot tell more without reading)."""
-        if self.app.source.live:
-            return True
-        rec = getattr(self.app, "last_record", None)
-        # a live state whose engine exited or is gone writes nothing more; one with no heartbeat at all may be
-        # written by an engine from before heartbeats
-        return rec is None or (rec.state in LIVE_STATES and rec.engine not in ("gone", "stopped"))
+        """True while new mismatches may still come (`run_goes_on`)."""
+        return run_goes_on(self.app)
 
     def _tick(self) -> None:
         """Once a second: re-read the page when it is due, and say how old the shown page is."""
