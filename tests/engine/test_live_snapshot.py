@@ -8,7 +8,8 @@ import asyncio
 import pytest
 
 from app.engine.run import Run
-from tests.engine.conftest import make_config, open_ingested, until
+from app.config import parse_config
+from tests.engine.conftest import config_data, make_config, open_ingested, until
 
 
 async def test_projected_cost_at_a_quarter_done_is_within_15_percent_of_the_final_cost(tmp_path, sample_data):
@@ -21,10 +22,14 @@ async def test_projected_cost_at_a_quarter_done_is_within_15_percent_of_the_fina
     #   samples had finished by a quarter done (the latency draws, the machine's timing) swung the projection by
     #   20-35 %. Fake-clock replays of these 200 samples (tests/engine/test_eta.py's fake_run): at 400 tokens/s
     #   and 200-300 ms it stays within 12 % at 25-33 % done over 20 draws, and so it does when a loaded machine
-    #   slows the streams to 100-200 tokens/s
-    config = make_config(tmp_path, sample_data, stream=True, limits={"concurrency_initial": 16, "concurrency_max": 16},
-                         generation={"max_tokens": 8192},
-                         simulator={"latency_median_ms": 200.0, "latency_p95_ms": 300.0, "tokens_per_s": 400.0})
+    #   slows the streams to 100-200 tokens/s.
+    # The endpoint's timeout_s is the whole request's deadline: the longest answer streams for ~10.5 s at 400
+    # tokens/s, so the helper's 5 s would fail it (and the run would end cheaper than any projection of it).
+    data = config_data(tmp_path, sample_data, stream=True, limits={"concurrency_initial": 16, "concurrency_max": 16},
+                       generation={"max_tokens": 8192},
+                       simulator={"latency_median_ms": 200.0, "latency_p95_ms": 300.0, "tokens_per_s": 400.0})
+    data["endpoints"][0]["timeout_s"] = 60.0
+    config = parse_config(data, base_dir=tmp_path)
     n = 200
     store, _ = await open_ingested(config, sample_data, n)
     run = Run(config, store)

@@ -127,7 +127,9 @@ def test_a_browser_shows_the_dashboard_with_control_keys_only_when_asked(tmp_pat
                         text = _screen(frames, cols, rows)
                         # the footer can draw before the first snapshot has filled the status line (a loaded
                         # machine): wait for the whole dashboard, not its first frame
-                        if "demo" in text and "Quit" in _footer(text) and "RUNNING" in text and "240/240" in text:
+                        # and the run keys, which show once the first record is polled (a second redraw)
+                        full = "demo" in text and "Quit" in _footer(text) and "RUNNING" in text and "240/240" in text
+                        if full and (not control or "pause" in _footer(text).lower()):
                             break
                 assert size is not None, "the page never opened its websocket"
             finally:
