@@ -18,16 +18,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 from app.conversation import ConversationInput, ConversationShapeError, conversation_content_id, split_turns
 from app.errors import InputError
 from app.store.store_records import ReferenceRecord, SampleInput
+
+T = TypeVar("T")
 
 FORMATS = ("openai-messages", "sharegpt", "specforge-conversations")
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -199,30 +201,47 @@ def iter_prompts(
     stats: ReadStats | None = None,
 ) -> Iterator[SampleInput]:
     """Yield a SampleInput per good line of a prompt JSONL file in format `fmt`, at most `limit` of them."""
+    name = dataset or Path(path).stem
+    key = "messages" if fmt == "openai-messages" else "conversations"
+
+    def sample(obj: dict[str, Any], number: int) -> SampleInput:
+        messages = _prompt(_messages_of(obj, fmt), key)
+        tools = _tools_of(obj)
+        sid = _sample_id(obj, id_field) or content_id(messages, tools)
+        return SampleInput(sid, name, messages, tools, line=number)
+
+    return _good_lines(path, fmt, limit, stats, sample)
+
+
+def _tools_of(obj: dict[str, Any]) -> list[Any] | None:
+    tools = obj.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise _BadLine("'tools' must be a list")
+    return tools
+
+
+def _good_lines(path: str | Path, fmt: str, limit: int | None, stats: ReadStats | None,
+                build: Callable[[dict[str, Any], int], T]) -> Iterator[T]:
+    """What `build(parsed line, line number)` makes of each good line, at most `limit` of them. A bad line (a
+    `_BadLine` from parsing or from `build`) fails the read with its file:line when `stats` is None, else it is
+    counted in `stats` and passed over."""
     if fmt not in FORMATS:
         raise InputError(f"{path}: unknown dataset format {fmt!r}; expected one of {', '.join(FORMATS)}")
     path = Path(path)
-    name = dataset or path.stem
     strict = stats is None
     stats = stats if stats is not None else ReadStats()
-    key = "messages" if fmt == "openai-messages" else "conversations"
     for number, line in _lines(path, stats):
         if limit is not None and stats.good >= limit:
             return
         try:
-            obj = _parse(line)
-            messages = _prompt(_messages_of(obj, fmt), key)
-            tools = obj.get("tools")
-            if tools is not None and not isinstance(tools, list):
-                raise _BadLine("'tools' must be a list")
-            sid = _sample_id(obj, id_field) or content_id(messages, tools)
+            item = build(_parse(line), number)
         except _BadLine as exc:
             if strict:
                 raise InputError(f"{exc.where(path, number)}: {exc}; fix or remove the line") from None
             stats.reject(exc.where(path, number), str(exc))
             continue
         stats.good += 1
-        yield SampleInput(sid, name, messages, tools, line=number)
+        yield item
 
 
 def iter_dataset(ds: Any, stats: ReadStats | None = None) -> Iterator[SampleInput]:
@@ -245,36 +264,22 @@ def iter_conversations(
     conversation, split into the turns to regenerate (`app.conversation.split_turns`). A line without an id gets
     a hash of its messages and tools ("c-" + 16 hex digits). Bad lines as in `iter_prompts`, the reason naming the
     message (e.g. `messages[3] is a tool result, but ...`)."""
-    if fmt not in FORMATS:
-        raise InputError(f"{path}: unknown dataset format {fmt!r}; expected one of {', '.join(FORMATS)}")
-    path = Path(path)
-    name = dataset or path.stem
-    strict = stats is None
-    stats = stats if stats is not None else ReadStats()
+    name = dataset or Path(path).stem
     key = "messages" if fmt == "openai-messages" else "conversations"
-    for number, line in _lines(path, stats):
-        if limit is not None and stats.good >= limit:
-            return
+
+    def conversation(obj: dict[str, Any], number: int) -> ConversationInput:
+        messages = _messages_of(obj, fmt)
+        tools = _tools_of(obj)
         try:
-            obj = _parse(line)
-            messages = _messages_of(obj, fmt)
-            tools = obj.get("tools")
-            if tools is not None and not isinstance(tools, list):
-                raise _BadLine("'tools' must be a list")
-            try:
-                turns = split_turns(messages, key)
-            except ConversationShapeError as exc:
-                raise _BadLine(str(exc)) from None
-            cid = _sample_id(obj, id_field) or conversation_content_id(messages, tools)
-            if "#" in cid:
-                raise _BadLine(f"{id_field!r} {cid!r} holds '#', which separates a conversation id from its turn")
-        except _BadLine as exc:
-            if strict:
-                raise InputError(f"{path}:{number}: {exc}; fix or remove the line") from None
-            stats.reject(f"{path}:{number}", str(exc))
-            continue
-        stats.good += 1
-        yield ConversationInput(cid, name, tools, turns, on_tool_divergence, line=number)
+            turns = split_turns(messages, key)
+        except ConversationShapeError as exc:
+            raise _BadLine(str(exc)) from None
+        cid = _sample_id(obj, id_field) or conversation_content_id(messages, tools)
+        if "#" in cid:
+            raise _BadLine(f"{id_field!r} {cid!r} holds '#', which separates a conversation id from its turn")
+        return ConversationInput(cid, name, tools, turns, on_tool_divergence, line=number)
+
+    return _good_lines(path, fmt, limit, stats, conversation)
 
 
 def iter_dataset_conversations(ds: Any, stats: ReadStats | None = None) -> Iterator[ConversationInput]:
