@@ -16,7 +16,7 @@ Formats and their consumers: docs/jobs.md ("Train with it").
 from __future__ import annotations
 
 from app.export.assemble import FORMATS, MANIFEST, SAMPLES, export_run
-from app.export.conversations import CONVERSATION_MODES, PER_TURN_REASONS
+from app.export.conversation_rows import CONVERSATION_MODES, PER_TURN_REASONS
 from app.export.eval_split import EVAL_DIR, held_out
 from app.export.policy import IDS_SOURCES, SKIP_LABELS, SKIP_REASONS, SKIP_RULES, ExportPolicy, skip_reason, true_ids
 from app.export.report import COUNT_MEANINGS, ExportReport, summary_counts, summary_line

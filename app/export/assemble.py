@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import InputError
-from app.export.conversations import (CONVERSATION_MODES, ConversationTally, kept_prefix, merged_row, prefix_break,
+from app.export.conversation_rows import (CONVERSATION_MODES, ConversationTally, kept_prefix, merged_row, prefix_break,
                                       why_not_prefix)
 from app.export.eval_split import EVAL_DIR, check_fraction, held_out
 from app.export.parallel import prepare_parallel, prepare_serial
@@ -107,7 +107,7 @@ def export_run(
     that share of the rows out under `out_dir/eval` (app.export.eval_split: by a stable hash of the sample id, a
     conversation's id for its rows). `conversations`: "per-turn" writes a row per done turn of a whole
     conversation, "merged" one row per conversation where its prefix property is proven, else its per-turn rows
-    (app.export.conversations; counted in the report's and manifest's `conversations`).
+    (app.export.conversation_rows; counted in the report's and manifest's `conversations`).
     progress(seen, exported) is called after every sample. Raises InputError for a bad database, run,
     tokenizer, template, or an output directory that already holds an export (unless overwrite) or other files.
     """
@@ -210,7 +210,7 @@ def export_run(
 
         def flush() -> None:
             """Write the buffered conversation: one merged row where its prefix property is proven (module doc of
-            app.export.conversations), else its per-turn rows, counted under why."""
+            app.export.conversation_rows), else its per-turn rows, counted under why."""
             turns = list(group)
             group.clear()
             kept, contiguous = kept_prefix([(row, reason) for row, reason, _ in turns])

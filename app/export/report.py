@@ -30,7 +30,7 @@ class ExportReport:
     seen: int = 0
     eval_exported: int = 0  # of `exported`, the rows in the eval split (OUT/eval)
     eval_fraction: float = 0.0
-    # whole conversations (app.export.conversations.ConversationTally.as_dict); None when the run has none
+    # whole conversations (app.export.conversation_rows.ConversationTally.as_dict); None when the run has none
     conversations: dict[str, Any] | None = None
     train: dict[str, Any] = field(default_factory=dict)
 

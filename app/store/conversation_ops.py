@@ -17,7 +17,6 @@ tried again (`--retry-failed`).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sqlite3
 import time
@@ -35,7 +34,7 @@ from app.conversation import (
     answer_message,
     next_turn,
 )
-from app.store.ingest_ops import INGEST_CHUNK, MAX_CONFLICT_EXAMPLES, StoreWriter, _progress
+from app.store.ingest_ops import INGEST_CHUNK, MAX_CONFLICT_EXAMPLES, StoreWriter, _progress, pipelined
 from app.store.store_records import IngestReport
 from app.store.tallies import add_ingested_rows
 
@@ -90,18 +89,8 @@ async def ingest_conversations(
     """Insert the conversations the run does not hold yet, as turn rows (module doc), in chunked transactions.
     The report counts conversations (added, already present, conflicts). `source` prefixes each conflict's
     `file:line`; `track` = (role, name) advances that file's `ingest_files` row in each chunk's transaction."""
-    it = iter(conversations)
-    report = IngestReport()
-    batch = await asyncio.to_thread(_conversation_batch, it, chunk)
-    while batch.conversations:
-        pending = asyncio.ensure_future(store.write(_insert_conversations_op(run_id, batch, source, track)))
-        try:
-            nxt = await asyncio.to_thread(_conversation_batch, it, chunk)
-        finally:
-            part = await pending
-        report = report + part
-        batch = nxt
-    return report
+    return await pipelined(store, conversations, chunk, _conversation_batch, lambda b: bool(b.conversations),
+                           lambda b: _insert_conversations_op(run_id, b, source, track))
 
 
 _INSERT_TURNS = (

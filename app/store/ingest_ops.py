@@ -18,9 +18,9 @@ import asyncio
 import itertools
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import orjson
 
@@ -48,6 +48,7 @@ __all__ = [
     "finish_file",
     "ingest",
     "ingest_status",
+    "pipelined",
     "require_complete",
 ]
 
@@ -187,13 +188,25 @@ async def ingest(
     prefixes each conflict's `file:line`; `track` = (role, name) advances that file's `ingest_files` row
     in each chunk's transaction.
     """
-    it = iter(samples)
+    return await pipelined(store, samples, chunk, _sample_batch, lambda b: b.n > 0,
+                           lambda b: _insert_samples_op(run_id, b, source, track))
+
+
+B = TypeVar("B")
+
+
+async def pipelined(store: StoreWriter, items: Iterable[Any], chunk: int,
+                    batch_of: Callable[[Iterator[Any], int], B], has_rows: Callable[[B], bool],
+                    op_of: Callable[[B], Callable[[sqlite3.Connection], IngestReport]]) -> IngestReport:
+    """Ingest `items` chunk by chunk: the next chunk is read (`batch_of`, on a worker thread) while the one before
+    it is written (`op_of(batch)`, one transaction each); the chunks' reports added up."""
+    it = iter(items)
     report = IngestReport()
-    batch = await asyncio.to_thread(_sample_batch, it, chunk)
-    while batch.n:
-        pending = asyncio.ensure_future(store.write(_insert_samples_op(run_id, batch, source, track)))
+    batch = await asyncio.to_thread(batch_of, it, chunk)
+    while has_rows(batch):
+        pending = asyncio.ensure_future(store.write(op_of(batch)))
         try:
-            nxt = await asyncio.to_thread(_sample_batch, it, chunk)
+            nxt = await asyncio.to_thread(batch_of, it, chunk)
         finally:
             part = await pending
         report = report + part

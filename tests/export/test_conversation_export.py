@@ -15,7 +15,7 @@ import pytest
 
 from app.errors import InputError
 from app.export import ExportPolicy, TrainingRow, export_run
-from app.export.conversations import merged_row, prefix_break
+from app.export.conversation_rows import merged_row, prefix_break
 from app.export.report import summary_line
 from app.extract.manifest import read_manifest, read_shard
 
