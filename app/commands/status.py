@@ -92,19 +92,9 @@ def run_status(conn: Any, run: Any) -> dict[str, Any]:
         "conversations": conversations_status(c.conversations),
         "figures": _figures(rec),
         "engine": engine_status(conn, run, rec),
-        "trust": [t.as_json() for t in endpoint_trust(conn, rec)],
+        "trust": [t.as_json() for t in rec.trust],
     }
     return out
-
-
-def endpoint_trust(conn: Any, rec: Any) -> list[Any]:
-    """Each endpoint × upstream provider of the run as verified (probes with true ids), prior only (a known
-    server's table, no probe yet) or unverified (app.store.verification), from the record's counts."""
-    from app.store.verification import counts_of, read_priors, statuses
-
-    providers = rec.counts.providers
-    return statuses([counts_of(p.endpoint or "?", p.provider, p.answers) for p in providers],
-                    read_priors(conn, {p.endpoint for p in providers if p.endpoint}))
 
 
 def conversations_status(conv: Any) -> dict[str, Any] | None:

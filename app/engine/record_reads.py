@@ -16,6 +16,7 @@ from app.engine.snapshot_codec import live_from_json
 from app.store import queries
 from app.store.count_records import RunCounts, RunLatency
 from app.store.heartbeat import liveness, read_heartbeat
+from app.store.verification import trust_of
 
 
 class LatencyCache:
@@ -63,7 +64,8 @@ def read_record(conn: Any, run_name: str, *, live: LiveFigures | None = None, no
         finished = finished_figures(counts, (latency or LatencyCache()).get(conn, run.id, counts))
     budget = (run.config.get("limits") or {}).get("budget_usd")
     return RunRecord(run_name=run.name, state=state, counts=counts, state_reason=reason, engine=engine,
-                     engine_text=engine_text, live=live, finished=finished, budget_usd=budget, read_at=now)
+                     engine_text=engine_text, live=live, finished=finished, budget_usd=budget, read_at=now,
+                     trust=tuple(trust_of(conn, counts.providers)))
 
 
 __all__ = ["LatencyCache", "read_record"]

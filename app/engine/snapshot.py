@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from app.store.count_records import Percentiles, RunCounts, RunLatency
+from app.store.verification import VerificationStatus, worst_state
 
 IN_PROCESS = "here"  # the engine runs in this process (the in-process TUI, the headless progress line)
 LIVE_STATES = ("running", "paused", "stopping")  # states an engine moves a run through
@@ -131,6 +132,13 @@ class RunRecord:
     finished: FinishedFigures | None = None
     budget_usd: float | None = None
     read_at: float = 0.0
+    # each endpoint × provider's text path: verified / prior only / unverified (app.store.verification); read from
+    # the database with the record (the engine's own snapshot leaves it empty)
+    trust: tuple[VerificationStatus, ...] = ()
+
+    def endpoint_trust(self, endpoint: str) -> str | None:
+        """The least proven verification state among `endpoint`'s upstream providers (None: no answer yet)."""
+        return worst_state(t.state for t in self.trust if t.endpoint == endpoint)
 
     # the samples' states, read often enough to be named here (they are counts.samples')
     @property

@@ -16,8 +16,9 @@ the same model does is likely stripping it). Read-only: nothing here writes.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any
 
 from app.store.count_records import AnswerCounts
 from app.tokens.fidelity_profile import FidelityProfile
@@ -192,6 +193,20 @@ def read_priors(conn: sqlite3.Connection, endpoints: Iterable[str] | None = None
         if prior is not None:
             out[(endpoint, provider or "")] = prior
     return out
+
+
+def trust_of(conn: sqlite3.Connection, providers: Iterable[Any]) -> list[VerificationStatus]:
+    """The verification status of each endpoint × provider in `providers` (the run's
+    `app.store.count_records.ProviderCounts`): verified, prior only or unverified, as `fidelity` words them."""
+    providers = list(providers)
+    return statuses([counts_of(p.endpoint or "?", p.provider, p.answers) for p in providers],
+                    read_priors(conn, {p.endpoint for p in providers if p.endpoint}))
+
+
+def worst_state(states: Iterable[str]) -> str | None:
+    """The least proven of verification states (unverified, then prior only, then verified); None for none."""
+    states = set(states)
+    return next((s for s in reversed(STATES) if s in states), None)
 
 
 def read_verification(conn: sqlite3.Connection, run_id: int) -> list[VerificationStatus]:

@@ -140,3 +140,37 @@ async def test_endpoint_names_are_whole_or_an_alias_the_help_explains(size) -> N
             await pilot.press("question_mark")
             await pilot.pause()
             assert f"{alias} endpoint {long_name}" in _help_text(app.screen)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+async def test_each_endpoint_says_how_far_its_text_path_is_proven(size) -> None:
+    """A mark after each endpoint's name: verified by probes (✓), a known server's steps only (~), unverified (?),
+    the least proven of its upstream providers; the help explains the marks; names stay whole beside them."""
+    from app.store.verification import PRIOR_ONLY, UNVERIFIED, VERIFIED, VerificationStatus
+
+    def status(endpoint: str, provider: str | None, state: str) -> VerificationStatus:
+        return VerificationStatus(endpoint, provider, state, 5 if state == VERIFIED else 0, 5, 0, 0, 9, 9, 0, None)
+
+    record = replace(DEMANDING, trust=(status("simulator", None, VERIFIED),
+                                       status("quirky-upstream", "a", VERIFIED),
+                                       status("quirky-upstream", "b", PRIOR_ONLY)))
+    source = MemorySource()
+    source._record = record
+    app = EaglewatchApp(source)
+    async with app.run_test(size=size) as pilot:
+        screen = await _dashboard(pilot)
+        assert cuts(screen) == []
+        table = screen.query_one("#endpoints")
+        names = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
+        assert names == ["simulator✓", "quirky-upstream~"]
+        width = table.columns[next(iter(table.columns))].width
+        assert all(len(name) <= width for name in names), (names, width)
+        source._record = replace(record, trust=(*record.trust, status("quirky-upstream", "c", UNVERIFIED)))
+        for _ in range(100):  # the next poll
+            if str(table.get_row_at(1)[0]) == "quirky-upstream?":
+                break
+            await pilot.pause(0.05)
+        assert str(table.get_row_at(1)[0]) == "quirky-upstream?"
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert "✓ ~ ? after an endpoint" in _help_text(app.screen)

@@ -32,6 +32,8 @@ EVENTS_FETCHED = 12  # the event box shows the newest that fit (up to 12 at 120x
 ENDPOINT_COLUMNS = (("endpoint", "endpoint", 8), ("done", "done", 7), ("failed", "failed", 6),
                     ("flight", "flight", 7), ("req/s", "req/s", 5), ("p50", "p50", 6), ("p95", "p95", 6),
                     ("cost", "cost", 8))
+# after an endpoint's name, how far its text path is proven (app.store.verification's states, `fidelity` per provider)
+TRUST_MARKS = {"verified": "✓", "prior only": "~", "unverified": "?"}
 ENDPOINT_NAME_MAX = 40  # an endpoint name longer than this (or than the room left) shows as its alias, e.g. `#2`
 
 # Every abbreviation the dashboard uses, with its meaning: the help screen (`?`) lists them. A tile line uses a
@@ -59,6 +61,9 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
     ("unchecked", "rebuilt from text with neither true ids nor a reference"),
     ("match N% n=M", "of M measured answers (true ids whose text-only rebuild was also compared), N% came out "
                      "the same text: the text path's fidelity"),
+    ("✓ ~ ? after an endpoint", "its text path verified by probes with true ids / only a known server's steps, "
+                               "no probe yet / unverified (the least proven of its upstream providers; "
+                               "`eaglewatch fidelity` says each and what would verify it)"),
     ("failed, retried", "samples that failed for good; failed requests that were tried again"),
     ("5xx, 429, …", "failed requests by error class"),
 )
@@ -524,8 +529,11 @@ class DashboardScreen(Screen):
         its alias (`#2`), which the help lists."""
         table = self.query_one("#endpoints", DataTable)
         rows = endpoint_rows(rec)
-        room = (table.content_region.width or self.size.width - 2) - 2 * len(ENDPOINT_COLUMNS) - 1
+        marks = {r[0]: TRUST_MARKS.get(rec.endpoint_trust(r[0]) or "", "") for r in rows}
+        mark_w = 1 if any(marks.values()) else 0  # "✓" right after each name: its text path's proof
+        room = (table.content_region.width or self.size.width - 2) - 2 * len(ENDPOINT_COLUMNS) - 1 - mark_w
         widths, aliases = endpoint_widths(rows, room)
+        widths = (widths[0] + mark_w, *widths[1:])
         self.endpoint_aliases = aliases
         alias_of = {name: alias for alias, name in aliases.items()}
         if widths != self._endpoint_widths:
@@ -534,7 +542,7 @@ class DashboardScreen(Screen):
                 table.add_column(label, width=width, key=key)
             self._endpoint_widths, self._endpoint_rows = widths, {}
         for name, *rest in rows:  # rows are keyed by the endpoint's name; the first cell may be its alias
-            cells = (alias_of.get(name, name), *rest)
+            cells = (alias_of.get(name, name) + marks[name], *rest)
             old = self._endpoint_rows.get(name)
             if old is None:
                 table.add_row(*cells, key=name)
