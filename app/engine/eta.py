@@ -277,6 +277,23 @@ class Projector:
         ds.pending += count
         ds.pending_prompt += prompt_tokens * count
 
+    def datasets(self) -> tuple[str, ...]:
+        """The datasets the projector has heard of."""
+        return tuple(self._datasets)
+
+    def set_pending(self, dataset: str, prompt_tokens: int, count: int) -> None:
+        """`dataset` has exactly `count` samples waiting to be sent now, `prompt_tokens` each (the store's count,
+        e.g. after an operator put failed samples back)."""
+        ds = self._ds(dataset)
+        ds.pending = count
+        ds.pending_prompt = prompt_tokens * count
+
+    def set_waiting(self, dataset: str, prompt_tokens: int, outputs: int, count: int) -> None:
+        """`dataset` has exactly `count` conversation turns waiting on their parents (as `add_waiting`)."""
+        ds = self._ds(dataset)
+        ds.waiting = ds.waiting_prompt = ds.waiting_outputs = 0
+        self.add_waiting(dataset, prompt_tokens, outputs, count)
+
     def add_waiting(self, dataset: str, prompt_tokens: int, outputs: int, count: int = 1) -> None:
         """`count` conversation turns of `dataset` wait on their parents, each with `prompt_tokens` known now and
         `outputs` answers of the model still to come in its prompt (each priced at the dataset's mean length)."""

@@ -59,6 +59,18 @@ class Forecast:
 
     # ---- what the flights tell ---------------------------------------------------------------------
 
+    async def recount_pending(self, store: RunStore, run_id: int) -> None:
+        """Take the store's pending samples (and a conversation's turns waiting on their parents, and its open
+        chains) as the work to send: after failed samples were put back to pending they are work to come again."""
+        sizes = await store.open_prompt_sizes(run_id, leased=False)
+        work = await store.open_turn_work(run_id)
+        for dataset in {*sizes, *work.waiting, *self.projector.datasets()}:
+            n, chars = sizes.get(dataset, (0, 0))
+            self.projector.set_pending(dataset, chars // max(1, n) // CHARS_PER_TOKEN, n)
+            n, chars, outputs = work.waiting.get(dataset, (0, 0, 0))
+            self.projector.set_waiting(dataset, chars // max(1, n) // CHARS_PER_TOKEN, outputs // max(1, n), n)
+        self.projector.set_chains(work.chains)
+
     def started(self, sample: LeasedSample, prompt_est: int) -> None:
         """A sample was sent; `prompt_est` is the budget's worst-case prompt estimate (2 characters a token)."""
         self.projector.started(sample.pk, sample.dataset, 2 * (prompt_est - 16) // CHARS_PER_TOKEN, time.monotonic(),

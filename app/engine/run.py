@@ -235,7 +235,7 @@ class Run:
         flights.on_ready = scheduler.work_returned  # a turn's parent stored: lease it now
         steering = Steering(store=self.store, run_id=run_id, state=state, scheduler=scheduler, flights=flights,
                             endpoints=eps, slots=slots, gate=gate, events=events, wake=self._wake,
-                            counts=self._ledger.counts, attempts=cfg.generation.attempts)
+                            counts=self._ledger.counts, attempts=cfg.generation.attempts, forecast=self._forecast)
         keeper = LeaseKeeper(source=source, lease_s=cfg.limits.lease_s,
                              held=lambda: flights.pks() + scheduler.queued_pks(), on_returned=scheduler.work_returned,
                              gate=gate, counts=self._ledger.counts, events=events)

@@ -16,6 +16,7 @@ from app.engine.endpoint_health import ENDPOINTS_DOWN
 from app.engine.endpoints import Endpoint, set_total_limit
 from app.engine.events import EventLog
 from app.engine.flights import Flights
+from app.engine.forecast import Forecast
 from app.engine.quality import QualityDecision
 from app.engine.run_state import RunState
 from app.engine.scheduler import Scheduler
@@ -34,7 +35,7 @@ class Steering:
 
     def __init__(self, *, store: RunStore, run_id: int, state: RunState, scheduler: Scheduler, flights: Flights,
                  endpoints: list[Endpoint], slots: EndpointSlots, gate: StoreGate, events: EventLog,
-                 wake: asyncio.Event, counts: SampleCounts, attempts: int) -> None:
+                 wake: asyncio.Event, counts: SampleCounts, attempts: int, forecast: Forecast) -> None:
         self._store = store
         self._run_id = run_id
         self._state = state
@@ -47,6 +48,7 @@ class Steering:
         self._wake = wake  # the scheduler's
         self._counts = counts
         self._attempts = attempts  # generation.attempts: the fresh allowance retry_failed gives
+        self._forecast = forecast  # told of samples put back to pending (the ETA counts them again)
 
     async def pause(self, now: bool = False, reason: str = "operator") -> None:
         """Lease nothing new; with now=True also cancel in-flight requests (providers may still bill)."""
@@ -83,6 +85,8 @@ class Steering:
         transaction) and schedule them, also after the run had ended; returns how many."""
         n = await self._gate.commit(lambda: self._store.retry_failed(self._run_id))
         self._counts.reset(await self._store.counts(self._run_id))
+        if n:
+            await self._forecast.recount_pending(self._store, self._run_id)
         await self._events.add("info", "run", f"{n} failed samples put back to pending, each with a fresh allowance of "
                                f"{self._attempts} attempts (generation.attempts)")
         if n and self._state.current == "done":

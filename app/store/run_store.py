@@ -554,12 +554,14 @@ class RunStore:
         )
         return (row[0], row[1]) if row else (None, None)
 
-    async def open_prompt_sizes(self, run_id: int) -> dict[str, tuple[int, int]]:
-        """Per dataset, the samples still to run (pending or leased) and their prompts' JSON characters
-        (messages + tools): what the ETA's prompt-token projection starts from. One scan at engine start."""
+    async def open_prompt_sizes(self, run_id: int, *, leased: bool = True) -> dict[str, tuple[int, int]]:
+        """Per dataset, the samples still to run (pending, and leased unless `leased` is False) and their prompts'
+        JSON characters (messages + tools): what the ETA's prompt-token projection starts from. One scan at engine
+        start (and after an operator's retry of failed samples, pending only)."""
+        states = "('pending', 'leased')" if leased else "('pending')"
         rows = await self.read(lambda conn: conn.execute(
             "SELECT dataset, COUNT(*), TOTAL(LENGTH(messages) + COALESCE(LENGTH(tools), 0)) FROM samples "
-            "WHERE run_id = ? AND state IN ('pending', 'leased') GROUP BY dataset", (run_id,)).fetchall())
+            f"WHERE run_id = ? AND state IN {states} GROUP BY dataset", (run_id,)).fetchall())
         return {str(d): (int(n), int(c)) for d, n, c in rows}
 
     async def open_turn_work(self, run_id: int) -> OpenTurnWork:

@@ -412,3 +412,28 @@ def test_prompts_left_are_priced_at_the_share_the_prompt_cache_served():
     _learned(proj, cached=750)
     proj.add_pending("chat", 1000, count=100)
     assert proj.project(1.0, 0.0, concurrency=8).projected_cost_usd == pytest.approx(costs[0])
+
+
+async def test_failed_samples_put_back_are_work_to_come_again(tmp_path, sample_data):
+    """An operator's retry of failed samples (RunStore.retry_failed) makes them pending again: the forecast counts
+    them (and their prompts) as work to send, as it did before they failed."""
+    from app.engine.forecast import Forecast
+    from tests.engine.conftest import make_config, open_ingested
+
+    config = make_config(tmp_path, sample_data)
+    store, run_id = await open_ingested(config, sample_data, 10)
+    try:
+        forecast = Forecast(prices=Prices(0.6, 2.5), max_tokens=4096, stream=False)
+        await forecast.load(store, run_id)
+        (ds,) = forecast.projector._datasets.values()
+        assert ds.pending == 10 and ds.pending_prompt > 0
+        prompt = ds.pending_prompt
+        for sample in await store.lease(run_id, 10, 60.0, "test:1"):
+            forecast.started(sample, 100)
+            await store.record_failure(run_id, sample.pk, "5xx", "server error", final=True)
+        assert ds.pending == 0
+        assert await store.retry_failed(run_id) == 10
+        await forecast.recount_pending(store, run_id)
+        assert ds.pending == 10 and ds.pending_prompt == prompt  # their prompts are priced again
+    finally:
+        await store.close()
