@@ -161,20 +161,12 @@ def build(out: Path, tokenizer_dir: Path) -> list[Path]:
         reference += writer.references(cid, line["messages"], None, outputs)
     out.mkdir(parents=True, exist_ok=True)
 
-    def jsonl(rows: list[dict]) -> str:
-        return "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in rows)
-
     files = {
-        "conversations.openai.jsonl": jsonl(openai_lines),
-        "conversations.sharegpt.jsonl": jsonl(sharegpt_lines),
-        "conversations.reference.jsonl": jsonl(reference),
+        "conversations.openai.jsonl": ref.jsonl(openai_lines),
+        "conversations.sharegpt.jsonl": ref.jsonl(sharegpt_lines),
+        "conversations.reference.jsonl": ref.jsonl(reference),
     }
-    paths = []
-    for name, text in files.items():
-        path = out / name
-        path.write_text(text, encoding="utf-8")
-        paths.append(path)
-    return paths
+    return ref.write_files(out, files)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -407,6 +407,21 @@ def specforge(record: dict) -> dict:
     return {"id": record["id"], "conversations": [{"role": m["role"], "content": m["content"]} for m in record["messages"]]}
 
 
+def jsonl(rows: list[dict]) -> str:
+    """JSON lines, compact, UTF-8 as is."""
+    return "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in rows)
+
+
+def write_files(out: Path, files: dict[str, str]) -> list[Path]:
+    """Write each named text into `out`; return the paths in order."""
+    paths = []
+    for name, text in files.items():
+        path = out / name
+        path.write_text(text, encoding="utf-8")
+        paths.append(path)
+    return paths
+
+
 def build(out: Path, tokenizer_dir: Path) -> list[Path]:
     """Write the reference, its cases and the three prompt files into `out`; return the paths."""
     writer = SampleWriter(tokenizer_dir)
@@ -417,9 +432,6 @@ def build(out: Path, tokenizer_dir: Path) -> list[Path]:
         cases[record["id"]] = case
     out.mkdir(parents=True, exist_ok=True)
 
-    def jsonl(rows: list[dict]) -> str:
-        return "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in rows)
-
     plain = [r for r in records if "tools" not in r and all(m["role"] in ("system", "user") for m in r["messages"])]
     files = {
         "reference.jsonl": jsonl(records),
@@ -428,12 +440,7 @@ def build(out: Path, tokenizer_dir: Path) -> list[Path]:
         "prompts.sharegpt.jsonl": jsonl([sharegpt(r) for r in plain[:24]]),
         "prompts.specforge.jsonl": jsonl([specforge(r) for r in plain[24:48]]),
     }
-    paths = []
-    for name, text in files.items():
-        path = out / name
-        path.write_text(text, encoding="utf-8")
-        paths.append(path)
-    return paths
+    return write_files(out, files)
 
 
 def main(argv: list[str] | None = None) -> int:
