@@ -128,18 +128,18 @@ def sim_options(profile: str, folder: Path, seed: int):
 
 class Occupancy:
     """The simulator's busy slots (requests admitted and running, at most its capacity), sampled every 10 ms: the
-    share of the capacity a client kept busy, and the limit it held (`limit()`, when it has one)."""
+    share of the capacity a client kept busy."""
 
-    def __init__(self, sim, capacity: int, limit=None) -> None:
-        self._sim, self._capacity, self._limit = sim, capacity, limit
-        self.samples: list[tuple[float, int, int]] = []
+    def __init__(self, sim, capacity: int) -> None:
+        self._sim, self._capacity = sim, capacity
+        self.samples: list[tuple[float, int]] = []
         self._task = None
 
     async def _loop(self) -> None:
         t0 = time.perf_counter()
         while True:
             busy = min(self._sim.capacity.model.active, self._capacity)
-            self.samples.append((time.perf_counter() - t0, busy, self._limit() if self._limit else 0))
+            self.samples.append((time.perf_counter() - t0, busy))
             await asyncio.sleep(0.01)
 
     def start(self) -> None:
@@ -147,25 +147,80 @@ class Occupancy:
 
     def stop(self) -> dict:
         self._task.cancel()
-        busy = [b for _, b, _ in self.samples]
+        busy = [b for _, b in self.samples]
         # the share of the capacity in use until the last 5 % of samples (the tail is the chains' own)
         head = busy[: max(1, int(len(busy) * 0.95))]
         return {"busy_share": sum(busy) / max(1, len(busy)) / self._capacity,
                 "busy_share_head": sum(head) / max(1, len(head)) / self._capacity,
-                "trace": [(round(t, 2), b, lim) for t, b, lim in self.samples[::50]]}
+                "trace": [(round(t, 2), b) for t, b in self.samples[::50]]}
+
+
+# ---- the provider, in its own process ------------------------------------------------------------------
+
+async def serve(profile: str, folder: Path, seed: int) -> None:
+    """The provider: the simulator with its capacity and the occupancy sampler, in a process of its own (a real
+    provider's CPU is not the client's). Prints its base URL, serves until stdin closes, then prints its counters
+    and occupancy as one JSON line."""
+    from app.simulator.server import SimulatorServer
+
+    sim = SimulatorServer(sim_options(profile, folder, seed), tokenizer_dir=SAMPLE / "tokenizer", model=MODEL,
+                          latency_by_sample=True)
+    await sim.start()
+    occupancy = Occupancy(sim, PROFILES[profile][2])
+    print(json.dumps({"base_url": sim.base_url}), flush=True)
+    loop = asyncio.get_running_loop()
+    started = asyncio.Event()
+    closed = asyncio.Event()
+
+    def on_stdin() -> None:
+        line = sys.stdin.readline()
+        if line.strip() == "start":
+            started.set()
+        elif not line or line.strip() == "stop":
+            closed.set()
+
+    loop.add_reader(sys.stdin.fileno(), on_stdin)
+    await started.wait()
+    occupancy.start()
+    await closed.wait()
+    loop.remove_reader(sys.stdin.fileno())
+    busy = occupancy.stop()
+    counters = dict(sim.counters)
+    await sim.close()
+    print(json.dumps({"counters": counters, **busy}), flush=True)
+
+
+class Provider:
+    """The client's handle on the provider process (`serve`): its base URL, `start()` when the clock starts,
+    `stop()` for its counters and occupancy."""
+
+    def __init__(self, profile: str, folder: Path, seed: int) -> None:
+        self._proc = subprocess.Popen([sys.executable, __file__, "--serve", profile, "--folder", str(folder),
+                                       "--seed", str(seed)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.base_url = json.loads(self._proc.stdout.readline())["base_url"]
+
+    def start(self) -> None:
+        self._proc.stdin.write("start\n")
+        self._proc.stdin.flush()
+
+    def stop(self) -> dict:
+        self._proc.stdin.write("stop\n")
+        self._proc.stdin.flush()
+        out = json.loads(self._proc.stdout.readline())
+        self._proc.wait(timeout=30)
+        return out
 
 
 # ---- eaglewatch ---------------------------------------------------------------------------------------
 
 async def run_engine(profile: str, folder: Path, seed: int) -> dict:
-    """The engine over its own simulator (in this process, as the built-in one runs)."""
+    """The engine against the provider process."""
     from app.config import parse_config
     from app.engine.config_ingest import ingest_config
     from app.engine.rebuild_pool import build_reconstructor
     from app.engine.run import Run
     from app.providers.client import ChatClient
     from app.providers.wire import WireLimits
-    from app.simulator.server import SimulatorServer
     from app.store.queries import run_counts
     from app.store.run_store import RunStore
 
@@ -179,32 +234,30 @@ async def run_engine(profile: str, folder: Path, seed: int) -> dict:
                  "reference": str(folder / "reference.jsonl")},
         "model": {"name": MODEL, "tokenizer": str(SAMPLE / "tokenizer")},
         # a simulator endpoint (the engine names each turn's reference sample to it); its client is pointed at
-        # the server started here with `latency_by_sample`
+        # the provider process
         "endpoints": [{"name": "sim", "simulator": {"prompt_cache": True}, "timeout_s": 60.0,
                        "max_concurrency": MAX}],
         "generation": {"max_tokens": 8192, "stream": False},
         "limits": {"concurrency_max": MAX},
         "pricing": {MODEL: {"prompt_per_m": 0.6, "completion_per_m": 2.5, "cached_prompt_per_m": 0.15}},
     }, base_dir=folder)
-    sim = SimulatorServer(sim_options(profile, folder, seed), tokenizer_dir=SAMPLE / "tokenizer", model=MODEL,
-                          latency_by_sample=True)
-    await sim.start()
-    ep = cfg.endpoints[0].model_copy(update={"base_url": sim.base_url, "simulator": None, "server": "openrouter"})
+    provider = Provider(profile, folder, seed)
+    ep = cfg.endpoints[0].model_copy(update={"base_url": provider.base_url, "simulator": None, "server": "openrouter"})
     client = ChatClient(ep, cfg.generation, None, limits=WireLimits(max_cost_usd=cfg.limits.max_response_cost_usd))
     store = await RunStore.open(db)
+    served: dict = {}
     try:
         await ingest_config(store, cfg)
         run = Run(cfg, store, reconstructor=build_reconstructor(cfg), clients={"sim": client})
         t0 = time.perf_counter()
         await run.start()
-        occupancy = Occupancy(sim, PROFILES[profile][2], lambda: run.endpoints[0].limit.limit)
-        occupancy.start()
+        provider.start()
         pool = run.rebuild_pool
         if pool is not None and pool.workers:
             t0 += pool.start_s  # the worker's one-off start, like ingest, is not the scheduling's
         await run.wait()
         wall = time.perf_counter() - t0
-        busy = occupancy.stop()
+        served = provider.stop()
         final_limit = run.endpoints[0].limit.limit
         await run.close()
         counts = await store.read(lambda conn: run_counts(conn, 1))
@@ -213,13 +266,15 @@ async def run_engine(profile: str, folder: Path, seed: int) -> dict:
     finally:
         await store.close()
         await client.aclose()
-        await sim.close()
+        if not served:
+            provider.stop()
     conv = counts.conversations
-    return {"wall_s": wall, "requests": sum(v for k, v in sim.counters.items()), "ok": sim.counters.get("ok", 0),
-            "429": sum(v for k, v in sim.counters.items() if k.startswith("429")),
+    sim_counters = served.pop("counters")
+    return {"wall_s": wall, "requests": sum(sim_counters.values()), "ok": sim_counters.get("ok", 0),
+            "429": sum(v for k, v in sim_counters.items() if k.startswith("429")),
             "turns_done": counts.conversations.turns.get("done", 0), "conversations_done": conv.done,
             "conversations_ended_early": conv.total - conv.done, "cached_share": cached / prompt if prompt else 0.0,
-            "spent_usd": spent, "final_limit": final_limit, "cpu_s": time.process_time(), **busy}
+            "spent_usd": spent, "final_limit": final_limit, "cpu_s": time.process_time(), **served}
 
 
 # ---- the naive client ---------------------------------------------------------------------------------
@@ -230,12 +285,9 @@ async def run_naive(profile: str, folder: Path, seed: int, workers: int) -> dict
 
     from app.conversation import answer_message, extend_messages, split_turns, turn_sample_id
     from app.providers.parse import parse_retry_after
-    from app.simulator.server import SimulatorServer
 
     conversations = [json.loads(line) for line in (folder / "conversations.jsonl").read_text().splitlines()]
-    sim = SimulatorServer(sim_options(profile, folder, seed), tokenizer_dir=SAMPLE / "tokenizer", model=MODEL,
-                          latency_by_sample=True)
-    await sim.start()
+    provider = Provider(profile, folder, seed)
     stats = {"requests": 0, "429": 0, "turns_done": 0, "cached": 0, "prompt": 0}
     nxt = 0
 
@@ -275,17 +327,19 @@ async def run_naive(profile: str, folder: Path, seed: int, workers: int) -> dict
                 answer = answer_message(msg.get("content"), msg.get("reasoning"),
                                         [_Tool(c) for c in msg.get("tool_calls") or ()], turn=k)
 
+    busy: dict = {}
     try:
         limits = httpx.Limits(max_connections=workers, max_keepalive_connections=workers)
-        async with httpx.AsyncClient(base_url=sim.base_url, limits=limits, timeout=120.0) as http:
-            occupancy = Occupancy(sim, PROFILES[profile][2])
-            occupancy.start()
+        async with httpx.AsyncClient(base_url=provider.base_url, limits=limits, timeout=120.0) as http:
+            provider.start()
             t0 = time.perf_counter()
             await asyncio.gather(*(walk(http) for _ in range(workers)))
             wall = time.perf_counter() - t0
-            busy = occupancy.stop()
+            busy = provider.stop()
     finally:
-        await sim.close()
+        if not busy:
+            provider.stop()
+    busy.pop("counters", None)
     return {"wall_s": wall, "requests": stats["requests"], "429": stats["429"], "turns_done": stats["turns_done"],
             "cached_share": stats["cached"] / stats["prompt"] if stats["prompt"] else 0.0, "workers": workers,
             "cpu_s": time.process_time(), **busy}
@@ -314,8 +368,12 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=1, help="repetitions of the three clients (rotating order)")
     parser.add_argument("--quick", action="store_true", help="a small run: 40 conversations of 3 turns on average")
     parser.add_argument("--one", nargs=2, metavar=("PROFILE", "CLIENT"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve", metavar="PROFILE", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve:
+        asyncio.run(serve(args.serve, Path(args.folder), args.seed))
+        return 0
     if args.one:
         print(json.dumps(one(args)))
         return 0

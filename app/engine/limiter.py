@@ -10,6 +10,11 @@ The rule, per endpoint (pure and synchronous: the caller passes the clock readin
   those levels then read as capacity falling. The ceiling (`capacity_estimate`) is the level proven since the
   last cut; two successes above it are needed to raise it (one alone may have
   slipped in while a refused request was still on its way back: the client counted it, the server did not).
+- **Slots.** The limit bounds the requests on the wire, as the levels count them: a request whose answer is
+  being rebuilt and stored keeps its slot (`in_flight`), but the next request may already go to the provider
+  (`has_room`). All slots together stay under `maximum`, which bounds the answers a crash can lose before they
+  are stored. Holding the provider's slot through the client's own rebuild and store left a hidden cap of 24
+  about 5-10 % idle when each turn of a conversation waits for its parent's store (`bench/conversations.py`).
 - **The start.** By default the limit starts at the maximum (`concurrency_initial` unset = `concurrency_max`),
   what a fixed-concurrency client sends: a hidden cap below it costs one refusal per excess request, once
   (the first wave's 429s come back within a network round trip and end slow start at the cap), while a
@@ -177,9 +182,20 @@ class AdaptiveLimit:
 
     # ---- slots -----------------------------------------------------------------------------------
 
+    @property
+    def on_wire(self) -> int:
+        """Requests at the provider now: the slots held, less those answered and being stored."""
+        return self.in_flight - self.answered
+
+    def has_room(self) -> bool:
+        """A slot is free: fewer than `limit` requests on the wire (an answered request whose result is being
+        stored is no longer at the provider, so its slot does not keep the provider below its limit) and fewer
+        than `maximum` slots held in all (answered ones included: what bounds the answers a crash can lose)."""
+        return self.on_wire < self.limit and self.in_flight < self.maximum
+
     def can_start(self, now: float) -> bool:
-        """True when a request may start now (a free slot and no cooldown)."""
-        return self.in_flight < self.limit and now >= self.cooldown_until
+        """True when a request may start now (`has_room` and no cooldown)."""
+        return self.has_room() and now >= self.cooldown_until
 
     def take(self, now: float | None = None) -> Ticket:
         """Count one request as started (call only after `can_start`); give the ticket back with its outcome."""
@@ -337,6 +353,20 @@ class AdaptiveLimit:
         window = list(self._outcomes)[-max(2 * self.limit, 50):]
         bad = sum(window)
         at_proven = self.ceiling is not None and level <= self.ceiling
+        if at_proven and not stale and level == self.ceiling and self.ceiling > self.minimum:
+            # the top proven level refused: its proof may have come from a count ahead of the server's (an
+            # answer still on its way back when the request was sent), so step down one, as a failed probe
+            # would, rather than read a cap that held as capacity falling (the next overloads are stale)
+            self.ceiling = self.limit = self.ceiling - 1
+            self._suspect = None
+            self._epoch += 1
+            self._fresh_epoch = self._epoch
+            self._deep.clear()
+            self._probe_step = 1
+            self._probe_gap_s = min(self.max_probe_gap_s, self._probe_gap_s * 2)
+            self._next_probe = now + self._probe_gap_s
+            self._latency_held = False
+            return LimitChange(old, self.limit, 0.0, "overloaded at the top proven level")
         if at_proven and not stale and bad >= 3 and bad > self.noise_tolerance * len(window):
             # frequent overloads: the capacity fell (or a quota ran dry). Cut, wait out Retry-After, and
             # rediscover the capacity from the cut value (the next fresh 429's level says what is admitted)

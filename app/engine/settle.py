@@ -262,7 +262,7 @@ class Settler:
             used = completion.usage.prompt_tokens + completion.usage.completion_tokens
             est = estimate_prompt_tokens(s.messages, s.tools) + self.config.generation.max_tokens
             self.tok_bucket.adjust(used - est, asyncio.get_running_loop().time())
-        saturated = self.slots.waiting > 0 or ep.limit.in_flight >= ep.limit.limit
+        saturated = self.slots.waiting > 0 or ep.limit.on_wire >= ep.limit.limit
         # the limiter's signals: the request's ticket (its level) and its latency, TTFT when streaming (a
         # queueing server's first byte waits for a batch slot), on the loop's clock, as the slots take it
         change = ep.limit.on_success(saturated, ticket=f.ticket, latency_s=limiter_latency(completion),

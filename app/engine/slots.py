@@ -70,8 +70,10 @@ class EndpointSlots:
 
     def answered(self, index: int) -> None:
         """A request holding a slot of endpoint `index` has its answer: it keeps the slot until its result is
-        stored, but no longer counts as on the wire in the limiter's levels (`AdaptiveLimit.mark_answered`)."""
+        stored, but no longer counts as on the wire (`AdaptiveLimit.mark_answered`), so the next request may go
+        to the provider while this one's result is rebuilt and stored (waiters are served now)."""
         self.limits[index].mark_answered()
+        self.wake()
 
     def release(self, index: int, answered: bool = False) -> None:
         """Give back a slot of endpoint `index` (`answered`: its request was marked answered) and hand free slots
@@ -98,7 +100,7 @@ class EndpointSlots:
         if not self._waiters or self._timer is not None:
             return
         now = self._now()
-        ends = [lim.cooldown_until for lim in self.limits if lim.cooldown_until > now and lim.in_flight < lim.limit]
+        ends = [lim.cooldown_until for lim in self.limits if lim.cooldown_until > now and lim.has_room()]
         if ends:
             self._timer = asyncio.get_running_loop().call_later(min(ends) - now + 0.001, self._on_timer)
 

@@ -265,3 +265,55 @@ def test_a_slot_held_while_its_answer_is_stored_is_left_out_of_the_next_requests
     lim.release()  # an unanswered one ended (a failure to retry)
     assert lim.take(0.0).level == 3 and lim.in_flight == 3
 
+
+
+def test_an_answered_request_being_stored_frees_its_place_on_the_wire_but_not_past_the_maximum():
+    # the limit bounds the requests at the provider: a result being rebuilt and stored keeps its slot, yet the
+    # next request may go out; the slots in all stay under the maximum (what a crash can lose before storing)
+    lim = AdaptiveLimit(4, 1, 6)
+    lim.ceiling = 4
+    for _ in range(4):
+        lim.take(0.0)
+    assert not lim.can_start(0.0)
+    lim.mark_answered()
+    assert lim.can_start(0.0) and lim.take(0.0).level == 4 and lim.on_wire == 4
+    lim.mark_answered()
+    lim.take(0.0)
+    assert lim.in_flight == 6 and lim.on_wire == 4
+    lim.mark_answered()
+    assert lim.on_wire == 3 and not lim.can_start(0.0)  # 6 slots held: the maximum, though one place is free
+    lim.release(answered=True)
+    assert lim.can_start(0.0)
+
+
+def test_a_refusal_at_the_top_proven_level_steps_down_one_instead_of_reading_capacity_falling():
+    # two successes counted at level 25 while an answer was still on its way back (the client's count ahead of
+    # the server's) raise the ceiling to 25 over a cap of 24; the refusals that follow at level 25 step the
+    # ceiling back down one, with no cooldown and no multiplicative cut
+    lim = AdaptiveLimit(25, 1, 64)
+    lim.ceiling = 25
+    refused = []
+    for t in _fill(lim)[:4]:  # each answer makes room for one more request at level 25
+        lim.mark_answered()
+        lim.release(answered=True)
+        lim.on_success(True, ticket=t, now=0.3)
+        refused.append(lim.take(0.3))
+    assert {t.level for t in refused} == {25}
+    changes = []
+    for t in refused:
+        lim.release()
+        changes.append(lim.on_overload(0.31, 1.0, ticket=t))
+    stepped = [c for c in changes if c is not None]
+    assert len(stepped) == 1 and (stepped[0].new, stepped[0].cooldown_s) == (24, 0.0)
+    assert lim.limit == 24 and lim.capacity_estimate == 24 and lim.cuts == 0 and lim.cooldown_until == 0.0
+    # a fall of the capacity still cuts: refusals below the top proven level, frequent
+    lim2 = AdaptiveLimit(40, 1, 64)
+    lim2.ceiling = 40
+    tickets = _fill(lim2)
+    for t in tickets[:20]:
+        lim2.release()
+        lim2.on_success(True, ticket=t, now=0.3)
+    for t in tickets[20:39]:
+        lim2.release()
+        lim2.on_overload(0.31, 1.0, ticket=t)
+    assert lim2.cuts == 1 and lim2.cooldown_until > 0.31

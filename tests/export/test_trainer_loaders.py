@@ -88,8 +88,9 @@ def test_specforge_preformatted_text_gives_the_shard_ids(truth, built_run, specf
 
 def test_no_specforge_template_masks_k25_text_exactly(truth, specforge_text, sample_tokenizer_dir, tmp_path):
     """Every template SpecForge 0.2 registers (all `data.chat_template` can name), last turn only or every
-    turn: none gives eaglewatch's mask for all samples; the Kimi ones miss by exactly the prefilled `<think>`.
-    So the warning's route (pre-tokenized rows) is the only exact one, proven above."""
+    turn: none gives eaglewatch's mask for all samples; the Kimi ones miss by exactly the prefilled `<think>` in
+    every sample (the others are read over the first 60 rows: consumers.py). So the warning's route
+    (pre-tokenized rows) is the only exact one, proven above."""
     _, want, _ = truth
     out, _, _ = specforge_text
     run_consumer("specforge-text-templates", out, sample_tokenizer_dir, result=tmp_path / "r.pt")

@@ -1,6 +1,7 @@
 """Load eaglewatch's outputs through the trainers' own code (run by tests/export/trainers/env.py in the trainer
 environment). Usage: consumers.py CHECK ARGS... RESULT.pt — RESULT gets what the trainer's code returned,
-stdout's last line a JSON summary.
+stdout's last line a JSON summary; `consumers.py --zygote TRAINER` imports a trainer's modules once and forks a
+fresh process per check it is sent (tests/export/trainers/env.py).
 
 Where a consumer's entry point needs a GPU server or accelerator (SpecForge's and speculators' hidden-state
 scripts, their trainers), the functions it calls underneath are called instead, as named per check.
@@ -55,16 +56,19 @@ def specforge_text(export_dir: str, tokenizer_dir: str) -> dict:
 def specforge_text_templates(export_dir: str, tokenizer_dir: str) -> dict:
     """The same `preprocess_conversations` call over the rows' `text` with every template SpecForge registers
     (`TEMPLATE_REGISTRY`, what `data.chat_template` names), last turn only and every turn: template name ->
-    {"last" | "all": {id: (input_ids, loss_mask) or the error}}."""
+    {"last" | "all": {id: (input_ids, loss_mask) or the error}}. The Kimi templates go over every row; the others
+    over the first 60 (a row whose mask differs is all it takes to show a template is not exact, and tokenising
+    every row with each of them cost half a minute)."""
     from specforge.data.preprocessing import preprocess_conversations
     from specforge.data.template import TEMPLATE_REGISTRY
 
     manifest = _manifest(export_dir)
-    rows = _jsonl(Path(export_dir) / manifest["specforge"]["data"]["train_data_path"])
+    every = _jsonl(Path(export_dir) / manifest["specforge"]["data"]["train_data_path"])
     tok = _hf_tokenizer(tokenizer_dir)
     out: dict = {}
     for name in TEMPLATE_REGISTRY.get_all_template_names():
         template = TEMPLATE_REGISTRY.get(name)
+        rows = every if name.startswith("kimi") else every[:60]
         out[name] = {}
         for key, last in (("last", True), ("all", False)):
             try:
@@ -362,8 +366,65 @@ CHECKS = {
     "modelopt-train": modelopt_train, "arrow-datasets": arrow_datasets,
 }
 
-if __name__ == "__main__":
-    check, *args, result = sys.argv[1:]
+# What a warm process of each trainer imports once (`zygote`): the modules its checks import, the slow part of a
+# check (Model-Optimizer ~20 s, speculators ~18 s, SpecForge ~10 s on 2 cores)
+PRELOAD = {
+    "specforge": ("transformers", "specforge.data.preprocessing", "specforge.data.template",
+                  "specforge.data.prompt_builder"),
+    "speculators": ("transformers", "speculators.data_generation.preprocessing", "speculators.train.data",
+                    "speculators.train.dataloader", "speculators.models.eagle3.data", "hs_connectors"),
+    "modelopt": ("transformers", "modelopt.torch.speculative.plugins.hf_streaming_dataset",
+                 "modelopt.torch.utils.plugins.transformers_dataset", "modelopt.torch.speculative.eagle.utils"),
+}
+
+
+def run_check(check: str, *args: str) -> str:
+    """Run one check: what the trainer's code returned goes to RESULT (the last argument); returns the summary."""
+    *args, result = args
     loaded = CHECKS[check](*args)
     torch.save(loaded, result)
-    print(json.dumps({"check": check, "n": len(loaded)}))
+    return json.dumps({"check": check, "n": len(loaded)})
+
+
+def zygote(family: str) -> None:
+    """Import one trainer's modules once, then fork a fresh child per check named on stdin (a JSON line: argv,
+    stdout and stderr files, cwd): each check runs in a process of its own, as a cold start would, without paying
+    the imports again. Answers each request with {"pid": ...} when forked and {"rc": ...} when it ended."""
+    import importlib
+    import os
+    import traceback
+
+    for name in PRELOAD.get(family, ()):
+        importlib.import_module(name)
+    print(json.dumps({"ready": family}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the check's own process
+            code = 1
+            try:
+                null = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(null, 0)
+                for fd, path in ((1, req["stdout"]), (2, req["stderr"])):
+                    os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+                os.chdir(req.get("cwd") or os.getcwd())
+                print(run_check(*req["argv"]), flush=True)
+                code = 0
+            except BaseException:  # noqa: BLE001 - the child reports every failure through its exit status
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        print(json.dumps({"pid": pid}), flush=True)
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({"rc": os.waitstatus_to_exitcode(status)}), flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--zygote":
+        zygote(sys.argv[2])
+    else:
+        print(run_check(*sys.argv[1:]))

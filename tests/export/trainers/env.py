@@ -8,10 +8,15 @@ it after building the folder) they fail instead, so CI cannot pass by skipping t
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import selectors
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -52,16 +57,87 @@ def _env(scratch: Path, overlay: str | None = None) -> dict[str, str]:
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
 
 
+CONSUMERS = Path(__file__).with_name("consumers.py")
+FAMILIES = ("specforge", "speculators", "modelopt")  # consumers.py PRELOAD: the trainers with a warm process
+
+
+class _Zygote:
+    """`consumers.py --zygote FAMILY` in the trainer env: one trainer's modules imported once, a fresh child
+    forked per check (this test process keeps one per trainer; closed at exit)."""
+
+    def __init__(self, family: str) -> None:
+        self._scratch = Path(tempfile.mkdtemp(prefix=f"eaglewatch-{family}-"))
+        self.proc = subprocess.Popen([sys.executable, str(CONSUMERS), "--zygote", family], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=open(self._scratch / "zygote.err", "w"),
+                                     text=True, env=_env(self._scratch), cwd=self._scratch)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self.proc.stdout, selectors.EVENT_READ)
+        ready = self._line(600)
+        if "ready" not in ready:
+            raise AssertionError(f"the {family} trainer process did not start: "
+                                 f"{(self._scratch / 'zygote.err').read_text()[-6000:]}")
+
+    def _line(self, timeout: float) -> dict:
+        if not self._sel.select(timeout):
+            raise TimeoutError(f"no answer in {timeout:g} s")
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"the trainer process ended: {(self._scratch / 'zygote.err').read_text()[-6000:]}")
+        return json.loads(line)
+
+    def run(self, argv: list[str], out: Path, err: Path, timeout: float) -> int:
+        self.proc.stdin.write(json.dumps({"argv": argv, "stdout": str(out), "stderr": str(err),
+                                          "cwd": str(out.parent)}) + "\n")
+        self.proc.stdin.flush()
+        pid = self._line(60)["pid"]
+        try:
+            return int(self._line(timeout)["rc"])
+        except TimeoutError:
+            os.kill(pid, signal.SIGKILL)
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+_ZYGOTES: dict[str, _Zygote] = {}
+
+
+@atexit.register
+def _close_zygotes() -> None:
+    for z in _ZYGOTES.values():
+        z.close()
+    _ZYGOTES.clear()
+
+
 def run_consumer(check: str, *args: str | Path, result: Path, overlay: str | None = None) -> dict:
     """Run `tests/export/trainers/consumers.py CHECK ARGS... RESULT` in the trainer env (with `overlay`, the
-    folder of scripts/trainer_venv.sh's overlays put first); return its JSON summary (what it loaded is in
+    folder of scripts/trainer_venv.sh's overlays put first, in a cold process of its own; otherwise forked from
+    the trainer's warm process, a process of its own too); return its JSON summary (what it loaded is in
     RESULT, a torch.save file)."""
-    env = _env(result.parent, overlay)
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("consumers.py")), check,
-                           *map(str, args), str(result)], capture_output=True, text=True, env=env, timeout=900)
-    if proc.returncode != 0:
-        raise AssertionError(f"consumer check {check} failed (exit {proc.returncode}):\n{proc.stderr[-6000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    argv = [check, *map(str, args), str(result)]
+    family = check.split("-")[0]
+    if overlay is None and family in FAMILIES:
+        if family not in _ZYGOTES or _ZYGOTES[family].proc.poll() is not None:
+            _ZYGOTES[family] = _Zygote(family)
+        out, err = result.with_name(result.name + ".out"), result.with_name(result.name + ".err")
+        rc = _ZYGOTES[family].run(argv, out, err, timeout=900)
+        stdout, stderr = out.read_text(), err.read_text()
+    else:
+        env = _env(result.parent, overlay)
+        proc = subprocess.run([sys.executable, str(CONSUMERS), *argv], capture_output=True, text=True, env=env,
+                              timeout=900)
+        rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+    if rc != 0:
+        raise AssertionError(f"consumer check {check} failed (exit {rc}):\n{stderr[-6000:]}")
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def run_trainer_cli(module: str, *args: str | Path, scratch: Path) -> subprocess.CompletedProcess:
