@@ -6,12 +6,33 @@ Update after an intended visual change with:
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from app.tui.app import EaglewatchApp
+from app.tui.screens import conversations, mismatches
 from tests.tui.sources import ConversationSource, MemorySource
 
 SIZES = [(80, 24), (120, 40)]
+
+
+class _FrozenClock:
+    """`time` as the list screens see it, its monotonic clock stopped: their "updated N s ago" says 0 s however
+    long a loaded machine takes from the page's read to the snapshot (it said 1 s in one full run in ten)."""
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+    @staticmethod
+    def monotonic() -> float:
+        return 1000.0
+
+
+@pytest.fixture(autouse=True)
+def frozen_page_clock(monkeypatch):
+    for module in (conversations, mismatches):
+        monkeypatch.setattr(module, "time", _FrozenClock())
 
 
 async def settle(pilot) -> None:
