@@ -33,6 +33,12 @@ _cpu_rows: list[tuple[str, float, float, float]] = []  # (test, wall s, own CPU 
 # made once, not once per worker.
 XDIST_GROUPS: dict[str, str] = {
     "tests/realserver/": "realserver",
+    # the trainers' own code runs in children forked from one warm process per trainer and test process
+    # (tests/export/trainers/env.py): on one worker, each trainer's modules are imported once per run
+    "tests/export/test_trainer_loaders.py": "trainers",
+    "tests/export/test_smoke_training.py": "trainers",
+    "tests/extract/test_layouts.py": "trainers",
+    "tests/extract/test_arrow_stream.py": "trainers",
 }
 
 

@@ -388,8 +388,9 @@ def run_check(check: str, *args: str) -> str:
 
 def zygote(family: str) -> None:
     """Import one trainer's modules once, then fork a fresh child per check named on stdin (a JSON line: argv,
-    stdout and stderr files, cwd): each check runs in a process of its own, as a cold start would, without paying
-    the imports again. Answers each request with {"pid": ...} when forked and {"rc": ...} when it ended."""
+    stdout and stderr files, cwd; with "module", the trainer's command line `python -m MODULE ARGV...`): each runs
+    in a process of its own, as a cold start would, without paying the imports again. Answers each request with
+    {"pid": ...} when forked and {"rc": ...} when it ended."""
     import importlib
     import os
     import traceback
@@ -410,8 +411,19 @@ def zygote(family: str) -> None:
                 for fd, path in ((1, req["stdout"]), (2, req["stderr"])):
                     os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
                 os.chdir(req.get("cwd") or os.getcwd())
-                print(run_check(*req["argv"]), flush=True)
+                if req.get("module"):  # a trainer's command line, as `python -m MODULE ARGS...` runs it
+                    import runpy
+
+                    sys.argv = [req["module"], *req["argv"]]
+                    runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+                else:
+                    print(run_check(*req["argv"]), flush=True)
                 code = 0
+            except SystemExit as exc:  # the command line's own exit status
+                if isinstance(exc.code, int) or exc.code is None:
+                    code = exc.code or 0
+                else:
+                    print(exc.code, file=sys.stderr)
             except BaseException:  # noqa: BLE001 - the child reports every failure through its exit status
                 traceback.print_exc()
             finally:

@@ -85,9 +85,10 @@ class _Zygote:
             raise AssertionError(f"the trainer process ended: {(self._scratch / 'zygote.err').read_text()[-6000:]}")
         return json.loads(line)
 
-    def run(self, argv: list[str], out: Path, err: Path, timeout: float) -> int:
-        self.proc.stdin.write(json.dumps({"argv": argv, "stdout": str(out), "stderr": str(err),
-                                          "cwd": str(out.parent)}) + "\n")
+    def run(self, argv: list[str], out: Path, err: Path, timeout: float, *, module: str | None = None,
+            cwd: Path | None = None) -> int:
+        self.proc.stdin.write(json.dumps({"argv": argv, "stdout": str(out), "stderr": str(err), "module": module,
+                                          "cwd": str(cwd or out.parent)}) + "\n")
         self.proc.stdin.flush()
         pid = self._line(60)["pid"]
         try:
@@ -108,6 +109,13 @@ class _Zygote:
 
 
 _ZYGOTES: dict[str, _Zygote] = {}
+FAMILY_OF = {"arrow": "speculators"}  # checks of no trainer, run where their library (datasets) is imported
+
+
+def _zygote(family: str) -> _Zygote:
+    if family not in _ZYGOTES or _ZYGOTES[family].proc.poll() is not None:
+        _ZYGOTES[family] = _Zygote(family)
+    return _ZYGOTES[family]
 
 
 @atexit.register
@@ -123,12 +131,10 @@ def run_consumer(check: str, *args: str | Path, result: Path, overlay: str | Non
     the trainer's warm process, a process of its own too); return its JSON summary (what it loaded is in
     RESULT, a torch.save file)."""
     argv = [check, *map(str, args), str(result)]
-    family = check.split("-")[0]
+    family = FAMILY_OF.get(check.split("-")[0], check.split("-")[0])
     if overlay is None and family in FAMILIES:
-        if family not in _ZYGOTES or _ZYGOTES[family].proc.poll() is not None:
-            _ZYGOTES[family] = _Zygote(family)
         out, err = result.with_name(result.name + ".out"), result.with_name(result.name + ".err")
-        rc = _ZYGOTES[family].run(argv, out, err, timeout=900)
+        rc = _zygote(family).run(argv, out, err, timeout=900)
         stdout, stderr = out.read_text(), err.read_text()
     else:
         env = _env(result.parent, overlay)
@@ -142,6 +148,16 @@ def run_consumer(check: str, *args: str | Path, result: Path, overlay: str | Non
 
 def run_trainer_cli(module: str, *args: str | Path, scratch: Path) -> subprocess.CompletedProcess:
     """Run a trainer's own command line, `python -m MODULE ARGS...` (e.g. `speculators prepare-data`), in the
-    trainer env; the finished process (its exit status and output), whatever the status."""
-    return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True, text=True,
+    trainer env, in `scratch`: forked from that trainer's warm process (its modules imported once; the command's
+    own `__main__` runs as `python -m` runs it); the finished process (its exit status and output), whatever the
+    status."""
+    argv = [str(a) for a in args]
+    family = module.split(".")[0]
+    if family in FAMILIES:
+        out, err = Path(tempfile.mkstemp(prefix="cli-", suffix=".out", dir=scratch)[1]), \
+            Path(tempfile.mkstemp(prefix="cli-", suffix=".err", dir=scratch)[1])
+        rc = _zygote(family).run(argv, out, err, timeout=900, module=module, cwd=scratch)
+        return subprocess.CompletedProcess([sys.executable, "-m", module, *argv], rc, out.read_text(),
+                                           err.read_text())
+    return subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True,
                           env=_env(scratch), timeout=900, cwd=scratch)
