@@ -50,13 +50,16 @@ def short_ms(value: float | None) -> str:
 def count(n: int) -> str:
     """`999` / `1.2k` / `12k` / `123k` / `1.2M`: a count rounded to at most 4 cells, for a tile line that does not
     fit with the exact number (`9,999`)."""
+    # rounded down, so no count rounds up into a fifth cell (9,999 is 9.9k, not 10.0k)
     if n < 1_000:
         return str(n)
     if n < 10_000:
-        return f"{n / 1000:.1f}k"
+        return f"{n // 100 / 10:.1f}k"
     if n < 1_000_000:
         return f"{n // 1000}k"
-    return f"{n / 1_000_000:.1f}M"
+    if n < 10_000_000:
+        return f"{n // 100_000 / 10:.1f}M"
+    return f"{n // 1_000_000}M"
 
 
 def percent(part: int, whole: int) -> str:
