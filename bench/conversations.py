@@ -168,22 +168,9 @@ async def serve(profile: str, folder: Path, seed: int) -> None:
     await sim.start()
     occupancy = Occupancy(sim, PROFILES[profile][2])
     print(json.dumps({"base_url": sim.base_url}), flush=True)
-    loop = asyncio.get_running_loop()
-    started = asyncio.Event()
-    closed = asyncio.Event()
-
-    def on_stdin() -> None:
-        line = sys.stdin.readline()
-        if line.strip() == "start":
-            started.set()
-        elif not line or line.strip() == "stop":
-            closed.set()
-
-    loop.add_reader(sys.stdin.fileno(), on_stdin)
-    await started.wait()
+    await asyncio.to_thread(sys.stdin.readline)  # "start": the client's clock starts
     occupancy.start()
-    await closed.wait()
-    loop.remove_reader(sys.stdin.fileno())
+    await asyncio.to_thread(sys.stdin.readline)  # "stop" (or stdin closed): the client is done
     busy = occupancy.stop()
     counters = dict(sim.counters)
     await sim.close()

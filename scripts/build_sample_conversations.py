@@ -166,7 +166,7 @@ def build(out: Path, tokenizer_dir: Path) -> list[Path]:
         "conversations.sharegpt.jsonl": ref.jsonl(sharegpt_lines),
         "conversations.reference.jsonl": ref.jsonl(reference),
     }
-    return ref.write_files(out, files)
+    return corpus.write_files(out, files)
 
 
 def main(argv: list[str] | None = None) -> int:

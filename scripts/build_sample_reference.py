@@ -412,16 +412,6 @@ def jsonl(rows: list[dict]) -> str:
     return "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in rows)
 
 
-def write_files(out: Path, files: dict[str, str]) -> list[Path]:
-    """Write each named text into `out`; return the paths in order."""
-    paths = []
-    for name, text in files.items():
-        path = out / name
-        path.write_text(text, encoding="utf-8")
-        paths.append(path)
-    return paths
-
-
 def build(out: Path, tokenizer_dir: Path) -> list[Path]:
     """Write the reference, its cases and the three prompt files into `out`; return the paths."""
     writer = SampleWriter(tokenizer_dir)
@@ -440,7 +430,7 @@ def build(out: Path, tokenizer_dir: Path) -> list[Path]:
         "prompts.sharegpt.jsonl": jsonl([sharegpt(r) for r in plain[:24]]),
         "prompts.specforge.jsonl": jsonl([specforge(r) for r in plain[24:48]]),
     }
-    return write_files(out, files)
+    return corpus.write_files(out, files)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -385,6 +385,17 @@ def _dump(obj: dict) -> str:
     return json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=False) + "\n"
 
 
+def write_files(out: Path, files: dict[str, str]) -> list[Path]:
+    """Write each named text into `out` (UTF-8); return the paths in order. The other sample-data builders
+    write their files through it too."""
+    paths = []
+    for name, text in files.items():
+        path = out / name
+        path.write_text(text, encoding="utf-8")
+        paths.append(path)
+    return paths
+
+
 def build(out: Path) -> list[Path]:
     """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json into `out`; return their paths."""
     tok = build_tokenizer()
@@ -395,12 +406,7 @@ def build(out: Path) -> list[Path]:
         "tokenizer_config.json": _dump(tokenizer_config()),
         "special_tokens_map.json": _dump(special_tokens_map()),
     }
-    paths = []
-    for name, text in files.items():
-        path = out / name
-        path.write_text(text, encoding="utf-8")
-        paths.append(path)
-    return paths
+    return write_files(out, files)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -353,19 +353,12 @@ class AdaptiveLimit:
         window = list(self._outcomes)[-max(2 * self.limit, 50):]
         bad = sum(window)
         at_proven = self.ceiling is not None and level <= self.ceiling
-        if at_proven and not stale and level == self.ceiling and self.ceiling > self.minimum:
+        if not stale and self.ceiling is not None and level == self.ceiling > self.minimum:
             # the top proven level refused: its proof may have come from a count ahead of the server's (an
             # answer still on its way back when the request was sent), so step down one, as a failed probe
             # would, rather than read a cap that held as capacity falling (the next overloads are stale)
-            self.ceiling = self.limit = self.ceiling - 1
             self._suspect = None
-            self._epoch += 1
-            self._fresh_epoch = self._epoch
-            self._deep.clear()
-            self._probe_step = 1
-            self._probe_gap_s = min(self.max_probe_gap_s, self._probe_gap_s * 2)
-            self._next_probe = now + self._probe_gap_s
-            self._latency_held = False
+            self._hold_at(self.ceiling - 1, now)
             return LimitChange(old, self.limit, 0.0, "overloaded at the top proven level")
         if at_proven and not stale and bad >= 3 and bad > self.noise_tolerance * len(window):
             # frequent overloads: the capacity fell (or a quota ran dry). Cut, wait out Retry-After, and
@@ -392,18 +385,22 @@ class AdaptiveLimit:
             self._suspect = (level, ticket.epoch if ticket is not None else self._epoch, *before,
                              ticket.started if ticket is not None else now)
             proven = level - 1 if self.ceiling is None else self.ceiling
-            self._deep.clear()
-            self.ceiling = max(self.minimum, min(proven, self.limit))
-            self.limit = self.ceiling
-            self._epoch += 1
-            self._fresh_epoch = self._epoch
-            self._probe_step = 1
-            self._probe_gap_s = min(self.max_probe_gap_s, self._probe_gap_s * 2)
-            self._next_probe = now + self._probe_gap_s
-            self._latency_held = False
+            self._hold_at(max(self.minimum, min(proven, self.limit)), now)
             return LimitChange(old, self.limit, 0.0, "overloaded above capacity") if self.limit != old else None
         self.forgiven += 1  # a random 429 at a proven level
         return None
+
+    def _hold_at(self, ceiling: int, now: float) -> None:
+        """Hold the limit at `ceiling`, the level the server admitted, after a refusal above it (or at it): a new
+        epoch, and the next probe after a doubled gap."""
+        self.ceiling = self.limit = ceiling
+        self._epoch += 1
+        self._fresh_epoch = self._epoch
+        self._deep.clear()
+        self._probe_step = 1
+        self._probe_gap_s = min(self.max_probe_gap_s, self._probe_gap_s * 2)
+        self._next_probe = now + self._probe_gap_s
+        self._latency_held = False
 
     def _cooldown(self, retry_after_s: float | None) -> float:
         cooldown = self.default_cooldown_s if retry_after_s is None else max(0.0, retry_after_s)

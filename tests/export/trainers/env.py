@@ -67,9 +67,10 @@ class _Zygote:
 
     def __init__(self, family: str) -> None:
         self._scratch = Path(tempfile.mkdtemp(prefix=f"eaglewatch-{family}-"))
-        self.proc = subprocess.Popen([sys.executable, str(CONSUMERS), "--zygote", family], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=open(self._scratch / "zygote.err", "w"),
-                                     text=True, env=_env(self._scratch), cwd=self._scratch)
+        with open(self._scratch / "zygote.err", "w") as err:
+            self.proc = subprocess.Popen([sys.executable, str(CONSUMERS), "--zygote", family], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=err, text=True, env=_env(self._scratch),
+                                         cwd=self._scratch)
         self._sel = selectors.DefaultSelector()
         self._sel.register(self.proc.stdout, selectors.EVENT_READ)
         ready = self._line(600)
@@ -154,8 +155,8 @@ def run_trainer_cli(module: str, *args: str | Path, scratch: Path) -> subprocess
     argv = [str(a) for a in args]
     family = module.split(".")[0]
     if family in FAMILIES:
-        out, err = Path(tempfile.mkstemp(prefix="cli-", suffix=".out", dir=scratch)[1]), \
-            Path(tempfile.mkstemp(prefix="cli-", suffix=".err", dir=scratch)[1])
+        out = Path(tempfile.mkdtemp(prefix="cli-", dir=scratch))
+        out, err = out / "stdout", out / "stderr"
         rc = _zygote(family).run(argv, out, err, timeout=900, module=module, cwd=scratch)
         return subprocess.CompletedProcess([sys.executable, "-m", module, *argv], rc, out.read_text(),
                                            err.read_text())
