@@ -143,7 +143,7 @@ class Rebuilder:
             truth, whole, from_twin = (found[0], found[2], True) if found else (None, False, True)
         if truth is not None:
             seen = learn([(completion, truth)], self.profile, self.tokenizer, endpoint=endpoint,
-                         provider=completion.provider, whole=whole)
+                         provider=completion.provider, whole=whole, view=r.decoded_view)
             if not (from_twin and _diverged(seen)):
                 observed = seen
                 measured = str(r.measure_text_path(completion, truth).category)

@@ -26,12 +26,12 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from app.records import Completion, ToolCall
 from app.tokens.flags import TEMPLATE_WHITESPACE_MISSING, UNINVERTIBLE
 from app.tokens.profile import Profile
-from app.tokens.template import Fields, split_output
+from app.tokens.template import Fields, ProviderView, split_output
 
 if TYPE_CHECKING:
     from app.tokens.tokenizer import Tokenizer
@@ -214,14 +214,16 @@ def _counts(value: dict) -> dict[str, dict[str, int]]:
 def learn(
     probes: Iterable[tuple[Completion, Sequence[int]]], profile: Profile, tokenizer: "Tokenizer", *,
     endpoint: str, provider: str | None = None, stream: bool | None = None, whole: bool = True,
+    view: Callable[[Sequence[int]], ProviderView] | None = None,
 ) -> FidelityProfile:
     """Learn a profile from (returned completion, true output ids) pairs of one endpoint/provider. `whole` False:
     the ids' tool calls were rebuilt from the returned text (logprobs did not cover them), so nothing is learned
-    of the tool calls or the token count."""
+    of the tool calls or the token count. `view`: what an ideal provider returns for some ids (`split_output`
+    by default; a Reconstructor passes its own, which has just split the same ids)."""
     obs: dict[str, Counter] = {}
     n = 0
     for completion, ids in probes:
-        ideal = split_output(list(ids), profile, tokenizer)
+        ideal = view(ids) if view is not None else split_output(list(ids), profile, tokenizer)
         _observe(obs, ideal.reasoning, ideal.content, ideal.tool_calls if whole else (), ideal.finish_reason,
                  completion if whole else replace(completion, tool_calls=()), profile)
         if whole and completion.usage.completion_tokens > 0:

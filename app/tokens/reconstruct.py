@@ -25,7 +25,6 @@ profile's plan is worked out once per profile (app.tokens.fidelity_profile).
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from dataclasses import dataclass, replace
 from itertools import product
@@ -63,7 +62,10 @@ _WINDOW = 256  # characters each side of an edge that a windowed token count loo
 
 
 class Reconstructor:
-    """Rebuilds output ids for one profile and tokenizer; holds no mutable state (thread-safe)."""
+    """Rebuilds output ids for one profile and tokenizer. Thread-safe: its only mutable state is a one-entry memo
+    of the last completion's production fields and of the last true ids' split (each a (key, value) tuple
+    replaced whole and matched by identity: a probe's rebuild, measurement and learning share them), and the
+    round-trip of each sample shape (a dict that only gains entries, each the same whoever computes it)."""
 
     # The assisted search judges variants by text bytes (False: encode every variant, the old way; kept
     # so that bench/reconstruct.py can show the difference in the same run).
@@ -85,12 +87,17 @@ class Reconstructor:
         self._stop_text = {i: t for t in profile.stop_tokens if (i := tokenizer.special_id(t)) is not None}
         self._stop_ids = frozenset(self._stop_text)
         self._markers = tuple(profile.markers)
-        # one compiled alternation: a single scan of the text finds any marker (the raw-layout variant
-        # leaves out the think tags, which a server without a reasoning parser returns inside content)
-        self._marker_re = re.compile("|".join(map(re.escape, self._markers)))
-        self._marker_re_no_think = re.compile("|".join(
-            re.escape(m) for m in self._markers if m not in (profile.think_open, profile.think_close)) or "(?!)")
+        # the markers a field's text must not spell (the raw-layout variant leaves out the think tags, which a
+        # server without a reasoning parser returns inside content), found by _spells_any
+        texts = tuple(m for m in self._markers if m)
+        no_think = tuple(m for m in texts if m not in (profile.think_open, profile.think_close))
+        self._marker_texts = (texts, tuple({m[0]: None for m in texts}))
+        self._marker_texts_no_think = (no_think, tuple({m[0]: None for m in no_think}))
         self._marker_set = frozenset(self._markers)
+        self._last_production: tuple[Completion, Applied] | None = None
+        self._tool_marker_bytes = tuple(m.encode() for m in profile.tool_markers.values())
+        self._shape_ok: dict[tuple, bool] = {}  # _roundtrip_fields: shape -> its stand-in round-trips
+        self._last_view: tuple[tuple[int, ...], ProviderView] | None = None
 
     # --- public -------------------------------------------------------------------------------------
 
@@ -192,8 +199,7 @@ class Reconstructor:
             elif lp.get(kind) is not None:
                 ids = lp[kind]
                 out.extend(ids)
-                tail = self.tokenizer.decode_bytes(ids)
-                if kind == "content" and any(m.encode() in tail for m in self.profile.tool_markers.values()):
+                if kind == "content" and self._spans_tools(ids):
                     # these logprobs cover the tool section too: the rest is theirs, then the end token
                     if not (ids and ids[-1] in self._stop_ids) and fields.finish_reason != "length":
                         out.append(self._marker_ids[self.profile.end_token(bool(fields.tool_calls))])
@@ -204,10 +210,15 @@ class Reconstructor:
                 out.extend(self.tokenizer.encode(text))
         return out, covered
 
+    def _spans_tools(self, ids: Sequence[int]) -> bool:
+        """True when these content logprob tokens spell a tool-call marker (they cover the tool section too)."""
+        tail = self.tokenizer.decode_bytes(ids)
+        return any(m in tail for m in self._tool_marker_bytes)
+
     def measure_text_path(self, completion: Completion, true_ids: Sequence[int]) -> Verdict:
         """Verdict of the text-only rebuild (fidelity profile applied, no reference help) against true ids."""
         # the production rebuild's ids (no round-trip check: only the ids are compared)
-        return compare(self.encode_fields(self.production_fields(completion)[0]), list(true_ids), self.tokenizer,
+        return compare(self._encoded(self.production_fields(completion)[0])[1], list(true_ids), self.tokenizer,
                        self.profile)
 
     def production_fields(self, completion: Completion) -> tuple[Fields, tuple[str, ...], tuple[str, ...]]:
@@ -217,6 +228,9 @@ class Reconstructor:
 
     def _production(self, completion: Completion) -> Applied:
         """`production_fields` with the strip edges the profile leaves to the token count (Applied.strips)."""
+        last = self._last_production
+        if last is not None and last[0] is completion:
+            return last[1]
         fields = Fields.of(completion)
         used: tuple[str, ...] = ()
         flags: tuple[str, ...] = ()
@@ -225,8 +239,10 @@ class Reconstructor:
             applied = apply_fidelity(self.fidelity, fields, self.profile)
             fields, used, flags, strips = applied.fields, applied.used, applied.flags, applied.strips
         suspects = self.suspect_flags(fields)
-        return Applied(fields, used, (tuple(dict.fromkeys(flags + suspects)) if flags and suspects else flags or suspects),
-                       strips)
+        out = Applied(fields, used, (tuple(dict.fromkeys(flags + suspects)) if flags and suspects else flags or suspects),
+                      strips)
+        self._last_production = (completion, out)
+        return out
 
     def count_flags(self, fields: Fields, ids: Sequence[int], completion: Completion,
                     strips: Sequence[str] = ()) -> tuple[str, ...]:
@@ -314,8 +330,7 @@ class Reconstructor:
         if "\ufffd" in blob:
             out.append(fl.REPLACEMENT_CHAR)
         # raw layout (no reasoning field, think tags inside content) is read as markers, not as spelled text
-        markers = self._marker_re if f.reasoning is not None else self._marker_re_no_think
-        if markers.search(blob):
+        if _spells_any(blob, *(self._marker_texts if f.reasoning is not None else self._marker_texts_no_think)):
             out.append(fl.MARKER_AS_TEXT)
         if self.tokenizer.changes_text(blob):
             out.append(fl.NORMALISER)
@@ -377,16 +392,37 @@ class Reconstructor:
         """True when these ids, returned by an ideal provider, give back the completion's fields."""
         return self._roundtrip_fields(ids, Fields.of(completion))
 
-    def _roundtrip_fields(self, ids: Sequence[int], f: Fields, text: str | None = None) -> bool:
+    def _roundtrip_fields(self, ids: Sequence[int], f: Fields, text: str | None = None, split: bool = False) -> bool:
         # With learned repairs the ids must give back the repaired fields (what the model is taken to have said).
+        # `split`: the ids were encoded a run at a time between the rendered markers (no run spells a special, see
+        # _encoded) and `text` is what they decode to. Then a parse of `text` finds the markers where the
+        # rendering put them, and what it does depends only on which fields are empty: a sample without tool
+        # calls is judged by a stand-in of the same shape, parsed once per shape (_shape_roundtrips).
+        if split and text is not None and not f.tool_calls:
+            key = (f.reasoning is None, not f.reasoning, not f.content, f.finish_reason == "length", f.close_think)
+            ok = self._shape_ok.get(key)
+            if ok is None:
+                ok = self._shape_ok[key] = self._shape_roundtrips(f)
+            if ok:
+                return True
         view = self._decoded_view(ids, text)
         return _same_text(view.reasoning, f.reasoning) and view.content == f.content and [
             (c.name, c.arguments) for c in view.tool_calls
         ] == [(c.name, c.arguments) for c in f.tool_calls]
 
+    def _shape_roundtrips(self, f: Fields) -> bool:
+        """The round-trip of a stand-in for `f` (no tool calls): each non-empty text field replaced by a letter no
+        marker or template text holds, encoded and parsed the full way. True means every sample of this shape
+        round-trips when its runs hold no special (see _roundtrip_fields); False decides nothing (the sample is
+        parsed itself)."""
+        stand_in = Fields(None if f.reasoning is None else ("R" if f.reasoning else ""), "C" if f.content else "", (),
+                          f.finish_reason, f.close_think)
+        text, ids, known, split = self._encoded(stand_in)
+        return split and known and self._roundtrip_fields(ids, stand_in, text)
+
     def _text_differs(self, ids: Sequence[int], f: Fields) -> tuple[str, ...]:
         """The returned fields (reasoning, content, tool_calls) whose text is not what these ids decode to."""
-        view = self._decoded_view(ids)
+        view = self.decoded_view(ids)
         out = []
         if not _same_text(view.reasoning, f.reasoning):
             out.append("reasoning")
@@ -395,6 +431,17 @@ class Reconstructor:
         if [(c.name, c.arguments) for c in view.tool_calls] != [(c.name, c.arguments) for c in f.tool_calls]:
             out.append("tool_calls")
         return tuple(out)
+
+    def decoded_view(self, ids: Sequence[int]) -> ProviderView:
+        """What an ideal provider returns for these output ids (`split_output`); the split of true ids (a tuple)
+        is kept for the next call with the same ids (a probe's rebuild, then its learning)."""
+        last = self._last_view
+        if last is not None and last[0] is ids:
+            return last[1]
+        view = self._decoded_view(ids)
+        if type(ids) is tuple:
+            self._last_view = (ids, view)
+        return view
 
     def _decoded_view(self, ids: Sequence[int], text: str | None = None) -> ProviderView:
         # split_output's steps with this reconstructor's stop ids (computed once, not per call). `text`: what
@@ -443,8 +490,7 @@ class Reconstructor:
     def _canonical(self, c: Completion, ref: list[int] | None, assisted: bool) -> tuple[Reconstruction, Verdict]:
         applied = self._production(c)
         fields, used, flags = applied.fields, applied.used, applied.flags
-        text = self._text(fields)
-        ids, known = self.tokenizer.encode_known(text)  # the same ids as encode_fields
+        text, ids, known, split = self._encoded(fields)  # the same ids as encode_fields
         if self._count_offset is not None or applied.strips:
             proof = self.count_flags(fields, ids, c, applied.strips)
             if proof:
@@ -453,7 +499,7 @@ class Reconstructor:
         # Reconstructions built directly (no dataclasses.replace) on the per-sample paths
         if ref is None:
             plain = Reconstruction(tuple(ids), "canonical", repair, None, (), fl.IDS_TEXT, flags)
-            return self._finish_unchecked(plain, c, fields, text if known else None)
+            return self._finish_unchecked(plain, c, fields, text if known else None, split)
         # an exact rebuild never decodes; otherwise each side is decoded once for everything below
         ref_bytes = rec_bytes = None
         if ids != ref:
@@ -536,13 +582,43 @@ class Reconstructor:
     def _text(self, f: Fields) -> str:
         return "".join([t for _, t in self._pieces(f)])  # a list: join sizes it once
 
+    def _encoded(self, f: Fields) -> tuple[str, list[int], bool, bool]:
+        """The output string of `f`, its ids (encode_fields' ids), whether they are known to decode to it
+        (Tokenizer.encode_known), and whether they were encoded a run at a time between the rendered markers. That
+        is done where the tokenizer can show it gives the same ids (Tokenizer.encode_between: no run spells a
+        special), so the text need not be searched for specials again."""
+        pieces = self._pieces(f)
+        text = "".join([t for _, t in pieces])
+        segments: list[str] = []
+        between: list[int] = []
+        run: list[str] = []
+        marker_ids = self._marker_ids
+        for kind, piece in pieces:
+            if kind == "marker":
+                i = marker_ids.get(piece)
+                if i is None:
+                    break
+                segments.append("".join(run))
+                between.append(i)
+                run = []
+            else:
+                run.append(piece)
+        else:
+            segments.append("".join(run))
+            found = self.tokenizer.encode_between(segments, between)
+            if found is not None:
+                return text, found[0], found[1], True
+        ids, known = self.tokenizer.encode_known(text)
+        return text, ids, known, False
+
     def _texts(self, f: Fields) -> list[str]:
         return [t for _, t in self._pieces(f)]
 
     def _finish_unchecked(self, rec: Reconstruction, c: Completion, fields: Fields,
-                          text: str | None = None) -> tuple[Reconstruction, Verdict]:
-        # A rebuild from text without a reference: the round-trip is the check (`text`: see _decoded_view)
-        ok = self._roundtrip_fields(rec.output_ids, fields, text)
+                          text: str | None = None, split: bool = False) -> tuple[Reconstruction, Verdict]:
+        # A rebuild from text without a reference: the round-trip is the check (`text`: see _decoded_view; `split`:
+        # see _roundtrip_fields)
+        ok = self._roundtrip_fields(rec.output_ids, fields, text, split)
         if ok and not rec.repair and not rec.flags:
             # the common case of a run without references: nothing to add to the sentence
             return (Reconstruction(rec.output_ids, rec.strategy, None, True, rec.notes, rec.ids_source, ()),
@@ -780,6 +856,19 @@ def _restore_edges(got: str | None, truth: str | None) -> str | None:
     core = truth.strip()
     start = truth.index(core)
     return truth[:start] + got.strip() + truth[start + len(core):]
+
+
+def _spells_any(text: str, words: tuple[str, ...], starts: tuple[str, ...]) -> bool:
+    """True when `text` holds one of `words` (non-empty; `starts`: their first characters). Tried only where a
+    word's first character is: a str.find of one character is a memchr, where an `in` per word (or one regex
+    alternation) reads every character again."""
+    for ch in starts:
+        i = text.find(ch)
+        while i >= 0:
+            if text.startswith(words, i):
+                return True
+            i = text.find(ch, i + 1)
+    return False
 
 
 def _same_text(a: str | None, b: str | None) -> bool:

@@ -7,6 +7,7 @@ the model spelled with ordinary tokens is seen exactly as a server would see it.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -152,8 +153,18 @@ def _cut_suffix(s: str, suffix: str) -> str:
 # --- Kimi: <|tool_calls_section_begin|>(<|tool_call_begin|>ID<|tool_call_argument_begin|>ARGS<|tool_call_end|>)*<|tool_calls_section_end|>
 
 
+_KIMI_NAME = re.compile(r"(?:functions\.)?(.+?)(?::\d+)?", re.S)
+
+
+@functools.lru_cache(maxsize=64)
+def _between(*parts: str) -> "re.Pattern[str]":
+    """The compiled pattern `parts[0](.*?)parts[1](.*?)...` (markers escaped, DOTALL): one per profile's markers,
+    compiled once (parsing runs per rebuilt sample)."""
+    return re.compile("(.*?)".join(map(re.escape, parts)), re.S)
+
+
 def _kimi_name(tool_id: str) -> str:
-    m = re.fullmatch(r"(?:functions\.)?(.+?)(?::\d+)?", tool_id.strip(), re.S)  # " functions.f:7 " names f
+    m = _KIMI_NAME.fullmatch(tool_id.strip())  # " functions.f:7 " names f
     return m.group(1) if m else tool_id
 
 
@@ -167,9 +178,7 @@ def _parse_kimi(rest: str, profile: Profile, has_end: bool) -> tuple[str, list[T
         # Cut off inside the section: a server returns the raw text; keep it whole as content.
         return rest, []
     section = rest[start + len(m["section_begin"]) : end]
-    pattern = re.compile(
-        re.escape(m["call_begin"]) + "(.*?)" + re.escape(m["argument_begin"]) + "(.*?)" + re.escape(m["call_end"]), re.S
-    )
+    pattern = _between(m["call_begin"], m["argument_begin"], m["call_end"])
     calls = [
         ToolCall(id=tid, name=_kimi_name(tid), arguments=args, index=i)
         for i, (tid, args) in enumerate(pattern.findall(section))
@@ -248,9 +257,7 @@ def _parse_deepseek(rest: str, profile: Profile, has_end: bool) -> tuple[str, li
     end = rest.find(m["section_end"], start)
     if end < 0:
         return rest, []
-    pattern = re.compile(
-        re.escape(m["call_begin"]) + "(.*?)" + re.escape(m["separator"]) + "(.*?)" + re.escape(m["call_end"]), re.S
-    )
+    pattern = _between(m["call_begin"], m["separator"], m["call_end"])
     section = rest[start + len(m["section_begin"]) : end]
     calls = [
         ToolCall(id=profile.tool_id_template.format(name=name, index=i), name=name, arguments=args, index=i)
@@ -282,7 +289,7 @@ def _parse_glm(rest: str, profile: Profile, has_end: bool) -> tuple[str, list[To
     start = rest.find(m["call_begin"])
     if start < 0:
         return rest, []
-    call_re = re.compile(re.escape(m["call_begin"]) + "(.*?)" + re.escape(m["call_end"]), re.S)
+    call_re = _between(m["call_begin"], m["call_end"])
     pair_re = re.compile(
         re.escape(m["key_begin"]) + "(.*?)" + re.escape(m["key_end"]) + r"\s*"
         + re.escape(m["value_begin"]) + "(.*?)" + re.escape(m["value_end"]), re.S

@@ -68,6 +68,13 @@ class Tokenizer:
         (True only for a lossless backend on text without lone surrogates; False: not known, decode to see)."""
         return self.encode(text), False
 
+    def encode_between(self, segments: Sequence[str], between: Sequence[int]) -> tuple[list[int], bool] | None:
+        """`encode_known` of segments[0] + special between[0] + segments[1] + ... (one more segment than
+        specials; each of `between` a special token's id), encoded a segment at a time where that is provably the
+        same ids: no segment holds any special token's text and none can start in a segment and run into the
+        next special. None where that is not known (the caller encodes the joined text)."""
+        return None
+
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids` with specials as text; invalid UTF-8 becomes U+FFFD."""
         raise NotImplementedError
@@ -180,6 +187,9 @@ class TiktokenTokenizer(Tokenizer):
         # goes to encode_ordinary. Exact only when no special is a prefix of another (then at most one special
         # matches at any position, whatever the order tiktoken's alternation tries them in); else tiktoken's way.
         self._special_re = _special_pattern(specials)
+        # encode_between: the characters a special starts with (a segment holds a special only where one of them
+        # is); None when a special could run from a segment into the special after it
+        self._special_starts = _special_starts(specials) if self._special_re is not None else None
         # decode(encode(text)) == text when every character falls in some match of the pre-tokeniser pattern
         # (Kimi's does: letters, numbers, Han, `[^\s\p{L}\p{N}]+`, `\s+`; tests/tokens/test_tokenizer.py checks
         # every code point) and every single byte has a rank (BPE then spells any match exactly)
@@ -228,6 +238,35 @@ class TiktokenTokenizer(Tokenizer):
             if parts[k + 1]:
                 out += ordinary(parts[k + 1])
         return out
+
+    def encode_between(self, segments: Sequence[str], between: Sequence[int]) -> tuple[list[int], bool] | None:
+        # tiktoken encodes the text between two specials on its own (see _encode_split). No special starts at any
+        # place in a segment (each place holding a special's first character is tried; str.find of one character
+        # is a memchr, a fraction of one regex scan), and _special_starts ruled out a special that starts in a
+        # segment and runs into the special after it: so the joined text splits exactly at `between`.
+        starts = self._special_starts
+        if starts is None:
+            return None
+        joined = "\0".join(segments)  # one text to search ("\0" is in no special, so none spans two segments)
+        at = self._special_re.match
+        for ch in starts:
+            i = joined.find(ch)
+            while i >= 0:
+                if at(joined, i):
+                    return None
+                i = joined.find(ch, i + 1)
+        ordinary = self._core.encode_ordinary
+        out: list[int] = []
+        last = len(between)
+        try:
+            for k, seg in enumerate(segments):
+                if seg:
+                    out += ordinary(seg)
+                if k < last:
+                    out.append(between[k])
+        except UnicodeEncodeError:  # lone surrogates: the joined text takes tiktoken's own handling
+            return None
+        return out, self._lossless
 
     def _core_encode(self, text: str) -> list[int]:
         try:
@@ -280,6 +319,17 @@ def _special_pattern(specials: dict[str, int]) -> "re.Pattern[str] | None":
         return "(?:" + "|".join(alts) + ")"
     pattern = emit(trie)
     return re.compile(f"({pattern})", re.S) if pattern else None  # one group: re.split keeps the specials
+
+
+def _special_starts(specials: Iterable[str]) -> tuple[str, ...] | None:
+    """The characters the specials start with, or None when some special holds one of them after its own first
+    character (only then could a special that starts in one text run on into a special written after it), holds
+    "\0", or they start with more than four characters (a search per character would cost more than one scan)."""
+    specials = [s for s in specials if s]
+    first = {s[0] for s in specials}
+    if len(first) > 4 or any(ch in first or ch == "\0" for s in specials for ch in s[1:]) or "\0" in first:
+        return None
+    return tuple(sorted(first))
 
 
 def _load_ranks(model: Path) -> dict[bytes, int]:
