@@ -147,7 +147,8 @@ class Rebuilder:
             if not (from_twin and _diverged(seen)):
                 observed = seen
                 measured = str(r.measure_text_path(completion, truth).category)
-                rec = replace(rec, flags=tuple(rec.flags) + (fl.text_path_flag(measured),))
+                rec = Reconstruction(rec.output_ids, rec.strategy, rec.repair, rec.roundtrip, rec.notes, rec.ids_source,
+                                     tuple(rec.flags) + (fl.text_path_flag(measured),))
         return Rebuilt(rec, verdict, measured, check, observed)
 
 
@@ -348,7 +349,10 @@ class Verifier:
         rec = rebuilt.reconstruction
         if rec is not None and rec.ids_source in (None, fl.IDS_TEXT):
             self.text_samples[key] += 1
-        _edge_counts(self.edges.setdefault(key, Counter()), completion)
+        edges = self.edges.get(key)
+        if edges is None:
+            edges = self.edges[key] = Counter()
+        _edge_counts(edges, completion)
         observed = rebuilt.observed
         if observed is None:
             if probe and rebuilt.measured is None:

@@ -267,7 +267,10 @@ def plan_key(fp: FidelityProfile | None) -> tuple:
 def _observe(obs: dict[str, Counter], ir: str | None, ic: str, icalls: Sequence[ToolCall], finish: str,
              c: Completion, profile: Profile) -> None:
     def bump(key: str, change: str) -> None:
-        obs.setdefault(key, Counter())[change] += 1
+        counts = obs.get(key)
+        if counts is None:  # (setdefault would build a Counter on every call)
+            counts = obs[key] = Counter()
+        counts[change] += 1
 
     truncated = finish == "length"
     gr, gc = c.reasoning, c.content or ""
@@ -386,9 +389,25 @@ def _json_style(text: str) -> str | None:
 
 def _redump(arguments: str, kwargs: dict) -> str:
     try:
-        return json.dumps(json.loads(arguments), **kwargs)
+        return _encoder(kwargs)(json.loads(arguments))
     except (ValueError, TypeError):
         return arguments
+
+
+_ENCODERS: dict[int, tuple[dict, Callable]] = {}
+
+
+def _encoder(kwargs: dict) -> Callable:
+    """`json.dumps(obj, **kwargs)` as one bound method, its JSONEncoder built once per keywords dict (json.dumps
+    builds one per call for any keywords but the defaults; applied per tool call of every rebuilt sample)."""
+    hit = _ENCODERS.get(id(kwargs))
+    if hit is not None and hit[0] is kwargs:
+        return hit[1]
+    encode = json.JSONEncoder(**kwargs).encode
+    if len(_ENCODERS) > 64:
+        _ENCODERS.clear()
+    _ENCODERS[id(kwargs)] = (kwargs, encode)
+    return encode
 
 
 def _edge_step_name(where: str, changes: dict[str, int]) -> str:
@@ -545,8 +564,12 @@ def apply(fp: FidelityProfile, f: Fields, profile: Profile) -> Applied:
     if reasoning != f.reasoning or content != f.content or (
             calls is not f.tool_calls and any(a is not b for a, b in zip(calls, f.tool_calls))):
         f = type(f)(reasoning, content, calls, f.finish_reason, f.close_think)
-    return Applied(f, tuple(dict.fromkeys(used)) if used else (), tuple(dict.fromkeys(flags)) if flags else (),
-                   tuple(dict.fromkeys(strips)) if strips else ())
+    return Applied(f, _distinct(used), _distinct(flags), _distinct(strips))
+
+
+def _distinct(names: list[str]) -> tuple[str, ...]:
+    """`names` without repeats, in order (most lists here hold none or one)."""
+    return (names[0],) if len(names) == 1 else tuple(dict.fromkeys(names)) if names else ()
 
 
 def _blank(s: str) -> bool:

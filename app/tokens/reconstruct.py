@@ -17,14 +17,18 @@ unrepairable sample costs little more than one encode. What text cannot recover 
 `Reconstruction.notes`, never guessed.
 
 The per-sample path without a reference is kept cheap without changing a result (tests/tokens/test_fast_paths.py
-compares each shortcut with the full path): a lossless encode (`Tokenizer.encode_known`) lets the round-trip
-parse the text just encoded instead of decoding the ids, Reconstructions are built directly, and the fidelity
-profile's plan is worked out once per profile (app.tokens.fidelity_profile).
+compares each shortcut with the full path): the text between the rendered markers is encoded a run at a time
+where no run spells a special (`Tokenizer.encode_between`: the text is not searched for specials again); a
+lossless encode (`Tokenizer.encode_known`) lets the round-trip parse the text just encoded instead of decoding
+the ids, and a sample whose runs hold no special is judged by a stand-in of its shape, parsed once per shape;
+Reconstructions are built directly, verdict sentences looked up, and the fidelity profile's plan is worked
+out once per profile (app.tokens.fidelity_profile). A probe's production fields and the split of its true ids
+are computed once for its rebuild, its learning and its measurement.
 """
 
 from __future__ import annotations
 
-import json
+import functools
 from collections import Counter
 from dataclasses import dataclass, replace
 from itertools import product
@@ -34,10 +38,10 @@ from app.records import AGREEING_VERDICTS, Completion, Reconstruction, TokenLogp
 from app.tokens import flags as fl
 from app.tokens.align import common_prefix, common_suffix
 from app.tokens.compare import UNCHECKED, compare
-from app.tokens.fidelity_profile import Applied, FidelityProfile, strip_edges_and_count
+from app.tokens.fidelity_profile import Applied, FidelityProfile, _redump, strip_edges_and_count
 from app.tokens.fidelity_profile import apply as apply_fidelity
 from app.tokens.profile import Profile
-from app.tokens.template import Fields, Piece, ProviderView, kimi_tool_id, parse_output, render_output
+from app.tokens.template import Fields, Piece, ProviderView, kimi_tool_id, parse_output, render_output, tool_calls_read_back
 from app.tokens.tokenizer import Tokenizer
 
 REGIONS_FROM_TEXT = "regions_from_text"  # note: logprob ids whose uncovered regions (tool calls) came from text
@@ -183,7 +187,8 @@ class Reconstructor:
             else:
                 other = None if fields.reasoning == "" else fields.reasoning
             if other != fields.reasoning:
-                alt, alt_covered = self._logprob_layout(replace(fields, reasoning=other), lp)
+                alt, alt_covered = self._logprob_layout(
+                    Fields(other, fields.content, fields.tool_calls, fields.finish_reason, fields.close_think), lp)
                 if len(alt) + offset == reported:
                     ids, covered = alt, alt_covered
         return tuple(ids), fl.IDS_LOGPROBS, covered
@@ -232,15 +237,14 @@ class Reconstructor:
         if last is not None and last[0] is completion:
             return last[1]
         fields = Fields.of(completion)
-        used: tuple[str, ...] = ()
-        flags: tuple[str, ...] = ()
-        strips: tuple[str, ...] = ()
         if self.fidelity is not None:
-            applied = apply_fidelity(self.fidelity, fields, self.profile)
-            fields, used, flags, strips = applied.fields, applied.used, applied.flags, applied.strips
-        suspects = self.suspect_flags(fields)
-        out = Applied(fields, used, (tuple(dict.fromkeys(flags + suspects)) if flags and suspects else flags or suspects),
-                      strips)
+            out = apply_fidelity(self.fidelity, fields, self.profile)
+            suspects = self.suspect_flags(out.fields)
+            if suspects:
+                out = Applied(out.fields, out.used,
+                              tuple(dict.fromkeys(out.flags + suspects)) if out.flags else suspects, out.strips)
+        else:
+            out = Applied(fields, (), self.suspect_flags(fields), ())
         self._last_production = (completion, out)
         return out
 
@@ -324,8 +328,12 @@ class Reconstructor:
         """Cheap signs, without ground truth, that these fields may not carry the model's ids (app.tokens.flags)."""
         p = self.profile
         # one string, one scan per sign ("\x00" cannot join two halves of a marker or a character)
-        blob = "\x00".join([f.reasoning or "", f.content, *(t.arguments for t in f.tool_calls),
-                            *((t.id for t in f.tool_calls) if p.tool_id_in_stream else ())])
+        parts = [f.reasoning or "", f.content]
+        if f.tool_calls:
+            parts += [t.arguments for t in f.tool_calls]
+            if p.tool_id_in_stream:
+                parts += [t.id for t in f.tool_calls]
+        blob = "\x00".join(parts)
         out: list[str] = []
         if "\ufffd" in blob:
             out.append(fl.REPLACEMENT_CHAR)
@@ -396,10 +404,12 @@ class Reconstructor:
         # With learned repairs the ids must give back the repaired fields (what the model is taken to have said).
         # `split`: the ids were encoded a run at a time between the rendered markers (no run spells a special, see
         # _encoded) and `text` is what they decode to. Then a parse of `text` finds the markers where the
-        # rendering put them, and what it does depends only on which fields are empty: a sample without tool
-        # calls is judged by a stand-in of the same shape, parsed once per shape (_shape_roundtrips).
-        if split and text is not None and not f.tool_calls:
-            key = (f.reasoning is None, not f.reasoning, not f.content, f.finish_reason == "length", f.close_think)
+        # rendering put them, and what it does depends only on which fields are empty: the sample is judged by a
+        # stand-in of the same shape, parsed once per shape (_shape_roundtrips), where its tool calls read back
+        # as they were rendered (template.tool_calls_read_back; a format that cannot say is parsed).
+        if split and text is not None and (not f.tool_calls or tool_calls_read_back(self.profile, f.tool_calls)):
+            key = (f.reasoning is None, not f.reasoning, not f.content, f.finish_reason == "length", f.close_think,
+                   not f.tool_calls)
             ok = self._shape_ok.get(key)
             if ok is None:
                 ok = self._shape_ok[key] = self._shape_roundtrips(f)
@@ -411,12 +421,13 @@ class Reconstructor:
         ] == [(c.name, c.arguments) for c in f.tool_calls]
 
     def _shape_roundtrips(self, f: Fields) -> bool:
-        """The round-trip of a stand-in for `f` (no tool calls): each non-empty text field replaced by a letter no
-        marker or template text holds, encoded and parsed the full way. True means every sample of this shape
-        round-trips when its runs hold no special (see _roundtrip_fields); False decides nothing (the sample is
-        parsed itself)."""
-        stand_in = Fields(None if f.reasoning is None else ("R" if f.reasoning else ""), "C" if f.content else "", (),
-                          f.finish_reason, f.close_think)
+        """The round-trip of a stand-in for `f`: each non-empty text field replaced by a letter no marker or
+        template text holds, tool calls by one call, encoded and parsed the full way. True means every sample of
+        this shape round-trips when its runs hold no special and its tool calls read back (see _roundtrip_fields);
+        False decides nothing (the sample is parsed itself)."""
+        calls = (ToolCall("", "T", "A", 0),) if f.tool_calls else ()
+        stand_in = Fields(None if f.reasoning is None else ("R" if f.reasoning else ""), "C" if f.content else "",
+                          calls, f.finish_reason, f.close_think)
         text, ids, known, split = self._encoded(stand_in)
         return split and known and self._roundtrip_fields(ids, stand_in, text)
 
@@ -498,8 +509,7 @@ class Reconstructor:
         repair = "+".join(used) or None
         # Reconstructions built directly (no dataclasses.replace) on the per-sample paths
         if ref is None:
-            plain = Reconstruction(tuple(ids), "canonical", repair, None, (), fl.IDS_TEXT, flags)
-            return self._finish_unchecked(plain, c, fields, text if known else None, split)
+            return self._finish_unchecked(tuple(ids), repair, flags, c, fields, text if known else None, split)
         # an exact rebuild never decodes; otherwise each side is decoded once for everything below
         ref_bytes = rec_bytes = None
         if ids != ref:
@@ -614,25 +624,16 @@ class Reconstructor:
     def _texts(self, f: Fields) -> list[str]:
         return [t for _, t in self._pieces(f)]
 
-    def _finish_unchecked(self, rec: Reconstruction, c: Completion, fields: Fields,
-                          text: str | None = None, split: bool = False) -> tuple[Reconstruction, Verdict]:
+    def _finish_unchecked(self, ids: tuple[int, ...], repair: str | None, flags: tuple[str, ...], c: Completion,
+                          fields: Fields, text: str | None = None, split: bool = False) -> tuple[Reconstruction, Verdict]:
         # A rebuild from text without a reference: the round-trip is the check (`text`: see _decoded_view; `split`:
-        # see _roundtrip_fields)
-        ok = self._roundtrip_fields(rec.output_ids, fields, text, split)
-        if ok and not rec.repair and not rec.flags:
-            # the common case of a run without references: nothing to add to the sentence
-            return (Reconstruction(rec.output_ids, rec.strategy, None, True, rec.notes, rec.ids_source, ()),
-                    Verdict("unchecked", rec_len=len(rec.output_ids), explanation=_UNCHECKED_OK))
-        notes = rec.notes + (() if ok else self._notes(Fields.of(c), None, None))
-        sentence = "round-trip ok" if ok else "round-trip FAILED: decoding the ids does not give back the returned text"
-        if rec.repair:
-            sentence += f" (after learned repair {rec.repair})"
-        suspects = fl.suspect_flags(rec.flags)
-        if suspects:
-            sentence += f"; suspect: {', '.join(suspects)}"
-        # built directly (no dataclasses.replace): this is the per-sample hot path of a run without references
-        out = Reconstruction(rec.output_ids, rec.strategy, rec.repair, ok, notes, rec.ids_source, rec.flags)
-        return out, Verdict("unchecked", rec_len=len(rec.output_ids), explanation=f"{UNCHECKED}; {sentence}")
+        # see _roundtrip_fields). This is the per-sample hot path of a run without references: one Reconstruction
+        # and one Verdict built directly, the verdict's sentence looked up (few distinct ones in a run).
+        ok = self._roundtrip_fields(ids, fields, text, split)
+        notes = () if ok else self._notes(Fields.of(c), None, None)
+        explanation = _unchecked_sentence(ok, repair, flags)
+        return (Reconstruction(ids, "canonical", repair, ok, notes, fl.IDS_TEXT, flags),
+                Verdict("unchecked", rec_len=len(ids), explanation=explanation))
 
     def _finish_true(self, rec: Reconstruction, c: Completion, ref: list[int] | None) -> tuple[Reconstruction, Verdict]:
         # True ids are the model's whatever the server did to the text: a difference between the returned text
@@ -858,6 +859,20 @@ def _restore_edges(got: str | None, truth: str | None) -> str | None:
     return truth[:start] + got.strip() + truth[start + len(core):]
 
 
+@functools.lru_cache(maxsize=1024)
+def _unchecked_sentence(ok: bool, repair: str | None, flags: tuple[str, ...]) -> str:
+    """The verdict sentence of a text rebuild without a reference (see Reconstructor._finish_unchecked)."""
+    if ok and not repair and not flags:
+        return _UNCHECKED_OK  # the common case of a run without references: nothing to add
+    sentence = "round-trip ok" if ok else "round-trip FAILED: decoding the ids does not give back the returned text"
+    if repair:
+        sentence += f" (after learned repair {repair})"
+    suspects = fl.suspect_flags(flags)
+    if suspects:
+        sentence += f"; suspect: {', '.join(suspects)}"
+    return f"{UNCHECKED}; {sentence}"
+
+
 def _spells_any(text: str, words: tuple[str, ...], starts: tuple[str, ...]) -> bool:
     """True when `text` holds one of `words` (non-empty; `starts`: their first characters). Tried only where a
     word's first character is: a str.find of one character is a memchr, where an `in` per word (or one regex
@@ -873,13 +888,6 @@ def _spells_any(text: str, words: tuple[str, ...], starts: tuple[str, ...]) -> b
 
 def _same_text(a: str | None, b: str | None) -> bool:
     return (a or "") == (b or "")
-
-
-def _redump(arguments: str, kwargs: dict) -> str:
-    try:
-        return json.dumps(json.loads(arguments), **kwargs)
-    except (json.JSONDecodeError, TypeError):
-        return arguments
 
 
 def _token_str_bytes(token: str) -> bytes:

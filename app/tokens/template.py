@@ -186,6 +186,15 @@ def _parse_kimi(rest: str, profile: Profile, has_end: bool) -> tuple[str, list[T
     return rest[:start], calls
 
 
+def tool_calls_read_back(profile: Profile, calls: Sequence[ToolCall]) -> bool | None:
+    """Whether the parser gives back each call's name and arguments from its rendering, where no run of the
+    rendered text spells a marker: known for Kimi (the arguments are their run verbatim, the name is read from
+    the id written into the stream); None for formats that re-serialise or re-read JSON (decide by parsing)."""
+    if profile.tool_format != "kimi":
+        return None
+    return all(_kimi_name(kimi_tool_id(profile, c, i)) == c.name for i, c in enumerate(calls))
+
+
 def _render_kimi(calls: Sequence[ToolCall], profile: Profile, has_content: bool) -> list[Piece]:
     m = profile.tool_markers
     out: list[Piece] = [("marker", m["section_begin"])]

@@ -190,6 +190,9 @@ class TiktokenTokenizer(Tokenizer):
         # encode_between: the characters a special starts with (a segment holds a special only where one of them
         # is); None when a special could run from a segment into the special after it
         self._special_starts = _special_starts(specials) if self._special_re is not None else None
+        # encode_between: the ids of short runs (tool-call ids such as "functions.get_weather:0", small arguments)
+        # kept, since they recur across samples; a call into tiktoken costs as much as a dozen dict lookups
+        self._short_runs: dict[str, list[int]] = {}
         # decode(encode(text)) == text when every character falls in some match of the pre-tokeniser pattern
         # (Kimi's does: letters, numbers, Han, `[^\s\p{L}\p{N}]+`, `\s+`; tests/tokens/test_tokenizer.py checks
         # every code point) and every single byte has a rank (BPE then spells any match exactly)
@@ -256,12 +259,21 @@ class TiktokenTokenizer(Tokenizer):
                     return None
                 i = joined.find(ch, i + 1)
         ordinary = self._core.encode_ordinary
+        short = self._short_runs
         out: list[int] = []
         last = len(between)
         try:
             for k, seg in enumerate(segments):
                 if seg:
-                    out += ordinary(seg)
+                    if len(seg) <= _SHORT_RUN:
+                        ids = short.get(seg)
+                        if ids is None:
+                            if len(short) >= _SHORT_RUNS:
+                                short.clear()
+                            ids = short[seg] = ordinary(seg)
+                        out += ids
+                    else:
+                        out += ordinary(seg)
                 if k < last:
                     out.append(between[k])
         except UnicodeEncodeError:  # lone surrogates: the joined text takes tiktoken's own handling
@@ -319,6 +331,10 @@ def _special_pattern(specials: dict[str, int]) -> "re.Pattern[str] | None":
         return "(?:" + "|".join(alts) + ")"
     pattern = emit(trie)
     return re.compile(f"({pattern})", re.S) if pattern else None  # one group: re.split keeps the specials
+
+
+_SHORT_RUN = 48  # characters: encode_between keeps the ids of runs this short
+_SHORT_RUNS = 4096  # at most this many (then it starts over)
 
 
 def _special_starts(specials: Iterable[str]) -> tuple[str, ...] | None:

@@ -180,12 +180,19 @@ def test_round_trip_by_shape_is_taken(tiny_kimi):
     f = Fields("Let me think.", "Paris.", (), "stop")
     text, ids, known, split = r._encoded(f)
     assert split and known and r._roundtrip_fields(ids, f, text, split)
-    assert r._shape_ok == {(False, False, False, False, None): True}
+    assert r._shape_ok == {(False, False, False, False, None, True): True}
     # a shape whose stand-in does not round-trip decides nothing: the sample is parsed itself
     cut = Fields(None, "Paris.", (), "length")  # cut off with no think-close: all of it reads back as reasoning
     text, ids, known, split = r._encoded(cut)
     assert split and not r._roundtrip_fields(ids, cut, text, split)
-    assert r._shape_ok[(True, True, False, True, None)] is False
+    assert r._shape_ok[(True, True, False, True, None, True)] is False
+    # tool calls read back where the name is the one the id spells; another name is parsed (and fails)
+    call = Fields("x", "", (ToolCall("functions.get_weather:0", "get_weather", '{"city": "Paris"}', 0),), "tool_calls")
+    text, ids, known, split = r._encoded(call)
+    assert split and r._roundtrip_fields(ids, call, text, split) and r._shape_ok[(False, False, True, False, None, False)]
+    renamed = replace(call, tool_calls=(replace(call.tool_calls[0], name="lookup"),))
+    text, ids, known, split = r._encoded(renamed)
+    assert split and not r._roundtrip_fields(ids, renamed, text, split)
     # a run that spells a special is not encoded a run at a time
     text, ids, known, split = r._encoded(Fields("a <|im_end|> b", "c", (), "stop"))
     assert not split and ids == r.encode_fields(Fields("a <|im_end|> b", "c", (), "stop"))
