@@ -466,30 +466,28 @@ def apply(fp: FidelityProfile, f: Fields, profile: Profile) -> Applied:
     if not fp.observations and not fp.prior:
         return Applied(f, (), ())
     plan = _plan_of(fp)
-    edges = plan.edges
+    actions = plan.actions
     used: list[str] = []
     flags: list[str] = []
     strips: list[str] = []
 
     def edge(key: str, text: str, side: str) -> str:
-        step = edges.get(key)
-        if step is None:
+        act = actions.get(key)
+        if act is None:
             if key in plan.strips and (key.endswith(_BLANK_KEYS) or not (not text or text.isspace())):
                 strips.append(key)
             return text
-        if (not text or text.isspace()) and not key.endswith(_BLANK_KEYS):
+        name, op, ws, blank_too, flag = act
+        if not blank_too and (not text or text.isspace()):
             return text
-        name, change = step
-        if change is None:
-            flags.append(UNINVERTIBLE + name)
+        if op == _FLAG:
+            flags.append(flag)
             return text
-        ws = change[1:]
-        if change.startswith("-"):
+        if op == _ADD:
             used.append(name)
             return ws + text if side == "lead" else text + ws
-        has = text.startswith(ws) if side == "lead" else text.endswith(ws)
-        if not has:  # the server adds this always, so its absence means something else removed it
-            flags.append(TEMPLATE_WHITESPACE_MISSING if name == "template_whitespace_kept" else UNINVERTIBLE + name)
+        if not (text.startswith(ws) if side == "lead" else text.endswith(ws)):
+            flags.append(flag)  # the server adds this always, so its absence means something else removed it
             return text
         used.append(name)
         return text[len(ws):] if side == "lead" else text[: len(text) - len(ws)]
@@ -564,12 +562,24 @@ def apply(fp: FidelityProfile, f: Fields, profile: Profile) -> Applied:
     if reasoning != f.reasoning or content != f.content or (
             calls is not f.tool_calls and any(a is not b for a, b in zip(calls, f.tool_calls))):
         f = type(f)(reasoning, content, calls, f.finish_reason, f.close_think)
-    return Applied(f, _distinct(used), _distinct(flags), _distinct(strips))
+    # names without repeats, in order (most of these lists hold none or one)
+    return Applied(f, (used[0],) if len(used) == 1 else tuple(dict.fromkeys(used)) if used else (),
+                   (flags[0],) if len(flags) == 1 else tuple(dict.fromkeys(flags)) if flags else (),
+                   (strips[0],) if len(strips) == 1 else tuple(dict.fromkeys(strips)) if strips else ())
 
 
-def _distinct(names: list[str]) -> tuple[str, ...]:
-    """`names` without repeats, in order (most lists here hold none or one)."""
-    return (names[0],) if len(names) == 1 else tuple(dict.fromkeys(names)) if names else ()
+# what apply does at an edge with a step (_Plan.actions): flag it, add the whitespace back, or remove it
+_FLAG, _ADD, _REMOVE = 0, 1, 2
+
+
+def _edge_action(key: str, name: str, change: str | None) -> tuple[str, int, str, bool, str]:
+    """(step name, _FLAG / _ADD / _REMOVE, the whitespace, whether a blank text is acted on too, the flag raised:
+    for _FLAG always, for _REMOVE when the whitespace is not there) for one edge of a plan."""
+    blank_too = key.endswith(_BLANK_KEYS)
+    if change is None:
+        return name, _FLAG, "", blank_too, UNINVERTIBLE + name
+    missing = TEMPLATE_WHITESPACE_MISSING if name == "template_whitespace_kept" else UNINVERTIBLE + name
+    return name, _ADD if change.startswith("-") else _REMOVE, change[1:], blank_too, missing
 
 
 def _blank(s: str) -> bool:
@@ -596,6 +606,7 @@ class _Plan:
     strips: dict[str, str] = field(default_factory=dict)  # strip edge key -> step name (decided per sample)
     count: int | None = None  # usage.completion_tokens minus the true ids' length, when known and constant
     known: frozenset[str] = frozenset()  # every edge key with a step (edges and strips)
+    actions: dict[str, tuple] = field(default_factory=dict)  # edge key -> _edge_action (the edges, worked out)
 
 
 _PLANS: dict[int, tuple[FidelityProfile, _Plan]] = {}
@@ -638,7 +649,8 @@ def _plan_of(fp: FidelityProfile) -> _Plan:
         edges, any(k.startswith("tool.") for k in (*edges, *strips)),
         (not er.get("absent") and not er.get("kept")) if er.get("dropped") else None,
         (not nc.get("absent") and not nc.get("kept")) if nc.get("deleted") else None,
-        json_plan, ids_plan, strips, fp.count_offset(), frozenset(edges) | frozenset(strips))
+        json_plan, ids_plan, strips, fp.count_offset(), frozenset(edges) | frozenset(strips),
+        {key: _edge_action(key, name, change) for key, (name, change) in edges.items()})
     if len(_PLANS) > 64:  # profiles are few and long-lived; keep the cache from growing without bound
         _PLANS.clear()
     _PLANS[id(fp)] = (fp, plan)
