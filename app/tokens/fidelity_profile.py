@@ -309,8 +309,11 @@ def _observe(obs: dict[str, Counter], ir: str | None, ic: str, icalls: Sequence[
             bump("edge:tool.arguments.lead", "")
             bump("edge:tool.arguments.trail", "")
         if args_w.strip() != args_g.strip():
-            style = _json_style(args_w.strip())
-            redumped = any(_redump(args_w, kw) == args_g.strip() for kw in JSON_STYLES.values())
+            stripped = args_w.strip()
+            forms = _redumps(stripped)  # the arguments parsed once, written in every style
+            style = next((name for name, form in zip(JSON_STYLES, forms) if form == stripped), None)
+            wanted = args_g.strip()
+            redumped = any(form == wanted for form in (forms if stripped == args_w else _redumps(args_w)))
             if redumped:
                 bump("json", style or "irregular")
             else:
@@ -380,11 +383,19 @@ def _change_trail(want: str, got: str) -> str:
     return "~"
 
 
-def _json_style(text: str) -> str | None:
-    for name, kw in JSON_STYLES.items():
-        if _redump(text, kw) == text:
-            return name
-    return None
+def _redumps(text: str) -> list[str]:
+    """`_redump(text, kw)` for each of JSON_STYLES, in order, parsing `text` once."""
+    try:
+        obj = json.loads(text)
+    except (ValueError, TypeError):
+        return [text] * len(JSON_STYLES)
+    out = []
+    for kw in JSON_STYLES.values():
+        try:
+            out.append(_encoder(kw)(obj))
+        except (ValueError, TypeError):
+            out.append(text)
+    return out
 
 
 def _redump(arguments: str, kwargs: dict) -> str:

@@ -273,7 +273,7 @@ class Reconstructor:
                 for key, name in names.items():
                     if fl.UNINVERTIBLE + name not in out and self._strip_ambiguous(fields, key, runs, counts, windows):
                         out.append(fl.UNINVERTIBLE + name)
-        return tuple(dict.fromkeys(out))
+        return tuple(dict.fromkeys(out)) if out else ()
 
     def _strip_ambiguous(self, fields: Fields, key: str, runs: list[str], counts: dict[int, int],
                          windows: dict[tuple[int, int], tuple[int, int, int]]) -> bool:
