@@ -146,7 +146,7 @@ class Rebuilder:
                          provider=completion.provider, whole=whole, view=r.decoded_view)
             if not (from_twin and _diverged(seen)):
                 observed = seen
-                measured = str(r.measure_text_path(completion, truth).category)
+                measured = r.measured_category(completion, truth)
                 rec = Reconstruction(rec.output_ids, rec.strategy, rec.repair, rec.roundtrip, rec.notes, rec.ids_source,
                                      tuple(rec.flags) + (fl.text_path_flag(measured),))
         return Rebuilt(rec, verdict, measured, check, observed)

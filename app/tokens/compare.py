@@ -39,20 +39,59 @@ def compare(
     if ref_ids is None:
         return Verdict("unchecked", rec_len=len(rec), explanation=UNCHECKED)
     ref = ref_ids if isinstance(ref_ids, list) else list(ref_ids)
-    stop_ids = stop_token_ids(profile, tokenizer)
-    truncated = not ref or ref[-1] not in stop_ids
-    if rec == ref:
-        if truncated:
+    j = _judge(rec, ref, tokenizer, profile, ref_bytes, rec_bytes)
+    if j.category in ("exact", "truncated") and j.equal:
+        if j.truncated:
             return Verdict("truncated", None, len(ref), len(rec), (),
                            f"truncated: no end-of-turn token; all {len(ref)} ids match")
         return Verdict("exact", None, len(ref), len(rec), (), f"exact: all {len(ref)} ids match")
     first = common_prefix(ref, rec)
     spans = diff_spans(ref, rec)
+    if j.category == "structure_mismatch":
+        return Verdict("structure_mismatch", first, len(ref), len(rec), spans,
+                       _layout_sentence(j.ref_marks, j.rec_marks, tokenizer))
+    rec = j.rec  # without the stop tokens a truncated reference does not have
+    if j.same_bytes:
+        return Verdict(j.category, first, len(ref), len(rec), spans, _resplit_sentence(ref, rec, spans, tokenizer, j.truncated))
+    if j.category == "truncated":
+        return Verdict("truncated", first, len(ref), len(rec), spans,
+                       "truncated: no end-of-turn token; the text matches except a partial UTF-8 character at the cut")
+    return Verdict("text_mismatch", first, len(ref), len(rec), spans,
+                   _text_sentence(ref, rec, spans, tokenizer, first, j.ref_bytes, j.rec_bytes))
+
+
+def compare_category(rec_ids: Sequence[int], ref_ids: Sequence[int], tokenizer: Tokenizer, profile: Profile) -> str:
+    """`compare(rec_ids, ref_ids, ...).category`, without the diff spans and the sentence (a probe's text-path
+    measurement keeps only the category: the spans' diff is most of compare's time on a mismatch)."""
+    rec = rec_ids if isinstance(rec_ids, list) else list(rec_ids)
+    return _judge(rec, ref_ids if isinstance(ref_ids, list) else list(ref_ids), tokenizer, profile, None, None).category
+
+
+@dataclass(frozen=True, slots=True)
+class _Judged:
+    category: str
+    truncated: bool
+    equal: bool = False  # the ids are the same
+    ref_marks: list | None = None
+    rec_marks: list | None = None
+    rec: list | None = None  # rec without the stop tokens a truncated reference lacks
+    ref_bytes: bytes | None = None
+    rec_bytes: bytes | None = None
+    same_bytes: bool = False
+
+
+def _judge(rec: list[int], ref: list[int], tokenizer: Tokenizer, profile: Profile, ref_bytes: bytes | None,
+           rec_bytes: bytes | None) -> _Judged:
+    """The verdict's category and what compare's sentence needs of how it was reached (see compare)."""
+    stop_ids = stop_token_ids(profile, tokenizer)
+    truncated = not ref or ref[-1] not in stop_ids
+    if rec == ref:
+        return _Judged("truncated" if truncated else "exact", truncated, True)
     special = tokenizer.special_ids
     ref_marks = list(filter(special.__contains__, ref))  # C-level filter: long id lists
     rec_marks = list(filter(special.__contains__, rec))
     if ref_marks != rec_marks and not (truncated and _prefix_layout(ref_marks, rec_marks, stop_ids)):
-        return Verdict("structure_mismatch", first, len(ref), len(rec), spans, _layout_sentence(ref_marks, rec_marks, tokenizer))
+        return _Judged("structure_mismatch", truncated, False, ref_marks, rec_marks)
     if ref_bytes is None:
         ref_bytes = tokenizer.decode_bytes(ref)
     if truncated:
@@ -62,12 +101,10 @@ def compare(
     if rec_bytes is None:
         rec_bytes = tokenizer.decode_bytes(rec)
     if ref_bytes == rec_bytes:
-        cat = "truncated" if truncated else "bpe_equivalent"
-        return Verdict(cat, first, len(ref), len(rec), spans, _resplit_sentence(ref, rec, spans, tokenizer, truncated))
-    if truncated and _same_but_partial_tail(ref_bytes, rec_bytes):
-        return Verdict("truncated", first, len(ref), len(rec), spans,
-                       "truncated: no end-of-turn token; the text matches except a partial UTF-8 character at the cut")
-    return Verdict("text_mismatch", first, len(ref), len(rec), spans, _text_sentence(ref, rec, spans, tokenizer, first, ref_bytes, rec_bytes))
+        return _Judged("truncated" if truncated else "bpe_equivalent", truncated, False, ref_marks, rec_marks, rec,
+                       ref_bytes, rec_bytes, True)
+    cat = "truncated" if truncated and _same_but_partial_tail(ref_bytes, rec_bytes) else "text_mismatch"
+    return _Judged(cat, truncated, False, ref_marks, rec_marks, rec, ref_bytes, rec_bytes)
 
 
 def _prefix_layout(ref_marks: list[int], rec_marks: list[int], stop_ids: frozenset[int]) -> bool:

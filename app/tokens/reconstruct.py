@@ -37,7 +37,7 @@ from typing import Iterator, Sequence
 from app.records import AGREEING_VERDICTS, Completion, Reconstruction, TokenLogprob, ToolCall, Verdict
 from app.tokens import flags as fl
 from app.tokens.align import common_prefix, common_suffix
-from app.tokens.compare import UNCHECKED, compare
+from app.tokens.compare import UNCHECKED, compare, compare_category
 from app.tokens.fidelity_profile import Applied, FidelityProfile, _redump, strip_edges_and_count
 from app.tokens.fidelity_profile import apply as apply_fidelity
 from app.tokens.profile import Profile
@@ -127,7 +127,7 @@ class Reconstructor:
         flags: tuple[str, ...] = ()
         notes: tuple[str, ...] = ()
         if self.measure:
-            flags = (fl.text_path_flag(self.measure_text_path(completion, ids).category),)
+            flags = (fl.text_path_flag(self.measured_category(completion, ids)),)
         reported, offset = completion.usage.completion_tokens, self._count_offset
         if not covered:
             # logprobs did not cover every region (tool calls, most often): those ids are a rebuild from text,
@@ -219,6 +219,11 @@ class Reconstructor:
         """True when these content logprob tokens spell a tool-call marker (they cover the tool section too)."""
         tail = self.tokenizer.decode_bytes(ids)
         return any(m in tail for m in self._tool_marker_bytes)
+
+    def measured_category(self, completion: Completion, true_ids: Sequence[int]) -> str:
+        """`measure_text_path(...).category` (what a probe records), without the verdict's spans and sentence."""
+        return compare_category(self._encoded(self.production_fields(completion)[0])[1], list(true_ids), self.tokenizer,
+                                self.profile)
 
     def measure_text_path(self, completion: Completion, true_ids: Sequence[int]) -> Verdict:
         """Verdict of the text-only rebuild (fidelity profile applied, no reference help) against true ids."""

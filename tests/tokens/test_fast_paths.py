@@ -236,6 +236,36 @@ def test_marker_search_finds_what_a_substring_search_finds(tiny_kimi, text):
 
 
 @SETTINGS
+@given(ref_text=TEXT, rec_text=TEXT, cut=st.integers(0, 3), data=st.data())
+def test_category_only_compare_is_compares_category(request, sample_tok, ref_text, rec_text, cut, data):
+    # a probe's text-path measurement keeps only the category: it must be compare's, on every kind of pair
+    from app.tokens.compare import compare, compare_category
+
+    for tok in (*_tokenizers(request), sample_tok):
+        end = [tok.special_id("<|im_end|>")]
+        ref = tok.encode(ref_text) + data.draw(st.sampled_from([end, []]))
+        rec = data.draw(st.sampled_from([list(ref), tok.encode(rec_text) + end, ref[:len(ref) - cut], ref + end,
+                                          [i for k, i in enumerate(ref) if k != cut]]))
+        assert compare_category(rec, ref, tok, KIMI) == compare(rec, ref, tok, KIMI).category, (rec, ref)
+
+
+def test_category_only_compare_covers_every_category(tiny_kimi):
+    from app.tokens.compare import compare, compare_category
+
+    tok = tiny_kimi
+    end, close = tok.special_id("<|im_end|>"), tok.special_id("</think>")
+    hello = tok.encode("hello world")
+    split = [tok.id_of_bytes(bytes([b])) for b in b"hello world"]  # the same bytes, a byte a token
+    assert split != hello
+    pairs = {"exact": (hello + [end], hello + [end]), "truncated": (hello + [end], hello),
+             "bpe_equivalent": (split + [end], hello + [end]), "structure_mismatch": ([close] + hello + [end], hello + [end]),
+             "text_mismatch": (tok.encode("hello there") + [end], hello + [end])}
+    for want, (rec, ref) in pairs.items():
+        assert compare(rec, ref, tok, KIMI).category == want
+        assert compare_category(rec, ref, tok, KIMI) == want
+
+
+@SETTINGS
 @given(c=completions())
 def test_round_trip_shortcut_on_the_other_families(family_tokenizers, nfc_qwen_tokenizer, c):
     for name, tok in (*family_tokenizers.items(), ("qwen3", nfc_qwen_tokenizer)):
