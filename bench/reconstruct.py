@@ -28,7 +28,7 @@ Ratios are the bare-encode baseline's time over the path's (tokens/s over tokens
 repairs and the default path >= 0.8x; align < 0.5 s).
 Results go to bench/results/reconstruct.json.
 
-    python bench/reconstruct.py [--tokenizer sample_data/tokenizer] [--repeat 15]
+    python bench/reconstruct.py [--tokenizer sample_data/tokenizer] [--repeat 25]
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def main() -> int:
     ap.add_argument("--tokenizer", default=str(ROOT / "sample_data" / "tokenizer"))
     ap.add_argument("--reference", default=str(ROOT / "sample_data" / "reference.jsonl"))
     ap.add_argument("--profile", default="kimi-k2.5")
-    ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("--repeat", type=int, default=25)
     args = ap.parse_args()
 
     profile = get_profile(args.profile)
