@@ -1,7 +1,7 @@
 """The engine's seam to the tokens package: what it needs of a reconstructor, and nothing it probes for.
 
 `CompletionReconstructor` is everything the engine calls on one: `process` (rebuild a response's ids and judge
-them), `measure_text_path` (the text-only rebuild against true ids), and the `profile`, `tokenizer` and `fidelity`
+them), `measured_category` (the text-only rebuild's verdict category against true ids), and the `profile`, `tokenizer` and `fidelity`
 profile it was built with (the engine's `app.engine.verify.Rebuilder` builds one more per learned fidelity profile
 from them, and `app.engine.rebuild_pool.RebuildRecipe` rebuilds it in a worker process from the tokenizer's
 folder). `app.tokens.Reconstructor` is the implementation (`app.engine.rebuild_pool.build_reconstructor`); a Run
@@ -31,6 +31,6 @@ class CompletionReconstructor(Protocol):
         """Rebuild `completion`'s output ids and compare them with `reference_ids` (None: unchecked)."""
         ...
 
-    def measure_text_path(self, completion: Completion, true_ids: Sequence[int]) -> Verdict:
-        """The verdict of the text-only rebuild of `completion` against its true ids."""
+    def measured_category(self, completion: Completion, true_ids: Sequence[int]) -> str:
+        """The verdict category of the text-only rebuild of `completion` against its true ids."""
         ...

@@ -85,7 +85,7 @@ class Rebuilder:
 
     def __init__(self, base: CompletionReconstructor, profiles: Iterable[FidelityProfile] = ()) -> None:
         self.profile, self.tokenizer = base.profile, base.tokenizer
-        # measure=False: the engine measures probes only (measure_text_path), so the logprob path stays cheap
+        # measure=False: the engine measures probes only (measured_category), so the logprob path stays cheap
         self._default = Reconstructor(base.profile, base.tokenizer, base.fidelity, measure=False)
         self._by_key: dict[tuple[str, str], Reconstructor] = {}
         for p in profiles:
@@ -500,7 +500,7 @@ async def open_verification(verifier: Verifier, reconstructor: CompletionReconst
         if ident.how in ("GET /models", "host"):
             notes.append(("info", f"{ep.name}: identified as {ident.kind} ({ident.how})"))
     profile = getattr(reconstructor, "profile", None)
-    wrappable = hasattr(reconstructor, "measure_text_path") and profile is not None
+    wrappable = hasattr(reconstructor, "measured_category") and profile is not None
     stored: list[FidelityProfile] = []
     db_path = Path(db_path)
     if wrappable and db_path.exists():

@@ -40,7 +40,7 @@ def compare(
         return Verdict("unchecked", rec_len=len(rec), explanation=UNCHECKED)
     ref = ref_ids if isinstance(ref_ids, list) else list(ref_ids)
     j = _judge(rec, ref, tokenizer, profile, ref_bytes, rec_bytes)
-    if j.category in ("exact", "truncated") and j.equal:
+    if j.equal:
         if j.truncated:
             return Verdict("truncated", None, len(ref), len(rec), (),
                            f"truncated: no end-of-turn token; all {len(ref)} ids match")

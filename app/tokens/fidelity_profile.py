@@ -573,10 +573,12 @@ def apply(fp: FidelityProfile, f: Fields, profile: Profile) -> Applied:
     if reasoning != f.reasoning or content != f.content or (
             calls is not f.tool_calls and any(a is not b for a, b in zip(calls, f.tool_calls))):
         f = type(f)(reasoning, content, calls, f.finish_reason, f.close_think)
-    # names without repeats, in order (most of these lists hold none or one)
-    return Applied(f, (used[0],) if len(used) == 1 else tuple(dict.fromkeys(used)) if used else (),
-                   (flags[0],) if len(flags) == 1 else tuple(dict.fromkeys(flags)) if flags else (),
-                   (strips[0],) if len(strips) == 1 else tuple(dict.fromkeys(strips)) if strips else ())
+    return Applied(f, _distinct(used), _distinct(flags), _distinct(strips))
+
+
+def _distinct(names: list[str]) -> tuple[str, ...]:
+    """`names` without repeats, in order (most lists here hold none or one)."""
+    return tuple(dict.fromkeys(names)) if len(names) > 1 else tuple(names)
 
 
 # what apply does at an edge with a step (_Plan.actions): flag it, add the whitespace back, or remove it

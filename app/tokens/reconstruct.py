@@ -29,10 +29,11 @@ are computed once for its rebuild, its learning and its measurement.
 from __future__ import annotations
 
 import functools
+import re
 from collections import Counter
 from dataclasses import dataclass, replace
 from itertools import product
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from app.records import AGREEING_VERDICTS, Completion, Reconstruction, TokenLogprob, ToolCall, Verdict
 from app.tokens import flags as fl
@@ -42,7 +43,7 @@ from app.tokens.fidelity_profile import Applied, FidelityProfile, _redump, strip
 from app.tokens.fidelity_profile import apply as apply_fidelity
 from app.tokens.profile import Profile
 from app.tokens.template import Fields, Piece, ProviderView, kimi_tool_id, parse_output, render_output, tool_calls_read_back
-from app.tokens.tokenizer import Tokenizer
+from app.tokens.tokenizer import Tokenizer, holds_at
 
 REGIONS_FROM_TEXT = "regions_from_text"  # note: logprob ids whose uncovered regions (tool calls) came from text
 REPAIRS = (
@@ -84,19 +85,18 @@ class Reconstructor:
         # per-sample proof without a reference: strip edges to decide and the token-count relation (None: off)
         self._has_strips, self._count_offset = strip_edges_and_count(fidelity)
         # measure the text path of every sample with true ids (one more encode each); False leaves it to
-        # callers that measure only a probe fraction (measure_text_path)
+        # callers that measure only a probe fraction (measured_category)
         self.measure = measure
         self._marker_ids = profile.marker_ids(tokenizer)  # InputError when the tokenizer lacks a marker
         self._think_close_id = self._marker_ids[profile.think_close]
         self._stop_text = {i: t for t in profile.stop_tokens if (i := tokenizer.special_id(t)) is not None}
         self._stop_ids = frozenset(self._stop_text)
         self._markers = tuple(profile.markers)
-        # the markers a field's text must not spell (the raw-layout variant leaves out the think tags, which a
-        # server without a reasoning parser returns inside content), found by _spells_any
-        texts = tuple(m for m in self._markers if m)
-        no_think = tuple(m for m in texts if m not in (profile.think_open, profile.think_close))
-        self._marker_texts = (texts, tuple({m[0]: None for m in texts}))
-        self._marker_texts_no_think = (no_think, tuple({m[0]: None for m in no_think}))
+        # whether a field's text spells a marker (the raw-layout variant leaves out the think tags, which a
+        # server without a reasoning parser returns inside content)
+        self._spells_marker = _spells_any(self._markers)
+        self._spells_marker_no_think = _spells_any(
+            [m for m in self._markers if m not in (profile.think_open, profile.think_close)])
         self._marker_set = frozenset(self._markers)
         self._last_production: tuple[Completion, Applied] | None = None
         self._tool_marker_bytes = tuple(m.encode() for m in profile.tool_markers.values())
@@ -221,15 +221,10 @@ class Reconstructor:
         return any(m in tail for m in self._tool_marker_bytes)
 
     def measured_category(self, completion: Completion, true_ids: Sequence[int]) -> str:
-        """`measure_text_path(...).category` (what a probe records), without the verdict's spans and sentence."""
+        """The verdict category of the text-only rebuild (fidelity profile applied, no reference help) against true
+        ids: what a probe records (`text_path:` flag). Only the category: a diff's spans and sentence go unused."""
         return compare_category(self._encoded(self.production_fields(completion)[0])[1], list(true_ids), self.tokenizer,
                                 self.profile)
-
-    def measure_text_path(self, completion: Completion, true_ids: Sequence[int]) -> Verdict:
-        """Verdict of the text-only rebuild (fidelity profile applied, no reference help) against true ids."""
-        # the production rebuild's ids (no round-trip check: only the ids are compared)
-        return compare(self._encoded(self.production_fields(completion)[0])[1], list(true_ids), self.tokenizer,
-                       self.profile)
 
     def production_fields(self, completion: Completion) -> tuple[Fields, tuple[str, ...], tuple[str, ...]]:
         """The fields production encodes (learned inverses applied), the inverses used and the flags raised."""
@@ -343,7 +338,7 @@ class Reconstructor:
         if "\ufffd" in blob:
             out.append(fl.REPLACEMENT_CHAR)
         # raw layout (no reasoning field, think tags inside content) is read as markers, not as spelled text
-        if _spells_any(blob, *(self._marker_texts if f.reasoning is not None else self._marker_texts_no_think)):
+        if (self._spells_marker if f.reasoning is not None else self._spells_marker_no_think)(blob):
             out.append(fl.MARKER_AS_TEXT)
         if self.tokenizer.changes_text(blob):
             out.append(fl.NORMALISER)
@@ -381,24 +376,19 @@ class Reconstructor:
         # Same ids as encode_fields (every tokenizer here splits at marker tokens before BPE, so text between
         # markers is encoded on its own), but a run seen before is not encoded again: repair variants change
         # one or two runs of a long output.
+        split = self._between_markers(self._pieces(fields))
+        if split is None:  # a marker this tokenizer lacks is text: encode the whole
+            return self.encode_fields(fields)
+        segments, between = split
         out: list[int] = []
-        text = ""
-        for kind, piece in self._pieces(fields):
-            if kind != "marker":
-                text += piece
-                continue
+        for k, text in enumerate(segments):
             if text:
                 ids = cache.get(text)
                 if ids is None:
                     ids = cache[text] = self.tokenizer.encode(text)
                 out.extend(ids)
-                text = ""
-            out.append(self._marker_ids[piece])
-        if text:
-            ids = cache.get(text)
-            if ids is None:
-                ids = cache[text] = self.tokenizer.encode(text)
-            out.extend(ids)
+            if k < len(between):
+                out.append(between[k])
         return out
 
     def roundtrip(self, ids: Sequence[int], completion: Completion) -> bool:
@@ -604,6 +594,17 @@ class Reconstructor:
         special), so the text need not be searched for specials again."""
         pieces = self._pieces(f)
         text = "".join([t for _, t in pieces])
+        split = self._between_markers(pieces)
+        if split is not None:
+            found = self.tokenizer.encode_between(*split)
+            if found is not None:
+                return text, found[0], found[1], True
+        ids, known = self.tokenizer.encode_known(text)
+        return text, ids, known, False
+
+    def _between_markers(self, pieces: list[Piece]) -> tuple[list[str], list[int]] | None:
+        """The text between the markers of a rendering and the markers' ids (one more text than markers, "" where
+        two markers meet); None when a marker is not a token of this tokenizer."""
         segments: list[str] = []
         between: list[int] = []
         run: list[str] = []
@@ -612,19 +613,14 @@ class Reconstructor:
             if kind == "marker":
                 i = marker_ids.get(piece)
                 if i is None:
-                    break
+                    return None
                 segments.append("".join(run))
                 between.append(i)
                 run = []
             else:
                 run.append(piece)
-        else:
-            segments.append("".join(run))
-            found = self.tokenizer.encode_between(segments, between)
-            if found is not None:
-                return text, found[0], found[1], True
-        ids, known = self.tokenizer.encode_known(text)
-        return text, ids, known, False
+        segments.append("".join(run))
+        return segments, between
 
     def _texts(self, f: Fields) -> list[str]:
         return [t for _, t in self._pieces(f)]
@@ -878,17 +874,14 @@ def _unchecked_sentence(ok: bool, repair: str | None, flags: tuple[str, ...]) ->
     return f"{UNCHECKED}; {sentence}"
 
 
-def _spells_any(text: str, words: tuple[str, ...], starts: tuple[str, ...]) -> bool:
-    """True when `text` holds one of `words` (non-empty; `starts`: their first characters). Tried only where a
-    word's first character is: a str.find of one character is a memchr, where an `in` per word (or one regex
-    alternation) reads every character again."""
-    for ch in starts:
-        i = text.find(ch)
-        while i >= 0:
-            if text.startswith(words, i):
-                return True
-            i = text.find(ch, i + 1)
-    return False
+def _spells_any(words: Sequence[str]) -> Callable[[str], bool]:
+    """A test of whether a text holds one of `words`: tried only where a word's first character is
+    (tokenizer.holds_at), where one scan of an alternation (or an `in` per word) reads every character."""
+    words = [w for w in words if w]
+    if not words:
+        return lambda text: False
+    return functools.partial(holds_at, tuple(dict.fromkeys(w[0] for w in words)),
+                             re.compile("|".join(map(re.escape, words))).match)
 
 
 def _same_text(a: str | None, b: str | None) -> bool:

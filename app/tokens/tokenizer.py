@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from app.errors import InputError
 
@@ -250,14 +250,9 @@ class TiktokenTokenizer(Tokenizer):
         starts = self._special_starts
         if starts is None:
             return None
-        joined = "\0".join(segments)  # one text to search ("\0" is in no special, so none spans two segments)
-        at = self._special_re.match
-        for ch in starts:
-            i = joined.find(ch)
-            while i >= 0:
-                if at(joined, i):
-                    return None
-                i = joined.find(ch, i + 1)
+        # one text to search ("\0" is in no special, so none spans two segments)
+        if holds_at(starts, self._special_re.match, "\0".join(segments)):
+            return None
         ordinary = self._core.encode_ordinary
         short = self._short_runs
         out: list[int] = []
@@ -337,13 +332,26 @@ _SHORT_RUN = 48  # characters: encode_between keeps the ids of runs this short
 _SHORT_RUNS = 4096  # at most this many (then it starts over)
 
 
+def holds_at(starts: Iterable[str], at: Callable[[str, int], object], text: str) -> bool:
+    """True when `at(text, i)` holds at some place i of `text` that holds one of the characters `starts` (the
+    first characters of what `at` matches there). Each str.find of one character is a memchr: the text is read
+    at C speed, and `at` (a compiled pattern's match) runs only where a match could start."""
+    for ch in starts:
+        i = text.find(ch)
+        while i >= 0:
+            if at(text, i):
+                return True
+            i = text.find(ch, i + 1)
+    return False
+
+
 def _special_starts(specials: Iterable[str]) -> tuple[str, ...] | None:
     """The characters the specials start with, or None when some special holds one of them after its own first
     character (only then could a special that starts in one text run on into a special written after it), holds
     "\0", or they start with more than four characters (a search per character would cost more than one scan)."""
     specials = [s for s in specials if s]
     first = {s[0] for s in specials}
-    if len(first) > 4 or any(ch in first or ch == "\0" for s in specials for ch in s[1:]) or "\0" in first:
+    if len(first) > 4 or any("\0" in s for s in specials) or any(ch in first for s in specials for ch in s[1:]):
         return None
     return tuple(sorted(first))
 
