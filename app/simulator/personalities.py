@@ -32,7 +32,7 @@ class Personality:
     error_chunk: str = "openrouter"  # openrouter: {"error": {...}, choices: [...]}; text: {"error": "<msg>"}
     openai_fields_only: bool = False  # 422 on request fields outside the OpenAI chat schema
     stream_rejects: frozenset[str] = frozenset()  # request fields answered with 400 when stream is true
-    non_json_tool_region_500: bool = False  # a tool-call region that is not JSON is an HTTP 500
+    non_json_tool_region: int | None = None  # the HTTP status a tool-call region that is not JSON gets (None: parsed)
     null_content: bool = True  # no content -> `content: null` (OpenRouter); False: `content: ""`
     lean_deltas: bool = False  # each delta holds only its own field (role only on the first chunk)
     json_formats: frozenset[str] = frozenset()  # tool formats whose parser json.dumps the arguments again
@@ -54,15 +54,17 @@ PERSONALITIES = {
     # server in tests/realserver): reasoning_content; non-streaming parses the whole decode with the response
     # template, which strips content and reasoning, drops an empty reasoning and re-serialises arguments with
     # json.dumps (ASCII escapes); streaming sends the raw regions, a tool call in one delta, ids
-    # `{request_id}_tool_call_{i}`, usage on the finish chunk and no [DONE]; 422 on unknown request fields;
-    # no logprobs; a stream error is `data: {"error": "<msg>"}` formatted by hand.
+    # `{request_id}_tool_call_{i}`, usage in a last chunk of its own (with stream_options.include_usage; it rode
+    # on the finish chunk before 5.25) and no [DONE]; 422 on unknown request fields; no logprobs; a stream error is
+    # `data: {"error": "<msg>"}` formatted by hand; a tool-call region that is not JSON raises a ValueError, which
+    # 5.25's server answers with HTTP 400 (cli/serving/server.py `_bad_request_handler`; a 500 before).
     "transformers-serve": Personality(
         "transformers-serve", reasoning_field="reasoning_content",
         plain_quirks=frozenset({"strip_whitespace", "json_dumps", "empty_reasoning_none"}),
         stream_quirks=frozenset({"raw_regions"}),
         tool_id="{gen}_tool_call_{index}", tool_args_at_once=True, finish_tool_calls=True, done_marker=False,
-        usage_on_finish_chunk=True, logprobs=False, error_chunk="text", openai_fields_only=True,
-        non_json_tool_region_500=True, null_content=False, lean_deltas=True,
+        logprobs=False, error_chunk="text", openai_fields_only=True,
+        non_json_tool_region=400, null_content=False, lean_deltas=True,
     ),
 }
 PERSONALITY_NAMES = tuple(PERSONALITIES)

@@ -502,9 +502,10 @@ class SimulatorServer:
         cached = (self.prompt_cache.serve(messages, self.book.samples[index].prompt_tokens)
                   if self.prompt_cache is not None else 0)
         out = self._rendered(index, history, bool(body.get("stream")))
-        if self.personality.non_json_tool_region_500 and self._tool_region_not_json(out):
-            self.counters["500"] += 1
-            return self._error(500)
+        status = self.personality.non_json_tool_region
+        if status is not None and self._tool_region_not_json(out):
+            self.counters[str(status)] += 1
+            return self._error(status)
         self.counters[fault or "ok"] += 1
         gen_id = f"gen-sim-{self._served}"
         model = body.get("model") or self.model

@@ -4,8 +4,8 @@ What the real server was shown to do (transformers 5.x; docs/providers.md holds 
 - non-streaming: content and reasoning stripped of leading/trailing whitespace, empty thinking -> no
   reasoning field, tool arguments re-serialised with json.dumps (ASCII escapes), ids `{id}_tool_call_{i}`;
 - streaming: the raw regions (reasoning "\\n...\\n", content "\\n\\n..."), a tool call in one delta, usage on
-  the finish chunk, no [DONE];
-- 422 to request fields outside its schema; 500 to a tool-call region that is not JSON.
+  a last chunk of its own (5.25; the finish chunk before), no [DONE];
+- 422 to request fields outside its schema; 400 to a tool-call region that is not JSON (5.25; 500 before).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from app.providers import ChatClient, ProviderError, RetryableError, SampleFatalError
+from app.providers import ChatClient, ProviderError, SampleFatalError
 from app.simulator import SimulatorOptions, SimulatorServer
 from app.tokens import Reconstructor, get_profile
 from app.tokens.tokenizer import load_tokenizer
@@ -142,11 +142,11 @@ async def test_real_server_and_mirror_fail_alike(real_server, truth, tiny_model_
                           reference=path, profile="qwen3", model=model)
     async with sim:
         for url in (base_url, sim.base_url):
-            # a tool-call region that is not JSON: HTTP 500 (retryable), non-streaming
+            # a tool-call region that is not JSON: HTTP 400 (sample-fatal), non-streaming
             async with _client(url, False) as client:
-                with pytest.raises(RetryableError) as caught:
+                with pytest.raises(SampleFatalError) as caught:
                     await client.complete(messages, tools, model=model)
-            assert caught.value.status == 500, url
+            assert caught.value.status == 400, url
             # a field outside its schema: 422 naming the field (sample-fatal)
             async with _client(url, False, extra={"return_token_ids": True}) as client:
                 with pytest.raises(SampleFatalError, match="return_token_ids") as refused:
