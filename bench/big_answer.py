@@ -36,8 +36,8 @@ def big_text(mb: float) -> str:
 
 
 async def one_round(mb: float, n_small: int, workers: int, lane: bool) -> dict:
-    from app.engine import rebuild_pool
-    from app.engine.rebuild_pool import RebuildPool, build_reconstructor, open_rebuilder
+    from app.engine.fidelity import pool as rebuild_pool
+    from app.engine.fidelity.pool import RebuildPool, build_reconstructor, open_rebuilder
     from app.records import Completion
     from app.store.store_records import LeasedSample
 

@@ -13,7 +13,7 @@ sample_data/reference.jsonl non-streaming:
 
 Three clients run the same small async loop (start while the policy allows; a refused request goes back to
 the queue and waits out its own Retry-After), each against its own server, all three at once in separate
-processes so they share the machine alike: `adaptive` (app.engine.limiter.AdaptiveLimit, max 64, initial
+processes so they share the machine alike: `adaptive` (app.engine.capacity.limiter.AdaptiveLimit, max 64, initial
 the engine's default, 64 = concurrency_max; `--initial 8` shows a slow start from 8), `oracle` (fixed at the
 true capacity: 64, 24, a client-side pacer at the quota, 16, the cap schedule)
 and `naive` (fixed 64, what SpecForge, speculators and Curator do). The figure with the engine's own
@@ -164,7 +164,7 @@ async def client_run(base_url: str, policy, n: int, messages: list, stats: dict)
 async def one_run(profile: str, client: str, n: int, median_ms: float, p95_ms: float, seed: int,
                   initial: int = MAX) -> dict:
     """One client against its own simulator; returns wall time, requests, 429s."""
-    from app.engine.limiter import AdaptiveLimit
+    from app.engine.capacity.limiter import AdaptiveLimit
     from app.simulator.options import SimulatorOptions
     from app.simulator.server import SimulatorServer
 

@@ -203,8 +203,8 @@ class Provider:
 async def run_engine(profile: str, folder: Path, seed: int) -> dict:
     """The engine against the provider process."""
     from app.config import parse_config
-    from app.engine.config_ingest import ingest_config
-    from app.engine.rebuild_pool import build_reconstructor
+    from app.engine.work.config_ingest import ingest_config
+    from app.engine.fidelity.pool import build_reconstructor
     from app.engine.run import Run
     from app.providers.client import ChatClient
     from app.providers.wire import WireLimits

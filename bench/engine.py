@@ -140,7 +140,7 @@ async def _engine(url: str, msgs, conc: int, stream: bool, db_dir: str, reconstr
                   rebuild_workers: str = "auto") -> int:
     import app.providers.client  # noqa: F401  (imported before timing, like the baselines' libraries)
     from app.config import parse_config
-    from app.engine.rebuild_pool import build_reconstructor
+    from app.engine.fidelity.pool import build_reconstructor
     from app.engine.run import Run
     from app.store.store_records import SampleInput
     from app.store.run_store import RunStore
@@ -175,7 +175,7 @@ async def _engine(url: str, msgs, conc: int, stream: bool, db_dir: str, reconstr
 
 
 _T0 = _C0 = 0.0
-_POOL = None  # the Run's app.engine.rebuild_pool.RebuildPool: rebuild CPU (threads or workers), workers' CPU
+_POOL = None  # the Run's app.engine.fidelity.pool.RebuildPool: rebuild CPU (threads or workers), workers' CPU
 
 
 def client_main(args: argparse.Namespace) -> None:

@@ -625,7 +625,7 @@ async def fuzz_round(server: FuzzServer, prompts: list[list[dict]], first: int, 
 
 
 def _check_round(db: Path, charged: float, server: FuzzServer, report: Report) -> None:
-    from app.engine.budget import charge
+    from app.engine.money.budget import charge
     from app.providers.pricing import ModelPricing
     from app.records import Usage
     from app.tokens.flags import is_suspect
@@ -701,7 +701,7 @@ async def run_fuzz(bodies: int, seed: int, *, samples_per_round: int = 2000, mut
                    concurrency: int = 64, folder: Path | None = None, progress: bool = False) -> Report:
     """Serve at least `bodies` bodies, at least half of them streamed, over rounds (plain and streamed, OpenRouter and
     vLLM shapes in turn); the Report."""
-    from app.engine.rebuild_pool import build_reconstructor
+    from app.engine.fidelity.pool import build_reconstructor
 
     prompts, truths = load_truths()
     server = FuzzServer(truths, seed, mutate)

@@ -63,7 +63,7 @@ def child_eaglewatch(prompts: Path, db: Path, force: bool = False) -> dict:
     import asyncio
 
     from app.config import parse_config
-    from app.engine.config_ingest import ingest_config
+    from app.engine.work.config_ingest import ingest_config
     from app.store.run_store import RunStore
 
     config = parse_config(

@@ -180,7 +180,7 @@ def main() -> int:
     # count), 5 % of the answers probes carrying logprobs (their text path measured, their steps learned), every
     # text rebuild checked against usage.completion_tokens; and the same over a stripping server's prior (the
     # per-sample count proof of each strip edge)
-    from app.engine.verify import Rebuilder
+    from app.engine.fidelity.verify import Rebuilder
     from app.records import Usage
     from app.tokens.fidelity_profile import STRIPPED, with_prior
     from app.tokens.fidelity_profile import FidelityProfile as FP

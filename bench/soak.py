@@ -66,7 +66,7 @@ def rate_between(history: list[tuple[float, int]], lo: int, hi: int) -> float:
 
 async def soak(args: argparse.Namespace, db_dir: Path) -> dict:
     from app.config import parse_config
-    from app.engine.rebuild_pool import build_reconstructor
+    from app.engine.fidelity.pool import build_reconstructor
     from app.engine.run import Run
     from app.store.run_store import RunStore
 

@@ -7,7 +7,7 @@ each database is brought to NOW (a reused --db has its times shifted so its last
 old: the 5-minute window the rates read is never empty), and while it is measured a live writer stands in
 for the engine: it beats the heartbeat (with a live snapshot, so the attached refresh decodes it) and
 stores about 12 responses a second, as a running engine would. Median of --repeat rounds:
-  - dashboard refresh, attached: the run's record (`app.engine.record_reads.read_record`: the store's counts and
+  - dashboard refresh, attached: the run's record (`app.engine.record.reads.read_record`: the store's counts and
     the heartbeat's live figures) + jobs + events + the plots' new rows (`series_since`) from SQLite (through
     the store's `RunReader`, as the attached source reads), then rendering them (tiles, the three time plots
     over the whole 24 h, tables, events);
@@ -192,7 +192,7 @@ class LiveWriter:
         self._thread.join()
 
     def _beat(self, conn: sqlite3.Connection, close: bool = False) -> None:
-        from app.engine.snapshot_codec import snapshot_to_json
+        from app.engine.record.codec import snapshot_to_json
         from app.store.heartbeat import beat_op, this_host
 
         now = time.time()
@@ -227,7 +227,7 @@ class LiveWriter:
 
 
 def _live():
-    from app.engine.snapshot import EndpointLive, LiveFigures, Rate
+    from app.engine.record.snapshot import EndpointLive, LiveFigures, Rate
 
     return LiveFigures("running", started_at=time.time() - 86_400, in_flight=40, waiting=3, concurrency_limit=48,
                        rate=Rate(req_s_10s=12.0, req_s_1m=12.0, tok_s_10s=3000.0, tok_s_1m=3000.0), eta_s=120.0,

@@ -224,28 +224,12 @@ def package_violations(root: Path) -> list[str]:
     return sorted(set(found))
 
 
-def repeated_module_names(root: Path) -> dict[str, list[str]]:
-    """File names that two modules share (verbs in app/commands are named after the verb they run, and are left
-    out; `__init__` and `__main__` too)."""
-    seen: dict[str, list[str]] = {}
-    for path in _modules(root).values():
-        rel = path.relative_to(root).as_posix()
-        if rel.startswith("app/commands/") or path.stem in ("__init__", "__main__"):
-            continue
-        seen.setdefault(path.name, []).append(rel)
-    return {name: paths for name, paths in sorted(seen.items()) if len(paths) > 1}
-
-
 def test_packages_import_only_what_their_floor_allows(repo_root: Path) -> None:
     assert package_violations(repo_root) == []
 
 
 def test_no_import_cycles(repo_root: Path) -> None:
     assert import_cycles(repo_root) == []
-
-
-def test_module_names_say_one_job(repo_root: Path) -> None:
-    assert repeated_module_names(repo_root) == {}
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -278,20 +262,13 @@ def test_checker_finds_tokens_importing_the_store_and_the_tui_skipping_its_sourc
         "app/tui/series.py": "from app.store.queries import series_since\n",
         "app/tui/db_source.py": "from app.store import queries\n",
         "app/simulator/__init__.py": "",
-        "app/simulator/server.py": "import app.engine.limiter\n",
+        "app/simulator/server.py": "import app.engine.capacity.limiter\n",
     })
     assert package_violations(root) == [
-        "app/simulator/server.py: imports app.engine.limiter (app/engine is not allowed in app/simulator/)",
+        "app/simulator/server.py: imports app.engine.capacity.limiter (app/engine is not allowed in app/simulator/)",
         "app/tokens/rebuild.py: imports app.store.rows (app/store is not allowed in app/tokens/)",
         "app/tui/series.py: imports app.store.queries (the monitor reads the store only through its data source)",
     ]
-
-
-def test_checker_finds_two_modules_with_one_name(tmp_path: Path) -> None:
-    root = _tree(tmp_path, {
-        "app/engine/ingest.py": "", "app/store/ingest.py": "", "app/commands/ingest.py": "", "app/store/rows.py": "",
-    })
-    assert repeated_module_names(root) == {"ingest.py": ["app/engine/ingest.py", "app/store/ingest.py"]}
 
 
 # ---------------------------------------------------------------------------------------------- SQL in app/store

@@ -1,6 +1,6 @@
 """`eaglewatch calibrate CONFIG`: a dry check of each endpoint's fidelity profile from a small probe set.
 
-A run probes and learns by itself (app.engine.verify: probes by default, the profile learned during the run);
+A run probes and learns by itself (app.engine.fidelity.verify: probes by default, the profile learned during the run);
 calibrate shows beforehand, without a run, what the probes of an endpoint teach.
 
 Sends the first `--samples` prompts of the config's datasets to every endpoint (or `--endpoint`), asking

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
 def fresh_demo_database(database: Path, run_name: str) -> None:
     """Remove an earlier demo's database (and its -wal/-shm) unless an engine is running on it now."""
-    from app.engine.lock import EngineLock
+    from app.engine.health.lock import EngineLock
 
     if not database.exists():
         return

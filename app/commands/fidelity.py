@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from app.store.count_records import AnswerCounts
 
 if TYPE_CHECKING:
-    from app.engine.quality import FidelityTally
+    from app.engine.fidelity.quality import FidelityTally
     from app.store.count_records import RunCounts
     from app.store.verification import VerificationStatus
 
@@ -126,7 +126,7 @@ def build_rows(measurements, counts: dict[str, "RunCounts"]) -> dict[tuple[str, 
     """Report rows keyed by (run, endpoint, provider): the run record's counts per endpoint and provider (`counts`:
     run name -> app.store.queries.run_counts); from the stored measurements (app.store.profile_store.Measurement),
     which suspect flags and the quality gate's tally (its example pk)."""
-    from app.engine.quality import tally
+    from app.engine.fidelity.quality import tally
     from app.tokens.flags import suspect_flags, text_path_of
 
     rows: dict[tuple[str, str, str | None], Row] = {}
@@ -151,9 +151,9 @@ def build_rows(measurements, counts: dict[str, "RunCounts"]) -> dict[tuple[str, 
 
 def advise(rows: list[Row], max_rate: float, min_verified: int) -> list[str]:
     """Sentences for the operator: which provider to pin or ignore, where to measure more, what would verify an
-    endpoint, what is flagged. The judgement is the quality gate's (app.engine.quality.judge), so the advice and
+    endpoint, what is flagged. The judgement is the quality gate's (app.engine.fidelity.quality.judge), so the advice and
     a run's gate agree."""
-    from app.engine.quality import judge
+    from app.engine.fidelity.quality import judge
 
     out: list[str] = []
     by_endpoint: dict[tuple[str, str], list[Row]] = {}

@@ -3,7 +3,7 @@
 Nothing is generated. Re-running adds only what is new: a file unchanged since its last complete ingest is
 skipped, an interrupted or changed one is read again (sample ids are unique per run). Bad lines, and lines
 whose id the run already holds with other content, are reported with file:line, counted and skipped.
-The work is `app.engine.config_ingest.ingest_config`, the same one `run` calls.
+The work is `app.engine.work.config_ingest.ingest_config`, the same one `run` calls.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _ingest(config: Any, **kw: Any) -> Any:
-    from app.engine.config_ingest import ingest_config, preflight
+    from app.engine.work.config_ingest import ingest_config, preflight
     from app.store.run_store import RunStore
 
     inputs = await preflight(config, require_keys=False)  # before the database is opened: a refused config writes nothing

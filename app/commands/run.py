@@ -176,12 +176,12 @@ async def _watch(engine, stream, progress: bool):
 
 
 def progress_line(s) -> str:
-    """One short line of a run's record (app.engine.snapshot.RunRecord), in the words every face uses: the
+    """One short line of a run's record (app.engine.record.snapshot.RunRecord), in the words every face uses: the
     engine's answers and tokens per second (a finished run's averages), what is spent, the ETA, requests in
     flight / the limit and the samples waiting, failed samples, and the state's words once it is not running. A run
     of whole conversations starts it with its conversations done (`conv 15/16 done`, and the diverged ones)."""
-    from app.engine.budget import usd
-    from app.engine.snapshot import finished_figures, state_words
+    from app.engine.money.budget import usd
+    from app.engine.record.snapshot import finished_figures, state_words
     from app.store.count_records import RunLatency
 
     live, fin = s.live, s.finished

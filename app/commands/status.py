@@ -1,4 +1,4 @@
-"""`eaglewatch status`: per run, its record (app.engine.snapshot.RunRecord) as every face shows it: the state in
+"""`eaglewatch status`: per run, its record (app.engine.record.snapshot.RunRecord) as every face shows it: the state in
 words, samples by state, whole conversations (when the run has any), cost, verdicts and the verification classes,
 errors, the engine's live figures or a finished run's (read-only; safe during a run)."""
 
@@ -56,10 +56,10 @@ def _database(args: argparse.Namespace) -> Path:
 
 
 def run_status(conn: Any, run: Any) -> dict[str, Any]:
-    """One run's record (app.engine.record_reads.read_record: the store's counts, the engine's live figures while it
+    """One run's record (app.engine.record.reads.read_record: the store's counts, the engine's live figures while it
     beats, finished figures once nothing moves the run) as JSON-ready data, in the words every face uses."""
-    from app.engine.record_reads import read_record
-    from app.engine.snapshot import state_words
+    from app.engine.record.reads import read_record
+    from app.engine.record.snapshot import state_words
 
     rec = read_record(conn, run.name)
     c, a = rec.counts, rec.counts.answers
@@ -143,7 +143,7 @@ def engine_status(conn: Any, run: Any, rec: Any) -> dict[str, Any]:
 
 def _money(amount: float | None) -> float | None:
     """A ledger figure for JSON: rounded, or null when it is not a finite number (JSON has no NaN)."""
-    from app.engine.budget import finite_or_none
+    from app.engine.money.budget import finite_or_none
 
     value = finite_or_none(amount)
     return None if value is None else round(value, 6)
@@ -167,7 +167,7 @@ def _print(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     from app.records import VERDICT_LABELS, VERIFICATION_WORDS
-    from app.engine.budget import usd
+    from app.engine.money.budget import usd
 
     console = Console(highlight=False)
     if not report["runs"]:

@@ -8,7 +8,7 @@ request until the engine has stored the result, so finished-but-unstored respons
 in-flight bound.
 
 A request that reached no endpoint (`EndpointUnreachable`) goes to `on_unreachable` first: when that says the
-failure was the endpoint's (app.engine.endpoint_health), the request is sent again without using one of the
+failure was the endpoint's (app.engine.health.endpoint_health), the request is sent again without using one of the
 sample's attempts; otherwise it is a failed attempt like any other. `on_answered(index)` hears of every
 response that came back from endpoint `index`, whatever its status.
 """
@@ -21,10 +21,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from app.engine.endpoints import Endpoint
-from app.engine.limiter import Ticket
-from app.engine.slots import EndpointSlots
-from app.engine.verify import Rebuilt
+from app.engine.capacity.endpoints import Endpoint
+from app.engine.capacity.limiter import Ticket
+from app.engine.capacity.slots import EndpointSlots
+from app.engine.fidelity.verify import Rebuilt
 from app.providers.exceptions import (EndpointUnreachable, ProviderError, RetryableError, RunStoppingError,
                                       SampleFatalError)
 from app.providers.retry import RetryPolicy, with_retries
@@ -33,7 +33,7 @@ from app.store.store_records import LeasedSample
 from app.tokens.prompt_check import PromptCheck
 
 OutcomeKind = Literal["done", "failed", "released", "stopping"]
-# (completion, flight) -> the rebuilt ids, verdict, text-path measurement and prompt check (app.engine.verify)
+# (completion, flight) -> the rebuilt ids, verdict, text-path measurement and prompt check (app.engine.fidelity.verify)
 Reconstruct = Callable[[Completion, "Flight"], Awaitable[Rebuilt]]
 # endpoint index -> (the request's extra body fields, whether it is a probe); default: the endpoint's `extra`
 RequestExtra = Callable[[int], "tuple[dict | None, bool]"]
@@ -52,7 +52,7 @@ class Flight:
     billed_usd: float = 0.0  # what failed earlier requests of this flight were billed
     unrecorded_usd: float = 0.0  # what the last request was charged, kept until its outcome is recorded
     settling: bool = False  # a response arrived: pause-now leaves it to be rebuilt and stored
-    probe: bool = False  # the latest request asked for true ids (app.engine.verify): its text path is measured
+    probe: bool = False  # the latest request asked for true ids (app.engine.fidelity.verify): its text path is measured
     ticket: Ticket | None = None  # the limiter's ticket of the latest request (its level and epoch)
     # endpoint index -> its answer count at this flight's latest connection failure there (endpoint_health)
     unreachable_seen: dict[int, int] = dataclasses.field(default_factory=dict)
@@ -77,7 +77,7 @@ class Outcome:
     message: str | None = None
     cost_usd: float = 0.0
     unexpected: bool = False
-    measured: str | None = None  # the text-path verdict of a probe with true ids (app.engine.verify)
+    measured: str | None = None  # the text-path verdict of a probe with true ids (app.engine.fidelity.verify)
     prompt_check: PromptCheck | None = None  # when the server returned prompt ids
 
 

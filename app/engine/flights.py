@@ -18,17 +18,17 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from app.engine.attempt import Flight, Outcome, request_sample
-from app.engine.endpoints import Endpoint
-from app.engine.endpoint_health import EndpointGuard
-from app.engine.events import EventLog
-from app.engine.forecast import Forecast
-from app.engine.ledger import Ledger
-from app.engine.leases import TurnFollow, WorkSource
-from app.engine.rebuild_pool import RebuildPool
-from app.engine.run_state import RunState
+from app.engine.capacity.endpoints import Endpoint
+from app.engine.health.endpoint_health import EndpointGuard
+from app.engine.health.events import EventLog
+from app.engine.money.forecast import Forecast
+from app.engine.money.ledger import Ledger
+from app.engine.work.leases import TurnFollow, WorkSource
+from app.engine.fidelity.pool import RebuildPool
+from app.engine.work.run_state import RunState
 from app.engine.settle import Settler
-from app.engine.slots import EndpointSlots
-from app.engine.verify import Rebuilt, Verifier, ask_twin
+from app.engine.capacity.slots import EndpointSlots
+from app.engine.fidelity.verify import Rebuilt, Verifier, ask_twin
 from app.providers.exceptions import RetryableError
 from app.providers.retry import RetryPolicy
 from app.records import Completion

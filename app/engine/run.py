@@ -7,8 +7,8 @@ arguments: `RunState` (the run's state and why; `run_state`), `Ledger` (budget, 
 (`SampleLeases` and `LeaseKeeper`; `leases`), the `Scheduler` (lease queue, budget, rate buckets, slots;
 `scheduler`), the `Flights` (one task per sample: request, settle, forecast; `flights`), the `Settler` (the one
 place a sample ends; `settle`), `Steering` (pause, resume, concurrency, the commands table; `steering`), the
-`HeartbeatWriter` (`heartbeat_writer`), `StoreHealth` (a store that refuses writes; `store_health`) and the
-`RebuildPool` (where ids are rebuilt; `rebuild_pool`). Five tasks run once started: the scheduler, the command
+`HeartbeatWriter` (`health.heartbeat`), `StoreHealth` (a store that refuses writes; `health.store_health`) and the
+`RebuildPool` (where ids are rebuilt; `fidelity.pool`). Five tasks run once started: the scheduler, the command
 poll, the lease keeper, the heartbeat and the endpoint guard's watch (`EndpointGuard.watch`: a dead endpoint).
 
 Crash safety comes from the store: a sample is `leased` until its result commits, and a SIGKILL loses at
@@ -29,29 +29,29 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.config import RunConfig
-from app.engine.budget import BudgetGuard, cost_per_hour
-from app.engine.endpoints import CompletionClient, Endpoint, Endpoints, close_endpoints, open_endpoints, total_limit
-from app.engine.endpoint_health import EndpointGuard, HealthBook
-from app.engine.events import EngineEvent, EventLog
+from app.engine.money.budget import BudgetGuard, cost_per_hour
+from app.engine.capacity.endpoints import CompletionClient, Endpoint, Endpoints, close_endpoints, open_endpoints, total_limit
+from app.engine.health.endpoint_health import EndpointGuard, HealthBook
+from app.engine.health.events import EngineEvent, EventLog
 from app.engine.flights import Flights
-from app.engine.forecast import Forecast, loop_now
-from app.engine.heartbeat_writer import HeartbeatWriter
-from app.engine.ledger import Ledger
-from app.engine.leases import LeaseKeeper, SampleLeases
-from app.engine.lock import EngineLock
-from app.engine.quality import QualityDecision
-from app.engine.rebuild_pool import RebuildPool, open_rebuilding
-from app.engine.reconstructor import CompletionReconstructor
-from app.engine.run_state import RunOutcome, RunState
+from app.engine.money.forecast import Forecast, loop_now
+from app.engine.health.heartbeat import HeartbeatWriter
+from app.engine.money.ledger import Ledger
+from app.engine.work.leases import LeaseKeeper, SampleLeases
+from app.engine.health.lock import EngineLock
+from app.engine.fidelity.quality import QualityDecision
+from app.engine.fidelity.pool import RebuildPool, open_rebuilding
+from app.engine.fidelity.reconstructor import CompletionReconstructor
+from app.engine.work.run_state import RunOutcome, RunState
 from app.engine.scheduler import Scheduler
 from app.engine.settle import Settler
-from app.engine.slots import EndpointSlots
-from app.engine.snapshot import IN_PROCESS, LiveFigures, RunRecord
+from app.engine.capacity.slots import EndpointSlots
+from app.engine.record.snapshot import IN_PROCESS, LiveFigures, RunRecord
 from app.engine.steering import VIEWER_PAUSE, Steering
-from app.engine.store_counts import follower_of
-from app.engine.store_health import StoreHealth
-from app.engine.verify import Verifier, open_verification, save_profiles
-from app.engine.writes import StoreGate
+from app.engine.work.counts import follower_of
+from app.engine.health.store_health import StoreHealth
+from app.engine.fidelity.verify import Verifier, open_verification, save_profiles
+from app.engine.health.writes import StoreGate
 from app.providers.pricing import ModelPricing
 from app.store.count_records import RunCounts
 from app.providers.retry import RetryPolicy
@@ -366,7 +366,7 @@ class Run:
 
     def snapshot(self) -> RunRecord:
         """The run's record now: this engine's live figures (no I/O) and the store's counts as last read
-        (app.engine.store_counts: re-read in a thread after the database changed while the run runs, at once
+        (app.engine.work.counts: re-read in a thread after the database changed while the run runs, at once
         while it does not, so a paused or finished run's record is exact). Cheap enough for 4 Hz polling."""
         now = time.monotonic()
         endpoints, ledger = self.endpoints, self._ledger

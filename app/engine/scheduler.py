@@ -22,14 +22,14 @@ from typing import Protocol
 
 from app.config import RunConfig
 from app.engine.attempt import Flight
-from app.engine.budget import estimate_prompt_tokens
-from app.engine.events import EventLog
-from app.engine.forecast import Forecast
-from app.engine.ledger import Ledger
-from app.engine.leases import WorkSource
-from app.engine.run_state import RunState
-from app.engine.slots import EndpointSlots
-from app.engine.writes import StoreGate
+from app.engine.money.budget import estimate_prompt_tokens
+from app.engine.health.events import EventLog
+from app.engine.money.forecast import Forecast
+from app.engine.money.ledger import Ledger
+from app.engine.work.leases import WorkSource
+from app.engine.work.run_state import RunState
+from app.engine.capacity.slots import EndpointSlots
+from app.engine.health.writes import StoreGate
 from app.store.run_store import StoreWriteError
 from app.store.store_records import LeasedSample
 from app.token_bucket import TokenBucket

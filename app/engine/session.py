@@ -1,6 +1,6 @@
 """`open_run`: the one way every face (headless `run`, the TUI, tests) opens a run to generate.
 
-Store open + ingest (`app.engine.config_ingest`) + the Reconstructor + a started `Run`, and on the way out the
+Store open + ingest (`app.engine.work.config_ingest`) + the Reconstructor + a started `Run`, and on the way out the
 engine closed (in-flight requests cancelled) and the store closed, whatever happened in between.
 """
 
@@ -34,13 +34,13 @@ async def open_run(
 ) -> AsyncIterator[OpenRun]:
     """Open the config's database, ingest what the run lacks, build the Reconstructor (unless
     reconstruct=False) and start the engine; yield it, then close engine and store."""
-    from app.engine.config_ingest import ingest_config, preflight
-    from app.engine.rebuild_pool import build_reconstructor
+    from app.engine.work.config_ingest import ingest_config, preflight
+    from app.engine.fidelity.pool import build_reconstructor
 
     inputs = await preflight(config)  # before the database is opened: a refused config writes nothing
     store = await RunStore.open(config.run.database)
     try:
-        # finishes an interrupted ingest and refuses to start on a half-ingested run (app.engine.config_ingest)
+        # finishes an interrupted ingest and refuses to start on a half-ingested run (app.engine.work.config_ingest)
         summary = (await ingest_config(store, config, inputs=inputs)).summary()
         if summary and on_ingested is not None:
             on_ingested(summary)

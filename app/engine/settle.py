@@ -10,7 +10,7 @@ A sample never stays leased: when its outcome cannot be recorded (a value the ro
 fails for a lasting reason), `settle` records it as a failed attempt with that error named, back to pending
 while the sample has attempts left, else failed, and the lease is released in the same turn; when even that
 cannot be written it returns the lease (`RunStore.release`) and tells the operator. Every charge is
-`app.engine.budget.charge`: max(reported, list price), never NaN, infinite or negative.
+`app.engine.money.budget.charge`: max(reported, list price), never NaN, infinite or negative.
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ import orjson
 
 from app.config import RunConfig
 from app.engine.attempt import Flight, Outcome
-from app.engine.budget import Charge, CostNotes, charge, estimate_prompt_tokens
-from app.engine.endpoints import Endpoint
-from app.engine.events import EventLog
-from app.engine.ledger import Ledger
-from app.engine.limiter import LimitChange, Ticket, limiter_latency
-from app.engine.quality import QualityDecision
-from app.engine.slots import EndpointSlots
-from app.engine.verify import Verifier
-from app.engine.writes import StoreGate
+from app.engine.money.budget import Charge, CostNotes, charge, estimate_prompt_tokens
+from app.engine.capacity.endpoints import Endpoint
+from app.engine.health.events import EventLog
+from app.engine.money.ledger import Ledger
+from app.engine.capacity.limiter import LimitChange, Ticket, limiter_latency
+from app.engine.fidelity.quality import QualityDecision
+from app.engine.capacity.slots import EndpointSlots
+from app.engine.fidelity.verify import Verifier
+from app.engine.health.writes import StoreGate
 from app.providers.exceptions import ProviderError, RetryableError
 from app.providers.wire import TEXT_REPLACED
 from app.records import Completion, Usage
@@ -73,7 +73,7 @@ class Settler:
     ledger: Ledger
     endpoints: list[Endpoint]
     slots: EndpointSlots
-    # live fidelity (app.engine.verify): tallies measured results; `on_decision` acts on the gate's decisions
+    # live fidelity (app.engine.fidelity.verify): tallies measured results; `on_decision` acts on the gate's decisions
     verifier: Verifier
     on_decision: Callable[[QualityDecision], None]
     attempts: int  # requests a sample may cost (the run's retry policy): an unrecordable outcome's last one fails it

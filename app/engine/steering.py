@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import asyncio
 
-from app.engine.counts import SampleCounts
-from app.engine.endpoint_health import ENDPOINTS_DOWN
-from app.engine.endpoints import Endpoint, set_total_limit
-from app.engine.events import EventLog
+from app.engine.work.counts import SampleCounts
+from app.engine.health.endpoint_health import ENDPOINTS_DOWN
+from app.engine.capacity.endpoints import Endpoint, set_total_limit
+from app.engine.health.events import EventLog
 from app.engine.flights import Flights
-from app.engine.forecast import Forecast
-from app.engine.quality import QualityDecision
-from app.engine.run_state import RunState
+from app.engine.money.forecast import Forecast
+from app.engine.fidelity.quality import QualityDecision
+from app.engine.work.run_state import RunState
 from app.engine.scheduler import Scheduler
-from app.engine.slots import EndpointSlots
-from app.engine.writes import StoreGate
+from app.engine.capacity.slots import EndpointSlots
+from app.engine.health.writes import StoreGate
 from app.store.run_store import RunStore, StoreWriteError
 
 COMMAND_POLL_S = 1.0
@@ -156,7 +156,7 @@ class Steering:
             self._state.check_idle(len(self._flights))
 
     def endpoints_down(self, why: str) -> None:
-        """Every endpoint is down (app.engine.endpoint_health): pause at once (nothing more is leased) and cancel
+        """Every endpoint is down (app.engine.health.endpoint_health): pause at once (nothing more is leased) and cancel
         what waits on them; the samples stay pending. The run resumes by itself when a probe gets an answer
         (`endpoint_back`)."""
         if self._state.running:

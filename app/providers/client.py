@@ -8,7 +8,7 @@ Time and size are bounded per attempt: `timeout_s` is a deadline for the whole a
 byte of the body), `stall_timeout_s` the longest silence between two reads of a streamed answer, and
 `max_response_bytes` the largest body read (`MalformedResponse` on `body` past it). A failure before any byte
 of a response came back (DNS, a refused or timed-out connect, TLS, a reset before the response head) is an
-`EndpointUnreachable`: the endpoint failed, not the sample (`app.engine.endpoint_health`). `probe()` asks
+`EndpointUnreachable`: the endpoint failed, not the sample (`app.engine.health.endpoint_health`). `probe()` asks
 whether the endpoint answers at all, without spending tokens.
 """
 

@@ -6,7 +6,7 @@
     type or out of range, a second choice. `field` names the field.
   - `EndpointUnreachable`: no byte of a response came back: DNS, a refused or timed-out connect, TLS, a reset
     before the response head. The endpoint failed, not the sample: the engine retries it without using the
-    sample's attempts and marks the endpoint down after a run of them (`app.engine.endpoint_health`).
+    sample's attempts and marks the endpoint down after a run of them (`app.engine.health.endpoint_health`).
 - `SampleFatalError`: this request will never succeed (400, 413, 422, other 4xx, content filtered).
 - `RunStoppingError`: no request will succeed until an operator acts (401, 402 out of credits, 403,
   404 model not found): the engine pauses the run.
@@ -44,7 +44,7 @@ class ProviderError(EaglewatchError):
         # the failed attempt's usage counts when they were sound (app.records.Usage): the engine charges
         # the larger of `cost_usd` and their list price
         self.usage = None
-        # a response (of any status) came back from the endpoint: it is there (app.engine.endpoint_health)
+        # a response (of any status) came back from the endpoint: it is there (app.engine.health.endpoint_health)
         self.answered = status is not None
 
     def __repr__(self) -> str:

@@ -10,7 +10,7 @@ range and raise `MalformedResponse` naming the field (retryable: the same reques
   (the store packs ids as uint32).
 - cost (`cost`): a cost that is not finite, is negative or is above the configured cap is *not* a malformed
   body (the answer may be sound); it comes back as a problem sentence and the engine charges the list price
-  instead (`app.engine.budget.charge`).
+  instead (`app.engine.money.budget.charge`).
 - strings: valid Unicode. orjson refuses a lone surrogate (`"\\ud83d"`) and invalid UTF-8; such a body is read
   again by the lenient path (`load_json`), which replaces the bad bytes and surrogates with U+FFFD and says so,
   so the completion is flagged (`Completion.wire_flags`) and nothing unencodable reaches the store.

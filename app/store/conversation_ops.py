@@ -247,7 +247,7 @@ def restore_children_of(conn: sqlite3.Connection, run_id: int, pks: Iterable[int
 
 def next_turn_state(conn: sqlite3.Connection, run_id: int, conversation_id: str, turn: int) -> tuple[str, int]:
     """(state of the turn after `turn`, how many turns after it are skipped): what the engine reads after a
-    turn settled to move its counts (`app.engine.leases.SampleLeases.after_turn`)."""
+    turn settled to move its counts (`app.engine.work.leases.SampleLeases.after_turn`)."""
     rows = conn.execute(
         "SELECT turn, state FROM samples WHERE run_id = ? AND conversation_id = ? AND turn > ? ORDER BY turn",
         (run_id, conversation_id, turn)).fetchall()

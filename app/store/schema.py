@@ -394,7 +394,7 @@ CREATE TABLE engine_heartbeats (
     started_at REAL NOT NULL,                    -- when this engine process started the run
     beat_at    REAL NOT NULL,                    -- last beat (unix s); about once a second while it runs
     stopped_at REAL,                             -- set on a clean exit; NULL while running or after a crash
-    snapshot   TEXT                              -- the engine's live figures as JSON (app.engine.snapshot_codec)
+    snapshot   TEXT                              -- the engine's live figures as JSON (app.engine.record.codec)
 );
 
 -- per input file ingest progress, so an interrupted ingest is finished on restart, never taken

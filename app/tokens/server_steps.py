@@ -1,7 +1,7 @@
 """The text steps each server is known to apply between the model's output ids and the API's fields.
 
 A run's endpoint that says what it is (`server =` in its config, its simulator's personality, or what its
-`GET /v1/models` and response headers tell: app.engine.identify) starts from this table's *prior* profile
+`GET /v1/models` and response headers tell: app.engine.fidelity.identify) starts from this table's *prior* profile
 instead of from nothing; the probes then confirm or correct it per key (app.tokens.fidelity_profile, `prior`).
 Where a server gives ground truth on every request (vLLM `return_token_ids`, SGLang without streaming) the prior
 only covers the first moments of a run; where it gives none (transformers serve) the prior is all there is, and

@@ -18,7 +18,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
-from app.engine.snapshot import RunRecord
+from app.engine.record.snapshot import RunRecord
 from app.tui.screens.confirm import ConfirmScreen, NumberScreen
 from app.tui.screens.conversations import ConversationScreen, ConversationsScreen
 from app.tui.screens.dashboard import DashboardScreen, engine_gone

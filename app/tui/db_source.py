@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from app.engine.control import RunControl
-from app.engine.record_reads import LatencyCache, read_record
-from app.engine.snapshot import LiveFigures, RunRecord
+from app.engine.record.reads import LatencyCache, read_record
+from app.engine.record.snapshot import LiveFigures, RunRecord
 from app.errors import EaglewatchError, InputError
 from app.store import queries
 from app.store.heartbeat import Liveness, liveness, read_heartbeat
@@ -225,7 +225,7 @@ class _DatabaseBackedSource:
         raise NotImplementedError
 
     def record(self, live: LiveFigures | None) -> RunRecord:
-        """`DataSource.record`: app.engine.record_reads.read_record over this reader's connection."""
+        """`DataSource.record`: app.engine.record.reads.read_record over this reader's connection."""
         return self.reader.call(read_record, self.reader.run_name, live=live, latency=self._latency)
 
     def series_since(self, responses_after: int, reconstructions_after: int) -> queries.SeriesChunk:

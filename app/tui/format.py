@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from app.engine.budget import usd as _usd
+from app.engine.money.budget import usd as _usd
 
 
 def duration(seconds: float | None) -> str:
@@ -23,7 +23,7 @@ def duration(seconds: float | None) -> str:
 
 def money(usd: float | None) -> str:
     """Dollars with cents (or four decimals under a dollar), "-" when unknown, never NaN or inf
-    (`app.engine.budget.usd`, the one money format of every face)."""
+    (`app.engine.money.budget.usd`, the one money format of every face)."""
     return _usd(usd)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from app.engine.snapshot import RunRecord
+from app.engine.record.snapshot import RunRecord
 from app.tui import format as fmt
 from app.tui.source import SERIES_BUCKET_S, DataSource, SeriesChunk
 from widgets.time_plot import PlotSeries

@@ -5,7 +5,7 @@ screens call them through `app.tui.fetch.fetch_in_thread` (never on the UI loop)
 through its `control` (the `app.engine.control.RunControl` protocol), job control through `job_command`.
 Two implementations live in `app.tui.db_source`: in-process (an engine `Run` plus the store's reads)
 and attached (the store's reads plus the `commands` table). Both faces show the same record of the run
-(`app.engine.snapshot.RunRecord`): the store's counts, the engine's live figures (taken on the UI loop
+(`app.engine.record.snapshot.RunRecord`): the store's counts, the engine's live figures (taken on the UI loop
 in-process, from its heartbeat attached), finished figures once nothing moves the run.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from app.engine.control import RunControl
-from app.engine.snapshot import LiveFigures, RunRecord
+from app.engine.record.snapshot import LiveFigures, RunRecord
 from app.records import VERDICT_CLASSES, Alignment, Category
 from app.store.queries import MISMATCH_ORDERS, MISMATCH_VERDICTS, SERIES_BUCKET_S, SeriesChunk
 from app.store.rows import (

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from app.engine.snapshot import RunRecord
+from app.engine.record.snapshot import RunRecord
 from app.tui.db_source import ACK_TIMEOUT_S, AttachedControl, CommandAck
 
 LATE_ACK_S = 30.0  # a live engine that has not taken a command in ACK_TIMEOUT_S is watched this much longer

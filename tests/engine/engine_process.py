@@ -20,7 +20,7 @@ from app.store.run_store import RunStore  # noqa: E402
 
 
 async def main(path: str, reconstruct: bool) -> int:
-    from app.engine.rebuild_pool import build_reconstructor
+    from app.engine.fidelity.pool import build_reconstructor
 
     config = parse_config(json.loads(Path(path).read_text()), base_dir=Path(path).parent)
     store = await RunStore.open(config.run.database)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from app.engine.record_reads import read_record
+from app.engine.record.reads import read_record
 from app.store.queries import connect_readonly
 from app.engine.run import Run
 from app.errors import EaglewatchError

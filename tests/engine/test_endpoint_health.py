@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.endpoint_health import ENDPOINTS_DOWN, PROBE_CAP_S, PROBE_FIRST_S, EndpointHealth, HealthBook
+from app.engine.health.endpoint_health import ENDPOINTS_DOWN, PROBE_CAP_S, PROBE_FIRST_S, EndpointHealth, HealthBook
 from app.engine.run import Run
 from app.simulator.options import SimulatorOptions
 from app.simulator.server import SimulatorServer

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.engine.budget import Prices, projected_total
-from app.engine.eta import Projector, Survival, _Dataset
+from app.engine.money.budget import Prices, projected_total
+from app.engine.money.eta import Projector, Survival, _Dataset
 
 ROOT = Path(__file__).resolve().parents[2]
 PRICES = Prices(prompt_per_m=0.60, completion_per_m=2.50)  # sample_data/demo.toml's pricing
@@ -417,7 +417,7 @@ def test_prompts_left_are_priced_at_the_share_the_prompt_cache_served():
 async def test_failed_samples_put_back_are_work_to_come_again(tmp_path, sample_data):
     """An operator's retry of failed samples (RunStore.retry_failed) makes them pending again: the forecast counts
     them (and their prompts) as work to send, as it did before they failed."""
-    from app.engine.forecast import Forecast
+    from app.engine.money.forecast import Forecast
     from tests.engine.conftest import make_config, open_ingested
 
     config = make_config(tmp_path, sample_data)

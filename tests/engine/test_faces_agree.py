@@ -21,7 +21,7 @@ from pathlib import Path
 from app.commands.run import progress_line
 from app.config import load_config
 from app.engine.session import open_run
-from app.engine.snapshot import RunRecord, state_words
+from app.engine.record.snapshot import RunRecord, state_words
 from app.records import VERDICTS
 from app.tui.db_source import AttachedSource, InProcessSource
 from app.tui.screens.dashboard import endpoint_rows, status_line

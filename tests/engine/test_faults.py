@@ -87,7 +87,7 @@ async def test_a_reset_before_any_byte_is_retried_as_the_endpoints_failure_not_t
     assert sim.counters["reset"] > 0
     assert db.execute("SELECT COUNT(*) FROM samples WHERE state = 'done'").fetchone()[0] == 30
     # every reset was retried, and counted in the metrics; only those that hit a sample again after the endpoint
-    # had answered in between are failed attempts of that sample (app.engine.endpoint_health)
+    # had answered in between are failed attempts of that sample (app.engine.health.endpoint_health)
     counted = db.execute("SELECT COUNT(*) FROM responses WHERE error_class IS NOT NULL").fetchone()[0]
     assert counted < sim.counters["reset"]
     # the engine's per-endpoint metrics count every reset retried (the record's counts are the stored requests)
@@ -147,13 +147,13 @@ async def test_out_of_credits_pauses_the_run_with_an_event(tmp_path, sample_data
 
 
 async def test_adaptive_limit_drops_under_a_429_storm_and_stays_within_bounds(tmp_path, sample_data, monkeypatch):
-    # The limiter re-probes its ceiling on a clock (failed probes double the gap, up to 8 s: app.engine.limiter,
+    # The limiter re-probes its ceiling on a clock (failed probes double the gap, up to 8 s: app.engine.capacity.limiter,
     # tested on a fake clock in test_limiter.py); the few hundred milliseconds this run lasts after the storm
     # must not depend on how many probes the storm happened to fail, so the gap is capped short here.
     import functools
 
-    from app.engine import endpoints
-    from app.engine.limiter import AdaptiveLimit
+    from app.engine.capacity import endpoints
+    from app.engine.capacity.limiter import AdaptiveLimit
 
     class Recording(AdaptiveLimit):
         """Keeps every limit it takes: the storm's cut may come and go between two 50 ms snapshots."""

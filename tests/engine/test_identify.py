@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from app.config import Endpoint, SimulatorOptions
-from app.engine.identify import identify
+from app.engine.fidelity.identify import identify
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.engine.limiter import REASONS, AdaptiveLimit
+from app.engine.capacity.limiter import REASONS, AdaptiveLimit
 from tests.engine.limiter_sim import FixedPolicy, run
 
 
@@ -171,7 +171,7 @@ def test_limits_stay_in_bounds_and_reasons_are_known():
 
 
 def test_the_engine_starts_at_the_maximum_unless_an_initial_limit_is_configured(tmp_path, sample_data):
-    from app.engine.endpoints import share_limits
+    from app.engine.capacity.endpoints import share_limits
     from tests.engine.conftest import make_config
 
     two = [{"name": "a", "simulator": {}, "weight": 3.0}, {"name": "b", "simulator": {}, "weight": 1.0}]

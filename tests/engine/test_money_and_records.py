@@ -9,7 +9,7 @@ import sqlite3
 
 import pytest
 
-from app.engine.budget import CostNotes, charge, usd
+from app.engine.money.budget import CostNotes, charge, usd
 from app.engine.run import Run
 from app.providers.pricing import ModelPricing
 from app.providers.retry import RetryPolicy

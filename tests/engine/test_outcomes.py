@@ -10,7 +10,7 @@ import sqlite3
 import pytest
 
 from app.engine.control import RunControl
-from app.engine.rebuild_pool import build_reconstructor
+from app.engine.fidelity.pool import build_reconstructor
 from app.config import parse_config
 from app.engine.run import Run
 from app.errors import InputError
@@ -72,7 +72,7 @@ async def test_credentials_in_a_base_url_built_in_code_are_refused_before_anythi
 
 async def test_a_budget_without_prices_is_refused_with_what_to_add(tmp_path, sample_data, monkeypatch):
     # no [pricing] and no endpoint that lists the model in GET /models
-    from app.engine import ledger
+    from app.engine.money import ledger
     from app.providers.pricing import PriceQuote
 
     async def nowhere(model, table, clients):

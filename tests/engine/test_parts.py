@@ -10,17 +10,17 @@ import sqlite3
 import pytest
 
 from app.engine.attempt import Flight, Outcome
-from app.engine.endpoints import close_endpoints, open_endpoints
-from app.engine.events import EventLog
-from app.engine.forecast import Forecast
-from app.engine.ledger import Ledger
-from app.engine.limiter import AdaptiveLimit
-from app.engine.run_state import RunState
+from app.engine.capacity.endpoints import close_endpoints, open_endpoints
+from app.engine.health.events import EventLog
+from app.engine.money.forecast import Forecast
+from app.engine.money.ledger import Ledger
+from app.engine.capacity.limiter import AdaptiveLimit
+from app.engine.work.run_state import RunState
 from app.engine.scheduler import Scheduler
 from app.engine.settle import Settler
-from app.engine.slots import EndpointSlots
-from app.engine.verify import Verifier
-from app.engine.writes import StoreGate
+from app.engine.capacity.slots import EndpointSlots
+from app.engine.fidelity.verify import Verifier
+from app.engine.health.writes import StoreGate
 from app.store.run_store import RunStore
 from app.store.store_records import LeasedSample
 from tests.engine.conftest import make_config, open_ingested

@@ -1,4 +1,4 @@
-"""Rebuilds in worker processes (app.engine.rebuild_pool.RebuildPool, `[run] rebuild_workers`): the same
+"""Rebuilds in worker processes (app.engine.fidelity.pool.RebuildPool, `[run] rebuild_workers`): the same
 results as in threads, field by field, over completions the real client parsed from the real simulator; a
 worker killed with SIGKILL mid-run loses no paid response; workers leave a pinned parent's core for the
 others."""
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 import app
-from app.engine.rebuild_pool import (RebuildPool, RebuildRecipe, build_reconstructor, open_rebuilder, worker_cores,
+from app.engine.fidelity.pool import (RebuildPool, RebuildRecipe, build_reconstructor, open_rebuilder, worker_cores,
                                     worker_count)
-from app.engine.verify import LOGPROB_PROBE_FIELDS, Rebuilder
+from app.engine.fidelity.verify import LOGPROB_PROBE_FIELDS, Rebuilder
 from app.providers.client import ChatClient
 from app.simulator.server import SimulatorServer
 from app.tokens.fidelity_profile import FidelityProfile
@@ -169,7 +169,7 @@ async def test_a_worker_killed_mid_run_loses_no_result(tmp_path, sample_data) ->
 _HOLDER = r"""
 import asyncio, sys
 from app.config import parse_config
-from app.engine.rebuild_pool import RebuildPool, build_reconstructor, open_rebuilder
+from app.engine.fidelity.pool import RebuildPool, build_reconstructor, open_rebuilder
 async def main():
     config = parse_config({"run": {"name": "t"}, "data": {"datasets": [{"path": sys.argv[1] + "/prompts.openai.jsonl"}]},
                            "model": {"name": "m", "tokenizer": sys.argv[1] + "/tokenizer"},
@@ -266,7 +266,7 @@ import asyncio, os, sys
 with open(sys.argv[2], "a") as f:  # the script's top level: it must run once, in this process only
     f.write(f"{os.getpid()}\n")
 from app.config import parse_config
-from app.engine.rebuild_pool import RebuildPool, build_reconstructor, open_rebuilder
+from app.engine.fidelity.pool import RebuildPool, build_reconstructor, open_rebuilder
 async def main():
     config = parse_config({"run": {"name": "t"}, "data": {"datasets": [{"path": sys.argv[1] + "/prompts.openai.jsonl"}]},
                            "model": {"name": "m", "tokenizer": sys.argv[1] + "/tokenizer"},

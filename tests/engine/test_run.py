@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from app.engine.rebuild_pool import build_reconstructor
+from app.engine.fidelity.pool import build_reconstructor
 from app.engine.run import Run
 from tests.engine.conftest import make_config, open_ingested
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from app.engine.rebuild_pool import build_reconstructor
+from app.engine.fidelity.pool import build_reconstructor
 from app.store.ids import unpack_ids
 from tests.engine.conftest import make_config, run_to_end, sample_inputs
 

@@ -6,10 +6,10 @@ from collections import Counter
 
 import pytest
 
-from app.engine.budget import BudgetGuard, Prices, projected_total
+from app.engine.money.budget import BudgetGuard, Prices, projected_total
 from app.token_bucket import TokenBucket
-from app.engine.metrics import EndpointMetrics, Observations, RateWindow
-from app.engine.weights import WeightedRoundRobin
+from app.engine.record.metrics import EndpointMetrics, Observations, RateWindow
+from app.engine.capacity.weights import WeightedRoundRobin
 
 
 # the adaptive limit's specification: tests/engine/test_limiter.py (it replaced an AIMD rule)

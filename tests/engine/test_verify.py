@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from app.engine.rebuild_pool import build_reconstructor
-from app.engine.verify import Verifier, _Probes
+from app.engine.fidelity.pool import build_reconstructor
+from app.engine.fidelity.verify import Verifier, _Probes
 from tests.engine.conftest import make_config, run_to_end
 
 
@@ -162,7 +162,7 @@ def test_route_around_adds_the_provider_to_ignore() -> None:
 
 
 def test_dashboard_match_tile_shows_the_measured_rate_with_its_count() -> None:
-    from app.engine.snapshot import RunRecord
+    from app.engine.record.snapshot import RunRecord
     from app.store.count_records import AnswerCounts, RunCounts
     from app.tui.screens.dashboard import reconstruction_lines
 
@@ -242,7 +242,7 @@ async def test_a_restarted_engine_keeps_the_runs_measurements_and_prompt_event(t
 async def test_route_around_ignores_the_corrupting_provider_in_later_requests(tmp_path, sample_data) -> None:
     # on_corrupt = route_around: no pause; a warning names the provider, and every request after the decision
     # carries it in OpenRouter's provider.ignore (bodies recorded by a real ChatClient over loopback HTTP)
-    from app.engine.endpoints import _start_simulator
+    from app.engine.capacity.endpoints import _start_simulator
     from app.providers.client import ChatClient
 
     class Recording(ChatClient):
@@ -380,7 +380,7 @@ async def test_a_trusted_twin_teaches_an_endpoint_without_ground_truth(tmp_path,
 
 async def test_the_export_refuses_unverified_text_rebuilds_unless_accepted(tmp_path, sample_data, capsys) -> None:
     # an endpoint whose server nobody named and that does not say: nothing verifies its rebuilds from text
-    from app.engine.endpoints import _start_simulator
+    from app.engine.capacity.endpoints import _start_simulator
     from app.providers.client import ChatClient
 
     config = make_config(tmp_path, sample_data, endpoints=[

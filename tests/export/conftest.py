@@ -124,8 +124,8 @@ def run_conversations(tmp: Path, sample_data: Path, *, policy: str = "stop") -> 
     rebuilt as a run rebuilds them (the engine's own Reconstructor); the run database's path."""
     import asyncio
 
-    from app.engine.config_ingest import ingest_config
-    from app.engine.rebuild_pool import build_reconstructor
+    from app.engine.work.config_ingest import ingest_config
+    from app.engine.fidelity.pool import build_reconstructor
     from app.engine.run import Run
     from app.store.run_store import RunStore
     from tests.engine.test_conversation_run import _config

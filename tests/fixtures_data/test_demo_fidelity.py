@@ -11,11 +11,11 @@ import asyncio
 import sqlite3
 
 from app.config import load_config
-from app.engine.rebuild_pool import build_reconstructor
+from app.engine.fidelity.pool import build_reconstructor
 
 
 async def test_every_demo_endpoint_is_verified_and_the_clean_one_has_no_mismatch(sample_data_dir, tmp_path):
-    from app.engine.config_ingest import ingest_config
+    from app.engine.work.config_ingest import ingest_config
     from app.engine.run import Run
     from app.store.run_store import RunStore
 

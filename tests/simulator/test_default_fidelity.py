@@ -14,7 +14,7 @@ import pytest
 
 from app.cli import main
 from app.config import parse_config
-from app.engine.rebuild_pool import build_reconstructor
+from app.engine.fidelity.pool import build_reconstructor
 from app.tokens import Reconstructor, get_profile, load_tokenizer, split_output
 from app.tokens.reconstruct import Fields
 from tests.engine.conftest import until  # noqa: F401 - the engine tests' helpers, shared
@@ -82,7 +82,7 @@ def _config(tmp_path: Path, data: Path, profile: str, endpoint: dict, stream: bo
 
 
 async def _run(config) -> None:
-    from app.engine.config_ingest import ingest_config
+    from app.engine.work.config_ingest import ingest_config
     from app.engine.run import Run
     from app.store.run_store import RunStore
 

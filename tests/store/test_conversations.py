@@ -12,7 +12,7 @@ import pytest
 from app.config import parse_config
 from app.conversation import ConversationInput, split_turns
 from app.datasets import ReadStats, iter_conversations
-from app.engine.config_ingest import ingest_config
+from app.engine.work.config_ingest import ingest_config
 from app.records import Completion, ToolCall
 from app.store import queries, tallies
 from app.store.conversation_ops import restore_children_of

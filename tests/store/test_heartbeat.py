@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.snapshot import EndpointLive, LiveFigures, Rate, RunRecord
-from app.engine.snapshot_codec import live_from_json, snapshot_to_json
+from app.engine.record.snapshot import EndpointLive, LiveFigures, Rate, RunRecord
+from app.engine.record.codec import live_from_json, snapshot_to_json
 from app.store.count_records import RunCounts, SampleStates
 from app.store.db import migrate
 from app.store.heartbeat import Heartbeat, beat_op, liveness, process_alive, read_heartbeat, stop_op, this_host

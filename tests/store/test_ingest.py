@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.config_ingest import ingest_config as _ingest_config
+from app.engine.work.config_ingest import ingest_config as _ingest_config
 from app.config import load_config
 from app.datasets import ReadStats, content_id, iter_prompts, iter_references
 from app.errors import InputError

@@ -6,7 +6,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from app.engine.record_reads import read_record
+from app.engine.record.reads import read_record
 from app.records import Completion, Reconstruction, Usage, Verdict
 from app.store import queries, tallies
 from app.store.db import migrate

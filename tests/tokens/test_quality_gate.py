@@ -1,11 +1,11 @@
-"""The pure quality gate (app/engine/quality.py) and its [limits] fields."""
+"""The pure quality gate (app/engine/fidelity/quality.py) and its [limits] fields."""
 
 from __future__ import annotations
 
 import pytest
 
 from app.config import parse_config
-from app.engine.quality import judge, tally
+from app.engine.fidelity.quality import judge, tally
 from app.errors import InputError
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from app.engine.snapshot import EndpointLive, LiveFigures, Rate, RunRecord
+from app.engine.record.snapshot import EndpointLive, LiveFigures, Rate, RunRecord
 from app.records import AlignBlock, AlignedToken, Alignment
 from app.store.count_records import AnswerCounts, EndpointCounts, RunCounts, SampleStates
 from app.tui.source import (

@@ -8,8 +8,8 @@ import sqlite3
 import time
 from pathlib import Path
 
-from app.engine.snapshot import EndpointLive, LiveFigures
-from app.engine.snapshot_codec import snapshot_to_json
+from app.engine.record.snapshot import EndpointLive, LiveFigures
+from app.engine.record.codec import snapshot_to_json
 from app.store.heartbeat import beat_op
 from app.tui.app import EaglewatchApp
 from app.tui.db_source import AttachedSource

@@ -160,7 +160,7 @@ async def test_in_process_the_list_follows_a_running_engine(tmp_path: Path, samp
     """A real engine on this loop (the demo's simulators, the quirky one corrupting a few) adds mismatches
     while the list is open; the list grows without the cursor leaving its sample."""
     from app.config import apply_overrides, load_config
-    from app.engine.rebuild_pool import build_reconstructor
+    from app.engine.fidelity.pool import build_reconstructor
     from app.engine.run import Run
     from app.tui.db_source import InProcessSource
     from tests.engine.conftest import sample_inputs

@@ -9,8 +9,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from app.engine.snapshot import LiveFigures
-from app.engine.snapshot_codec import snapshot_to_json
+from app.engine.record.snapshot import LiveFigures
+from app.engine.record.codec import snapshot_to_json
 from app.store.heartbeat import beat_op
 from app.tui.app import EaglewatchApp
 from app.tui.db_source import AttachedSource

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rich.cells import cell_len
 
-from app.engine.snapshot import FinishedFigures, LiveFigures, RunRecord
+from app.engine.record.snapshot import FinishedFigures, LiveFigures, RunRecord
 from app.store import queries
 from app.tui.app import EaglewatchApp, make_app
 from app.tui.db_source import AttachedSource, InProcessSource

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from app.engine.snapshot import EndpointLive, FinishedFigures, RunRecord
+from app.engine.record.snapshot import EndpointLive, FinishedFigures, RunRecord
 from app.store.count_records import AnswerCounts, EndpointCounts, Percentiles
 from app.tui.app import EaglewatchApp
 from app.tui.screens.dashboard import GLOSSARY, DashboardScreen

@@ -15,7 +15,7 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, ProgressBar, Static
 
-from app.engine.snapshot import WITH_FAILURES, EndpointLive, FinishedFigures, LiveFigures, RunRecord, state_words
+from app.engine.record.snapshot import WITH_FAILURES, EndpointLive, FinishedFigures, LiveFigures, RunRecord, state_words
 from app.records import Category
 from app.tui import format as fmt
 from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
@@ -98,7 +98,7 @@ TONES = {"good": "bold green", "live": "bold green", "warn": "bold yellow", "bad
 
 
 def status_line(rec: RunRecord, width: int = 200) -> Text:
-    """`● RUNNING  demo · 412/1,000 (41.2%) · elapsed 1m23s · ETA 2m00s` in `width` cells (app.engine.snapshot
+    """`● RUNNING  demo · 412/1,000 (41.2%) · elapsed 1m23s · ETA 2m00s` in `width` cells (app.engine.record.snapshot
     .state_words says the state; a finished run's elapsed is frozen and it has no ETA). When narrow, the share
     goes first (the progress bar below shows it), then the failures' total (the counts show it)."""
     words = state_words(rec)
@@ -129,7 +129,7 @@ def engine_gone(rec: RunRecord) -> bool:
     return rec.engine_gone
 
 
-# the limiter's reasons (app.engine.limiter.REASONS) in the glossary's words, for tiles narrower than the full ones
+# the limiter's reasons (app.engine.capacity.limiter.REASONS) in the glossary's words, for tiles narrower than the full ones
 COMPACT_REASONS = {"growing": "growing", "at ceiling": "at ceiling", "cooling down after 429": "429 cooldown",
                    "latency rising": "latency up", "pinned": "pinned", "mixed": "mixed"}
 

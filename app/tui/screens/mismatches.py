@@ -11,7 +11,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Static
 
-from app.engine.snapshot import LIVE_STATES
+from app.engine.record.snapshot import LIVE_STATES
 from app.records import Category
 from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
 from app.tui.format import duration

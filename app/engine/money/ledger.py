@@ -13,10 +13,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from app.config import RunConfig
-from app.engine.budget import BudgetGuard, Prices
-from app.engine.counts import SampleCounts
-from app.engine.endpoints import Endpoint
-from app.engine.metrics import EndpointMetrics
+from app.engine.money.budget import BudgetGuard, Prices
+from app.engine.work.counts import SampleCounts
+from app.engine.capacity.endpoints import Endpoint
+from app.engine.record.metrics import EndpointMetrics
 from app.errors import InputError
 from app.providers.pricing import ModelPricing, prices_at_start, resolve_pricing
 from app.store.run_store import RunStore

@@ -3,7 +3,7 @@ measured text path, the prompt-id check, the trusted twin and the quality gate.
 
 Data flow (docs/architecture.md, "Live fidelity"):
 
-- At start (`open_verification`) each endpoint's server is identified (app.engine.identify) and its known text
+- At start (`open_verification`) each endpoint's server is identified (app.engine.fidelity.identify) and its known text
   steps become its prior fidelity profile (app.tokens.server_steps); stored profiles learned on the same path
   (streaming or not) are loaded on top; what ground truth the server gives decides how it is probed: "ids"
   (vLLM, SGLang without streaming: every request), "logprobs" (OpenRouter, OpenAI-compatible: asked on a probe),
@@ -21,7 +21,7 @@ Data flow (docs/architecture.md, "Live fidelity"):
 - `Verifier.learn` merges each observation into the endpoint × provider's profile; when that changes what the
   rebuild does (`plan_key`) the new profile goes to every rebuild worker (`on_profile`) and to the database.
 - After the result is stored, `Verifier.observe` tallies the measurement, keeps the prompt-check counts and asks
-  `app.engine.quality.judge` whether to pause or route around; the Run acts on the decisions it returns.
+  `app.engine.fidelity.quality.judge` whether to pause or route around; the Run acts on the decisions it returns.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from app.engine import quality
+from app.engine.fidelity import quality
 from app.records import Completion, Reconstruction, Verdict
 from app.tokens import Reconstructor
 from app.tokens import flags as fl
@@ -39,7 +39,7 @@ from app.tokens import flags as fl
 if TYPE_CHECKING:  # types only: a rebuild worker process imports this module and needs none of them
     import asyncio
 
-    from app.engine.endpoints import Endpoint
+    from app.engine.capacity.endpoints import Endpoint
     from app.store.run_store import RunStore
     from app.store.store_records import LeasedSample
     from app.store.verification import VerificationStatus
@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # types only: a rebuild worker process imports this module an
 
     from app.config import Endpoint as EndpointConfig
     from app.config import RunConfig
-    from app.engine.reconstructor import CompletionReconstructor
+    from app.engine.fidelity.reconstructor import CompletionReconstructor
     from app.store.profile_store import Measurement
     from app.tokens.fidelity_profile import FidelityProfile
     from app.tokens.prompt_check import PromptCheck
@@ -98,7 +98,7 @@ class Rebuilder:
     @property
     def fidelity_profiles(self) -> tuple[FidelityProfile | None, ...]:
         """The run's own fidelity profile (None: none) and every endpoint's, in order: what rebuilds this
-        Rebuilder in another process (app.engine.rebuild_pool.RebuildRecipe)."""
+        Rebuilder in another process (app.engine.fidelity.pool.RebuildRecipe)."""
         return (self._default.fidelity, *(r.fidelity for r in self._by_key.values()))
 
     @property
@@ -242,7 +242,7 @@ class Verifier:
         self.set_kinds(self.kinds)
 
     def set_kinds(self, kinds: Sequence[str | None]) -> None:
-        """Each endpoint's server kind (app.engine.identify): what ground truth it gives, hence its probes."""
+        """Each endpoint's server kind (app.engine.fidelity.identify): what ground truth it gives, hence its probes."""
         self.kinds = list(kinds)
         self.truth = [truth_of(e, k, self.stream) for e, k in zip(self.endpoints, self.kinds)]
         twins = [i for i, e in enumerate(self.endpoints) if getattr(e, "trusted", False) and self.truth[i] == "ids"]
@@ -489,7 +489,7 @@ async def open_verification(verifier: Verifier, reconstructor: CompletionReconst
     import asyncio
     from pathlib import Path
 
-    from app.engine.identify import identify
+    from app.engine.fidelity.identify import identify
     from app.tokens.fidelity_profile import with_prior
     from app.tokens.server_steps import prior_profile
 

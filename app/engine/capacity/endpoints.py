@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 
 from app.config import Endpoint as EndpointConfig
 from app.config import RunConfig, url_secret_problem
-from app.engine.limiter import AdaptiveLimit
-from app.engine.metrics import EndpointMetrics
+from app.engine.capacity.limiter import AdaptiveLimit
+from app.engine.record.metrics import EndpointMetrics
 from app.errors import InputError
 from app.records import Completion
 

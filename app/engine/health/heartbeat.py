@@ -1,7 +1,7 @@
 """The engine's heartbeat: one `engine_heartbeats` row per run, written about once a second with the live snapshot.
 
 Attached viewers and `status` show this engine's numbers from it and tell a crashed engine by its age
-(`app.store.heartbeat`: the row's ops and liveness; `app.engine.snapshot_codec`: the snapshot as JSON). Beats go
+(`app.store.heartbeat`: the row's ops and liveness; `app.engine.record.codec`: the snapshot as JSON). Beats go
 through the `StoreGate`: a store that refuses writes delays a beat (each retry writes a fresh one) and never ends
 the task. A clean close writes the final snapshot and `stopped_at`, so readers say "exited", not "gone".
 """
@@ -14,10 +14,10 @@ import sqlite3
 import time
 from collections.abc import Callable
 
-from app.engine.events import EventLog
-from app.engine.snapshot import RunRecord
-from app.engine.snapshot_codec import snapshot_to_json
-from app.engine.writes import StoreGate
+from app.engine.health.events import EventLog
+from app.engine.record.snapshot import RunRecord
+from app.engine.record.codec import snapshot_to_json
+from app.engine.health.writes import StoreGate
 from app.store.heartbeat import BEAT_INTERVAL_S, beat_op, stop_op, this_host
 from app.store.run_store import RunStore
 

@@ -9,7 +9,7 @@ import json
 from dataclasses import asdict, fields
 from typing import Any
 
-from app.engine.snapshot import EndpointLive, LiveFigures, Rate, RunRecord
+from app.engine.record.snapshot import EndpointLive, LiveFigures, Rate, RunRecord
 
 
 def snapshot_to_json(record: RunRecord | LiveFigures) -> str:

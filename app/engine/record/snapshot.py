@@ -15,7 +15,7 @@ A RunRecord has four parts, each with one source:
 - the engine's liveness: `here` (this process hosts it) | running | stopped | gone | never (app.store.heartbeat),
   and `engine_text`, that in words.
 
-`app.engine.record_reads.read_record` builds one from a database connection (any thread); `state_words` says the
+`app.engine.record.reads.read_record` builds one from a database connection (any thread); `state_words` says the
 run's state as every face words it (one rule for DONE, below). This module holds no I/O.
 """
 
@@ -46,7 +46,7 @@ class Rate:
 @dataclass(frozen=True, slots=True)
 class EndpointLive:
     """One endpoint as its engine sees it now: requests on the wire, samples waiting (a retry's wait, or a
-    response being rebuilt and stored), the adaptive limit with its reason (app.engine.limiter.REASONS) and
+    response being rebuilt and stored), the adaptive limit with its reason (app.engine.capacity.limiter.REASONS) and
     the capacity proven so far (None while growing), and its last minutes' rate and percentiles."""
 
     name: str
@@ -69,7 +69,7 @@ class LiveFigures:
     `state` / `state_reason` are the engine's (a pause it decided shows before the database row says so);
     `started_at` is when this engine process started the run (unix s); `cost_per_hour` is what this engine has
     spent per hour it ran; percentiles and rates cover its last five minutes; `eta_s` and `projected_cost_usd`
-    are its projection of the samples left (app.engine.eta).
+    are its projection of the samples left (app.engine.money.eta).
     """
 
     state: str

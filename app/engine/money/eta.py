@@ -49,7 +49,7 @@ from typing import Hashable, Iterable
 
 import numpy as np
 
-from app.engine.budget import Prices
+from app.engine.money.budget import Prices
 
 _BINS_PER_OCTAVE = 32  # finished lengths are kept in log-spaced bins about 2 % wide
 _SINGLE_TAIL = 256  # the last samples of the queue are scheduled one by one (earlier ones in groups)

@@ -1,8 +1,8 @@
-"""Reading a run's record (app.engine.snapshot.RunRecord) from its database, for every face but the engine itself.
+"""Reading a run's record (app.engine.record.snapshot.RunRecord) from its database, for every face but the engine itself.
 
 The counts are the store's (`app.store.queries.run_counts`); the live figures are the ones given (this process
 hosts the engine) or the engine's heartbeat's while it beats (app.store.heartbeat, decoded by
-app.engine.snapshot_codec); finished figures, over the whole run from its rows, once it is done or no engine
+app.engine.record.codec); finished figures, over the whole run from its rows, once it is done or no engine
 beats. Works over any read-only sqlite3 connection, from any thread.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from app.engine.snapshot import IN_PROCESS, LIVE_STATES, LiveFigures, RunRecord, finished_figures
-from app.engine.snapshot_codec import live_from_json
+from app.engine.record.snapshot import IN_PROCESS, LIVE_STATES, LiveFigures, RunRecord, finished_figures
+from app.engine.record.codec import live_from_json
 from app.store import queries
 from app.store.count_records import RunCounts, RunLatency
 from app.store.heartbeat import liveness, read_heartbeat

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from app.engine.writes import StoreGate
+from app.engine.health.writes import StoreGate
 from app.store.queries import EventRow
 from app.store.run_store import RunStore, StoreWriteError
 

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from app.config import Endpoint as EndpointConfig
-    from app.engine.endpoints import Endpoint
+    from app.engine.capacity.endpoints import Endpoint
 
 IDENTIFY_TIMEOUT_S = 10.0
 
@@ -30,7 +30,7 @@ class Identity:
 
 
 async def identify(endpoints: Sequence[Endpoint]) -> list[Identity]:
-    """The Identity of each live endpoint (app.engine.endpoints.Endpoint), asking `GET /models` only of
+    """The Identity of each live endpoint (app.engine.capacity.endpoints.Endpoint), asking `GET /models` only of
     endpoints whose config does not say and whose client the engine built."""
     from app.providers.servers import server_kind
 
@@ -54,7 +54,7 @@ async def identify(endpoints: Sequence[Endpoint]) -> list[Identity]:
 async def _ask_models(cfg: EndpointConfig) -> Identity:
     import httpx
 
-    from app.engine.endpoints import _api_key
+    from app.engine.capacity.endpoints import _api_key
     from app.providers.servers import server_from_models
 
     headers = {}

@@ -23,9 +23,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from app.engine.counts import SampleCounts
-from app.engine.events import EventLog
-from app.engine.writes import StoreGate
+from app.engine.work.counts import SampleCounts
+from app.engine.health.events import EventLog
+from app.engine.health.writes import StoreGate
 from app.store.conversation_ops import next_turn_state
 from app.store.run_store import RunStore, StoreWriteError
 from app.store.store_records import LeasedSample

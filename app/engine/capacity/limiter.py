@@ -434,7 +434,7 @@ class AdaptiveLimit:
         return "growing"
 
     def state(self, now: float | None = None) -> LimiterState:
-        """An immutable record of the limit for the run record (`app.engine.snapshot.EndpointLive`)."""
+        """An immutable record of the limit for the run record (`app.engine.record.snapshot.EndpointLive`)."""
         now = self._now if now is None else now
         floor = min((m for _, m in self._round_medians), default=None)
         return LimiterState(

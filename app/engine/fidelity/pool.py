@@ -1,5 +1,5 @@
 """The Reconstructor the engine uses: `app.tokens.Reconstructor` for the run's tokenizer and profile, wrapped
-at start in `app.engine.verify.Rebuilder` with the endpoints' learned fidelity profiles, and where it runs.
+at start in `app.engine.fidelity.verify.Rebuilder` with the endpoints' learned fidelity profiles, and where it runs.
 
 A `Run` built without a reconstructor (benchmarks of the request path alone, tests of scheduling) opens no pool:
 the response text is stored as is and no reconstruction row is written.
@@ -45,14 +45,14 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from app.engine.verify import Rebuilder, Rebuilt
+from app.engine.fidelity.verify import Rebuilder, Rebuilt
 from app.errors import InputError
 from app.records import Completion
 from app.tokens import Reconstructor, get_profile, load_tokenizer
 
 if TYPE_CHECKING:  # types only: kept out of the worker processes' start
     from app.config import RunConfig
-    from app.engine.reconstructor import CompletionReconstructor
+    from app.engine.fidelity.reconstructor import CompletionReconstructor
     from app.tokens.fidelity_profile import FidelityProfile
     from app.tokens.profile import Profile
 
@@ -97,7 +97,7 @@ async def open_rebuilder(reconstructor: CompletionReconstructor, config: RunConf
                          db_path: Path) -> tuple[Rebuilder, list[str]]:
     """A Rebuilder over `reconstructor` with the stored fidelity profiles of the config's endpoints
     (app.store.profile_store), and one sentence per profile loaded: for rebuilds outside a run (benchmarks,
-    tests); a run opens its own with priors and live learning (app.engine.verify.open_verification)."""
+    tests); a run opens its own with priors and live learning (app.engine.fidelity.verify.open_verification)."""
     from app.store.profile_store import load_profiles
 
     names = {e.name for e in config.endpoints}
@@ -111,7 +111,7 @@ async def open_rebuilder(reconstructor: CompletionReconstructor, config: RunConf
 async def open_rebuilding(rebuilder: Rebuilder | None, config: RunConfig,
                           on_event: Callable[[str, str, str], Awaitable[None]]) -> RebuildPool | None:
     """Where a Run rebuilds ids: a RebuildPool (`[run] rebuild_workers`) over `rebuilder` (the run's, from
-    `app.engine.verify.open_verification`), its start told to the operator through `on_event(level, kind,
+    `app.engine.fidelity.verify.open_verification`), its start told to the operator through `on_event(level, kind,
     message)`; None without one (no reconstructor: the text is stored as is)."""
     if rebuilder is None:
         return None

@@ -1,6 +1,6 @@
 """What the engine does when its store stops taking writes, and when it takes them again.
 
-The `StoreGate` (app.engine.writes) retries every write the database refuses for a transient reason and calls
+The `StoreGate` (app.engine.health.writes) retries every write the database refuses for a transient reason and calls
 `StoreHealth.changed` when writing stops or works again. While it is blocked the scheduler leases nothing; a full
 disk also pauses the run with an event naming the filesystem and what to free. When it writes again, the state
 changes and events the store refused meanwhile are written and the scheduler is woken.
@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from app.engine.events import EventLog
-from app.engine.run_state import RunState
-from app.engine.writes import disk_full_advice
+from app.engine.health.events import EventLog
+from app.engine.work.run_state import RunState
+from app.engine.health.writes import disk_full_advice
 from app.store.run_store import StoreWriteError
 
 

@@ -2,9 +2,9 @@
 
 `CompletionReconstructor` is everything the engine calls on one: `process` (rebuild a response's ids and judge
 them), `measured_category` (the text-only rebuild's verdict category against true ids), and the `profile`, `tokenizer` and `fidelity`
-profile it was built with (the engine's `app.engine.verify.Rebuilder` builds one more per learned fidelity profile
-from them, and `app.engine.rebuild_pool.RebuildRecipe` rebuilds it in a worker process from the tokenizer's
-folder). `app.tokens.Reconstructor` is the implementation (`app.engine.rebuild_pool.build_reconstructor`); a Run
+profile it was built with (the engine's `app.engine.fidelity.verify.Rebuilder` builds one more per learned fidelity profile
+from them, and `app.engine.fidelity.pool.RebuildRecipe` rebuilds it in a worker process from the tokenizer's
+folder). `app.tokens.Reconstructor` is the implementation (`app.engine.fidelity.pool.build_reconstructor`); a Run
 given none stores text only.
 """
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 
-from app.engine.snapshot import EndpointLive, Rate
+from app.engine.record.snapshot import EndpointLive, Rate
 from app.store.count_records import percentile
 
 WINDOW_S = 300

@@ -1,4 +1,4 @@
-"""The run's ETA and projected cost as the snapshot shows them: `app.engine.eta.Projector`, fed by every flight.
+"""The run's ETA and projected cost as the snapshot shows them: `app.engine.money.eta.Projector`, fed by every flight.
 
 `Forecast` seeds the Projector at start with the samples still to run (their prompt sizes, `RunStore.open_prompt_sizes`,
 ~4 JSON characters a token; a conversation's turns waiting on their parents and its open conversations' chains,
@@ -16,9 +16,9 @@ import time
 from collections.abc import Sequence
 
 from app.engine.attempt import Flight, Outcome
-from app.engine.budget import Prices
-from app.engine.endpoints import Endpoint, total_limit
-from app.engine.eta import Projector
+from app.engine.money.budget import Prices
+from app.engine.capacity.endpoints import Endpoint, total_limit
+from app.engine.money.eta import Projector
 from app.providers.pricing import ModelPricing, cost_of
 from app.store.run_store import RunStore
 from app.store.store_records import LeasedSample
