@@ -14,14 +14,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from app.engine.attempt import Flight, Outcome
 from app.engine.money.budget import Prices
 from app.engine.capacity.endpoints import Endpoint, total_limit
 from app.engine.money.eta import Projector
 from app.providers.pricing import ModelPricing, cost_of
 from app.store.run_store import RunStore
 from app.store.store_records import LeasedSample
+
+if TYPE_CHECKING:  # type hints only: money sits below the engine's top, which feeds it flights
+    from app.engine.attempt import Flight, Outcome
 
 CHARS_PER_TOKEN = 4  # prompt JSON characters per token, for the projection (not for the budget)
 PROJECT_EVERY_S = 1.0  # the ETA is projected afresh at most this often
