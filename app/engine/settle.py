@@ -37,7 +37,7 @@ from app.providers.exceptions import ProviderError, RetryableError
 from app.providers.wire import TEXT_REPLACED
 from app.records import Completion, Usage
 from app.store.run_store import RunStore
-from app.store.store_records import LeasedSample
+from app.store.store_records import LeasedSample, ResultRecord
 from app.token_bucket import TokenBucket
 from app.tokens.flags import REPLACEMENT_CHAR
 
@@ -199,12 +199,13 @@ class Settler:
             rec = dataclasses.replace(rec, flags=tuple(rec.flags) + extra)
         state = "done" if o.kind == "done" else "failed"
         # shielded: a cancellation must not abandon a result that is already being committed
-        await self.gate.commit(lambda: asyncio.shield(self.store.record_result(
-            self.run_id, s.pk, o.attempt, ep.name, completion, cost, rec, o.verdict, s.reference_ids,
-            state, profile=self.config.model.profile, tokenizer=self.tokenizer_fingerprint, keep_raw=keep,
+        result = ResultRecord(
+            self.run_id, s.pk, o.attempt, ep.name, completion, cost, rec, o.verdict, s.reference_ids, state,
+            profile=self.config.model.profile, tokenizer=self.tokenizer_fingerprint, keep_raw=keep,
             error_class=o.error_class, error=o.message,
             prompt_check=o.prompt_check.status if o.prompt_check is not None else None,
-            prompt_first_diff=o.prompt_check.first_diff if o.prompt_check is not None else None)))
+            prompt_first_diff=o.prompt_check.first_diff if o.prompt_check is not None else None)
+        await self.gate.commit(lambda: asyncio.shield(self.store.record_result(result)))
         self.ledger.counts.ended(state)
         self._verify(f, o, ep)
         self._account(ep, completion, cost, s, f)

@@ -7,7 +7,7 @@ from collections import Counter
 
 from app.export import export_run
 from app.extract.manifest import read_manifest, read_shard
-from app.store.store_records import SampleInput
+from app.store.store_records import SampleInput, ResultRecord
 from app.store.run_store import RunStore
 from app.tokens import get_profile, load_tokenizer, split_output
 from app.tokens.reconstruct import Reconstructor
@@ -33,8 +33,8 @@ async def test_a_run_written_by_the_engine_path_exports_its_reference_ids(tmp_pa
             # what a clean server returns for these ids
             completion = split_output(sample.reference_ids, profile, tok).to_completion()
             rec, verdict = reconstructor.process(completion, sample.reference_ids)
-            await store.record_result(run_id, sample.pk, 1, "simulator", completion, 0.0, rec, verdict,
-                                      sample.reference_ids, profile=profile.name, tokenizer=tok.fingerprint)
+            await store.record_result(ResultRecord(run_id, sample.pk, 1, "simulator", completion, 0.0, rec, verdict,
+                                      sample.reference_ids, profile=profile.name, tokenizer=tok.fingerprint))
     finally:
         await store.close()
 
