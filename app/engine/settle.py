@@ -35,14 +35,15 @@ from app.engine.verify import Verifier
 from app.engine.writes import StoreGate
 from app.providers.exceptions import ProviderError, RetryableError
 from app.providers.wire import TEXT_REPLACED
-from app.records import Completion, Usage
+from app.records import Completion, ErrorClass, Usage
 from app.store.run_store import RunStore
 from app.store.store_records import LeasedSample, ResultRecord
 from app.token_bucket import TokenBucket
 from app.tokens.flags import REPLACEMENT_CHAR
 
 OVERLOAD_STATUSES = (429, 503, 529)
-OVERLOAD_CLASSES = ("429", "rate_limited", "overloaded", "529")
+# an overload answered under another status (a 529 or 503 is caught by its status): the rate-limit class
+OVERLOAD_CLASSES: frozenset[str] = frozenset({ErrorClass.RATE_LIMITED})
 
 
 def capped_raw(completion: Completion, max_bytes: int) -> Completion:
@@ -110,10 +111,10 @@ class Settler:
         if isinstance(o.error, RetryableError):
             self.note_overload(ep, o.error, f.ticket)
         if o.attempt:
-            self.note_error(ep, o.error_class or "error", final=True, retried=False)
+            self.note_error(ep, o.error_class or ErrorClass.ERROR, final=True, retried=False)
         cost = self._bill(f, o.error.usage if o.error is not None else None, o.cost_usd, ep)
         await self.gate.commit(lambda: self.store.record_failure(
-            self.run_id, s.pk, o.error_class or "error", o.message or "", final=True, cost_usd=cost,
+            self.run_id, s.pk, o.error_class or ErrorClass.ERROR, o.message or "", final=True, cost_usd=cost,
             endpoint=ep.name if o.attempt else None, attempt=o.attempt or None))
         self.ledger.counts.ended("failed")
 
@@ -122,11 +123,11 @@ class Settler:
         if f.index is not None:
             self.slots.release(f.index, answered=f.settling)
             f.index = None
-        self.note_error(ep, o.error_class or "error", final=False, retried=False)
+        self.note_error(ep, o.error_class or ErrorClass.ERROR, final=False, retried=False)
         cost = self._bill(f, o.error.usage if o.error is not None else None, o.cost_usd, ep)
         if isinstance(o.error, ProviderError) and o.attempt:
             await self.gate.commit(lambda: self.store.log_attempt(
-                self.run_id, s.pk, o.attempt, ep.name, cost, o.error_class or "error", o.message or ""))
+                self.run_id, s.pk, o.attempt, ep.name, cost, o.error_class or ErrorClass.ERROR, o.message or ""))
         await self.gate.commit(lambda: self.store.release(self.run_id, [s.pk]))
         self.ledger.counts.released()
 
