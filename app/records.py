@@ -183,6 +183,52 @@ def verification_of(ids_source: str | None, category: str) -> Verification:
     return Verification.CHECKED
 
 
+class ErrorClass(StrEnum):
+    """Why a request (or a sample) failed: the one vocabulary of `ProviderError.error_class`, the engine's
+    outcomes, the `samples.error_class` / `responses.error_class` columns and the faces' error counts.
+
+    A StrEnum: each member equals the string databases already hold ("429" == ErrorClass.RATE_LIMITED). Every
+    member is produced somewhere (tests/providers/test_error_class.py): a ProviderError subclass's default, the
+    HTTP classifier (app.providers.parse.classify_status), the transport classifier, or the engine's attempt. An
+    HTTP status this vocabulary has no name for (a 400, 413, 422 ... that rejected a sample) is stored as its
+    number (`http_error_class`). A conversation turn that was skipped carries app.conversation's ENDED_CLASSES.
+    """
+
+    # the ProviderError hierarchy's defaults (app.providers.exceptions)
+    PROVIDER = "provider"
+    RETRYABLE = "retryable"
+    FATAL = "fatal"
+    STOPPING = "stopping"
+    MALFORMED = "malformed"
+    UNREACHABLE = "unreachable"
+    # HTTP statuses (app.providers.parse.classify_status)
+    REQUEST_TIMEOUT = "408"
+    CONFLICT = "409"
+    RATE_LIMITED = "429"
+    SERVER = "5xx"
+    AUTH = "auth"
+    CREDITS = "credits"
+    FORBIDDEN = "forbidden"
+    NOT_FOUND = "not_found"
+    FILTERED = "filtered"
+    # the transport and the stream (app.providers.client, app.providers.parse)
+    TIMEOUT = "timeout"
+    NETWORK = "network"
+    STREAM = "stream"
+    # the engine's own ends of an attempt (app.engine.attempt; ERROR when an outcome named none)
+    ATTEMPTS_EXHAUSTED = "attempts_exhausted"
+    INTERNAL = "internal"
+    RECONSTRUCT = "reconstruct"
+    ERROR = "error"
+
+
+def http_error_class(status: int) -> str:
+    """The error class of a request an HTTP `status` ended: its member when the vocabulary names it (408, 409,
+    429), else the status number as text, which is what databases hold for a rejecting 4xx."""
+    text = str(status)
+    return ErrorClass(text) if text in ErrorClass._value2member_map_ else text
+
+
 @dataclass(frozen=True, slots=True)
 class DiffSpan:
     """One differing region: ref[ref_start:ref_end] vs rec[rec_start:rec_end]."""

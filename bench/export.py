@@ -8,7 +8,7 @@ file, then measures, in the same run:
   - bare text / bare modelopt: the bare render plus what `specforge-text` (decode the ids, encode the text back
     to check it) and `modelopt` (decode prompt and output, encode the text with offsets, check ids and the
     generation-tag mask) add, written as they write;
-  - export_run for every format.
+  - Export(...).run() for every format.
 Ratios are rows/s divided by the bare-render baseline, and for each new format by its own bare loop (the
 render+encode+write work that format cannot avoid). Rates are rows per CPU second of this process, the best of
 `--repeats` interleaved repeats; each of `--rounds` rounds gives one ratio per format and the range is printed
@@ -181,7 +181,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats per round; the best time counts")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; each gives one ratio, the range is reported")
     args = parser.parse_args()
-    from app.export import export_run
+    from app.export import Export, ExportOptions
 
     tokenizer_dir = ROOT / "sample_data" / "tokenizer"
     rounds: list[dict[str, dict]] = []
@@ -190,16 +190,17 @@ def main() -> int:
         db = tmp_path / "bench.db"
         build_db(db, args.rows, tokenizer_dir)
         # warm: imports, template compilation, tokenizer load
-        export_run(db, tmp_path / "warm", "eagle3-shards")
+        Export(db, tmp_path / "warm", "eagle3-shards").run()
         cases = {
             "bare read+write": lambda: bare_read_write(db, tmp_path / "bare.jsonl"),
             "bare render (baseline)": lambda: bare_render(db, tmp_path / "bare_render.jsonl", tokenizer_dir),
             **{f"bare {fmt}": (lambda fmt=fmt: bare_format(db, tmp_path / f"bare-{fmt}.jsonl", tokenizer_dir, fmt))
                for fmt in ("specforge-text", "modelopt")},
-            **{f"export {fmt}": (lambda fmt=fmt: export_run(db, tmp_path / fmt, fmt, overwrite=True) and args.rows)
+            **{f"export {fmt}": (lambda fmt=fmt: Export(db, tmp_path / fmt, fmt,
+                                                             ExportOptions(overwrite=True)).run() and args.rows)
                for fmt in ("eagle3-shards", "sglang-raw", "specforge", "specforge-text", "speculators", "modelopt")},
-            "export eagle3 --workers 2": lambda: export_run(db, tmp_path / "par", "eagle3-shards", workers=2,
-                                                            overwrite=True) and args.rows,
+            "export eagle3 --workers 2": lambda: Export(db, tmp_path / "par", "eagle3-shards",
+                                                        ExportOptions(workers=2, overwrite=True)).run() and args.rows,
         }
         # Interleaved repeats, best time each: on a shared machine the other load hits every case alike. Times
         # are this process's CPU seconds (time.process_time: user + system, file writes included), which other

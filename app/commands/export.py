@@ -115,7 +115,7 @@ class _Progress:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.export import ExportPolicy, export_run, summary_line
+    from app.export import Export, ExportOptions, ExportPolicy, summary_line
 
     kwargs = None
     if args.template_kwargs is not None:
@@ -137,10 +137,7 @@ def run(args: argparse.Namespace) -> int:
         keep_off_policy=not args.drop_off_policy,
     )
     progress = _Progress()
-    report = export_run(
-        args.db,
-        args.out,
-        args.format,
+    options = ExportOptions(
         run=args.run,
         policy=policy,
         shard_size=args.shard_size,
@@ -152,8 +149,8 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         eval_fraction=args.eval_fraction,
         conversations=args.conversations,
-        progress=progress,
     )
+    report = Export(args.db, args.out, args.format, options, progress).run()
     progress.done()
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)

@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
 
     from app.store.queries import connect_readonly, latest_completions, resolve_run, verdict_counts
     from app.store.rows import ReconstructionRow, StoredCompletion, reconstruction_row
+    from app.store.store_records import RebuildLabels
     from app.tokens import Reconstructor, get_profile, load_tokenizer
 
     db = Path(args.db)
@@ -58,12 +59,13 @@ def run(args: argparse.Namespace) -> int:
     profile = get_profile(profile_name)
     tokenizer = load_tokenizer(tokenizer_dir, profile.pretokenizer_pattern)
     reconstructor = Reconstructor(profile, tokenizer)
+    # a reprocess labels its rows with the profile and tokenizer only (ids source and flags stay unrecorded)
+    labels = RebuildLabels(profile=profile.name, tokenizer=tokenizer.fingerprint)
 
     def one(stored: StoredCompletion) -> ReconstructionRow:
         rec, verdict = reconstructor.process(stored.completion, stored.reference_ids)
-        return reconstruction_row(run_row.id, stored.sample_pk, rec, verdict, stored.reference_ids,
-                                  response_id=stored.response_id, profile=profile.name,
-                                  tokenizer=tokenizer.fingerprint)
+        return reconstruction_row(run_row.id, stored.sample_pk, rec, verdict, stored.reference_ids, labels,
+                                  response_id=stored.response_id)
 
     with ThreadPoolExecutor(max_workers=max(1, args.workers)) as pool:
         params = list(pool.map(one, rows))

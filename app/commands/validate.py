@@ -182,7 +182,7 @@ def _store(args, path: Path, references, results, profile: str, fingerprint: str
 
     from app.store.ingest_ops import sample_pks
     from app.store.run_store import RunStore
-    from app.store.store_records import SampleInput
+    from app.store.store_records import ResultRecord, SampleInput
 
     name = args.run or f"validate-{path.stem}"
     tok_dir = str(Path(args.tokenizer).resolve())
@@ -199,10 +199,10 @@ def _store(args, path: Path, references, results, profile: str, fingerprint: str
             )
             pks = await store.read(lambda conn: sample_pks(conn, run_id))
             await asyncio.gather(*(
-                store.record_result(
+                store.record_result(ResultRecord(
                     run_id, pks[r.sample_id], 1, "validate", r.completion, 0.0, r.reconstruction, r.verdict,
                     r.reference_ids, profile=profile, tokenizer=fingerprint,
-                )
+                ))
                 for r in results
                 if r.sample_id in pks
             ))

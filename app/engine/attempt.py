@@ -28,7 +28,7 @@ from app.engine.fidelity.verify import Rebuilt
 from app.providers.exceptions import (EndpointUnreachable, ProviderError, RetryableError, RunStoppingError,
                                       SampleFatalError)
 from app.providers.retry import RetryPolicy, with_retries
-from app.records import Completion, Reconstruction, Verdict
+from app.records import Completion, ErrorClass, Reconstruction, Verdict
 from app.store.store_records import LeasedSample
 from app.tokens.prompt_check import PromptCheck
 
@@ -109,7 +109,7 @@ async def request_sample(
     counted = flight.tries - sample.tries_forgiven  # an operator's retry of failed samples forgave the earlier ones
     left = policy.attempts - counted
     if left <= 0:
-        return Outcome("failed", flight.tries, error_class="attempts_exhausted",
+        return Outcome("failed", flight.tries, error_class=ErrorClass.ATTEMPTS_EXHAUSTED,
                        message=f"{counted} requests sent over earlier leases; generation.attempts is {policy.attempts}")
 
     async def once() -> Completion:
@@ -159,7 +159,7 @@ async def request_sample(
         return Outcome("failed", flight.tries, error=exc, error_class=exc.error_class, message=str(exc),
                        cost_usd=exc.cost_usd)
     except Exception as exc:  # not a provider error: a bug or bad data; the sample fails, the run goes on
-        return Outcome("failed", flight.tries, error_class="internal", message=f"{type(exc).__name__}: {exc}",
+        return Outcome("failed", flight.tries, error_class=ErrorClass.INTERNAL, message=f"{type(exc).__name__}: {exc}",
                        unexpected=True)
     flight.settling = True
     if flight.index is not None:
@@ -169,7 +169,7 @@ async def request_sample(
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # e.g. a reference id beyond the vocabulary: the paid response is still stored
-        return Outcome("failed", flight.tries, completion=completion, error_class="reconstruct",
+        return Outcome("failed", flight.tries, completion=completion, error_class=ErrorClass.RECONSTRUCT,
                        message=f"{type(exc).__name__}: {exc}", unexpected=True)
     return Outcome("done", flight.tries, completion=completion, reconstruction=rebuilt.reconstruction,
                    verdict=rebuilt.verdict, measured=rebuilt.measured, prompt_check=rebuilt.prompt_check)

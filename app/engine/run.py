@@ -55,6 +55,7 @@ from app.engine.health.writes import StoreGate
 from app.providers.pricing import ModelPricing
 from app.store.count_records import RunCounts
 from app.providers.retry import RetryPolicy
+from app.records import ErrorClass
 from app.store.run_store import RunStore, StoreWriteError
 from app.tokens.fidelity_profile import FidelityProfile
 from app.token_bucket import TokenBucket
@@ -223,7 +224,7 @@ class Run:
         # endpoint health: a dead endpoint's requests go to the others; all down pauses the run until one answers
         guard = EndpointGuard(
             health, [e.name for e in eps], [e.client for e in eps], slots,
-            note_error=lambda i: settler.note_error(eps[i], "unreachable", final=False, retried=True),
+            note_error=lambda i: settler.note_error(eps[i], ErrorClass.UNREACHABLE, final=False, retried=True),
             event=lambda level, message: events.add(level, "endpoint", message),
             all_down=lambda why: steering.endpoints_down(why), back=lambda index: steering.endpoint_back(index))
         flights = Flights(endpoints=eps, slots=slots, policy=self.policy, model=cfg.model.name, pool=self._pool, guard=guard,

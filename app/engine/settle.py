@@ -35,14 +35,15 @@ from app.engine.fidelity.verify import Verifier
 from app.engine.health.writes import StoreGate
 from app.providers.exceptions import ProviderError, RetryableError
 from app.providers.wire import TEXT_REPLACED
-from app.records import Completion, Usage
+from app.records import Completion, ErrorClass, Usage
 from app.store.run_store import RunStore
-from app.store.store_records import LeasedSample
+from app.store.store_records import LeasedSample, ResultRecord
 from app.token_bucket import TokenBucket
 from app.tokens.flags import REPLACEMENT_CHAR
 
 OVERLOAD_STATUSES = (429, 503, 529)
-OVERLOAD_CLASSES = ("429", "rate_limited", "overloaded", "529")
+# an overload answered under another status (a 529 or 503 is caught by its status): the rate-limit class
+OVERLOAD_CLASSES: frozenset[str] = frozenset({ErrorClass.RATE_LIMITED})
 
 
 def capped_raw(completion: Completion, max_bytes: int) -> Completion:
@@ -110,10 +111,10 @@ class Settler:
         if isinstance(o.error, RetryableError):
             self.note_overload(ep, o.error, f.ticket)
         if o.attempt:
-            self.note_error(ep, o.error_class or "error", final=True, retried=False)
+            self.note_error(ep, o.error_class or ErrorClass.ERROR, final=True, retried=False)
         cost = self._bill(f, o.error.usage if o.error is not None else None, o.cost_usd, ep)
         await self.gate.commit(lambda: self.store.record_failure(
-            self.run_id, s.pk, o.error_class or "error", o.message or "", final=True, cost_usd=cost,
+            self.run_id, s.pk, o.error_class or ErrorClass.ERROR, o.message or "", final=True, cost_usd=cost,
             endpoint=ep.name if o.attempt else None, attempt=o.attempt or None))
         self.ledger.counts.ended("failed")
 
@@ -122,11 +123,11 @@ class Settler:
         if f.index is not None:
             self.slots.release(f.index, answered=f.settling)
             f.index = None
-        self.note_error(ep, o.error_class or "error", final=False, retried=False)
+        self.note_error(ep, o.error_class or ErrorClass.ERROR, final=False, retried=False)
         cost = self._bill(f, o.error.usage if o.error is not None else None, o.cost_usd, ep)
         if isinstance(o.error, ProviderError) and o.attempt:
             await self.gate.commit(lambda: self.store.log_attempt(
-                self.run_id, s.pk, o.attempt, ep.name, cost, o.error_class or "error", o.message or ""))
+                self.run_id, s.pk, o.attempt, ep.name, cost, o.error_class or ErrorClass.ERROR, o.message or ""))
         await self.gate.commit(lambda: self.store.release(self.run_id, [s.pk]))
         self.ledger.counts.released()
 
@@ -199,12 +200,13 @@ class Settler:
             rec = dataclasses.replace(rec, flags=tuple(rec.flags) + extra)
         state = "done" if o.kind == "done" else "failed"
         # shielded: a cancellation must not abandon a result that is already being committed
-        await self.gate.commit(lambda: asyncio.shield(self.store.record_result(
-            self.run_id, s.pk, o.attempt, ep.name, completion, cost, rec, o.verdict, s.reference_ids,
-            state, profile=self.config.model.profile, tokenizer=self.tokenizer_fingerprint, keep_raw=keep,
+        result = ResultRecord(
+            self.run_id, s.pk, o.attempt, ep.name, completion, cost, rec, o.verdict, s.reference_ids, state,
+            profile=self.config.model.profile, tokenizer=self.tokenizer_fingerprint, keep_raw=keep,
             error_class=o.error_class, error=o.message,
             prompt_check=o.prompt_check.status if o.prompt_check is not None else None,
-            prompt_first_diff=o.prompt_check.first_diff if o.prompt_check is not None else None)))
+            prompt_first_diff=o.prompt_check.first_diff if o.prompt_check is not None else None)
+        await self.gate.commit(lambda: asyncio.shield(self.store.record_result(result)))
         self.ledger.counts.ended(state)
         self._verify(f, o, ep)
         self._account(ep, completion, cost, s, f)

@@ -7,7 +7,7 @@
 - `writers`: one writer per format;  `parallel`: prompts rendered in a process pool;  `eval_split`: the held-out
   rows;  `trainer_routes`: how each trainer reads the export (settings, commands);  `draft_vocab`: the reduced
   draft vocabulary (`eaglewatch vocab`);
-- `assemble`: `export_run`, the orchestrator (temporary folder renamed into place, manifest last);  `report`: the
+- `assemble`: `Export` (with its `ExportOptions`), the orchestrator (temporary folder renamed into place, manifest last);  `report`: the
   summary counts and what each means.
 
 Formats and their consumers: docs/jobs.md ("Train with it").
@@ -15,7 +15,7 @@ Formats and their consumers: docs/jobs.md ("Train with it").
 
 from __future__ import annotations
 
-from app.export.assemble import FORMATS, MANIFEST, SAMPLES, export_run
+from app.export.assemble import FORMATS, MANIFEST, SAMPLES, Export, ExportOptions
 from app.export.conversation_rows import CONVERSATION_MODES, PER_TURN_REASONS
 from app.export.eval_split import EVAL_DIR, held_out
 from app.export.policy import IDS_SOURCES, SKIP_LABELS, SKIP_REASONS, SKIP_RULES, ExportPolicy, skip_reason, true_ids
@@ -29,6 +29,7 @@ from app.tokens.render_export import ChatTemplate, PromptRenderer
 __all__ = [
     "CONVERSATION_MODES", "COUNT_MEANINGS", "DATA_DIR", "EVAL_DIR", "FORMATS", "IDS_SOURCES", "MANIFEST",
     "PER_TURN_REASONS", "SAMPLES", "SINGLE_FILE", "SKIP_LABELS", "SKIP_REASONS", "SKIP_RULES", "ChatTemplate",
-    "ExportPolicy", "ExportReport", "ExportRow", "PromptRenderer", "TrainingRow", "assistant_turn", "export_run",
+    "Export", "ExportOptions", "ExportPolicy", "ExportReport", "ExportRow", "PromptRenderer", "TrainingRow",
+    "assistant_turn",
     "held_out", "iter_rows", "load_chat_template", "skip_reason", "summary_counts", "summary_line", "true_ids",
 ]

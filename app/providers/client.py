@@ -31,7 +31,7 @@ from app.providers.parse import StreamAssembler, classify_status, iter_sse_event
 from app.providers.servers import ids_request_fields, server_kind
 from app.providers.transport import DEFAULT_TRANSPORT, AiohttpTransport, make_timeout, make_transport
 from app.providers.wire import DEFAULT_LIMITS, WireLimits, load_json
-from app.records import Completion
+from app.records import Completion, ErrorClass
 
 CHAT_PATH = "/chat/completions"
 DEFAULT_MAX_RESPONSE_BYTES = 32 * 1024 * 1024
@@ -44,19 +44,19 @@ def _chat_url(base_url: str) -> str:
     return base if base.endswith(CHAT_PATH) else base + CHAT_PATH
 
 
-def _transport_error_class(exc: BaseException) -> str:
+def _transport_error_class(exc: BaseException) -> ErrorClass:
     """'timeout' when a timeout caused `exc` (through the aiohttp mapping too), else 'network'."""
     seen: BaseException | None = exc
     saw_aiohttp = False
     while seen is not None:
         if isinstance(seen, TimeoutError):
-            return "timeout"
+            return ErrorClass.TIMEOUT
         if type(seen).__module__.startswith("aiohttp"):
             saw_aiohttp = True
         seen = seen.__cause__ or seen.__context__
     if isinstance(exc, httpx.TimeoutException) and not saw_aiohttp:
-        return "timeout"
-    return "network"
+        return ErrorClass.TIMEOUT
+    return ErrorClass.NETWORK
 
 
 def _root_cause(exc: BaseException) -> BaseException:
@@ -116,7 +116,7 @@ def describe_transport_error(exc: BaseException) -> str:
         return "the connection was refused"
     if isinstance(root, aiohttp.ServerDisconnectedError) or isinstance(exc, httpx.RemoteProtocolError):
         return "the server closed the connection without a response"
-    if isinstance(root, TimeoutError) or _transport_error_class(exc) == "timeout":
+    if isinstance(root, TimeoutError) or _transport_error_class(exc) == ErrorClass.TIMEOUT:
         return "the request timed out"
     detail = str(root) or type(root).__name__
     return f"the request failed ({type(root).__name__}: {detail})"
@@ -264,7 +264,7 @@ class ChatClient:
             if deadline.expired():
                 error = RetryableError(f"{self.endpoint_name}: the attempt passed its deadline (timeout_s = "
                                        f"{self.timeout_s:g} s) after {time.perf_counter() - started:.1f} s",
-                                       error_class="timeout")
+                                       error_class=ErrorClass.TIMEOUT)
             else:
                 error = self._transport_failure(exc, head.seen)
             error.answered = head.seen
@@ -334,7 +334,7 @@ class ChatClient:
                     if assembler.done:
                         break
         except (httpx.TransportError, OSError, TimeoutError, aiohttp.ClientError) as exc:
-            kind = "timeout" if _transport_error_class(exc) == "timeout" else "stream"
+            kind = ErrorClass.TIMEOUT if _transport_error_class(exc) == ErrorClass.TIMEOUT else ErrorClass.STREAM
             how = describe_transport_error(exc)
             if kind == "timeout":
                 how = f"no byte for stall_timeout_s = {self.stall_timeout_s:g} s"

@@ -11,20 +11,22 @@
 - `RunStoppingError`: no request will succeed until an operator acts (401, 402 out of credits, 403,
   404 model not found): the engine pauses the run.
 
-Each error carries `error_class`, a short stable string for metrics ("429", "5xx", "timeout", "network",
-"stream", "malformed", "unreachable", "auth", "credits", "forbidden", "not_found", "filtered", "400", ...). Messages
+Each error carries `error_class`, a member of app.records.ErrorClass (a short stable string for metrics: "429",
+"5xx", "timeout", "network", "stream", "malformed", "unreachable", "auth", ...), or for a rejecting HTTP status
+the vocabulary does not name, its number ("400", "422": app.records.http_error_class). Messages
 never contain the API key: the client builds them from the status and the body, never from headers.
 """
 
 from __future__ import annotations
 
 from app.errors import EaglewatchError
+from app.records import ErrorClass
 
 
 class ProviderError(EaglewatchError):
     """One attempt failed. `status` is the HTTP status when there was one."""
 
-    error_class: str = "provider"
+    error_class: str = ErrorClass.PROVIDER
 
     def __init__(
         self,
@@ -48,13 +50,13 @@ class ProviderError(EaglewatchError):
         self.answered = status is not None
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.error_class!r}, {str(self)!r})"
+        return f"{type(self).__name__}({str(self.error_class)!r}, {str(self)!r})"
 
 
 class RetryableError(ProviderError):
     """Worth retrying; wait at least `retry_after_s` when the server asked for it."""
 
-    error_class = "retryable"
+    error_class = ErrorClass.RETRYABLE
 
     def __init__(self, message: str, *, retry_after_s: float | None = None, **kwargs) -> None:
         super().__init__(message, **kwargs)
@@ -64,13 +66,13 @@ class RetryableError(ProviderError):
 class SampleFatalError(ProviderError):
     """This sample's request cannot succeed as sent; mark the sample failed and move on."""
 
-    error_class = "fatal"
+    error_class = ErrorClass.FATAL
 
 
 class RunStoppingError(ProviderError):
     """Every request will fail until an operator acts (key, credits, permissions): pause the run."""
 
-    error_class = "stopping"
+    error_class = ErrorClass.STOPPING
     exit_code = 3
 
 
@@ -78,7 +80,7 @@ class MalformedResponse(RetryableError):
     """The body broke the boundary at `field` (see app.providers.wire); `cost_usd` is what its usage reported
     when that part was sound."""
 
-    error_class = "malformed"
+    error_class = ErrorClass.MALFORMED
 
     def __init__(self, field: str, detail: str, **kwargs) -> None:
         super().__init__(f"the provider sent a malformed response: {field} {detail}", **kwargs)
@@ -89,7 +91,7 @@ class EndpointUnreachable(RetryableError):
     """Nothing came back from the endpoint (`cause`: dns, refused, connect_timeout, tls, reset, connect): a failure of
     the endpoint, not of the sample."""
 
-    error_class = "unreachable"
+    error_class = ErrorClass.UNREACHABLE
 
     def __init__(self, message: str, *, cause: str = "connect", **kwargs) -> None:
         super().__init__(message, **kwargs)

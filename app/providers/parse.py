@@ -21,7 +21,7 @@ from app.providers import wire
 from app.providers.exceptions import (MalformedResponse, ProviderError, RetryableError, RunStoppingError,
                                       SampleFatalError)
 from app.providers.wire import DEFAULT_LIMITS, WireLimits, count, obj, opt_list, opt_obj, opt_str
-from app.records import Completion, TokenLogprob, ToolCall, Usage
+from app.records import Completion, ErrorClass, TokenLogprob, ToolCall, Usage, http_error_class
 
 # ---------------------------------------------------------------------------------------------------
 # usage, logprobs, ids
@@ -148,16 +148,16 @@ def _provider_error_in_body(error: Any, where: str) -> RetryableError:
         message = None
     return RetryableError(
         f"the provider failed during generation ({where}): {message[:300] if message else 'no message'}",
-        error_class="stream")
+        error_class=ErrorClass.STREAM)
 
 
 def _check_finish(finish: str | None, error: Any, where: str) -> None:
     if error is not None or finish == "error":
         raise _provider_error_in_body(error, where)
     if finish == "abort":  # SGLang: the request was aborted server-side (protocol.py finish_reason "abort")
-        raise RetryableError(f"the server aborted the request ({where}: finish_reason abort)", error_class="stream")
+        raise RetryableError(f"the server aborted the request ({where}: finish_reason abort)", error_class=ErrorClass.STREAM)
     if finish == "content_filter":
-        raise SampleFatalError("the provider's content filter stopped this sample", error_class="filtered")
+        raise SampleFatalError("the provider's content filter stopped this sample", error_class=ErrorClass.FILTERED)
 
 
 def _tool_call(call: Any, where: str, position: int) -> ToolCall:
@@ -446,7 +446,7 @@ class StreamAssembler:
             if not self.done:
                 exc = RetryableError(
                     f"the stream ended after {len(self.chunks)} chunks without a finish_reason or [DONE]",
-                    error_class="stream",
+                    error_class=ErrorClass.STREAM,
                 )
                 self._charge(exc)  # a usage chunk with a cost was billed, finished or not
             finish, flags = "length", (*flags, wire.FINISH_MISSING)
@@ -572,37 +572,37 @@ def classify_status(status: int, headers: Any, body: Any) -> ProviderError:
     retry_after = parse_retry_after(headers, body)
     availability = error.get("availability") if isinstance(error, dict) else None
     if isinstance(availability, dict) and availability.get("retryable") is True:
-        return RetryableError(f"HTTP {status}, provider temporarily unavailable{detail}", error_class=str(status)
-                              if status == 429 else "5xx", status=status, retry_after_s=retry_after)
+        return RetryableError(f"HTTP {status}, provider temporarily unavailable{detail}", error_class=ErrorClass.RATE_LIMITED
+                              if status == 429 else ErrorClass.SERVER, status=status, retry_after_s=retry_after)
     if status == 429:
-        return RetryableError(f"HTTP 429 rate limited{detail}", error_class="429", status=status,
+        return RetryableError(f"HTTP 429 rate limited{detail}", error_class=ErrorClass.RATE_LIMITED, status=status,
                               retry_after_s=retry_after)
     if status in (408, 409):
-        return RetryableError(f"HTTP {status}{detail}", error_class=str(status), status=status,
+        return RetryableError(f"HTTP {status}{detail}", error_class=http_error_class(status), status=status,
                               retry_after_s=retry_after)
     if status >= 500:
-        return RetryableError(f"HTTP {status} from the provider{detail}", error_class="5xx", status=status,
+        return RetryableError(f"HTTP {status} from the provider{detail}", error_class=ErrorClass.SERVER, status=status,
                               retry_after_s=retry_after)
     if status == 401:
         return RunStoppingError(f"HTTP 401: the API key was refused{detail}; check the key in the "
-                                "endpoint's api_key_env variable", error_class="auth", status=status)
+                                "endpoint's api_key_env variable", error_class=ErrorClass.AUTH, status=status)
     if status == 402:
         return RunStoppingError(f"HTTP 402: out of credits{detail}; add credits or raise the key's limit, "
-                                "then resume the run", error_class="credits", status=status)
+                                "then resume the run", error_class=ErrorClass.CREDITS, status=status)
     if status == 403:
         moderation = error_type in ("content_policy_violation", "refusal") or (
             isinstance(error, dict) and isinstance(error.get("metadata"), dict) and "flagged_input" in error["metadata"]
         )
         if moderation:
             return SampleFatalError(f"HTTP 403: the provider's moderation blocked this sample{detail}",
-                                    error_class="filtered", status=status)
+                                    error_class=ErrorClass.FILTERED, status=status)
         return RunStoppingError(f"HTTP 403: forbidden{detail}; check the key's permissions",
-                                error_class="forbidden", status=status)
+                                error_class=ErrorClass.FORBIDDEN, status=status)
     if status == 404:
         return RunStoppingError(f"HTTP 404: no such model or endpoint{detail}; check the model name and "
-                                "base_url", error_class="not_found", status=status)
+                                "base_url", error_class=ErrorClass.NOT_FOUND, status=status)
     if status == 200:
-        return RetryableError(f"the provider returned an error under HTTP 200{detail}", error_class="stream",
+        return RetryableError(f"the provider returned an error under HTTP 200{detail}", error_class=ErrorClass.STREAM,
                               status=status, retry_after_s=retry_after)
     return SampleFatalError(f"HTTP {status}: the provider rejected this request{detail}",
-                            error_class=str(status), status=status)
+                            error_class=http_error_class(status), status=status)

@@ -31,6 +31,7 @@ import orjson
 from app.records import Category, Completion, Reconstruction, TokenLogprob, ToolCall, Verdict
 from app.store.ids import pack_ids, unpack_ids
 from app.store.schema import N_DIFF_SQL
+from app.store.store_records import RebuildLabels
 
 
 def dumps(value: Any) -> str:
@@ -192,7 +193,6 @@ def encode_response(
     *,
     keep_raw: bool = False,
     raw_max_bytes: int | None = None,
-    created_at: float | None = None,
 ) -> tuple[Any, ...]:
     """The `INSERT_RESPONSE` parameters (RESPONSE_COLUMNS order) of one successful attempt; a value the table
     cannot hold is a RowError naming its column (see the module doc)."""
@@ -219,7 +219,7 @@ def encode_response(
         _real(completion.total_s * 1000.0, "responses.latency_ms"),
         _real(completion.ttft_s * 1000.0, "responses.ttft_ms") if completion.ttft_s is not None else None,
         encode_raw(completion.raw, raw_max_bytes) if keep_raw else None,
-        time.time() if created_at is None else created_at,
+        time.time(),
         _ids(completion.prompt_token_ids, "responses.prompt_ids"),
     )
 
@@ -301,25 +301,21 @@ def reconstruction_row(
     reconstruction: Reconstruction,
     verdict: Verdict | None,
     reference_ids: Sequence[int] | None,
+    labels: RebuildLabels = RebuildLabels(),
     *,
     response_id: int | None = None,
-    profile: str = "",
-    tokenizer: str = "",
-    ids_source: str | None = None,
-    flags: Sequence[str] | None = None,
-    prompt_check: str | None = None,
-    prompt_first_diff: int | None = None,
     created_at: float | None = None,
 ) -> ReconstructionRow:
-    """The row of one rebuilt sample (no verdict: unchecked). `tokenizer` is the tokenizer's fingerprint."""
+    """The row of one rebuilt sample (no verdict: unchecked), labelled by `labels` (its tokenizer is the
+    tokenizer's fingerprint)."""
     v = verdict or Verdict(category=Category.UNCHECKED, rec_len=len(reconstruction.output_ids))
     ref = tuple(reference_ids) if reference_ids is not None else None
     return ReconstructionRow(
         run_id=run_id,
         sample_pk=sample_pk,
         response_id=response_id,
-        profile=profile,
-        tokenizer=tokenizer,
+        profile=labels.profile,
+        tokenizer=labels.tokenizer,
         strategy=reconstruction.strategy,
         repair=reconstruction.repair,
         roundtrip=reconstruction.roundtrip,
@@ -332,10 +328,10 @@ def reconstruction_row(
         explanation=v.explanation,
         spans=tuple((s.ref_start, s.ref_end, s.rec_start, s.rec_end) for s in v.spans),
         created_at=time.time() if created_at is None else created_at,
-        ids_source=ids_source,
-        flags=tuple(flags) if flags is not None else None,
-        prompt_check=prompt_check,
-        prompt_first_diff=prompt_first_diff,
+        ids_source=labels.ids_source,
+        flags=tuple(labels.flags) if labels.flags is not None else None,
+        prompt_check=labels.prompt_check,
+        prompt_first_diff=labels.prompt_first_diff,
     )
 
 

@@ -28,11 +28,12 @@ import orjson
 
 from app.conversation import ConversationInput
 from app.errors import EaglewatchError, InputError
-from app.records import Completion, Reconstruction, Verdict
 from app.store.db import DEFAULT_BUSY_TIMEOUT_S, configure, migrate
 from app.store.ids import unpack_ids
 from app.store import queries, rows, tallies
-from app.store.store_records import Command, IngestReport, LeasedSample, ReferenceRecord, SampleInput
+from app.store.store_records import (
+    Command, IngestReport, LeasedSample, ReferenceRecord, ResultRecord, SampleInput,
+)
 from app.store.schema import RUN_STATES, SAMPLE_STATES
 from app.store import conversation_ops, ingest_ops
 from app.store.conversation_ops import OpenTurnWork, TurnEnd, after_turn, restore_children_of
@@ -364,46 +365,22 @@ class RunStore:
 
     # ------------------------------------------------------------------------------------ results
 
-    async def record_result(
-        self,
-        run_id: int,
-        pk: int,
-        attempt: int,
-        endpoint: str,
-        completion: Completion,
-        cost_usd: float,
-        reconstruction: Reconstruction | None = None,
-        verdict: Verdict | None = None,
-        reference_ids: tuple[int, ...] | None = None,
-        state: str = "done",
-        *,
-        profile: str = "",
-        tokenizer: str = "",
-        keep_raw: bool = False,
-        error_class: str | None = None,
-        error: str | None = None,
-        prompt_check: str | None = None,
-        prompt_first_diff: int | None = None,
-    ) -> int:
+    async def record_result(self, result: ResultRecord) -> int:
         """Store a response (+ its reconstruction and verdict) and set the sample's state, in one transaction.
 
-        Returns the response row id once committed. `profile` / `tokenizer` (fingerprint) label the
-        reconstruction, which also keeps where its ids came from and its flags (Reconstruction.ids_source /
-        .flags) and `prompt_check` / `prompt_first_diff` (app.tokens.prompt_check: the server's prompt ids against the
-        rendered prompt, None when not checked); `keep_raw` stores the provider's parsed body too. `attempt` is the request's number
-        for this sample (over every lease); a paid response whose sample still failed (state `failed`, e.g.
-        reconstruction raised) names why in `error_class` / `error` on the sample.
+        Returns the response row id once committed. The reconstruction is labelled by `result.labels()`; a paid
+        response whose sample still failed (state `failed`, e.g. reconstruction raised) names why in
+        `error_class` / `error` on the sample (see ResultRecord).
         """
-        if state not in SAMPLE_STATES:
-            raise ValueError(f"unknown sample state {state!r}")
-        response_row = rows.encode_response(run_id, pk, attempt, endpoint, completion, cost_usd, keep_raw=keep_raw)
+        r = result
+        if r.state not in SAMPLE_STATES:
+            raise ValueError(f"unknown sample state {r.state!r}")
+        run_id, pk, state, completion = r.run_id, r.sample_pk, r.state, r.completion
+        response_row = rows.encode_response(run_id, pk, r.attempt, r.endpoint, completion, r.cost_usd,
+                                            keep_raw=r.keep_raw)
         rec_row = None
-        if reconstruction is not None:
-            rec_row = rows.reconstruction_row(
-                run_id, pk, reconstruction, verdict, reference_ids, profile=profile, tokenizer=tokenizer,
-                ids_source=reconstruction.ids_source, flags=reconstruction.flags,
-                prompt_check=prompt_check, prompt_first_diff=prompt_first_diff,
-            )
+        if r.reconstruction is not None:
+            rec_row = rows.reconstruction_row(run_id, pk, r.reconstruction, r.verdict, r.reference_ids, r.labels())
             self._unindexed += 1
 
         def op(conn: sqlite3.Connection) -> int:
@@ -414,12 +391,12 @@ class RunStore:
                 "UPDATE samples SET state = ?, lease_expires = NULL, lease_owner = NULL, error_class = ?, "
                 "last_error = ?, tries = MAX(tries, ?), updated_at = ? WHERE pk = ? AND run_id = ? "
                 "RETURNING conversation_id",
-                (state, error_class, error, attempt, time.time(), pk, run_id),
+                (state, r.error_class, r.error, r.attempt, time.time(), pk, run_id),
             ).fetchone()
             if turn is not None and turn[0] is not None:  # a conversation's turn: the next one, same transaction
                 after_turn(conn, run_id, pk, TurnEnd(
                     state, completion.content, completion.reasoning, completion.tool_calls, completion.truncated,
-                    _history_reasoning(profile), error or ""))
+                    _history_reasoning(r.profile), r.error or ""))
             return response_id
 
         return await self.write(op)

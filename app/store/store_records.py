@@ -1,9 +1,11 @@
-"""Plain records that go in and out of the run store (frozen dataclasses, stdlib only)."""
+"""Plain records that go in and out of the run store (frozen dataclasses; stdlib and app.records only)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from app.records import Completion, Reconstruction, Verdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,3 +83,56 @@ class Command:
     verb: str
     args: dict[str, Any] = field(default_factory=dict)
     created_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RebuildLabels:
+    """What a stored reconstruction carries beside its ids: the profile and tokenizer fingerprint that made it,
+    where its ids came from and its flags (None: not recorded), and the prompt check (app.tokens.prompt_check:
+    the server's prompt ids against the rendered prompt; None when not checked)."""
+
+    profile: str = ""
+    tokenizer: str = ""
+    ids_source: str | None = None
+    flags: tuple[str, ...] | None = None
+    prompt_check: str | None = None
+    prompt_first_diff: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResultRecord:
+    """One paid response as settled, the single record `RunStore.record_result` stores.
+
+    `attempt` is the request's number for this sample (over every lease); `state` the sample's state after it
+    (`done`, or `failed` for a paid response whose sample still failed, naming why in `error_class` / `error`).
+    `profile` / `tokenizer` (fingerprint) and the prompt check label the reconstruction; `keep_raw` stores the
+    provider's parsed body too.
+    """
+
+    run_id: int
+    sample_pk: int
+    attempt: int
+    endpoint: str
+    completion: Completion
+    cost_usd: float
+    reconstruction: Reconstruction | None = None
+    verdict: Verdict | None = None
+    reference_ids: tuple[int, ...] | None = None
+    state: str = "done"
+    profile: str = ""
+    tokenizer: str = ""
+    keep_raw: bool = False
+    error_class: str | None = None
+    error: str | None = None
+    prompt_check: str | None = None
+    prompt_first_diff: int | None = None
+
+    def labels(self) -> RebuildLabels:
+        """The reconstruction's labels: its own ids source and flags, with this result's profile, tokenizer and
+        prompt check."""
+        rec = self.reconstruction
+        return RebuildLabels(
+            profile=self.profile, tokenizer=self.tokenizer,
+            ids_source=rec.ids_source if rec is not None else None,
+            flags=tuple(rec.flags) if rec is not None else None,
+            prompt_check=self.prompt_check, prompt_first_diff=self.prompt_first_diff)

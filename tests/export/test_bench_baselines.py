@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import bench.export as bench
-from app.export import export_run
+from app.export import Export, ExportOptions
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def db(tmp_path_factory, sample_tokenizer_dir):
 def test_bare_format_loop_writes_the_export_bytes(db, sample_tokenizer_dir, tmp_path, fmt):
     bare = tmp_path / "bare.jsonl"
     n = bench.bare_format(db, bare, sample_tokenizer_dir, fmt)
-    report = export_run(db, tmp_path / "out", fmt)
+    report = Export(db, tmp_path / "out", fmt).run()
     assert n == 320 and report.exported + sum(report.skipped.values()) == n
     [data] = [f for f in report.files if f.startswith("data/")]
     assert bare.read_bytes() == (tmp_path / "out" / data).read_bytes()
@@ -30,6 +30,6 @@ def test_bare_format_loop_writes_the_export_bytes(db, sample_tokenizer_dir, tmp_
 def test_bare_render_loop_writes_the_pretokenized_rows(db, sample_tokenizer_dir, tmp_path, fmt):
     bare = tmp_path / "bare.jsonl"
     assert bench.bare_render(db, bare, sample_tokenizer_dir) == 320
-    report = export_run(db, tmp_path / "out", fmt, shard_size=100000)
+    report = Export(db, tmp_path / "out", fmt, ExportOptions(shard_size=100000)).run()
     [data] = [f for f in report.files if f.startswith("data/")]
     assert bare.read_bytes() == (tmp_path / "out" / data).read_bytes()

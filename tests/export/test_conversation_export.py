@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from app.errors import InputError
-from app.export import ExportPolicy, TrainingRow, export_run
+from app.export import ExportPolicy, TrainingRow, Export, ExportOptions
 from app.export.conversation_rows import merged_row, prefix_break
 from app.export.report import summary_line
 from app.extract.manifest import read_manifest, read_shard
@@ -64,7 +64,7 @@ def references(sample_data_dir) -> dict[str, list[int]]:
 @pytest.fixture(scope="module")
 def per_turn(conversation_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("per-turn") / "out"
-    return out, export_run(conversation_run, out, "eagle3-shards")
+    return out, Export(conversation_run, out, "eagle3-shards").run()
 
 
 def test_each_turn_is_a_row_of_its_requests_prompt_by_transformers_and_its_answer(
@@ -99,7 +99,7 @@ def test_each_turn_is_a_row_of_its_requests_prompt_by_transformers_and_its_answe
 
 def test_a_conversations_rows_fall_on_one_side_of_the_eval_split(conversation_run, tmp_path):
     out = tmp_path / "split"
-    report = export_run(conversation_run, out, "eagle3-shards", eval_fraction=0.4)
+    report = Export(conversation_run, out, "eagle3-shards", ExportOptions(eval_fraction=0.4)).run()
     train, held = _rows(out), _rows(out / "eval")
     assert train and held and report.eval_exported == len(held)
     sides: dict[str, set[str]] = {}
@@ -113,9 +113,8 @@ def test_a_conversations_rows_fall_on_one_side_of_the_eval_split(conversation_ru
 def merged_pair(conversation_run, tmp_path_factory):
     """The per-turn and the merged export with earlier reasoning kept in the history (every conversation merges)."""
     tmp = tmp_path_factory.mktemp("merged")
-    export_run(conversation_run, tmp / "turns", "eagle3-shards", template_kwargs=PRESERVE)
-    report = export_run(conversation_run, tmp / "merged", "eagle3-shards", template_kwargs=PRESERVE,
-                        conversations="merged")
+    Export(conversation_run, tmp / "turns", "eagle3-shards", ExportOptions(template_kwargs=PRESERVE)).run()
+    report = Export(conversation_run, tmp / "merged", "eagle3-shards", ExportOptions(template_kwargs=PRESERVE, conversations="merged")).run()
     return _rows(tmp / "turns"), _rows(tmp / "merged"), report
 
 
@@ -151,7 +150,7 @@ def test_merged_keeps_per_turn_rows_where_the_template_drops_earlier_reasoning(p
     """The run's own template settings (K2.5: reasoning only after the last user message): a conversation whose
     answers had reasoning cannot merge; its per-turn rows are written unchanged and counted under why."""
     out = tmp_path / "merged"
-    report = export_run(conversation_run, out, "eagle3-shards", conversations="merged")
+    report = Export(conversation_run, out, "eagle3-shards", ExportOptions(conversations="merged")).run()
     c = report.conversations
     assert c["per_turn"]["history_reasoning_dropped"] > 0
     assert c["merged"] + sum(c["per_turn"].values()) + c["none_kept"] == c["conversations"] == 16
@@ -174,26 +173,25 @@ def test_off_policy_turns_are_exported_counted_and_marked_or_dropped(conversatio
     turns = _turns(conversation_run_replay)
     off = {sid for sid, t in turns.items() if t["off_policy"] and t["state"] == "done"}
     assert off
-    report = export_run(conversation_run_replay, tmp_path / "all", "eagle3-shards")
+    report = Export(conversation_run_replay, tmp_path / "all", "eagle3-shards").run()
     assert report.conversations["off_policy_turns"] == len(off)
     with (tmp_path / "all" / "samples.tsv").open(encoding="utf-8") as fh:
         marked = {r["id"] for r in csv.DictReader(fh, delimiter="\t") if r["off_policy"] == "1"}
     assert marked == off
-    dropped = export_run(conversation_run_replay, tmp_path / "on", "eagle3-shards",
-                         policy=ExportPolicy(keep_off_policy=False))
+    dropped = Export(conversation_run_replay, tmp_path / "on", "eagle3-shards", ExportOptions(policy=ExportPolicy(keep_off_policy=False))).run()
     assert dropped.skipped == {"off_policy": len(off)} and not set(_rows(tmp_path / "on")) & off
 
 
 def test_sglang_raw_refuses_merged_conversations(conversation_run, tmp_path):
     with pytest.raises(InputError, match="sglang-raw holds one request"):
-        export_run(conversation_run, tmp_path / "raw", "sglang-raw", conversations="merged")
+        Export(conversation_run, tmp_path / "raw", "sglang-raw", ExportOptions(conversations="merged")).run()
     assert not (tmp_path / "raw").exists()
 
 
 @pytest.mark.parametrize("mode", ["per-turn", "merged"])
 def test_rendering_in_worker_processes_writes_the_same_conversation_rows(conversation_run, tmp_path, mode):
-    export_run(conversation_run, tmp_path / "one", "eagle3-shards", conversations=mode)
-    export_run(conversation_run, tmp_path / "two", "eagle3-shards", conversations=mode, workers=2)
+    Export(conversation_run, tmp_path / "one", "eagle3-shards", ExportOptions(conversations=mode)).run()
+    Export(conversation_run, tmp_path / "two", "eagle3-shards", ExportOptions(conversations=mode, workers=2)).run()
     assert _rows(tmp_path / "two") == _rows(tmp_path / "one")
     assert (tmp_path / "two" / "samples.tsv").read_text() == (tmp_path / "one" / "samples.tsv").read_text()
 
@@ -239,8 +237,8 @@ def test_kimi_per_turn_prompts_equal_transformers_rendering_encoded_by_tiktoken(
     src.close()
     template = tmp_path / "k25.jinja"
     template.write_text(load_chat_template(sample_tokenizer_dir).text, encoding="utf-8")
-    report = export_run(db, tmp_path / "out", "eagle3-shards", chat_template=template)
-    merged = export_run(db, tmp_path / "merged", "eagle3-shards", chat_template=template, conversations="merged")
+    report = Export(db, tmp_path / "out", "eagle3-shards", ExportOptions(chat_template=template)).run()
+    merged = Export(db, tmp_path / "merged", "eagle3-shards", ExportOptions(chat_template=template, conversations="merged")).run()
     specials = load_chat_template(sample_tokenizer_dir).special_tokens
     stored = _turns(db)
     rows = _rows(tmp_path / "out")

@@ -10,7 +10,7 @@ import pytest
 
 from app.cli import main
 from app.errors import InputError
-from app.export import export_run
+from app.export import Export, ExportOptions
 from app.export.draft_vocab import LossTokenCounts, choose, coverage_table
 
 
@@ -59,7 +59,7 @@ def test_vocab_on_the_demo_run_writes_every_trainers_files_and_reports_coverage(
     assert main(["vocab", "--db", str(built_run.db), "--size", "1024", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     want = LossTokenCounts()
-    report = export_run(built_run.db, tmp_path / "shards", "eagle3-shards")
+    report = Export(built_run.db, tmp_path / "shards", "eagle3-shards").run()
     for sid, ids in built_run.exported_ids.items():
         if built_run.categories[sid] in ("exact", "bpe_equivalent"):
             want.add(ids, None)
@@ -80,7 +80,7 @@ def test_vocab_on_the_demo_run_writes_every_trainers_files_and_reports_coverage(
 
 def test_vocab_of_an_export_counts_its_training_rows_only(built_run, tmp_path, capsys):
     pytest.importorskip("torch")
-    report = export_run(built_run.db, tmp_path / "x", "specforge", eval_fraction=0.2)
+    report = Export(built_run.db, tmp_path / "x", "specforge", ExportOptions(eval_fraction=0.2)).run()
     assert main(["vocab", str(tmp_path / "x"), "--size", "512", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["rows"] == report.exported - report.eval_exported
@@ -88,7 +88,7 @@ def test_vocab_of_an_export_counts_its_training_rows_only(built_run, tmp_path, c
 
 
 def test_vocab_refuses_an_export_without_ids_and_names_what_works(built_run, tmp_path, capsys):
-    export_run(built_run.db, tmp_path / "mo", "modelopt")
+    Export(built_run.db, tmp_path / "mo", "modelopt").run()
     assert main(["vocab", str(tmp_path / "mo"), "--size", "64"]) == 2
     err = capsys.readouterr().err
     assert "a 'modelopt' export holds no token ids" in err and "--db" in err

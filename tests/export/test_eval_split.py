@@ -8,7 +8,7 @@ import json
 import pytest
 
 from app.errors import InputError
-from app.export import EVAL_DIR, FORMATS, export_run, held_out
+from app.export import EVAL_DIR, FORMATS, Export, ExportOptions, held_out
 
 
 def _ids(folder):
@@ -27,8 +27,8 @@ def test_held_out_is_a_threshold_on_a_hash_so_a_larger_fraction_holds_out_more_o
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_format_holds_out_the_same_ids_in_an_export_folder_of_their_own(built_run, tmp_path, fmt):
-    whole = export_run(built_run.db, tmp_path / "whole", fmt)
-    report = export_run(built_run.db, tmp_path / "split", fmt, eval_fraction=0.2)
+    whole = Export(built_run.db, tmp_path / "whole", fmt).run()
+    report = Export(built_run.db, tmp_path / "split", fmt, ExportOptions(eval_fraction=0.2)).run()
     train, evals = _ids(tmp_path / "split"), _ids(tmp_path / "split" / EVAL_DIR)
     assert not train & evals and train | evals == _ids(tmp_path / "whole")
     assert evals == {sid for sid in _ids(tmp_path / "whole") if held_out(sid, 0.2)} and evals
@@ -49,8 +49,8 @@ def test_a_later_export_with_more_samples_holds_out_the_same_ids(tmp_path, sampl
 
     early = build_run_db(tmp_path / "early.db", sample_reference, sample_tokenizer_dir, sample_cases, limit=120)
     late = build_run_db(tmp_path / "late.db", sample_reference, sample_tokenizer_dir, sample_cases)
-    export_run(early.db, tmp_path / "a", "eagle3-shards", eval_fraction=0.1)
-    export_run(late.db, tmp_path / "b", "speculators", eval_fraction=0.1)
+    Export(early.db, tmp_path / "a", "eagle3-shards", ExportOptions(eval_fraction=0.1)).run()
+    Export(late.db, tmp_path / "b", "speculators", ExportOptions(eval_fraction=0.1)).run()
     first, second = _ids(tmp_path / "a" / EVAL_DIR), _ids(tmp_path / "b" / EVAL_DIR)
     assert first and first <= second
     assert second - first == {sid for sid in _ids(tmp_path / "b") | second if held_out(sid, 0.1)} - first
@@ -59,7 +59,7 @@ def test_a_later_export_with_more_samples_holds_out_the_same_ids(tmp_path, sampl
 @pytest.mark.parametrize("fraction", [-0.1, 1.0, 1.5])
 def test_a_fraction_outside_zero_to_one_is_refused(built_run, tmp_path, fraction):
     with pytest.raises(InputError, match=r"--eval-fraction: must be at least 0 and below 1"):
-        export_run(built_run.db, tmp_path / "out", "eagle3-shards", eval_fraction=fraction)
+        Export(built_run.db, tmp_path / "out", "eagle3-shards", ExportOptions(eval_fraction=fraction)).run()
     assert not (tmp_path / "out").exists()
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from app.export import export_run
+from app.export import Export, ExportOptions
 from app.extract.manifest import read_manifest, read_shard
-from app.store.store_records import SampleInput
+from app.store.store_records import SampleInput, ResultRecord
 from app.store.run_store import RunStore
 from app.tokens import get_profile, load_tokenizer, split_output
 from app.tokens.reconstruct import Reconstructor
@@ -33,12 +33,12 @@ async def test_a_run_written_by_the_engine_path_exports_its_reference_ids(tmp_pa
             # what a clean server returns for these ids
             completion = split_output(sample.reference_ids, profile, tok).to_completion()
             rec, verdict = reconstructor.process(completion, sample.reference_ids)
-            await store.record_result(run_id, sample.pk, 1, "simulator", completion, 0.0, rec, verdict,
-                                      sample.reference_ids, profile=profile.name, tokenizer=tok.fingerprint)
+            await store.record_result(ResultRecord(run_id, sample.pk, 1, "simulator", completion, 0.0, rec, verdict,
+                                      sample.reference_ids, profile=profile.name, tokenizer=tok.fingerprint))
     finally:
         await store.close()
 
-    report = export_run(db, tmp_path / "out", "eagle3-shards", shard_size=128)
+    report = Export(db, tmp_path / "out", "eagle3-shards", ExportOptions(shard_size=128)).run()
     manifest = read_manifest(tmp_path / "out")
     samples = {s.sample_id: s for e in manifest.shards for s in read_shard(e)}
     by_id = {r["id"]: r for r in records}

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from app.export import assistant_turn, export_run, iter_rows
+from app.export import assistant_turn, Export, ExportOptions, iter_rows
 from app.extract.manifest import read_manifest, read_shard
 from app.tokens import get_profile, load_tokenizer, split_output
 
@@ -14,7 +14,7 @@ from app.tokens import get_profile, load_tokenizer, split_output
 @pytest.fixture(scope="module")
 def shards(built_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("shards")
-    report = export_run(built_run.db, out, "eagle3-shards", shard_size=64)
+    report = Export(built_run.db, out, "eagle3-shards", ExportOptions(shard_size=64)).run()
     return out, report
 
 
@@ -91,7 +91,7 @@ def test_manifest_records_tokenizer_profile_counts_and_lengths(shards, built_run
 
 
 def test_sglang_raw_round_trips(built_run, tmp_path):
-    report = export_run(built_run.db, tmp_path, "sglang-raw", policy=_keep_all())
+    report = Export(built_run.db, tmp_path, "sglang-raw", ExportOptions(policy=_keep_all())).run()
     rows = [json.loads(line) for line in (tmp_path / "data" / "sglang_raw.jsonl").read_text().splitlines()]
     assert report.exported == len(rows) == len(built_run.records)
     for row in rows:
@@ -107,7 +107,7 @@ def test_sglang_raw_round_trips(built_run, tmp_path):
 def test_specforge_rows_are_the_shard_rows_in_one_file(built_run, shards, tmp_path):
     """SpecForge's data.prompts_path takes one file: every row, whatever their number, pre-tokenized as the shards
     hold them; the manifest and the printed command set data.max_length to the longest row."""
-    report = export_run(built_run.db, tmp_path, "specforge")
+    report = Export(built_run.db, tmp_path, "specforge").run()
     rows = [json.loads(line) for line in (tmp_path / "data" / "specforge.jsonl").read_text().splitlines()]
     _, samples = _read_all_shards(shards[0])
     assert [f for f in report.files if f.startswith("data/")] == ["data/specforge.jsonl"]
@@ -126,7 +126,7 @@ def test_modelopt_rows_give_the_ids_and_masks_back_through_apply_chat_template(b
     """transformers' own apply_chat_template over a row's `messages` with the exported chat_template.jinja (what
     Model-Optimizer calls, return_assistant_tokens_mask included) gives the shard's ids and loss mask; a
     non-canonical (bpe_equivalent) split cannot come back from text and is skipped as not_reproducible."""
-    report = export_run(built_run.db, tmp_path, "modelopt")
+    report = Export(built_run.db, tmp_path, "modelopt").run()
     rows = [json.loads(line) for line in (tmp_path / "data" / "modelopt.jsonl").read_text().splitlines()]
     _, samples = _read_all_shards(shards[0])
     bpe = {sid for sid in samples if built_run.categories[sid] == "bpe_equivalent"}
@@ -154,7 +154,7 @@ def test_modelopt_refuses_a_tiktoken_tokenizer_and_names_the_exact_route(tmp_pat
     db = tmp_path / "kimi.db"
     build_run_db(db, sample_reference, kimi_tokenizer_dir, sample_cases, limit=0)
     with pytest.raises(InputError, match=r"per-model recovery.*layout = \"modelopt\".*answer_only_loss"):
-        export_run(db, tmp_path / "out", "modelopt")
+        Export(db, tmp_path / "out", "modelopt").run()
     assert not (tmp_path / "out").exists()
 
 

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from app.export import assistant_turn, export_run, load_chat_template
+from app.export import assistant_turn, Export, ExportOptions, load_chat_template
 from app.extract.manifest import read_manifest, read_shard
 from app.tokens import get_profile, load_tokenizer, split_output
 from tests.export.conftest import build_run_db
@@ -51,7 +51,7 @@ def kimi_export(kimi_tokenizer_dir, sample_tokenizer_dir, sample_reference, tmp_
     template = tmp / "k25.jinja"
     template.write_text(load_chat_template(sample_tokenizer_dir).text, encoding="utf-8")
     out = tmp / "out"
-    export_run(db, out, "eagle3-shards", chat_template=template)
+    Export(db, out, "eagle3-shards", ExportOptions(chat_template=template)).run()
     manifest = read_manifest(out)
     samples = {s.sample_id: s for e in manifest.shards for s in read_shard(e)}
     return kimi, template, {r["id"]: r for r in rows}, samples, manifest

@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 
 from app.errors import InputError
-from app.export import ExportPolicy, export_run
+from app.export import ExportPolicy, Export, ExportOptions
 from tests.export.conftest import build_run_db
 
 
@@ -21,24 +21,24 @@ def _with(built_run, *categories):
 
 
 def test_default_keeps_exact_and_bpe_equivalent_only(built_run, tmp_path):
-    report = export_run(built_run.db, tmp_path, "sglang-raw")
+    report = Export(built_run.db, tmp_path, "sglang-raw").run()
     assert _ids(tmp_path) == _with(built_run, "exact", "bpe_equivalent")
     assert report.skipped == {"corrupt": 3, "truncated": len(_with(built_run, "truncated"))}
 
 
 def test_drop_bpe_equivalent(built_run, tmp_path):
-    report = export_run(built_run.db, tmp_path, "sglang-raw", policy=ExportPolicy(keep_bpe_equivalent=False))
+    report = Export(built_run.db, tmp_path, "sglang-raw", ExportOptions(policy=ExportPolicy(keep_bpe_equivalent=False))).run()
     assert _ids(tmp_path) == _with(built_run, "exact")
     assert report.skipped["bpe_equivalent"] == len(_with(built_run, "bpe_equivalent")) > 0
 
 
 def test_keep_mismatches_and_truncated(built_run, tmp_path):
-    export_run(built_run.db, tmp_path, "sglang-raw", policy=ExportPolicy(keep_mismatches=True, keep_truncated=True))
+    Export(built_run.db, tmp_path, "sglang-raw", ExportOptions(policy=ExportPolicy(keep_mismatches=True, keep_truncated=True))).run()
     assert _ids(tmp_path) == set(built_run.records)
 
 
 def test_truncated_shards_have_no_end_of_turn(built_run, tmp_path, hf_sample_tokenizer):
-    export_run(built_run.db, tmp_path, "eagle3-shards", policy=ExportPolicy(keep_truncated=True))
+    Export(built_run.db, tmp_path, "eagle3-shards", ExportOptions(policy=ExportPolicy(keep_truncated=True))).run()
     im_end = hf_sample_tokenizer.convert_tokens_to_ids("<|im_end|>")
     rows = [json.loads(line) for p in sorted((tmp_path / "data").glob("shard_*.jsonl")) for line in p.read_text().splitlines()]
     truncated = [r for r in rows if built_run.categories[r["id"]] == "truncated"]
@@ -49,7 +49,7 @@ def test_truncated_shards_have_no_end_of_turn(built_run, tmp_path, hf_sample_tok
 
 
 def test_max_length_skips_long_samples_without_cutting(built_run, tmp_path):
-    report = export_run(built_run.db, tmp_path, "eagle3-shards", policy=ExportPolicy(max_length=600))
+    report = Export(built_run.db, tmp_path, "eagle3-shards", ExportOptions(policy=ExportPolicy(max_length=600))).run()
     rows = [json.loads(line) for p in sorted((tmp_path / "data").glob("shard_*.jsonl")) for line in p.read_text().splitlines()]
     assert rows and all(len(r["input_ids"]) <= 600 for r in rows)
     assert report.skipped["too_long"] > 0
@@ -58,15 +58,15 @@ def test_max_length_skips_long_samples_without_cutting(built_run, tmp_path):
 
 
 def test_an_existing_export_is_not_overwritten_without_asking(built_run, tmp_path):
-    export_run(built_run.db, tmp_path, "eagle3-shards")
+    Export(built_run.db, tmp_path, "eagle3-shards").run()
     with pytest.raises(InputError, match="already holds an export.*--overwrite"):
-        export_run(built_run.db, tmp_path, "eagle3-shards")
-    export_run(built_run.db, tmp_path, "eagle3-shards", overwrite=True)
+        Export(built_run.db, tmp_path, "eagle3-shards").run()
+    Export(built_run.db, tmp_path, "eagle3-shards", ExportOptions(overwrite=True)).run()
 
 
 def test_unknown_run_names_the_runs_that_exist(built_run, tmp_path):
     with pytest.raises(InputError, match=r"no run named 'nope' \(runs: demo\)"):
-        export_run(built_run.db, tmp_path, "sglang-raw", run="nope")
+        Export(built_run.db, tmp_path, "sglang-raw", ExportOptions(run="nope")).run()
 
 
 def test_several_runs_need_run_name(tmp_path, sample_reference, sample_tokenizer_dir, sample_cases):
@@ -74,8 +74,8 @@ def test_several_runs_need_run_name(tmp_path, sample_reference, sample_tokenizer
     build_run_db(db, sample_reference, sample_tokenizer_dir, sample_cases, name="a", limit=5)
     build_run_db(db, sample_reference, sample_tokenizer_dir, sample_cases, name="b", limit=0)
     with pytest.raises(InputError, match=r"several runs \(a, b\); choose one with --run"):
-        export_run(db, tmp_path / "out", "sglang-raw")
-    report = export_run(db, tmp_path / "out", "sglang-raw", run="a")
+        Export(db, tmp_path / "out", "sglang-raw").run()
+    report = Export(db, tmp_path / "out", "sglang-raw", ExportOptions(run="a")).run()
     assert report.exported + sum(report.skipped.values()) == 5
 
 
@@ -83,14 +83,14 @@ def test_ids_from_another_tokenizer_are_refused(tmp_path, sample_reference, samp
     db = tmp_path / "other.db"
     build_run_db(db, sample_reference, sample_tokenizer_dir, sample_cases, limit=4, mismatches=0, fingerprint="f" * 64)
     with pytest.raises(InputError, match="rebuilt with tokenizer ffffffffffff.*--tokenizer.*reprocess"):
-        export_run(db, tmp_path / "out", "eagle3-shards")
+        Export(db, tmp_path / "out", "eagle3-shards").run()
 
 
 def test_not_a_database_is_a_clear_error(tmp_path):
     bogus = tmp_path / "notes.db"
     bogus.write_text("hello")
     with pytest.raises(InputError, match="is not an SQLite database"):
-        export_run(bogus, tmp_path / "out", "sglang-raw")
+        Export(bogus, tmp_path / "out", "sglang-raw").run()
 
 
 def test_template_kwargs_from_the_run_reach_the_prompt(tmp_path, sample_reference, sample_tokenizer_dir, sample_cases):
@@ -105,7 +105,7 @@ def test_template_kwargs_from_the_run_reach_the_prompt(tmp_path, sample_referenc
     from app.tokens import load_tokenizer
 
     tok = load_tokenizer(sample_tokenizer_dir)
-    export_run(db, tmp_path / "out", "eagle3-shards", policy=ExportPolicy(keep_truncated=True))
+    Export(db, tmp_path / "out", "eagle3-shards", ExportOptions(policy=ExportPolicy(keep_truncated=True))).run()
     row = json.loads((tmp_path / "out" / "data" / "shard_00000.jsonl").read_text().splitlines()[0])
     n_prompt = row["loss_mask"].index(1)
     assert tok.decode(row["input_ids"][:n_prompt]).endswith("<|im_assistant|>assistant<|im_middle|><think></think>")
@@ -125,16 +125,16 @@ def test_a_tokenizer_without_template_needs_one(tmp_path, sample_reference, samp
     if hasattr(app.tokens, "render_prompt"):
         pytest.skip("app.tokens now offers a profile renderer; the fallback is used instead")
     with pytest.raises(InputError, match="has no chat template.*--chat-template FILE"):
-        export_run(db, tmp_path / "out", "eagle3-shards")
+        Export(db, tmp_path / "out", "eagle3-shards").run()
     template = tmp_path / "t.jinja"
     template.write_text(json.loads((sample_tokenizer_dir / "tokenizer_config.json").read_text())["chat_template"])
-    report = export_run(db, tmp_path / "out", "eagle3-shards", chat_template=template)
+    report = Export(db, tmp_path / "out", "eagle3-shards", ExportOptions(chat_template=template)).run()
     assert report.exported == 2
 
 
 def test_parallel_prompt_rendering_writes_the_same_files(built_run, tmp_path):
-    export_run(built_run.db, tmp_path / "one", "eagle3-shards", shard_size=50)
-    export_run(built_run.db, tmp_path / "two", "eagle3-shards", shard_size=50, workers=2)
+    Export(built_run.db, tmp_path / "one", "eagle3-shards", ExportOptions(shard_size=50)).run()
+    Export(built_run.db, tmp_path / "two", "eagle3-shards", ExportOptions(shard_size=50, workers=2)).run()
     names = sorted(str(p.relative_to(tmp_path / "one")) for p in (tmp_path / "one").rglob("*") if p.is_file())
     assert names == sorted(str(p.relative_to(tmp_path / "two")) for p in (tmp_path / "two").rglob("*") if p.is_file())
     assert "data/shard_00000.jsonl" in names
@@ -147,7 +147,7 @@ def test_a_template_that_rejects_a_prompt_names_the_sample(built_run, tmp_path):
     bad = tmp_path / "bad.jinja"
     bad.write_text("{{ raise_exception('only one user turn is supported') }}")
     with pytest.raises(InputError, match=r"sample 'sample-\d+': the chat template .*bad.jinja.*only one user turn"):
-        export_run(built_run.db, tmp_path / "out", "eagle3-shards", chat_template=bad)
+        Export(built_run.db, tmp_path / "out", "eagle3-shards", ExportOptions(chat_template=bad)).run()
 
 
 def test_each_skipped_sample_is_counted_once_under_what_it_is(tmp_path, sample_reference, sample_tokenizer_dir,
@@ -174,7 +174,7 @@ def test_each_skipped_sample_is_counted_once_under_what_it_is(tmp_path, sample_r
     set_(exact[2], "UPDATE reconstructions SET category = 'unchecked'")
     set_(exact[2], "UPDATE responses SET finish_reason = 'length'")
     conn.close()
-    report = export_run(built.db, tmp_path / "out", "eagle3-shards")
+    report = Export(built.db, tmp_path / "out", "eagle3-shards").run()
     assert report.skipped == {"corrupt": len(corrupt), "truncated": len(truncated) + 1, "suspect": 1,
                               "roundtrip_failed": 1}
     counts = summary_counts(report)
@@ -186,7 +186,7 @@ def test_each_skipped_sample_is_counted_once_under_what_it_is(tmp_path, sample_r
 def test_every_summary_count_says_what_it_means(built_run, tmp_path):
     from app.export import COUNT_MEANINGS, summary_counts
 
-    counts = summary_counts(export_run(built_run.db, tmp_path, "sglang-raw"))
+    counts = summary_counts(Export(built_run.db, tmp_path, "sglang-raw").run())
     keys = [k for k in counts if k != "skipped"] + [f"skipped.{k}" for k in counts["skipped"]]
     assert set(keys) == set(COUNT_MEANINGS)
     assert all(len(COUNT_MEANINGS[k]) > 20 for k in keys)

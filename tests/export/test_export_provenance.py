@@ -10,7 +10,7 @@ import sqlite3
 import pytest
 
 from app.errors import InputError
-from app.export import ExportPolicy, export_run
+from app.export import ExportPolicy, Export, ExportOptions
 from app.store.ids import pack_ids
 from tests.export.conftest import build_run_db
 
@@ -48,13 +48,12 @@ def _sources(out):
 
 def test_failed_round_trips_and_suspect_samples_are_dropped_by_default(run_db, tmp_path):
     built, roles, _ = run_db
-    report = export_run(built.db, tmp_path / "out", "eagle3-shards")
+    report = Export(built.db, tmp_path / "out", "eagle3-shards").run()
     rows = _rows(tmp_path / "out")
     assert roles["roundtrip"] not in rows and roles["suspect"] not in rows
     assert roles["empty_flags"] in rows  # [] = not suspect
     assert report.skipped["roundtrip_failed"] == 1 and report.skipped["suspect"] == 1
-    kept = export_run(built.db, tmp_path / "all", "eagle3-shards",
-                      policy=ExportPolicy(keep_roundtrip_failed=True, keep_suspect=True))
+    kept = Export(built.db, tmp_path / "all", "eagle3-shards", ExportOptions(policy=ExportPolicy(keep_roundtrip_failed=True, keep_suspect=True))).run()
     assert {roles["roundtrip"], roles["suspect"]} <= set(_rows(tmp_path / "all"))
     assert "roundtrip_failed" not in kept.skipped and "suspect" not in kept.skipped
     policy = json.loads((tmp_path / "all" / "manifest.json").read_text())["policy"]
@@ -63,7 +62,7 @@ def test_failed_round_trips_and_suspect_samples_are_dropped_by_default(run_db, t
 
 def test_true_ids_are_exported_and_their_source_recorded(run_db, tmp_path):
     built, roles, server_ids = run_db
-    export_run(built.db, tmp_path / "out", "eagle3-shards")
+    Export(built.db, tmp_path / "out", "eagle3-shards").run()
     rows, sources = _rows(tmp_path / "out"), _sources(tmp_path / "out")
     server = rows[roles["server"]]
     assert server["input_ids"][server["loss_mask"].index(1):] == server_ids
@@ -81,7 +80,7 @@ def test_true_ids_are_exported_and_their_source_recorded(run_db, tmp_path):
 def test_an_interrupted_export_leaves_the_previous_one_whole(run_db, tmp_path):
     built, _, _ = run_db
     out = tmp_path / "out"
-    export_run(built.db, out, "eagle3-shards", shard_size=10)
+    Export(built.db, out, "eagle3-shards", ExportOptions(shard_size=10)).run()
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
 
     def stop(seen, exported):
@@ -89,10 +88,10 @@ def test_an_interrupted_export_leaves_the_previous_one_whole(run_db, tmp_path):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        export_run(built.db, out, "eagle3-shards", shard_size=7, overwrite=True, progress=stop)
+        Export(built.db, out, "eagle3-shards", ExportOptions(shard_size=7, overwrite=True), stop).run()
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no partial folder left
-    export_run(built.db, out, "eagle3-shards", shard_size=7, overwrite=True)
+    Export(built.db, out, "eagle3-shards", ExportOptions(shard_size=7, overwrite=True)).run()
     manifest = json.loads((out / "manifest.json").read_text())
     assert sorted(p.name for p in (out / "data").iterdir()) == [s["path"].split("/")[1] for s in manifest["shards"]]
 
@@ -101,7 +100,7 @@ def test_the_manifest_is_never_among_the_data(run_db, tmp_path):
     built, _, _ = run_db
     for fmt in ("sglang-raw", "specforge", "specforge-text", "speculators", "modelopt", "eagle3-shards"):
         out = tmp_path / fmt
-        export_run(built.db, out, fmt)
+        Export(built.db, out, fmt).run()
         assert (out / "manifest.json").exists() and not list((out / "data").rglob("*.json")), fmt
 
 
@@ -110,7 +109,7 @@ def test_a_folder_of_other_files_is_refused(run_db, tmp_path):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
     with pytest.raises(InputError, match="holds no eaglewatch export"):
-        export_run(built.db, tmp_path / "mine", "eagle3-shards", overwrite=True)
+        Export(built.db, tmp_path / "mine", "eagle3-shards", ExportOptions(overwrite=True)).run()
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
     shutil.rmtree(tmp_path / "mine")
 
@@ -151,7 +150,7 @@ def test_a_server_that_leaves_out_the_end_token_is_exported_with_it(tmp_path, sa
     conn.execute("UPDATE responses SET token_ids = ? WHERE sample_pk = ?", (pack_ids(full[:-1]), pk))
     conn.execute("UPDATE reconstructions SET ids_source = 'server' WHERE sample_pk = ?", (pk,))
     conn.close()
-    export_run(built.db, tmp_path / "out", "eagle3-shards")
+    Export(built.db, tmp_path / "out", "eagle3-shards").run()
     row = _rows(tmp_path / "out")[sid]
     assert row["input_ids"][row["loss_mask"].index(1):] == list(full)
     assert row["ids_source"] == _sources(tmp_path / "out")[sid] == "server"

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from app.export import ExportPolicy, export_run
+from app.export import ExportPolicy, Export, ExportOptions
 from app.extract.manifest import read_manifest, read_shard
 from tests.export.trainers.env import proven, run_consumer, run_trainer_cli, trainer_site
 
@@ -76,7 +76,7 @@ def shards(run_db, target, tmp_path_factory):
     from app.cli import main
 
     out = tmp_path_factory.mktemp("smoke") / "shards"
-    export_run(run_db.db, out, "eagle3-shards", shard_size=8, policy=ExportPolicy(max_length=SMOKE_MAX_LENGTH))
+    Export(run_db.db, out, "eagle3-shards", ExportOptions(shard_size=8, policy=ExportPolicy(max_length=SMOKE_MAX_LENGTH))).run()
     assert main(["vocab", str(out), "--size", str(DRAFT_VOCAB), "--model", str(target)]) == 0
     packed = out.parent / "packed"
     _extract(out, packed, target, "packed")
@@ -96,7 +96,7 @@ def speculators_route(run_db, target, shards, tmp_path_factory):
     """`--format speculators`, the real `speculators prepare-data` into OUT/prepared with the manifest's
     --seq-length, then the built-in extractor with layout speculators (it reads OUT/prepared)."""
     out = tmp_path_factory.mktemp("smoke-spec") / "spec"
-    export_run(run_db.db, out, "speculators", shard_size=8, policy=ExportPolicy(max_length=SMOKE_MAX_LENGTH))
+    Export(run_db.db, out, "speculators", ExportOptions(shard_size=8, policy=ExportPolicy(max_length=SMOKE_MAX_LENGTH))).run()
     settings = json.loads((out / "manifest.json").read_text())["train"]["settings"]["speculators"]
     proc = run_trainer_cli("speculators", "prepare-data", "--model", target, "--data", out / "data", "--output",
                            out / "prepared", "--seq-length", settings["prepare-data --seq-length"],
@@ -279,7 +279,7 @@ def test_the_eval_split_extracts_to_its_own_folder(run_db, target, tmp_path):
     """`--eval-fraction`: OUT/eval is an export of its own; extracted with layout specforge into a second folder it
     is what SpecForge's data.eval_hidden_states_path lists: the held-out samples only, none of the training ones."""
     out = tmp_path / "split"
-    report = export_run(run_db.db, out, "eagle3-shards", eval_fraction=0.3, policy=ExportPolicy(max_length=600))
+    report = Export(run_db.db, out, "eagle3-shards", ExportOptions(eval_fraction=0.3, policy=ExportPolicy(max_length=600))).run()
     assert 0 < report.eval_exported < report.exported
     train_ids = {s.sample_id for e in read_manifest(out).shards for s in read_shard(e)}
     eval_ids = {s.sample_id for e in read_manifest(out / "eval").shards for s in read_shard(e)}

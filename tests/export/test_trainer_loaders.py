@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from app.export import export_run
+from app.export import Export, ExportOptions
 from app.extract.manifest import read_manifest, read_shard
 from tests.export.trainers.env import proven, run_consumer, run_trainer_cli, trainer_site
 
@@ -22,7 +22,7 @@ def truth(built_run, tmp_path_factory):
     """eaglewatch's own ids and masks per sample: the eagle3-shards export of the demo run, in export order."""
     trainer_site()
     out = tmp_path_factory.mktemp("truth") / "shards"
-    export_run(built_run.db, out, "eagle3-shards", shard_size=100000)
+    Export(built_run.db, out, "eagle3-shards", ExportOptions(shard_size=100000)).run()
     samples = [s for e in read_manifest(out).shards for s in read_shard(e)]
     return out, {s.sample_id: (list(s.input_ids), list(s.loss_mask)) for s in samples}, [s.sample_id for s in samples]
 
@@ -30,7 +30,7 @@ def truth(built_run, tmp_path_factory):
 @pytest.fixture(scope="module")
 def specforge_text(built_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("sf") / "sf"
-    report = export_run(built_run.db, out, "specforge-text")
+    report = Export(built_run.db, out, "specforge-text").run()
     return out, report, json.loads((out / "manifest.json").read_text())
 
 
@@ -40,7 +40,7 @@ def test_specforge_single_file_prompts_give_every_row_exactly(truth, built_run, 
     max_length of 2048 would have cut rows and lost loss tokens, which is why the manifest sets it."""
     _, want, _ = truth
     out = tmp_path / "sf"
-    report = export_run(built_run.db, out, "specforge")
+    report = Export(built_run.db, out, "specforge").run()
     run_consumer("specforge-prompts", out, result=tmp_path / "r.pt")
     got = torch.load(tmp_path / "r.pt")
     rows = got["rows"]
@@ -135,7 +135,7 @@ def test_speculators_prepare_data_cli_passes_every_row_through(truth, built_run,
 
     _, want, order = truth
     out = tmp_path / "spec"
-    export_run(built_run.db, out, "speculators", shard_size=40)
+    Export(built_run.db, out, "speculators", ExportOptions(shard_size=40)).run()
     assert not list((out / "data").rglob("*.json"))  # speculators loads every *.json below --data
     settings = json.loads((out / "manifest.json").read_text())["train"]["settings"]["speculators"]
     prepared = tmp_path / "prepared"
@@ -162,7 +162,7 @@ def test_modelopt_readers_give_every_row_its_ids_and_mask(truth, built_run, samp
     rendered context); a non-canonical split cannot come back from text and is skipped, counted."""
     _, want, _ = truth
     out = tmp_path / "mo"
-    report = export_run(built_run.db, out, "modelopt")
+    report = Export(built_run.db, out, "modelopt").run()
     rows = [json.loads(line) for line in (out / "data" / "modelopt.jsonl").read_text().splitlines()]
     bpe = {sid for sid, cat in built_run.categories.items() if cat == "bpe_equivalent" and sid in want}
     assert {r["conversation_id"] for r in rows} == set(want) - bpe
@@ -202,10 +202,10 @@ def test_specforge_text_masks_qwen3_exactly_and_says_nothing(tmp_path):
     reference.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     db = tmp_path / "run.db"
     build_run_db(db, reference, tok_dir, {"samples": {r["id"]: {"kinds": ["short"]} for r in rows}}, mismatches=0)
-    export_run(db, tmp_path / "shards", "eagle3-shards", profile_name="qwen3")
+    Export(db, tmp_path / "shards", "eagle3-shards", ExportOptions(profile_name="qwen3")).run()
     want = {s.sample_id: (list(s.input_ids), list(s.loss_mask))
             for e in read_manifest(tmp_path / "shards").shards for s in read_shard(e)}
-    report = export_run(db, tmp_path / "sf", "specforge-text", profile_name="qwen3")
+    report = Export(db, tmp_path / "sf", "specforge-text", ExportOptions(profile_name="qwen3")).run()
     manifest = json.loads((tmp_path / "sf" / "manifest.json").read_text())
     assert report.exported == len(rows) and report.warnings == () and manifest["warnings"] == []
     assert manifest["specforge"]["data"]["chat_template"] == "qwen3-thinking"
@@ -214,8 +214,7 @@ def test_specforge_text_masks_qwen3_exactly_and_says_nothing(tmp_path):
     got = torch.load(tmp_path / "r.pt")
     assert {sid: (r["input_ids"], r["loss_mask"]) for sid, r in got.items()} == want
     # the same prompts with thinking switched off end `<think>\n\n</think>\n\n` after the header: measured, warned
-    off = export_run(db, tmp_path / "sf-off", "specforge-text", profile_name="qwen3",
-                     template_kwargs={"enable_thinking": False})
+    off = Export(db, tmp_path / "sf-off", "specforge-text", ExportOptions(profile_name="qwen3", template_kwargs={"enable_thinking": False})).run()
     differs = json.loads((tmp_path / "sf-off" / "manifest.json").read_text())["specforge"]["loss_mask_differs"]
     assert differs["prompt_text_in_loss"] == {"<think>\n\n</think>\n\n": len(rows)} and len(off.warnings) == 1
 
@@ -232,7 +231,7 @@ def conversation_truth(request, conversation_run, tmp_path_factory):
     trainer_site()
     mode = request.param
     out = tmp_path_factory.mktemp(f"conv-{mode}") / "shards"
-    export_run(conversation_run, out, "eagle3-shards", conversations=mode, **MULTI_TURN[mode])
+    Export(conversation_run, out, "eagle3-shards", ExportOptions(conversations=mode, **MULTI_TURN[mode])).run()
     rows = {s.sample_id: (list(s.input_ids), list(s.loss_mask))
             for e in read_manifest(out).shards for s in read_shard(e)}
     spans = sum(sum(1 for a, b in zip([0, *mask], mask) if b and not a) for _, mask in rows.values())
@@ -241,7 +240,7 @@ def conversation_truth(request, conversation_run, tmp_path_factory):
 
 
 def _export(conversation_run, out, fmt, mode):
-    return export_run(conversation_run, out, fmt, conversations=mode, **MULTI_TURN[mode])
+    return Export(conversation_run, out, fmt, ExportOptions(conversations=mode, **MULTI_TURN[mode])).run()
 
 
 def test_specforge_prompts_take_multi_turn_rows(conversation_truth, conversation_run, tmp_path):

@@ -19,7 +19,7 @@ from app.store.conversation_ops import restore_children_of
 from app.store.db import migrate
 from app.store.run_store import RunStore
 from app.store.schema import MIGRATIONS
-from app.store.store_records import SampleInput
+from app.store.store_records import SampleInput, ResultRecord
 
 
 def call(call_id: str, name: str, arguments: str) -> dict:
@@ -141,14 +141,14 @@ async def test_a_stored_answer_makes_the_next_turn_ready_with_the_models_own_his
         (t1,) = await store.lease(run_id, 10, 60)
         assert (t1.conversation_id, t1.turn, t1.turns) == ("a", 1, 3)
         assert await store.lease(run_id, 10, 60) == []  # turn 2 waits on turn 1
-        await store.record_result(run_id, t1.pk, 1, "ep", tool_answer(), 0.0, profile="kimi-k2.5")
+        await store.record_result(ResultRecord(run_id, t1.pk, 1, "ep", tool_answer(), 0.0, profile="kimi-k2.5"))
         (t2,) = await store.lease(run_id, 10, 60)
         assert t2.sample_id == "a#2"
         assert t2.messages == [AGENT[0], {"role": "assistant", "content": "", "reasoning_content": "I call the tool.",
                                           "tool_calls": [call("functions.get_weather:0", "get_weather", '{"city": "Paris"}')]},
                                {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "sunny"}]
-        await store.record_result(run_id, t2.pk, 1, "ep", Completion("Sunny!", "It says sunny."), 0.0,
-                                  profile="kimi-k2.5")
+        await store.record_result(ResultRecord(run_id, t2.pk, 1, "ep", Completion("Sunny!", "It says sunny."), 0.0,
+                                  profile="kimi-k2.5"))
         (t3,) = await store.lease(run_id, 10, 60)
         assert t3.messages[3] == {"role": "assistant", "content": "Sunny!", "reasoning_content": "It says sunny."}
         assert t3.messages[4] == AGENT[4] and AGENT[3] not in t3.messages and AGENT[1] not in t3.messages
@@ -163,7 +163,7 @@ async def test_a_profile_that_drops_history_reasoning_sends_none(tmp_path: Path)
     try:
         await store.ingest_conversations(run_id, [conv("a")])
         (t1,) = await store.lease(run_id, 10, 60)
-        await store.record_result(run_id, t1.pk, 1, "ep", tool_answer(), 0.0, profile="deepseek-v3.1")
+        await store.record_result(ResultRecord(run_id, t1.pk, 1, "ep", tool_answer(), 0.0, profile="deepseek-v3.1"))
         (t2,) = await store.lease(run_id, 10, 60)
         assert "reasoning_content" not in t2.messages[1]
     finally:
@@ -178,8 +178,8 @@ async def test_the_child_is_made_ready_in_the_parents_transaction_or_not_at_all(
         from app.records import Reconstruction, Verdict
 
         with pytest.raises(Exception):  # a bad verdict fails the whole result: no response, no ready child
-            await store.record_result(run_id, t1.pk, 1, "ep", tool_answer(), 0.1, Reconstruction((1,), "canonical"),
-                                      Verdict("bogus"), None)
+            await store.record_result(ResultRecord(run_id, t1.pk, 1, "ep", tool_answer(), 0.1, Reconstruction((1,), "canonical"),
+                                      Verdict("bogus"), None))
         assert states(conn)["a#2"] == ("waiting", None)
         assert conn.execute("SELECT COUNT(*) FROM responses").fetchone()[0] == 0
     finally:
@@ -192,7 +192,7 @@ async def test_a_divergent_tool_call_stops_or_replays_marked_off_policy(tmp_path
     try:
         await store.ingest_conversations(run_id, [conv("a", policy=policy)])
         (t1,) = await store.lease(run_id, 10, 60)
-        await store.record_result(run_id, t1.pk, 1, "ep", tool_answer("Lyon"), 0.0, profile="kimi-k2.5")
+        await store.record_result(ResultRecord(run_id, t1.pk, 1, "ep", tool_answer("Lyon"), 0.0, profile="kimi-k2.5"))
         counts = queries.conversation_counts(conn, run_id)
         if policy == "stop":
             assert states(conn) == {"a#1": ("done", None), "a#2": ("skipped", "diverged"),
@@ -202,7 +202,7 @@ async def test_a_divergent_tool_call_stops_or_replays_marked_off_policy(tmp_path
         else:
             (t2,) = await store.lease(run_id, 10, 60)
             assert t2.messages[2]["content"] == "sunny"
-            await store.record_result(run_id, t2.pk, 1, "ep", Completion("Lyon is sunny."), 0.0)
+            await store.record_result(ResultRecord(run_id, t2.pk, 1, "ep", Completion("Lyon is sunny."), 0.0))
             off = dict(conn.execute("SELECT sample_id, off_policy FROM samples").fetchall())
             assert off == {"a#1": 0, "a#2": 1, "a#3": 1}
             assert queries.conversation_counts(conn, run_id).off_policy_turns == 2
@@ -236,7 +236,7 @@ async def test_a_skipped_turn_and_a_truncated_answer_end_the_conversation(tmp_pa
         await store.ingest_conversations(run_id, [conv("a"), conv("b")])
         t1a, t1b = await store.lease(run_id, 10, 60)
         await store.skip(run_id, [t1a.pk], "prompt too long")
-        await store.record_result(run_id, t1b.pk, 1, "ep", Completion("cut", finish_reason="length"), 0.0)
+        await store.record_result(ResultRecord(run_id, t1b.pk, 1, "ep", Completion("cut", finish_reason="length"), 0.0))
         s = states(conn)
         assert s["a#2"] == ("skipped", "parent_skipped") and s["b#2"] == ("skipped", "parent_truncated")
         counts = queries.conversation_counts(conn, run_id)
@@ -265,7 +265,7 @@ async def test_the_conversation_view_reads_each_conversation_and_its_turns(tmp_p
     try:
         await store.ingest_conversations(run_id, [conv("a"), conv("b")])
         t1a, _ = await store.lease(run_id, 10, 60)
-        await store.record_result(run_id, t1a.pk, 1, "ep", tool_answer(), 0.0)
+        await store.record_result(ResultRecord(run_id, t1a.pk, 1, "ep", tool_answer(), 0.0))
         page = queries.conversation_page(conn, run_id)
         assert [(c.conversation_id, c.status, c.at_turn, c.done_turns) for c in page] == [
             ("a", "ready", 2, 1), ("b", "running", 1, 0)]

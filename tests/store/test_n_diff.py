@@ -10,7 +10,7 @@ from app.records import DiffSpan, Reconstruction, Verdict
 from app.store.db import migrate
 from app.store.rows import ReconstructionRow
 from app.store.run_store import RunStore
-from app.store.store_records import SampleInput
+from app.store.store_records import SampleInput, ResultRecord
 from app.store.schema import MIGRATIONS, SCHEMA_VERSION
 from tests.store.test_run_store import completion
 
@@ -76,11 +76,11 @@ async def test_writers_set_n_diff(tmp_path: Path) -> None:
     rec = Reconstruction(output_ids=(1, 2, 3, 4), strategy="canonical")
     spans = (DiffSpan(0, 1, 0, 3), DiffSpan(3, 7, 3, 4))  # 3 + 4 tokens differing
     verdict = Verdict("text_mismatch", first_diff=0, ref_len=7, rec_len=4, spans=spans)
-    await store.record_result(run_id, leased[0].pk, 1, "sim", completion(), 0.0, rec, verdict, (9,) * 7,
-                              profile="p", tokenizer="t")
-    await store.record_result(
+    await store.record_result(ResultRecord(run_id, leased[0].pk, 1, "sim", completion(), 0.0, rec, verdict, (9,) * 7,
+                              profile="p", tokenizer="t"))
+    await store.record_result(ResultRecord(
         run_id, leased[1].pk, 1, "sim", completion(), 0.0, rec, None, None, profile="p", tokenizer="t"
-    )
+    ))
 
     # a reprocess rewrites the first one with one span and adds the third
     rows = [

@@ -12,6 +12,7 @@ from app.errors import InputError
 from app.store import queries
 from app.store.db import migrate
 from app.store.run_store import RunStore, index_pending_text
+from app.store.store_records import ResultRecord
 
 N = 100_000
 CATEGORIES = ["exact"] * 90 + ["bpe_equivalent"] * 6 + ["text_mismatch"] * 2 + ["structure_mismatch", "truncated"]
@@ -310,12 +311,12 @@ async def test_the_run_store_indexes_reconstruction_text_in_bulk(tmp_path: Path,
         return Verdict("text_mismatch", explanation=f"x {s.sample_id}")
 
     for s in leased[:12]:
-        await store.record_result(run_id, s.pk, 1, "sim", c, 0.0, rec, verdict(s))
+        await store.record_result(ResultRecord(run_id, s.pk, 1, "sim", c, 0.0, rec, verdict(s)))
     await store.add_event(run_id, "info", "t", "a write after the move")  # the move runs between batches
     indexed, queued = counts()
     assert indexed >= 8 and indexed + queued == 12
     for s in leased[12:]:
-        await store.record_result(run_id, s.pk, 1, "sim", c, 0.0, rec, verdict(s))
+        await store.record_result(ResultRecord(run_id, s.pk, 1, "sim", c, 0.0, rec, verdict(s)))
     await store.close()
     assert counts() == (20, 0)  # the rest at close
     conn = queries.connect_readonly(tmp_path / "r.db")

@@ -11,6 +11,7 @@ import pytest
 
 from app.records import Category, Completion, DiffSpan, Reconstruction, TokenLogprob, Usage, Verdict
 from app.store import queries, rows
+from app.store.store_records import RebuildLabels, ResultRecord
 from tests.store.test_run_store import completion, open_with
 
 
@@ -18,8 +19,8 @@ async def test_a_completion_comes_back_from_its_responses_row(tmp_path: Path) ->
     store, run_id = await open_with(tmp_path, 1)
     (leased,) = await store.lease(run_id, 1, 60)
     sent = replace(completion(), reasoning_logprobs=(TokenLogprob("th", (116, 104), -0.5),), generation_id="gen-7")
-    response_id = await store.record_result(run_id, leased.pk, 1, "sim", sent, 0.25,
-                                            Reconstruction((1, 2), "logprobs"), None, (1, 2))
+    response_id = await store.record_result(ResultRecord(run_id, leased.pk, 1, "sim", sent, 0.25,
+                                            Reconstruction((1, 2), "logprobs"), None, (1, 2)))
     await store.close()
 
     conn = queries.connect_readonly(tmp_path / "runs.db")
@@ -42,9 +43,11 @@ async def test_a_reconstruction_row_is_built_once_and_read_back_whole(tmp_path: 
     verdict = Verdict(Category.TEXT_MISMATCH, first_diff=1, ref_len=3, rec_len=3, spans=(DiffSpan(1, 2, 1, 3),),
                       explanation="text differs at token 1")
     rec = Reconstruction((7, 8, 9), "canonical", repair="think_spaces", roundtrip=False, notes=("normaliser",))
-    await store.record_result(run_id, a.pk, 1, "sim", completion(), 0.0, rec, verdict, (7, 1, 9), profile="p", tokenizer="fp")
+    await store.record_result(ResultRecord(run_id, a.pk, 1, "sim", completion(), 0.0, rec, verdict, (7, 1, 9),
+                                           profile="p", tokenizer="fp"))
     # a reprocess-style upsert of the second sample, with the v5 columns filled
-    row = rows.reconstruction_row(run_id, b.pk, rec, None, None, ids_source="server", flags=("suspect_space",))
+    row = rows.reconstruction_row(run_id, b.pk, rec, None, None,
+                                  RebuildLabels(ids_source="server", flags=("suspect_space",)))
     assert row.category == "unchecked" and row.n_tokens == 3
     assert await store.upsert_reconstructions([row]) == 1
     await store.close()
@@ -65,6 +68,37 @@ async def test_a_reconstruction_row_is_built_once_and_read_back_whole(tmp_path: 
     assert (first.ids_source, first.flags, first.prompt_check, first.prompt_first_diff) == (None, (), None, None)
     assert (second.ids_source, second.flags, second.reference_ids) == ("server", ("suspect_space",), None)
     assert n_diff == {a.pk: 2, b.pk: 0}  # computed from the spans by the upsert
+
+
+async def test_a_result_record_is_stored_as_the_rows_built_from_it(tmp_path: Path) -> None:
+    store, run_id = await open_with(tmp_path, 1)
+    (leased,) = await store.lease(run_id, 1, 60)
+    verdict = Verdict(Category.TEXT_MISMATCH, first_diff=0, ref_len=2, rec_len=2, spans=(DiffSpan(0, 1, 0, 1),),
+                      explanation="text differs at token 0")
+    rec = Reconstruction((4, 5), "canonical", ids_source="logprobs", flags=("suspect_space",))
+    result = ResultRecord(run_id, leased.pk, 3, "sim", completion(), 0.125, rec, verdict, (6, 5), "failed",
+                          profile="p", tokenizer="fp", error_class="reconstruction", error="why",
+                          prompt_check="mismatch", prompt_first_diff=7)
+    response_id = await store.record_result(result)
+    await store.close()
+
+    conn = queries.connect_readonly(tmp_path / "runs.db")
+    try:
+        stored = queries.reconstruction_of(conn, run_id, "s0")
+        response = conn.execute("SELECT attempt, endpoint, cost_usd FROM responses WHERE id = ?",
+                                (response_id,)).fetchone()
+        sample = conn.execute("SELECT state, tries, error_class, last_error FROM samples WHERE pk = ?",
+                              (leased.pk,)).fetchone()
+    finally:
+        conn.close()
+    built = rows.reconstruction_row(run_id, leased.pk, rec, verdict, (6, 5), result.labels(),
+                                    response_id=response_id)
+    assert stored is not None
+    assert replace(stored, created_at=0.0) == replace(built, created_at=0.0)
+    assert (stored.ids_source, stored.flags, stored.prompt_check, stored.prompt_first_diff) == (
+        "logprobs", ("suspect_space",), "mismatch", 7)
+    assert tuple(response) == (3, "sim", 0.125)
+    assert tuple(sample) == ("failed", 3, "reconstruction", "why")
 
 
 def test_raw_bodies_are_kept_only_when_asked_and_under_the_cap() -> None:

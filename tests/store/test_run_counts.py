@@ -14,7 +14,7 @@ from app.store import queries, tallies
 from app.store.count_records import AnswerCounts, fold_answers, merge_answers
 from app.store.rows import ReconstructionRow
 from app.store.run_store import RunStore
-from app.store.store_records import SampleInput
+from app.store.store_records import SampleInput, ResultRecord
 from app.tokens.flags import SUSPECT_FLAGS, TEXT_PATH, is_suspect, text_path_flag
 
 
@@ -43,8 +43,8 @@ async def _run_db(path: Path) -> tuple[int, dict[str, int]]:
         ("s6", "ep-b", "", "length", Reconstruction((1,), "canonical", ids_source="text"), "unchecked", None),
     ]
     for sid, endpoint, provider, finish, rec, category, check in kinds:
-        await store.record_result(run, leased[sid].pk, 1, endpoint, _completion(provider or None, finish), 0.1, rec,
-                                  Verdict(category, rec_len=1), prompt_check=check)
+        await store.record_result(ResultRecord(run, leased[sid].pk, 1, endpoint, _completion(provider or None, finish), 0.1, rec,
+                                  Verdict(category, rec_len=1), prompt_check=check))
     await store.record_failure(run, leased["s7"].pk, "5xx", "503", final=True, endpoint="ep-a", attempt=1)
     await store.close()
     return run, {sid: leased[sid].pk for sid in leased}

@@ -14,7 +14,7 @@ from app.errors import EaglewatchError
 from app.records import Completion, DiffSpan, Reconstruction, TokenLogprob, ToolCall, Usage, Verdict
 from app.store import queries
 from app.store.run_store import RunStore
-from app.store.store_records import ReferenceRecord, SampleInput
+from app.store.store_records import ReferenceRecord, SampleInput, ResultRecord
 
 
 def samples(n: int, dataset: str = "d", start: int = 0) -> list[SampleInput]:
@@ -134,9 +134,9 @@ async def test_record_result_stores_response_reconstruction_cost_and_state_toget
     (leased,) = await store.lease(run_id, 1, 60)
     rec = Reconstruction(output_ids=(1, 2, 3), strategy="logprobs", repair="strip_whitespace", roundtrip=True)
     verdict = Verdict("text_mismatch", first_diff=1, ref_len=3, rec_len=3, spans=(DiffSpan(1, 2, 1, 2),), explanation="x")
-    response_id = await store.record_result(
+    response_id = await store.record_result(ResultRecord(
         run_id, leased.pk, 1, "sim", completion(), 0.25, rec, verdict, (1, 9, 3), profile="kimi-k2.5", tokenizer="fp1"
-    )
+    ))
     assert await store.spent_usd(run_id) == pytest.approx(0.25)
     assert (await store.counts(run_id))["done"] == 1
     await store.close()
@@ -166,7 +166,7 @@ async def test_a_failing_result_leaves_no_partial_rows(tmp_path: Path) -> None:
     (leased,) = await store.lease(run_id, 1, 60)
     bad = Reconstruction(output_ids=(1, -5), strategy="canonical")  # -5 cannot be packed: fails before writing
     with pytest.raises(ValueError):
-        await store.record_result(run_id, leased.pk, 1, "sim", completion(), 0.1, bad, None, None)
+        await store.record_result(ResultRecord(run_id, leased.pk, 1, "sim", completion(), 0.1, bad, None, None))
 
     def boom(conn: sqlite3.Connection) -> None:
         conn.execute("INSERT INTO responses (run_id, sample_pk, attempt, endpoint, cost_usd, created_at) VALUES (?, ?, 1, 'x', 9, 0)", (run_id, leased.pk))
@@ -185,11 +185,11 @@ async def test_record_result_is_all_or_nothing(tmp_path: Path) -> None:
     rec = Reconstruction(output_ids=(1, 2), strategy="canonical")
     # the response row goes in first; the reconstruction row then violates the verdict CHECK
     with pytest.raises(EaglewatchError, match="a database write failed"):
-        await store.record_result(run_id, leased.pk, 1, "sim", completion(), 0.5, rec, Verdict("bogus"), None)
+        await store.record_result(ResultRecord(run_id, leased.pk, 1, "sim", completion(), 0.5, rec, Verdict("bogus"), None))
     assert await store.spent_usd(run_id) == 0
     assert (await store.counts(run_id))["leased"] == 1
     with pytest.raises(EaglewatchError, match="FOREIGN KEY"):
-        await store.record_result(run_id, 999_999, 1, "sim", completion(), 0.5, rec, None, None)
+        await store.record_result(ResultRecord(run_id, 999_999, 1, "sim", completion(), 0.5, rec, None, None))
     assert await store.spent_usd(run_id) == 0
     await store.close()
 

@@ -12,7 +12,7 @@ from app.store import queries, tallies
 from app.store.db import migrate
 from app.store.rows import ReconstructionRow
 from app.store.run_store import RunStore
-from app.store.store_records import SampleInput
+from app.store.store_records import SampleInput, ResultRecord
 from app.store.schema import MIGRATIONS
 
 TALLY_TABLES = ("sample_tallies", "response_tallies", "reconstruction_tallies", "quality_tallies", "tally_marks")
@@ -64,13 +64,13 @@ async def test_tallies_equal_a_recount_after_every_kind_of_write(tmp_path: Path)
 
     leased = await store.lease(run, 30, 60.0)
     a, b, c, d, e, f = leased[:6]
-    await store.record_result(
+    await store.record_result(ResultRecord(
         run, a.pk, 1, "ep-a", completion(), 0.25, Reconstruction((1, 2), "canonical"), Verdict("exact", rec_len=2)
-    )
-    await store.record_result(
+    ))
+    await store.record_result(ResultRecord(
         run, b.pk, 1, "ep-b", completion("length", 9, 0.5), 0.5, Reconstruction((1, 3), "logprobs"),
         Verdict("text_mismatch", first_diff=1, ref_len=2, rec_len=2),
-    )
+    ))
     await store.record_failure(run, c.pk, "RetryableError", "503", final=False, cost_usd=0.01, endpoint="ep-a", attempt=1)
     await store.record_failure(run, d.pk, "AuthError", "401", final=True, endpoint="ep-b", attempt=1)
     await store.record_failure(run, e.pk, "ContentError", "bad", final=True)  # no endpoint: no response row
@@ -131,7 +131,7 @@ async def test_deleting_a_run_cascades_through_the_tallies(tmp_path: Path) -> No
     run = await store.ensure_run("r", {})
     await store.ingest(run, samples(5))
     (s,) = await store.lease(run, 1, 60.0)
-    await store.record_result(run, s.pk, 1, "ep", completion(), 0.25, Reconstruction((1,), "canonical"))
+    await store.record_result(ResultRecord(run, s.pk, 1, "ep", completion(), 0.25, Reconstruction((1,), "canonical")))
     await store.write(lambda conn: conn.execute("DELETE FROM samples WHERE pk = ?", (s.pk,)))
     assert table_rows(db) == recounted(db)
     await store.write(lambda conn: conn.execute("DELETE FROM runs WHERE id = ?", (run,)))

@@ -11,7 +11,7 @@ import pytest
 
 from app.jobs.spec import JobSpec
 from app.records import Completion, Reconstruction, Usage, Verdict
-from app.store.store_records import SampleInput
+from app.store.store_records import ResultRecord, SampleInput
 from app.store.run_store import RunStore
 from app.tokens import load_tokenizer
 from app.tokens.align import diff_spans
@@ -69,13 +69,13 @@ async def build_run_db(path: Path, tokenizer_dir: Path, tokenizer, *, run_state:
                 usage=Usage(prompt_tokens=10, completion_tokens=len(rec)), total_s=1.5, ttft_s=0.2,
                 raw={"id": f"gen-{i}"},
             )
-            await store.record_result(
+            await store.record_result(ResultRecord(
                 run_id, sample.pk, 1, "sim-a" if i % 2 else "sim-b", completion, 0.001,
                 Reconstruction(tuple(rec), "canonical"),
                 Verdict(verdict, spans[0].ref_start if spans else None, len(ref), len(rec), spans,
                         "" if verdict == "exact" else f"{verdict} at token {spans[0].ref_start if spans else 0}"),
                 tuple(ref), keep_raw=True,
-            )
+            ))
         await store.add_event(run_id, "info", "run", "engine started with 2 endpoints")
         await store.add_event(run_id, "warning", "endpoint", "sim-b: 429 rate limited")
         await store.set_run_state(run_id, run_state)

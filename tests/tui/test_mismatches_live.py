@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.cells import cell_len
 
 from app.records import Completion, Reconstruction, Usage, Verdict
-from app.store.store_records import SampleInput
+from app.store.store_records import SampleInput, ResultRecord
 from app.store.run_store import RunStore
 from app.tokens.align import diff_spans
 from app.tui.app import EaglewatchApp
@@ -40,11 +40,11 @@ async def add_mismatches(db: Path, tokenizer, sample_ids: list[str]) -> None:
             spans = diff_spans(ref, rec)
             completion = Completion(content=tokenizer.decode(rec), reasoning="", finish_reason="stop",
                                     usage=Usage(prompt_tokens=10, completion_tokens=len(rec)), total_s=1.0, ttft_s=0.1)
-            await store.record_result(
+            await store.record_result(ResultRecord(
                 run_id, sample.pk, 1, "sim-a", completion, 0.001, Reconstruction(tuple(rec), "canonical"),
                 Verdict("text_mismatch", spans[0].ref_start, len(ref), len(rec), spans, "corrupt: added live"),
                 tuple(ref), keep_raw=False,
-            )
+            ))
     finally:
         await store.close()
 

@@ -121,7 +121,7 @@ class EndpointMetrics:
 
     def record_error(self, error_class: str, *, final: bool, retried: bool) -> None:
         """Count one failed attempt: by class, as a retry, and as a failed sample when final."""
-        self.errors[error_class] += 1
+        self.errors[str(error_class)] += 1  # a plain str key: orjson refuses a StrEnum key
         if retried:
             self.retried += 1
         if final:
