@@ -7,9 +7,28 @@ share them without importing each other's dependencies.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
+
+_R = TypeVar("_R")
+
+
+def positional_builder(cls: type[_R]) -> Callable[..., _R]:
+    """A constructor of frozen slots dataclass `cls` taking every field positionally, in order, that builds what
+    `cls(*values)` builds at about half the cost (each slot set through its own descriptor, where the generated
+    `__init__` looks `object.__setattr__` and the field up by name per field). For records built per sample on
+    a hot path (app.tokens.reconstruct); the class keeps its `__init__`, and stays frozen."""
+    names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+    if not names or any(not hasattr(getattr(cls, n, None), "__set__") for n in names):
+        raise TypeError(f"{cls.__name__} is not a slots dataclass: positional_builder needs one")
+    scope: dict[str, Any] = {"new": object.__new__, "cls": cls}
+    scope.update({f"set{k}": getattr(cls, n).__set__ for k, n in enumerate(names)})
+    params = ", ".join(f"v{k}" for k in range(len(names)))
+    sets = "".join(f"    set{k}(o, v{k})\n" for k in range(len(names)))
+    exec(f"def build_{cls.__name__}({params}):\n    o = new(cls)\n{sets}    return o\n", scope)  # noqa: S102 (as dataclasses does)
+    return scope[f"build_{cls.__name__}"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,9 +26,10 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from json.encoder import c_make_encoder, encode_basestring, encode_basestring_ascii  # type: ignore[attr-defined]
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
-from app.records import Completion, ToolCall
+from app.records import Completion, ToolCall, positional_builder
 from app.tokens.flags import TEMPLATE_WHITESPACE_MISSING, UNINVERTIBLE
 from app.tokens.profile import Profile
 from app.tokens.template import Fields, ProviderView, split_output
@@ -49,6 +50,7 @@ JSON_STYLES: dict[str, dict] = {
     "compact_ascii": {"separators": (",", ":"), "ensure_ascii": True},
     "indent2": {"ensure_ascii": False, "indent": 2},
 }
+_tool_call = positional_builder(ToolCall)  # ToolCall(*every field), built per re-serialised call
 _KIMI_ID = re.compile(r"(?:functions\.)?(.+?):(\d+)", re.S)
 
 
@@ -386,7 +388,7 @@ def _change_trail(want: str, got: str) -> str:
 def _redumps(text: str) -> list[str]:
     """`_redump(text, kw)` for each of JSON_STYLES, in order, parsing `text` once."""
     try:
-        obj = json.loads(text)
+        obj = _loads(text)
     except (ValueError, TypeError):
         return [text] * len(JSON_STYLES)
     out = []
@@ -400,21 +402,45 @@ def _redumps(text: str) -> list[str]:
 
 def _redump(arguments: str, kwargs: dict) -> str:
     try:
-        return _encoder(kwargs)(json.loads(arguments))
+        return _encoder(kwargs)(_loads(arguments))
     except (ValueError, TypeError):
         return arguments
+
+
+_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def _loads(text: str) -> Any:
+    """`json.loads(text)`: where `text` is one JSON value with nothing around it (the usual tool-call arguments) the
+    scanner is called directly (json.loads' own checks cost twice the scan of short arguments); anything else,
+    an error included, goes through json.loads itself."""
+    try:
+        obj, end = _SCAN(text, 0)
+    except (StopIteration, ValueError, TypeError):
+        return json.loads(text)
+    return obj if end == len(text) else json.loads(text)
 
 
 _ENCODERS: dict[int, tuple[dict, Callable]] = {}
 
 
 def _encoder(kwargs: dict) -> Callable:
-    """`json.dumps(obj, **kwargs)` as one bound method, its JSONEncoder built once per keywords dict (json.dumps
-    builds one per call for any keywords but the defaults; applied per tool call of every rebuilt sample)."""
+    """`json.dumps(obj, **kwargs)` as one callable, its JSONEncoder built once per keywords dict (json.dumps builds
+    one per call for any keywords but the defaults; applied per tool call of every rebuilt sample). Without an
+    indent, an object or array goes straight to the C encoder JSONEncoder.encode would build for it (built once
+    here; without the circular-reference check, which parsed JSON never needs)."""
     hit = _ENCODERS.get(id(kwargs))
     if hit is not None and hit[0] is kwargs:
         return hit[1]
-    encode = json.JSONEncoder(**kwargs).encode
+    whole = json.JSONEncoder(**kwargs)
+    encode: Callable = whole.encode
+    if c_make_encoder is not None and whole.indent is None:
+        chunks = c_make_encoder(None, whole.default, encode_basestring_ascii if whole.ensure_ascii else encode_basestring,
+                                None, whole.key_separator, whole.item_separator, whole.sort_keys, whole.skipkeys,
+                                whole.allow_nan)
+
+        def encode(obj: Any, _chunks=chunks, _whole=whole.encode) -> str:
+            return "".join(_chunks(obj, 0)) if type(obj) is dict or type(obj) is list else _whole(obj)
     if len(_ENCODERS) > 64:
         _ENCODERS.clear()
     _ENCODERS[id(kwargs)] = (kwargs, encode)
@@ -476,35 +502,22 @@ def apply(fp: FidelityProfile, f: Fields, profile: Profile) -> Applied:
     strip edges named (`Applied.strips`)."""
     if not fp.observations and not fp.prior:
         return Applied(f, (), ())
-    plan = _plan_of(fp)
-    actions = plan.actions
+    reasoning, content, calls, used, flags, strips = invert(_plan_of(fp), f.reasoning, f.content, f.tool_calls,
+                                                            f.finish_reason == "length", profile.tool_id_in_stream)
+    if reasoning != f.reasoning or content != f.content or calls is not f.tool_calls:
+        f = type(f)(reasoning, content, calls, f.finish_reason, f.close_think)
+    return Applied(f, used, flags, strips)
+
+
+def invert(plan: _Plan, reasoning: str | None, content: str, calls: tuple[ToolCall, ...], truncated: bool,
+           tool_id_in_stream: bool) -> tuple[str | None, str, tuple[ToolCall, ...], tuple[str, ...], tuple[str, ...],
+                                             tuple[str, ...]]:
+    """`apply`'s work on a sample's field values, without building records (the reconstruction's per-sample pass
+    calls it): (reasoning, content, tool calls, steps used, flags raised, strip edges). The tool calls are
+    `calls` itself when no call changed."""
     used: list[str] = []
     flags: list[str] = []
     strips: list[str] = []
-
-    def edge(key: str, text: str, side: str) -> str:
-        act = actions.get(key)
-        if act is None:
-            if key in plan.strips and (key.endswith(_BLANK_KEYS) or not (not text or text.isspace())):
-                strips.append(key)
-            return text
-        name, op, ws, blank_too, flag = act
-        if not blank_too and (not text or text.isspace()):
-            return text
-        if op == _FLAG:
-            flags.append(flag)
-            return text
-        if op == _ADD:
-            used.append(name)
-            return ws + text if side == "lead" else text + ws
-        if not (text.startswith(ws) if side == "lead" else text.endswith(ws)):
-            flags.append(flag)  # the server adds this always, so its absence means something else removed it
-            return text
-        used.append(name)
-        return text[len(ws):] if side == "lead" else text[: len(text) - len(ws)]
-
-    truncated = f.finish_reason == "length"
-    reasoning, content, calls = f.reasoning, f.content, f.tool_calls
     if reasoning is None and plan.empty_reasoning is not None:
         if plan.empty_reasoning:
             reasoning = ""
@@ -515,37 +528,38 @@ def apply(fp: FidelityProfile, f: Fields, profile: Profile) -> Applied:
     known = plan.known
     if reasoning is not None and _blank(reasoning):
         if "reasoning.blank" in known:
-            reasoning = edge("reasoning.blank", reasoning, "lead")
+            reasoning = _edge(plan, "reasoning.blank", reasoning, True, used, flags, strips)
     elif reasoning:
         if "reasoning.lead" in known:
-            reasoning = edge("reasoning.lead", reasoning, "lead")
+            reasoning = _edge(plan, "reasoning.lead", reasoning, True, used, flags, strips)
         key = "reasoning.trail@cut" if truncated and not content and not calls else "reasoning.trail"
         if key in known:
-            reasoning = edge(key, reasoning, "trail")
+            reasoning = _edge(plan, key, reasoning, False, used, flags, strips)
     if not _blank(content):
         key = "content.lead" if reasoning is not None else "content.lead@noreason"
         if key in known:
-            content = edge(key, content, "lead")
+            content = _edge(plan, key, content, True, used, flags, strips)
         key = "content.trail@tools" if calls else "content.trail@cut" if truncated else "content.trail"
         if key in known:
-            content = edge(key, content, "trail")
+            content = _edge(plan, key, content, False, used, flags, strips)
     else:
         key = "content.blank" + _blank_ctx(reasoning is not None, bool(calls))
         if key in known:
-            content = edge(key, content, "lead")
+            content = _edge(plan, key, content, True, used, flags, strips)
     if calls and plan.no_content is not None and _blank(content):
         if plan.no_content:
             content = content + NO_CONTENT
             used.append("no_content")
         else:
             flags.append(UNINVERTIBLE + "no_content")
-    if calls and (plan.tool_edges or plan.json is not None or (profile.tool_id_in_stream and plan.tool_ids is not None)):
-        calls = list(calls)
+    if calls and (plan.tool_edges or plan.json is not None or (tool_id_in_stream and plan.tool_ids is not None)):
+        out = list(calls)
+        changed = False
         for k, call in enumerate(calls):
             args = call.arguments
             if not _blank(args) and plan.tool_edges:
-                args = edge("tool.arguments.lead", args, "lead")
-                args = edge("tool.arguments.trail", args, "trail")
+                args = _edge(plan, "tool.arguments.lead", args, True, used, flags, strips)
+                args = _edge(plan, "tool.arguments.trail", args, False, used, flags, strips)
             if plan.json is not None:
                 if plan.json:
                     redone = _redump(args, plan.json)
@@ -555,10 +569,10 @@ def apply(fp: FidelityProfile, f: Fields, profile: Profile) -> Applied:
                 else:
                     flags.append(UNINVERTIBLE + "json_reserialised")
             call_id = call.id
-            if profile.tool_id_in_stream:
+            if tool_id_in_stream:
                 if not _blank(call_id) and plan.tool_edges:
-                    call_id = edge("tool.id.lead", call_id, "lead")
-                    call_id = edge("tool.id.trail", call_id, "trail")
+                    call_id = _edge(plan, "tool.id.lead", call_id, True, used, flags, strips)
+                    call_id = _edge(plan, "tool.id.trail", call_id, False, used, flags, strips)
                 if plan.tool_ids is not None:
                     m = _KIMI_ID.fullmatch(call_id.strip()) if plan.tool_ids is not False else None
                     if m:
@@ -568,12 +582,35 @@ def apply(fp: FidelityProfile, f: Fields, profile: Profile) -> Applied:
                         flags.append(UNINVERTIBLE + "tool_ids_reindexed")
             if call_id != call.id or args != call.arguments:
                 # the constructor, not dataclasses.replace: this runs per sample in production
-                calls[k] = ToolCall(call_id, call.name, args, call.index, call.type)
-        calls = tuple(calls)
-    if reasoning != f.reasoning or content != f.content or (
-            calls is not f.tool_calls and any(a is not b for a, b in zip(calls, f.tool_calls))):
-        f = type(f)(reasoning, content, calls, f.finish_reason, f.close_think)
-    return Applied(f, _distinct(used), _distinct(flags), _distinct(strips))
+                out[k] = _tool_call(call_id, call.name, args, call.index, call.type)
+                changed = True
+        if changed:
+            calls = tuple(out)
+    return reasoning, content, calls, _distinct(used), _distinct(flags), _distinct(strips)
+
+
+def _edge(plan: _Plan, key: str, text: str, lead: bool, used: list[str], flags: list[str], strips: list[str]) -> str:
+    """`text` with the plan's step at edge `key` inverted (the step's name to `used`), or as it is with a flag raised
+    or the edge named a strip (for the token count to decide)."""
+    act = plan.actions.get(key)
+    if act is None:
+        if key in plan.strips and (key.endswith(_BLANK_KEYS) or not (not text or text.isspace())):
+            strips.append(key)
+        return text
+    name, op, ws, blank_too, flag = act
+    if not blank_too and (not text or text.isspace()):
+        return text
+    if op == _FLAG:
+        flags.append(flag)
+        return text
+    if op == _ADD:
+        used.append(name)
+        return ws + text if lead else text + ws
+    if not (text.startswith(ws) if lead else text.endswith(ws)):
+        flags.append(flag)  # the server adds this always, so its absence means something else removed it
+        return text
+    used.append(name)
+    return text[len(ws):] if lead else text[: len(text) - len(ws)]
 
 
 def _distinct(names: list[str]) -> tuple[str, ...]:

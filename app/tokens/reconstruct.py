@@ -23,7 +23,11 @@ lossless encode (`Tokenizer.encode_known`) lets the round-trip parse the text ju
 the ids, and a sample whose runs hold no special is judged by a stand-in of its shape, parsed once per shape;
 Reconstructions are built directly, verdict sentences looked up, and the fidelity profile's plan is worked
 out once per profile (app.tokens.fidelity_profile). A probe's production fields and the split of its true ids
-are computed once for its rebuild, its learning and its measurement.
+are computed once for its rebuild, its learning and its measurement. With a tokenizer that encodes a run at a
+time losslessly (tiktoken), the common sample takes one pass over its field values (`_one_pass`: the learned
+inverses, the suspect flags, the runs laid out between the markers by the sample's shape, one encode, the count
+check, the round-trip by shape), building no Fields, Applied or piece list; whatever that pass cannot decide (a
+strip edge for the count, a run that spells a special, a shape that does not round-trip) takes the full path.
 """
 
 from __future__ import annotations
@@ -35,14 +39,15 @@ from dataclasses import dataclass, replace
 from itertools import product
 from typing import Callable, Iterator, Sequence
 
-from app.records import AGREEING_VERDICTS, Completion, Reconstruction, TokenLogprob, ToolCall, Verdict
+from app.records import AGREEING_VERDICTS, Completion, Reconstruction, TokenLogprob, ToolCall, Verdict, positional_builder
 from app.tokens import flags as fl
 from app.tokens.align import common_prefix, common_suffix
 from app.tokens.compare import UNCHECKED, compare, compare_category
-from app.tokens.fidelity_profile import Applied, FidelityProfile, _redump, strip_edges_and_count
+from app.tokens.fidelity_profile import Applied, FidelityProfile, _plan_of, _redump, invert, strip_edges_and_count
 from app.tokens.fidelity_profile import apply as apply_fidelity
 from app.tokens.profile import Profile
-from app.tokens.template import Fields, Piece, ProviderView, kimi_tool_id, parse_output, render_output, tool_calls_read_back
+from app.tokens.template import (Fields, Piece, ProviderView, kimi_stream_ids, kimi_tool_id, parse_output, render_output,
+                                 tool_calls_read_back)
 from app.tokens.tokenizer import Tokenizer, holds_at
 
 REGIONS_FROM_TEXT = "regions_from_text"  # note: logprob ids whose uncovered regions (tool calls) came from text
@@ -70,7 +75,8 @@ class Reconstructor:
     """Rebuilds output ids for one profile and tokenizer. Thread-safe: its only mutable state is a one-entry memo
     of the last completion's production fields and of the last true ids' split (each a (key, value) tuple
     replaced whole and matched by identity: a probe's rebuild, measurement and learning share them), and the
-    round-trip of each sample shape (a dict that only gains entries, each the same whoever computes it)."""
+    round-trip and the layout of each sample shape (dicts that only gain entries, each the same whoever computes
+    it)."""
 
     # The assisted search judges variants by text bytes (False: encode every variant, the old way; kept
     # so that bench/reconstruct.py can show the difference in the same run).
@@ -84,6 +90,8 @@ class Reconstructor:
         self.fidelity = fidelity  # the endpoint's learned server-side steps (None: none known)
         # per-sample proof without a reference: strip edges to decide and the token-count relation (None: off)
         self._has_strips, self._count_offset = strip_edges_and_count(fidelity)
+        # the profile's inverses, worked out once (None: nothing to invert; see fidelity_profile.apply)
+        self._plan = _plan_of(fidelity) if fidelity is not None and (fidelity.observations or fidelity.prior) else None
         # measure the text path of every sample with true ids (one more encode each); False leaves it to
         # callers that measure only a probe fraction (measured_category)
         self.measure = measure
@@ -102,6 +110,12 @@ class Reconstructor:
         self._tool_marker_bytes = tuple(m.encode() for m in profile.tool_markers.values())
         self._shape_ok: dict[tuple, bool] = {}  # _roundtrip_fields: shape -> its stand-in round-trips
         self._last_view: tuple[tuple[int, ...], ProviderView] | None = None
+        # _layout: a sample shape -> where its field values go between the rendered markers (empty: not by shape)
+        self._layouts: dict[tuple, tuple] = {}
+        # the one pass (_one_pass) needs a tokenizer that encodes a run at a time and knows what its ids decode to
+        # (tiktoken on a lossless pattern); any other takes the full path from the start
+        between = tokenizer.encode_between([""], [])
+        self._one_pass_ok = between is not None and between[1]
 
     # --- public -------------------------------------------------------------------------------------
 
@@ -117,6 +131,9 @@ class Reconstructor:
         (the reference-informed repair search, an upper bound production never has). With `measure`, a sample
         with true ids also gets its text path measured (`text_path:` flag).
         """
+        if reference_ids is None and self._one_pass_ok and not completion.token_ids \
+                and completion.content_logprobs is None and completion.reasoning_logprobs is None:
+            return self._one_pass(completion) or self._canonical(completion, None, assisted)
         ref = list(reference_ids) if reference_ids is not None else None
         found = self.truth_of(completion) if (
             completion.token_ids or completion.content_logprobs is not None
@@ -326,40 +343,45 @@ class Reconstructor:
 
     def suspect_flags(self, f: Fields) -> tuple[str, ...]:
         """Cheap signs, without ground truth, that these fields may not carry the model's ids (app.tokens.flags)."""
+        return self._suspects(f.reasoning, f.content, f.tool_calls, f.finish_reason)
+
+    def _suspects(self, reasoning: str | None, content: str, calls: Sequence[ToolCall],
+                  finish_reason: str | None) -> tuple[str, ...]:
+        # suspect_flags on the field values (the per-sample pass has no Fields)
         p = self.profile
         # one string, one scan per sign ("\x00" cannot join two halves of a marker or a character)
-        parts = [f.reasoning or "", f.content]
-        if f.tool_calls:
-            parts += [t.arguments for t in f.tool_calls]
+        parts = [reasoning or "", content]
+        if calls:
+            parts += [t.arguments for t in calls]
             if p.tool_id_in_stream:
-                parts += [t.id for t in f.tool_calls]
+                parts += [t.id for t in calls]
         blob = "\x00".join(parts)
         out: list[str] = []
         if "\ufffd" in blob:
             out.append(fl.REPLACEMENT_CHAR)
         # raw layout (no reasoning field, think tags inside content) is read as markers, not as spelled text
-        if (self._spells_marker if f.reasoning is not None else self._spells_marker_no_think)(blob):
+        if (self._spells_marker if reasoning is not None else self._spells_marker_no_think)(blob):
             out.append(fl.MARKER_AS_TEXT)
         if self.tokenizer.changes_text(blob):
             out.append(fl.NORMALISER)
-        if (not p.output_opens_with_think and f.reasoning is None and p.think_close not in f.content
-                and (f.content or f.tool_calls or f.finish_reason != "length")):
+        if (not p.output_opens_with_think and reasoning is None and p.think_close not in content
+                and (content or calls or finish_reason != "length")):
             # The prompt opens the think block, so the answer either closed it with empty thinking (a stream never
             # sends an empty field; some servers drop it) or ended inside it: text cannot tell which. A fidelity
             # profile that learned `empty_reasoning_dropped` has already filled reasoning="" here.
             out.append(fl.REASONING_MISSING)
-        if f.reasoning is not None and (
-            (p.reasoning_prefix and p.reasoning_suffix and len(f.reasoning) >= len(p.reasoning_prefix + p.reasoning_suffix)
-             and f.reasoning.startswith(p.reasoning_prefix) and f.reasoning.endswith(p.reasoning_suffix))
-            or (p.content_prefix and f.content.startswith(p.content_prefix))
+        if reasoning is not None and (
+            (p.reasoning_prefix and p.reasoning_suffix and len(reasoning) >= len(p.reasoning_prefix + p.reasoning_suffix)
+             and reasoning.startswith(p.reasoning_prefix) and reasoning.endswith(p.reasoning_suffix))
+            or (p.content_prefix and content.startswith(p.content_prefix))
         ):
             # the fields already carry the whitespace the template puts around the think tags (a server that
             # returns the raw regions, e.g. a stream): rendering adds it again unless a fidelity profile learned
             # `template_whitespace_kept` (which strips it before this check)
             out.append(fl.TEMPLATE_WHITESPACE_DOUBLED)
         # raw layout inside content (no reasoning field): the template's whitespace after the tags must be there
-        if f.reasoning is None and p.think_close in f.content:
-            head, _, tail = f.content.partition(p.think_close)
+        if reasoning is None and p.think_close in content:
+            head, _, tail = content.partition(p.think_close)
             opened = head.startswith(p.think_open)
             if (opened and p.reasoning_prefix and not head[len(p.think_open):].startswith(p.reasoning_prefix)) or (
                 p.content_prefix and tail and not tail.startswith(p.content_prefix)
@@ -492,6 +514,118 @@ class Reconstructor:
                 return None
             out.append(i)
         return out
+
+    def _one_pass(self, c: Completion) -> tuple[Reconstruction, Verdict] | None:
+        """`_canonical(c, None, False)` in one pass over the field values, for the common sample (a rebuild from
+        text without a reference): the learned inverses, the suspect flags, the text between the rendered markers
+        laid out by the sample's shape and encoded a run at a time, the count check and the round-trip by shape,
+        with no Fields, Applied or piece list built. None where a step needs the full path: a strip edge for the
+        count to decide, a run that spells a special or ids not known to decode to their text, a shape whose
+        stand-in does not round-trip, tool calls that do not read back (tests/tokens/test_fast_paths.py holds
+        the two paths equal)."""
+        reasoning, content, calls = c.reasoning, c.content or "", c.tool_calls
+        truncated = c.finish_reason == "length"
+        plan = self._plan
+        if plan is not None:
+            reasoning, content, calls, used, flags, strips = invert(plan, reasoning, content, calls, truncated,
+                                                                    self.profile.tool_id_in_stream)
+            if strips:
+                return None
+        else:
+            used = flags = ()
+        suspects = self._suspects(reasoning, content, calls, c.finish_reason)
+        if suspects:
+            flags = tuple(dict.fromkeys(flags + suspects)) if flags else suspects
+        laid = self._layout(reasoning, content, calls, truncated)
+        if laid is None:
+            return None
+        found = self.tokenizer.encode_between(laid[0], laid[1])  # known to decode to the text (_one_pass_ok)
+        if found is None:
+            return None
+        n = len(found[0])
+        offset = self._count_offset
+        if offset is not None:
+            reported = c.usage.completion_tokens
+            if reported > 0 and n + offset != reported:
+                flags = tuple(dict.fromkeys(flags + (fl.TOKEN_COUNT,)))
+        # the round-trip by shape (_roundtrip_fields): only a "yes" is taken here
+        key = (reasoning is None, not reasoning, not content, truncated, None, not calls)
+        ok = self._shape_ok.get(key)
+        if ok is None:
+            ok = self._shape_ok[key] = self._shape_roundtrips(Fields(reasoning, content, tuple(calls), c.finish_reason))
+        if not ok:
+            return None
+        repair = "+".join(used) or None
+        return (_reconstruction(tuple(found[0]), "canonical", repair, True, (), fl.IDS_TEXT, flags),
+                _unchecked_verdict(n, _unchecked_sentence(True, repair, flags)))
+
+    def _layout(self, reasoning: str | None, content: str, calls: Sequence[ToolCall],
+                truncated: bool) -> tuple[list[str], list[int]] | None:
+        """`_between_markers(self._pieces(...))` of these field values (the text between the rendered markers, the
+        markers' ids), from a layout worked out once per shape (`_layout_of`); None where the shape has none (tool
+        calls of a format other than Kimi's, tool calls whose names do not read back from their ids, a marker the
+        tokenizer lacks)."""
+        key = (reasoning is None, not reasoning, not content, truncated, len(calls))
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._layouts[key] = self._layout_of(*key)
+        if not layout:
+            return None
+        slots, literals, between = layout
+        values = [reasoning, content, *literals]
+        if calls:
+            stream_ids, read_back = kimi_stream_ids(self.profile, calls)
+            if not read_back:
+                return None
+            for tid, call in zip(stream_ids, calls):
+                values += (tid, call.arguments)
+        return [values[k] if k.__class__ is int else "".join([values[i] for i in k]) for k in slots], between
+
+    def _layout_of(self, no_reasoning: bool, no_thinking: bool, no_content: bool, truncated: bool,
+                   n_calls: int) -> tuple:
+        """Where a shape's field values go: a stand-in of the shape rendered (render_output puts each field's text
+        in one piece of its role, a Kimi tool call's stream id and arguments in one piece each), as (per text
+        between markers: the index of its one value, or a tuple of indexes to join, in [reasoning, content,
+        *literals, id, arguments of each call]; the literals (template text, ""); the markers' ids). Empty
+        where this does not hold."""
+        if n_calls and self.profile.tool_format != "kimi":
+            return ()
+        stand_in = self._pieces(Fields(None if no_reasoning else "" if no_thinking else "R", "" if no_content else "C",
+                                       tuple(ToolCall("", "T", "A", i) for i in range(n_calls)),
+                                       "length" if truncated else "stop"))
+        literals: list[str] = [""]
+        runs: list[list] = [[]]
+        between: list[int] = []
+        calls_seen = {"tool_id": 0, "tool_args": 0}
+        for kind, text in stand_in:
+            if kind == "marker":
+                i = self._marker_ids.get(text)
+                if i is None:
+                    return ()
+                between.append(i)
+                runs.append([])
+            elif kind in ("reasoning", "content"):
+                runs[-1].append(0 if kind == "reasoning" else 1)
+            elif kind in calls_seen:
+                runs[-1].append(("call", 2 * calls_seen[kind] + (kind == "tool_args")))
+                calls_seen[kind] += 1
+            elif kind == "template":
+                runs[-1].append(("literal", text))
+            else:
+                return ()
+        for run in runs:
+            for part in run:
+                if isinstance(part, tuple) and part[0] == "literal" and part[1] not in literals:
+                    literals.append(part[1])
+        base = 2 + len(literals)  # reasoning, content, the literals, then each call's id and arguments
+
+        def index(part) -> int:
+            if isinstance(part, int):
+                return part
+            return base + part[1] if part[0] == "call" else 2 + literals.index(part[1])
+
+        slots = [2 if not run else index(run[0]) if len(run) == 1 else tuple(map(index, run)) for run in runs]
+        return slots, literals, between
 
     def _canonical(self, c: Completion, ref: list[int] | None, assisted: bool) -> tuple[Reconstruction, Verdict]:
         applied = self._production(c)
@@ -872,6 +1006,22 @@ def _unchecked_sentence(ok: bool, repair: str | None, flags: tuple[str, ...]) ->
     if suspects:
         sentence += f"; suspect: {', '.join(suspects)}"
     return f"{UNCHECKED}; {sentence}"
+
+
+_reconstruction = positional_builder(Reconstruction)  # Reconstruction(*every field), built per sample
+_VERDICTS: dict[tuple[int, str], Verdict] = {}
+
+
+def _unchecked_verdict(rec_len: int, explanation: str) -> Verdict:
+    """Verdict("unchecked", rec_len=rec_len, explanation=explanation), one shared record per pair (a record is
+    immutable; most samples of a run share a sentence, and their lengths repeat)."""
+    key = (rec_len, explanation)
+    v = _VERDICTS.get(key)
+    if v is None:
+        if len(_VERDICTS) >= 4096:
+            _VERDICTS.clear()
+        v = _VERDICTS[key] = Verdict("unchecked", rec_len=rec_len, explanation=explanation)
+    return v
 
 
 def _spells_any(words: Sequence[str]) -> Callable[[str], bool]:

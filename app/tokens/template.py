@@ -136,10 +136,14 @@ def pieces_text(pieces: Sequence[Piece]) -> str:
 
 def kimi_tool_id(profile: Profile, call: ToolCall, index: int) -> str:
     """The id text written into the stream for `call`: the API id when it has the profile's form."""
-    prefix = profile.tool_id_template.split("{", 1)[0]
-    if call.id and call.id.strip().startswith(prefix):  # a raw id keeps the whitespace the model wrote
+    if call.id and call.id.strip().startswith(_id_prefix(profile.tool_id_template)):  # a raw id keeps its whitespace
         return call.id
     return profile.tool_id_template.format(name=call.name, index=index)
+
+
+@functools.lru_cache(maxsize=16)
+def _id_prefix(template: str) -> str:
+    return template.split("{", 1)[0]
 
 
 def _cut_prefix(s: str, prefix: str) -> str:
@@ -163,6 +167,7 @@ def _between(*parts: str) -> "re.Pattern[str]":
     return re.compile("(.*?)".join(map(re.escape, parts)), re.S)
 
 
+@functools.lru_cache(maxsize=4096)  # stream ids recur across a run's answers (functions.get_weather:0)
 def _kimi_name(tool_id: str) -> str:
     m = _KIMI_NAME.fullmatch(tool_id.strip())  # " functions.f:7 " names f
     return m.group(1) if m else tool_id
@@ -192,7 +197,14 @@ def tool_calls_read_back(profile: Profile, calls: Sequence[ToolCall]) -> bool | 
     the id written into the stream); None for formats that re-serialise or re-read JSON (decide by parsing)."""
     if profile.tool_format != "kimi":
         return None
-    return all(_kimi_name(kimi_tool_id(profile, c, i)) == c.name for i, c in enumerate(calls))
+    return kimi_stream_ids(profile, calls)[1]
+
+
+def kimi_stream_ids(profile: Profile, calls: Sequence[ToolCall]) -> tuple[list[str], bool]:
+    """The id text written into the stream for each call (`kimi_tool_id`) and whether each call's name is the one
+    its id spells (a Kimi parser reads the name from the id: `tool_calls_read_back`)."""
+    ids = [kimi_tool_id(profile, c, i) for i, c in enumerate(calls)]
+    return ids, all(_kimi_name(t) == c.name for t, c in zip(ids, calls))
 
 
 def _render_kimi(calls: Sequence[ToolCall], profile: Profile, has_content: bool) -> list[Piece]:

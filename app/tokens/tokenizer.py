@@ -255,7 +255,7 @@ class TiktokenTokenizer(Tokenizer):
             return None
         ordinary = self._core.encode_ordinary
         short = self._short_runs
-        out: list[int] = []
+        out: list[int] | None = None  # the first long run's own list (not copied), else a new one
         last = len(between)
         try:
             for k, seg in enumerate(segments):
@@ -266,14 +266,22 @@ class TiktokenTokenizer(Tokenizer):
                             if len(short) >= _SHORT_RUNS:
                                 short.clear()
                             ids = short[seg] = ordinary(seg)
-                        out += ids
+                        if out is None:
+                            out = list(ids)  # a copy: the kept list must not grow
+                        else:
+                            out += ids
+                    elif out is None:
+                        out = ordinary(seg)
                     else:
                         out += ordinary(seg)
                 if k < last:
-                    out.append(between[k])
+                    if out is None:
+                        out = [between[k]]
+                    else:
+                        out.append(between[k])
         except UnicodeEncodeError:  # lone surrogates: the joined text takes tiktoken's own handling
             return None
-        return out, self._lossless
+        return (out if out is not None else []), self._lossless
 
     def _core_encode(self, text: str) -> list[int]:
         try:

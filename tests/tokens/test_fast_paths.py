@@ -5,7 +5,11 @@
 - `encode_known`: "known" ids decode to exactly the text (and Kimi's pre-tokeniser covers every code point);
 - the round-trip check that parses the encoded text instead of decoding the ids, through `process`, against a
   tokenizer that never claims to know;
-- the fidelity profile's per-profile plan against the released `apply` (kept here as the oracle).
+- the fidelity profile's per-profile plan against the released `apply` (kept here as the oracle);
+- the one pass over a sample's fields (`Reconstructor._one_pass`: inverses, suspect flags, the layout by shape, the
+  count check, the round-trip by shape) against the full path (`_canonical`), the layout by shape against the
+  rendering, the re-serialising of tool-call arguments against json.loads / json.dumps, and the records built
+  per sample against their constructors.
 """
 
 from __future__ import annotations
@@ -17,12 +21,26 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.records import Completion, ToolCall
+from app.records import Completion, ToolCall, Usage
 from app.tokens import Reconstructor, get_profile, load_tokenizer
-from app.tokens.fidelity_profile import JSON_STYLES, NO_CONTENT, Applied, FidelityProfile, _blank, _blank_ctx, _edge_step_name
-from app.tokens.fidelity_profile import _BLANK_KEYS, _KIMI_ID, _redump, apply
+from app.tokens.fidelity_profile import (
+    _BLANK_KEYS,
+    _KIMI_ID,
+    JSON_STYLES,
+    NO_CONTENT,
+    STRIPPED,
+    Applied,
+    FidelityProfile,
+    _blank,
+    _blank_ctx,
+    _edge_step_name,
+    _redump,
+    _redumps,
+    apply,
+)
 from app.tokens.flags import TEMPLATE_WHITESPACE_MISSING, UNINVERTIBLE
-from app.tokens.reconstruct import Fields
+from app.tokens.reconstruct import Fields, _unchecked_verdict
+from app.tokens.template import tool_calls_read_back
 from tests.tokens.conftest import build_hf_tokenizer, build_tiktoken_dir
 
 KIMI = get_profile("kimi-k2.5")
@@ -427,3 +445,132 @@ def _reference_edge_plan(fp: FidelityProfile) -> tuple[dict[str, tuple[str, str 
             else:
                 plan[key[5:]] = (_edge_step_name(key[5:], changes), next(iter(changes)) if ok else None)
     return plan, strips
+
+
+# ---- the one pass over a sample's fields -------------------------------------------------------------------------
+
+
+@st.composite
+def counted_completions(draw):
+    """completions() with a token count: none, or any small number (the count check agrees with some)."""
+    c = draw(completions())
+    return replace(c, usage=Usage(completion_tokens=draw(st.integers(0, 40))))
+
+
+@st.composite
+def rebuild_profiles(draw):
+    """profiles() as the engine holds them: probes' observations, a count relation, and sometimes a server prior
+    (with a strip edge, whose samples the token count decides)."""
+    fp = draw(profiles())
+    obs = dict(fp.observations)
+    if draw(st.booleans()):
+        obs["count"] = {draw(st.sampled_from(["+0", "+1", "-1"])): 3}
+    prior = draw(st.sampled_from([{}, {"count": {"+0": 1}}, {"count": {"+0": 1}, "edge:content.trail": {STRIPPED: 1}}]))
+    return replace(fp, observations=obs, prior=prior)
+
+
+@SETTINGS
+@given(c=counted_completions(), fp=st.one_of(st.none(), rebuild_profiles()))
+def test_one_pass_is_the_full_path(request, c, fp):
+    # the one pass (inverses, suspect flags, layout by shape, encode, count check, round-trip by shape) gives what
+    # the full path gives (Fields, apply, render, encode, count_flags, the round-trip) on every sample it takes
+    for tok in _tokenizers(request):
+        # a fresh Reconstructor with the drawn profile, and one without a profile kept across examples (its shapes'
+        # answers reused, as in a run)
+        shared = _SHAPED.setdefault(id(tok), (tok, Reconstructor(KIMI, tok)))[1]
+        for r in (Reconstructor(KIMI, tok, fp, measure=False), shared):
+            full = r._canonical(c, None, False)
+            fast = r._one_pass(c)
+            assert fast is None or fast == full, (c, fp)
+            assert r.process(c) == full
+
+
+_KIMI_CALL = ToolCall("functions.get_weather:0", "get_weather", '{"city": "Paris"}', 0)
+
+
+def test_one_pass_is_taken_and_refused_where_it_must_be(tiny_kimi):
+    # taken on the common samples (so the test above compares something); refused where the full path decides
+    r = Reconstructor(KIMI, tiny_kimi, measure=False)
+    for c in (Completion("Paris.", "Let me think."), Completion("", "x", (_KIMI_CALL,), "tool_calls"),
+              Completion("Paris.", None), Completion("cut", "r", finish_reason="length"),
+              Completion("Paris.", "Let me think.", usage=Usage(completion_tokens=3))):
+        assert r._one_pass(c) is not None and r._one_pass(c) == r._canonical(c, None, False), c
+    spelled = Completion("a <|im_end|> b", "r")  # a run that spells a special: the joined text is encoded
+    renamed = Completion("", "x", (replace(_KIMI_CALL, name="lookup"),), "tool_calls")  # its id names another tool
+    for c in (spelled, renamed):
+        assert r._one_pass(c) is None
+        assert r.process(c) == r._canonical(c, None, False)
+    strips = FidelityProfile("e", None, KIMI.name, 0, {}, {"count": {"+0": 1}, "edge:content.trail": {STRIPPED: 1}})
+    stripping = Reconstructor(KIMI, tiny_kimi, strips, measure=False)
+    assert stripping._one_pass(Completion("Paris.", "r", usage=Usage(completion_tokens=5))) is None  # the count decides
+    # a tokenizer that cannot encode a run at a time never takes it
+    assert not Reconstructor(KIMI, _Unknowing(tiny_kimi))._one_pass_ok
+
+
+@SETTINGS
+@given(f=fields(), close=st.sampled_from([None]))
+def test_layout_by_shape_is_the_rendered_layout(tiny_kimi, family_tokenizers, f, close):
+    # where the field values go between the markers, from a layout worked out once per shape, against rendering
+    # the fields and splitting the pieces at their markers
+    cases = [(KIMI, tiny_kimi), *((get_profile(name), tok) for name, tok in family_tokenizers.items())]
+    for profile, tok in cases:
+        r = _LAYOUTS.setdefault(profile.name, Reconstructor(profile, tok))
+        for g in (f, replace(f, tool_calls=()), replace(f, content=""), replace(f, reasoning="")):
+            laid = r._layout(g.reasoning, g.content, g.tool_calls, g.finish_reason == "length")
+            want = r._between_markers(r._pieces(g))
+            if laid is None:  # only tool calls of another format, or ones whose names do not read back
+                assert g.tool_calls and (profile.tool_format != "kimi" or not tool_calls_read_back(profile, g.tool_calls))
+            else:
+                assert laid == want, (profile.name, g)
+
+
+_LAYOUTS: dict[str, Reconstructor] = {}
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**20, 10**20) | st.floats(allow_nan=True) | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=8)
+
+
+@st.composite
+def json_texts(draw):
+    """JSON texts in every style, with whitespace around them, spoiled ones, and text that is no JSON."""
+    value = draw(JSON_VALUES)
+    text = json.dumps(value, **draw(st.sampled_from(list(JSON_STYLES.values()))))
+    return draw(st.sampled_from(["", " ", "\n", "\ufeff"])) + draw(st.sampled_from([text, text[:-1], text + "x", "{bad"])) \
+        + draw(st.sampled_from(["", " ", "\n"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=json_texts(), style=st.sampled_from(list(JSON_STYLES.values())))
+def test_redump_is_json_dumps_of_json_loads(text, style):
+    # the scanner called directly and the cached C encoder give what json.loads / json.dumps give
+    try:
+        want = json.dumps(json.loads(text), **style)
+    except (ValueError, TypeError):
+        want = text
+    assert _redump(text, style) == want
+    assert _redumps(text) == [_redump(text, kw) for kw in JSON_STYLES.values()]
+
+
+@settings(max_examples=100, deadline=None)
+@given(values=st.tuples(st.tuples(st.integers(0, 9)), st.text(max_size=3), st.none() | st.text(max_size=3),
+                        st.none() | st.booleans(), st.tuples(st.text(max_size=3)), st.none() | st.text(max_size=3),
+                        st.tuples(st.text(max_size=3))))
+def test_positional_builder_builds_what_the_constructor_builds(values):
+    from dataclasses import FrozenInstanceError
+
+    from app.engine.verify import Rebuilt
+    from app.records import Reconstruction, Verdict, positional_builder
+
+    built = positional_builder(Reconstruction)(*values)
+    assert built == Reconstruction(*values) and type(built) is Reconstruction
+    assert hash(built) == hash(Reconstruction(*values))
+    with pytest.raises(FrozenInstanceError):
+        built.strategy = "other"  # type: ignore[misc]
+    assert positional_builder(Rebuilt)(built, None, "exact", None, None) == Rebuilt(built, None, "exact", None, None)
+    call = positional_builder(ToolCall)("i", "n", values[1], 2, "function")
+    assert call == ToolCall("i", "n", values[1], 2)
+    assert _unchecked_verdict(len(values[0]), values[1]) == Verdict("unchecked", rec_len=len(values[0]),
+                                                                     explanation=values[1])
+    with pytest.raises(TypeError):
+        positional_builder(FidelityProfile)  # not a slots dataclass

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from app.engine.fidelity import quality
-from app.records import Completion, Reconstruction, Verdict
+from app.records import Completion, Reconstruction, Verdict, positional_builder
 from app.tokens import Reconstructor
 from app.tokens import flags as fl
 
@@ -129,7 +129,7 @@ class Rebuilder:
 
             check = check_prompt(self.tokenizer, self.profile, messages, tools, completion.prompt_token_ids)
         if not measure:
-            return Rebuilt(rec, verdict, None, check, None)
+            return _rebuilt(rec, verdict, None, check, None)
         from app.tokens.fidelity_profile import learn
         from app.tokens.reconstruct import REGIONS_FROM_TEXT
 
@@ -150,6 +150,9 @@ class Rebuilder:
                 rec = Reconstruction(rec.output_ids, rec.strategy, rec.repair, rec.roundtrip, rec.notes, rec.ids_source,
                                      tuple(rec.flags) + (fl.text_path_flag(measured),))
         return Rebuilt(rec, verdict, measured, check, observed)
+
+
+_rebuilt = positional_builder(Rebuilt)  # Rebuilt(*every field), built per rebuilt answer
 
 
 def _diverged(seen: FidelityProfile) -> bool:
