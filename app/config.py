@@ -32,7 +32,7 @@ from pydantic_core import PydanticUndefined
 from app.errors import InputError
 
 DATASET_FORMATS = ("openai-messages", "sharegpt", "specforge-conversations")
-DatasetFormat = Literal["openai-messages", "sharegpt", "specforge-conversations"]
+DatasetFormat = Literal["openai-messages", "sharegpt", "specforge-conversations", "auto"]
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # keys inside `extra` tables whose values are masked by RunConfig.redacted()
@@ -127,8 +127,12 @@ class RunSection(_Section):
 class Dataset(_Section):
     """[[data.datasets]]: one prompt file."""
 
-    path: ConfigPath = Field(description="JSONL prompt file (streamed, never loaded whole).")
-    format: DatasetFormat = Field("openai-messages", description="Line format of the file.")
+    path: ConfigPath = Field(description="Prompt file, streamed, never loaded whole: JSON lines (`.jsonl`, `.jsonl.gz`, "
+                             "`.jsonl.zst`), a JSON array (`.json`), Parquet (`.parquet`), Arrow (`.arrow`) or a "
+                             "`datasets` save_to_disk folder; the container is told by the name.")
+    format: DatasetFormat = Field("openai-messages", description="Row format; \"auto\" tells each row's from its "
+                                  "columns (messages; conversations from/value or role/content; prompt/response; "
+                                  "instruction/input/output).")
     id_field: str = Field("id", min_length=1, description="Field holding the sample id (a content hash when absent).")
     limit: int | None = Field(None, gt=0, description="Ingest at most this many samples from the file.")
     name: Name = Field("", description="Dataset name recorded with each sample (default: the file's stem); "

@@ -1,6 +1,8 @@
-"""Streaming readers for prompt datasets and SGLang-style reference files (JSONL, one object a line).
+"""Streaming readers for prompt datasets and SGLang-style reference files: JSON lines (plain, .gz, .zst), JSON arrays,
+Parquet, Arrow and `datasets` save_to_disk folders (`container_of` tells which from the name).
 
-Files are read line by line, never whole. A bad line is counted and skipped, and its `file:line:column: reason`
+Files are read row by row, never whole (JSON arrays with ijson's incremental parser, Parquet by row group, Arrow by
+record batch). A row's position is its line, or its row index from 1 for arrays and tables. A bad line is counted and skipped, and its `file:line:column: reason`
 (`file:line: reason` when the problem is not at one place in the text) kept (the first few) in the `ReadStats`
 passed in; without one, the first bad line raises InputError. Columns count characters from 1, as editors do.
 
@@ -10,6 +12,8 @@ turns are all regenerated in order: `iter_conversations`, turns split by `app.co
 - openai-messages:          {"id", "messages": [{"role", "content", ...}], "tools"?}
 - sharegpt:                 {"id", "conversations": [{"from": "human"|"gpt"|"system"|"tool", "value"}], "tools"?}
 - specforge-conversations:  {"id", "conversations": [{"role", "content"}], "tools"?}
+- prompt-response / alpaca (only through "auto"): {"prompt", "response"?} / {"instruction", "input"?, "output"?}
+- auto:                     each row's format told from its columns (`row_format`)
 - reference (SGLang-style): {"id", "messages", "output_ids": [int], "meta_info": {"finish_reason": ...}}
 A line without an id gets a stable content hash of its prompt ("h-" + 16 hex digits).
 """
@@ -31,7 +35,7 @@ from app.store.store_records import ReferenceRecord, SampleInput
 
 T = TypeVar("T")
 
-FORMATS = ("openai-messages", "sharegpt", "specforge-conversations")
+FORMATS = ("openai-messages", "sharegpt", "specforge-conversations", "auto")
 ROLES = ("system", "developer", "user", "assistant", "tool")
 _ROLE_SET = frozenset(ROLES)
 _CONTENT_TYPES = (str, list)
@@ -84,22 +88,176 @@ def content_id(messages: list[dict[str, Any]], tools: list[Any] | None) -> str:
     return "h-" + hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
 
-def _lines(path: Path, stats: ReadStats) -> Iterator[tuple[int, bytes]]:
+def _open(path: Path) -> Any:
     try:
-        fh = path.open("rb")
+        return path.open("rb")
     except FileNotFoundError:
         raise InputError(f"{path}: no such file; check the dataset path in the config") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+
+
+def container_of(path: str | Path) -> str:
+    """How a dataset file holds its rows, guessed from its name (and, for `.json`, its first byte): "jsonl",
+    "jsonl.gz", "jsonl.zst", "json-array", "parquet", "arrow" (an IPC file or stream) or "arrow-dir" (a
+    `datasets` `save_to_disk` folder)."""
+    path = Path(path)
+    if path.is_dir():
+        return "arrow-dir"
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        return "jsonl.gz"
+    if name.endswith((".zst", ".zstd")):
+        return "jsonl.zst"
+    if name.endswith(".parquet"):
+        return "parquet"
+    if name.endswith((".arrow", ".feather", ".ipc")):
+        return "arrow"
+    if name.endswith(".json"):
+        try:
+            with path.open("rb") as fh:
+                head = fh.read(4096).lstrip()
+        except OSError:
+            return "jsonl"
+        return "json-array" if head.startswith(b"[") else "jsonl"
+    return "jsonl"
+
+
+def _lines(path: Path, stats: ReadStats) -> Iterator[tuple[int, bytes | dict[str, Any]]]:
+    """Each row of a dataset file with its position (the line; the row index, from 1, for arrays and tables):
+    raw JSON bytes for the text containers, an already decoded dict for Parquet and Arrow."""
+    kind = container_of(path)
+    if kind in ("parquet", "arrow", "arrow-dir"):
+        yield from _table_rows(path, kind, stats)
+        return
+    if kind == "json-array":
+        yield from _array_rows(path, stats)
+        return
+    fh = _open(path)
     with fh:
-        for number, line in enumerate(fh, 1):
-            stats.lines = number
-            stats.bytes_read += len(line)
-            if line.strip():
-                yield number, line
+        if kind == "jsonl.gz":
+            import gzip
+
+            stream: Any = gzip.GzipFile(fileobj=fh)
+        elif kind == "jsonl.zst":
+            import io
+
+            import zstandard
+
+            stream = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(fh), 1 << 20)
+        else:
+            stream = fh
+        compressed = stream is not fh
+        try:
+            for number, line in enumerate(stream, 1):
+                stats.lines = number
+                stats.bytes_read = fh.tell() if compressed else stats.bytes_read + len(line)
+                if line.strip():
+                    yield number, line
+        except (OSError, EOFError) as exc:  # a corrupt or truncated compressed stream
+            raise InputError(f"{path}:{stats.lines + 1}: cannot be decompressed ({exc}); is the file whole?") from None
+        except Exception as exc:
+            if type(exc).__name__ == "ZstdError":
+                raise InputError(f"{path}:{stats.lines + 1}: cannot be decompressed ({exc}); is the file whole?") from None
+            raise
 
 
-def _parse(line: bytes) -> dict[str, Any]:
+def _array_rows(path: Path, stats: ReadStats) -> Iterator[tuple[int, bytes | dict[str, Any]]]:
+    """The elements of a top-level JSON array, parsed one at a time (ijson's C backend), never the file whole."""
+    import ijson
+
+    fh = _open(path)
+    with fh:
+        number = 0
+        try:
+            for obj in ijson.items(fh, "item", use_float=True):
+                number += 1
+                stats.lines = number
+                stats.bytes_read = fh.tell()
+                yield number, obj if isinstance(obj, dict) else _NotAnObject(obj)
+        except ijson.JSONError as exc:
+            raise InputError(f"{path}:{number + 1}: the JSON array cannot be read past element {number} ({exc}); "
+                             "fix the file (elements before it were read)") from None
+
+
+class _NotAnObject:
+    """An array element or table row that is not a JSON object (reported by `_parse`)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _table_files(path: Path, kind: str) -> list[Path]:
+    if kind != "arrow-dir":
+        return [path]
+    state = path / "state.json"
+    if state.exists():
+        try:
+            files = [path / f["filename"] for f in orjson.loads(state.read_bytes()).get("_data_files", [])]
+        except (orjson.JSONDecodeError, TypeError, KeyError, AttributeError) as exc:
+            raise InputError(f"{state}: not a `datasets` state file ({exc})") from None
+        if files:
+            return files
+    files = sorted(path.glob("*.arrow"))
+    if not files:
+        raise InputError(f"{path}: a folder without .arrow files; give a JSONL, JSON, Parquet or Arrow file, "
+                         "or a folder written by `datasets` save_to_disk")
+    return files
+
+
+def _record_batches(file: Path, kind: str) -> Iterator[Any]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        if kind == "parquet":
+            yield from pq.ParquetFile(file).iter_batches(batch_size=2048)
+            return
+        with pa.memory_map(str(file)) as source:
+            try:
+                reader: Any = pa.ipc.open_file(source)
+                for i in range(reader.num_record_batches):
+                    yield reader.get_batch(i)
+            except pa.ArrowInvalid:
+                source.seek(0)
+                yield from pa.ipc.open_stream(source)
+    except FileNotFoundError:
+        raise InputError(f"{file}: no such file; check the dataset path in the config") from None
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(f"{file}: cannot be read as {kind.removesuffix('-dir')} ({exc})") from None
+
+
+def _without_nulls(row: dict[str, Any]) -> dict[str, Any]:
+    """A table row with the null members of its lists' objects dropped: Arrow gives every struct all the keys of
+    its column's type (a user turn gets `tool_calls: null`), which JSON lines would not have held."""
+    for key, value in row.items():
+        if type(value) is list and value and type(value[0]) is dict:
+            row[key] = [{k: v for k, v in m.items() if v is not None} if type(m) is dict else m for m in value]
+    return row
+
+
+def _table_rows(path: Path, kind: str, stats: ReadStats) -> Iterator[tuple[int, bytes | dict[str, Any]]]:
+    """Rows of Parquet / Arrow files one record batch at a time, numbered from 1 across a folder's files."""
+    files = _table_files(path, kind)
+    sizes = [f.stat().st_size if f.exists() else 0 for f in files]
+    number = 0
+    done = 0
+    for file, size in zip(files, sizes, strict=True):
+        for batch in _record_batches(file, "arrow" if kind == "arrow-dir" else kind):
+            for row in batch.to_pylist():
+                number += 1
+                stats.lines = number
+                yield number, _without_nulls(row)
+        done += size
+        stats.bytes_read = done
+
+
+def _parse(line: bytes | dict[str, Any] | _NotAnObject) -> dict[str, Any]:
+    if type(line) is dict:
+        return line
+    if isinstance(line, _NotAnObject):
+        raise _BadLine(f"expected a JSON object, got {type(line.value).__name__}")
+    assert isinstance(line, bytes)
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError as first:
@@ -159,7 +317,46 @@ def _prompt(messages: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
     return messages
 
 
+def row_format(obj: dict[str, Any]) -> str:
+    """The format of one row, from its columns (what `format = "auto"` reads each row as): `messages`;
+    `conversations` of `from`/`value` (ShareGPT) or of `role`/`content`; `prompt`/`response`;
+    `instruction`/`input`/`output` (Alpaca)."""
+    if "messages" in obj:
+        return "openai-messages"
+    conv = obj.get("conversations")
+    if isinstance(conv, list):
+        first = conv[0] if conv else None
+        return "sharegpt" if isinstance(first, dict) and "from" in first else "specforge-conversations"
+    if "prompt" in obj:
+        return "prompt-response"
+    if "instruction" in obj:
+        return "alpaca"
+    raise _BadLine("has none of the columns messages, conversations, prompt or instruction; "
+                   "set `format` for this dataset")
+
+
+def _text_column(obj: dict[str, Any], key: str, required: bool = True) -> str:
+    value = obj.get(key)
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str) or (required and not value):
+        raise _BadLine(f"{key!r} must be a non-empty string")
+    return value
+
+
 def _messages_of(obj: dict[str, Any], fmt: str) -> list[dict[str, Any]]:
+    if fmt == "auto":
+        fmt = row_format(obj)
+    if fmt == "prompt-response":
+        out = [{"role": "user", "content": _text_column(obj, "prompt")}]
+        response = obj.get("response")
+        return out + ([{"role": "assistant", "content": response}] if isinstance(response, str) else [])
+    if fmt == "alpaca":
+        extra = _text_column(obj, "input", required=False)
+        prompt = _text_column(obj, "instruction") + (f"\n\n{extra}" if extra else "")
+        output = obj.get("output")
+        return [{"role": "user", "content": prompt}] + (
+            [{"role": "assistant", "content": output}] if isinstance(output, str) else [])
     if fmt == "openai-messages":
         return _check_messages(obj.get("messages"), "messages")
     conv = obj.get("conversations")
@@ -202,15 +399,21 @@ def iter_prompts(
 ) -> Iterator[SampleInput]:
     """Yield a SampleInput per good line of a prompt JSONL file in format `fmt`, at most `limit` of them."""
     name = dataset or Path(path).stem
-    key = "messages" if fmt == "openai-messages" else "conversations"
-
     def sample(obj: dict[str, Any], number: int) -> SampleInput:
+        key = _key_of(obj, fmt)
         messages = _prompt(_messages_of(obj, fmt), key)
         tools = _tools_of(obj)
         sid = _sample_id(obj, id_field) or content_id(messages, tools)
         return SampleInput(sid, name, messages, tools, line=number)
 
     return _good_lines(path, fmt, limit, stats, sample)
+
+
+def _key_of(obj: dict[str, Any], fmt: str) -> str:
+    """The column a row's messages are named by in its error messages."""
+    if fmt == "auto":
+        return "conversations" if "conversations" in obj else "messages"
+    return "messages" if fmt == "openai-messages" else "conversations"
 
 
 def _tools_of(obj: dict[str, Any]) -> list[Any] | None:
@@ -265,9 +468,8 @@ def iter_conversations(
     a hash of its messages and tools ("c-" + 16 hex digits). Bad lines as in `iter_prompts`, the reason naming the
     message (e.g. `messages[3] is a tool result, but ...`)."""
     name = dataset or Path(path).stem
-    key = "messages" if fmt == "openai-messages" else "conversations"
-
     def conversation(obj: dict[str, Any], number: int) -> ConversationInput:
+        key = _key_of(obj, fmt)
         messages = _messages_of(obj, fmt)
         tools = _tools_of(obj)
         try:
@@ -351,9 +553,18 @@ def iter_references(
 
 
 def file_fingerprint(path: str | Path) -> str:
-    """`sha256:<hex>` of a file's bytes: the content fingerprint an ingest is recorded under."""
+    """`sha256:<hex>` of a file's bytes (of a `save_to_disk` folder: of its files' names and bytes, in name order):
+    the content fingerprint an ingest is recorded under."""
+    path = Path(path)
     try:
-        with Path(path).open("rb") as fh:
+        if path.is_dir():
+            digest = hashlib.sha256()
+            for file in sorted(p for p in path.rglob("*") if p.is_file()):
+                digest.update(str(file.relative_to(path)).encode() + b"\0")
+                with file.open("rb") as fh:
+                    digest.update(hashlib.file_digest(fh, "sha256").digest())
+            return "sha256:" + digest.hexdigest()
+        with path.open("rb") as fh:
             return "sha256:" + hashlib.file_digest(fh, "sha256").hexdigest()
     except FileNotFoundError:
         raise InputError(f"{path}: no such file; check the path in the config") from None
@@ -381,6 +592,8 @@ def _file_problem(path: Path, what: str) -> str | None:
     if not path.exists():
         return f"{path} does not exist; fix the path ({what}; relative paths are relative to the config file)"
     if path.is_dir():
+        if what == "prompt file" and ((path / "state.json").exists() or any(path.glob("*.arrow"))):
+            return None
         return f"{path} is a directory; give the path of the {what}"
     try:
         with path.open("rb"):
@@ -456,7 +669,7 @@ def check_inputs(config: Any, *, reference_sample: int | None = REFERENCE_SAMPLE
     warnings: list[str] = []
     lines_checked = 0
     for i, ds in enumerate(config.data.datasets):
-        problem = _file_problem(Path(ds.path), "prompt JSONL file")
+        problem = _file_problem(Path(ds.path), "prompt file")
         if problem:
             errors.append(f"{label}: data.datasets[{i}].path: {problem}")
             continue
