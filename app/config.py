@@ -134,7 +134,16 @@ class Dataset(_Section):
                                   "columns (messages; conversations from/value or role/content; prompt/response; "
                                   "instruction/input/output).")
     id_field: str = Field("id", min_length=1, description="Field holding the sample id (a content hash when absent).")
-    limit: int | None = Field(None, gt=0, description="Ingest at most this many samples from the file.")
+    limit: int | None = Field(None, gt=0, description="Ingest at most this many samples from the file (after "
+                              "`sample_fraction`).")
+    sample_fraction: float | None = Field(
+        None, gt=0, le=1, description="Ingest this share of the rows, chosen by a seeded hash of each row's position "
+        "(the same rows on every ingest, so resuming and re-ingesting keep the choice).")
+    sample_seed: int = Field(0, description="Seed of `sample_fraction`'s choice.")
+    columns: dict[Literal["messages", "conversations", "id", "category", "tools"], str] = Field(
+        default_factory=dict, description="Columns under other names, e.g. {messages = \"chat\", category = "
+        "\"topic\"}: `category` names the column each sample's category is read from (default: the dataset's name); "
+        "`id` overrides `id_field`.")
     name: Name = Field("", description="Dataset name recorded with each sample (default: the file's stem); "
                        "no control characters or path separators.")
     regenerate: Literal["last", "all"] = Field(

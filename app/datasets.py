@@ -388,6 +388,42 @@ def _sample_id(obj: dict[str, Any], id_field: str) -> str | None:
     return str(value)
 
 
+@dataclass(frozen=True, slots=True)
+class RowChoice:
+    """Which rows of a file are read and under what names: `columns` maps a canonical column (messages,
+    conversations, id, category, tools) to the file's name for it; `fraction` keeps that share of the rows,
+    chosen by a hash of (seed, position), so the same rows every time."""
+
+    columns: tuple[tuple[str, str], ...] = ()
+    fraction: float | None = None
+    seed: int = 0
+
+    def keeps(self, number: int) -> bool:
+        """Whether the row at `number` is among the sampled ones."""
+        if self.fraction is None or self.fraction >= 1:
+            return True
+        digest = hashlib.blake2b(f"{self.seed}:{number}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") < self.fraction * 2**64
+
+    def rename(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """The row with its mapped columns under their canonical names."""
+        for canonical, source in self.columns:
+            if source in obj and canonical != source:
+                obj[canonical] = obj.pop(source)
+        return obj
+
+
+def _category_of(obj: dict[str, Any], choice: RowChoice | None) -> str | None:
+    if choice is None or not any(c == "category" for c, _ in choice.columns):
+        return None
+    value = obj.get("category")
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise _BadLine(f"'category' must be a string, got {type(value).__name__}")
+    return str(value)
+
+
 def iter_prompts(
     path: str | Path,
     fmt: str,
@@ -396,17 +432,19 @@ def iter_prompts(
     id_field: str = "id",
     limit: int | None = None,
     stats: ReadStats | None = None,
+    choice: RowChoice | None = None,
 ) -> Iterator[SampleInput]:
-    """Yield a SampleInput per good line of a prompt JSONL file in format `fmt`, at most `limit` of them."""
+    """Yield a SampleInput per good row of a prompt file in format `fmt`, at most `limit` of them (of the rows
+    `choice` keeps, under its column names)."""
     name = dataset or Path(path).stem
     def sample(obj: dict[str, Any], number: int) -> SampleInput:
         key = _key_of(obj, fmt)
         messages = _prompt(_messages_of(obj, fmt), key)
         tools = _tools_of(obj)
         sid = _sample_id(obj, id_field) or content_id(messages, tools)
-        return SampleInput(sid, name, messages, tools, line=number)
+        return SampleInput(sid, name, messages, tools, line=number, category=_category_of(obj, choice))
 
-    return _good_lines(path, fmt, limit, stats, sample)
+    return _good_lines(path, fmt, limit, stats, sample, choice)
 
 
 def _key_of(obj: dict[str, Any], fmt: str) -> str:
@@ -424,7 +462,7 @@ def _tools_of(obj: dict[str, Any]) -> list[Any] | None:
 
 
 def _good_lines(path: str | Path, fmt: str, limit: int | None, stats: ReadStats | None,
-                build: Callable[[dict[str, Any], int], T]) -> Iterator[T]:
+                build: Callable[[dict[str, Any], int], T], choice: RowChoice | None = None) -> Iterator[T]:
     """What `build(parsed line, line number)` makes of each good line, at most `limit` of them. A bad line (a
     `_BadLine` from parsing or from `build`) fails the read with its file:line when `stats` is None, else it is
     counted in `stats` and passed over."""
@@ -436,8 +474,11 @@ def _good_lines(path: str | Path, fmt: str, limit: int | None, stats: ReadStats 
     for number, line in _lines(path, stats):
         if limit is not None and stats.good >= limit:
             return
+        if choice is not None and not choice.keeps(number):
+            continue
         try:
-            item = build(_parse(line), number)
+            obj = _parse(line)
+            item = build(choice.rename(obj) if choice is not None else obj, number)
         except _BadLine as exc:
             if strict:
                 raise InputError(f"{exc.where(path, number)}: {exc}; fix or remove the line") from None
@@ -450,7 +491,21 @@ def _good_lines(path: str | Path, fmt: str, limit: int | None, stats: ReadStats 
 def iter_dataset(ds: Any, stats: ReadStats | None = None) -> Iterator[SampleInput]:
     """Yield the samples of a config `Dataset` (path, format, id_field, limit, name) read with regenerate =
     "last" (one sample per line)."""
-    return iter_prompts(ds.path, ds.format, dataset=ds.name, id_field=ds.id_field, limit=ds.limit, stats=stats)
+    return iter_prompts(ds.path, ds.format, dataset=ds.name, id_field=_id_field(ds), limit=ds.limit, stats=stats,
+                        choice=row_choice(ds))
+
+
+def row_choice(ds: Any) -> RowChoice | None:
+    """The RowChoice a config `Dataset` declares (None when it maps no column and samples every row)."""
+    columns = tuple((k, v) for k, v in (getattr(ds, "columns", None) or {}).items() if k != "id")
+    fraction = getattr(ds, "sample_fraction", None)
+    if not columns and fraction is None:
+        return None
+    return RowChoice(columns, fraction, getattr(ds, "sample_seed", 0))
+
+
+def _id_field(ds: Any) -> str:
+    return (getattr(ds, "columns", None) or {}).get("id") or ds.id_field
 
 
 def iter_conversations(
@@ -462,6 +517,7 @@ def iter_conversations(
     limit: int | None = None,
     stats: ReadStats | None = None,
     on_tool_divergence: str = "stop",
+    choice: RowChoice | None = None,
 ) -> Iterator[ConversationInput]:
     """Yield a ConversationInput per good line of a JSONL file in format `fmt`, at most `limit` of them: the whole
     conversation, split into the turns to regenerate (`app.conversation.split_turns`). A line without an id gets
@@ -479,15 +535,16 @@ def iter_conversations(
         cid = _sample_id(obj, id_field) or conversation_content_id(messages, tools)
         if "#" in cid:
             raise _BadLine(f"{id_field!r} {cid!r} holds '#', which separates a conversation id from its turn")
-        return ConversationInput(cid, name, tools, turns, on_tool_divergence, line=number)
+        return ConversationInput(cid, name, tools, turns, on_tool_divergence, line=number,
+                                 category=_category_of(obj, choice))
 
-    return _good_lines(path, fmt, limit, stats, conversation)
+    return _good_lines(path, fmt, limit, stats, conversation, choice)
 
 
 def iter_dataset_conversations(ds: Any, stats: ReadStats | None = None) -> Iterator[ConversationInput]:
     """Yield the conversations of a config `Dataset` read with regenerate = "all"."""
-    return iter_conversations(ds.path, ds.format, dataset=ds.name, id_field=ds.id_field, limit=ds.limit, stats=stats,
-                              on_tool_divergence=ds.on_tool_divergence)
+    return iter_conversations(ds.path, ds.format, dataset=ds.name, id_field=_id_field(ds), limit=ds.limit,
+                              stats=stats, on_tool_divergence=ds.on_tool_divergence, choice=row_choice(ds))
 
 
 def _finish_reason(meta: Any) -> str | None:
@@ -675,7 +732,8 @@ def check_inputs(config: Any, *, reference_sample: int | None = REFERENCE_SAMPLE
             continue
         stats = ReadStats()
         try:
-            for _ in iter_prompts(ds.path, ds.format, dataset=ds.name, id_field=ds.id_field, stats=stats):
+            for _ in iter_prompts(ds.path, ds.format, dataset=ds.name, id_field=_id_field(ds), stats=stats,
+                                  choice=row_choice(ds)):
                 if dataset_sample is not None and stats.good + stats.bad >= dataset_sample:
                     break
         except InputError as exc:

@@ -667,5 +667,10 @@ BEGIN
 END;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
+# v9: each sample's category (the dataset row's category column, else NULL: the dataset's name stands for it)
+_V9 = """
+ALTER TABLE samples ADD COLUMN category TEXT;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
 SCHEMA_VERSION = len(MIGRATIONS)

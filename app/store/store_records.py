@@ -16,6 +16,7 @@ class SampleInput:
     tools: list[Any] | None = None
     reference_ids: tuple[int, ...] | None = None
     line: int = 0  # line number in its file (0 when not from a file): conflicts are reported as file:line
+    category: str | None = None  # the row's category column, when the dataset maps one (else the dataset stands)
 
 
 @dataclass(frozen=True, slots=True)

@@ -183,3 +183,33 @@ async def test_a_save_to_disk_ingest_killed_midway_is_finished_on_restart(tmp_pa
     assert _db_counts(db)[0] == n
     again = await ingest_config(load_config(cfg))
     assert [f.state for f in again.files] == ["unchanged"]
+
+
+async def test_mapped_columns_and_categories_reach_the_store(tmp_path: Path) -> None:
+    import sqlite3
+
+    rows = [{"uid": f"c{i}", "chat": [{"role": "user", "content": f"q {i}"}], "topic": ["code", "math"][i % 2]}
+            for i in range(10)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
+    cfg = _config(tmp_path, "d.parquet")
+    cfg.write_text(cfg.read_text().replace('format = "auto"',
+                                           'format = "auto"\ncolumns = {messages = "chat", id = "uid", category = "topic"}'))
+    report = await ingest_config(load_config(cfg))
+    assert report.files[0].added == 10
+    conn = sqlite3.connect(tmp_path / "runs.db")
+    got = conn.execute("SELECT sample_id, category FROM samples ORDER BY pk").fetchall()
+    conn.close()
+    assert got[:3] == [("c0", "code"), ("c1", "math"), ("c2", "code")]
+
+
+def test_sample_fraction_keeps_the_same_seeded_share_every_time(tmp_path: Path) -> None:
+    from app.datasets import RowChoice
+
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(_messages(i)) + "\n" for i in range(20_000)))
+    first = [s.sample_id for s in iter_prompts(path, "auto", choice=RowChoice(fraction=0.25, seed=3))]
+    again = [s.sample_id for s in iter_prompts(path, "auto", choice=RowChoice(fraction=0.25, seed=3))]
+    other = [s.sample_id for s in iter_prompts(path, "auto", choice=RowChoice(fraction=0.25, seed=4))]
+    assert first == again and first != other
+    assert abs(len(first) - 5000) < 250
+    assert len(list(iter_prompts(path, "auto", limit=100, choice=RowChoice(fraction=0.25)))) == 100
