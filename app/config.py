@@ -140,6 +140,10 @@ class Dataset(_Section):
         None, gt=0, le=1, description="Ingest this share of the rows, chosen by a seeded hash of each row's position "
         "(the same rows on every ingest, so resuming and re-ingesting keep the choice).")
     sample_seed: int = Field(0, description="Seed of `sample_fraction`'s choice.")
+    weight: float | None = Field(
+        None, gt=0, description="This dataset's share of `data.total` (weights need not sum to 1): it gets "
+        "round(total * weight / sum of weights) rows, its first rows (of those `sample_fraction` keeps); with "
+        "weights the mix is declared, e.g. 0.4 code, 0.3 chat, 0.3 tool use. Not with `limit`.")
     columns: dict[Literal["messages", "conversations", "id", "category", "tools"], str] = Field(
         default_factory=dict, description="Columns under other names, e.g. {messages = \"chat\", category = "
         "\"topic\"}: `category` names the column each sample's category is read from (default: the dataset's name); "
@@ -155,6 +159,13 @@ class Dataset(_Section):
         "end the conversation there (\"stop\") or go on with the recorded results, the later turns marked "
         "off-policy (\"replay\").")
 
+    _share: int | None = PrivateAttr(None)
+
+    @property
+    def row_limit(self) -> int | None:
+        """The rows to ingest at most: `limit`, or this dataset's weighted share of data.total."""
+        return self._share if self._share is not None else self.limit
+
     @model_validator(mode="after")
     def _default_name(self) -> Dataset:
         if not self.name:
@@ -169,6 +180,8 @@ class DataSection(_Section):
     """[data]: prompt datasets and the optional ground-truth reference."""
 
     datasets: list[Dataset] = Field(min_length=1, description="Prompt files, ingested in order.")
+    total: int | None = Field(None, gt=0, description="Rows ingested in all, shared among the datasets by their "
+                              "`weight` (every dataset then needs one).")
     reference: ConfigPath | None = Field(
         None, description="SGLang-style JSONL with `output_ids` per sample id: the ground truth to validate against."
     )
@@ -181,6 +194,33 @@ class DataSection(_Section):
                 raise ValueError(f"two datasets are named {ds.name!r}; give each a distinct `name`")
             seen.add(ds.name)
         return self
+
+    @model_validator(mode="after")
+    def _weighted_limits(self) -> DataSection:
+        weighted = [ds for ds in self.datasets if ds.weight is not None]
+        if not weighted and self.total is None:
+            return self
+        if self.total is None:
+            raise ValueError("datasets have a `weight` but data.total is not set; set the rows to share among them")
+        if len(weighted) != len(self.datasets):
+            missing = ", ".join(repr(ds.name) for ds in self.datasets if ds.weight is None)
+            raise ValueError(f"data.total shares rows by weight, but dataset(s) {missing} have none; give each a weight")
+        both = [ds.name for ds in weighted if ds.limit is not None]
+        if both:
+            raise ValueError(f"dataset {both[0]!r} has both `limit` and `weight`; the weight sets its limit, keep one")
+        for ds, n in zip(self.datasets, weighted_shares(self.total, [ds.weight or 0.0 for ds in self.datasets]),
+                         strict=True):
+            ds._share = max(n, 1)
+        return self
+
+
+def weighted_shares(total: int, weights: list[float]) -> list[int]:
+    """`total` split in proportion to `weights`, rounded so the parts sum to `total` (largest remainders)."""
+    exact = [total * w / sum(weights) for w in weights]
+    parts = [int(x) for x in exact]
+    for i in sorted(range(len(exact)), key=lambda i: exact[i] - parts[i], reverse=True)[: total - sum(parts)]:
+        parts[i] += 1
+    return parts
 
 
 class ModelSection(_Section):

@@ -491,7 +491,7 @@ def _good_lines(path: str | Path, fmt: str, limit: int | None, stats: ReadStats 
 def iter_dataset(ds: Any, stats: ReadStats | None = None) -> Iterator[SampleInput]:
     """Yield the samples of a config `Dataset` (path, format, id_field, limit, name) read with regenerate =
     "last" (one sample per line)."""
-    return iter_prompts(ds.path, ds.format, dataset=ds.name, id_field=_id_field(ds), limit=ds.limit, stats=stats,
+    return iter_prompts(ds.path, ds.format, dataset=ds.name, id_field=_id_field(ds), limit=ds.row_limit, stats=stats,
                         choice=row_choice(ds))
 
 
@@ -543,7 +543,7 @@ def iter_conversations(
 
 def iter_dataset_conversations(ds: Any, stats: ReadStats | None = None) -> Iterator[ConversationInput]:
     """Yield the conversations of a config `Dataset` read with regenerate = "all"."""
-    return iter_conversations(ds.path, ds.format, dataset=ds.name, id_field=_id_field(ds), limit=ds.limit,
+    return iter_conversations(ds.path, ds.format, dataset=ds.name, id_field=_id_field(ds), limit=ds.row_limit,
                               stats=stats, on_tool_divergence=ds.on_tool_divergence, choice=row_choice(ds))
 
 

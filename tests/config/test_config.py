@@ -234,7 +234,7 @@ def test_unknown_key_inside_nested_tables_lists_that_tables_keys(tmp_path: Path)
     assert 'pricing["moonshotai/kimi-k2.5"].bogus: unknown key (allowed here: prompt_per_m, completion_per_m, cached_prompt_per_m)' in msg
     msg = error_of(tmp_path, MINIMAL.replace('format = "sharegpt"', 'format = "sharegpt"\nfromat = 1'))
     assert ("data.datasets[0].fromat: unknown key (allowed here: path, format, id_field, limit, sample_fraction, "
-            "sample_seed, columns, name, regenerate, on_tool_divergence)") in msg
+            "sample_seed, weight, columns, name, regenerate, on_tool_divergence)") in msg
 
 
 def test_check_inputs_names_every_missing_path_with_its_key(tmp_path: Path, sample_data_dir: Path, monkeypatch) -> None:
