@@ -227,10 +227,25 @@ def _record_batches(file: Path, kind: str) -> Iterator[Any]:
         raise InputError(f"{file}: cannot be read as {kind.removesuffix('-dir')} ({exc})") from None
 
 
-def _without_nulls(row: dict[str, Any]) -> dict[str, Any]:
+def _null_struct_columns(batch: Any) -> tuple[str, ...]:
+    """The list-of-struct columns of a record batch with a null member somewhere (the only ones to clean)."""
+    import pyarrow as pa
+
+    out = []
+    for name, col in zip(batch.schema.names, batch.columns, strict=True):
+        kind = col.type
+        if (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and pa.types.is_struct(kind.value_type):
+            values = col.values
+            if any(values.field(i).null_count for i in range(kind.value_type.num_fields)):
+                out.append(name)
+    return tuple(out)
+
+
+def _without_nulls(row: dict[str, Any], columns: tuple[str, ...]) -> dict[str, Any]:
     """A table row with the null members of its lists' objects dropped: Arrow gives every struct all the keys of
     its column's type (a user turn gets `tool_calls: null`), which JSON lines would not have held."""
-    for key, value in row.items():
+    for key in columns:
+        value = row.get(key)
         if type(value) is list and value and type(value[0]) is dict:
             row[key] = [{k: v for k, v in m.items() if v is not None} if type(m) is dict else m for m in value]
     return row
@@ -244,10 +259,11 @@ def _table_rows(path: Path, kind: str, stats: ReadStats) -> Iterator[tuple[int, 
     done = 0
     for file, size in zip(files, sizes, strict=True):
         for batch in _record_batches(file, "arrow" if kind == "arrow-dir" else kind):
+            clean = _null_struct_columns(batch)
             for row in batch.to_pylist():
                 number += 1
                 stats.lines = number
-                yield number, _without_nulls(row)
+                yield number, _without_nulls(row, clean) if clean else row
         done += size
         stats.bytes_read = done
 
