@@ -69,3 +69,13 @@ async def test_a_three_dataset_mix_by_weight_is_what_is_generated(tmp_path: Path
     assert total == 200
     for name, weight in (("code", 0.4), ("chat", 0.3), ("tools", 0.3)):
         assert abs(done[name] / total - weight) <= 0.01, done
+    # the mix as `status --json` shows it: per dataset (no category column: the dataset's name stands)
+    from app.store.mix_reads import dataset_mix
+
+    conn = sqlite3.connect(config.run.database)
+    mix = {row.dataset: row for row in dataset_mix(conn, 1)}
+    conn.close()
+    assert {n: (r.category, r.prompts, r.answers) for n, r in mix.items()} == {
+        "code": ("code", 80, 80), "chat": ("chat", 60, 60), "tools": ("tools", 60, 60)}
+    assert all(r.loss_tokens > r.answers for r in mix.values())
+    assert 0 <= mix["code"].as_json()["tool_call_share"] <= 1
