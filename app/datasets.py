@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -440,6 +441,31 @@ def _category_of(obj: dict[str, Any], choice: RowChoice | None) -> str | None:
     return str(value)
 
 
+_SCRIPTS = (("CJK", re.compile("[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")),
+            ("Cyrillic", re.compile("[\u0400-\u04ff]")), ("Arabic", re.compile("[\u0600-\u06ff]")),
+            ("Latin", re.compile("[A-Za-z\u00c0-\u024f]")))
+_LATIN = _SCRIPTS[-1][1]
+_NON_LATIN = re.compile("[\u0400-\u04ff\u0600-\u06ff\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")
+
+
+def script_of(messages: list[dict[str, Any]], sample: int = 200) -> str:
+    """A cheap guess at the language of a prompt by script: the script of most letters in the first `sample`
+    characters of its last user turn (Latin, CJK, Cyrillic, Arabic; "other" for the rest or no letters)."""
+    text = ""
+    for m in reversed(messages):
+        if m.get("role") == "user":
+            content = m.get("content")
+            text = content if isinstance(content, str) else " ".join(
+                p.get("text", "") for p in content or () if isinstance(p, dict) and isinstance(p.get("text"), str))
+            break
+    text = text[:sample]
+    if text.isascii() or _NON_LATIN.search(text) is None:  # most prompts: no need to count
+        return "Latin" if _LATIN.search(text) else "other"
+    counts = {name: len(pattern.findall(text)) for name, pattern in _SCRIPTS}
+    best = max(counts, key=counts.__getitem__)
+    return best if counts[best] > 0 else "other"  # (letters of other scripts are not counted against these)
+
+
 def iter_prompts(
     path: str | Path,
     fmt: str,
@@ -458,7 +484,8 @@ def iter_prompts(
         messages = _prompt(_messages_of(obj, fmt), key)
         tools = _tools_of(obj)
         sid = _sample_id(obj, id_field) or content_id(messages, tools)
-        return SampleInput(sid, name, messages, tools, line=number, category=_category_of(obj, choice))
+        return SampleInput(sid, name, messages, tools, line=number, category=_category_of(obj, choice),
+                           language=script_of(messages))
 
     return _good_lines(path, fmt, limit, stats, sample, choice)
 

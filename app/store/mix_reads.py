@@ -20,10 +20,12 @@ class MixRow:
     loss_tokens: int
     reasoning: int
     tool_calls: int
+    languages: tuple[tuple[str, int], ...] = ()  # prompts per script (app.datasets.script_of), most first
 
     def as_json(self) -> dict[str, Any]:
         """JSON-ready, with the shares of answers that reason and that call tools."""
         out = asdict(self)
+        out["languages"] = dict(self.languages)
         out["reasoning_share"] = round(self.reasoning / self.answers, 4) if self.answers else None
         out["tool_call_share"] = round(self.tool_calls / self.answers, 4) if self.answers else None
         return out
@@ -44,6 +46,16 @@ _MIX = (
 )
 
 
+_LANGUAGES = (
+    "SELECT dataset, COALESCE(category, dataset), COALESCE(language, 'unknown'), COUNT(*) FROM samples "
+    "WHERE run_id = ? GROUP BY 1, 2, 3 ORDER BY 4 DESC"
+)
+
+
 def dataset_mix(conn: sqlite3.Connection, run_id: int) -> tuple[MixRow, ...]:
-    """The run's mix by (dataset, category), in name order."""
-    return tuple(MixRow(*row) for row in conn.execute(_MIX, (run_id,)))
+    """The run's mix by (dataset, category), in name order, with its prompts' scripts."""
+    languages: dict[tuple[str, str], list[tuple[str, int]]] = {}
+    for dataset, category, language, n in conn.execute(_LANGUAGES, (run_id,)):
+        languages.setdefault((dataset, category), []).append((language, n))
+    return tuple(MixRow(*row, languages=tuple(languages.get((row[0], row[1]), ())))
+                 for row in conn.execute(_MIX, (run_id,)))

@@ -78,4 +78,5 @@ async def test_a_three_dataset_mix_by_weight_is_what_is_generated(tmp_path: Path
     assert {n: (r.category, r.prompts, r.answers) for n, r in mix.items()} == {
         "code": ("code", 80, 80), "chat": ("chat", 60, 60), "tools": ("tools", 60, 60)}
     assert all(r.loss_tokens > r.answers for r in mix.values())
+    assert all(sum(dict(r.languages).values()) == r.prompts for r in mix.values())
     assert 0 <= mix["code"].as_json()["tool_call_share"] <= 1

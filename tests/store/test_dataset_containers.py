@@ -213,3 +213,12 @@ def test_sample_fraction_keeps_the_same_seeded_share_every_time(tmp_path: Path) 
     assert first == again and first != other
     assert abs(len(first) - 5000) < 250
     assert len(list(iter_prompts(path, "auto", limit=100, choice=RowChoice(fraction=0.25)))) == 100
+
+
+@pytest.mark.parametrize(("text", "script"), [("Explain sqlite indexes", "Latin"), ("解释一下索引 ok", "CJK"),
+                                              ("Объясни индексы", "Cyrillic"), ("اشرح الفهارس", "Arabic"),
+                                              ("12345 !!", "other")])
+def test_a_prompts_script_is_guessed_from_most_of_its_letters(text: str, script: str) -> None:
+    from app.datasets import script_of
+
+    assert script_of([{"role": "system", "content": "You are kind."}, {"role": "user", "content": text}]) == script
