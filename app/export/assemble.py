@@ -32,6 +32,7 @@ from app.export.trainer_routes import trainer_routes
 from app.export.training_rows import TrainingRow
 from app.export.writers import DATA_DIR, SPECFORGE_TEMPLATES, WRITE_BUFFER, Writer, make_writer
 from app.store.export_reads import ExportRow, conversation_is_open, iter_rows
+from app.store.mix_reads import dataset_mix
 from app.tokens.render_export import PromptRenderer
 
 FORMATS = ("sglang-raw", "specforge", "specforge-text", "speculators", "modelopt", "eagle3-shards")
@@ -322,6 +323,8 @@ def export_run(
             "policy": policy.as_dict(),
             "data_dir": DATA_DIR,
             "samples_file": SAMPLES,
+            # the whole run's mix by dataset and category (the export's rows are those of it the policy kept)
+            "run_mix": [row.as_json() for row in dataset_mix(conn, info.id)],
         }
         split = {"eval_fraction": eval_fraction, "key": "sample id (a whole conversation's id for its rows)", "hash": "sha256, first 8 bytes below fraction",
                  "eval_dir": EVAL_DIR if evals is not None else None}
