@@ -60,7 +60,7 @@ def run_status(conn: Any, run: Any) -> dict[str, Any]:
     beats, finished figures once nothing moves the run) as JSON-ready data, in the words every face uses."""
     from app.engine.record_reads import read_record
     from app.engine.snapshot import state_words
-    from app.store.mix_reads import dataset_mix
+    from app.store.queries import dataset_mix
 
     rec = read_record(conn, run.name)
     c, a = rec.counts, rec.counts.answers

@@ -32,7 +32,6 @@ from app.export.trainer_routes import trainer_routes
 from app.export.training_rows import TrainingRow
 from app.export.writers import DATA_DIR, SPECFORGE_TEMPLATES, WRITE_BUFFER, Writer, make_writer
 from app.store.export_reads import ExportRow, conversation_is_open, iter_rows
-from app.store.mix_reads import dataset_mix
 from app.tokens.render_export import PromptRenderer
 
 FORMATS = ("sglang-raw", "specforge", "specforge-text", "speculators", "modelopt", "eagle3-shards")
@@ -112,7 +111,7 @@ def export_run(
     progress(seen, exported) is called after every sample. Raises InputError for a bad database, run,
     tokenizer, template, or an output directory that already holds an export (unless overwrite) or other files.
     """
-    from app.store.queries import connect_readonly, resolve_run
+    from app.store.queries import connect_readonly, dataset_mix, resolve_run
     from app.tokens import get_profile, load_tokenizer
 
     if fmt not in FORMATS:

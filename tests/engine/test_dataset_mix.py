@@ -70,7 +70,7 @@ async def test_a_three_dataset_mix_by_weight_is_what_is_generated(tmp_path: Path
     for name, weight in (("code", 0.4), ("chat", 0.3), ("tools", 0.3)):
         assert abs(done[name] / total - weight) <= 0.01, done
     # the mix as `status --json` shows it: per dataset (no category column: the dataset's name stands)
-    from app.store.mix_reads import dataset_mix
+    from app.store.queries import dataset_mix
 
     conn = sqlite3.connect(config.run.database)
     mix = {row.dataset: row for row in dataset_mix(conn, 1)}
