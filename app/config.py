@@ -32,7 +32,7 @@ from pydantic_core import PydanticUndefined
 from app.errors import InputError
 
 DATASET_FORMATS = ("openai-messages", "sharegpt", "specforge-conversations")
-DatasetFormat = Literal["openai-messages", "sharegpt", "specforge-conversations"]
+DatasetFormat = Literal["openai-messages", "sharegpt", "specforge-conversations", "auto"]
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # keys inside `extra` tables whose values are masked by RunConfig.redacted()
@@ -127,10 +127,27 @@ class RunSection(_Section):
 class Dataset(_Section):
     """[[data.datasets]]: one prompt file."""
 
-    path: ConfigPath = Field(description="JSONL prompt file (streamed, never loaded whole).")
-    format: DatasetFormat = Field("openai-messages", description="Line format of the file.")
+    path: ConfigPath = Field(description="Prompt file, streamed, never loaded whole: JSON lines (`.jsonl`, `.jsonl.gz`, "
+                             "`.jsonl.zst`), a JSON array (`.json`), Parquet (`.parquet`), Arrow (`.arrow`) or a "
+                             "`datasets` save_to_disk folder; the container is told by the name.")
+    format: DatasetFormat = Field("openai-messages", description="Row format; \"auto\" tells each row's from its "
+                                  "columns (messages; conversations from/value or role/content; prompt/response; "
+                                  "instruction/input/output).")
     id_field: str = Field("id", min_length=1, description="Field holding the sample id (a content hash when absent).")
-    limit: int | None = Field(None, gt=0, description="Ingest at most this many samples from the file.")
+    limit: int | None = Field(None, gt=0, description="Ingest at most this many samples from the file (after "
+                              "`sample_fraction`).")
+    sample_fraction: float | None = Field(
+        None, gt=0, le=1, description="Ingest this share of the rows, chosen by a seeded hash of each row's position "
+        "(the same rows on every ingest, so resuming and re-ingesting keep the choice).")
+    sample_seed: int = Field(0, description="Seed of `sample_fraction`'s choice.")
+    weight: float | None = Field(
+        None, gt=0, description="This dataset's share of `data.total` (weights need not sum to 1): it gets "
+        "round(total * weight / sum of weights) rows, its first rows (of those `sample_fraction` keeps); with "
+        "weights the mix is declared, e.g. 0.4 code, 0.3 chat, 0.3 tool use. Not with `limit`.")
+    columns: dict[Literal["messages", "conversations", "id", "category", "tools"], str] = Field(
+        default_factory=dict, description="Columns under other names, e.g. {messages = \"chat\", category = "
+        "\"topic\"}: `category` names the column each sample's category is read from (default: the dataset's name); "
+        "`id` overrides `id_field`.")
     name: Name = Field("", description="Dataset name recorded with each sample (default: the file's stem); "
                        "no control characters or path separators.")
     regenerate: Literal["last", "all"] = Field(
@@ -141,6 +158,13 @@ class Dataset(_Section):
         "stop", description="With regenerate = \"all\": when the model's tool calls differ from the recorded ones, "
         "end the conversation there (\"stop\") or go on with the recorded results, the later turns marked "
         "off-policy (\"replay\").")
+
+    _share: int | None = PrivateAttr(None)
+
+    @property
+    def row_limit(self) -> int | None:
+        """The rows to ingest at most: `limit`, or this dataset's weighted share of data.total."""
+        return self._share if self._share is not None else self.limit
 
     @model_validator(mode="after")
     def _default_name(self) -> Dataset:
@@ -156,6 +180,8 @@ class DataSection(_Section):
     """[data]: prompt datasets and the optional ground-truth reference."""
 
     datasets: list[Dataset] = Field(min_length=1, description="Prompt files, ingested in order.")
+    total: int | None = Field(None, gt=0, description="Rows ingested in all, shared among the datasets by their "
+                              "`weight` (every dataset then needs one).")
     reference: ConfigPath | None = Field(
         None, description="SGLang-style JSONL with `output_ids` per sample id: the ground truth to validate against."
     )
@@ -168,6 +194,33 @@ class DataSection(_Section):
                 raise ValueError(f"two datasets are named {ds.name!r}; give each a distinct `name`")
             seen.add(ds.name)
         return self
+
+    @model_validator(mode="after")
+    def _weighted_limits(self) -> DataSection:
+        weighted = [ds for ds in self.datasets if ds.weight is not None]
+        if not weighted and self.total is None:
+            return self
+        if self.total is None:
+            raise ValueError("datasets have a `weight` but data.total is not set; set the rows to share among them")
+        if len(weighted) != len(self.datasets):
+            missing = ", ".join(repr(ds.name) for ds in self.datasets if ds.weight is None)
+            raise ValueError(f"data.total shares rows by weight, but dataset(s) {missing} have none; give each a weight")
+        both = [ds.name for ds in weighted if ds.limit is not None]
+        if both:
+            raise ValueError(f"dataset {both[0]!r} has both `limit` and `weight`; the weight sets its limit, keep one")
+        for ds, n in zip(self.datasets, weighted_shares(self.total, [ds.weight or 0.0 for ds in self.datasets]),
+                         strict=True):
+            ds._share = max(n, 1)
+        return self
+
+
+def weighted_shares(total: int, weights: list[float]) -> list[int]:
+    """`total` split in proportion to `weights`, rounded so the parts sum to `total` (largest remainders)."""
+    exact = [total * w / sum(weights) for w in weights]
+    parts = [int(x) for x in exact]
+    for i in sorted(range(len(exact)), key=lambda i: exact[i] - parts[i], reverse=True)[: total - sum(parts)]:
+        parts[i] += 1
+    return parts
 
 
 class ModelSection(_Section):

@@ -67,6 +67,7 @@ class ConversationInput:
     turns: tuple[TurnInput, ...]
     on_tool_divergence: str = "stop"
     line: int = 0  # line number in its file (0 when not from a file)
+    category: str | None = None  # the row's category column, when the dataset maps one
 
     def turn_id(self, k: int) -> str:
         """The sample id of turn k (1-based)."""

@@ -1,6 +1,8 @@
-"""Streaming readers for prompt datasets and SGLang-style reference files (JSONL, one object a line).
+"""Streaming readers for prompt datasets and SGLang-style reference files: JSON lines (plain, .gz, .zst), JSON arrays,
+Parquet, Arrow and `datasets` save_to_disk folders (`container_of` tells which from the name).
 
-Files are read line by line, never whole. A bad line is counted and skipped, and its `file:line:column: reason`
+Files are read row by row, never whole (JSON arrays with ijson's incremental parser, Parquet by row group, Arrow by
+record batch). A row's position is its line, or its row index from 1 for arrays and tables. A bad line is counted and skipped, and its `file:line:column: reason`
 (`file:line: reason` when the problem is not at one place in the text) kept (the first few) in the `ReadStats`
 passed in; without one, the first bad line raises InputError. Columns count characters from 1, as editors do.
 
@@ -10,6 +12,8 @@ turns are all regenerated in order: `iter_conversations`, turns split by `app.co
 - openai-messages:          {"id", "messages": [{"role", "content", ...}], "tools"?}
 - sharegpt:                 {"id", "conversations": [{"from": "human"|"gpt"|"system"|"tool", "value"}], "tools"?}
 - specforge-conversations:  {"id", "conversations": [{"role", "content"}], "tools"?}
+- prompt-response / alpaca (only through "auto"): {"prompt", "response"?} / {"instruction", "input"?, "output"?}
+- auto:                     each row's format told from its columns (`row_format`)
 - reference (SGLang-style): {"id", "messages", "output_ids": [int], "meta_info": {"finish_reason": ...}}
 A line without an id gets a stable content hash of its prompt ("h-" + 16 hex digits).
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +36,7 @@ from app.store.store_records import ReferenceRecord, SampleInput
 
 T = TypeVar("T")
 
-FORMATS = ("openai-messages", "sharegpt", "specforge-conversations")
+FORMATS = ("openai-messages", "sharegpt", "specforge-conversations", "auto")
 ROLES = ("system", "developer", "user", "assistant", "tool")
 _ROLE_SET = frozenset(ROLES)
 _CONTENT_TYPES = (str, list)
@@ -84,22 +89,192 @@ def content_id(messages: list[dict[str, Any]], tools: list[Any] | None) -> str:
     return "h-" + hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
 
-def _lines(path: Path, stats: ReadStats) -> Iterator[tuple[int, bytes]]:
+def _open(path: Path) -> Any:
     try:
-        fh = path.open("rb")
+        return path.open("rb")
     except FileNotFoundError:
         raise InputError(f"{path}: no such file; check the dataset path in the config") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+
+
+def container_of(path: str | Path) -> str:
+    """How a dataset file holds its rows, guessed from its name (and, for `.json`, its first byte): "jsonl",
+    "jsonl.gz", "jsonl.zst", "json-array", "parquet", "arrow" (an IPC file or stream) or "arrow-dir" (a
+    `datasets` `save_to_disk` folder)."""
+    path = Path(path)
+    if path.is_dir():
+        return "arrow-dir"
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        return "jsonl.gz"
+    if name.endswith((".zst", ".zstd")):
+        return "jsonl.zst"
+    if name.endswith(".parquet"):
+        return "parquet"
+    if name.endswith((".arrow", ".feather", ".ipc")):
+        return "arrow"
+    if name.endswith(".json"):
+        try:
+            with path.open("rb") as fh:
+                head = fh.read(4096).lstrip()
+        except OSError:
+            return "jsonl"
+        return "json-array" if head.startswith(b"[") else "jsonl"
+    return "jsonl"
+
+
+def _lines(path: Path, stats: ReadStats) -> Iterator[tuple[int, bytes | dict[str, Any]]]:
+    """Each row of a dataset file with its position (the line; the row index, from 1, for arrays and tables):
+    raw JSON bytes for the text containers, an already decoded dict for Parquet and Arrow."""
+    kind = container_of(path)
+    if kind in ("parquet", "arrow", "arrow-dir"):
+        yield from _table_rows(path, kind, stats)
+        return
+    if kind == "json-array":
+        yield from _array_rows(path, stats)
+        return
+    fh = _open(path)
     with fh:
-        for number, line in enumerate(fh, 1):
-            stats.lines = number
-            stats.bytes_read += len(line)
-            if line.strip():
-                yield number, line
+        if kind == "jsonl.gz":
+            import gzip
+
+            stream: Any = gzip.GzipFile(fileobj=fh)
+        elif kind == "jsonl.zst":
+            import io
+
+            import zstandard
+
+            stream = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(fh), 1 << 20)
+        else:
+            stream = fh
+        compressed = stream is not fh
+        try:
+            for number, line in enumerate(stream, 1):
+                stats.lines = number
+                stats.bytes_read = fh.tell() if compressed else stats.bytes_read + len(line)
+                if line.strip():
+                    yield number, line
+        except (OSError, EOFError) as exc:  # a corrupt or truncated compressed stream
+            raise InputError(f"{path}:{stats.lines + 1}: cannot be decompressed ({exc}); is the file whole?") from None
+        except Exception as exc:
+            if type(exc).__name__ == "ZstdError":
+                raise InputError(f"{path}:{stats.lines + 1}: cannot be decompressed ({exc}); is the file whole?") from None
+            raise
 
 
-def _parse(line: bytes) -> dict[str, Any]:
+def _array_rows(path: Path, stats: ReadStats) -> Iterator[tuple[int, bytes | dict[str, Any]]]:
+    """The elements of a top-level JSON array, parsed one at a time (ijson's C backend), never the file whole."""
+    import ijson
+
+    fh = _open(path)
+    with fh:
+        number = 0
+        try:
+            for obj in ijson.items(fh, "item", use_float=True):
+                number += 1
+                stats.lines = number
+                stats.bytes_read = fh.tell()
+                yield number, obj if isinstance(obj, dict) else _NotAnObject(obj)
+        except ijson.JSONError as exc:
+            raise InputError(f"{path}:{number + 1}: the JSON array cannot be read past element {number} ({exc}); "
+                             "fix the file (elements before it were read)") from None
+
+
+class _NotAnObject:
+    """An array element or table row that is not a JSON object (reported by `_parse`)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _table_files(path: Path, kind: str) -> list[Path]:
+    if kind != "arrow-dir":
+        return [path]
+    state = path / "state.json"
+    if state.exists():
+        try:
+            files = [path / f["filename"] for f in orjson.loads(state.read_bytes()).get("_data_files", [])]
+        except (orjson.JSONDecodeError, TypeError, KeyError, AttributeError) as exc:
+            raise InputError(f"{state}: not a `datasets` state file ({exc})") from None
+        if files:
+            return files
+    files = sorted(path.glob("*.arrow"))
+    if not files:
+        raise InputError(f"{path}: a folder without .arrow files; give a JSONL, JSON, Parquet or Arrow file, "
+                         "or a folder written by `datasets` save_to_disk")
+    return files
+
+
+def _record_batches(file: Path, kind: str) -> Iterator[Any]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        if kind == "parquet":
+            yield from pq.ParquetFile(file).iter_batches(batch_size=2048)
+            return
+        with pa.memory_map(str(file)) as source:
+            try:
+                reader: Any = pa.ipc.open_file(source)
+                for i in range(reader.num_record_batches):
+                    yield reader.get_batch(i)
+            except pa.ArrowInvalid:
+                source.seek(0)
+                yield from pa.ipc.open_stream(source)
+    except FileNotFoundError:
+        raise InputError(f"{file}: no such file; check the dataset path in the config") from None
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(f"{file}: cannot be read as {kind.removesuffix('-dir')} ({exc})") from None
+
+
+def _null_struct_columns(batch: Any) -> tuple[str, ...]:
+    """The list-of-struct columns of a record batch with a null member somewhere (the only ones to clean)."""
+    import pyarrow as pa
+
+    out = []
+    for name, col in zip(batch.schema.names, batch.columns, strict=True):
+        kind = col.type
+        if (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and pa.types.is_struct(kind.value_type):
+            values = col.values
+            if any(values.field(i).null_count for i in range(kind.value_type.num_fields)):
+                out.append(name)
+    return tuple(out)
+
+
+def _without_nulls(row: dict[str, Any], columns: tuple[str, ...]) -> dict[str, Any]:
+    """A table row with the null members of its lists' objects dropped: Arrow gives every struct all the keys of
+    its column's type (a user turn gets `tool_calls: null`), which JSON lines would not have held."""
+    for key in columns:
+        value = row.get(key)
+        if type(value) is list and value and type(value[0]) is dict:
+            row[key] = [{k: v for k, v in m.items() if v is not None} if type(m) is dict else m for m in value]
+    return row
+
+
+def _table_rows(path: Path, kind: str, stats: ReadStats) -> Iterator[tuple[int, bytes | dict[str, Any]]]:
+    """Rows of Parquet / Arrow files one record batch at a time, numbered from 1 across a folder's files."""
+    files = _table_files(path, kind)
+    sizes = [f.stat().st_size if f.exists() else 0 for f in files]
+    number = 0
+    done = 0
+    for file, size in zip(files, sizes, strict=True):
+        for batch in _record_batches(file, "arrow" if kind == "arrow-dir" else kind):
+            clean = _null_struct_columns(batch)
+            for row in batch.to_pylist():
+                number += 1
+                stats.lines = number
+                yield number, _without_nulls(row, clean) if clean else row
+        done += size
+        stats.bytes_read = done
+
+
+def _parse(line: bytes | dict[str, Any] | _NotAnObject) -> dict[str, Any]:
+    if type(line) is dict:
+        return line
+    if isinstance(line, _NotAnObject):
+        raise _BadLine(f"expected a JSON object, got {type(line.value).__name__}")
+    assert isinstance(line, bytes)
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError as first:
@@ -159,7 +334,46 @@ def _prompt(messages: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
     return messages
 
 
+def row_format(obj: dict[str, Any]) -> str:
+    """The format of one row, from its columns (what `format = "auto"` reads each row as): `messages`;
+    `conversations` of `from`/`value` (ShareGPT) or of `role`/`content`; `prompt`/`response`;
+    `instruction`/`input`/`output` (Alpaca)."""
+    if "messages" in obj:
+        return "openai-messages"
+    conv = obj.get("conversations")
+    if isinstance(conv, list):
+        first = conv[0] if conv else None
+        return "sharegpt" if isinstance(first, dict) and "from" in first else "specforge-conversations"
+    if "prompt" in obj:
+        return "prompt-response"
+    if "instruction" in obj:
+        return "alpaca"
+    raise _BadLine("has none of the columns messages, conversations, prompt or instruction; "
+                   "set `format` for this dataset")
+
+
+def _text_column(obj: dict[str, Any], key: str, required: bool = True) -> str:
+    value = obj.get(key)
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str) or (required and not value):
+        raise _BadLine(f"{key!r} must be a non-empty string")
+    return value
+
+
 def _messages_of(obj: dict[str, Any], fmt: str) -> list[dict[str, Any]]:
+    if fmt == "auto":
+        fmt = row_format(obj)
+    if fmt == "prompt-response":
+        out = [{"role": "user", "content": _text_column(obj, "prompt")}]
+        response = obj.get("response")
+        return out + ([{"role": "assistant", "content": response}] if isinstance(response, str) else [])
+    if fmt == "alpaca":
+        extra = _text_column(obj, "input", required=False)
+        prompt = _text_column(obj, "instruction") + (f"\n\n{extra}" if extra else "")
+        output = obj.get("output")
+        return [{"role": "user", "content": prompt}] + (
+            [{"role": "assistant", "content": output}] if isinstance(output, str) else [])
     if fmt == "openai-messages":
         return _check_messages(obj.get("messages"), "messages")
     conv = obj.get("conversations")
@@ -191,6 +405,67 @@ def _sample_id(obj: dict[str, Any], id_field: str) -> str | None:
     return str(value)
 
 
+@dataclass(frozen=True, slots=True)
+class RowChoice:
+    """Which rows of a file are read and under what names: `columns` maps a canonical column (messages,
+    conversations, id, category, tools) to the file's name for it; `fraction` keeps that share of the rows,
+    chosen by a hash of (seed, position), so the same rows every time."""
+
+    columns: tuple[tuple[str, str], ...] = ()
+    fraction: float | None = None
+    seed: int = 0
+
+    def keeps(self, number: int) -> bool:
+        """Whether the row at `number` is among the sampled ones."""
+        if self.fraction is None or self.fraction >= 1:
+            return True
+        digest = hashlib.blake2b(f"{self.seed}:{number}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") < self.fraction * 2**64
+
+    def rename(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """The row with its mapped columns under their canonical names."""
+        for canonical, source in self.columns:
+            if source in obj and canonical != source:
+                obj[canonical] = obj.pop(source)
+        return obj
+
+
+def _category_of(obj: dict[str, Any], choice: RowChoice | None) -> str | None:
+    if choice is None or not any(c == "category" for c, _ in choice.columns):
+        return None
+    value = obj.get("category")
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise _BadLine(f"'category' must be a string, got {type(value).__name__}")
+    return str(value)
+
+
+_SCRIPTS = (("CJK", re.compile("[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")),
+            ("Cyrillic", re.compile("[\u0400-\u04ff]")), ("Arabic", re.compile("[\u0600-\u06ff]")),
+            ("Latin", re.compile("[A-Za-z\u00c0-\u024f]")))
+_LATIN = _SCRIPTS[-1][1]
+_NON_LATIN = re.compile("[\u0400-\u04ff\u0600-\u06ff\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")
+
+
+def script_of(messages: list[dict[str, Any]], sample: int = 200) -> str:
+    """A cheap guess at the language of a prompt by script: the script of most letters in the first `sample`
+    characters of its last user turn (Latin, CJK, Cyrillic, Arabic; "other" for the rest or no letters)."""
+    text = ""
+    for m in reversed(messages):
+        if m.get("role") == "user":
+            content = m.get("content")
+            text = content if isinstance(content, str) else " ".join(
+                p.get("text", "") for p in content or () if isinstance(p, dict) and isinstance(p.get("text"), str))
+            break
+    text = text[:sample]
+    if text.isascii() or _NON_LATIN.search(text) is None:  # most prompts: no need to count
+        return "Latin" if _LATIN.search(text) else "other"
+    counts = {name: len(pattern.findall(text)) for name, pattern in _SCRIPTS}
+    best = max(counts, key=counts.__getitem__)
+    return best if counts[best] > 0 else "other"  # (letters of other scripts are not counted against these)
+
+
 def iter_prompts(
     path: str | Path,
     fmt: str,
@@ -199,18 +474,27 @@ def iter_prompts(
     id_field: str = "id",
     limit: int | None = None,
     stats: ReadStats | None = None,
+    choice: RowChoice | None = None,
 ) -> Iterator[SampleInput]:
-    """Yield a SampleInput per good line of a prompt JSONL file in format `fmt`, at most `limit` of them."""
+    """Yield a SampleInput per good row of a prompt file in format `fmt`, at most `limit` of them (of the rows
+    `choice` keeps, under its column names)."""
     name = dataset or Path(path).stem
-    key = "messages" if fmt == "openai-messages" else "conversations"
-
     def sample(obj: dict[str, Any], number: int) -> SampleInput:
+        key = _key_of(obj, fmt)
         messages = _prompt(_messages_of(obj, fmt), key)
         tools = _tools_of(obj)
         sid = _sample_id(obj, id_field) or content_id(messages, tools)
-        return SampleInput(sid, name, messages, tools, line=number)
+        return SampleInput(sid, name, messages, tools, line=number, category=_category_of(obj, choice),
+                           language=script_of(messages))
 
-    return _good_lines(path, fmt, limit, stats, sample)
+    return _good_lines(path, fmt, limit, stats, sample, choice)
+
+
+def _key_of(obj: dict[str, Any], fmt: str) -> str:
+    """The column a row's messages are named by in its error messages."""
+    if fmt == "auto":
+        return "conversations" if "conversations" in obj else "messages"
+    return "messages" if fmt == "openai-messages" else "conversations"
 
 
 def _tools_of(obj: dict[str, Any]) -> list[Any] | None:
@@ -221,7 +505,7 @@ def _tools_of(obj: dict[str, Any]) -> list[Any] | None:
 
 
 def _good_lines(path: str | Path, fmt: str, limit: int | None, stats: ReadStats | None,
-                build: Callable[[dict[str, Any], int], T]) -> Iterator[T]:
+                build: Callable[[dict[str, Any], int], T], choice: RowChoice | None = None) -> Iterator[T]:
     """What `build(parsed line, line number)` makes of each good line, at most `limit` of them. A bad line (a
     `_BadLine` from parsing or from `build`) fails the read with its file:line when `stats` is None, else it is
     counted in `stats` and passed over."""
@@ -233,8 +517,11 @@ def _good_lines(path: str | Path, fmt: str, limit: int | None, stats: ReadStats 
     for number, line in _lines(path, stats):
         if limit is not None and stats.good >= limit:
             return
+        if choice is not None and not choice.keeps(number):
+            continue
         try:
-            item = build(_parse(line), number)
+            obj = _parse(line)
+            item = build(choice.rename(obj) if choice is not None else obj, number)
         except _BadLine as exc:
             if strict:
                 raise InputError(f"{exc.where(path, number)}: {exc}; fix or remove the line") from None
@@ -247,7 +534,21 @@ def _good_lines(path: str | Path, fmt: str, limit: int | None, stats: ReadStats 
 def iter_dataset(ds: Any, stats: ReadStats | None = None) -> Iterator[SampleInput]:
     """Yield the samples of a config `Dataset` (path, format, id_field, limit, name) read with regenerate =
     "last" (one sample per line)."""
-    return iter_prompts(ds.path, ds.format, dataset=ds.name, id_field=ds.id_field, limit=ds.limit, stats=stats)
+    return iter_prompts(ds.path, ds.format, dataset=ds.name, id_field=_id_field(ds), limit=ds.row_limit, stats=stats,
+                        choice=row_choice(ds))
+
+
+def row_choice(ds: Any) -> RowChoice | None:
+    """The RowChoice a config `Dataset` declares (None when it maps no column and samples every row)."""
+    columns = tuple((k, v) for k, v in (getattr(ds, "columns", None) or {}).items() if k != "id")
+    fraction = getattr(ds, "sample_fraction", None)
+    if not columns and fraction is None:
+        return None
+    return RowChoice(columns, fraction, getattr(ds, "sample_seed", 0))
+
+
+def _id_field(ds: Any) -> str:
+    return (getattr(ds, "columns", None) or {}).get("id") or ds.id_field
 
 
 def iter_conversations(
@@ -259,15 +560,15 @@ def iter_conversations(
     limit: int | None = None,
     stats: ReadStats | None = None,
     on_tool_divergence: str = "stop",
+    choice: RowChoice | None = None,
 ) -> Iterator[ConversationInput]:
     """Yield a ConversationInput per good line of a JSONL file in format `fmt`, at most `limit` of them: the whole
     conversation, split into the turns to regenerate (`app.conversation.split_turns`). A line without an id gets
     a hash of its messages and tools ("c-" + 16 hex digits). Bad lines as in `iter_prompts`, the reason naming the
     message (e.g. `messages[3] is a tool result, but ...`)."""
     name = dataset or Path(path).stem
-    key = "messages" if fmt == "openai-messages" else "conversations"
-
     def conversation(obj: dict[str, Any], number: int) -> ConversationInput:
+        key = _key_of(obj, fmt)
         messages = _messages_of(obj, fmt)
         tools = _tools_of(obj)
         try:
@@ -277,15 +578,16 @@ def iter_conversations(
         cid = _sample_id(obj, id_field) or conversation_content_id(messages, tools)
         if "#" in cid:
             raise _BadLine(f"{id_field!r} {cid!r} holds '#', which separates a conversation id from its turn")
-        return ConversationInput(cid, name, tools, turns, on_tool_divergence, line=number)
+        return ConversationInput(cid, name, tools, turns, on_tool_divergence, line=number,
+                                 category=_category_of(obj, choice))
 
-    return _good_lines(path, fmt, limit, stats, conversation)
+    return _good_lines(path, fmt, limit, stats, conversation, choice)
 
 
 def iter_dataset_conversations(ds: Any, stats: ReadStats | None = None) -> Iterator[ConversationInput]:
     """Yield the conversations of a config `Dataset` read with regenerate = "all"."""
-    return iter_conversations(ds.path, ds.format, dataset=ds.name, id_field=ds.id_field, limit=ds.limit, stats=stats,
-                              on_tool_divergence=ds.on_tool_divergence)
+    return iter_conversations(ds.path, ds.format, dataset=ds.name, id_field=_id_field(ds), limit=ds.row_limit,
+                              stats=stats, on_tool_divergence=ds.on_tool_divergence, choice=row_choice(ds))
 
 
 def _finish_reason(meta: Any) -> str | None:
@@ -351,9 +653,18 @@ def iter_references(
 
 
 def file_fingerprint(path: str | Path) -> str:
-    """`sha256:<hex>` of a file's bytes: the content fingerprint an ingest is recorded under."""
+    """`sha256:<hex>` of a file's bytes (of a `save_to_disk` folder: of its files' names and bytes, in name order):
+    the content fingerprint an ingest is recorded under."""
+    path = Path(path)
     try:
-        with Path(path).open("rb") as fh:
+        if path.is_dir():
+            digest = hashlib.sha256()
+            for file in sorted(p for p in path.rglob("*") if p.is_file()):
+                digest.update(str(file.relative_to(path)).encode() + b"\0")
+                with file.open("rb") as fh:
+                    digest.update(hashlib.file_digest(fh, "sha256").digest())
+            return "sha256:" + digest.hexdigest()
+        with path.open("rb") as fh:
             return "sha256:" + hashlib.file_digest(fh, "sha256").hexdigest()
     except FileNotFoundError:
         raise InputError(f"{path}: no such file; check the path in the config") from None
@@ -381,6 +692,8 @@ def _file_problem(path: Path, what: str) -> str | None:
     if not path.exists():
         return f"{path} does not exist; fix the path ({what}; relative paths are relative to the config file)"
     if path.is_dir():
+        if what == "prompt file" and ((path / "state.json").exists() or any(path.glob("*.arrow"))):
+            return None
         return f"{path} is a directory; give the path of the {what}"
     try:
         with path.open("rb"):
@@ -456,13 +769,14 @@ def check_inputs(config: Any, *, reference_sample: int | None = REFERENCE_SAMPLE
     warnings: list[str] = []
     lines_checked = 0
     for i, ds in enumerate(config.data.datasets):
-        problem = _file_problem(Path(ds.path), "prompt JSONL file")
+        problem = _file_problem(Path(ds.path), "prompt file")
         if problem:
             errors.append(f"{label}: data.datasets[{i}].path: {problem}")
             continue
         stats = ReadStats()
         try:
-            for _ in iter_prompts(ds.path, ds.format, dataset=ds.name, id_field=ds.id_field, stats=stats):
+            for _ in iter_prompts(ds.path, ds.format, dataset=ds.name, id_field=_id_field(ds), stats=stats,
+                                  choice=row_choice(ds)):
                 if dataset_sample is not None and stats.good + stats.bad >= dataset_sample:
                     break
         except InputError as exc:

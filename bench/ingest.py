@@ -9,9 +9,12 @@ subprocess (so peak RSS is that job's own):
   - baseline: the least a loader can do — `json.loads` each line, `json.dumps` its messages, and a bare
     `sqlite3.executemany` into an index-free table, 5000 rows per transaction.
 Reports rows/s, the ratio to the baseline, and peak RSS (ru_maxrss). Targets: >= 50k rows/s, < 200 MB.
+Then each dataset reader (`iter_prompts`, no store) on the same rows written as a JSON array, Parquet, Arrow,
+`.jsonl.gz` and `.jsonl.zst`, in rows/s against the JSON-lines reader in the same run (target >= 0.8x for Parquet
+and Arrow). `--readers-only` skips the ingest rows.
 Results go to bench/results/ingest.json; the last line is a markdown row for the README.
 
-    python bench/ingest.py [--lines 1000000] [--keep DIR]
+    python bench/ingest.py [--lines 1000000] [--reader-lines 200000] [--readers-only] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -120,6 +123,49 @@ def child_baseline(prompts: Path, db: Path) -> dict:
     return {"rows": rows, "bad": 0, "seconds": elapsed}
 
 
+TARGET_TABLE_READER_RATIO = 0.8
+
+
+def reader_rates(work: Path, n: int) -> dict[str, dict]:
+    """rows/s of `iter_prompts` over the same n rows in each container, best of three; the JSON-lines reader is
+    the baseline of the ratios."""
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+
+    from app.datasets import iter_prompts
+
+    jsonl = work / "readers.jsonl"
+    generate(jsonl, n)
+    raw = jsonl.read_bytes()
+    rows = [json.loads(line) for line in raw.splitlines()]
+    table = pa.Table.from_pylist(rows)
+    files = {"jsonl": jsonl, "json-array": work / "readers.json", "parquet": work / "readers.parquet",
+             "arrow": work / "readers.arrow", "jsonl.gz": work / "readers.jsonl.gz",
+             "jsonl.zst": work / "readers.jsonl.zst"}
+    files["json-array"].write_bytes(b"[" + b",\n".join(raw.splitlines()) + b"]")
+    pq.write_table(table, files["parquet"])
+    with pa.OSFile(str(files["arrow"]), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=1000)  # datasets' save_to_disk batch size
+    files["jsonl.gz"].write_bytes(gzip.compress(raw, 6))
+    files["jsonl.zst"].write_bytes(zstandard.ZstdCompressor(level=3).compress(raw))
+    del rows, table
+    out = {}
+    for kind, path in files.items():
+        best = float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            got = sum(1 for _ in iter_prompts(path, "openai-messages"))
+            best = min(best, time.perf_counter() - t)
+        assert got == n, f"{kind}: read {got} of {n} rows"
+        out[kind] = {"rows": n, "seconds": best, "rows_per_s": n / best, "file_mb": path.stat().st_size / 1e6}
+    for r in out.values():
+        r["ratio"] = r["rows_per_s"] / out["jsonl"]["rows_per_s"]
+    return out
+
+
 def run_child(kind: str, prompts: Path, db: Path) -> dict:
     out = subprocess.run(
         [sys.executable, __file__, "--child", kind, str(prompts), str(db)],
@@ -136,6 +182,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lines", type=int, default=1_000_000)
     ap.add_argument("--keep", metavar="DIR", help="work in DIR and keep the files")
+    ap.add_argument("--reader-lines", type=int, default=200_000, help="rows per container in the readers table")
+    ap.add_argument("--readers-only", action="store_true", help="only the readers table")
     ap.add_argument("--child", nargs=3, metavar=("KIND", "PROMPTS", "DB"), help=argparse.SUPPRESS)
     args = ap.parse_args()
 
@@ -150,6 +198,23 @@ def main() -> int:
         result["cpu_seconds"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
         print(json.dumps(result))
+        return 0
+
+    with tempfile.TemporaryDirectory(prefix="eaglewatch-bench-") as tmp:
+        work = Path(args.keep) if args.keep else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        readers = reader_rates(work, args.reader_lines)
+    print(f"{'reader':12} {'rows':>10} {'file MB':>8} {'seconds':>8} {'rows/s':>10} {'vs jsonl':>9}")
+    for kind, r in readers.items():
+        print(f"{kind:12} {r['rows']:>10,} {r['file_mb']:>8.1f} {r['seconds']:>8.2f} {r['rows_per_s']:>10,.0f} "
+              f"{r['ratio']:>8.2f}x")
+    ok_tables = all(readers[k]["ratio"] >= TARGET_TABLE_READER_RATIO for k in ("parquet", "arrow"))
+    print(f"target: Parquet and Arrow >= {TARGET_TABLE_READER_RATIO}x the JSON-lines reader "
+          f"{'met' if ok_tables else 'MISSED'}")
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ingest_readers.json").write_text(json.dumps({"rows": args.reader_lines, "readers": readers}, indent=2) + "\n")
+    if args.readers_only:
         return 0
 
     with tempfile.TemporaryDirectory(prefix="eaglewatch-bench-") as tmp:

@@ -60,7 +60,9 @@ def load_run_config(args: argparse.Namespace):
     if args.limit is not None:
         if args.limit < 1:
             raise EaglewatchError("--limit must be at least 1", exit_code=2)
-        for i, ds in enumerate(config.data.datasets):
+        if config.data.total is not None:  # a weighted mix: the limit caps the total, the weights still share it
+            overrides["data.total"] = min(args.limit, config.data.total)
+        for i, ds in enumerate(config.data.datasets if config.data.total is None else ()):
             overrides[f"data.datasets[{i}].limit"] = min(args.limit, ds.limit or args.limit)
     if overrides:
         config = apply_overrides(config, overrides)

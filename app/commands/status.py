@@ -60,6 +60,7 @@ def run_status(conn: Any, run: Any) -> dict[str, Any]:
     beats, finished figures once nothing moves the run) as JSON-ready data, in the words every face uses."""
     from app.engine.record.reads import read_record
     from app.engine.record.snapshot import state_words
+    from app.store.queries import dataset_mix
 
     rec = read_record(conn, run.name)
     c, a = rec.counts, rec.counts.answers
@@ -93,6 +94,7 @@ def run_status(conn: Any, run: Any) -> dict[str, Any]:
         "figures": _figures(rec),
         "engine": engine_status(conn, run, rec),
         "trust": [t.as_json() for t in rec.trust],
+        "mix": [row.as_json() for row in dataset_mix(conn, run.id)],
     }
     return out
 

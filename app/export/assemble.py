@@ -366,6 +366,8 @@ class Export:
     def _write_manifests(self, work: Path, report: ExportReport, train_files: list[dict[str, Any]],
                          eval_files: list[list[dict[str, Any]]]) -> None:
         """The manifest of the train (or only) folder and, with an eval split, of the eval folder."""
+        from app.store.queries import dataset_mix
+
         fmt, evals, renderer, shard_size = self.fmt, self.evals, self.renderer, self.options.shard_size
         warnings = report.warnings
         header: dict[str, Any] = {
@@ -381,6 +383,8 @@ class Export:
             "policy": self.policy.as_dict(),
             "data_dir": DATA_DIR,
             "samples_file": SAMPLES,
+            # the whole run's mix by dataset and category (the export's rows are those of it the policy kept)
+            "run_mix": [row.as_json() for row in dataset_mix(self.conn, self.info.id)],
         }
         split = {"eval_fraction": self.options.eval_fraction, "key": "sample id (a whole conversation's id for its rows)", "hash": "sha256, first 8 bytes below fraction",
                  "eval_dir": EVAL_DIR if evals is not None else None}

@@ -68,7 +68,7 @@ def _conversation_batch(it: Iterator[ConversationInput], chunk: int) -> _Convers
             segment = list(t.segment)
             rows.append([conv.turn_id(k), conv.dataset, segment if k == 1 else [], conv.tools, conv.line,
                          conv.conversation_id, k, total, segment, t.recorded, conv.on_tool_divergence,
-                         "pending" if k == 1 else "waiting"])
+                         "pending" if k == 1 else "waiting", conv.category])
         out.append((conv.conversation_id, conv.turn_id(1), total, conv.line, rows))
         n += total
         last = max(last, conv.line)
@@ -95,13 +95,13 @@ async def ingest_conversations(
 
 _INSERT_TURNS = (
     "INSERT OR IGNORE INTO samples (run_id, sample_id, dataset, messages, tools, conversation_id, turn, turns, "
-    "segment, recorded, divergence, state, updated_at) "
+    "segment, recorded, divergence, state, category, updated_at) "
     "SELECT ?1, json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'), "
     "CASE json_type(value, '$[3]') WHEN 'null' THEN NULL ELSE json_extract(value, '$[3]') END, "
     "json_extract(value, '$[5]'), json_extract(value, '$[6]'), json_extract(value, '$[7]'), "
     "json_extract(value, '$[8]'), "
     "CASE json_type(value, '$[9]') WHEN 'null' THEN NULL ELSE json_extract(value, '$[9]') END, "
-    "json_extract(value, '$[10]'), json_extract(value, '$[11]'), ?2 "
+    "json_extract(value, '$[10]'), json_extract(value, '$[11]'), json_extract(value, '$[12]'), ?2 "
     "FROM json_each(?3)"
 )
 # the turns of conversations the run holds whose stored content differs from the line's (or that are missing)

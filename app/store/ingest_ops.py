@@ -227,7 +227,7 @@ class _SampleBatch:
 def _sample_batch(it: Iterator[SampleInput], chunk: int) -> _SampleBatch:
     part = list(itertools.islice(it, chunk))
     refs = [(s.sample_id, pack_ids(s.reference_ids)) for s in part if s.reference_ids is not None]
-    rows = [(s.sample_id, s.dataset, s.messages, s.tools, s.line) for s in part]
+    rows = [(s.sample_id, s.dataset, s.messages, s.tools, s.line, s.category, s.language) for s in part]
     last = max((s.line for s in part), default=0)
     return _SampleBatch(len(part), orjson.dumps(rows).decode("utf-8"), refs, last)  # type: ignore[arg-type]
 
@@ -235,9 +235,10 @@ def _sample_batch(it: Iterator[SampleInput], chunk: int) -> _SampleBatch:
 # The whole chunk is inserted by ONE statement over json_each: sqlite3 then runs it without holding the
 # GIL, so the next chunk is parsed in parallel (executemany re-takes the GIL for every row).
 _INSERT_SAMPLES = (
-    "INSERT OR IGNORE INTO samples (run_id, sample_id, dataset, messages, tools, updated_at) "
+    "INSERT OR IGNORE INTO samples (run_id, sample_id, dataset, messages, tools, category, language, updated_at) "
     "SELECT ?1, json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'), "
-    "CASE json_type(value, '$[3]') WHEN 'null' THEN NULL ELSE json_extract(value, '$[3]') END, ?2 "
+    "CASE json_type(value, '$[3]') WHEN 'null' THEN NULL ELSE json_extract(value, '$[3]') END, "
+    "json_extract(value, '$[5]'), json_extract(value, '$[6]'), ?2 "
     "FROM json_each(?3)"
 )
 # Lines of the chunk whose id the run holds with different content (dataset, prompt or tools). json_each is

@@ -667,5 +667,12 @@ BEGIN
 END;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
+# v9: each sample's category (the dataset row's category column, else NULL: the dataset's name stands for it) and
+# the script its prompt is mostly written in (app.datasets.script_of; NULL for rows ingested before)
+_V9 = """
+ALTER TABLE samples ADD COLUMN category TEXT;
+ALTER TABLE samples ADD COLUMN language TEXT;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
 SCHEMA_VERSION = len(MIGRATIONS)

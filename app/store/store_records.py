@@ -18,6 +18,8 @@ class SampleInput:
     tools: list[Any] | None = None
     reference_ids: tuple[int, ...] | None = None
     line: int = 0  # line number in its file (0 when not from a file): conflicts are reported as file:line
+    category: str | None = None  # the row's category column, when the dataset maps one (else the dataset stands)
+    language: str | None = None  # the prompt's script: Latin, CJK, Cyrillic, Arabic or other (app.datasets.script_of)
 
 
 @dataclass(frozen=True, slots=True)

@@ -112,8 +112,8 @@ def test_out_of_range_value(tmp_path: Path) -> None:
 
 
 def test_bad_enum_value(tmp_path: Path) -> None:
-    msg = error_of(tmp_path, MINIMAL.replace('format = "sharegpt"', 'format = "alpaca"'))
-    assert "data.datasets[0].format: input should be 'openai-messages', 'sharegpt' or 'specforge-conversations'" in msg
+    msg = error_of(tmp_path, MINIMAL.replace('format = "sharegpt"', 'format = "bogus"'))
+    assert "data.datasets[0].format: input should be 'openai-messages', 'sharegpt', 'specforge-conversations' or 'auto'" in msg
 
 
 def test_api_key_in_place_of_env_name_is_refused_without_echoing_it(tmp_path: Path) -> None:
@@ -233,8 +233,8 @@ def test_unknown_key_inside_nested_tables_lists_that_tables_keys(tmp_path: Path)
     msg = error_of(tmp_path, text)
     assert 'pricing["moonshotai/kimi-k2.5"].bogus: unknown key (allowed here: prompt_per_m, completion_per_m, cached_prompt_per_m)' in msg
     msg = error_of(tmp_path, MINIMAL.replace('format = "sharegpt"', 'format = "sharegpt"\nfromat = 1'))
-    assert ("data.datasets[0].fromat: unknown key (allowed here: path, format, id_field, limit, name, regenerate, "
-            "on_tool_divergence)") in msg
+    assert ("data.datasets[0].fromat: unknown key (allowed here: path, format, id_field, limit, sample_fraction, "
+            "sample_seed, weight, columns, name, regenerate, on_tool_divergence)") in msg
 
 
 def test_check_inputs_names_every_missing_path_with_its_key(tmp_path: Path, sample_data_dir: Path, monkeypatch) -> None:
@@ -245,7 +245,7 @@ def test_check_inputs_names_every_missing_path_with_its_key(tmp_path: Path, samp
     errors = check_inputs(config).errors
     label = tmp_path / "run.toml"
     assert errors[0] == (f"{label}: data.datasets[0].path: {tmp_path / 'prompts.jsonl'} does not exist; fix the path "
-                         "(prompt JSONL file; relative paths are relative to the config file)")
+                         "(prompt file; relative paths are relative to the config file)")
     assert errors[1].startswith(f"{label}: data.reference: {tmp_path / 'ref.jsonl'} does not exist")
     assert errors[2].startswith(f"{label}: model.tokenizer: tokenizer directory {tmp_path / 'tok'} does not exist")
     assert len(errors) == 3

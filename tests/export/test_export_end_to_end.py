@@ -50,8 +50,12 @@ async def test_a_run_written_by_the_engine_path_exports_its_reference_ids(tmp_pa
         completion = list(sample.input_ids[sample.loss_mask.index(1):])
         # true ids first: a bpe_equivalent sample exports the reference's (non-canonical) ids, not the re-encoding
         assert completion == by_id[sid]["output_ids"], sid
-    counts = json.loads((tmp_path / "out" / "manifest.json").read_text())["counts"]
+    written = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    counts = written["counts"]
     assert (counts["seen"], counts["exported"]) == (len(records), len(expected))
+    # the run's mix: every prompt of the run under its dataset, the languages counting each once
+    assert sum(m["prompts"] for m in written["run_mix"]) == len(records)
+    assert all(sum(m["languages"].values()) == m["prompts"] for m in written["run_mix"])
     # the skipped are the truncated samples, every one counted as truncated: the two cut inside a tool section
     # (a marker left spelled in the text: marker_as_text, so also suspect) are truncated first (the precedence)
     truncated = sum("truncated" in kinds[sid] for sid in by_id)

@@ -177,7 +177,9 @@ async def ingest_config(
     reports: list[FileReport] = []
     grew = False
     for ds in config.data.datasets:
-        read_options: dict[str, Any] = {"format": ds.format, "id_field": ds.id_field, "limit": ds.limit}
+        read_options: dict[str, Any] = {"format": ds.format, "id_field": ds.id_field, "limit": ds.row_limit}
+        if ds.columns or ds.sample_fraction is not None:  # (only then: files ingested before keep their options)
+            read_options.update(columns=ds.columns, sample_fraction=ds.sample_fraction, sample_seed=ds.sample_seed)
         whole = ds.regenerate == "all"
         if whole:  # (only then: a regenerate = "last" file ingested before keeps its recorded options)
             read_options.update(regenerate=ds.regenerate, on_tool_divergence=ds.on_tool_divergence)
