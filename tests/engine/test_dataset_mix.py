@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.config import parse_config, weighted_shares
-from app.engine.config_ingest import ingest_config
+from app.engine.work.config_ingest import ingest_config
 from app.engine.run import Run
 from app.store.run_store import RunStore
 

@@ -559,7 +559,7 @@ def test_redump_is_json_dumps_of_json_loads(text, style):
 def test_positional_builder_builds_what_the_constructor_builds(values):
     from dataclasses import FrozenInstanceError
 
-    from app.engine.verify import Rebuilt
+    from app.engine.fidelity.verify import Rebuilt
     from app.records import Reconstruction, Verdict, positional_builder
 
     built = positional_builder(Reconstruction)(*values)
