@@ -22,6 +22,7 @@ from typing import Any
 from app.errors import InputError
 from app.export.conversation_rows import (CONVERSATION_MODES, ConversationTally, kept_prefix, merged_row, prefix_break,
                                       why_not_prefix)
+from app.export.eval_overlap import EvalOverlap
 from app.export.eval_split import EVAL_DIR, check_fraction, held_out
 from app.export.parallel import prepare_parallel, prepare_serial
 from app.export.policy import (SKIP_REASONS, ExportPolicy, held_back_advice, is_unverified_text, skip_reason,
@@ -100,6 +101,8 @@ def export_run(
     eval_fraction: float = 0.0,
     conversations: str = "per-turn",
     progress: Callable[[int, int], None] | None = None,
+    eval_prompts: list[Path] | None = None,
+    keep_eval_overlap: bool | None = None,
 ) -> ExportReport:
     """Stream a run's done samples into `out_dir` in format `fmt` (built aside, renamed in at the end).
 
@@ -107,7 +110,10 @@ def export_run(
     that share of the rows out under `out_dir/eval` (app.export.eval_split: by a stable hash of the sample id, a
     conversation's id for its rows). `conversations`: "per-turn" writes a row per done turn of a whole
     conversation, "merged" one row per conversation where its prefix property is proven, else its per-turn rows
-    (app.export.conversation_rows; counted in the report's and manifest's `conversations`).
+    (app.export.conversation_rows; counted in the report's and manifest's `conversations`). `eval_prompts`
+    (default: the run config's `[export] eval_prompts`) are files of prompts a training row must not equal: such
+    rows are left out unless `keep_eval_overlap` (default: the config's), near-duplicates reported
+    (app.export.eval_overlap; the report's and manifest's `eval_overlap`).
     progress(seen, exported) is called after every sample. Raises InputError for a bad database, run,
     tokenizer, template, or an output directory that already holds an export (unless overwrite) or other files.
     """
@@ -146,6 +152,11 @@ def export_run(
         if not tok_dir.is_dir():
             raise InputError(f"{tok_dir}: tokenizer directory not found (from the run's config); pass --tokenizer DIR")
         tokenizer = load_tokenizer(tok_dir)
+        section = config.get("export") if isinstance(config.get("export"), dict) else {}
+        eval_files = list(eval_prompts) if eval_prompts is not None else [Path(p) for p in
+                                                                           section.get("eval_prompts") or ()]
+        keep_overlap = bool(section.get("keep_eval_overlap", False)) if keep_eval_overlap is None else keep_eval_overlap
+        overlap = EvalOverlap.load(eval_files, keep_overlap) if eval_files else None
         profile = get_profile(profile_name or model.get("profile") or "kimi-k2.5")
         kwargs = template_kwargs if template_kwargs is not None else template_kwargs_of_run(config)
         renderer = PromptRenderer(tokenizer, profile, load_chat_template(tok_dir, chat_template, kwargs), kwargs)
@@ -174,6 +185,8 @@ def export_run(
                     f"not {tok_dir} ({tokenizer.fingerprint[:12]}); pass the run's tokenizer with --tokenizer, or "
                     "run `eaglewatch reprocess` with this one first"
                 )
+            if reason is None and overlap is not None and overlap.check(row.sample_id, row.messages):
+                return "eval_overlap"
             return reason
 
         rows = iter_rows(conn, info.id)
@@ -306,6 +319,7 @@ def export_run(
             eval_exported=evals.exported if evals is not None else 0,
             eval_fraction=eval_fraction,
             conversations=tally.as_dict() if tally.conversations else None,
+            eval_overlap=overlap.tally.as_dict() if overlap is not None else None,
             train=trainer_routes(fmt, out_dir, longest, specforge_template=template_name, evaluated=evals is not None,
                                  db=db, run=info.name),
         )
@@ -323,7 +337,10 @@ def export_run(
             "data_dir": DATA_DIR,
             "samples_file": SAMPLES,
         }
-        split = {"eval_fraction": eval_fraction, "key": "sample id (a whole conversation's id for its rows)", "hash": "sha256, first 8 bytes below fraction",
+        split = {"eval_fraction": eval_fraction,
+                 "key": "the prompt's opening: its normalised messages through the first user message "
+                        "(app.export.eval_overlap.split_key; equal prompts and a conversation's rows together)",
+                 "hash": "sha256, first 8 bytes below fraction",
                  "eval_dir": EVAL_DIR if evals is not None else None}
         _write_manifest(work, header, fmt, shard_size, train, train_files, {
             "counts": summary_counts(report),
@@ -332,6 +349,7 @@ def export_run(
                 "unverified": {"refused": skipped.get("unverified", 0), "accepted": accepted},
             },
             "conversations": tally.as_dict(),
+            "eval_overlap": report.eval_overlap,
             "split": {**split, "role": "train" if evals is not None else "all"},
             "train": report.train,
             "warnings": list(warnings),

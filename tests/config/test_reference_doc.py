@@ -9,6 +9,7 @@ from app.config import (
     REFERENCE_START,
     Dataset,
     Endpoint,
+    ExportSection,
     Extraction,
     Generation,
     Limits,
@@ -43,7 +44,8 @@ def test_readme_config_reference_matches_config_py(repo_root: Path) -> None:
 
 def test_reference_lists_every_key_of_every_section() -> None:
     text = config_reference_markdown()
-    for model in (RunSection, Dataset, ModelSection, Endpoint, SimulatorOptions, Generation, Limits, Pricing, Extraction):
+    for model in (RunSection, Dataset, ModelSection, Endpoint, SimulatorOptions, Generation, Limits, Pricing, Extraction,
+                  ExportSection):
         for name in model.model_fields:
             assert f"| `{name}` |" in text, f"{model.__name__}.{name} missing from the reference"
 
