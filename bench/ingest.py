@@ -9,7 +9,7 @@ subprocess (so peak RSS is that job's own):
   - baseline: the least a loader can do — `json.loads` each line, `json.dumps` its messages, and a bare
     `sqlite3.executemany` into an index-free table, 5000 rows per transaction.
 Reports rows/s, the ratio to the baseline, and peak RSS (ru_maxrss). Targets: >= 50k rows/s, < 200 MB.
-Results go to bench/results/ingest.json; the last line is a markdown row for the README.
+Results go to bench/results/ingest.json; the last line is a markdown row for docs/performance.md.
 
     python bench/ingest.py [--lines 1000000] [--keep DIR]
 """
