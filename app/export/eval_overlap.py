@@ -69,7 +69,7 @@ def _grams(messages: Sequence[dict[str, Any]]) -> frozenset[int]:
         return frozenset()
     if len(words) < NGRAM:
         return frozenset({hash(tuple(words))})
-    return frozenset(hash(tuple(words[i:i + NGRAM])) for i in range(len(words) - NGRAM + 1))
+    return frozenset(map(hash, zip(*(words[i:] for i in range(NGRAM)))))
 
 
 def sniff_format(path: Path) -> str:
