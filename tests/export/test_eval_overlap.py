@@ -136,3 +136,20 @@ def test_a_conversations_turns_share_one_split_key():
     opening = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     later = [*opening, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
     assert split_key(opening) == split_key(later) == prompt_hash(opening)
+
+
+def test_the_run_configs_export_section_names_the_eval_prompts(built_run, overlap_case, tmp_path):
+    import shutil
+    import sqlite3
+
+    files, exact, near, everything = overlap_case
+    db = tmp_path / "run.db"
+    shutil.copy(built_run.db, db)
+    with sqlite3.connect(db) as conn:
+        config = json.loads(conn.execute("SELECT config FROM runs").fetchone()[0])
+        config["export"] = {"eval_prompts": [str(f) for f in files], "keep_eval_overlap": False}
+        conn.execute("UPDATE runs SET config = ?", (json.dumps(config),))
+    report = export_run(db, tmp_path / "out", "eagle3-shards")
+    assert report.eval_overlap["exact"] == len(exact) and set(_ids(tmp_path / "out")) == everything - exact
+    kept = export_run(db, tmp_path / "kept", "eagle3-shards", keep_eval_overlap=True)  # the flag wins
+    assert kept.eval_overlap["removed"] == 0 and set(_ids(tmp_path / "kept")) == everything
