@@ -449,6 +449,16 @@ class Extraction(_Section):
         return self
 
 
+class ExportSection(_Section):
+    """[export]: what `eaglewatch export` keeps out of the training data."""
+
+    eval_prompts: list[ConfigPath] = Field(
+        default_factory=list, description="Eval prompt files (JSONL, any dataset format): training rows whose "
+        "prompt equals one after whitespace normalisation are left out and counted; near-duplicates (word 8-gram "
+        "containment >= 0.5) are reported. `export --eval-prompts` overrides it.")
+    keep_eval_overlap: bool = Field(False, description="Keep (but still count) training rows equal to an eval prompt.")
+
+
 class RunConfig(_Section):
     """A whole run, as one TOML file describes it."""
 
@@ -460,6 +470,7 @@ class RunConfig(_Section):
     limits: Limits = Field(default_factory=dict, description="[limits] section.")
     pricing: dict[str, Pricing] = Field(default_factory=dict, description="[pricing.\"<model>\"] tables.")
     extraction: Extraction = Field(default_factory=dict, description="[extraction] section.")
+    export: ExportSection = Field(default_factory=dict, description="[export] section.")
 
     _source: Path | None = PrivateAttr(default=None)
 
@@ -708,6 +719,7 @@ def config_reference_markdown() -> str:
         ("[limits]", Limits),
         ('[pricing."<model>"]', Pricing),
         ("[extraction]", Extraction),
+        ("[export]", ExportSection),
     ]
     for title, model in sections:
         out.append(f"#### `{title}`")

@@ -12,7 +12,7 @@ Reports rows/s, the ratio to the baseline, and peak RSS (ru_maxrss). Targets: >=
 Then each dataset reader (`iter_prompts`, no store) on the same rows written as a JSON array, Parquet, Arrow,
 `.jsonl.gz` and `.jsonl.zst`, in rows/s against the JSON-lines reader in the same run (target >= 0.8x for Parquet
 and Arrow). `--readers-only` skips the ingest rows.
-Results go to bench/results/ingest.json; the last line is a markdown row for the README.
+Results go to bench/results/ingest.json; the last line is a markdown row for docs/performance.md.
 
     python bench/ingest.py [--lines 1000000] [--reader-lines 200000] [--readers-only] [--keep DIR]
 """

@@ -235,7 +235,7 @@ def main() -> int:
     best = max((r for r in rows if r["client"] != "bare aiohttp" and not r["stream"]),
                key=lambda r: r["ratio_vs_bare_aiohttp"], default=None)
     if best:
-        print(f"\nREADME row: | transport | {best['client']} | {best['req_s']:.0f} req/s non-streaming at "
+        print(f"\ndocs/performance.md row: | transport | {best['client']} | {best['req_s']:.0f} req/s non-streaming at "
               f"c={best['concurrency']} | {best['ratio_vs_bare_aiohttp']:.2f}x bare aiohttp | "
               f"{best['client_cpu_ms']:.2f} ms client CPU/req |")
     return 0

@@ -14,7 +14,8 @@ EXAMPLE = """\
 eaglewatch export --db /tmp/eaglewatch-demo.db --run demo --format eagle3-shards --out /tmp/demo-shards
 eaglewatch export --db runs.db --format specforge --out out/specforge --eval-fraction 0.02
 eaglewatch export --db runs.db --format speculators --out out/speculators --max-length 16384
-eaglewatch export --db runs.db --format eagle3-shards --out out/merged --conversations merged"""
+eaglewatch export --db runs.db --format eagle3-shards --out out/merged --conversations merged
+eaglewatch export --db runs.db --format specforge --out out/sf --eval-prompts mt_bench.jsonl humaneval.jsonl"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,6 +71,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-fraction", type=float, default=0.0, metavar="F",
                         help="hold this share of the rows out under OUT/eval (an export folder of its own), chosen "
                         "by a stable hash of the sample id: a re-export holds out the same ids (default 0)")
+    parser.add_argument("--eval-prompts", type=Path, nargs="+", default=None, metavar="FILE",
+                        help="eval prompt files (JSONL in any dataset format): training rows whose prompt equals one "
+                        "after whitespace normalisation are left out and counted, near-duplicates (word 8-gram "
+                        "containment >= 0.5) reported (default: the run config's [export] eval_prompts)")
+    overlap = parser.add_mutually_exclusive_group()
+    overlap.add_argument("--keep-eval-overlap", dest="keep_eval_overlap", action="store_true", default=None,
+                         help="count training rows equal to an eval prompt but keep them (default: the run "
+                         "config's [export] keep_eval_overlap, else left out)")
+    overlap.add_argument("--drop-eval-overlap", dest="keep_eval_overlap", action="store_false",
+                         help="leave training rows equal to an eval prompt out (the default)")
     parser.add_argument("--tokenizer", type=Path, default=None, metavar="DIR",
                         help="tokenizer directory (default: the one in the run's config)")
     parser.add_argument("--profile", default=None, help="template profile (default: the run's, else kimi-k2.5)")
@@ -116,6 +127,7 @@ class _Progress:
 
 def run(args: argparse.Namespace) -> int:
     from app.export import Export, ExportOptions, ExportPolicy, summary_line
+    from app.export.eval_overlap import overlap_line
 
     kwargs = None
     if args.template_kwargs is not None:
@@ -149,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         eval_fraction=args.eval_fraction,
         conversations=args.conversations,
+        eval_prompts=tuple(args.eval_prompts) if args.eval_prompts is not None else None,
+        keep_eval_overlap=args.keep_eval_overlap,
     )
     report = Export(args.db, args.out, args.format, options, progress).run()
     progress.done()
@@ -158,6 +172,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report.as_dict(), indent=1))
     else:
         print(summary_line(report))
+        if report.eval_overlap is not None:
+            print(overlap_line(report.eval_overlap))
         commands = report.train.get("commands") or []
         if commands:
             print(f"train with it (every length set to the longest row, {report.train['max_length']} tokens; "

@@ -13,7 +13,8 @@ EXAMPLE = """\
 eaglewatch vocab out/specforge --size 32000
 eaglewatch vocab --db /tmp/eaglewatch-demo.db               # writes /tmp/eaglewatch-demo-vocab/
 eaglewatch vocab --db /tmp/eaglewatch-demo.db --size 4096 --out /tmp/demo-vocab
-eaglewatch vocab out/speculators --size 32000 --model /models/target --json"""
+eaglewatch vocab out/speculators --size 32000 --model /models/target --json
+eaglewatch vocab out/specforge --size 32000 --trainer specforge    # fails without torch (the .pt it reads)"""
 
 
 DEFAULT_SIZE = 32000  # the draft vocabulary EAGLE-3 drafters of large models use
@@ -39,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "else the tokenizer's size)")
     parser.add_argument("--model", type=Path, default=None, metavar="DIR",
                         help="the target model folder: its config.json vocab_size sets the target vocabulary")
+    parser.add_argument("--trainer", action="append", choices=("speculators", "specforge", "modelopt"), default=None,
+                        help="the trainer the files are for (repeat for several; default every one): without torch "
+                        "the .pt files are skipped, and asking for specforge or modelopt, which read them, fails")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
 
 
@@ -78,10 +82,10 @@ def run(args: argparse.Namespace) -> int:
               "vocabulary is all of it (pass --size N to reduce it)")
     vocab = choose(counts.counts, size, target)
     table = coverage_table(counts.counts, sorted({*COMMON_SIZES, size}))
-    files = write_vocab_files(vocab, counts.as_dict(), out)
-    summary = write_summary(vocab, table, counts, source, out, files)
+    files = write_vocab_files(vocab, counts.as_dict(), out, tuple(dict.fromkeys(args.trainer or ())))
+    summary = write_summary(vocab, table, counts, source, out, files.written)
     if args.json:
-        print(json.dumps({**summary, "out": str(out)}, indent=1))
+        print(json.dumps({**summary, "out": str(out), "skipped": files.skipped}, indent=1))
         return 0
     print(f"draft vocabulary: {vocab.size} of {vocab.target_vocab_size} target tokens covers {vocab.coverage:.2%} of "
           f"the {vocab.loss_tokens} loss tokens in {counts.rows} rows ({summary['distinct_tokens']} distinct ids "
@@ -90,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
     for size, covered, share in table:
         print(f"{size:>8}  {share:>8.2%}  {covered:>12}{'  <- chosen' if size == vocab.size else ''}")
     print(f"wrote {out}/: " + ", ".join(summary["files"]))
+    if files.skipped:
+        print(files.skipped_sentence())
     return 0
 
 

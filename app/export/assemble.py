@@ -22,6 +22,8 @@ from typing import Any
 from app.errors import InputError
 from app.export.conversation_rows import (CONVERSATION_MODES, ConversationTally, kept_prefix, merged_row, prefix_break,
                                       why_not_prefix)
+from app.export.eval_overlap import EvalOverlap
+from app.export.eval_overlap import EvalOverlap
 from app.export.eval_split import EVAL_DIR, check_fraction, held_out
 from app.export.parallel import prepare_parallel, prepare_serial
 from app.export.policy import (SKIP_REASONS, ExportPolicy, held_back_advice, is_unverified_text, skip_reason,
@@ -93,7 +95,10 @@ class ExportOptions:
     "per-turn" writes a row per done turn of a whole conversation, "merged" one row per conversation where its
     prefix property is proven, else its per-turn rows (app.export.conversation_rows; counted in the report's and
     manifest's `conversations`). `tokenizer_dir` / `profile_name` / `chat_template` / `template_kwargs` override
-    what the run's stored config names; `overwrite` replaces an earlier export.
+    what the run's stored config names; `overwrite` replaces an earlier export. `eval_prompts` (default: the run
+    config's `[export] eval_prompts`) are files of prompts a training row must not equal: such rows are left out
+    unless `keep_eval_overlap` (default: the config's), near-duplicates reported (app.export.eval_overlap; the
+    report's and manifest's `eval_overlap`).
     """
 
     run: str | None = None
@@ -107,6 +112,8 @@ class ExportOptions:
     workers: int = 1
     eval_fraction: float = 0.0
     conversations: str = "per-turn"
+    eval_prompts: tuple[Path, ...] | None = None
+    keep_eval_overlap: bool | None = None
 
     def check(self, fmt: str) -> None:
         """Raise InputError (naming the option) for a format or an option the export cannot take."""
@@ -151,6 +158,7 @@ class Export:
         self.tally = ConversationTally(mode=options.conversations)
         self.group: list[_Turn] = []  # one conversation's done turns
         self.evals: _Folder | None = None
+        self.overlap: EvalOverlap | None = None
 
     def run(self) -> ExportReport:
         """Export once; see the class doc."""
@@ -200,6 +208,11 @@ class Export:
             raise InputError(f"{tok_dir}: tokenizer directory not found (from the run's config); pass --tokenizer DIR")
         self.tok_dir = tok_dir
         self.tokenizer = load_tokenizer(tok_dir)
+        section = config.get("export") if isinstance(config.get("export"), dict) else {}
+        eval_files = (list(o.eval_prompts) if o.eval_prompts is not None
+                      else [Path(p) for p in section.get("eval_prompts") or ()])
+        keep = bool(section.get("keep_eval_overlap", False)) if o.keep_eval_overlap is None else o.keep_eval_overlap
+        self.overlap = EvalOverlap.load(eval_files, keep) if eval_files else None
         self.profile = get_profile(o.profile_name or model.get("profile") or "kimi-k2.5")
         self.kwargs = o.template_kwargs if o.template_kwargs is not None else template_kwargs_of_run(config)
         self.renderer = PromptRenderer(self.tokenizer, self.profile,
@@ -221,6 +234,8 @@ class Export:
                 f"not {self.tok_dir} ({fp[:12]}); pass the run's tokenizer with --tokenizer, or "
                 "run `eaglewatch reprocess` with this one first"
             )
+        if reason is None and self.overlap is not None and self.overlap.check(row.sample_id, row.messages):
+            return "eval_overlap"
         return reason
 
     def _stream(self) -> None:
@@ -359,6 +374,7 @@ class Export:
             eval_exported=evals.exported if evals is not None else 0,
             eval_fraction=self.options.eval_fraction,
             conversations=self.tally.as_dict() if self.tally.conversations else None,
+            eval_overlap=self.overlap.tally.as_dict() if self.overlap is not None else None,
             train=trainer_routes(fmt, self.out_dir, longest, specforge_template=self.template_name,
                                  evaluated=evals is not None, db=self.db, run=self.info.name),
         )
@@ -386,7 +402,10 @@ class Export:
             # the whole run's mix by dataset and category (the export's rows are those of it the policy kept)
             "run_mix": [row.as_json() for row in dataset_mix(self.conn, self.info.id)],
         }
-        split = {"eval_fraction": self.options.eval_fraction, "key": "sample id (a whole conversation's id for its rows)", "hash": "sha256, first 8 bytes below fraction",
+        split = {"eval_fraction": self.options.eval_fraction,
+                 "key": "the prompt's opening: its normalised messages through the first user message "
+                        "(app.export.eval_overlap.split_key; equal prompts and a conversation's rows together)",
+                 "hash": "sha256, first 8 bytes below fraction",
                  "eval_dir": EVAL_DIR if evals is not None else None}
         _write_manifest(work, header, fmt, shard_size, self.train, train_files, {
             "counts": summary_counts(report),
@@ -395,6 +414,7 @@ class Export:
                 "unverified": {"refused": self.skipped.get("unverified", 0), "accepted": self.accepted},
             },
             "conversations": self.tally.as_dict(),
+            "eval_overlap": report.eval_overlap,
             "split": {**split, "role": "train" if evals is not None else "all"},
             "train": report.train,
             "warnings": list(warnings),

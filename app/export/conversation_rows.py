@@ -114,7 +114,8 @@ def merged_row(conversation_id: str, turns: Sequence[TrainingRow]) -> TrainingRo
     rank = {s: i for i, s in enumerate(IDS_SOURCES)}
     source = max((t.ids_source for t in turns), key=lambda s: rank.get(s, len(IDS_SOURCES)))
     verdict = "+".join(sorted({str(t.verdict) for t in turns}))
-    return TrainingRow(conversation_id, list(last.input_ids), spans, source, verdict, last.source, conversation_id)
+    return TrainingRow(conversation_id, list(last.input_ids), spans, source, verdict, last.source,
+                       turns[0].split_key or conversation_id)
 
 
 def kept_prefix(turns: Sequence[tuple[Any, str | None]]) -> tuple[list[int], bool]:

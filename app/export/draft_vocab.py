@@ -14,7 +14,8 @@ target id) and `t2d[t] = t is chosen`, the layout all three trainers share. File
 | `d2t-N.pt` | Model-Optimizer `data.draft_vocab_cache` (`HFEagleModel.load_draft_vocab_cache`) | int64 [N] tensor |
 | `vocab.json` | people | sizes, coverage, counts |
 
-numpy only; torch is imported for the `.pt` files alone.
+numpy only; torch is imported for the `.pt` files alone, and without it they are skipped (said, exit 0) unless
+`--trainer` asks for SpecForge or Model-Optimizer, whose files they are.
 """
 
 from __future__ import annotations
@@ -152,9 +153,33 @@ def coverage_table(counts: np.ndarray, sizes: Iterable[int]) -> list[tuple[int, 
     return out
 
 
-def write_vocab_files(vocab: DraftVocab, freq: dict[int, int], out_dir: Path) -> list[str]:
-    """Write the trainers' files for `vocab` into `out_dir` (created); the names written. torch writes the `.pt`
-    files; without torch they are left out and InputError says so after the numpy files are written."""
+# which trainer reads each file (the module table); the .npy files need numpy only, the .pt files torch
+TRAINERS = ("speculators", "specforge", "modelopt")
+TORCH_FILES = {"specforge": ("vocab_mapping-{n}.pt",), "modelopt": ("d2t-{n}.pt",),
+               "speculators": ("token_freq.pt",)}  # speculators reads the .npy pair; token_freq.pt is its other way
+EXTRACT_EXTRA = "pip install -e '.[extract]'"
+
+
+@dataclass(frozen=True)
+class VocabFiles:
+    """What `write_vocab_files` wrote, and the torch files it left out (file -> the trainer that reads it)."""
+
+    written: list[str]
+    skipped: dict[str, str]
+
+    def skipped_sentence(self) -> str:
+        """Which files were left out, for whom, and the extra that brings torch ("" when none were)."""
+        if not self.skipped:
+            return ""
+        files = ", ".join(f"{f} ({t})" for f, t in self.skipped.items())
+        return f"skipped {files}: torch is not installed; {EXTRACT_EXTRA} brings it"
+
+
+def write_vocab_files(vocab: DraftVocab, freq: dict[int, int], out_dir: Path,
+                      trainers: Sequence[str] = ()) -> VocabFiles:
+    """Write the trainers' files for `vocab` into `out_dir` (created). Without torch the `.pt` files are left out
+    and named in `skipped`, unless `trainers` asks for one that needs them: then InputError, after the numpy files
+    are written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     n = vocab.size
     written = []
@@ -164,9 +189,15 @@ def write_vocab_files(vocab: DraftVocab, freq: dict[int, int], out_dir: Path) ->
     written += [f"d2t-{n}.npy", f"t2d-{n}.npy"]
     try:
         import torch
-    except ModuleNotFoundError:
-        raise InputError(f"{out_dir}: wrote {', '.join(written)}; the .pt files (token_freq.pt, vocab_mapping-{n}.pt, "
-                         f"d2t-{n}.pt) need torch: pip install 'eaglewatch[extract]'") from None
+    except ImportError:
+        needing = [t for t in trainers if t in ("specforge", "modelopt")]
+        if needing:
+            raise InputError(f"{out_dir}: wrote {', '.join(written)}, but {' and '.join(needing)} read(s) "
+                             f"{', '.join(TORCH_FILES[t][0].format(n=n) for t in needing)}, which need torch: "
+                             f"{EXTRACT_EXTRA}, then run this again") from None
+        asked = trainers or TRAINERS
+        skipped = {f.format(n=n): t for t in asked for f in TORCH_FILES[t]}
+        return VocabFiles(written, skipped)
     d2t = torch.from_numpy(vocab.d2t.copy())
     t2d = torch.from_numpy(vocab.t2d.copy())
     # speculators/train/vocab_mapping.py `save_token_frequency_distribution`: a plain {id: count} dict
@@ -176,7 +207,7 @@ def write_vocab_files(vocab: DraftVocab, freq: dict[int, int], out_dir: Path) ->
     # modelopt/torch/speculative/plugins/hf_eagle.py `load_draft_vocab_cache`: the int64 d2t tensor itself
     torch.save(d2t, out_dir / f"d2t-{n}.pt")
     written += ["token_freq.pt", f"vocab_mapping-{n}.pt", f"d2t-{n}.pt"]
-    return written
+    return VocabFiles(written, {})
 
 
 def write_summary(vocab: DraftVocab, table: list[tuple[int, int, float]], counts: LossTokenCounts, source: str,

@@ -1,8 +1,9 @@
 """The held-out evaluation split: which rows an export keeps out of training, by a stable hash of their id.
 
 A row is held out when the first 8 bytes of sha256(its split key) read as a fraction of 2**64 fall below the
-eval fraction. The key is the sample id (the conversation id for a conversation's rows), so every row of a
-conversation falls on the same side, and an export run again, later, with other samples added or another
+eval fraction. The key is the hash of the row's prompt opening (app.export.eval_overlap.split_key: its
+normalised messages through the first user message), so rows with the same prompt and every row of a
+conversation fall on the same side, and an export run again, later, with other samples added or another
 format, holds out exactly the same ids. The share held out is close to the fraction, not equal to it (a hash,
 not a shuffle); the manifest records the counts.
 """

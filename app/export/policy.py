@@ -96,6 +96,8 @@ SKIP_RULES: tuple[SkipRule, ...] = (
              lambda row, p: row.off_policy and not p.keep_off_policy),
     SkipRule("bpe_equivalent", "BPE-equivalent", "--drop-bpe-equivalent: same text as the reference, another "
              "token split", lambda row, p: row.category == Category.BPE_EQUIVALENT and not p.keep_bpe_equivalent),
+    SkipRule("eval_overlap", "eval prompt", "its prompt equals an eval prompt after whitespace normalisation "
+             "([export] eval_prompts, --eval-prompts; app.export.eval_overlap); kept with keep_eval_overlap"),
     # found while writing
     SkipRule("too_long", "too long", "prompt + completion longer than --max-length (never cut)"),
     SkipRule("not_reproducible", "not reproducible as text", "a text format (specforge-text, modelopt) cannot hold "

@@ -32,6 +32,8 @@ class ExportReport:
     eval_fraction: float = 0.0
     # whole conversations (app.export.conversation_rows.ConversationTally.as_dict); None when the run has none
     conversations: dict[str, Any] | None = None
+    # eval prompts kept out (app.export.eval_overlap.OverlapTally.as_dict); None when none were given
+    eval_overlap: dict[str, Any] | None = None
     train: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -59,6 +61,7 @@ class ExportReport:
             "max_length": self.max_length,
             "eval": {"fraction": self.eval_fraction, "exported": self.eval_exported},
             "conversations": self.conversations,
+            "eval_overlap": self.eval_overlap,
             "files": list(self.files),
             "seconds": round(self.seconds, 3),
             "train": self.train,
@@ -74,7 +77,8 @@ COUNT_MEANINGS: dict[str, str] = {
                 "except that a merged conversation's row holds several of the samples seen: "
                 "exported - conversations.merged + conversations.merged_turns + every skipped count = seen)",
     "train": "rows written under OUT/data (exported minus eval)",
-    "eval": "rows held out under OUT/eval by --eval-fraction (a stable hash of the sample id)",
+    "eval": "rows held out under OUT/eval by --eval-fraction (a stable hash of the prompt's opening: rows with "
+            "the same prompt on the same side)",
     **{f"skipped.{rule.key}": f"{rule.label}: {rule.meaning}" for rule in SKIP_RULES},
 }
 

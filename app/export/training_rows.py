@@ -23,16 +23,18 @@ class TrainingRow:
     ids_source: str
     verdict: str | None
     source: Any = None
-    split_key: str = ""  # what the eval split hashes: the sample id (a conversation's id for its turns)
+    split_key: str = ""  # what the eval split hashes: the prompt's opening (app.export.eval_overlap.split_key)
 
     @classmethod
     def single_turn(cls, row: Any, prompt_ids: list[int], output_ids: tuple[int, ...] | list[int],
                     ids_source: str) -> TrainingRow:
-        """The row of one stored sample: its rendered prompt, then its output ids in the loss; a conversation's
-        turn is split by its conversation id (all its rows on one side of the eval split)."""
+        """The row of one stored sample: its rendered prompt, then its output ids in the loss; split by its
+        prompt's opening, so equal prompts and a conversation's turns fall on one side of the eval split."""
+        from app.export.eval_overlap import split_key
+
         n = len(prompt_ids)
         return cls(row.sample_id, [*prompt_ids, *output_ids], ((n, n + len(output_ids)),), ids_source,
-                   row.category, row, getattr(row, "conversation_id", None) or row.sample_id)
+                   row.category, row, split_key(row.messages))
 
     def __post_init__(self) -> None:
         at = 0

@@ -104,3 +104,41 @@ def test_vocab_with_no_flags_on_the_demo_run_writes_the_files_beside_the_databas
     assert "fewer than the default 32000" in printed and "6160 of 6160 target tokens covers 100.00%" in printed
     assert (out / "d2t-6160.npy").exists() and (out / "t2d-6160.npy").exists() and (out / "token_freq.pt").exists()
     assert f"wrote {out}/" in printed
+
+
+def _vocab_without_torch(tmp_path, *args):
+    import subprocess
+    import sys
+
+    from tests.torchless import torchless_env
+
+    return subprocess.run([sys.executable, "-m", "app.cli", "vocab", *args], capture_output=True, text=True,
+                          env=torchless_env(tmp_path / "no-torch"), timeout=300)
+
+
+def test_vocab_without_torch_writes_what_needs_none_and_says_what_it_skipped(built_run, tmp_path):
+    out = tmp_path / "vocab"
+    proc = _vocab_without_torch(tmp_path, "--db", str(built_run.db), "--size", "512", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["d2t-512.npy", "t2d-512.npy", "vocab.json"]
+    assert ("skipped token_freq.pt (speculators), vocab_mapping-512.pt (specforge), d2t-512.pt (modelopt): torch is "
+            "not installed; pip install -e '.[extract]' brings it") in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+def test_vocab_without_torch_for_speculators_needs_no_torch(built_run, tmp_path):
+    out = tmp_path / "vocab"
+    proc = _vocab_without_torch(tmp_path, "--db", str(built_run.db), "--size", "512", "--out", str(out),
+                                "--trainer", "speculators")
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "d2t-512.npy").exists() and "skipped token_freq.pt (speculators)" in proc.stdout
+
+
+@pytest.mark.parametrize("trainer, reads", [("specforge", "vocab_mapping-512.pt"), ("modelopt", "d2t-512.pt")])
+def test_vocab_without_torch_fails_for_a_trainer_that_reads_a_pt_file(built_run, tmp_path, trainer, reads):
+    out = tmp_path / "vocab"
+    proc = _vocab_without_torch(tmp_path, "--db", str(built_run.db), "--size", "512", "--out", str(out),
+                                "--trainer", trainer)
+    assert proc.returncode != 0
+    assert f"but {trainer} read(s) {reads}, which need torch: pip install -e '.[extract]'" in proc.stderr
+    assert (out / "d2t-512.npy").exists() and "Traceback" not in proc.stderr

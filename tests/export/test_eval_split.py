@@ -1,4 +1,5 @@
-"""`--eval-fraction`: rows held out by a stable hash of their id, on every format, the same ids on every re-export."""
+"""`--eval-fraction`: rows held out by a stable hash of their prompt's opening, on every format, the same ids on
+every re-export."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 
 from app.errors import InputError
 from app.export import EVAL_DIR, FORMATS, Export, ExportOptions, held_out
+from app.export.eval_overlap import split_key
 
 
 def _ids(folder):
@@ -31,7 +33,8 @@ def test_every_format_holds_out_the_same_ids_in_an_export_folder_of_their_own(bu
     report = Export(built_run.db, tmp_path / "split", fmt, ExportOptions(eval_fraction=0.2)).run()
     train, evals = _ids(tmp_path / "split"), _ids(tmp_path / "split" / EVAL_DIR)
     assert not train & evals and train | evals == _ids(tmp_path / "whole")
-    assert evals == {sid for sid in _ids(tmp_path / "whole") if held_out(sid, 0.2)} and evals
+    assert evals == {sid for sid in _ids(tmp_path / "whole")
+                     if held_out(split_key(built_run.records[sid]["messages"]), 0.2)} and evals
     assert (report.exported, report.eval_exported, report.skipped) == (whole.exported, len(evals), whole.skipped)
     main = json.loads((tmp_path / "split" / "manifest.json").read_text())
     held = json.loads((tmp_path / "split" / EVAL_DIR / "manifest.json").read_text())
@@ -53,7 +56,8 @@ def test_a_later_export_with_more_samples_holds_out_the_same_ids(tmp_path, sampl
     Export(late.db, tmp_path / "b", "speculators", ExportOptions(eval_fraction=0.1)).run()
     first, second = _ids(tmp_path / "a" / EVAL_DIR), _ids(tmp_path / "b" / EVAL_DIR)
     assert first and first <= second
-    assert second - first == {sid for sid in _ids(tmp_path / "b") | second if held_out(sid, 0.1)} - first
+    assert second - first == {sid for sid in _ids(tmp_path / "b") | second
+                              if held_out(split_key(late.records[sid]["messages"]), 0.1)} - first
 
 
 @pytest.mark.parametrize("fraction", [-0.1, 1.0, 1.5])
