@@ -7,7 +7,6 @@ tokenizer are built from tests/realserver/tiny_qwen3.py, cached by that file's h
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import shutil
@@ -48,26 +47,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
 
 
-def _cache_root() -> Path:
-    base = os.environ.get("EAGLEWATCH_TEST_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "eaglewatch-tests")
-    return Path(base)
-
-
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    """The tiny model folder, built once (keyed by the builder's source hash) and reused across runs."""
-    from tests.realserver import tiny_qwen3
+    """The tiny model `transformers serve` loads (head_dim 16)."""
+    from tests.realserver.tiny_qwen3 import built
 
-    digest = hashlib.sha256((HERE / "tiny_qwen3.py").read_bytes()).hexdigest()[:16]
-    target = _cache_root() / f"tiny-qwen3-{digest}"
-    if not (target / "eaglewatch-build.json").exists():
-        partial = target.with_name(target.name + f".part{os.getpid()}")
-        shutil.rmtree(partial, ignore_errors=True)
-        tiny_qwen3.build(partial)
-        shutil.rmtree(target, ignore_errors=True)
-        partial.rename(target)
-    return target
+    return built()
 
 
 def _free_port() -> int:

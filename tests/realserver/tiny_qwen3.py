@@ -13,7 +13,10 @@ is always taken from `model.generate`, never from the training targets. Nothing 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
 from pathlib import Path
 
 MARKERS = [("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True), ("<tool_call>", False),
@@ -103,8 +106,9 @@ def build_tokenizer(directory: Path):
     return hf
 
 
-def build(directory: Path, steps: int = 400, seed: int = 0) -> Path:
-    """Write tokenizer + chat template + a trained tiny Qwen3ForCausalLM into `directory`; return it."""
+def build(directory: Path, steps: int = 400, seed: int = 0, head_dim: int = 16) -> Path:
+    """Write tokenizer + chat template + a trained tiny Qwen3ForCausalLM into `directory`; return it. `head_dim`
+    32 is the vLLM variant: vLLM's CPU attention refuses head sizes below 32 (../shared/reference/vllm-cpu.md)."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -112,7 +116,7 @@ def build(directory: Path, steps: int = 400, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     eos = hf.convert_tokens_to_ids("<|im_end|>")
     config = Qwen3Config(vocab_size=len(hf), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim, max_position_embeddings=1024,
                          eos_token_id=eos, pad_token_id=hf.pad_token_id, bos_token_id=None, tie_word_embeddings=True)
     model = Qwen3ForCausalLM(config)
     rows = []
@@ -139,6 +143,33 @@ def build(directory: Path, steps: int = 400, seed: int = 0) -> Path:
     model.generation_config.pad_token_id = hf.pad_token_id
     model.generation_config.do_sample = False
     model.save_pretrained(directory)
-    (directory / "eaglewatch-build.json").write_text(json.dumps({"steps": steps, "seed": seed,
+    (directory / "eaglewatch-build.json").write_text(json.dumps({"steps": steps, "seed": seed, "head_dim": head_dim,
                                                                   "final_loss": float(loss.detach())}))
     return directory
+
+
+def cache_root() -> Path:
+    """Where the tests cache what is expensive to build: $EAGLEWATCH_TEST_CACHE, else ~/.cache/eaglewatch-tests."""
+    base = os.environ.get("EAGLEWATCH_TEST_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "eaglewatch-tests")
+    return Path(base)
+
+
+def built(head_dim: int = 16) -> Path:
+    """The tiny model folder for `head_dim` (16: the one `transformers serve` loads; 32: vLLM's), built once, keyed
+    by this file's hash, and reused across runs. Racing builders each build into a folder of their own; the first
+    rename wins."""
+    digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+    variant = "" if head_dim == 16 else f"hd{head_dim}-"
+    target = cache_root() / f"tiny-qwen3-{variant}{digest}"
+    if not (target / "eaglewatch-build.json").exists():
+        partial = target.with_name(target.name + f".part{os.getpid()}")
+        shutil.rmtree(partial, ignore_errors=True)
+        build(partial, head_dim=head_dim)
+        if not (target / "eaglewatch-build.json").exists():
+            shutil.rmtree(target, ignore_errors=True)  # a folder without the build record is no build
+        try:
+            partial.rename(target)
+        except OSError:  # another process renamed its build there first
+            shutil.rmtree(partial, ignore_errors=True)
+    return target
