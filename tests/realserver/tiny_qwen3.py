@@ -46,6 +46,19 @@ CASES = [
      "time a quick brown fox jumped over the lazy dog, and then it ran to Paris.<|im_end|>"),
 ]
 
+# What only the vLLM variant (head_dim 32) is trained on besides CASES: the outputs where vLLM's parsers change
+# the text most. vLLM's qwen3 reasoning parser starts inside reasoning, so an answer with no think block comes back
+# whole as `reasoning`; its hermes tool parser re-serialises non-streamed arguments with json.dumps(...,
+# ensure_ascii=False), which turns the model's `\u00fc` escape into `ü`.
+VLLM_CASES = [
+    ([{"role": "user", "content": "Answer at once: ok?"}], None, "Ok, at once.<|im_end|>"),
+    ([{"role": "user", "content": "Weather in Z\u00fcrich?"}], [WEATHER_TOOL],
+     "<think>\nCall the tool for Zurich.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+     "{\"city\": \"Z\\u00fcrich\"}}\n</tool_call><|im_end|>"),
+    ([{"role": "user", "content": "Weather in Oslo, no thinking?"}], [WEATHER_TOOL],
+     "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call><|im_end|>"),
+]
+
 # The Qwen3 layout as a Jinja chat template (tokenization.md §2), written for this test.
 CHAT_TEMPLATE = (
     "{%- if tools %}{{- '<|im_start|>system\\n' }}"
@@ -106,9 +119,14 @@ def build_tokenizer(directory: Path):
     return hf
 
 
-def build(directory: Path, steps: int = 400, seed: int = 0, head_dim: int = 16) -> Path:
-    """Write tokenizer + chat template + a trained tiny Qwen3ForCausalLM into `directory`; return it. `head_dim`
-    32 is the vLLM variant: vLLM's CPU attention refuses head sizes below 32 (../shared/reference/vllm-cpu.md)."""
+# the models the tests serve: `transformers serve`'s, and vLLM's (its CPU attention refuses head sizes below 32:
+# ../shared/reference/vllm-cpu.md), trained on VLLM_CASES too
+VARIANTS = {"serve": {"head_dim": 16, "cases": CASES}, "vllm": {"head_dim": 32, "cases": CASES + VLLM_CASES}}
+
+
+def build(directory: Path, steps: int = 400, seed: int = 0, head_dim: int = 16, cases=None) -> Path:
+    """Write tokenizer + chat template + a tiny Qwen3ForCausalLM trained on `cases` (default CASES) into
+    `directory`; return it."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -120,7 +138,7 @@ def build(directory: Path, steps: int = 400, seed: int = 0, head_dim: int = 16) 
                          eos_token_id=eos, pad_token_id=hf.pad_token_id, bos_token_id=None, tie_word_embeddings=True)
     model = Qwen3ForCausalLM(config)
     rows = []
-    for messages, tools, target in CASES:
+    for messages, tools, target in CASES if cases is None else cases:
         prompt = hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
         p_ids = hf.encode(prompt, add_special_tokens=False)
         t_ids = hf.encode(target, add_special_tokens=False)
@@ -143,7 +161,7 @@ def build(directory: Path, steps: int = 400, seed: int = 0, head_dim: int = 16) 
     model.generation_config.pad_token_id = hf.pad_token_id
     model.generation_config.do_sample = False
     model.save_pretrained(directory)
-    (directory / "eaglewatch-build.json").write_text(json.dumps({"steps": steps, "seed": seed, "head_dim": head_dim,
+    (directory / "eaglewatch-build.json").write_text(json.dumps({"steps": steps, "seed": seed, "head_dim": head_dim, "cases": len(rows),
                                                                   "final_loss": float(loss.detach())}))
     return directory
 
@@ -155,17 +173,16 @@ def cache_root() -> Path:
     return Path(base)
 
 
-def built(head_dim: int = 16) -> Path:
-    """The tiny model folder for `head_dim` (16: the one `transformers serve` loads; 32: vLLM's), built once, keyed
-    by this file's hash, and reused across runs. Racing builders each build into a folder of their own; the first
-    rename wins."""
+def built(variant: str = "serve") -> Path:
+    """The tiny model folder of `variant` (VARIANTS: "serve" for `transformers serve`, "vllm" for vLLM), built once,
+    keyed by this file's hash, and reused across runs. Racing builders each build into a folder of their own; the
+    first rename wins."""
     digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
-    variant = "" if head_dim == 16 else f"hd{head_dim}-"
-    target = cache_root() / f"tiny-qwen3-{variant}{digest}"
+    target = cache_root() / f"tiny-qwen3-{'' if variant == 'serve' else variant + '-'}{digest}"
     if not (target / "eaglewatch-build.json").exists():
         partial = target.with_name(target.name + f".part{os.getpid()}")
         shutil.rmtree(partial, ignore_errors=True)
-        build(partial, head_dim=head_dim)
+        build(partial, **VARIANTS[variant])
         if not (target / "eaglewatch-build.json").exists():
             shutil.rmtree(target, ignore_errors=True)  # a folder without the build record is no build
         try:
