@@ -52,6 +52,7 @@ QUIRKS = (
     "json_dumps",  # arguments -> json.dumps(json.loads(args)) with ASCII escapes (transformers serve)
     "empty_reasoning_none",  # empty reasoning -> no reasoning field (transformers serve, non-streaming)
     "raw_regions",  # the template's whitespace around reasoning/content kept in the fields (transformers serve stream)
+    "tool_ids_dropped",  # vLLM #27482: a stream's tool-call chunks (and what follows) carry no token_ids
 )
 
 

@@ -118,6 +118,18 @@ class PromptCache:
         return cached
 
 
+def _tool_ids_dropped(parts: list[tuple[bytes, int]]) -> list[tuple[bytes, int]]:
+    """vLLM #27482: the tool parser swallows the chunks of a streamed tool call, and their token ids with them."""
+    out = []
+    for choices, tokens in parts:
+        items = json.loads(choices)
+        if items[0].get("delta", {}).get("tool_calls") and "token_ids" in items[0]:
+            del items[0]["token_ids"]
+            choices = _json(items)
+        out.append((choices, tokens))
+    return out
+
+
 def sample_latency_s(seed: int, key: str, median_ms: float, p95_ms: float) -> float:
     """The latency (seconds) of sample `key` under `latency_by_sample`: a lognormal draw with this median and p95
     (ms; 0 median = none) from an RNG seeded by (`seed`, `key`) alone, the same in any order and any process."""
@@ -662,6 +674,8 @@ class SimulatorServer:
         delta_ids = ids_field is not None and p.ids == "vllm"
         if delta_ids:  # vLLM streams each chunk's own token ids; whatever is left rides on the finish chunk
             parts, left = self._with_delta_ids(parts, out.output_ids)
+            if "tool_ids_dropped" in self.quirks and out.tool_calls:
+                parts, left = _tool_ids_dropped(parts), []
         events: list[tuple[bytes, int]] = [(prefix + choices + b"}\n\n", tokens) for choices, tokens in parts]
         if keepalive:
             events.insert(reasoning_end, (b": OPENROUTER PROCESSING\n\n", 0))

@@ -176,6 +176,11 @@ def vllm_server(vllm_model_dir):
     the qwen3 reasoning parser, hermes tool calls and auto tool choice, started once per test process (the vLLM
     tests share one xdist group, tests/conftest.py). Its scratch (ZMQ sockets, vllm_dist_* files, compile cache)
     lives in a temporary folder of its own, removed with the server's process group at the end."""
+    running = os.environ.get("EAGLEWATCH_VLLM_URL")
+    if running:  # a vLLM someone started as this fixture would (the same flags and model): for iterating on tests
+        models = httpx.get(running.rstrip("/") + "/models", timeout=10).json()
+        yield running.rstrip("/"), models["data"][0]["id"]
+        return
     python = vllm_python()
     if python is None or not os.path.exists(python):
         message = ("VLLM TESTS NOT RUN: no vLLM environment (build it with scripts/vllm_venv.sh and set "
