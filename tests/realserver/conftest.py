@@ -69,12 +69,16 @@ def _free_port() -> int:
 @pytest.fixture(scope="session")
 def real_server(tiny_model_dir, tmp_path_factory):
     """(base_url, model name) of a `transformers serve` pinned to the tiny model, offline, on loopback."""
+    yield from transformers_serve(tiny_model_dir, tmp_path_factory.mktemp("serve") / "serve.log")
+
+
+def transformers_serve(model_dir: Path, log: Path):
+    """Start `transformers serve` over `model_dir` on loopback; yield (base_url, model name: the folder); stop it."""
     port = _free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", CUDA_VISIBLE_DEVICES="")
     exe = shutil.which("transformers", path=os.path.dirname(sys.executable)) or shutil.which("transformers")
-    command = [exe, "serve", str(tiny_model_dir), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
+    command = [exe, "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
                "--log-level", "warning"] if exe else None
     if command is None:
         pytest.skip("REAL-SERVER TESTS NOT RUN: the `transformers` command is not on PATH")
@@ -94,7 +98,7 @@ def real_server(tiny_model_dir, tmp_path_factory):
             if time.monotonic() > deadline:
                 pytest.fail(f"transformers serve did not answer /health in 180 s:\n{log.read_text()[-3000:]}")
             time.sleep(0.5)
-        yield base + "/v1", str(tiny_model_dir)
+        yield base + "/v1", str(model_dir)
     finally:
         process.terminate()
         try:
@@ -167,9 +171,6 @@ def vllm_truth(vllm_model_dir):
     return _truth_of(vllm_model_dir)
 
 
-VLLM_MODEL = "tiny-qwen3"  # --served-model-name
-
-
 @pytest.fixture(scope="session")
 def vllm_server(vllm_model_dir):
     """(base_url, served model name) of a real vLLM (OpenAI API server, CPU, fp32, eager) over the tiny model, with
@@ -197,7 +198,7 @@ def vllm_server(vllm_model_dir):
                TOKENIZERS_PARALLELISM="false", CUDA_VISIBLE_DEVICES="")
     env.pop("PYTHONPATH", None)  # the project's own packages must not shadow the venv's
     command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(vllm_model_dir),
-               "--served-model-name", VLLM_MODEL, "--host", "127.0.0.1", "--port", str(port),
+               "--served-model-name", str(vllm_model_dir), "--host", "127.0.0.1", "--port", str(port),
                "--dtype", "float32", "--enforce-eager", "--max-model-len", str(VLLM_MAX_MODEL_LEN),
                "--max-num-seqs", str(VLLM_MAX_NUM_SEQS), "--reasoning-parser", "qwen3",
                "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
@@ -220,7 +221,8 @@ def vllm_server(vllm_model_dir):
                             f"{log.read_text(errors='replace')[-4000:]}")
             time.sleep(0.5)
         print(f"\nvLLM started in {time.monotonic() - started:.1f} s")
-        yield base + "/v1", VLLM_MODEL
+        # served as its folder, the name `transformers serve` answers to for the same model (the trusted-twin test)
+        yield base + "/v1", str(vllm_model_dir)
     finally:
         _stop_group(process)
         shutil.rmtree(scratch, ignore_errors=True)  # its ZMQ sockets and vllm_dist_* files (TMPDIR) with it

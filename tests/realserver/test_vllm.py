@@ -269,3 +269,145 @@ def test_the_text_path_learns_vllms_steps_from_logprob_probes(vllm_server, vllm_
     assert set(rows) == set(stored)
     for sid, row in rows.items():
         assert row["output_ids"] == vllm_truth(*case_of[sid], MAX_TOKENS), sid
+
+
+# ---- the trusted twin ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def text_only_server(vllm_model_dir, tmp_path_factory):
+    """`transformers serve` over the same model vLLM serves: an endpoint that returns text only (no ids, no
+    logprobs), answering to the same model name."""
+    from tests.realserver.conftest import transformers_serve
+
+    yield from transformers_serve(vllm_model_dir, tmp_path_factory.mktemp("text-only") / "serve.log")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_vllm_as_trusted_twin_verifies_a_text_only_endpoint(vllm_server, text_only_server, vllm_model_dir, vllm_truth,
+                                                           tmp_path, stream):
+    """A text-only endpoint of the same model (`transformers serve`: neither ids nor logprobs) beside a vLLM marked
+    `trusted`: every probe to it is sent greedily and also asked of vLLM, whose ids measure and teach the text
+    endpoint's steps. The figures say so: the text endpoint is *verified* with its measured answers (it would be
+    'prior only' alone), and its exported rows carry generate()'s ids."""
+    vllm_url, model = vllm_server
+    serve_url, serve_model = text_only_server
+    assert serve_model == model  # one model name for both endpoints
+    endpoints = (_endpoint("vllm", vllm_url, 'server = "vllm"', "trusted = true", "weight = 0.001")
+                 + _endpoint("serve", serve_url, 'server = "transformers-serve"'))
+    # room for every sample at once on the text endpoint, so the weights alone decide: (almost) all go there
+    config = _write(tmp_path, "twin", TRAINED, endpoints, stream=stream, model=model, model_dir=vllm_model_dir,
+                    limits=f"concurrency_initial = {len(TRAINED)}\nconcurrency_min = 1\nconcurrency_max = {len(TRAINED)}")
+    _cli("run", "--headless", str(config))
+    db = tmp_path / "twin.db"
+    stored = _stored(db)
+    on_serve = {sid for sid, row in stored.items() if row["endpoint"] == "serve"}
+    assert len(on_serve) >= len(TRAINED) - 1, {sid: row["endpoint"] for sid, row in stored.items()}
+    measured = {sid: next((f[10:] for f in stored[sid]["flags"] if f.startswith("text_path:")), None)
+                for sid in on_serve}
+    assert all(measured.values()), measured  # every probe to the text endpoint was measured against the twin
+    fidelity = _cli("fidelity", "--db", str(db)).stdout
+    rows, manifest = _shards(tmp_path, db)
+    states = {e["endpoint"]: e["state"] for e in manifest["verification"]["endpoints"]}
+    print(f"\ntrusted twin ({'stream' if stream else 'plain'}): serve measured {sorted(measured.values())}; "
+          f"states {states}\n{fidelity}")
+    assert states["serve"].startswith("verified"), states
+    assert f"serve: verified ({len(on_serve)} probes" in fidelity, fidelity
+    case_of = {_sid(k): (m, t) for k, (m, t, _) in enumerate(TRAINED)}
+    assert rows, manifest["warnings"]
+    for sid, (_, output) in rows.items():
+        assert output == vllm_truth(*case_of[sid], MAX_TOKENS), sid
+
+
+# ---- whole conversations ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_conversations_on_vllm_export_the_prompt_ids_vllm_saw(vllm_server, vllm_model_dir, template_ids, tmp_path,
+                                                              stream):
+    """Whole conversations regenerated on vLLM (default config): every turn's request carries the model's own
+    earlier answers (tool calls included), and the export's per-turn rows hold, id for id, the prompt ids vLLM
+    returned for that turn's request and the output ids it returned for the answer."""
+    from tests.realserver.test_conversations_serve import CONVERSATIONS, DATASET
+
+    base_url, model = vllm_server
+    data = tmp_path / "conversations.jsonl"
+    data.write_text("".join(json.dumps(c) + "\n" for c in CONVERSATIONS), encoding="utf-8")
+    config = _write(tmp_path, "conv", [], _endpoint("vllm", base_url), stream=stream, model=model,
+                    model_dir=vllm_model_dir, limits="concurrency_initial = 2\nconcurrency_min = 1\nconcurrency_max = 2")
+    config.write_text(config.read_text().replace(
+        f'path = "{tmp_path / "conv-prompts.jsonl"}"\nformat = "openai-messages"',
+        f'path = "{data}"\nformat = "openai-messages"\nregenerate = "all"\non_tool_divergence = "replay"'))
+    _cli("run", "--headless", str(config))
+    db = tmp_path / "conv.db"
+    stored = _stored(db)
+    with sqlite3.connect(db) as conn:
+        turns = {sid: (json.loads(m), json.loads(t) if t else None, turn) for sid, m, t, turn in conn.execute(
+            "SELECT sample_id, messages, tools, turn FROM samples WHERE state = 'done'")}
+    assert len(turns) >= 6 and any(turn > 1 for _, _, turn in turns.values()), turns
+    for sid, (messages, tools, turn) in turns.items():
+        assert DATASET not in json.dumps(messages), sid  # the model's own history, never the dataset's answers
+        assert stored[sid]["ids_source"] == "server" and stored[sid]["prompt_check"] == "agree", sid
+        assert list(stored[sid]["prompt_ids"]) == template_ids(messages, tools), sid
+    out = tmp_path / "export"
+    _cli("export", "--db", str(db), "--format", "eagle3-shards", "--out", str(out), "--keep-truncated", timeout=120)
+    rows = {}
+    for path in sorted((out / "data").glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            obj = json.loads(line)
+            rows[obj["id"]] = obj
+    assert set(rows) == set(turns)
+    for sid, row in rows.items():
+        start = row["loss_mask"].index(1)
+        assert row["input_ids"][:start] == list(stored[sid]["prompt_ids"]), sid  # what vLLM saw, id for id
+        assert row["input_ids"][start:] == list(stored[sid]["token_ids"]), sid  # what it generated
+    print(f"\nvLLM conversations ({'stream' if stream else 'plain'}): {len(turns)} turns done, every exported "
+          f"prompt equal to vLLM's prompt_token_ids")
+
+
+# ---- the limiter against vLLM's queue -----------------------------------------------------------------------------
+
+
+def _limiter_run(tmp_path: Path, name: str, base_url: str, model: str, model_dir: Path, limits: str, n: int,
+                 max_tokens: int) -> dict:
+    """One streamed run of `n` copies of a prompt: the engine's last word on the endpoint (limit, reason, TTFT
+    percentiles), answers per second over the run, and its concurrency events."""
+    cases = [([{"role": "user", "content": "Write a long story."}], None, "")] * n
+    config = _write(tmp_path, name, cases, _endpoint("vllm", base_url, 'server = "vllm"', "max_concurrency = 64"),
+                    stream=True, model=model, model_dir=model_dir, limits=limits)
+    config.write_text(config.read_text().replace(f"max_tokens = {MAX_TOKENS}", f"max_tokens = {max_tokens}"))
+    _cli("run", "--headless", str(config))
+    db = tmp_path / f"{name}.db"
+    with sqlite3.connect(db) as conn:
+        snapshot = json.loads(conn.execute("SELECT snapshot FROM engine_heartbeats").fetchone()[0])
+        first, last, answers, failed = conn.execute(
+            "SELECT MIN(created_at - latency_ms / 1000.0), MAX(created_at), COUNT(*), "
+            "SUM(error_class IS NOT NULL) FROM responses").fetchone()
+    endpoint = snapshot["endpoints"][0]
+    return {"limit": endpoint["concurrency_limit"], "reason": endpoint["limit_reason"], "failed": failed,
+            "answers": answers, "req_s": answers / (last - first), "ttft_p50_ms": endpoint["ttft_p50_ms"],
+            "events": [e for e in _events(db) if "concurrency" in e]}
+
+
+def test_the_limiter_finds_vllms_queue_and_keeps_its_batch_full(vllm_server, vllm_model_dir, tmp_path):
+    """vLLM never refuses a request: past `--max-num-seqs` they wait in its queue and the time to the first token
+    grows. Started in slow start (2) under a maximum of 32, the adaptive limit reads that latency and comes down
+    ('latency rising') but holds at least vLLM's batch (its slots stay full), with no failures, and serves
+    at least about as many answers per second as a naive client holding 32 in flight (measured beside it)."""
+    from tests.realserver.conftest import VLLM_MAX_NUM_SEQS
+
+    base_url, model = vllm_server
+    n, max_tokens = 120, 24
+    adaptive = _limiter_run(tmp_path, "adaptive", base_url, model, vllm_model_dir,
+                            "concurrency_initial = 2\nconcurrency_min = 1\nconcurrency_max = 32", n, max_tokens)
+    naive = _limiter_run(tmp_path, "naive", base_url, model, vllm_model_dir,
+                         "concurrency_initial = 32\nconcurrency_min = 32\nconcurrency_max = 32", n, max_tokens)
+    print(f"\nlimiter against vLLM (--max-num-seqs {VLLM_MAX_NUM_SEQS}, {n} answers of {max_tokens} tokens): "
+          f"adaptive limit {adaptive['limit']} ({adaptive['reason']}), {adaptive['req_s']:.1f} answers/s, TTFT p50 "
+          f"{adaptive['ttft_p50_ms']:.0f} ms; naive 32: {naive['req_s']:.1f} answers/s, TTFT p50 "
+          f"{naive['ttft_p50_ms']:.0f} ms; ratio {adaptive['req_s'] / naive['req_s']:.2f}x answers/s, "
+          f"{adaptive['ttft_p50_ms'] / naive['ttft_p50_ms']:.2f}x TTFT; events {adaptive['events']}")
+    assert adaptive["answers"] == naive["answers"] == n and not adaptive["failed"] and not naive["failed"]
+    assert any("(latency rising)" in e for e in adaptive["events"]), adaptive
+    assert adaptive["limit"] >= VLLM_MAX_NUM_SEQS, adaptive
+    assert adaptive["req_s"] >= 0.7 * naive["req_s"], (adaptive, naive)

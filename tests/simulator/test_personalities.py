@@ -232,3 +232,28 @@ def test_an_unknown_personality_is_refused_with_the_choices():
 
     with pytest.raises(InputError, match="transformers-serve"):
         check_options(SimulatorOptions(personality="tgi"))
+
+
+@pytest.mark.parametrize("dropped", [False, True], ids=["complete", "tool_ids_dropped"])
+async def test_streamed_ids_that_lost_a_tool_call_are_not_trusted(qwen, dropped):
+    """vLLM #27482: a stream's tool-call chunks came without their token ids. Ids whose text lacks what the
+    stream said are not ground truth: the answer is rebuilt from its text and flagged, never stored as server ids;
+    complete ids are kept as they are."""
+    tok, path, ids = qwen
+    rec = Reconstructor(get_profile("qwen3"), tok)
+    options = SimulatorOptions(personality="vllm", quirks=["tool_ids_dropped"] if dropped else [])
+    sim = SimulatorServer(options, tokenizer=tok, reference=path, profile="qwen3")
+    async with sim, _client(sim, stream=True, server="vllm") as client:
+        completion = await client.complete(user("two"), [WEATHER_TOOL], model="qwen3")
+        plain = await client.complete(user("plain"), model="qwen3")  # no tool call: nothing dropped
+    assert [c.name for c in completion.tool_calls] == ["get_weather", "get_time"]
+    assert (len(completion.token_ids) < len(ids["two"])) == dropped
+    reconstruction, _ = rec.process(completion)
+    assert rec.ids_carry_text(tuple(completion.token_ids), completion) == (not dropped)
+    if dropped:
+        assert reconstruction.ids_source == "text" and "server_ids_incomplete" in reconstruction.flags
+        assert rec.truth_of(completion) is None  # nor ground truth for a probe or a twin
+    else:
+        assert reconstruction.ids_source == "server" and tuple(reconstruction.output_ids) == tuple(ids["two"])
+    kept, _ = rec.process(plain)
+    assert kept.ids_source == "server" and tuple(kept.output_ids) == tuple(ids["plain"])
