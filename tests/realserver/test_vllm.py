@@ -17,6 +17,7 @@ What real vLLM 0.32 was seen to do here (docs/providers.md holds the table):
 
 from __future__ import annotations
 
+import difflib
 import json
 import sqlite3
 import time
@@ -411,3 +412,142 @@ def test_the_limiter_finds_vllms_queue_and_keeps_its_batch_full(vllm_server, vll
     assert any("(latency rising)" in e for e in adaptive["events"]), adaptive
     assert adaptive["limit"] >= VLLM_MAX_NUM_SEQS, adaptive
     assert adaptive["req_s"] >= 0.7 * naive["req_s"], (adaptive, naive)
+
+
+# ---- the simulator held to the real server ------------------------------------------------------------------------
+
+
+def _fields(value, path: str = "") -> dict[str, str]:
+    """Every field of a JSON value as path -> type name (list items merged under `[]`): what two servers' bodies
+    must share, whatever text they generated."""
+    if isinstance(value, dict):
+        out: dict[str, str] = {}
+        for key, item in value.items():
+            out.update(_fields(item, f"{path}.{key}" if path else key))
+        return out or {path: "{}"}
+    if isinstance(value, list):
+        out = {}
+        for item in value:
+            out.update(_fields(item, f"{path}[]"))
+        return out or {path: "[]"}
+    return {path: type(value).__name__}
+
+
+def _outline(chunks: list) -> list[str]:
+    """A stream as the runs of its kinds of chunk (each chunk's fields and their types; `[DONE]` as itself), in
+    order."""
+    kinds: list[str] = []
+    for chunk in chunks:
+        kind = "[DONE]" if chunk == "[DONE]" else " ".join(f"{k}:{t}" for k, t in sorted(_fields(chunk).items()))
+        if not kinds or kinds[-1] != kind:
+            kinds.append(kind)
+    return kinds
+
+
+def _diff(real: dict[str, str], sim: dict[str, str]) -> list[str]:
+    return [f"{k}: vLLM {real.get(k, 'absent')}, simulator {sim.get(k, 'absent')}"
+            for k in sorted(set(real) | set(sim)) if real.get(k) != sim.get(k)]
+
+
+def _texts(message: dict) -> tuple:
+    """A message's reasoning, content and tool calls (name, arguments): the text the server's parsers made."""
+    return (message.get("reasoning"), message.get("content"),
+            [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []])
+
+
+def _streamed(chunks: list) -> dict:
+    """A stream's deltas put together as a message (reasoning, content, tool calls by index)."""
+    message: dict = {"reasoning": None, "content": None, "tool_calls": []}
+    calls: dict[int, dict] = {}
+    for chunk in chunks:
+        for choice in chunk.get("choices", []) if isinstance(chunk, dict) else []:
+            delta = choice.get("delta") or {}
+            for key in ("reasoning", "content"):
+                if delta.get(key):
+                    message[key] = (message[key] or "") + delta[key]
+            for call in delta.get("tool_calls") or []:
+                slot = calls.setdefault(call["index"], {"function": {"name": "", "arguments": ""}})
+                for key in ("name", "arguments"):
+                    slot["function"][key] += (call.get("function") or {}).get(key) or ""
+    message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return message
+
+
+def _raw(base_url: str, body: dict):
+    if not body.get("stream"):
+        return httpx.post(base_url + "/chat/completions", json=body, timeout=120).json()
+    chunks = []
+    with httpx.stream("POST", base_url + "/chat/completions", json=body, timeout=120) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                chunks.append(line[6:] if line == "data: [DONE]" else json.loads(line[6:]))
+    return chunks
+
+
+async def test_the_simulators_vllm_personality_answers_field_for_field_as_vllm(vllm_server, vllm_model_dir, tmp_path):
+    """The same requests (chat, streaming and not, with and without return_token_ids, logprobs with top
+    alternatives, tools, a cut by max_tokens) to real vLLM and to the simulator's `vllm` personality replaying
+    vLLM's own ids: every body has the same fields of the same types, every stream the same kinds of chunk in the
+    same order (where the prompt ids, each chunk's ids, the finish and the usage sit), the same ids, finish
+    reasons and token counts, and the same reasoning, content and tool-call texts (its parsers' steps: the
+    template's whitespace kept, a think-less answer as reasoning, the newline before a tool call, non-streamed
+    arguments re-serialised). What is left is listed in docs/providers.md."""
+    import asyncio
+
+    from app.simulator import SimulatorOptions, SimulatorServer
+    from app.tokens.tokenizer import load_tokenizer
+
+    base_url, model = vllm_server
+    cases = [(m, t, MAX_TOKENS) for m, t, _ in (CASES[0], CASES[2], CASES[3], *VLLM_CASES)] + [(CASES[0][0], None, 5)]
+    reference = tmp_path / "reference.jsonl"
+    answers = []
+    with open(reference, "w", encoding="utf-8") as out:
+        for messages, tools, budget in cases:
+            body = {"model": model, "messages": messages, "max_tokens": budget, "temperature": 0,
+                    "return_token_ids": True, **({"tools": tools} if tools else {})}
+            answer = await asyncio.to_thread(_raw, base_url, body)
+            answers.append(answer)
+            out.write(json.dumps({"id": f"case-{len(answers)}", "messages": messages,
+                                  "output_ids": answer["choices"][0]["token_ids"],
+                                  "meta_info": {"prompt_tokens": answer["usage"]["prompt_tokens"]}}) + "\n")
+    differences, compared = [], 0
+    sim = SimulatorServer(SimulatorOptions(personality="vllm"), tokenizer=load_tokenizer(vllm_model_dir),
+                          reference=reference, profile="qwen3", model=model, stream_chunk_tokens=1)
+    async with sim:
+        for k, (messages, tools, budget) in enumerate(cases):
+            for stream in (False, True):
+                for asks in ({}, {"return_token_ids": True}, {"return_token_ids": True, "logprobs": True,
+                                                                "top_logprobs": 2}):
+                    body = {"model": model, "messages": messages, "max_tokens": budget, "temperature": 0, **asks,
+                            **({"tools": tools} if tools else {}), "metadata": {"sample_id": f"case-{k + 1}"}}
+                    if stream:
+                        body.update(stream=True, stream_options={"include_usage": True})
+                    real = await asyncio.to_thread(_raw, base_url, {k: v for k, v in body.items() if k != "metadata"})
+                    mine = await asyncio.to_thread(_raw, sim.base_url, body)
+                    where = f"{messages[-1]['content']!r} max_tokens={budget} stream={stream} {sorted(asks)}"
+                    compared += 1
+                    if not stream:
+                        differences += [f"{where}: {d}" for d in _diff(_fields(real), _fields(mine))]
+                        got = [(b["choices"][0]["finish_reason"], b["choices"][0]["token_ids"], b["usage"]) for b in
+                               (real, mine)]
+                        if got[0][:2] != got[1][:2] or got[0][2]["completion_tokens"] != got[1][2]["completion_tokens"]:
+                            differences.append(f"{where}: finish/ids/count {got[0][:2]} vs {got[1][:2]}")
+                        texts = [_texts(b["choices"][0]["message"]) for b in (real, mine)]
+                        if texts[0] != texts[1]:
+                            differences.append(f"{where}: texts differ: vLLM {texts[0]}, simulator {texts[1]}")
+                        continue
+                    a, b = _outline(real), _outline(mine)
+                    if a != b:
+                        differences.append(f"{where}: the kinds of chunk differ (- vLLM, + simulator):\n" + "\n".join(
+                            difflib.unified_diff(a, b, lineterm="", n=0)))
+                    ids = [[i for c in chunks if isinstance(c, dict) for ch in c["choices"]
+                            for i in ch.get("token_ids") or []] for chunks in (real, mine)]
+                    finish = [[ch["finish_reason"] for c in chunks if isinstance(c, dict) for ch in c["choices"]
+                               if ch.get("finish_reason")] for chunks in (real, mine)]
+                    if ids[0] != ids[1] or finish[0] != finish[1]:
+                        differences.append(f"{where}: streamed ids/finish differ: {ids} {finish}")
+                    texts = [_texts(_streamed(chunks)) for chunks in (real, mine)]
+                    if texts[0] != texts[1]:
+                        differences.append(f"{where}: streamed texts differ: vLLM {texts[0]}, simulator {texts[1]}")
+    print(f"\nconformance: {compared} request pairs, {len(differences)} differences")
+    assert not differences, "\n".join(differences)

@@ -56,8 +56,13 @@ def _client(sim, stream=False, server=None):
 @pytest.mark.parametrize("personality", ["openrouter", "vllm", "sglang", "transformers-serve"])
 @pytest.mark.parametrize("stream", [False, True])
 async def test_qwen3_tool_calls_carry_the_real_function_name_and_rebuild_exactly(qwen, personality, stream):
+    from app.tokens.server_steps import prior_profile
+
     tok, path, ids = qwen
-    rec = Reconstructor(get_profile("qwen3"), tok)
+    # what the engine rebuilds with once it knows the server: its known text steps (vLLM keeps the template's
+    # whitespace in the fields, as the real one does)
+    profile = get_profile("qwen3")
+    rec = Reconstructor(profile, tok, prior_profile(personality, stream, profile, "sim", simulated=True))
     async with _sim(tok, path, personality) as sim, _client(sim, stream) as client:
         for prompt in ("weather", "two"):
             completion = await client.complete(user(prompt), [WEATHER_TOOL], model="qwen3")
