@@ -219,10 +219,12 @@ class Reconstructor:
         return True
 
     def _holds_reasoning(self, ids: Sequence[int], returned: Fields) -> bool:
-        """Content logprob ids that also spell the returned reasoning hold the whole output (vLLM's, whose qwen3
-        parser returns an answer with no think block, hence no `</think>`, as reasoning)."""
-        reasoning = (returned.reasoning or "").strip()
-        return bool(reasoning) and reasoning in self.tokenizer.decode(ids)
+        """Content logprob ids that spell the returned reasoning, where no content was returned, hold the whole
+        output: vLLM's, whose qwen3 parser returns an answer with no think block (so no `</think>`) as reasoning
+        and its logprobs under content."""
+        reasoning = returned.reasoning
+        return (bool(reasoning) and not reasoning.isspace() and not returned.content.strip()
+                and self.tokenizer.decode(ids).startswith(reasoning))
 
     def _logprob_layout(self, fields: Fields, lp: dict) -> tuple[list[int], bool]:
         """The ids of `fields`' layout with each run taken from its logprobs where there are some, and whether

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -24,6 +25,7 @@ QWEN_OUTPUTS = {
     "\n</tool_call><|im_end|>",
     "plain": "<think>\nThe user greets me.\n</think>\n\nHello! How can I help you today?<|im_end|>",
     "broken": "<think>\nOops.\n</think>\n\n<tool_call>\nnot json at all\n</tool_call><|im_end|>",
+    "thinkless": "Ok, at once.<|im_end|>",  # no think block: vLLM's qwen3 parser returns it as reasoning
 }
 
 
@@ -262,3 +264,28 @@ async def test_streamed_ids_that_lost_a_tool_call_are_not_trusted(qwen, dropped)
         assert reconstruction.ids_source == "server" and tuple(reconstruction.output_ids) == tuple(ids["two"])
     kept, _ = rec.process(plain)
     assert kept.ids_source == "server" and tuple(kept.output_ids) == tuple(ids["plain"])
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+async def test_vllms_logprobs_hold_every_token_and_its_known_steps_rebuild_its_text(qwen, stream):
+    """vLLM (as tests/realserver saw it): logprobs under `content` for every output token, tags included (a stream's
+    reasoning and tool-call chunks too, and an empty delta per tag), an answer with no think block returned as
+    reasoning, the template's whitespace kept. The logprobs give the true ids whole and in order; vLLM's known
+    steps (the server table) rebuild every answer's ids from its text alone."""
+    from app.tokens.server_steps import prior_profile
+
+    tok, path, ids = qwen
+    profile = get_profile("qwen3")
+    rec = Reconstructor(profile, tok, prior_profile("vllm", stream, profile, "sim", simulated=True))
+    async with _sim(tok, path, "vllm") as sim, _client(sim, stream) as client:
+        for prompt in ("plain", "weather", "two", "thinkless"):
+            tools = [WEATHER_TOOL] if prompt in ("weather", "two") else None
+            completion = await client.complete(user(prompt), tools, model="qwen3",
+                                               extra={"logprobs": True, "top_logprobs": 0})
+            if prompt == "thinkless":
+                assert completion.reasoning == "Ok, at once." and not completion.content
+            assert rec.ground_truth(completion) == (tuple(ids[prompt]), "logprobs"), prompt
+            text_only = replace(completion, content_logprobs=None, reasoning_logprobs=None)
+            reconstruction, _ = rec.process(text_only)
+            assert tuple(reconstruction.output_ids) == tuple(ids[prompt]), (prompt, reconstruction)
+            assert not reconstruction.flags, (prompt, reconstruction.flags)
