@@ -207,8 +207,13 @@ class Reconstructor:
         a repeated `</think>`, a lossy U+FFFD it printed for a split character) but never makes it up, so ids that
         lack returned text lost tokens on the way: vLLM #27482 drops the token ids of streamed tool calls."""
         view = self.decoded_view(ids)
-        theirs = _squeezed(c.reasoning, c.content, c.tool_calls).replace("\ufffd", "")
-        mine = _squeezed(view.reasoning, view.content, view.tool_calls)
+        calls = c.tool_calls
+        same_calls = len(calls) == len(view.tool_calls) and all(
+            a.name == b.name and a.arguments == b.arguments for a, b in zip(calls, view.tool_calls))
+        if same_calls and c.content == view.content and _same_text(c.reasoning, view.reasoning):
+            return True  # the ideal fields themselves
+        theirs = _squeezed(c.reasoning, c.content, calls, view.tool_calls).replace("\ufffd", "")
+        mine = _squeezed(view.reasoning, view.content, view.tool_calls, calls)
         if theirs in mine:  # the common case, in C
             return True
         at = 0
@@ -917,16 +922,16 @@ def _spells_any(words: Sequence[str]) -> Callable[[str], bool]:
                              re.compile("|".join(map(re.escape, words))).match)
 
 
-_WHITESPACE = re.compile(r"\s+")
-
-
-def _squeezed(reasoning: str | None, content: str | None, calls: Sequence[ToolCall]) -> str:
-    """The fields' text without whitespace, tool arguments in one JSON form where they parse (`ids_carry_text`)."""
+def _squeezed(reasoning: str | None, content: str | None, calls: Sequence[ToolCall],
+              others: Sequence[ToolCall]) -> str:
+    """The fields' text without whitespace (`ids_carry_text`); tool arguments in one JSON form where they parse,
+    unless they are the other side's arguments at that place as they stand."""
     parts = [reasoning or "", content or ""]
-    for call in calls:
+    for k, call in enumerate(calls):
         parts.append(call.name)
-        parts.append(_redump(call.arguments, _ONE_JSON_FORM))
-    return _WHITESPACE.sub("", "".join(parts))
+        same = k < len(others) and others[k].arguments == call.arguments
+        parts.append(call.arguments if same else _redump(call.arguments, _ONE_JSON_FORM))
+    return "".join("".join(parts).split())
 
 
 _ONE_JSON_FORM = {"ensure_ascii": False, "separators": (",", ":")}
