@@ -31,7 +31,9 @@ _cpu_rows: list[tuple[str, float, float, float]] = []  # (test, wall s, own CPU 
 # that is expensive to make twice (a started `transformers serve`). Besides these, the tests of a file that uses a
 # module-scoped fixture (a 100k-row database, a built tokenizer, exported shards) are one group, so the fixture is
 # made once, not once per worker.
-XDIST_GROUPS: dict[str, str] = {
+XDIST_GROUPS: dict[str, str] = {  # the first prefix that matches wins
+    # one vLLM server (a 30-80 s start, ~3.8 GB) serves every vLLM test: they run on one worker
+    "tests/realserver/test_vllm": "vllm",
     "tests/realserver/": "realserver",
     # the trainers' own code runs in children forked from one warm process per trainer and test process
     # (tests/export/trainers/env.py): on one worker, each trainer's modules are imported once per run

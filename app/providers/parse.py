@@ -287,6 +287,12 @@ class StreamAssembler:
         self._calls: dict[int, dict[str, Any]] = {}
         self._content_lp: list[TokenLogprob] | None = None
         self._reasoning_lp: list[TokenLogprob] | None = None
+        # every `logprobs.content` item in stream order, and whether any came with a delta that printed no content
+        # (vLLM: reasoning and tool-call deltas, and an empty delta for each tag it does not print): then they are
+        # every output token's, in order, as `logprobs.content` is without streaming
+        self._every_lp: list[TokenLogprob] = []
+        self._lp_beyond_content = False
+        self._reasoning_key_lp = False  # reasoning logprobs under their own key (OpenRouter, the simulator)
         self._ids: list[int] | None = None
         self._prompt_ids: list[int] | None = None
         self.finish: str | None = None
@@ -392,6 +398,9 @@ class StreamAssembler:
         if logprobs is not None:
             if logprobs.get("content") is not None:
                 items = parse_logprob_list(logprobs["content"], f"{where}.logprobs.content")
+                self._every_lp.extend(items)
+                if items and not content:
+                    self._lp_beyond_content = True
                 # vLLM puts the logprobs of reasoning tokens under `content` in reasoning deltas
                 if reasoning and not content:
                     self._reasoning_lp = (self._reasoning_lp or []) + items
@@ -401,6 +410,7 @@ class StreamAssembler:
                 if logprobs.get(name) is not None:
                     items = parse_logprob_list(logprobs[name], f"{where}.logprobs.{name}")
                     self._reasoning_lp = (self._reasoning_lp or []) + items
+                    self._reasoning_key_lp = True
         ids = _server_ids(choice, where, self._limits)
         if ids is not None:
             self._ids = (self._ids or []) + ids
@@ -415,6 +425,16 @@ class StreamAssembler:
             self._fail(choice.get("error") or chunk.get("error"), f"{where}.error")
         if finish is not None:
             self.finish = finish
+
+    def _logprobs(self) -> dict[str, tuple[TokenLogprob, ...] | None]:
+        """The Completion's logprob fields. A stream whose `logprobs.content` also came with deltas that printed no
+        content (vLLM) gives every output token's there, tags included: kept whole and in order as content
+        logprobs (the shape of vLLM's non-streamed answer), not cut into reasoning and content, which would lose
+        where the tags go."""
+        if self._lp_beyond_content and not self._reasoning_key_lp:
+            return {"content_logprobs": tuple(self._every_lp), "reasoning_logprobs": None}
+        return {"content_logprobs": tuple(self._content_lp) if self._content_lp is not None else None,
+                "reasoning_logprobs": tuple(self._reasoning_lp) if self._reasoning_lp is not None else None}
 
     def _feed_call(self, call: dict, where: str) -> None:
         index = wire.index(call.get("index"), f"{where}.index")
@@ -465,8 +485,7 @@ class StreamAssembler:
             tool_calls=calls,
             finish_reason=finish,
             usage=self.usage or Usage(),
-            content_logprobs=tuple(self._content_lp) if self._content_lp is not None else None,
-            reasoning_logprobs=tuple(self._reasoning_lp) if self._reasoning_lp is not None else None,
+            **self._logprobs(),
             token_ids=tuple(self._ids) if self._ids is not None else None,
             prompt_token_ids=tuple(self._prompt_ids) if self._prompt_ids is not None else None,
             ttft_s=self.ttft_s,

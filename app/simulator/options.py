@@ -52,6 +52,10 @@ QUIRKS = (
     "json_dumps",  # arguments -> json.dumps(json.loads(args)) with ASCII escapes (transformers serve)
     "empty_reasoning_none",  # empty reasoning -> no reasoning field (transformers serve, non-streaming)
     "raw_regions",  # the template's whitespace around reasoning/content kept in the fields (transformers serve stream)
+    "tool_ids_dropped",  # vLLM #27482: a stream's tool-call chunks (and what follows) carry no token_ids
+    "reasoning_first",  # vLLM's qwen3 parser: an output with no think-close tag is all reasoning
+    "blank_content_dropped",  # transformers serve streaming: no whitespace-only content before a tool call
+    "tool_separator_kept",  # vLLM's hermes parser: content keeps the template's "\n" before the first tool call
 )
 
 

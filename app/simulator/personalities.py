@@ -35,7 +35,8 @@ class Personality:
     non_json_tool_region: int | None = None  # the HTTP status a tool-call region that is not JSON gets (None: parsed)
     null_content: bool = True  # no content -> `content: null` (OpenRouter); False: `content: ""`
     lean_deltas: bool = False  # each delta holds only its own field (role only on the first chunk)
-    json_formats: frozenset[str] = frozenset()  # tool formats whose parser json.dumps the arguments again
+    json_formats: frozenset[str] = frozenset()  # tool formats whose parser json.dumps the arguments again (non-streaming)
+    vllm_wire: bool = False  # vLLM's own body and chunk fields (null keys, a chunk per token, every token's logprobs)
 
 
 PERSONALITIES = {
@@ -45,7 +46,13 @@ PERSONALITIES = {
     # first chunk when streaming): vllm/entrypoints/openai/chat_completion/protocol.py; finish "tool_calls".
     # Its hermes and glm4_moe tool parsers re-serialise arguments with json.dumps(..., ensure_ascii=False)
     # (tokenization.md §7 step 6); the kimi_k2 parser keeps the model's text.
-    "vllm": Personality("vllm", ids="vllm", finish_tool_calls=True, json_formats=frozenset({"hermes", "glm-4.5"})),
+    # Checked field by field against vLLM 0.32 in tests/realserver/test_vllm.py (docs/providers.md lists what is
+    # left): the template's whitespace stays in the fields and its qwen3 parser returns an answer with no think
+    # block as reasoning; streamed arguments are the model's text; the rest of its wire is `vllm_wire`.
+    "vllm": Personality("vllm", ids="vllm", finish_tool_calls=True, json_formats=frozenset({"hermes", "glm-4.5"}),
+                        plain_quirks=frozenset({"raw_regions", "reasoning_first", "tool_separator_kept"}),
+                        stream_quirks=frozenset({"raw_regions", "reasoning_first", "tool_separator_kept"}),
+                        lean_deltas=True, vllm_wire=True),
     # SGLang: ChatMessage.reasoning_content; token_ids / prompt_token_ids only non-streaming, 400 when asked
     # with stream=true: python/sglang/srt/entrypoints/openai/protocol.py, serving_chat.py.
     "sglang": Personality("sglang", reasoning_field="reasoning_content", ids="sglang", finish_tool_calls=True,
@@ -61,7 +68,7 @@ PERSONALITIES = {
     "transformers-serve": Personality(
         "transformers-serve", reasoning_field="reasoning_content",
         plain_quirks=frozenset({"strip_whitespace", "json_dumps", "empty_reasoning_none"}),
-        stream_quirks=frozenset({"raw_regions"}),
+        stream_quirks=frozenset({"raw_regions", "blank_content_dropped"}),
         tool_id="{gen}_tool_call_{index}", tool_args_at_once=True, finish_tool_calls=True, done_marker=False,
         logprobs=False, error_chunk="text", openai_fields_only=True,
         non_json_tool_region=400, null_content=False, lean_deltas=True,

@@ -54,6 +54,13 @@ DEFAULT_PRICING = ModelPricing(prompt_per_m=0.60, completion_per_m=2.50, cached_
 _Z95 = 1.6448536269514722
 SAMPLE_FIELD = ("metadata", "sample_id")  # body["metadata"]["sample_id"]: the reference sample asked for
 CACHE_ENTRIES = 2048  # rendered samples kept per cache
+VLLM_FINGERPRINT = "vllm-0.32.0-simulated"  # vLLM's system_fingerprint: vllm-<version>-<hash>
+# the keys vLLM 0.32 writes as null on a response, a choice and a message when it has nothing for them
+# (vllm/entrypoints/openai/chat_completion/protocol.py ChatCompletionResponse, ...Choice, ChatMessage)
+_VLLM_BODY_NULLS = ("service_tier", "prompt_logprobs", "prompt_token_ids", "prompt_text", "kv_transfer_params",
+                    "ec_transfer_params", "metrics")
+_VLLM_CHOICE_NULLS = ("stop_reason", "token_ids", "routed_experts")
+_VLLM_MESSAGE_NULLS = ("refusal", "annotations", "audio", "function_call")
 
 _ERRORS = {
     400: ("invalid_request", "Bad request (simulated)"),
@@ -116,6 +123,18 @@ class PromptCache:
             while len(self._seen) > self._entries:
                 self._seen.popitem(last=False)
         return cached
+
+
+def _tool_ids_dropped(parts: list[tuple[bytes, int]]) -> list[tuple[bytes, int]]:
+    """vLLM #27482: the tool parser swallows the chunks of a streamed tool call, and their token ids with them."""
+    out = []
+    for choices, tokens in parts:
+        items = json.loads(choices)
+        if items[0].get("delta", {}).get("tool_calls") and "token_ids" in items[0]:
+            del items[0]["token_ids"]
+            choices = _json(items)
+        out.append((choices, tokens))
+    return out
 
 
 def sample_latency_s(seed: int, key: str, median_ms: float, p95_ms: float) -> float:
@@ -271,7 +290,7 @@ class SimulatorServer:
         if out is None:
             p = self.personality
             quirks = self.quirks | (p.stream_quirks if stream else p.plain_quirks)
-            if self.profile.tool_format in p.json_formats:
+            if self.profile.tool_format in p.json_formats and not stream:  # streamed arguments: the model's text
                 quirks |= {"json_reserialised"}
             out = self.renderer.render(self.book.samples[index].output_ids, quirks, history_calls)
             if len(self._cache) >= CACHE_ENTRIES:
@@ -528,8 +547,12 @@ class SimulatorServer:
                prompt_ids=None, cached: int = 0):
         p = self.personality
         content = out.content if out.content is not None or p.null_content else ""
+        if p.vllm_wire and content is not None and (not content or (out.tool_calls and content.isspace())):
+            content = None  # vLLM: no content (or only whitespace before a tool call) is null
         message: dict[str, Any] = {"role": "assistant", "content": content}
-        if out.reasoning is not None or p.name == "openrouter":
+        if p.vllm_wire:
+            message.update(dict.fromkeys(_VLLM_MESSAGE_NULLS))
+        if out.reasoning is not None or p.name == "openrouter" or p.vllm_wire:
             message[p.reasoning_field] = out.reasoning
         if out.reasoning is not None and p.reasoning_details:
             message["reasoning_details"] = [
@@ -540,6 +563,9 @@ class SimulatorServer:
                 {"id": c.id, "type": "function", "index": i, "function": {"name": c.name, "arguments": c.arguments}}
                 for i, c in enumerate(out.tool_calls)
             ]
+            if p.vllm_wire:  # vLLM's message tool calls carry no index
+                for call in message["tool_calls"]:
+                    del call["index"]
         choice: dict[str, Any] = {
             "index": 0,
             "finish_reason": self._finish(out),
@@ -548,7 +574,11 @@ class SimulatorServer:
         }
         if p.provider_field:
             choice["native_finish_reason"] = out.finish_reason
-        if want_lp:
+        if p.vllm_wire:
+            choice.update(dict.fromkeys(_VLLM_CHOICE_NULLS))
+        if want_lp and p.vllm_wire:  # every output token's, tags included, under content
+            choice["logprobs"] = {"content": self.renderer.logprob_entries(out.output_ids, top)}
+        elif want_lp:
             choice["logprobs"] = {
                 "content": self.renderer.logprob_entries(out.content_ids, top),
                 "reasoning": self.renderer.logprob_entries(out.reasoning_ids, top),
@@ -573,6 +603,11 @@ class SimulatorServer:
         }
         if not p.provider_field:
             del body["provider"]
+        if p.vllm_wire:
+            body["system_fingerprint"] = VLLM_FINGERPRINT
+            body.update(dict.fromkeys(_VLLM_BODY_NULLS))
+            if not cached:  # vLLM reports prompt_tokens_details only with --enable-prompt-tokens-details
+                body["usage"]["prompt_tokens_details"] = None
         if prompt_ids is not None and p.ids == "vllm":
             body["prompt_token_ids"] = prompt_ids
         data = _json(body)
@@ -657,11 +692,16 @@ class SimulatorServer:
                 choice.update(extra)
             return prefix + _json([choice]) + b"}\n\n"
 
+        if p.vllm_wire:
+            return await self._vllm_stream(response, head, out, want_lp, top, ids_field, fault, prompt_ids, index,
+                                           cached)
         parts, reasoning_end = self._stream_parts(index, history, out, want_lp, top)
         # (event bytes, number of tokens it carries: for pacing)
         delta_ids = ids_field is not None and p.ids == "vllm"
         if delta_ids:  # vLLM streams each chunk's own token ids; whatever is left rides on the finish chunk
             parts, left = self._with_delta_ids(parts, out.output_ids)
+            if "tool_ids_dropped" in self.quirks and out.tool_calls:
+                parts, left = _tool_ids_dropped(parts), []
         events: list[tuple[bytes, int]] = [(prefix + choices + b"}\n\n", tokens) for choices, tokens in parts]
         if keepalive:
             events.insert(reasoning_end, (b": OPENROUTER PROCESSING\n\n", 0))
@@ -699,6 +739,10 @@ class SimulatorServer:
                 events.append((b'data: {"id": "' + gen_id.encode() + b'", "choices": [{"delta": \n\n', 0))
                 events.append((b"data: [DONE]\n\n", 0))
 
+        return await self._send(response, events)
+
+    async def _send(self, response: web.StreamResponse, events: list[tuple[bytes, int]]) -> web.StreamResponse:
+        """Write the events (paced by the tokens each carries when tokens_per_s is set) and end the stream."""
         if self.tokens_per_s > 0:
             for data, tokens in events:
                 if tokens:
@@ -708,3 +752,119 @@ class SimulatorServer:
             await response.write(b"".join(data for data, _ in events))
         await response.write_eof()
         return response
+
+    def _vllm_regions(self, out: RenderedOutput) -> list[tuple[str, tuple[int, ...]]]:
+        """vLLM streams a chunk per token group, in output order: (kind, ids) runs of the output, kind one of
+        "tag" (a tag vLLM prints as nothing: an empty delta), "reasoning", "content", "tools", "end"."""
+        ids = list(out.output_ids)
+        end = [ids.pop()] if ids and ids[-1] in self.renderer.profile_stops else []
+        runs: list[tuple[str, tuple[int, ...]]] = []
+        think, close = self.renderer.ids.get("think"), self.renderer.ids.get("think_end")
+        if ids and ids[0] == think:
+            runs.append(("tag", (ids.pop(0),)))
+        if close in ids:
+            k = ids.index(close)
+            runs += [("reasoning", tuple(ids[:k])), ("tag", (close,))]
+            ids = ids[k + 1:]
+        call = self.tokenizer.special_id(self.profile.tool_markers.get("call_begin", "")) if out.tool_calls else None
+        k = ids.index(call) if call is not None and call in ids else len(ids)
+        body, tools = tuple(ids[:k]), tuple(ids[k:])
+        if out.reasoning and not any(kind == "reasoning" for kind, _ in runs):
+            runs.append(("reasoning", body))  # an answer with no think block, returned as reasoning
+        else:
+            runs.append(("content", body))
+        runs.append(("tools", tools))
+        runs.append(("end", tuple(end)))
+        return runs
+
+    async def _vllm_stream(self, response: web.StreamResponse, head: dict, out: RenderedOutput, want_lp: bool,
+                           top: int, ids_field: str | None, fault: str | None, prompt_ids: list[int] | None,
+                           index: int, cached: int) -> web.StreamResponse:
+        """A stream as vLLM 0.32 writes it (seen in tests/realserver): a first chunk with the role (and the prompt
+        ids), then a chunk per token group with its own `token_ids` and `logprobs.content`, lean deltas; a token
+        it prints as nothing (a think tag, the tool-call markup around a call's name and arguments) is a chunk
+        with an empty delta, sent only when ids or logprobs were asked; a tool call is a name chunk then argument
+        chunks; the end token on a finish chunk of its own (an answer cut by max_tokens ends on the chunk of its
+        last token); a usage chunk with `choices: []`; `[DONE]`."""
+        n = self.stream_chunk_tokens
+        dropped = "tool_ids_dropped" in self.quirks  # vLLM #27482: the tool parser's chunks lose their ids
+        quiet = bool(ids_field) or want_lp  # whether a token that prints nothing still gets its chunk
+        steps: list[tuple[dict, tuple[int, ...]]] = []  # (delta, its ids) in order
+
+        def silent(ids: tuple[int, ...]) -> None:  # tokens it prints as nothing
+            if quiet and ids:
+                steps.extend(({}, ids[k: k + n]) for k in range(0, len(ids), n))
+
+        texts = {"reasoning": out.reasoning or "", "content": out.content or ""}
+        end: tuple[int, ...] = ()
+        for kind, ids in self._vllm_regions(out):
+            if kind == "tag":
+                silent(ids)
+            elif kind in texts:
+                steps.extend(({kind: piece}, group) for piece, group in text_pieces(texts[kind], ids, self.tokenizer, n))
+            elif kind == "tools":
+                steps.extend(self._vllm_tool_steps(out, ids, quiet and not dropped, dropped))
+            else:
+                end = ids
+        if end or not steps:  # the end token on a finish chunk of its own
+            steps.append(({}, () if dropped and out.tool_calls else end))
+
+        def event(delta: dict, ids: tuple[int, ...], finish: str | None = None) -> tuple[bytes, int]:
+            choice: dict[str, Any] = {"index": 0, "delta": delta,
+                                      "logprobs": {"content": self.renderer.logprob_entries(ids, top)}
+                                      if want_lp and ids else None, "finish_reason": finish}
+            if finish is not None:
+                choice["stop_reason"] = None
+            choice["token_ids"] = list(ids) if ids_field else None
+            return b"data: " + _json(dict(head, choices=[choice])) + b"\n\n", len(ids)
+
+        first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        events = [(b"data: " + _json(dict(head, choices=[first], prompt_token_ids=prompt_ids, prompt_text=None))
+                   + b"\n\n", 0)]
+        events += [event(delta, ids) for delta, ids in steps[:-1]]
+        events.append(event(*steps[-1], finish=self._finish(out)))
+        usage = self._usage(index, out, cached)
+        if not cached:
+            usage.pop("prompt_tokens_details", None)
+        events.append((b"data: " + _json(dict(head, choices=[], system_fingerprint=VLLM_FINGERPRINT, usage=usage))
+                       + b"\n\n", 0))
+        events.append((b"data: [DONE]\n\n", 0))
+        if fault in ("truncate", "stream_error", "malformed"):
+            events = events[: max(1, (len(events) - 2) // 2)]
+            if fault == "malformed":
+                events.append((b'data: {"id": "' + head["id"].encode() + b'", "choices": [{"delta": \n\n', 0))
+        return await self._send(response, events)
+
+    @staticmethod
+    def _vllm_tool_steps(out: RenderedOutput, ids: tuple[int, ...], quiet: bool,
+                         dropped: bool) -> list[tuple[dict, tuple[int, ...]]]:
+        """The deltas of a streamed tool section, each with its share of the section's ids: per call, the markup
+        before its name, the name, the markup before its arguments, the arguments in slices; then the markup after
+        the last call. Markup prints nothing: an empty delta, sent only when `quiet` (ids or logprobs asked and
+        kept). `dropped` (vLLM #27482): the tool parser's chunks lose their ids."""
+        steps: list[tuple[dict, tuple[int, ...]]] = []
+        rest = list(ids)
+
+        def take(k: int | None = 1) -> tuple[int, ...]:
+            got = tuple(rest[:k] if k is not None else rest)
+            del rest[: len(got)]
+            return got
+
+        def markup(k: int | None = 1) -> None:
+            got = take(k)
+            if quiet and got:
+                steps.append(({}, got))
+
+        for i, call in enumerate(out.tool_calls):
+            markup()
+            got = take()
+            steps.append(({"content": None, "tool_calls": [{"id": call.id, "type": "function", "index": i,
+                                                            "function": {"name": call.name}}]},
+                          () if dropped else got))
+            markup()
+            for k in range(0, max(len(call.arguments), 1), 16):
+                got = take()
+                steps.append(({"content": None, "tool_calls": [{"index": i, "function": {
+                    "arguments": call.arguments[k: k + 16]}}]}, () if dropped else got))
+        markup(None)
+        return steps

@@ -78,7 +78,8 @@ class FidelityProfile:
     observations: key -> {observed change -> probes}. Keys: "edge:<field>.<side>[@context]" with changes
     "" (no whitespace there), "=" (whitespace there, kept), "-X" (server removed X), "-*" (removes whatever is
     there: a prior), "+X" (server added X), "~" (the field's core text differed); "empty_reasoning" {dropped,
-    kept, absent}; "no_content" {deleted, kept, absent}; "json" {<model style>|irregular|same}; "tool_ids"
+    kept, absent}; "no_content" {deleted, kept, absent}; "thinkless" {reasoning, content: where an answer with no
+    think block came back}; "json" {<model style>|irregular|same}; "tool_ids"
     {offset:<k>|other|same}; "count" {"+k": usage.completion_tokens minus the true ids' length}; "other"
     {<field>: n}. `prior` has the same shape (app.tokens.server_steps); `source` names the table entry it came
     from, `server` its server kind; `stream` the path (True streaming, False not, None unknown).
@@ -165,6 +166,11 @@ class FidelityProfile:
                 ok = not counts.get("absent") and not counts.get("kept")
                 out.append(LearnedStep("empty_reasoning_dropped", "reasoning", "no reasoning field -> empty thinking",
                                        ok, counts["dropped"], total, prior))
+            elif key == "thinkless" and counts.get("reasoning"):
+                ok = not counts.get("content")
+                out.append(LearnedStep("reasoning_holds_answer", "reasoning",
+                                       "reasoning without the template's opening whitespace and no content -> the "
+                                       "answer, with no think block", ok, counts["reasoning"], total, prior))
             elif key == "no_content" and counts.get("deleted"):
                 ok = not counts.get("absent") and not counts.get("kept")
                 out.append(LearnedStep("no_content", "content", f"blank content before tool calls -> {NO_CONTENT!r}",
@@ -263,7 +269,7 @@ def plan_key(fp: FidelityProfile | None) -> tuple:
     plan = _plan_of(fp)
     return (tuple(sorted(plan.edges.items())), tuple(sorted(plan.strips.items())), plan.empty_reasoning,
             plan.no_content, tuple(sorted((plan.json or {}).items())) if plan.json is not None else None,
-            plan.tool_ids, plan.count)
+            plan.tool_ids, plan.count, plan.thinkless)
 
 
 def _observe(obs: dict[str, Counter], ir: str | None, ic: str, icalls: Sequence[ToolCall], finish: str,
@@ -276,6 +282,13 @@ def _observe(obs: dict[str, Counter], ir: str | None, ic: str, icalls: Sequence[
 
     truncated = finish == "length"
     gr, gc = c.reasoning, c.content or ""
+    if ir is None and ic.strip():
+        # an answer with no think block: vLLM's qwen3 parser starts inside reasoning and returns it whole there
+        if gr is not None and gr.strip() and not gc.strip() and _same_core(gr, ic):
+            bump("thinkless", "reasoning")
+            gr, gc = None, gr  # its edges are the content's, as returned
+        elif gr is None:
+            bump("thinkless", "content")
     # reasoning: empty thinking may come back as no field at all
     if gr is None:
         bump("empty_reasoning", "dropped" if ir == "" else "absent" if ir is None else "other")
@@ -320,8 +333,8 @@ def _observe(obs: dict[str, Counter], ir: str | None, ic: str, icalls: Sequence[
                 bump("json", style or "irregular")
             else:
                 obs.setdefault("other", Counter())["tool.arguments"] += 1
-        else:
-            bump("json", "same")
+        elif not any(form == args_w.strip() for form in _redumps(args_w.strip())):
+            bump("json", "same")  # (arguments every style writes alike say nothing of a re-serialisation)
         if profile.tool_id_in_stream:
             id_w, id_g = want.id, got.id
             if id_w.strip() == id_g.strip() and id_w != id_g:
@@ -351,6 +364,11 @@ def _edges(bump, name: str, want: str, got: str, lead_ctx: str = "", trail_ctx: 
     wt, gt = _trail(want), _trail(got)
     bump(f"edge:{name}.lead{lead_ctx}", _change_lead(wl, gl))
     bump(f"edge:{name}.trail{trail_ctx}", _change_trail(wt, gt))
+
+
+def _same_core(a: str, b: str) -> bool:
+    """The two texts are one text but for whitespace at their edges."""
+    return a.strip() == b.strip()
 
 
 def _blank_ctx(has_reasoning: bool, has_calls: bool) -> str:
@@ -503,14 +521,15 @@ def apply(fp: FidelityProfile, f: Fields, profile: Profile) -> Applied:
     if not fp.observations and not fp.prior:
         return Applied(f, (), ())
     reasoning, content, calls, used, flags, strips = invert(_plan_of(fp), f.reasoning, f.content, f.tool_calls,
-                                                            f.finish_reason == "length", profile.tool_id_in_stream)
+                                                            f.finish_reason == "length", profile.tool_id_in_stream,
+                                                            profile.reasoning_prefix)
     if reasoning != f.reasoning or content != f.content or calls is not f.tool_calls:
         f = type(f)(reasoning, content, calls, f.finish_reason, f.close_think)
     return Applied(f, used, flags, strips)
 
 
 def invert(plan: _Plan, reasoning: str | None, content: str, calls: tuple[ToolCall, ...], truncated: bool,
-           tool_id_in_stream: bool) -> tuple[str | None, str, tuple[ToolCall, ...], tuple[str, ...], tuple[str, ...],
+           tool_id_in_stream: bool, reasoning_prefix: str = "") -> tuple[str | None, str, tuple[ToolCall, ...], tuple[str, ...], tuple[str, ...],
                                              tuple[str, ...]]:
     """`apply`'s work on a sample's field values, without building records (the reconstruction's per-sample pass
     calls it): (reasoning, content, tool calls, steps used, flags raised, strip edges). The tool calls are
@@ -518,6 +537,14 @@ def invert(plan: _Plan, reasoning: str | None, content: str, calls: tuple[ToolCa
     used: list[str] = []
     flags: list[str] = []
     strips: list[str] = []
+    if plan.thinkless is not None and reasoning and not reasoning.isspace() and _blank(content):
+        # reasoning and no content: the answer with no think block (returned as reasoning), unless the reasoning
+        # opens with the whitespace the template puts after the think tag (then it is a think block)
+        if not plan.thinkless or not reasoning_prefix:
+            flags.append(UNINVERTIBLE + "reasoning_holds_answer")
+        elif not reasoning.startswith(reasoning_prefix):
+            reasoning, content = None, reasoning
+            used.append("reasoning_holds_answer")
     if reasoning is None and plan.empty_reasoning is not None:
         if plan.empty_reasoning:
             reasoning = ""
@@ -657,6 +684,7 @@ class _Plan:
     count: int | None = None  # usage.completion_tokens minus the true ids' length, when known and constant
     known: frozenset[str] = frozenset()  # every edge key with a step (edges and strips)
     actions: dict[str, tuple] = field(default_factory=dict)  # edge key -> _edge_action (the edges, worked out)
+    thinkless: bool | None = None  # None: never seen; True: a think-less answer comes back as reasoning; False: flag
 
 
 _PLANS: dict[int, tuple[FidelityProfile, _Plan]] = {}
@@ -682,7 +710,7 @@ def _plan_of(fp: FidelityProfile) -> _Plan:
             strips[key[5:]] = name
         else:
             edges[key[5:]] = (name, next(iter(changes)) if kind == "constant" else None)
-    er, nc = obs.get("empty_reasoning", {}), obs.get("no_content", {})
+    er, nc, tl = obs.get("empty_reasoning", {}), obs.get("no_content", {}), obs.get("thinkless", {})
     js = {s: n for s, n in obs.get("json", {}).items() if s != "same"}
     json_plan: dict | None = None
     if js:
@@ -700,7 +728,8 @@ def _plan_of(fp: FidelityProfile) -> _Plan:
         (not er.get("absent") and not er.get("kept")) if er.get("dropped") else None,
         (not nc.get("absent") and not nc.get("kept")) if nc.get("deleted") else None,
         json_plan, ids_plan, strips, fp.count_offset(), frozenset(edges) | frozenset(strips),
-        {key: _edge_action(key, name, change) for key, (name, change) in edges.items()})
+        {key: _edge_action(key, name, change) for key, (name, change) in edges.items()},
+        (not tl.get("content")) if tl.get("reasoning") else None)
     if len(_PLANS) > 64:  # profiles are few and long-lived; keep the cache from growing without bound
         _PLANS.clear()
     _PLANS[id(fp)] = (fp, plan)

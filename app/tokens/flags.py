@@ -34,6 +34,8 @@ UNINVERTIBLE = "uninvertible:"  # + a step of app.tokens.fidelity_profile.STEPS 
 # (for a strip: only samples whose token count cannot rule out that whitespace was removed there)
 TOKEN_COUNT = "token_count"  # the rebuilt ids are not as many as usage.completion_tokens says the model generated
 # (with the endpoint's count relation known): a non-canonical split, or text changed on the way
+SERVER_IDS_INCOMPLETE = "server_ids_incomplete"  # the server's ids lack text it returned (tokens dropped on the way,
+# vLLM #27482: streamed tool calls): not ground truth; the sample is rebuilt from its text instead
 TEXT_REGIONS_UNCHECKED = "text_regions_unchecked"  # logprob ids whose regions without logprobs (tool calls) were
 # rebuilt from text, before the endpoint's count relation was known to check them
 
@@ -47,10 +49,11 @@ STEPS = (
     "tool_whitespace",  # whitespace around tool ids / arguments eaten by the tool parser
     "json_reserialised",  # tool arguments re-serialised with json.dumps
     "tool_ids_reindexed",  # tool-call ids re-made by the server
+    "reasoning_holds_answer",  # an answer with no think block returned as reasoning (vLLM's qwen3 parser)
 )
 
 SUSPECT_FLAGS = (REPLACEMENT_CHAR, MARKER_AS_TEXT, NORMALISER, TEMPLATE_WHITESPACE_MISSING, TEMPLATE_WHITESPACE_DOUBLED,
-                 REASONING_MISSING, TOKEN_COUNT, TEXT_REGIONS_UNCHECKED,
+                 REASONING_MISSING, TOKEN_COUNT, TEXT_REGIONS_UNCHECKED, SERVER_IDS_INCOMPLETE,
                  *(UNINVERTIBLE + s for s in STEPS))
 
 # ---- informational --------------------------------------------------------------------------------------

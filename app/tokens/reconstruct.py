@@ -139,7 +139,10 @@ class Reconstructor:
             completion.token_ids or completion.content_logprobs is not None
             or completion.reasoning_logprobs is not None) else None
         if found is None:
-            return self._canonical(completion, ref, assisted)
+            rec, verdict = self._canonical(completion, ref, assisted)
+            if completion.token_ids:  # the server's ids lack text it returned: rebuilt from the text instead
+                rec = replace(rec, flags=(*rec.flags, fl.SERVER_IDS_INCOMPLETE))
+            return rec, verdict
         ids, source, covered = found
         flags: tuple[str, ...] = ()
         notes: tuple[str, ...] = ()
@@ -170,14 +173,17 @@ class Reconstructor:
         Logprobs are used even where the server changed the field's text (that change is what calibration
         learns and the text path measures); regions without logprobs (tool sections, most often) are encoded
         from the fields production rebuilds (the fidelity profile's inverses applied), and then the ids do not
-        cover the whole output (False); content logprobs that hold the think-close token hold the whole output
-        (vLLM's non-streaming `logprobs.content` covers every output token). Where the markers go follows the same
-        fields (a stream sends no reasoning for empty thinking: the profile says whether the think block was
-        closed), checked against `usage.completion_tokens` when the count relation is known. None when `c` carries
-        neither ids nor logprobs this vocabulary knows.
+        cover the whole output (False); content logprobs that hold the think-close token, or spell the returned
+        reasoning, hold the whole output (vLLM's `logprobs.content` covers every output token; app.providers.parse
+        keeps a vLLM stream's so too). Where the markers go follows the same fields (a stream sends no reasoning for
+        empty thinking: the profile says whether the think block was closed), checked against
+        `usage.completion_tokens` when the count relation is known. None when `c` carries neither ids nor logprobs
+        this vocabulary knows. Server ids that lack text the server returned (`ids_carry_text`) are not trusted.
         """
         if c.token_ids:
-            return self._server_ids(c).output_ids, fl.IDS_SERVER, True
+            ids = self._server_ids(c).output_ids
+            if self.ids_carry_text(ids, c):
+                return ids, fl.IDS_SERVER, True
         if c.content_logprobs is None and c.reasoning_logprobs is None:
             return None
         lp = {"reasoning": self._lp_ids(c.reasoning_logprobs) if c.reasoning_logprobs is not None else None,
@@ -187,7 +193,8 @@ class Reconstructor:
         returned = Fields.of(c)
         fields = self._production(c).fields if self.fidelity is not None else returned
         whole = lp["content"]
-        if whole is not None and self._think_close_id in whole and lp["reasoning"] is None:
+        if whole is not None and lp["reasoning"] is None and (
+                self._think_close_id in whole or self._holds_reasoning(whole, returned)):
             out = list(whole)
             if not (out and out[-1] in self._stop_ids) and fields.finish_reason != "length":
                 out.append(self._marker_ids[self.profile.end_token(bool(fields.tool_calls))])
@@ -209,6 +216,37 @@ class Reconstructor:
                 if len(alt) + offset == reported:
                     ids, covered = alt, alt_covered
         return tuple(ids), fl.IDS_LOGPROBS, covered
+
+    def ids_carry_text(self, ids: Sequence[int], c: Completion) -> bool:
+        """Whether `c`'s returned text can have come from these ids: every character of its fields but whitespace
+        (reasoning, content, then each tool call's name and arguments, arguments compared in one JSON form where
+        they parse) appears in the same order in the ids' own fields. A server deletes text (template whitespace,
+        a repeated `</think>`, a lossy U+FFFD it printed for a split character) but never makes it up, so ids that
+        lack returned text lost tokens on the way: vLLM #27482 drops the token ids of streamed tool calls."""
+        view = self.decoded_view(ids)
+        calls = c.tool_calls
+        same_calls = len(calls) == len(view.tool_calls) and all(
+            a.name == b.name and a.arguments == b.arguments for a, b in zip(calls, view.tool_calls))
+        if same_calls and c.content == view.content and _same_text(c.reasoning, view.reasoning):
+            return True  # the ideal fields themselves
+        theirs = _squeezed(c.reasoning, c.content, calls, view.tool_calls).replace("\ufffd", "")
+        mine = _squeezed(view.reasoning, view.content, view.tool_calls, calls)
+        if theirs in mine:  # the common case, in C
+            return True
+        at = 0
+        for ch in theirs:
+            at = mine.find(ch, at) + 1
+            if at == 0:
+                return False
+        return True
+
+    def _holds_reasoning(self, ids: Sequence[int], returned: Fields) -> bool:
+        """Content logprob ids that spell the returned reasoning, where no content was returned, hold the whole
+        output: vLLM's, whose qwen3 parser returns an answer with no think block (so no `</think>`) as reasoning
+        and its logprobs under content."""
+        reasoning = returned.reasoning
+        return (bool(reasoning) and not reasoning.isspace() and not returned.content.strip()
+                and self.tokenizer.decode(ids).startswith(reasoning))
 
     def _logprob_layout(self, fields: Fields, lp: dict) -> tuple[list[int], bool]:
         """The ids of `fields`' layout with each run taken from its logprobs where there are some, and whether
@@ -528,7 +566,8 @@ class Reconstructor:
         plan = self._plan
         if plan is not None:
             reasoning, content, calls, used, flags, strips = invert(plan, reasoning, content, calls, truncated,
-                                                                    self.profile.tool_id_in_stream)
+                                                                    self.profile.tool_id_in_stream,
+                                                                    self.profile.reasoning_prefix)
             if strips:
                 return None
         else:
@@ -1032,6 +1071,21 @@ def _spells_any(words: Sequence[str]) -> Callable[[str], bool]:
         return lambda text: False
     return functools.partial(holds_at, tuple(dict.fromkeys(w[0] for w in words)),
                              re.compile("|".join(map(re.escape, words))).match)
+
+
+def _squeezed(reasoning: str | None, content: str | None, calls: Sequence[ToolCall],
+              others: Sequence[ToolCall]) -> str:
+    """The fields' text without whitespace (`ids_carry_text`); tool arguments in one JSON form where they parse,
+    unless they are the other side's arguments at that place as they stand."""
+    parts = [reasoning or "", content or ""]
+    for k, call in enumerate(calls):
+        parts.append(call.name)
+        same = k < len(others) and others[k].arguments == call.arguments
+        parts.append(call.arguments if same else _redump(call.arguments, _ONE_JSON_FORM))
+    return "".join("".join(parts).split())
+
+
+_ONE_JSON_FORM = {"ensure_ascii": False, "separators": (",", ":")}
 
 
 def _same_text(a: str | None, b: str | None) -> bool:

@@ -72,7 +72,15 @@ _TS_COUNT = (f"{_TS}/chat_completion.py: usage.completion_tokens = len(generated
 _OR_EMPTY = ("OpenRouter streams send no reasoning delta for empty thinking (reasoning is a string or null, "
              "openai-compatible-apis.md B.4); seen in the demo's OpenRouter-style simulator")
 _VLLM_QWEN3 = ("vllm/reasoning/qwen3_reasoning_parser.py extract_reasoning: model_output.partition('</think>'), "
-               "nothing stripped (tokenization.md §7 step 3)")
+               "nothing stripped (tokenization.md §7 step 3); vllm/parser/qwen3.py (0.32): only the tags are removed")
+_VLLM_THINKLESS = ("vllm/parser/qwen3.py qwen3_config (vLLM 0.32): the parser starts in the REASONING state when "
+                   "thinking is on, so an output with no </think> is all reasoning (seen in tests/realserver)")
+_VLLM_HERMES = ("vllm/tool_parsers/hermes_tool_parser.py extract_tool_calls: content = model_output[:find('<tool_call>')], "
+                "the template's '\\n' before the call kept (seen in tests/realserver, streaming and not)")
+_VLLM_HERMES_STREAM = ("vllm/tool_parsers/hermes_tool_parser.py _extract_content: a stream sends the whitespace before "
+                       "<tool_call> as content deltas ('\\n\\n'; null when not streaming; seen in tests/realserver)")
+_VLLM_COUNT = ("vllm/entrypoints/openai/chat_completion/serving.py: usage.completion_tokens = len(output.token_ids), "
+               "the ids return_token_ids gives, the end token included (seen in tests/realserver)")
 
 
 def known_steps(server: str | None, stream: bool, profile: Profile) -> ServerSteps | None:
@@ -90,8 +98,14 @@ def known_steps(server: str | None, stream: bool, profile: Profile) -> ServerSte
     if server == "vllm":
         steps: tuple[KnownStep, ...] = ()
         if profile.tool_format == "hermes" and profile.output_opens_with_think:
-            steps = _raw_regions(profile, _VLLM_QWEN3)
-        return ServerSteps("vllm", stream, f"vLLM, {_path(stream)}", "ids", steps)
+            # the qwen3 reasoning parser with the hermes tool parser (Qwen3's serving line)
+            steps = (*_raw_regions(profile, _VLLM_QWEN3),
+                     KnownStep("reasoning_holds_answer", "thinkless", "reasoning", _VLLM_THINKLESS),
+                     KnownStep("template_whitespace_kept", "edge:content.trail@tools", "+\n", _VLLM_HERMES))
+            if stream and profile.content_prefix:
+                steps += (KnownStep("template_whitespace_kept", "edge:content.blank@tools", "+" + profile.content_prefix,
+                                    _VLLM_HERMES_STREAM),)
+        return ServerSteps("vllm", stream, f"vLLM, {_path(stream)}", "ids", steps, 0, _VLLM_COUNT)
     if server == "sglang":
         # older SGLang .strip()ped reasoning and content, newer does not (tokenization.md §7 step 3): the
         # version decides, so the probes do; streaming returns no ids (400 with return_token_ids, serving_chat.py)

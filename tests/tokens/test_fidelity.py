@@ -182,3 +182,33 @@ def test_transformers_serve_non_streaming_steps_are_learned(family_tokenizers):
     out, verdict = Reconstructor(qwen, tok, fp).process(served, ids)
     assert verdict.category == "exact", verdict.explanation
     assert out.repair == "empty_reasoning_dropped+json_reserialised" and not is_suspect(out.flags)
+
+
+def test_vllms_thinkless_answers_and_re_dumped_arguments_are_learned(family_tokenizers):
+    # vLLM 0.32 (seen in tests/realserver): its qwen3 parser returns an answer with no think block as reasoning;
+    # its hermes parser re-dumps non-streamed arguments with ensure_ascii=False, which changes only arguments with
+    # an escape: arguments every style writes alike ({"city": "Paris"}) say nothing either way
+    tok = family_tokenizers["qwen3"]
+    qwen = get_profile("qwen3")
+    thinkless = tok.encode("Ok, at once.<|im_end|>")
+    served_thinkless = Completion(content="", reasoning="Ok, at once.", finish_reason="stop")
+
+    def call(city: str, raw: str) -> tuple[Completion, list[int]]:
+        ids = tok.encode('<think>\nCall it.\n</think>\n\n<tool_call>\n{"name": "f", "arguments": {"city": "' + raw
+                         + '"}}\n</tool_call><|im_end|>')
+        return Completion(content="", reasoning="\nCall it.\n", finish_reason="tool_calls",
+                          tool_calls=(ToolCall("chatcmpl-tool-1", "f", '{"city": "' + city + '"}'),)), ids
+
+    probes = [(served_thinkless, thinkless), call("Paris", "Paris"), call("Zürich", "Z\\u00fcrich")]
+    fp = learn(probes, qwen, tok, endpoint="vllm")
+    steps = {s.name: s.invertible for s in fp.steps()}
+    assert steps["reasoning_holds_answer"] and steps["json_reserialised"], fp.steps()
+    rec = Reconstructor(qwen, tok, fp)
+    for served, ids in probes + [call("Oslo", "Oslo")]:
+        out, verdict = rec.process(served, ids)
+        assert verdict.category == "exact", (served, verdict.explanation)
+        assert not is_suspect(out.flags), out.flags
+    # a think block's reasoning opens with the template's newline: it stays reasoning
+    kept = tok.encode("<think>\nHmm.\n</think>\n\n<|im_end|>")
+    out, verdict = rec.process(Completion(content="\n\n", reasoning="\nHmm.\n", finish_reason="stop"), kept)
+    assert "reasoning_holds_answer" not in (out.repair or ""), out
