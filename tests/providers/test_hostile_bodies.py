@@ -7,12 +7,14 @@ the reason; an answer without a finish_reason is truncated; the deadline and the
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
 
 from app.providers import ChatClient
 from app.providers.exceptions import MalformedResponse, RetryableError
+from app.providers.retry import RetryPolicy, with_retries
 from app.providers.wire import FINISH_MISSING, TEXT_REPLACED, WireLimits
 from app.store.rows import encode_response
 from tests.providers.support import BodyServer, Endpoint, Generation, saved_body, user
@@ -79,10 +81,21 @@ async def test_a_cost_that_cannot_be_believed_is_left_out_with_the_reason_and_th
 
 
 @pytest.mark.parametrize("name", ["no_finish_reason.json", "stream_done_without_finish.sse"])
-async def test_an_answer_without_a_finish_reason_is_truncated_never_clean(name):
-    completion = await _complete(name)
-    assert completion.finish_reason == "length" and completion.truncated
-    assert FINISH_MISSING in completion.wire_flags
+async def test_an_answer_without_a_finish_reason_is_a_retryable_fault_never_a_truncation(name):
+    with pytest.raises(RetryableError) as caught:
+        await _complete(name)
+    assert caught.value.error_class == "stream" and "finish_reason" in str(caught.value)
+
+
+async def test_a_stream_cut_before_its_finish_reason_is_asked_again_and_the_second_answer_kept():
+    async with BodyServer(saved_body("stream_done_without_finish.sse"), stream=True,
+                          then=saved_body("stream_clean.sse")) as srv:
+        async with ChatClient(Endpoint(), Generation(stream=True), None, base_url=srv.base_url) as client:
+            completion = await with_retries(lambda: client.complete(user("x"), model="m"), RetryPolicy(attempts=3, base_s=0.0),
+                                     sleep=lambda _s: asyncio.sleep(0))
+    assert srv.requests == 2
+    assert completion.finish_reason == "stop" and completion.content == "Hello, world"
+    assert FINISH_MISSING not in completion.wire_flags
 
 
 async def test_a_dripped_body_is_cut_at_the_attempts_deadline():
