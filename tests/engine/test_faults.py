@@ -83,7 +83,7 @@ async def test_retryable_fault_is_retried_until_every_sample_is_done(tmp_path, s
 
 
 async def test_an_answer_cut_by_an_early_done_is_asked_again_and_never_stored_as_length(tmp_path, sample_data):
-    run, outcome, sim, db, _ = await run_against(tmp_path, sample_data, 20, faults={"done_early": 0.4}, stream=True)
+    _, outcome, sim, db, _ = await run_against(tmp_path, sample_data, 20, faults={"done_early": 0.4}, stream=True)
     assert outcome.state == "done" and sim.counters["done_early"] > 0
     assert db.execute("SELECT COUNT(*) FROM responses WHERE finish_reason = 'length'").fetchone()[0] == 0
     classes = {r[0] for r in db.execute("SELECT error_class FROM responses WHERE error_class IS NOT NULL")}

@@ -88,11 +88,11 @@ async def test_an_answer_without_a_finish_reason_is_a_retryable_fault_never_a_tr
 
 
 async def test_a_stream_cut_before_its_finish_reason_is_asked_again_and_the_second_answer_kept():
-    async with BodyServer(saved_body("stream_done_without_finish.sse"), stream=True,
-                          then=saved_body("stream_clean.sse")) as srv:
-        async with ChatClient(Endpoint(), Generation(stream=True), None, base_url=srv.base_url) as client:
-            completion = await with_retries(lambda: client.complete(user("x"), model="m"), RetryPolicy(attempts=3, base_s=0.0),
-                                     sleep=lambda _s: asyncio.sleep(0))
+    cut, clean = saved_body("stream_done_without_finish.sse"), saved_body("stream_clean.sse")
+    async with BodyServer(cut, stream=True, then=clean) as srv, \
+            ChatClient(Endpoint(), Generation(stream=True), None, base_url=srv.base_url) as client:
+        completion = await with_retries(lambda: client.complete(user("x"), model="m"),
+                                        RetryPolicy(attempts=3, base_s=0.0), sleep=lambda _s: asyncio.sleep(0))
     assert srv.requests == 2
     assert completion.finish_reason == "stop" and completion.content == "Hello, world"
     assert FINISH_MISSING not in completion.wire_flags
