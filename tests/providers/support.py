@@ -51,6 +51,7 @@ class Endpoint:
     max_concurrency: int = 16
     extra: dict = field(default_factory=dict)
     server: str | None = None  # app.providers.servers kind: which ids to ask for
+    allow_prompt_transforms: bool = False
 
 
 @dataclass
@@ -76,6 +77,8 @@ class BodyServer:
                  then: bytes | None = None) -> None:
         self.body, self.stream, self.pieces, self.pause_s = body, stream, pieces, pause_s
         self.then = then
+        self.last_body: dict = {}  # the latest request's JSON body and headers
+        self.last_headers: dict = {}
         self.requests = 0
         self._runner: Any = None
         self.base_url = ""
@@ -107,7 +110,8 @@ class BodyServer:
         from aiohttp import web
 
         self.requests += 1
-        await request.read()
+        self.last_body = json.loads(await request.read())
+        self.last_headers = dict(request.headers)
         kind = "text/event-stream" if self.stream else "application/json"
         response = web.StreamResponse(headers={"Content-Type": kind})
         await response.prepare(request)

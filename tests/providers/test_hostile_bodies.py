@@ -138,3 +138,20 @@ async def test_a_body_past_max_response_bytes_is_refused(stream):
             with pytest.raises(MalformedResponse, match="max_response_bytes") as caught:
                 await client.complete(user("x"), model="m")
     assert caught.value.field == "body"
+
+
+@pytest.mark.parametrize(("allow", "sent"), [(False, []), (True, None)])
+async def test_openrouter_is_asked_for_its_routing_metadata_and_not_to_compress_the_prompt(allow, sent):
+    async with BodyServer(saved_body("stream_clean.sse"), stream=True) as srv, \
+            ChatClient(Endpoint(server="openrouter", allow_prompt_transforms=allow), Generation(stream=True), None,
+                       base_url=srv.base_url) as client:
+        await client.complete(user("x"), model="m")
+    assert srv.last_headers.get("X-OpenRouter-Metadata") == "enabled"
+    assert srv.last_body.get("transforms") == sent
+
+
+async def test_a_server_that_is_not_openrouter_gets_neither_the_metadata_header_nor_transforms():
+    async with BodyServer(saved_body("stream_clean.sse"), stream=True) as srv, \
+            ChatClient(Endpoint(server="vllm"), Generation(stream=True), None, base_url=srv.base_url) as client:
+        await client.complete(user("x"), model="m")
+    assert "X-OpenRouter-Metadata" not in srv.last_headers and "transforms" not in srv.last_body
