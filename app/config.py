@@ -320,6 +320,10 @@ class Endpoint(_Section):
         False, description="A server you run that returns ids (vllm/sglang) for the same model: probes to the other "
         "endpoints are sent greedily (temperature 0) and also to this one, whose ids teach and measure their text "
         "steps (a trusted twin).")
+    allow_prompt_transforms: bool = Field(
+        False, description="OpenRouter only: let OpenRouter transform the prompt (its context compression drops the "
+        "middle of a long prompt, on by default for models with 8k context or less). Off sends `transforms: []`, so "
+        "the model sees the prompt eaglewatch rendered.")
     extra: dict[str, Any] = Field(
         default_factory=dict, description="Merged into every request body (reasoning options, provider routing)."
     )

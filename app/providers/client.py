@@ -154,6 +154,8 @@ class ChatClient:
                    "Accept": "application/json", "User-Agent": "eaglewatch"}
         if self._key:
             headers["Authorization"] = f"Bearer {self._key}"
+        if self.server == "openrouter":  # routing metadata (fallback, compression, healing) on the final chunk
+            headers["X-OpenRouter-Metadata"] = "enabled"
         # built once: httpx normalises every header of a plain dict on each request
         self._headers = httpx.Headers(headers)
         self._stream_headers = httpx.Headers(dict(headers, Accept="text/event-stream"))
@@ -224,6 +226,8 @@ class ChatClient:
             if top:
                 body["top_logprobs"] = top
         body.update(ids_request_fields(self.server, stream))
+        if self.server == "openrouter" and not getattr(self.endpoint, "allow_prompt_transforms", False):
+            body["transforms"] = []  # no context compression: the prompt stays the one rendered (message-transforms)
         for more in (getattr(self.endpoint, "extra", None), extra):
             if more:
                 body.update(more)

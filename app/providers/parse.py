@@ -4,9 +4,9 @@ Pure functions over bytes and parsed JSON (no I/O), so they are cheap to test. E
 boundary of `app.providers.wire` (type and range; `WireLimits` carries the vocabulary size and the cost cap):
 a field of the wrong type or out of range raises `MalformedResponse` naming it, never a skip. Only choice 0 is
 read (eaglewatch asks for n = 1): a second choice, or a choice with another index, is a protocol error. An
-answer that ends without a finish_reason (a stream's `[DONE]` with none before it) is kept as truncated: its
-finish_reason reads `length` (verdict and export policy as for a cut answer) and it carries
-`wire.FINISH_MISSING`.
+answer that ends without a finish_reason (a body without one, a stream's `[DONE]` with none before it, a stream
+that closed early) was cut on the wire, not by the model: it is a RetryableError of the attempt (error_class
+`stream`), never a `length` finish, which means only what the server said.
 """
 
 from __future__ import annotations
@@ -241,7 +241,11 @@ def _completion_of(body: dict, usage: Usage, replaced: bool, total_s: float, ttf
         prompt_ids = _prompt_ids(body, "body", limits)
     flags = (wire.TEXT_REPLACED,) if replaced else ()
     if finish is None:
-        finish, flags = "length", (*flags, wire.FINISH_MISSING)
+        exc = RetryableError("the body ended without a finish_reason (choices[0].finish_reason is missing): "
+                             "the wire cut the answer; asking again", error_class="stream")
+        exc.usage = usage  # a billed attempt stays billed
+        exc.cost_usd = usage.cost_usd or 0.0
+        raise exc
     return Completion(
         content=content,
         reasoning=reasoning,
@@ -458,18 +462,18 @@ class StreamAssembler:
             slot["arguments"].append(args)
 
     def finish_completion(self, total_s: float) -> Completion:
-        """The assembled Completion; raises RetryableError when the stream broke off (no finish_reason and no
-        [DONE]). A stream that said [DONE] without a finish_reason is kept as truncated (wire.FINISH_MISSING)."""
+        """The assembled Completion; raises RetryableError (error_class `stream`) when the stream ended without
+        a finish_reason, whether it broke off or said [DONE] early: the wire cut it, not the model."""
         flags: tuple[str, ...] = (wire.TEXT_REPLACED,) if self.replaced else ()
         finish = self.finish
         if finish is None:
-            if not self.done:
-                exc = RetryableError(
-                    f"the stream ended after {len(self.chunks)} chunks without a finish_reason or [DONE]",
-                    error_class=ErrorClass.STREAM,
-                )
-                self._charge(exc)  # a usage chunk with a cost was billed, finished or not
-            finish, flags = "length", (*flags, wire.FINISH_MISSING)
+            ending = "[DONE]" if self.done else "the connection closing"
+            exc = RetryableError(
+                f"the stream ended after {len(self.chunks)} chunks by {ending} without a finish_reason: "
+                "the wire cut the answer; asking again",
+                error_class=ErrorClass.STREAM,
+            )
+            self._charge(exc)  # a usage chunk with a cost was billed, finished or not
         try:
             _check_finish(finish, None, "stream")
         except ProviderError as exc:

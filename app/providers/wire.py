@@ -43,7 +43,7 @@ MAX_TOOL_CALLS = 4096  # tool-call indexes per answer
 DEFAULT_MAX_COST_USD = 20.0  # `[limits] max_response_cost_usd`'s default: the dearest sane single answer
 
 TEXT_REPLACED = "wire:text_replaced"  # a lone surrogate or invalid UTF-8 in the body, replaced with U+FFFD
-FINISH_MISSING = "wire:finish_reason_missing"  # the answer ended without a finish_reason: kept as truncated
+FINISH_MISSING = "wire:finish_reason_missing"  # retired: such an answer is now a retryable "stream" fault; old rows may hold it
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 

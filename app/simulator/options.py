@@ -25,6 +25,7 @@ FAULT_KINDS = (
     "reset",  # connection reset before any response
     "malformed",  # 200 with a body (or a stream chunk) that is not JSON
     "truncate",  # stream (or body) that ends early, without finish_reason or [DONE]
+    "done_early",  # a proxy's cut: half the stream's chunks, then `[DONE]` with no finish_reason (or a body without)
     "stream_error",  # OpenRouter mid-stream error chunk under HTTP 200 (finish_reason "error")
 )
 # readable names accepted for the status faults

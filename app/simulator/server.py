@@ -610,6 +610,8 @@ class SimulatorServer:
                 body["usage"]["prompt_tokens_details"] = None
         if prompt_ids is not None and p.ids == "vllm":
             body["prompt_token_ids"] = prompt_ids
+        if fault == "done_early":  # a whole body that simply lacks a finish_reason
+            choice["finish_reason"] = None
         data = _json(body)
         if fault in ("malformed", "truncate"):
             data = data[: max(1, len(data) // 2)]
@@ -723,9 +725,11 @@ class SimulatorServer:
         if p.done_marker:
             events.append((b"data: [DONE]\n\n", 0))
 
-        if fault in ("truncate", "stream_error", "malformed"):
+        if fault in ("truncate", "stream_error", "malformed", "done_early"):
             cut = max(1, body_events // 2)
             events = events[:cut]
+            if fault == "done_early":
+                events.append((b"data: [DONE]\n\n", 0))
             if fault == "stream_error" and p.error_chunk == "text":
                 # transformers serve: f'data: {{"error": "{msg}"}}' - not JSON when the message holds a quote
                 events.append((b'data: {"error": "generation failed: \'CUDA\' said "out of memory" (simulated)"}\n\n',

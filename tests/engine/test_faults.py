@@ -65,7 +65,8 @@ async def run_against(tmp_path, sample_data, n, *, faults, stream=False, timeout
 
 
 RETRYABLE = [("429", False), ("500", False), ("502", False), ("503", False),
-             ("malformed", False), ("truncate", True), ("stream_error", True), ("malformed", True)]
+             ("malformed", False), ("truncate", True), ("stream_error", True), ("malformed", True),
+             ("done_early", True), ("done_early", False)]
 
 
 @pytest.mark.parametrize(("kind", "stream"), RETRYABLE)
@@ -79,6 +80,14 @@ async def test_retryable_fault_is_retried_until_every_sample_is_done(tmp_path, s
     failed_attempts = db.execute("SELECT COUNT(*) FROM responses WHERE error_class IS NOT NULL").fetchone()[0]
     assert failed_attempts == sim.counters[kind]
     assert run.snapshot().counts.retried == sim.counters[kind]
+
+
+async def test_an_answer_cut_by_an_early_done_is_asked_again_and_never_stored_as_length(tmp_path, sample_data):
+    _, outcome, sim, db, _ = await run_against(tmp_path, sample_data, 20, faults={"done_early": 0.4}, stream=True)
+    assert outcome.state == "done" and sim.counters["done_early"] > 0
+    assert db.execute("SELECT COUNT(*) FROM responses WHERE finish_reason = 'length'").fetchone()[0] == 0
+    classes = {r[0] for r in db.execute("SELECT error_class FROM responses WHERE error_class IS NOT NULL")}
+    assert classes == {"stream"}
 
 
 async def test_a_reset_before_any_byte_is_retried_as_the_endpoints_failure_not_the_samples(tmp_path, sample_data):

@@ -51,6 +51,7 @@ class Endpoint:
     max_concurrency: int = 16
     extra: dict = field(default_factory=dict)
     server: str | None = None  # app.providers.servers kind: which ids to ask for
+    allow_prompt_transforms: bool = False
 
 
 @dataclass
@@ -69,10 +70,15 @@ BODIES = Path(__file__).parent / "bodies"
 
 class BodyServer:
     """A real loopback HTTP server answering every chat request with saved bytes (`tests/providers/bodies`), as
-    one write or in `pieces` separated by `pause_s` (a slow drip); GET /models answers 200 (a probe's answer)."""
+    one write or in `pieces` separated by `pause_s` (a slow drip); GET /models answers 200 (a probe's answer).
+    `then`: the bytes every request after the first gets (a fault that clears on the retry)."""
 
-    def __init__(self, body: bytes, *, stream: bool, pieces: int = 1, pause_s: float = 0.0) -> None:
+    def __init__(self, body: bytes, *, stream: bool, pieces: int = 1, pause_s: float = 0.0,
+                 then: bytes | None = None) -> None:
         self.body, self.stream, self.pieces, self.pause_s = body, stream, pieces, pause_s
+        self.then = then
+        self.last_body: dict = {}  # the latest request's JSON body and headers
+        self.last_headers: dict = {}
         self.requests = 0
         self._runner: Any = None
         self.base_url = ""
@@ -104,16 +110,18 @@ class BodyServer:
         from aiohttp import web
 
         self.requests += 1
-        await request.read()
+        self.last_body = json.loads(await request.read())
+        self.last_headers = dict(request.headers)
         kind = "text/event-stream" if self.stream else "application/json"
         response = web.StreamResponse(headers={"Content-Type": kind})
         await response.prepare(request)
-        step = -(-len(self.body) // self.pieces)
+        body = self.then if self.then is not None and self.requests > 1 else self.body
+        step = -(-len(body) // self.pieces)
         try:
-            for i in range(0, len(self.body), step):
+            for i in range(0, len(body), step):
                 if i and self.pause_s:
                     await asyncio.sleep(self.pause_s)
-                await response.write(self.body[i:i + step])
+                await response.write(body[i:i + step])
             await response.write_eof()
         except (ConnectionError, RuntimeError):
             pass  # the client gave up on a drip: what the test is about

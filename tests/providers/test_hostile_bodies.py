@@ -7,12 +7,14 @@ the reason; an answer without a finish_reason is truncated; the deadline and the
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
 
 from app.providers import ChatClient
 from app.providers.exceptions import MalformedResponse, RetryableError
+from app.providers.retry import RetryPolicy, with_retries
 from app.providers.wire import FINISH_MISSING, TEXT_REPLACED, WireLimits
 from app.store.rows import encode_response
 from tests.providers.support import BodyServer, Endpoint, Generation, saved_body, user
@@ -79,10 +81,21 @@ async def test_a_cost_that_cannot_be_believed_is_left_out_with_the_reason_and_th
 
 
 @pytest.mark.parametrize("name", ["no_finish_reason.json", "stream_done_without_finish.sse"])
-async def test_an_answer_without_a_finish_reason_is_truncated_never_clean(name):
-    completion = await _complete(name)
-    assert completion.finish_reason == "length" and completion.truncated
-    assert FINISH_MISSING in completion.wire_flags
+async def test_an_answer_without_a_finish_reason_is_a_retryable_fault_never_a_truncation(name):
+    with pytest.raises(RetryableError) as caught:
+        await _complete(name)
+    assert caught.value.error_class == "stream" and "finish_reason" in str(caught.value)
+
+
+async def test_a_stream_cut_before_its_finish_reason_is_asked_again_and_the_second_answer_kept():
+    cut, clean = saved_body("stream_done_without_finish.sse"), saved_body("stream_clean.sse")
+    async with BodyServer(cut, stream=True, then=clean) as srv, \
+            ChatClient(Endpoint(), Generation(stream=True), None, base_url=srv.base_url) as client:
+        completion = await with_retries(lambda: client.complete(user("x"), model="m"),
+                                        RetryPolicy(attempts=3, base_s=0.0), sleep=lambda _s: asyncio.sleep(0))
+    assert srv.requests == 2
+    assert completion.finish_reason == "stop" and completion.content == "Hello, world"
+    assert FINISH_MISSING not in completion.wire_flags
 
 
 async def test_a_dripped_body_is_cut_at_the_attempts_deadline():
@@ -125,3 +138,20 @@ async def test_a_body_past_max_response_bytes_is_refused(stream):
             with pytest.raises(MalformedResponse, match="max_response_bytes") as caught:
                 await client.complete(user("x"), model="m")
     assert caught.value.field == "body"
+
+
+@pytest.mark.parametrize(("allow", "sent"), [(False, []), (True, None)])
+async def test_openrouter_is_asked_for_its_routing_metadata_and_not_to_compress_the_prompt(allow, sent):
+    async with BodyServer(saved_body("stream_clean.sse"), stream=True) as srv, \
+            ChatClient(Endpoint(server="openrouter", allow_prompt_transforms=allow), Generation(stream=True), None,
+                       base_url=srv.base_url) as client:
+        await client.complete(user("x"), model="m")
+    assert srv.last_headers.get("X-OpenRouter-Metadata") == "enabled"
+    assert srv.last_body.get("transforms") == sent
+
+
+async def test_a_server_that_is_not_openrouter_gets_neither_the_metadata_header_nor_transforms():
+    async with BodyServer(saved_body("stream_clean.sse"), stream=True) as srv, \
+            ChatClient(Endpoint(server="vllm"), Generation(stream=True), None, base_url=srv.base_url) as client:
+        await client.complete(user("x"), model="m")
+    assert "X-OpenRouter-Metadata" not in srv.last_headers and "transforms" not in srv.last_body
