@@ -13,8 +13,8 @@ import tomllib
 import types
 import typing
 from pathlib import Path
-from urllib.parse import parse_qsl, urlsplit
 from typing import Annotated, Any, Literal
+from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import (
     AfterValidator,

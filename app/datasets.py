@@ -407,7 +407,7 @@ def _database_problem(path: Path) -> str | None:
         return (f"cannot be created: its folder {folder} is read-only (or not writable by this user); set "
                 "run.database (or --db) to a path in a writable folder, or fix the folder's permissions")
     if path.exists() and not os.access(path, os.R_OK | os.W_OK):
-        return f"exists but is not readable and writable by this user; fix its permissions or use another database path"
+        return "exists but is not readable and writable by this user; fix its permissions or use another database path"
     return None
 
 

@@ -113,7 +113,7 @@ async def client_run(base_url: str, policy, n: int, messages: list, stats: dict)
                                         headers={"Content-Type": "application/json"}) as resp:
                     await resp.read()
                     status, headers = resp.status, resp.headers
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError):
                 status, headers = 599, {}
             now = loop.time()
             policy.release()
@@ -150,7 +150,7 @@ async def client_run(base_url: str, policy, n: int, messages: list, stats: dict)
                 break
             try:
                 await asyncio.wait_for(wake.wait(), timeout=0.005)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         wall = loop.time() - t0
         for t in list(tasks):

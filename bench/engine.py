@@ -142,8 +142,8 @@ async def _engine(url: str, msgs, conc: int, stream: bool, db_dir: str, reconstr
     from app.config import parse_config
     from app.engine.rebuild_pool import build_reconstructor
     from app.engine.run import Run
-    from app.store.store_records import SampleInput
     from app.store.run_store import RunStore
+    from app.store.store_records import SampleInput
 
     cfg = parse_config({
         "run": {"name": "bench", "database": str(Path(db_dir) / "bench.db"),

@@ -181,7 +181,7 @@ class LiveWriter:
         self._thread = threading.Thread(target=self._run, name="bench-live-writer", daemon=True)
         self.written = 0
 
-    def __enter__(self) -> "LiveWriter":
+    def __enter__(self) -> LiveWriter:
         self._beat(sqlite3.connect(self.path, isolation_level=None, timeout=5), close=True)
         self._thread.start()
         self._first.wait(10)
@@ -238,7 +238,7 @@ def _live():
 LIVE = _live()  # what the stand-in engine beats, and what an in-process face takes from its engine
 
 
-def read_history(source) -> tuple[float, "object"]:
+def read_history(source) -> tuple[float, object]:
     """The plots' first read of a run (every stored row, in chunks): (ms, the RunSeries)."""
     from app.tui.series import RunSeries, read_chunk
 
@@ -274,12 +274,10 @@ def measure_db(path: Path, repeat: int) -> dict[str, float]:
     """Refresh and mismatch-page costs over one database (data side and rendering side)."""
     from app.tui.app import EaglewatchApp
     from app.tui.db_source import AttachedSource
-    from app.tui.screens.dashboard import DashboardData
+    from app.tui.screens.dashboard import EVENTS_FETCHED, DashboardData
     from app.tui.screens.mismatches import PAGE_SIZE, MismatchesScreen
-    from app.tui.source import MISMATCH_VERDICTS
-
-    from app.tui.screens.dashboard import EVENTS_FETCHED
     from app.tui.series import read_chunk
+    from app.tui.source import MISMATCH_VERDICTS
 
     source = AttachedSource(path)
     reader = source.reader

@@ -60,25 +60,25 @@ class PageTable(ScrollView, can_focus=True):
     class RowSelected(Message):
         """Enter on row `index` of the page."""
 
-        def __init__(self, table: "PageTable", index: int) -> None:
+        def __init__(self, table: PageTable, index: int) -> None:
             super().__init__()
             self.table = table
             self.index = index
 
         @property
-        def control(self) -> "PageTable":
+        def control(self) -> PageTable:
             return self.table
 
     class EdgeReached(Message):
         """The cursor tried to move past the page: `direction` is 1 (after the last row) or -1 (before the first)."""
 
-        def __init__(self, table: "PageTable", direction: int) -> None:
+        def __init__(self, table: PageTable, direction: int) -> None:
             super().__init__()
             self.table = table
             self.direction = direction
 
         @property
-        def control(self) -> "PageTable":
+        def control(self) -> PageTable:
             return self.table
 
     cursor_row: reactive[int] = reactive(0)

@@ -197,14 +197,14 @@ class TokenDiffView(ScrollView, can_focus=True):
     class DiffChanged(Message):
         """The current difference changed: `index` of `total` (index -1 when there is none)."""
 
-        def __init__(self, view: "TokenDiffView", index: int, total: int) -> None:
+        def __init__(self, view: TokenDiffView, index: int, total: int) -> None:
             super().__init__()
             self.view = view
             self.index = index
             self.total = total
 
         @property
-        def control(self) -> "TokenDiffView":
+        def control(self) -> TokenDiffView:
             return self.view
 
     show_ids: reactive[bool] = reactive(False)

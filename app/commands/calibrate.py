@@ -145,10 +145,8 @@ def _learn(endpoint: str, answers: list, errors: Counter, plain, profile, tokeni
 
     from app.records import CORRUPT_VERDICTS
     from app.tokens import Reconstructor
-    from app.tokens.fidelity_profile import learn
+    from app.tokens.fidelity_profile import learn, merge
     from app.tokens.flags import is_suspect
-
-    from app.tokens.fidelity_profile import merge
 
     groups: dict[str | None, list] = {}
     unverified: Counter = Counter()

@@ -45,8 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from app.config import load_config
-    from app.jobs.plan import executor_for, local_slots, spec_from_config
     from app.jobs.job_status import status_to_dict
+    from app.jobs.plan import executor_for, local_slots, spec_from_config
     from app.jobs.store import JobStore
     from app.store.queries import run_by_name
 

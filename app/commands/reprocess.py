@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
     from app.store.queries import connect_readonly, latest_completions, resolve_run, verdict_counts
-    from app.store.rows import ReconstructionRow, StoredCompletion, reconstruction_row
+    from app.store.rows import StoredCompletion, reconstruction_row
     from app.tokens import Reconstructor, get_profile, load_tokenizer
 
     db = Path(args.db)

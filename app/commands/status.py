@@ -166,8 +166,8 @@ def _print(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from app.records import VERDICT_LABELS, VERIFICATION_WORDS
     from app.engine.budget import usd
+    from app.records import VERDICT_LABELS, VERIFICATION_WORDS
 
     console = Console(highlight=False)
     if not report["runs"]:

@@ -25,8 +25,13 @@ from app.engine.endpoints import Endpoint
 from app.engine.limiter import Ticket
 from app.engine.slots import EndpointSlots
 from app.engine.verify import Rebuilt
-from app.providers.exceptions import (EndpointUnreachable, ProviderError, RetryableError, RunStoppingError,
-                                      SampleFatalError)
+from app.providers.exceptions import (
+    EndpointUnreachable,
+    ProviderError,
+    RetryableError,
+    RunStoppingError,
+    SampleFatalError,
+)
 from app.providers.retry import RetryPolicy, with_retries
 from app.records import Completion, Reconstruction, Verdict
 from app.store.store_records import LeasedSample

@@ -131,9 +131,8 @@ async def open_endpoints(
 
 
 async def _start_simulator(config: RunConfig, ep: EndpointConfig):
-    from app.simulator.server import SimulatorServer
-
     from app.providers.pricing import resolve_pricing
+    from app.simulator.server import SimulatorServer
 
     kwargs = {}
     pricing, _ = resolve_pricing(config.model.name, config.pricing)  # a variant bills at its base model's price

@@ -44,8 +44,8 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
-from typing import Hashable, Iterable
 
 import numpy as np
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from app.engine.attempt import Flight, Outcome, request_sample
-from app.engine.endpoints import Endpoint
+from app.engine.attempt import Flight, request_sample
 from app.engine.endpoint_health import EndpointGuard
+from app.engine.endpoints import Endpoint
 from app.engine.events import EventLog
 from app.engine.forecast import Forecast
-from app.engine.ledger import Ledger
 from app.engine.leases import TurnFollow, WorkSource
+from app.engine.ledger import Ledger
 from app.engine.rebuild_pool import RebuildPool
 from app.engine.run_state import RunState
 from app.engine.settle import Settler

@@ -10,8 +10,8 @@ The engine feeds `tally(...)` from its results and acts on `judge(...)`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Iterable
 
 from app.records import CORRUPT_VERDICTS, Category
 

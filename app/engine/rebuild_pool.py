@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import math
 import multiprocessing
+import multiprocessing.context
 import os
 import pickle
 import signal
@@ -35,12 +36,11 @@ import sys
 import threading
 import time
 from collections import deque
-from contextlib import contextmanager
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-import multiprocessing.context
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -134,7 +134,7 @@ class RebuildRecipe:
     fidelity: tuple[FidelityProfile | None, ...]
 
     @classmethod
-    def of(cls, rebuilder: Rebuilder) -> "RebuildRecipe":
+    def of(cls, rebuilder: Rebuilder) -> RebuildRecipe:
         """The recipe of the engine's Rebuilder (its tokenizer's folder, profile and fidelity profiles)."""
         return cls(str(rebuilder.tokenizer.path), rebuilder.profile, rebuilder.tokenizer.fingerprint,
                    rebuilder.fidelity_profiles)
@@ -404,7 +404,7 @@ class RebuildPool:
 
     @classmethod
     async def open(cls, rebuilder: Rebuilder, setting: int | Literal["auto"] = "auto",
-                   on_event: Callable[[str, str], Awaitable[None]] | None = None) -> "RebuildPool":
+                   on_event: Callable[[str, str], Awaitable[None]] | None = None) -> RebuildPool:
         """A pool for `rebuilder` with `[run] rebuild_workers` = `setting`; worker processes are started
         (each builds the Rebuilder again from its `RebuildRecipe`) before it returns. When they fail to start,
         the pool uses threads (the failure is reported through `on_event`)."""

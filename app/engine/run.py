@@ -30,14 +30,14 @@ from pathlib import Path
 
 from app.config import RunConfig
 from app.engine.budget import BudgetGuard, cost_per_hour
-from app.engine.endpoints import CompletionClient, Endpoint, Endpoints, close_endpoints, open_endpoints, total_limit
 from app.engine.endpoint_health import EndpointGuard, HealthBook
+from app.engine.endpoints import CompletionClient, Endpoint, Endpoints, close_endpoints, open_endpoints, total_limit
 from app.engine.events import EngineEvent, EventLog
 from app.engine.flights import Flights
 from app.engine.forecast import Forecast, loop_now
 from app.engine.heartbeat_writer import HeartbeatWriter
-from app.engine.ledger import Ledger
 from app.engine.leases import LeaseKeeper, SampleLeases
+from app.engine.ledger import Ledger
 from app.engine.lock import EngineLock
 from app.engine.quality import QualityDecision
 from app.engine.rebuild_pool import RebuildPool, open_rebuilding
@@ -53,11 +53,11 @@ from app.engine.store_health import StoreHealth
 from app.engine.verify import Verifier, open_verification, save_profiles
 from app.engine.writes import StoreGate
 from app.providers.pricing import ModelPricing
-from app.store.count_records import RunCounts
 from app.providers.retry import RetryPolicy
+from app.store.count_records import RunCounts
 from app.store.run_store import RunStore, StoreWriteError
-from app.tokens.fidelity_profile import FidelityProfile
 from app.token_bucket import TokenBucket
+from app.tokens.fidelity_profile import FidelityProfile
 
 CLOSE_GRACE_S = 30.0  # how long close() waits for finished results to be stored before giving them up
 

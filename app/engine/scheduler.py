@@ -25,8 +25,8 @@ from app.engine.attempt import Flight
 from app.engine.budget import estimate_prompt_tokens
 from app.engine.events import EventLog
 from app.engine.forecast import Forecast
-from app.engine.ledger import Ledger
 from app.engine.leases import WorkSource
+from app.engine.ledger import Ledger
 from app.engine.run_state import RunState
 from app.engine.slots import EndpointSlots
 from app.engine.writes import StoreGate

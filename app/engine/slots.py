@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-
 from collections.abc import Callable
 
 from app.engine.limiter import AdaptiveLimit, Ticket

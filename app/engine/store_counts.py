@@ -19,7 +19,7 @@ from typing import Any
 from app.errors import InputError
 from app.store.count_records import RunCounts
 
-_FOLLOWERS: "weakref.WeakKeyDictionary[Any, CountsFollower]" = weakref.WeakKeyDictionary()
+_FOLLOWERS: weakref.WeakKeyDictionary[Any, CountsFollower] = weakref.WeakKeyDictionary()
 
 
 class CountsFollower:

@@ -38,19 +38,18 @@ from app.tokens import flags as fl
 
 if TYPE_CHECKING:  # types only: a rebuild worker process imports this module and needs none of them
     import asyncio
-
-    from app.engine.endpoints import Endpoint
-    from app.store.run_store import RunStore
-    from app.store.store_records import LeasedSample
-    from app.store.verification import VerificationStatus
-    from app.tokens.profile import Profile
     from pathlib import Path
 
     from app.config import Endpoint as EndpointConfig
     from app.config import RunConfig
+    from app.engine.endpoints import Endpoint
     from app.engine.reconstructor import CompletionReconstructor
     from app.store.profile_store import Measurement
+    from app.store.run_store import RunStore
+    from app.store.store_records import LeasedSample
+    from app.store.verification import VerificationStatus
     from app.tokens.fidelity_profile import FidelityProfile
+    from app.tokens.profile import Profile
     from app.tokens.prompt_check import PromptCheck
 
 # what asks an OpenRouter-style endpoint for logprobs with bytes (the ids ground truth); OpenRouter passes
@@ -260,7 +259,7 @@ class Verifier:
             p.fraction = 0.0
 
     @classmethod
-    def of(cls, config: RunConfig) -> "Verifier":
+    def of(cls, config: RunConfig) -> Verifier:
         """The Verifier for a RunConfig's endpoints and limits."""
         lim = config.limits
         return cls(list(config.endpoints), lim.max_corrupt_rate, lim.min_verified_samples, lim.on_corrupt,

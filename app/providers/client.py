@@ -26,8 +26,8 @@ import aiohttp
 import httpx
 
 from app.providers.exceptions import EndpointUnreachable, MalformedResponse, ProviderError, RetryableError
-from app.providers.pricing import ModelPricing, base_model, pricing_from_models_entry
 from app.providers.parse import StreamAssembler, classify_status, iter_sse_events, parse_body
+from app.providers.pricing import ModelPricing, base_model, pricing_from_models_entry
 from app.providers.servers import ids_request_fields, server_kind
 from app.providers.transport import DEFAULT_TRANSPORT, AiohttpTransport, make_timeout, make_transport
 from app.providers.wire import DEFAULT_LIMITS, WireLimits, load_json

@@ -12,9 +12,9 @@ refused (`Usage.cost_problem`: NaN, infinite, negative, absurd) is not used at a
 from __future__ import annotations
 
 import math
-
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol
+from typing import Any, Protocol
 
 from app.records import Usage
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from collections.abc import Callable
 from pathlib import Path
-from typing import Iterator
 
 from app.errors import InputError
 from app.store.db import DEFAULT_BUSY_TIMEOUT_S, configure, connect_readonly, migrate

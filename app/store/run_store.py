@@ -29,14 +29,13 @@ import orjson
 from app.conversation import ConversationInput
 from app.errors import EaglewatchError, InputError
 from app.records import Completion, Reconstruction, Verdict
+from app.store import conversation_ops, ingest_ops, queries, rows, tallies
+from app.store.conversation_ops import OpenTurnWork, TurnEnd, after_turn, restore_children_of
 from app.store.db import DEFAULT_BUSY_TIMEOUT_S, configure, migrate
 from app.store.ids import unpack_ids
-from app.store import queries, rows, tallies
-from app.store.store_records import Command, IngestReport, LeasedSample, ReferenceRecord, SampleInput
-from app.store.schema import RUN_STATES, SAMPLE_STATES
-from app.store import conversation_ops, ingest_ops
-from app.store.conversation_ops import OpenTurnWork, TurnEnd, after_turn, restore_children_of
 from app.store.ingest_ops import INGEST_CHUNK
+from app.store.schema import RUN_STATES, SAMPLE_STATES
+from app.store.store_records import Command, IngestReport, LeasedSample, ReferenceRecord, SampleInput
 
 T = TypeVar("T")
 Operation = Callable[[sqlite3.Connection], Any]

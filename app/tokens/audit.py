@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from app.tokens.profile import Profile
 from app.tokens.tokenizer import Tokenizer

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from app.records import DiffSpan, Verdict
 from app.tokens.align import common_prefix, diff_spans
@@ -12,7 +12,7 @@ from app.tokens.profile import Profile
 from app.tokens.tokenizer import Tokenizer
 
 UNCHECKED = "unchecked (not verified): no reference ids to check this sample against"
-_STOP_IDS: "weakref.WeakKeyDictionary[Tokenizer, dict[str, frozenset[int]]]" = weakref.WeakKeyDictionary()
+_STOP_IDS: weakref.WeakKeyDictionary[Tokenizer, dict[str, frozenset[int]]] = weakref.WeakKeyDictionary()
 
 
 def stop_token_ids(profile: Profile, tokenizer: Tokenizer) -> frozenset[int]:

@@ -25,8 +25,9 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from app.records import Completion, ToolCall
 from app.tokens.flags import TEMPLATE_WHITESPACE_MISSING, UNINVERTIBLE
@@ -107,7 +108,7 @@ class FidelityProfile:
         return json.dumps(body, ensure_ascii=False, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "FidelityProfile":
+    def from_json(cls, text: str) -> FidelityProfile:
         """A profile from `to_json` output; ValueError naming the problem when the text is not one."""
         try:
             d = json.loads(text)
@@ -212,7 +213,7 @@ def _counts(value: dict) -> dict[str, dict[str, int]]:
 
 
 def learn(
-    probes: Iterable[tuple[Completion, Sequence[int]]], profile: Profile, tokenizer: "Tokenizer", *,
+    probes: Iterable[tuple[Completion, Sequence[int]]], profile: Profile, tokenizer: Tokenizer, *,
     endpoint: str, provider: str | None = None, stream: bool | None = None, whole: bool = True,
     view: Callable[[Sequence[int]], ProviderView] | None = None,
 ) -> FidelityProfile:

@@ -34,7 +34,8 @@ template adds one, the K2.5-derived template does not).
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from app.errors import InputError
 from app.records import ToolCall

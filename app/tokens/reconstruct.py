@@ -31,9 +31,9 @@ from __future__ import annotations
 import functools
 import re
 from collections import Counter
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from itertools import product
-from typing import Callable, Iterator, Sequence
 
 from app.records import AGREEING_VERDICTS, Completion, Reconstruction, TokenLogprob, ToolCall, Verdict
 from app.tokens import flags as fl
@@ -42,7 +42,15 @@ from app.tokens.compare import UNCHECKED, compare, compare_category
 from app.tokens.fidelity_profile import Applied, FidelityProfile, _redump, strip_edges_and_count
 from app.tokens.fidelity_profile import apply as apply_fidelity
 from app.tokens.profile import Profile
-from app.tokens.template import Fields, Piece, ProviderView, kimi_tool_id, parse_output, render_output, tool_calls_read_back
+from app.tokens.template import (
+    Fields,
+    Piece,
+    ProviderView,
+    kimi_tool_id,
+    parse_output,
+    render_output,
+    tool_calls_read_back,
+)
 from app.tokens.tokenizer import Tokenizer, holds_at
 
 REGIONS_FROM_TEXT = "regions_from_text"  # note: logprob ids whose uncovered regions (tool calls) came from text

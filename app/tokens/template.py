@@ -10,8 +10,8 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from app.records import Completion, ToolCall
 from app.tokens.profile import Profile
@@ -157,7 +157,7 @@ _KIMI_NAME = re.compile(r"(?:functions\.)?(.+?)(?::\d+)?", re.S)
 
 
 @functools.lru_cache(maxsize=64)
-def _between(*parts: str) -> "re.Pattern[str]":
+def _between(*parts: str) -> re.Pattern[str]:
     """The compiled pattern `parts[0](.*?)parts[1](.*?)...` (markers escaped, DOTALL): one per profile's markers,
     compiled once (parsing runs per rebuilt sample)."""
     return re.compile("(.*?)".join(map(re.escape, parts)), re.S)
@@ -373,5 +373,5 @@ class Fields:
     close_think: bool | None = None  # None: the layout decides (see render_output)
 
     @classmethod
-    def of(cls, c: Completion) -> "Fields":
+    def of(cls, c: Completion) -> Fields:
         return cls(c.reasoning, c.content or "", tuple(c.tool_calls), c.finish_reason)

@@ -11,8 +11,8 @@ import base64
 import hashlib
 import json
 import re
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 from app.errors import InputError
 
@@ -298,7 +298,7 @@ class TiktokenTokenizer(Tokenizer):
             raise ValueError(f"token id {token_id} is outside the vocabulary of {self.path} (size {self.vocab_size})") from None
 
 
-def _special_pattern(specials: dict[str, int]) -> "re.Pattern[str] | None":
+def _special_pattern(specials: dict[str, int]) -> re.Pattern[str] | None:
     """A regex matching exactly the special-token strings, shaped as a trie (one branch per next character, so a
     candidate position costs a few character tests, not one per special); None when a special is a prefix of
     another (the leftmost match would then depend on the order of alternatives)."""

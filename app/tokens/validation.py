@@ -7,9 +7,9 @@ reference-assisted upper bound.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
 
 from app.records import CORRUPT_VERDICTS, VERDICTS, Completion, Reconstruction, Verdict
 from app.tokens.flags import TEXT_PATH, is_suspect

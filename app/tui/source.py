@@ -20,7 +20,13 @@ from app.engine.snapshot import LiveFigures, RunRecord
 from app.records import VERDICT_CLASSES, Alignment, Category
 from app.store.queries import MISMATCH_ORDERS, MISMATCH_VERDICTS, SERIES_BUCKET_S, SeriesChunk
 from app.store.rows import (
-    CONVERSATION_STATUSES, ConversationCounts, ConversationRow, MismatchPage, MismatchRow, SampleDetail, TurnRow,
+    CONVERSATION_STATUSES,
+    ConversationCounts,
+    ConversationRow,
+    MismatchPage,
+    MismatchRow,
+    SampleDetail,
+    TurnRow,
     conversation_status,
 )
 from widgets.event_tail import EventLine

@@ -14,13 +14,19 @@ from pathlib import Path
 import pytest
 
 import app
-from app.engine.rebuild_pool import (RebuildPool, RebuildRecipe, build_reconstructor, open_rebuilder, worker_cores,
-                                    worker_count)
+from app.config import parse_config
+from app.engine.rebuild_pool import (
+    RebuildPool,
+    RebuildRecipe,
+    build_reconstructor,
+    open_rebuilder,
+    worker_cores,
+    worker_count,
+)
 from app.engine.verify import LOGPROB_PROBE_FIELDS, Rebuilder
 from app.providers.client import ChatClient
 from app.simulator.server import SimulatorServer
 from app.tokens.fidelity_profile import FidelityProfile
-from app.config import parse_config
 from tests.engine.conftest import config_data, make_config, open_ingested, sample_inputs
 
 N = 12

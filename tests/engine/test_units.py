@@ -7,10 +7,9 @@ from collections import Counter
 import pytest
 
 from app.engine.budget import BudgetGuard, Prices, projected_total
-from app.token_bucket import TokenBucket
 from app.engine.metrics import EndpointMetrics, Observations, RateWindow
 from app.engine.weights import WeightedRoundRobin
-
+from app.token_bucket import TokenBucket
 
 # the adaptive limit's specification: tests/engine/test_limiter.py (it replaced an AIMD rule)
 

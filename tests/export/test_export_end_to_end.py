@@ -7,8 +7,8 @@ from collections import Counter
 
 from app.export import export_run
 from app.extract.manifest import read_manifest, read_shard
-from app.store.store_records import SampleInput
 from app.store.run_store import RunStore
+from app.store.store_records import SampleInput
 from app.tokens import get_profile, load_tokenizer, split_output
 from app.tokens.reconstruct import Reconstructor
 

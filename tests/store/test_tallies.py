@@ -12,8 +12,8 @@ from app.store import queries, tallies
 from app.store.db import migrate
 from app.store.rows import ReconstructionRow
 from app.store.run_store import RunStore
-from app.store.store_records import SampleInput
 from app.store.schema import MIGRATIONS
+from app.store.store_records import SampleInput
 
 TALLY_TABLES = ("sample_tallies", "response_tallies", "reconstruction_tallies", "quality_tallies", "tally_marks")
 

@@ -19,8 +19,19 @@ from hypothesis import strategies as st
 
 from app.records import Completion, ToolCall
 from app.tokens import Reconstructor, get_profile, load_tokenizer
-from app.tokens.fidelity_profile import JSON_STYLES, NO_CONTENT, Applied, FidelityProfile, _blank, _blank_ctx, _edge_step_name
-from app.tokens.fidelity_profile import _BLANK_KEYS, _KIMI_ID, _redump, apply
+from app.tokens.fidelity_profile import (
+    _BLANK_KEYS,
+    _KIMI_ID,
+    JSON_STYLES,
+    NO_CONTENT,
+    Applied,
+    FidelityProfile,
+    _blank,
+    _blank_ctx,
+    _edge_step_name,
+    _redump,
+    apply,
+)
 from app.tokens.flags import TEMPLATE_WHITESPACE_MISSING, UNINVERTIBLE
 from app.tokens.reconstruct import Fields
 from tests.tokens.conftest import build_hf_tokenizer, build_tiktoken_dir

@@ -9,7 +9,13 @@ from app.engine.snapshot import EndpointLive, LiveFigures, Rate, RunRecord
 from app.records import AlignBlock, AlignedToken, Alignment
 from app.store.count_records import AnswerCounts, EndpointCounts, RunCounts, SampleStates
 from app.tui.source import (
-    ConversationCounts, ConversationRow, MismatchPage, MismatchRow, SampleDetail, SampleDiff, TurnRow,
+    ConversationCounts,
+    ConversationRow,
+    MismatchPage,
+    MismatchRow,
+    SampleDetail,
+    SampleDiff,
+    TurnRow,
 )
 from widgets.event_tail import EventLine
 from widgets.jobs_table import JobRow
@@ -114,7 +120,7 @@ class MemorySource:
         return self._can_control
 
     @property
-    def control(self) -> "MemorySource | None":
+    def control(self) -> MemorySource | None:
         return self if self._can_control else None
 
     def live_figures(self) -> None:

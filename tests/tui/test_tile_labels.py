@@ -15,7 +15,7 @@ from app.store.count_records import AnswerCounts, EndpointCounts, Percentiles
 from app.tui.app import EaglewatchApp
 from app.tui.screens.dashboard import GLOSSARY, DashboardScreen
 from app.tui.screens.help import HelpScreen
-from tests.tui.fit import cuts, screen_text
+from tests.tui.fit import cuts
 from tests.tui.sources import COUNTS, LIVE, RECORD, MemorySource
 
 SIZES = [(80, 24), (120, 40), (120, 24), (80, 40)]

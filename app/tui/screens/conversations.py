@@ -13,7 +13,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
+from app.tui.fetch import Fetched, FetchFailed, fetch_in_thread
 from app.tui.format import duration
 from app.tui.screens.mismatches import VERDICT_LABELS, run_goes_on
 from app.tui.source import ConversationRow, TurnRow, conversation_status

@@ -18,7 +18,7 @@ from textual.widgets import DataTable, Footer, ProgressBar, Static
 from app.engine.snapshot import WITH_FAILURES, EndpointLive, FinishedFigures, LiveFigures, RunRecord, state_words
 from app.records import Category
 from app.tui import format as fmt
-from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
+from app.tui.fetch import Fetched, FetchFailed, fetch_in_thread
 from app.tui.series import PLOTS, RunSeries, read_chunk
 from app.tui.source import ConversationCounts, SeriesChunk
 from widgets.event_tail import EventLine, EventTail

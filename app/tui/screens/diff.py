@@ -11,7 +11,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from app.records import VERDICT_LABELS, Category
-from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
+from app.tui.fetch import Fetched, FetchFailed, fetch_in_thread
 from app.tui.source import SampleDiff
 from widgets.token_diff import TokenDiffView
 

@@ -10,7 +10,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
+from app.tui.fetch import Fetched, FetchFailed, fetch_in_thread
 from app.tui.screens.confirm import ConfirmScreen
 from widgets.jobs_table import JobRow, JobsTable
 

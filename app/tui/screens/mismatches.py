@@ -13,7 +13,7 @@ from textual.widgets import Footer, Input, Static
 
 from app.engine.snapshot import LIVE_STATES
 from app.records import Category
-from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
+from app.tui.fetch import Fetched, FetchFailed, fetch_in_thread
 from app.tui.format import duration
 from app.tui.source import MISMATCH_ORDERS, MISMATCH_VERDICTS, MismatchPage, MismatchRow
 from widgets.page_table import PageTable

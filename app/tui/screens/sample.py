@@ -13,7 +13,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from app.tui import format as fmt
-from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
+from app.tui.fetch import Fetched, FetchFailed, fetch_in_thread
 from app.tui.source import SampleDetail
 
 RAW_NOT_KEPT = "raw bodies are not kept: set [run] keep_raw = true"
