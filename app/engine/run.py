@@ -308,22 +308,6 @@ class Run:
         """Set the total in-flight limit, spread over the endpoints by weight and clamped to min/max."""
         await self._steering.set_concurrency(limit)
 
-    async def retry_failed(self) -> int:
-        """Put the failed samples back to pending with a fresh allowance of attempts (`RunStore.retry_failed`, one
-        transaction) and schedule them, also after the run had ended; returns how many."""
-        n = await self._gate.commit(lambda: self.store.retry_failed(self.run_id))
-        self._counts.reset(await self.store.counts(self.run_id))
-        await self._event("info", "run", f"{n} failed samples put back to pending, each with a fresh allowance of "
-                          f"{self.config.generation.attempts} attempts (generation.attempts)")
-        if n and self.state == "done":
-            self._ended_m = None
-            self._finished.clear()
-            self._idle.clear()
-            await self._set_state("running", None)
-        self._lease_empty_at = -1e9
-        self._wake.set()
-        return n
-
     async def apply_command(self, verb: str, args: dict) -> None:
         """Carry out one control command from the `commands` table (pause, resume, set_concurrency, retry_failed)."""
         await self._steering.apply_command(verb, args)

@@ -20,9 +20,13 @@ from app.records import Usage
 
 
 class PricingLike(Protocol):
-    prompt_per_m: float
-    completion_per_m: float
-    cached_prompt_per_m: float | None
+    # read-only members, so frozen dataclasses (ModelPricing, the config's prices) satisfy it
+    @property
+    def prompt_per_m(self) -> float: ...
+    @property
+    def completion_per_m(self) -> float: ...
+    @property
+    def cached_prompt_per_m(self) -> float | None: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual import on
@@ -25,6 +26,11 @@ from widgets.event_tail import EventLine, EventTail
 from widgets.jobs_table import JobRow, JobsTable
 from widgets.metric_tile import MetricTile
 from widgets.time_plot import TimePlot
+
+if TYPE_CHECKING:
+    from textual import getters
+
+    from app.tui.app import EaglewatchApp
 
 REFRESH_S = 0.5
 EVENTS_FETCHED = 12  # the event box shows the newest that fit (up to 12 at 120x40)
@@ -336,6 +342,9 @@ class DashboardScreen(Screen):
     columns, beside one plot at a time; `C` lists the conversations); a run without any shows no trace of it.
     """
 
+    if TYPE_CHECKING:  # self.app is the eaglewatch app (textual's typing hook; nothing at run time)
+        app = getters.app(EaglewatchApp)
+
     class Polled(Fetched):
         """One poll's DashboardData (`result`), fetched off the UI thread."""
 
@@ -557,7 +566,7 @@ def endpoint_rows(rec: RunRecord) -> list[tuple[str, ...]]:
     """The endpoints table's cells: every endpoint the store has counted or the engine runs, by name."""
     counts = {e.name: e for e in rec.counts.endpoints}
     live = {e.name: e for e in rec.live.endpoints} if rec.live is not None and rec.finished is None else {}
-    out = []
+    out: list[tuple[str, ...]] = []
     for name in [*live, *(n for n in counts if n not in live)]:
         c = counts.get(name)
         done, failed, cost = (c.completed, c.failed, c.cost_usd) if c is not None else (0, 0, 0.0)

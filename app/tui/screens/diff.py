@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.cells import cell_len
 from rich.text import Text
 from textual import on
@@ -15,9 +17,17 @@ from app.tui.fetch import Fetched, FetchFailed, fetch_in_thread
 from app.tui.source import SampleDiff
 from widgets.token_diff import TokenDiffView
 
+if TYPE_CHECKING:
+    from textual import getters
+
+    from app.tui.app import EaglewatchApp
+
 
 class DiffScreen(Screen):
     """Loads the alignment in a thread worker (it may take a tokenizer and 32k tokens), then shows it."""
+
+    if TYPE_CHECKING:  # self.app is the eaglewatch app (textual's typing hook; nothing at run time)
+        app = getters.app(EaglewatchApp)
 
     class DiffLoaded(Fetched):
         """The SampleDiff (`result`) arrived."""
