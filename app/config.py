@@ -403,10 +403,10 @@ class RunConfig(_Section):
     data: DataSection = Field(description="[data] section.")
     model: ModelSection = Field(description="[model] section.")
     endpoints: list[Endpoint] = Field(min_length=1, description="[[endpoints]] tables.")
-    generation: Generation = Field(default_factory=dict, description="[generation] section.")
-    limits: Limits = Field(default_factory=dict, description="[limits] section.")
+    generation: Generation = Field(default_factory=Generation, description="[generation] section.")
+    limits: Limits = Field(default_factory=Limits, description="[limits] section.")
     pricing: dict[str, Pricing] = Field(default_factory=dict, description="[pricing.\"<model>\"] tables.")
-    extraction: Extraction = Field(default_factory=dict, description="[extraction] section.")
+    extraction: Extraction = Field(default_factory=Extraction, description="[extraction] section.")
 
     _source: Path | None = PrivateAttr(default=None)
 
@@ -671,7 +671,7 @@ def config_reference_markdown() -> str:
             if field.is_required():
                 default = "required"
             elif field.default_factory is not None:
-                default = f"`{_toml_value(field.default_factory())}`"
+                default = f"`{_toml_value(field.get_default(call_default_factory=True, validated_data={}))}`"
             elif field.default is None or field.default is PydanticUndefined:
                 default = "unset"
             elif field.default == "":

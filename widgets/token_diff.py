@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from rich.cells import cell_len
 from rich.segment import Segment
+from rich.style import Style
 from textual.binding import Binding
 from textual.cache import LRUCache
 from textual.geometry import Size
@@ -365,7 +366,7 @@ class TokenDiffView(ScrollView, can_focus=True):
         return strip
 
     def _tokens(self, tokens: tuple[AlignedToken, ...], width: int, kind: str, with_id: bool) -> list[Segment]:
-        styles = (self.get_component_rich_style(f"tokendiff--{kind}"),)
+        styles: tuple[Style, ...] = (self.get_component_rich_style(f"tokendiff--{kind}"),)
         if kind == "equal-a":
             styles = (styles[0], self.get_component_rich_style("tokendiff--equal-b"))
         else:

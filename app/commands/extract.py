@@ -13,6 +13,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from app.errors import InputError
 
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     estimate = None if any("model_path" in n for n in notes) else _disk_estimate(config, spec)
 
     if args.dry_run:
-        plan = {
+        plan: dict[str, Any] = {
             "executor": kind,
             "slots": slots,
             "layout": config.extraction.layout if config.extraction.extractor == "builtin" else None,

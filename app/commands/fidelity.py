@@ -221,5 +221,5 @@ def _print(rows: list[Row], advice: list[str], db) -> None:
         out.write("  no reconstructions stored yet\n")
     if advice:
         out.write("advice:\n")
-        for a in advice:
-            out.write(f"  - {a}\n")
+        for line in advice:
+            out.write(f"  - {line}\n")

@@ -228,7 +228,7 @@ async def _one_file(
             if role == "dataset":
                 ingest = store.ingest_conversations if conversations else store.ingest
                 part = await ingest(run_id, read(stats), source=str(path), track=track)
-                counts = dict(added=part.added, already_present=part.already_present, conflicts=part.conflicts,
+                counts: dict[str, Any] = dict(added=part.added, already_present=part.already_present, conflicts=part.conflicts,
                               conflict_examples=part.conflict_examples)
             else:
                 attached, unmatched = await store.attach_references(run_id, read(stats), track=track)

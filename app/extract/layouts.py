@@ -358,5 +358,5 @@ def make_writer(layout: str, per_sample: bool, out_dir: Path, shard: int, sample
         return cls(shard_data_path(out_dir, shard, per_sample), samples, hidden, n_aux, dtype, metadata)
     if layout == "speculators":
         return SpeculatorsWriter(out_dir, shard, samples, speculators_order, dtype)
-    cls = {"specforge": SpecforgeWriter, "modelopt": ModeloptWriter}[layout]
-    return cls(out_dir, shard, samples, first_index, dtype)
+    per_file = {"specforge": SpecforgeWriter, "modelopt": ModeloptWriter}[layout]
+    return per_file(out_dir, shard, samples, first_index, dtype)

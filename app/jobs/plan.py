@@ -59,7 +59,7 @@ def spec_from_config(config, manifest: Path, *, shards: list[int] | None = None,
         workdir=Path.cwd(),
         resources=Resources(
             gpus=ext.gpus if ext.executor == "slurm" else min(ext.gpus, 1),
-            cpus=int(slurm.get("cpus", slurm.get("cpus_per_task", 1))),
+            cpus=int(slurm["cpus"] if "cpus" in slurm else slurm.get("cpus_per_task", 1)),
             mem=str(slurm["mem"]) if slurm.get("mem") else None,
             time=str(slurm["time"]) if slurm.get("time") else None,
         ),

@@ -348,6 +348,7 @@ class ChatClient:
     def _session(self) -> aiohttp.ClientSession:
         """The transport's aiohttp session, made on first use (inside the loop), as its own requests do."""
         transport = self._transport
+        assert isinstance(transport, AiohttpTransport)  # only the direct paths (self._direct) call this
         if not isinstance(transport.client, aiohttp.ClientSession):
             transport.client = transport.get_client()
         return transport.client

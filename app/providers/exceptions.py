@@ -18,7 +18,12 @@ never contain the API key: the client builds them from the status and the body, 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from app.errors import EaglewatchError
+
+if TYPE_CHECKING:
+    from app.records import Usage
 
 
 class ProviderError(EaglewatchError):
@@ -43,7 +48,7 @@ class ProviderError(EaglewatchError):
         self.cost_usd = cost_usd
         # the failed attempt's usage counts when they were sound (app.records.Usage): the engine charges
         # the larger of `cost_usd` and their list price
-        self.usage = None
+        self.usage: Usage | None = None
         # a response (of any status) came back from the endpoint: it is there (app.engine.endpoint_health)
         self.answered = status is not None
 

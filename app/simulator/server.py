@@ -455,6 +455,7 @@ class SimulatorServer:
             named = requested_sample(json.loads(raw))
         except (ValueError, AttributeError):
             named = None
+        assert self.received is not None  # called only when recording
         self.received.append(ReceivedRequest(time.time(), named, raw, self.in_flight))
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
@@ -602,7 +603,7 @@ class SimulatorServer:
         n = self.stream_chunk_tokens
         if out.reasoning:
             for piece, group in text_pieces(out.reasoning, out.reasoning_ids, self.tokenizer, n):
-                delta = {p.reasoning_field: piece} if lean else {"role": "assistant", "content": "",
+                delta: dict[str, object] = {p.reasoning_field: piece} if lean else {"role": "assistant", "content": "",
                                                                   p.reasoning_field: piece}
                 if p.reasoning_details:
                     delta["reasoning_details"] = [{"type": "reasoning.text", "text": piece, "format": "unknown",

@@ -106,7 +106,7 @@ def ingest_status(conn: sqlite3.Connection, run_id: int) -> IngestStatus:
         "FROM ingest_files WHERE run_id = ? ORDER BY role, name",
         (run_id,),
     ).fetchall()
-    return IngestStatus(tuple(IngestFile(*r[:6], bool(r[6]), *r[7:]) for r in rows))
+    return IngestStatus(tuple(IngestFile(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8], r[9]) for r in rows))
 
 
 def require_complete(status: IngestStatus, *, allow_partial: bool = False) -> None:

@@ -407,6 +407,7 @@ class RunStore:
 
         def op(conn: sqlite3.Connection) -> int:
             response_id = conn.execute(rows.INSERT_RESPONSE, response_row).lastrowid
+            assert response_id is not None  # an INSERT sets it
             if rec_row is not None:
                 conn.execute(rows.UPSERT_RECONSTRUCTION, rows.encode_reconstruction(rec_row, response_id=response_id))
             turn = conn.execute(
@@ -513,9 +514,11 @@ class RunStore:
         row = (run_id, verb, _dumps(args or {}), time.time())
 
         def op(conn: sqlite3.Connection) -> int:
-            return conn.execute(
+            command_id = conn.execute(
                 "INSERT INTO commands (run_id, verb, args, created_at) VALUES (?, ?, ?, ?)", row
             ).lastrowid
+            assert command_id is not None  # an INSERT sets it
+            return command_id
 
         return await self.write(op)
 

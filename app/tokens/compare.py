@@ -48,8 +48,11 @@ def compare(
     first = common_prefix(ref, rec)
     spans = diff_spans(ref, rec)
     if j.category == "structure_mismatch":
+        assert j.ref_marks is not None and j.rec_marks is not None  # _judge sets them for unequal ids
         return Verdict("structure_mismatch", first, len(ref), len(rec), spans,
                        _layout_sentence(j.ref_marks, j.rec_marks, tokenizer))
+    # _judge sets these for unequal ids of the same layout
+    assert j.rec is not None and j.ref_bytes is not None and j.rec_bytes is not None
     rec = j.rec  # without the stop tokens a truncated reference does not have
     if j.same_bytes:
         return Verdict(j.category, first, len(ref), len(rec), spans, _resplit_sentence(ref, rec, spans, tokenizer, j.truncated))
@@ -72,9 +75,9 @@ class _Judged:
     category: str
     truncated: bool
     equal: bool = False  # the ids are the same
-    ref_marks: list | None = None
-    rec_marks: list | None = None
-    rec: list | None = None  # rec without the stop tokens a truncated reference lacks
+    ref_marks: list[int] | None = None
+    rec_marks: list[int] | None = None
+    rec: list[int] | None = None  # rec without the stop tokens a truncated reference lacks
     ref_bytes: bytes | None = None
     rec_bytes: bytes | None = None
     same_bytes: bool = False

@@ -541,8 +541,8 @@ def apply(fp: FidelityProfile, f: Fields, profile: Profile) -> Applied:
         else:
             flags.append(UNINVERTIBLE + "no_content")
     if calls and (plan.tool_edges or plan.json is not None or (profile.tool_id_in_stream and plan.tool_ids is not None)):
-        calls = list(calls)
-        for k, call in enumerate(calls):
+        edited = list(calls)
+        for k, call in enumerate(edited):
             args = call.arguments
             if not _blank(args) and plan.tool_edges:
                 args = edge("tool.arguments.lead", args, "lead")
@@ -569,8 +569,8 @@ def apply(fp: FidelityProfile, f: Fields, profile: Profile) -> Applied:
                         flags.append(UNINVERTIBLE + "tool_ids_reindexed")
             if call_id != call.id or args != call.arguments:
                 # the constructor, not dataclasses.replace: this runs per sample in production
-                calls[k] = ToolCall(call_id, call.name, args, call.index, call.type)
-        calls = tuple(calls)
+                edited[k] = ToolCall(call_id, call.name, args, call.index, call.type)
+        calls = tuple(edited)
     if reasoning != f.reasoning or content != f.content or (
             calls is not f.tool_calls and any(a is not b for a, b in zip(calls, f.tool_calls))):
         f = type(f)(reasoning, content, calls, f.finish_reason, f.close_think)

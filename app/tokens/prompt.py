@@ -153,7 +153,8 @@ def _call_fields(call: Any, where: str) -> tuple[str | None, str, Any]:
     """(id, name, arguments) of an OpenAI-style tool call."""
     if not isinstance(call, dict):
         raise InputError(f"{where}: a tool call must be an object with 'function': {{'name', 'arguments'}}")
-    fn = call.get("function") if isinstance(call.get("function"), dict) else call
+    nested = call.get("function")
+    fn = nested if isinstance(nested, dict) else call
     name = fn.get("name")
     if not isinstance(name, str):
         raise InputError(f"{where}: the tool call has no function name")

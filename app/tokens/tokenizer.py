@@ -251,7 +251,9 @@ class TiktokenTokenizer(Tokenizer):
         if starts is None:
             return None
         # one text to search ("\0" is in no special, so none spans two segments)
-        if holds_at(starts, self._special_re.match, "\0".join(segments)):
+        rx = self._special_re
+        assert rx is not None  # _special_starts is set only with it
+        if holds_at(starts, rx.match, "\0".join(segments)):
             return None
         ordinary = self._core.encode_ordinary
         short = self._short_runs

@@ -40,7 +40,7 @@ __all__ = [
     "ConversationRow", "TurnRow", "CONVERSATION_STATUSES", "conversation_status",
 ]
 
-VERDICT_WORDS = {
+VERDICT_WORDS: dict[str, str] = {
     Category.EXACT: "exact: the reconstructed ids equal the reference ids",
     Category.BPE_EQUIVALENT: "benign: same text, different BPE split",
     Category.TEXT_MISMATCH: "corrupt: the decoded text differs from the reference",
