@@ -43,7 +43,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 from app.engine.verify import Rebuilder, Rebuilt
 from app.errors import InputError
@@ -154,6 +154,10 @@ _Call = tuple[Completion, tuple[int, ...] | None, Sequence[dict[str, Any]], Sequ
               Completion | None]
 
 
+@overload
+def _light(completion: Completion) -> Completion: ...
+@overload
+def _light(completion: Completion | None) -> Completion | None: ...
 def _light(completion: Completion | None) -> Completion | None:
     return replace(completion, raw=None) if completion is not None and completion.raw is not None else completion
 
@@ -345,7 +349,7 @@ def _main_hidden() -> Iterator[None]:
     if main is None:
         yield
         return
-    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    saved: dict[str, Any] = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
     main.__dict__.pop("__file__", None)
     main.__dict__["__spec__"] = None
     try:
@@ -606,7 +610,7 @@ class RebuildPool:
         self._threads = self._big = None
 
 
-def _frame(value: list[_Call]) -> bytes:
+def _frame(value: tuple[list[FidelityProfile], list[_Call]]) -> bytes:
     payload = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
     return len(payload).to_bytes(4, "little") + payload
 

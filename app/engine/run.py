@@ -50,7 +50,7 @@ from app.engine.snapshot import IN_PROCESS, LiveFigures, RunRecord
 from app.engine.steering import VIEWER_PAUSE, Steering
 from app.engine.store_counts import follower_of
 from app.engine.store_health import StoreHealth
-from app.engine.verify import Verifier, open_verification, save_profiles
+from app.engine.verify import Rebuilder, Verifier, open_verification, save_profiles
 from app.engine.writes import StoreGate
 from app.providers.pricing import ModelPricing
 from app.providers.retry import RetryPolicy
@@ -189,7 +189,9 @@ class Run:
         for level, note in notes:
             await events.add(level, "fidelity", note)
         self._verifier.on_profile = self._on_profile
-        self._pool = await open_rebuilding(rebuilder, cfg, events.add)
+        # a pass-through (not a tokens Reconstructor, returned unwrapped) has nothing the pool could call: no pool,
+        # the text is stored as is
+        self._pool = await open_rebuilding(rebuilder if isinstance(rebuilder, Rebuilder) else None, cfg, events.add)
         self._live = live = self._wire(run_id)
         await self._save_profiles(list(self._verifier.profiles.values()))
         if stored_state == "paused" and not self.resume_paused:

@@ -480,7 +480,8 @@ def _edge_counts(c: Counter, completion: Completion) -> None:
 
 
 async def open_verification(verifier: Verifier, reconstructor: CompletionReconstructor | None, config: RunConfig,
-                            db_path: Path, endpoints: Sequence[Endpoint]) -> tuple[Rebuilder | None, list[tuple[str, str]]]:
+                            db_path: Path, endpoints: Sequence[Endpoint],
+                            ) -> tuple[Rebuilder | CompletionReconstructor | None, list[tuple[str, str]]]:
     """Identify the endpoints' servers, give each its prior profile, load the stored profiles learned on this
     path, seed the verifier with the run's stored measurements, and wrap `reconstructor` in a Rebuilder over
     those profiles. Returns it with the operator's (level, sentence) notes. A reconstructor that is not a tokens
@@ -508,7 +509,7 @@ async def open_verification(verifier: Verifier, reconstructor: CompletionReconst
         stored = await asyncio.to_thread(load_profiles, db_path, config.model.profile)
     names = [e.name for e in endpoints]
     for i, ep in enumerate(endpoints):
-        if not wrappable:
+        if not wrappable or profile is None:  # (wrappable implies a profile)
             break
         simulated = getattr(verifier.endpoints[i], "simulator", None) is not None
         prior = prior_profile(verifier.kinds[i], verifier.stream, profile, ep.name, simulated=simulated)
@@ -550,6 +551,7 @@ async def open_verification(verifier: Verifier, reconstructor: CompletionReconst
     if not wrappable:
         verifier.stop_probes()  # nothing rebuilds the answers (a pass-through): no probe could be measured
         return reconstructor, notes
+    assert reconstructor is not None  # wrappable: it has a profile
     return Rebuilder(reconstructor, list(verifier.profiles.values())), notes
 
 

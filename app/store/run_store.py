@@ -572,7 +572,9 @@ class RunStore:
         to come in their prompts) and the open conversations by turns left. One scan of the open turns at start."""
         return await self.read(lambda conn: conversation_ops.open_turn_work(conn, run_id))
 
-    async def finished_output_stats(self, run_id: int, newest: int = 20_000) -> dict[str, tuple[float, ...]]:
+    async def finished_output_stats(
+        self, run_id: int, newest: int = 20_000,
+    ) -> dict[str, tuple[int, int, float, float, int, int, float]]:
         """Per dataset, what the newest `newest` answered requests of this run tell the ETA (`Projector.seed`):
         (answered, output tokens, generation seconds, time-to-first-token seconds, prompt tokens, longest output,
         their cost),
