@@ -190,7 +190,7 @@ def sentence(rng: random.Random, n_min: int = 6, n_max: int = 18) -> str:
 def prose(rng: random.Random, sentences: int) -> str:
     """Paragraphs of sentences, with the occasional markdown list."""
     parts: list[str] = []
-    for i in range(sentences):
+    for _i in range(sentences):
         s = sentence(rng)
         if rng.random() < 0.08:
             s = "\n\n" + s

@@ -209,7 +209,7 @@ def import_cycles(root: Path) -> list[list[str]]:
 def package_violations(root: Path) -> list[str]:
     """`path: imports app.x (rule)` for every import between the project's packages that the floors forbid."""
     found: list[str] = []
-    for name, path in sorted(_modules(root).items()):
+    for _name, path in sorted(_modules(root).items()):
         rel = path.relative_to(root).as_posix()
         rule = next(((prefix, allowed) for prefix, allowed in ALLOWED.items() if rel.startswith(prefix)), None)
         for imported in sorted(project_imports(path.read_text(encoding="utf-8"), rel)):

@@ -76,8 +76,7 @@ def unreachable_cause(exc: BaseException) -> str | None:
     while seen is not None:
         if isinstance(seen, socket.gaierror) or type(seen).__name__ == "ClientConnectorDNSError":
             return "dns"
-        if isinstance(seen, (ssl.SSLError, ssl.CertificateError)) or isinstance(
-                seen, (aiohttp.ClientConnectorSSLError, aiohttp.ClientConnectorCertificateError)):
+        if isinstance(seen, (ssl.SSLError, ssl.CertificateError, aiohttp.ClientConnectorSSLError, aiohttp.ClientConnectorCertificateError)):
             return "tls"
         if isinstance(seen, ConnectionRefusedError) or getattr(seen, "errno", None) == 111:
             return "refused"

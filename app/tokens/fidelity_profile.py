@@ -301,7 +301,7 @@ def _observe(obs: dict[str, Counter], ir: str | None, ic: str, icalls: Sequence[
     else:
         bump("edge:content.blank" + _blank_ctx(ir is not None, bool(icalls)), _change_lead(ic, gc))
     # tool calls, pairwise
-    for k, (want, got) in enumerate(zip(icalls, c.tool_calls)):
+    for _k, (want, got) in enumerate(zip(icalls, c.tool_calls)):
         args_w, args_g = want.arguments, got.arguments
         if args_w != args_g and args_w.strip() == args_g.strip() and args_w.strip():
             _edges(bump, "tool.arguments", args_w, args_g)

@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from textual import on
-from textual.app import App, SystemCommand
+from textual.app import SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from app.engine.control import RunControl
 from app.engine.snapshot import RunRecord
+from app.tui.monitor import MonitorApp
 from app.tui.screens.confirm import ConfirmScreen, NumberScreen
 from app.tui.screens.conversations import ConversationScreen, ConversationsScreen
 from app.tui.screens.dashboard import DashboardScreen, engine_gone
@@ -49,7 +50,7 @@ def parse_keymap(text: str | None) -> dict[str, str]:
     return keymap
 
 
-class EaglewatchApp(App):
+class EaglewatchApp(MonitorApp):
     """The operator's monitor over one run."""
 
     CSS_PATH = "app.tcss"

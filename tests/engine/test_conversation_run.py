@@ -69,7 +69,7 @@ async def test_every_turn_is_regenerated_on_the_models_own_history(tmp_path, sam
     conversations = _turns(config.run.database)
     assert len(conversations) == 16 and all(cid is not None for cid in conversations)
     checked = 0
-    for cid, turns in conversations.items():
+    for _cid, turns in conversations.items():
         assert [t["turn"] for t in turns] == list(range(1, turns[0]["turns"] + 1))
         for prev, t in zip(turns, turns[1:]):
             if t["state"] != "done":

@@ -78,7 +78,7 @@ async def test_processes_rebuild_exactly_what_threads_rebuild(tmp_path, sample_d
             a = await asyncio.gather(*(threads.rebuild(c, s, ep, measure) for c, s, ep in got))
             b = await asyncio.gather(*(procs.rebuild(c, s, ep, measure) for c, s, ep in got))
             assert len(a) == len(b) == len(got)
-            for (c, s, ep), x, y in zip(got, a, b):
+            for (_c, s, ep), x, y in zip(got, a, b):
                 assert x == y, (ep, s.sample_id, measure)  # every field: ids, flags, verdict, measured, prompt check
             assert any(r.measured for r in b) == measure
             assert any(r.prompt_check is not None for r in b)

@@ -60,7 +60,7 @@ async def test_every_verdict_agrees_with_generate_truth(real_server, truth, rec,
     results = await _run_cases(base_url, model, stream, truth, GOOD, MAX_TOKENS)
     results += await _run_cases(base_url, model, stream, truth, GOOD[:2], CUT)
     report = []
-    for messages, tools, completion, ids in results:
+    for messages, _tools, completion, ids in results:
         reconstruction, verdict = rec.process(completion, ids)
         right = tuple(reconstruction.output_ids) == tuple(ids)
         # never a wrong verdict: exact (truncated: exact without an end of turn) exactly when the rebuilt ids

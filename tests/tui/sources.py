@@ -72,7 +72,7 @@ def sample_alignment(repeat: int = 1) -> Alignment:
     """ref: '<think>' 'The' '·NOR' ... rec splits '·NOR' as '·N' + 'OR' (a benign BPE split)."""
     blocks = []
     ref_pos = rec_pos = 0
-    for r in range(repeat):
+    for _r in range(repeat):
         equal = tuple(tok(1000 + k, t) for k, t in enumerate(["The", "·answer", "·is", "·clear", ".", "⏎"] * 3))
         blocks.append(AlignBlock(True, ref_pos, rec_pos, equal, equal))
         ref_pos += len(equal)

@@ -23,7 +23,7 @@ from widgets.page_table import PageTable
 if TYPE_CHECKING:
     from textual import getters
 
-    from app.tui.app import EaglewatchApp
+    from app.tui.monitor import MonitorApp
 
 PAGE_SIZE = 50
 LIVE_REFRESH_S = 2.0  # while the run goes on, the shown page (or turns) is re-read this often (slower when slow)
@@ -104,8 +104,8 @@ class ConversationsScreen(Screen):
     done and whether any turn is off-policy. Enter lists its turns. While the run goes on the page is re-read
     every `live_refresh_s` (not before 3x the last read's time more), the cursor kept on its conversation."""
 
-    if TYPE_CHECKING:  # self.app is the eaglewatch app (textual's typing hook; nothing at run time)
-        app = getters.app(EaglewatchApp)
+    if TYPE_CHECKING:  # self.app: textual's typing hook (nothing at run time)
+        app = getters.app(MonitorApp)
 
     class PageLoaded(Fetched):
         """(generation, seconds taken, rows) (`result`) arrived."""
@@ -290,8 +290,8 @@ class ConversationScreen(Screen):
     token count when answered, and why it ended when it did not (the highlighted turn's error in full below).
     Enter opens the turn's token diff, `s` its sample detail; re-read while the run goes on."""
 
-    if TYPE_CHECKING:  # self.app is the eaglewatch app (textual's typing hook; nothing at run time)
-        app = getters.app(EaglewatchApp)
+    if TYPE_CHECKING:  # self.app: textual's typing hook (nothing at run time)
+        app = getters.app(MonitorApp)
 
     class TurnsLoaded(Fetched):
         """(generation, seconds taken, turns) (`result`) arrived."""

@@ -30,7 +30,7 @@ from widgets.time_plot import TimePlot
 if TYPE_CHECKING:
     from textual import getters
 
-    from app.tui.app import EaglewatchApp
+    from app.tui.monitor import MonitorApp
 
 REFRESH_S = 0.5
 EVENTS_FETCHED = 12  # the event box shows the newest that fit (up to 12 at 120x40)
@@ -342,8 +342,8 @@ class DashboardScreen(Screen):
     columns, beside one plot at a time; `C` lists the conversations); a run without any shows no trace of it.
     """
 
-    if TYPE_CHECKING:  # self.app is the eaglewatch app (textual's typing hook; nothing at run time)
-        app = getters.app(EaglewatchApp)
+    if TYPE_CHECKING:  # self.app: textual's typing hook (nothing at run time)
+        app = getters.app(MonitorApp)
 
     class Polled(Fetched):
         """One poll's DashboardData (`result`), fetched off the UI thread."""

@@ -20,14 +20,14 @@ from widgets.token_diff import TokenDiffView
 if TYPE_CHECKING:
     from textual import getters
 
-    from app.tui.app import EaglewatchApp
+    from app.tui.monitor import MonitorApp
 
 
 class DiffScreen(Screen):
     """Loads the alignment in a thread worker (it may take a tokenizer and 32k tokens), then shows it."""
 
-    if TYPE_CHECKING:  # self.app is the eaglewatch app (textual's typing hook; nothing at run time)
-        app = getters.app(EaglewatchApp)
+    if TYPE_CHECKING:  # self.app: textual's typing hook (nothing at run time)
+        app = getters.app(MonitorApp)
 
     class DiffLoaded(Fetched):
         """The SampleDiff (`result`) arrived."""

@@ -19,7 +19,7 @@ from widgets.jobs_table import JobRow, JobsTable
 if TYPE_CHECKING:
     from textual import getters
 
-    from app.tui.app import EaglewatchApp
+    from app.tui.monitor import MonitorApp
 
 REFRESH_S = 1.0
 ACTIVE = ("pending", "submitted", "running")
@@ -28,8 +28,8 @@ ACTIVE = ("pending", "submitted", "running")
 class JobsScreen(Screen):
     """The jobs table on top, the highlighted job's log tail below; refreshed at 1 Hz off-thread."""
 
-    if TYPE_CHECKING:  # self.app is the eaglewatch app (textual's typing hook; nothing at run time)
-        app = getters.app(EaglewatchApp)
+    if TYPE_CHECKING:  # self.app: textual's typing hook (nothing at run time)
+        app = getters.app(MonitorApp)
 
     class JobsLoaded(Fetched):
         """(jobs, log tail) (`result`) arrived."""

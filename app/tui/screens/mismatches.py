@@ -22,7 +22,7 @@ from widgets.page_table import PageTable
 if TYPE_CHECKING:
     from textual import getters
 
-    from app.tui.app import EaglewatchApp
+    from app.tui.monitor import MonitorApp
 
 PAGE_SIZE = 50
 LIVE_REFRESH_S = 2.0  # while the run goes on, the page is re-read this often (slower when reads are slow)
@@ -49,7 +49,7 @@ def column_widths(rows: tuple[MismatchRow, ...], room: int) -> tuple[int, ...]:
     return tuple(widths)
 
 
-def run_goes_on(app: EaglewatchApp) -> bool:
+def run_goes_on(app: MonitorApp) -> bool:
     """True while the run's rows may still change: an in-process engine that is live, or a run whose last polled
     state is not finished (an attached viewer cannot tell more without reading)."""
     if app.source.live:
@@ -70,8 +70,8 @@ class MismatchesScreen(Screen):
     is, and `r` re-reads it now.
     """
 
-    if TYPE_CHECKING:  # self.app is the eaglewatch app (textual's typing hook; nothing at run time)
-        app = getters.app(EaglewatchApp)
+    if TYPE_CHECKING:  # self.app: textual's typing hook (nothing at run time)
+        app = getters.app(MonitorApp)
 
     class PageLoaded(Fetched):
         """A MismatchPage (`result`) arrived."""

@@ -20,7 +20,7 @@ from app.tui.source import SampleDetail
 if TYPE_CHECKING:
     from textual import getters
 
-    from app.tui.app import EaglewatchApp
+    from app.tui.monitor import MonitorApp
 
 RAW_NOT_KEPT = "raw bodies are not kept: set [run] keep_raw = true"
 RAW_NOT_STORED = "no raw body was stored for this attempt (a failed attempt, or a body over the size cap)"
@@ -67,8 +67,8 @@ def detail_text(detail: SampleDetail, raw: bool) -> Text:
 class SampleScreen(Screen):
     """A scrollable text page; `r` toggles the raw response."""
 
-    if TYPE_CHECKING:  # self.app is the eaglewatch app (textual's typing hook; nothing at run time)
-        app = getters.app(EaglewatchApp)
+    if TYPE_CHECKING:  # self.app: textual's typing hook (nothing at run time)
+        app = getters.app(MonitorApp)
 
     class DetailLoaded(Fetched):
         """The SampleDetail (`result`) arrived."""
