@@ -226,7 +226,9 @@ class SimulatorOptions(_Section):
         try:
             check_options(self)
         except InputError as exc:
-            raise ValueError(str(exc).replace("simulator faults: ", "faults: ").replace("simulator quirks: ", "quirks: "))
+            raise ValueError(
+                str(exc).replace("simulator faults: ", "faults: ").replace("simulator quirks: ", "quirks: ")
+            ) from None
         return self
 
     @model_validator(mode="after")
@@ -403,10 +405,12 @@ class RunConfig(_Section):
     data: DataSection = Field(description="[data] section.")
     model: ModelSection = Field(description="[model] section.")
     endpoints: list[Endpoint] = Field(min_length=1, description="[[endpoints]] tables.")
-    generation: Generation = Field(default_factory=Generation, description="[generation] section.")
-    limits: Limits = Field(default_factory=Limits, description="[limits] section.")
+    # the nested sections default to {} on purpose: validate_default validates it into the section with the
+    # loader's context (relative paths resolve against the config's folder), which Model() would not
+    generation: Generation = Field(default_factory=dict, description="[generation] section.")  # type: ignore[assignment]
+    limits: Limits = Field(default_factory=dict, description="[limits] section.")  # type: ignore[assignment]
     pricing: dict[str, Pricing] = Field(default_factory=dict, description="[pricing.\"<model>\"] tables.")
-    extraction: Extraction = Field(default_factory=Extraction, description="[extraction] section.")
+    extraction: Extraction = Field(default_factory=dict, description="[extraction] section.")  # type: ignore[assignment]
 
     _source: Path | None = PrivateAttr(default=None)
 

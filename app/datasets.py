@@ -129,9 +129,9 @@ def _check_messages(messages: Any, key: str) -> list[dict[str, Any]]:
         if type(m) is not dict or m.get("role") not in _ROLE_SET:
             _explain(messages, key)
         content = m.get("content")
-        if type(content) is not str and (content is None or not isinstance(content, _CONTENT_TYPES)):
-            if content is not None or m["role"] != "assistant":
-                _explain(messages, key)
+        if (type(content) is not str and (content is None or not isinstance(content, _CONTENT_TYPES))
+                and (content is not None or m["role"] != "assistant")):
+            _explain(messages, key)
     return messages
 
 

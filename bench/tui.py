@@ -306,7 +306,9 @@ def measure_db(path: Path, repeat: int) -> dict[str, float]:
     out["fetch_attached"] = median_ms(fetch_attached, repeat)
     out["fetch_in_process"] = median_ms(fetch_in_process, repeat)
     for order in ("sample", "recent", "verdict"):
-        out[f"page_{order}"] = median_ms(lambda: reader.mismatch_page(MISMATCH_VERDICTS, "", order, 0, PAGE_SIZE), repeat)
+        out[f"page_{order}"] = median_ms(
+            lambda order=order: reader.mismatch_page(MISMATCH_VERDICTS, "", order, 0, PAGE_SIZE), repeat
+        )
     for order in ("first_diff", "n_diff", "longest"):
         # cold: a first page that sorts (longest; the others past their index) sorts every match; warm:
         # later pages reuse that order
@@ -316,7 +318,7 @@ def measure_db(path: Path, repeat: int) -> dict[str, float]:
 
         out[f"page_{order}"] = median_ms(cold, repeat)
         out[f"page_{order}_next"] = median_ms(
-            lambda: reader.mismatch_page(MISMATCH_VERDICTS, "", order, deep, PAGE_SIZE), repeat
+            lambda order=order: reader.mismatch_page(MISMATCH_VERDICTS, "", order, deep, PAGE_SIZE), repeat
         )
     anchor = reader.mismatch_page(MISMATCH_VERDICTS, "", "sample", deep, 1).rows[0]
     out["page_deep"] = median_ms(

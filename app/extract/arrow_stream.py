@@ -205,7 +205,7 @@ class IntListColumn:
             raise InputError(f"{self.path}: a record batch has too few buffers for column {self.column!r}")
         offsets_at, _ = struct.unpack_from("<qq", buf, buffers_at + 16 * (buffer_index + 1))
         values_at, values_len = struct.unpack_from("<qq", buf, buffers_at + 16 * (buffer_index + 3))
-        fmt = "<%d%s" % (length + 1, "q" if self._offset_size == 8 else "i")
+        fmt = f"<{length + 1}{'q' if self._offset_size == 8 else 'i'}"
         offsets = struct.unpack_from(fmt, self._view, body + offsets_at)
         item = self.item_size
         values = self._view[body + values_at: body + values_at + values_len]

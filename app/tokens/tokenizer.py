@@ -425,7 +425,7 @@ class HFTokenizer(Tokenizer):
                 except KeyError:
                     self._id_to_bytes[i] = piece.encode("utf-8")
         else:
-            for piece, i in vocab.items():
+            for i in vocab.values():
                 self._id_to_bytes[i] = self._tok.decode([i], skip_special_tokens=False).encode("utf-8")
         self._bytes_to_id = {}
         for i in sorted(self._id_to_bytes, reverse=True):

@@ -6,6 +6,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from app.commands.config import to_toml
 from app.config import RunConfig, apply_overrides, load_config, parse_config
@@ -76,7 +77,7 @@ def test_sample_demo_config_is_valid(sample_data_dir: Path) -> None:
 
 def test_config_is_frozen(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, MINIMAL))
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         config.run.name = "other"  # type: ignore[misc]
 
 

@@ -5,6 +5,7 @@ a `timeout 1` among the errors, 16 truncated answers, and long endpoint names.""
 
 from __future__ import annotations
 
+import io
 import re
 from dataclasses import replace
 
@@ -67,7 +68,7 @@ def _help_text(screen: HelpScreen) -> str:
     from rich.console import Console
     from textual.widgets import Static
 
-    console = Console(width=400, record=True, file=open("/dev/null", "w"))
+    console = Console(width=400, record=True, file=io.StringIO())
     console.print(screen.query_one(Static).content)
     return " ".join(console.export_text().split())
 

@@ -296,7 +296,9 @@ def conversation_lines(conv: ConversationCounts, width: int = CONVERSATION_WIDTH
                     f"failed {n(turns.get('failed', 0))}", f"skipped {n(turns.get('skipped', 0))}"]
         return conversations, by_state
 
-    whole = (lambda v: f"{v:,}")
+    def whole(v: int) -> str:
+        return f"{v:,}"
+
     lines: list[str] = []
     for n, of_total, sep, short in ((whole, True, " · ", False), (whole, True, "  ", False),
                                     (fmt.count, True, "  ", False), (fmt.count, False, " ", False),
