@@ -383,7 +383,7 @@ class Extraction(_Section):
     aux_layers: list[Annotated[int, Field(ge=0)]] | None = Field(None, description="Aux layer ids (default: the model's EAGLE-3 choice).")
     layer_convention: Literal["output", "input"] = Field("output", description="Whether a layer id means that layer's output or input.")
     layout: Literal["packed", "specforge", "speculators", "modelopt"] = Field(
-        "packed", description="Built-in extractor's files: packed, or as SpecForge / speculators (last state pre-norm) / Model-Optimizer load them.")
+        "packed", description="Built-in extractor's files: packed, or as SpecForge / speculators (last state pre-norm) / " "Model-Optimizer load them.")
     shard_size: int = Field(1000, gt=0, description="Samples per shard.")
     output_dir: ConfigPath = Field(Path("extract"), description="Where shards, hidden states and logs go.")
     gpus: int = Field(1, ge=0, description="GPUs per shard (local: devices used in parallel).")

@@ -250,7 +250,7 @@ def main() -> int:
               f"({o['rate_429']:.1%}) naive {nv['wall_s']:.1f}s ({nv['rate_429']:.1%}) -> "
               f"{a['wall_s'] / o['wall_s']:.2f}x oracle, {a['wall_s'] / nv['wall_s']:.2f}x naive", flush=True)
     write_results(ROOT / "bench" / "results" / "capacity.json", results)
-    print("\n| profile | adaptive | oracle | naive 64 | adaptive / oracle | adaptive / naive | 429 rate (adaptive / naive) "
+    print("\n| profile | adaptive | oracle | naive 64 | adaptive / oracle | adaptive / naive | 429 rate (adaptive " "/ naive) "
           "| p50 latency (adaptive / oracle / naive) |")
     print("|---|---|---|---|---|---|---|---|")
     for row in results:

@@ -371,7 +371,7 @@ def main() -> None:
         med = xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
         return f"{med:.2f}x" + (f" ({xs[0]:.2f}-{xs[-1]:.2f}, {len(xs)} reps)" if len(xs) > 1 else "")
 
-    lines = ["| mode | concurrency | engine req/s | bare aiohttp | engine / aiohttp | openai SDK | Curator | engine / Curator "
+    lines = ["| mode | concurrency | engine req/s | bare aiohttp | engine / aiohttp | openai SDK | Curator | engine / " "Curator "
              "| engine client CPU ms/req | server ceiling req/s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for stream in (False, True):

@@ -120,7 +120,7 @@ def build_db(path: Path, samples: int, tokenizer_dir: Path) -> float:
         "INSERT INTO jobs (id, run_id, name, executor, spec, state, n_shards, created_at, updated_at) "
         "VALUES (1, 1, 'extract', 'local', '{}', 'running', 8, ?, ?)", (now, now))
     conn.executemany(
-        "INSERT INTO job_shards (job_id, shard, state, done, total, tokens, updated_at) VALUES (1, ?, 'running', 5, 10, 100, ?)",
+        "INSERT INTO job_shards (job_id, shard, state, done, total, tokens, updated_at) VALUES (1, ?, 'running', " "5, 10, 100, ?)",
         [(s, now) for s in range(8)],
     )
     conn.execute("COMMIT")
@@ -621,7 +621,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "tui.json").write_text(json.dumps(result, indent=1) + "\n")
     print()
-    print("| TUI (1M samples, 100k mismatches, 32k-token diff) | refresh in-process / attached | mismatch page | diff open |")
+    print("| TUI (1M samples, 100k mismatches, 32k-token diff) | refresh in-process / attached | mismatch page | " "diff open |")
     print("|---|---|---|---|")
     print(f"| target <50 ms / <50 ms / <300 ms | {refresh_in_process:.0f} ms / {refresh_attached:.0f} ms | "
           f"{result['page_ms']:.0f} ms | {diff_big['open_total']:.0f} ms |")

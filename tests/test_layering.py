@@ -262,7 +262,9 @@ def test_checker_finds_a_cycle_through_a_lazy_import(tmp_path: Path) -> None:
     root = _tree(tmp_path, {
         "app/__init__.py": "",
         "app/store/__init__.py": "",
-        "app/store/ingest.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from app.store.run_store import RunStore\n",
+        "app/store/ingest.py": (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from app.store.run_store import RunStore\n"
+        ),
         "app/store/run_store.py": "def f():\n    from app.store import ingest\n",
         "app/store/rows.py": "from app.store import run_store\n",
     })

@@ -52,7 +52,8 @@ class PageTable(ScrollView, can_focus=True):
     DEFAULT_CSS = """
     PageTable { height: 1fr; background: $surface; }
     PageTable > .pagetable--header { color: $text; background: $panel; text-style: bold; }
-    PageTable > .pagetable--cursor { color: $block-cursor-foreground; background: $block-cursor-background; text-style: bold; }
+    PageTable > .pagetable--cursor { color: $block-cursor-foreground; background: $block-cursor-background;
+    text-style: bold; }
     PageTable:blur > .pagetable--cursor { background: $block-cursor-blurred-background; text-style: bold; }
     PageTable > .pagetable--odd { background: $boost; }
     """

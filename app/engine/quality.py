@@ -69,7 +69,8 @@ def add(t: FidelityTally, category: str, pk: int) -> FidelityTally:
 
 
 def tally(rows: Iterable[tuple[str, str | None, str, int]]) -> tuple[FidelityTally, ...]:
-    """Tallies from (endpoint, provider, text-path verdict, sample pk) rows, one per endpoint/provider, in order seen."""
+    """Tallies from (endpoint, provider, text-path verdict, sample pk) rows, one per endpoint/provider, in order
+    seen."""
     acc: dict[tuple[str, str | None], FidelityTally] = {}
     for endpoint, provider, category, pk in rows:
         key = (endpoint, provider)

@@ -1,7 +1,8 @@
 """The engine's seam to the tokens package: what it needs of a reconstructor, and nothing it probes for.
 
 `CompletionReconstructor` is everything the engine calls on one: `process` (rebuild a response's ids and judge
-them), `measured_category` (the text-only rebuild's verdict category against true ids), and the `profile`, `tokenizer` and `fidelity`
+them), `measured_category` (the text-only rebuild's verdict category against true ids), and the `profile`, `tokenizer`
+and `fidelity`
 profile it was built with (the engine's `app.engine.verify.Rebuilder` builds one more per learned fidelity profile
 from them, and `app.engine.rebuild_pool.RebuildRecipe` rebuilds it in a worker process from the tokenizer's
 folder). `app.tokens.Reconstructor` is the implementation (`app.engine.rebuild_pool.build_reconstructor`); a Run

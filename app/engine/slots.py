@@ -2,7 +2,8 @@
 
 `EndpointSlots.acquire_ticket()` waits until some endpoint can start a request (a free slot, no cooldown)
 and returns its index with the limiter's `Ticket` (the request's level, start and epoch, which the outcome
-gives back to the limiter; `acquire()` returns the index alone); among the endpoints that can, the pick follows the weights (smooth weighted round
+gives back to the limiter; `acquire()` returns the index alone); among the endpoints that can, the pick follows the
+weights (smooth weighted round
 robin). An endpoint its health marks down (`app.engine.endpoint_health`) gets no request; when it comes back,
 `wake()` serves the waiters. Waiters are served first come, first served; a cooldown's end wakes them with a timer.
 """

@@ -15,7 +15,7 @@ target id) and `t2d[t] = t is chosen`, the layout all three trainers share. File
 | `vocab.json` | people | sizes, coverage, counts |
 
 numpy only; torch is imported for the `.pt` files alone.
-"""
+"""  # noqa: E501 (the table's rows: a markdown row cannot wrap)
 
 from __future__ import annotations
 

@@ -134,7 +134,7 @@ async def begin_file(store: StoreWriter, run_id: int, role: str, name: str, path
     def op(conn: sqlite3.Connection) -> None:
         now = time.time()
         conn.execute(
-            "INSERT INTO ingest_files (run_id, role, name, path, fingerprint, options, lines_done, complete, started_at, "
+            "INSERT INTO ingest_files (run_id, role, name, path, fingerprint, options, lines_done, complete, " "started_at, "
             "updated_at) VALUES (?, ?, ?, ?, ?, ?, 0, 0, ?, ?) ON CONFLICT (run_id, role, name) DO UPDATE SET "
             "path = excluded.path, fingerprint = excluded.fingerprint, options = excluded.options, lines_done = 0, "
             "complete = 0, started_at = excluded.started_at, finished_at = NULL, updated_at = excluded.updated_at",

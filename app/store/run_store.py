@@ -303,7 +303,7 @@ class RunStore:
         def op(conn: sqlite3.Connection) -> int:
             now = time.time()
             conn.executemany(
-                "UPDATE samples SET lease_expires = ?, lease_owner = ? WHERE run_id = ? AND pk = ? AND state = 'leased'",
+                "UPDATE samples SET lease_expires = ?, lease_owner = ? WHERE run_id = ? AND pk = ? AND state = " "'leased'",
                 [(now + lease_s, owner, run_id, pk) for pk in keep],
             )
             return conn.execute(
@@ -352,7 +352,7 @@ class RunStore:
 
         def op(conn: sqlite3.Connection) -> int:
             pks = [r[0] for r in conn.execute(
-                "UPDATE samples SET state = 'pending', tries_forgiven = tries, error_class = NULL, last_error = NULL, "
+                "UPDATE samples SET state = 'pending', tries_forgiven = tries, error_class = NULL, " "last_error = NULL, "
                 "lease_expires = NULL, lease_owner = NULL, updated_at = ? WHERE run_id = ? AND state = 'failed' "
                 "RETURNING pk", (time.time(), run_id)).fetchall()]
             # a conversation's turn tried again: the turns its failure skipped wait on it again
@@ -389,7 +389,8 @@ class RunStore:
         Returns the response row id once committed. `profile` / `tokenizer` (fingerprint) label the
         reconstruction, which also keeps where its ids came from and its flags (Reconstruction.ids_source /
         .flags) and `prompt_check` / `prompt_first_diff` (app.tokens.prompt_check: the server's prompt ids against the
-        rendered prompt, None when not checked); `keep_raw` stores the provider's parsed body too. `attempt` is the request's number
+        rendered prompt, None when not checked); `keep_raw` stores the provider's parsed body too. `attempt` is the
+        request's number
         for this sample (over every lease); a paid response whose sample still failed (state `failed`, e.g.
         reconstruction raised) names why in `error_class` / `error` on the sample.
         """
@@ -583,7 +584,7 @@ class RunStore:
         rows = await self.read(lambda conn: conn.execute(
             "SELECT s.dataset, COUNT(*), TOTAL(r.completion_tokens), "
             "TOTAL(MAX(0.0, COALESCE(r.latency_ms, 0) - COALESCE(r.ttft_ms, 0))) / 1000.0, "
-            "TOTAL(COALESCE(r.ttft_ms, 0)) / 1000.0, TOTAL(r.prompt_tokens), MAX(r.completion_tokens), TOTAL(r.cost_usd) "
+            "TOTAL(COALESCE(r.ttft_ms, 0)) / 1000.0, TOTAL(r.prompt_tokens), MAX(r.completion_tokens), " "TOTAL(r.cost_usd) "
             f"FROM {_NEWEST_ANSWERS} GROUP BY s.dataset", (run_id, newest)).fetchall())
         return {str(d): (int(n), int(tok), float(gen), float(ttft), int(prompt), int(longest or 0), float(cost))
                 for d, n, tok, gen, ttft, prompt, longest, cost in rows}

@@ -256,5 +256,5 @@ def _layout_sentence(ref_marks: list[int], rec_marks: list[int], tokenizer: Toke
         if x != y:
             return f"structure: special token #{k + 1} is {name(x)} in the reference but {name(y)} in the rebuild"
     if len(ref_marks) > len(rec_marks):
-        return f"structure: the rebuild lacks {name(ref_marks[len(rec_marks)])} (special token #{len(rec_marks) + 1} of the reference)"
+        return f"structure: the rebuild lacks {name(ref_marks[len(rec_marks)])} (special token #{len(rec_marks) + 1} of " f"the reference)"
     return f"structure: the rebuild has an extra {name(rec_marks[len(ref_marks)])} (special token #{len(ref_marks) + 1})"

@@ -150,7 +150,8 @@ def _cut_suffix(s: str, suffix: str) -> str:
     return s[: -len(suffix)] if suffix and s.endswith(suffix) else s
 
 
-# --- Kimi: <|tool_calls_section_begin|>(<|tool_call_begin|>ID<|tool_call_argument_begin|>ARGS<|tool_call_end|>)*<|tool_calls_section_end|>
+# --- Kimi: <|tool_calls_section_begin|>(<|tool_call_begin|>ID<|tool_call_argument_begin|>ARGS<|tool_call_end|>)*
+#     <|tool_calls_section_end|>
 
 
 _KIMI_NAME = re.compile(r"(?:functions\.)?(.+?)(?::\d+)?", re.S)
@@ -255,7 +256,8 @@ def _render_hermes(calls: Sequence[ToolCall], profile: Profile, has_content: boo
     return out
 
 
-# --- DeepSeek V3.1: <｜tool▁calls▁begin｜>(<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>)*<｜tool▁calls▁end｜>
+# --- DeepSeek V3.1:
+# <｜tool▁calls▁begin｜>(<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>)*<｜tool▁calls▁end｜>
 
 
 def _parse_deepseek(rest: str, profile: Profile, has_end: bool) -> tuple[str, list[ToolCall]]:

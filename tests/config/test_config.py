@@ -232,7 +232,7 @@ def test_parse_config_accepts_python_data() -> None:
 def test_unknown_key_inside_nested_tables_lists_that_tables_keys(tmp_path: Path) -> None:
     text = MINIMAL + '\n[pricing."moonshotai/kimi-k2.5"]\nprompt_per_m = 1\ncompletion_per_m = 2\nbogus = 3\n'
     msg = error_of(tmp_path, text)
-    assert 'pricing["moonshotai/kimi-k2.5"].bogus: unknown key (allowed here: prompt_per_m, completion_per_m, cached_prompt_per_m)' in msg
+    assert 'pricing["moonshotai/kimi-k2.5"].bogus: unknown key (allowed here: prompt_per_m, completion_per_m, ' 'cached_prompt_per_m)' in msg
     msg = error_of(tmp_path, MINIMAL.replace('format = "sharegpt"', 'format = "sharegpt"\nfromat = 1'))
     assert ("data.datasets[0].fromat: unknown key (allowed here: path, format, id_field, limit, name, regenerate, "
             "on_tool_divergence)") in msg

@@ -210,7 +210,7 @@ async def test_a_sigkill_storm_mid_conversation_loses_no_turn_and_generates_none
                           "WHERE c.state = 'done' AND p.state != 'done'").fetchone()[0] == 0
         order = db.execute(
             f"SELECT COUNT(*) FROM samples c JOIN samples p ON p.pk = c.parent_pk "
-            f"JOIN responses rc ON rc.sample_pk = c.pk JOIN responses rp ON rp.sample_pk = p.pk AND rp.{OK.replace(' AND ', ' AND rp.')} "
+            "JOIN responses rc ON rc.sample_pk = c.pk JOIN responses rp ON rp.sample_pk = p.pk AND " f"rp.{OK.replace(' AND ', ' AND rp.')} "
             f"WHERE rc.created_at < rp.created_at").fetchone()[0]
         assert order == 0
         # each turn's request extends its parent's

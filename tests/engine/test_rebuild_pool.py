@@ -177,7 +177,8 @@ import asyncio, sys
 from app.config import parse_config
 from app.engine.rebuild_pool import RebuildPool, build_reconstructor, open_rebuilder
 async def main():
-    config = parse_config({"run": {"name": "t"}, "data": {"datasets": [{"path": sys.argv[1] + "/prompts.openai.jsonl"}]},
+    config = parse_config({"run": {"name": "t"},
+                           "data": {"datasets": [{"path": sys.argv[1] + "/prompts.openai.jsonl"}]},
                            "model": {"name": "m", "tokenizer": sys.argv[1] + "/tokenizer"},
                            "endpoints": [{"name": "e", "base_url": "http://127.0.0.1:9"}]})
     rebuilder, _ = await open_rebuilder(build_reconstructor(config), config, config.run.database.parent / "no.db")
@@ -274,7 +275,8 @@ with open(sys.argv[2], "a") as f:  # the script's top level: it must run once, i
 from app.config import parse_config
 from app.engine.rebuild_pool import RebuildPool, build_reconstructor, open_rebuilder
 async def main():
-    config = parse_config({"run": {"name": "t"}, "data": {"datasets": [{"path": sys.argv[1] + "/prompts.openai.jsonl"}]},
+    config = parse_config({"run": {"name": "t"},
+                           "data": {"datasets": [{"path": sys.argv[1] + "/prompts.openai.jsonl"}]},
                            "model": {"name": "m", "tokenizer": sys.argv[1] + "/tokenizer"},
                            "endpoints": [{"name": "e", "base_url": "http://127.0.0.1:9"}]})
     rebuilder, _ = await open_rebuilder(build_reconstructor(config), config, config.run.database.parent / "no.db")

@@ -45,7 +45,7 @@ def detail_text(detail: SampleDetail, raw: bool) -> Text:
     if detail.error:
         section("last error", detail.error)
     prompt = "\n".join(
-        f"[{m.get('role', '?')}] {m.get('content') if isinstance(m.get('content'), str) else json.dumps(m.get('content'), ensure_ascii=False)}"
+        f"[{m.get('role', '?')}] " f"{m.get('content') if isinstance(m.get('content'), str) else json.dumps(m.get('content'), ensure_ascii=False)}"
         for m in detail.prompt
     )
     section("prompt", prompt)

@@ -156,7 +156,8 @@ def specforge_offline_batch(hs_dir: str, vocab_dir: str, draft_vocab: str, max_l
 
 def specforge_train_step() -> dict:
     """Whether SpecForge's EAGLE-3 training step can run here: it imports its loss module
-    (specforge/core/loss.py: a Triton kernel, `import triton` at the top) through `specforge.algorithms.eagle3.model`."""
+    (specforge/core/loss.py: a Triton kernel, `import triton` at the top) through
+    `specforge.algorithms.eagle3.model`."""
     try:
         import specforge.algorithms.eagle3.model  # noqa: F401
     except Exception as exc:
