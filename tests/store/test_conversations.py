@@ -17,7 +17,7 @@ from app.records import Completion, ToolCall
 from app.store import queries, tallies
 from app.store.conversation_ops import restore_children_of
 from app.store.db import migrate
-from app.store.run_store import RunStore
+from app.store.run_store import RunStore, StoreWriteError
 from app.store.schema import MIGRATIONS
 from app.store.store_records import SampleInput
 
@@ -177,7 +177,7 @@ async def test_the_child_is_made_ready_in_the_parents_transaction_or_not_at_all(
         (t1,) = await store.lease(run_id, 10, 60)
         from app.records import Reconstruction, Verdict
 
-        with pytest.raises(sqlite3.IntegrityError):  # a bad verdict fails the whole result: no response, no ready child
+        with pytest.raises(StoreWriteError):  # a bad verdict fails the whole result: no response, no ready child
             await store.record_result(run_id, t1.pk, 1, "ep", tool_answer(), 0.1, Reconstruction((1,), "canonical"),
                                       Verdict("bogus"), None)
         assert states(conn)["a#2"] == ("waiting", None)
