@@ -31,7 +31,7 @@ VERBS: dict[str, str] = {
     "calibrate": "learn each endpoint's fidelity profile (server-side text steps) from probes with true ids",
     "fidelity": "measured text-path fidelity per endpoint and upstream provider, with advice",
     "reprocess": "reconstruct stored responses again after a tokenizer or profile fix (no API calls)",
-    "export": "write training data for a trainer: specforge, speculators, modelopt, eagle3-shards, specforge-text or sglang-raw",
+    "export": "write training data for a trainer: specforge, speculators, modelopt, eagle3-shards, specforge-text or " "sglang-raw",
     "vocab": "the reduced draft vocabulary (d2t/t2d, token_freq.pt) from the loss tokens, with its coverage",
     "extract": "launch hidden-state extraction jobs on local GPUs or Slurm (--dry-run plans without a GPU)",
     "jobs": "list extraction jobs and their shards",

@@ -13,8 +13,8 @@ import tomllib
 import types
 import typing
 from pathlib import Path
-from urllib.parse import parse_qsl, urlsplit
 from typing import Annotated, Any, Literal
+from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -279,7 +279,9 @@ class SimulatorOptions(_Section):
         try:
             check_options(self)
         except InputError as exc:
-            raise ValueError(str(exc).replace("simulator faults: ", "faults: ").replace("simulator quirks: ", "quirks: "))
+            raise ValueError(
+                str(exc).replace("simulator faults: ", "faults: ").replace("simulator quirks: ", "quirks: ")
+            ) from None
         return self
 
     @model_validator(mode="after")
@@ -438,7 +440,7 @@ class Extraction(_Section):
     aux_layers: list[Annotated[int, Field(ge=0)]] | None = Field(None, description="Aux layer ids (default: the model's EAGLE-3 choice).")
     layer_convention: Literal["output", "input"] = Field("output", description="Whether a layer id means that layer's output or input.")
     layout: Literal["packed", "specforge", "speculators", "modelopt"] = Field(
-        "packed", description="Built-in extractor's files: packed, or as SpecForge / speculators (last state pre-norm) / Model-Optimizer load them.")
+        "packed", description="Built-in extractor's files: packed, or as SpecForge / speculators (last state pre-norm) / " "Model-Optimizer load them.")
     shard_size: int = Field(1000, gt=0, description="Samples per shard.")
     output_dir: ConfigPath = Field(Path("extract"), description="Where shards, hidden states and logs go.")
     gpus: int = Field(1, ge=0, description="GPUs per shard (local: devices used in parallel).")
@@ -470,8 +472,10 @@ class RunConfig(_Section):
     data: DataSection = Field(description="[data] section.")
     model: ModelSection = Field(description="[model] section.")
     endpoints: list[Endpoint] = Field(min_length=1, description="[[endpoints]] tables.")
-    generation: Generation = Field(default_factory=dict, description="[generation] section.")
-    limits: Limits = Field(default_factory=dict, description="[limits] section.")
+    # the nested sections default to {} on purpose: validate_default validates it into the section with the
+    # loader's context (relative paths resolve against the config's folder), which Model() would not
+    generation: Generation = Field(default_factory=dict, description="[generation] section.")  # type: ignore[assignment]
+    limits: Limits = Field(default_factory=dict, description="[limits] section.")  # type: ignore[assignment]
     pricing: dict[str, Pricing] = Field(default_factory=dict, description="[pricing.\"<model>\"] tables.")
     extraction: Extraction = Field(default_factory=dict, description="[extraction] section.")
     export: ExportSection = Field(default_factory=dict, description="[export] section.")
@@ -740,7 +744,7 @@ def config_reference_markdown() -> str:
             if field.is_required():
                 default = "required"
             elif field.default_factory is not None:
-                default = f"`{_toml_value(field.default_factory())}`"
+                default = f"`{_toml_value(field.get_default(call_default_factory=True, validated_data={}))}`"
             elif field.default is None or field.default is PydanticUndefined:
                 default = "unset"
             elif field.default == "":

@@ -183,7 +183,8 @@ def canonical_arguments(arguments: Any) -> str:
 
 def _call_parts(call: Mapping[str, Any]) -> tuple[str, str, str]:
     """(id, name, canonical arguments) of an OpenAI-style tool call dict (`function` nested or flat)."""
-    fn = call.get("function") if isinstance(call.get("function"), Mapping) else call
+    nested = call.get("function")
+    fn = nested if isinstance(nested, Mapping) else call
     return str(call.get("id") or ""), str(fn.get("name") or ""), canonical_arguments(fn.get("arguments", ""))
 
 

@@ -304,9 +304,9 @@ def _check_messages(messages: Any, key: str) -> list[dict[str, Any]]:
         if type(m) is not dict or m.get("role") not in _ROLE_SET:
             _explain(messages, key)
         content = m.get("content")
-        if type(content) is not str and (content is None or not isinstance(content, _CONTENT_TYPES)):
-            if content is not None or m["role"] != "assistant":
-                _explain(messages, key)
+        if (type(content) is not str and (content is None or not isinstance(content, _CONTENT_TYPES))
+                and (content is not None or m["role"] != "assistant")):
+            _explain(messages, key)
     return messages
 
 
@@ -720,7 +720,7 @@ def _database_problem(path: Path) -> str | None:
         return (f"cannot be created: its folder {folder} is read-only (or not writable by this user); set "
                 "run.database (or --db) to a path in a writable folder, or fix the folder's permissions")
     if path.exists() and not os.access(path, os.R_OK | os.W_OK):
-        return f"exists but is not readable and writable by this user; fix its permissions or use another database path"
+        return "exists but is not readable and writable by this user; fix its permissions or use another database path"
     return None
 
 

@@ -113,7 +113,7 @@ async def client_run(base_url: str, policy, n: int, messages: list, stats: dict)
                                         headers={"Content-Type": "application/json"}) as resp:
                     await resp.read()
                     status, headers = resp.status, resp.headers
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError):
                 status, headers = 599, {}
             now = loop.time()
             policy.release()
@@ -150,7 +150,7 @@ async def client_run(base_url: str, policy, n: int, messages: list, stats: dict)
                 break
             try:
                 await asyncio.wait_for(wake.wait(), timeout=0.005)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         wall = loop.time() - t0
         for t in list(tasks):
@@ -250,7 +250,7 @@ def main() -> int:
               f"({o['rate_429']:.1%}) naive {nv['wall_s']:.1f}s ({nv['rate_429']:.1%}) -> "
               f"{a['wall_s'] / o['wall_s']:.2f}x oracle, {a['wall_s'] / nv['wall_s']:.2f}x naive", flush=True)
     write_results(ROOT / "bench" / "results" / "capacity.json", results)
-    print("\n| profile | adaptive | oracle | naive 64 | adaptive / oracle | adaptive / naive | 429 rate (adaptive / naive) "
+    print("\n| profile | adaptive | oracle | naive 64 | adaptive / oracle | adaptive / naive | 429 rate (adaptive " "/ naive) "
           "| p50 latency (adaptive / oracle / naive) |")
     print("|---|---|---|---|---|---|---|---|")
     for row in results:

@@ -293,8 +293,7 @@ async def run_naive(profile: str, folder: Path, seed: int, workers: int) -> dict
             for k, turn in enumerate(turns, 1):
                 added = ([answer] if answer is not None else []) + [dict(m) for m in turn.segment]
                 messages_json = extend_messages(messages_json, added)
-                body = ('{"model":"%s","max_tokens":8192,"metadata":{"sample_id":"%s"},"messages":%s}'
-                        % (MODEL, turn_sample_id(conv["id"], k), messages_json)).encode()
+                body = ('{{"model":"{}","max_tokens":8192,"metadata":{{"sample_id":"{}"}},"messages":{}}}'.format(MODEL, turn_sample_id(conv["id"], k), messages_json)).encode()
                 while True:
                     stats["requests"] += 1
                     resp = await http.post("/chat/completions", content=body,

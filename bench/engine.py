@@ -142,8 +142,8 @@ async def _engine(url: str, msgs, conc: int, stream: bool, db_dir: str, reconstr
     from app.config import parse_config
     from app.engine.fidelity.pool import build_reconstructor
     from app.engine.run import Run
-    from app.store.store_records import SampleInput
     from app.store.run_store import RunStore
+    from app.store.store_records import SampleInput
 
     cfg = parse_config({
         "run": {"name": "bench", "database": str(Path(db_dir) / "bench.db"),
@@ -371,7 +371,7 @@ def main() -> None:
         med = xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
         return f"{med:.2f}x" + (f" ({xs[0]:.2f}-{xs[-1]:.2f}, {len(xs)} reps)" if len(xs) > 1 else "")
 
-    lines = ["| mode | concurrency | engine req/s | bare aiohttp | engine / aiohttp | openai SDK | Curator | engine / Curator "
+    lines = ["| mode | concurrency | engine req/s | bare aiohttp | engine / aiohttp | openai SDK | Curator | engine / " "Curator "
              "| engine client CPU ms/req | server ceiling req/s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for stream in (False, True):

@@ -82,7 +82,7 @@ def bare_read_write(db: Path, out: Path) -> int:
     conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
     n = 0
     with out.open("w") as fh:
-        for sid, messages, tools, ids in conn.execute(_SQL):
+        for sid, messages, _tools, ids in conn.execute(_SQL):
             json.loads(messages)
             fh.write(json.dumps({"id": sid, "output_ids": list(unpack_ids(ids))}, separators=(",", ":")) + "\n")
             n += 1

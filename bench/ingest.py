@@ -50,7 +50,7 @@ def generate(path: Path, n: int) -> None:
                         "id": f"sample-{i:07d}",
                         "messages": [
                             {"role": "system", "content": "You are a careful assistant."},
-                            {"role": "user", "content": f"Question {i}: explain {t} in three sentences, with one example. 例 {i % 97}"},
+                            {"role": "user", "content": f"Question {i}: explain {t} in three sentences, " f"with one example. 例 {i % 97}"},
                             {"role": "assistant", "content": f"An answer about {t}."},
                         ],
                     },
@@ -275,12 +275,12 @@ def main() -> int:
     print()
     print(
         f"| ingest {args.lines:,}-line prompt file | {ours['rows_per_s']:,.0f} rows/s "
-        f"(bare sqlite3 executemany {base['rows_per_s']:,.0f}; {ratio:.2f}x); {ours['rows_per_cpu_s']:,.0f} rows per CPU-s "
+        f"(bare sqlite3 executemany {base['rows_per_s']:,.0f}; {ratio:.2f}x); {ours['rows_per_cpu_s']:,.0f} rows " f"per CPU-s "
         f"| peak RSS {ours['peak_rss_mb']:.0f} MB |"
     )
     print(
         f"| re-ingest the unchanged {args.lines:,}-line file | {again['rows_per_s']:,.0f} rows/s, "
-        f"{reingest_ratio:.2f}x the first ingest (target <= {TARGET_REINGEST_RATIO}x) | peak RSS {again['peak_rss_mb']:.0f} MB |"
+        f"{reingest_ratio:.2f}x the first ingest (target <= {TARGET_REINGEST_RATIO}x) | peak RSS " f"{again['peak_rss_mb']:.0f} MB |"
     )
     return 0
 

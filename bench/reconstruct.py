@@ -324,7 +324,7 @@ def main() -> int:
           "logprobs vs bare | unrepairable 32k vs bare decode+encode | align 32k (64 splits / unrelated) |")
     print("|---|---|---|---|---|---|---|")
     print(f"| {tok.kind} {Path(tok.path).name} | {res['canonical']} | {res['learned']} | {res['default']} | "
-          f"{res['logprobs']} | {x_assisted:.2f}x (was {x_old:.1f}x) | {t_align * 1000:.0f} ms / {t_align_worst * 1000:.0f} ms |")
+          f"{res['logprobs']} | {x_assisted:.2f}x (was {x_old:.1f}x) | {t_align * 1000:.0f} ms / " f"{t_align_worst * 1000:.0f} ms |")
     return 0
 
 

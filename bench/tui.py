@@ -120,7 +120,7 @@ def build_db(path: Path, samples: int, tokenizer_dir: Path) -> float:
         "INSERT INTO jobs (id, run_id, name, executor, spec, state, n_shards, created_at, updated_at) "
         "VALUES (1, 1, 'extract', 'local', '{}', 'running', 8, ?, ?)", (now, now))
     conn.executemany(
-        "INSERT INTO job_shards (job_id, shard, state, done, total, tokens, updated_at) VALUES (1, ?, 'running', 5, 10, 100, ?)",
+        "INSERT INTO job_shards (job_id, shard, state, done, total, tokens, updated_at) VALUES (1, ?, 'running', " "5, 10, 100, ?)",
         [(s, now) for s in range(8)],
     )
     conn.execute("COMMIT")
@@ -181,7 +181,7 @@ class LiveWriter:
         self._thread = threading.Thread(target=self._run, name="bench-live-writer", daemon=True)
         self.written = 0
 
-    def __enter__(self) -> "LiveWriter":
+    def __enter__(self) -> LiveWriter:
         self._beat(sqlite3.connect(self.path, isolation_level=None, timeout=5), close=True)
         self._thread.start()
         self._first.wait(10)
@@ -238,7 +238,7 @@ def _live():
 LIVE = _live()  # what the stand-in engine beats, and what an in-process face takes from its engine
 
 
-def read_history(source) -> tuple[float, "object"]:
+def read_history(source) -> tuple[float, object]:
     """The plots' first read of a run (every stored row, in chunks): (ms, the RunSeries)."""
     from app.tui.series import RunSeries, read_chunk
 
@@ -274,12 +274,10 @@ def measure_db(path: Path, repeat: int) -> dict[str, float]:
     """Refresh and mismatch-page costs over one database (data side and rendering side)."""
     from app.tui.app import EaglewatchApp
     from app.tui.db_source import AttachedSource
-    from app.tui.screens.dashboard import DashboardData
+    from app.tui.screens.dashboard import EVENTS_FETCHED, DashboardData
     from app.tui.screens.mismatches import PAGE_SIZE, MismatchesScreen
-    from app.tui.source import MISMATCH_VERDICTS
-
-    from app.tui.screens.dashboard import EVENTS_FETCHED
     from app.tui.series import read_chunk
+    from app.tui.source import MISMATCH_VERDICTS
 
     source = AttachedSource(path)
     reader = source.reader
@@ -308,7 +306,9 @@ def measure_db(path: Path, repeat: int) -> dict[str, float]:
     out["fetch_attached"] = median_ms(fetch_attached, repeat)
     out["fetch_in_process"] = median_ms(fetch_in_process, repeat)
     for order in ("sample", "recent", "verdict"):
-        out[f"page_{order}"] = median_ms(lambda: reader.mismatch_page(MISMATCH_VERDICTS, "", order, 0, PAGE_SIZE), repeat)
+        out[f"page_{order}"] = median_ms(
+            lambda order=order: reader.mismatch_page(MISMATCH_VERDICTS, "", order, 0, PAGE_SIZE), repeat
+        )
     for order in ("first_diff", "n_diff", "longest"):
         # cold: a first page that sorts (longest; the others past their index) sorts every match; warm:
         # later pages reuse that order
@@ -318,7 +318,7 @@ def measure_db(path: Path, repeat: int) -> dict[str, float]:
 
         out[f"page_{order}"] = median_ms(cold, repeat)
         out[f"page_{order}_next"] = median_ms(
-            lambda: reader.mismatch_page(MISMATCH_VERDICTS, "", order, deep, PAGE_SIZE), repeat
+            lambda order=order: reader.mismatch_page(MISMATCH_VERDICTS, "", order, deep, PAGE_SIZE), repeat
         )
     anchor = reader.mismatch_page(MISMATCH_VERDICTS, "", "sample", deep, 1).rows[0]
     out["page_deep"] = median_ms(
@@ -621,7 +621,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "tui.json").write_text(json.dumps(result, indent=1) + "\n")
     print()
-    print("| TUI (1M samples, 100k mismatches, 32k-token diff) | refresh in-process / attached | mismatch page | diff open |")
+    print("| TUI (1M samples, 100k mismatches, 32k-token diff) | refresh in-process / attached | mismatch page | " "diff open |")
     print("|---|---|---|---|")
     print(f"| target <50 ms / <50 ms / <300 ms | {refresh_in_process:.0f} ms / {refresh_attached:.0f} ms | "
           f"{result['page_ms']:.0f} ms | {diff_big['open_total']:.0f} ms |")

@@ -145,7 +145,7 @@ class SampleWriter:
     def question(self, kinds: set[str]) -> str:
         rng = self.rng
         if "code" in kinds:
-            return f"Write a Python function that can {corpus.word(rng)} the {corpus.word(rng)} of a list. {corpus.sentence(rng, 4, 10)}"
+            return f"Write a Python function that can {corpus.word(rng)} the {corpus.word(rng)} of a list. " f"{corpus.sentence(rng, 4, 10)}"
         if "json" in kinds:
             return f"Return a JSON object describing a {corpus.word(rng)} with {rng.randint(2, 5)} fields."
         if "cjk" in kinds:

@@ -159,11 +159,11 @@ CJK_CHARS = (
 )
 EMOJI = "😀😂🥹😍🤔😎🙏👍🎉🔥✨🚀💡📈🌍🍜☕️❤️✅❌⚠️🧪🤖🐍🦀"
 
-PY_NAMES = "load_config parse_line encode_batch decode_ids merge_ranks token_bytes apply_template split_output run_job shard_path".split()
+PY_NAMES = "load_config parse_line encode_batch decode_ids merge_ranks token_bytes apply_template split_output run_job " "shard_path".split()
 JS_NAMES = "fetchData renderRow parseJson handleClick updateState computeScore formatDate".split()
 
 
-SYLLABLES = "ba be bi bo bu ca co da de di do fa fe fi ga go ha he hi ho ka ke ki ko la le li lo lu ma me mi mo mu na ne ni no nu pa pe pi po ra re ri ro ru sa se si so ta te ti to tu va ve vi wa we ya yo za ze str tion ment ing er est ly ous ive al ism ize".split()
+SYLLABLES = "ba be bi bo bu ca co da de di do fa fe fi ga go ha he hi ho ka ke ki ko la le li lo lu ma me mi mo mu na ne ni " "no nu pa pe pi po ra re ri ro ru sa se si so ta te ti to tu va ve vi wa we ya yo za ze str tion ment ing er est " "ly ous ive al ism ize".split()
 _lexicon_rng = random.Random(7)
 # Rarer "words" (pseudo-English, from syllables) give the BPE enough variety to fill its vocabulary.
 RARE_WORDS = sorted({"".join(_lexicon_rng.choice(SYLLABLES) for _ in range(_lexicon_rng.randint(2, 4))) for _ in range(3000)})
@@ -190,7 +190,7 @@ def sentence(rng: random.Random, n_min: int = 6, n_max: int = 18) -> str:
 def prose(rng: random.Random, sentences: int) -> str:
     """Paragraphs of sentences, with the occasional markdown list."""
     parts: list[str] = []
-    for i in range(sentences):
+    for _i in range(sentences):
         s = sentence(rng)
         if rng.random() < 0.08:
             s = "\n\n" + s

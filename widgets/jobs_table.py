@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from textual.coordinate import Coordinate
 from textual.widgets import DataTable
 
 
@@ -65,7 +66,7 @@ class JobsTable(DataTable):
         """The job under the cursor, or None when the table is empty."""
         if not self._rows or self.cursor_row < 0 or self.cursor_row >= self.row_count:
             return None
-        key = self.coordinate_to_cell_key((self.cursor_row, 0)).row_key.value
+        key = self.coordinate_to_cell_key(Coordinate(self.cursor_row, 0)).row_key.value
         return self._rows.get(int(key)) if key is not None else None
 
     def show(self, rows: Sequence[JobRow]) -> None:

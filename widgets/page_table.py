@@ -52,7 +52,8 @@ class PageTable(ScrollView, can_focus=True):
     DEFAULT_CSS = """
     PageTable { height: 1fr; background: $surface; }
     PageTable > .pagetable--header { color: $text; background: $panel; text-style: bold; }
-    PageTable > .pagetable--cursor { color: $block-cursor-foreground; background: $block-cursor-background; text-style: bold; }
+    PageTable > .pagetable--cursor { color: $block-cursor-foreground; background: $block-cursor-background;
+    text-style: bold; }
     PageTable:blur > .pagetable--cursor { background: $block-cursor-blurred-background; text-style: bold; }
     PageTable > .pagetable--odd { background: $boost; }
     """
@@ -60,25 +61,25 @@ class PageTable(ScrollView, can_focus=True):
     class RowSelected(Message):
         """Enter on row `index` of the page."""
 
-        def __init__(self, table: "PageTable", index: int) -> None:
+        def __init__(self, table: PageTable, index: int) -> None:
             super().__init__()
             self.table = table
             self.index = index
 
         @property
-        def control(self) -> "PageTable":
+        def control(self) -> PageTable:
             return self.table
 
     class EdgeReached(Message):
         """The cursor tried to move past the page: `direction` is 1 (after the last row) or -1 (before the first)."""
 
-        def __init__(self, table: "PageTable", direction: int) -> None:
+        def __init__(self, table: PageTable, direction: int) -> None:
             super().__init__()
             self.table = table
             self.direction = direction
 
         @property
-        def control(self) -> "PageTable":
+        def control(self) -> PageTable:
             return self.table
 
     cursor_row: reactive[int] = reactive(0)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from rich.cells import cell_len
 from rich.segment import Segment
+from rich.style import Style
 from textual.binding import Binding
 from textual.cache import LRUCache
 from textual.geometry import Size
@@ -197,14 +198,14 @@ class TokenDiffView(ScrollView, can_focus=True):
     class DiffChanged(Message):
         """The current difference changed: `index` of `total` (index -1 when there is none)."""
 
-        def __init__(self, view: "TokenDiffView", index: int, total: int) -> None:
+        def __init__(self, view: TokenDiffView, index: int, total: int) -> None:
             super().__init__()
             self.view = view
             self.index = index
             self.total = total
 
         @property
-        def control(self) -> "TokenDiffView":
+        def control(self) -> TokenDiffView:
             return self.view
 
     show_ids: reactive[bool] = reactive(False)
@@ -365,7 +366,7 @@ class TokenDiffView(ScrollView, can_focus=True):
         return strip
 
     def _tokens(self, tokens: tuple[AlignedToken, ...], width: int, kind: str, with_id: bool) -> list[Segment]:
-        styles = (self.get_component_rich_style(f"tokendiff--{kind}"),)
+        styles: tuple[Style, ...] = (self.get_component_rich_style(f"tokendiff--{kind}"),)
         if kind == "equal-a":
             styles = (styles[0], self.get_component_rich_style("tokendiff--equal-b"))
         else:

@@ -18,7 +18,8 @@ EXAMPLE = """\
 eaglewatch audit --tokenizer ../shared/tokenizers/kimi-k2.5 --profile kimi-k2.5
 eaglewatch audit --tokenizer sample_data/tokenizer --profile kimi-k2.5 --json
 echo '{"<|im_end|>": 163533}' > consts.json
-eaglewatch audit --tokenizer ../shared/tokenizers/kimi-k2.5 --profile kimi-k2.5 --constants consts.json   # exit 1: 'chas'"""
+eaglewatch audit --tokenizer ../shared/tokenizers/kimi-k2.5 --profile kimi-k2.5 --constants consts.json   # exit 1:
+'chas'"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

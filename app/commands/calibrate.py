@@ -110,14 +110,15 @@ async def _probe(config: Any, ep: Any, prompts: list, args: argparse.Namespace) 
                          "not set or empty; export it before calibrating")
     generation = config.generation.model_copy(update={"logprobs": True})
     extra = None if args.no_token_ids else {"return_token_ids": True}
-    answers, errors = [], Counter()
+    answers: list[Any] = []
+    errors: Counter[str] = Counter()
     simulated = server is not None
     try:
         async with ChatClient(ep, generation, key) as client:
             limit = asyncio.Semaphore(max(1, min(8, ep.max_concurrency)))
 
             async def one(sample):
-                body = dict(extra or {})
+                body: dict[str, Any] = dict(extra or {})
                 if simulated:  # the simulator replays the sample asked for
                     from app.simulator.server import SAMPLE_FIELD
 
@@ -145,10 +146,8 @@ def _learn(endpoint: str, answers: list, errors: Counter, plain, profile, tokeni
 
     from app.records import CORRUPT_VERDICTS
     from app.tokens import Reconstructor
-    from app.tokens.fidelity_profile import learn
+    from app.tokens.fidelity_profile import learn, merge
     from app.tokens.flags import is_suspect
-
-    from app.tokens.fidelity_profile import merge
 
     groups: dict[str | None, list] = {}
     unverified: Counter = Counter()

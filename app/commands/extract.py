@@ -13,6 +13,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from app.errors import InputError
 
@@ -45,8 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from app.config import load_config
-    from app.jobs.plan import executor_for, local_slots, spec_from_config
     from app.jobs.job_status import status_to_dict
+    from app.jobs.plan import executor_for, local_slots, spec_from_config
     from app.jobs.store import JobStore
     from app.store.queries import run_by_name
 
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     estimate = None if any("model_path" in n for n in notes) else _disk_estimate(config, spec)
 
     if args.dry_run:
-        plan = {
+        plan: dict[str, Any] = {
             "executor": kind,
             "slots": slots,
             "layout": config.extraction.layout if config.extraction.extractor == "builtin" else None,

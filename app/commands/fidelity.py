@@ -122,7 +122,7 @@ def _endpoint_steps(db, endpoint: str) -> list:
     return []
 
 
-def build_rows(measurements, counts: dict[str, "RunCounts"]) -> dict[tuple[str, str, str | None], Row]:
+def build_rows(measurements, counts: dict[str, RunCounts]) -> dict[tuple[str, str, str | None], Row]:
     """Report rows keyed by (run, endpoint, provider): the run record's counts per endpoint and provider (`counts`:
     run name -> app.store.queries.run_counts); from the stored measurements (app.store.profile_store.Measurement),
     which suspect flags and the quality gate's tally (its example pk)."""
@@ -221,5 +221,5 @@ def _print(rows: list[Row], advice: list[str], db) -> None:
         out.write("  no reconstructions stored yet\n")
     if advice:
         out.write("advice:\n")
-        for a in advice:
-            out.write(f"  - {a}\n")
+        for line in advice:
+            out.write(f"  - {line}\n")

@@ -132,7 +132,7 @@ async def run_headless(config, *, progress: bool = True, stream=None, retry_fail
                   "--retry-failed' puts them back to pending with fresh attempts", file=stream)
             return 1
         return 0
-    print(f"run paused: {outcome.reason}; {snap.counts.samples.pending + snap.counts.samples.leased} samples pending; run the same command again "
+    print(f"run paused: {outcome.reason}; {snap.counts.samples.pending + snap.counts.samples.leased} samples " f"pending; run the same command again "
           "to resume", file=stream)
     return 3 if outcome.stopping_error else 1
 

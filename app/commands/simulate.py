@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         endpoint = next((e for e in config.endpoints if e.simulator is not None), None)
         if endpoint is not None:
             sim = endpoint.simulator
+            assert sim is not None  # the endpoint was picked for having one
             base = SimulatorOptions(
                 reference=sim.reference or config.data.reference, latency_median_ms=sim.latency_median_ms,
                 latency_p95_ms=sim.latency_p95_ms, tokens_per_s=sim.tokens_per_s, faults=dict(sim.faults),

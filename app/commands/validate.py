@@ -21,8 +21,10 @@ EXAMPLE = """\
 eaglewatch validate --reference sample_data/reference.jsonl --tokenizer sample_data/tokenizer --profile kimi-k2.5
 eaglewatch validate --reference gt.jsonl --tokenizer ../shared/tokenizers/kimi-k2.5 --json | jq .verdicts
 eaglewatch validate --reference gt.jsonl --tokenizer DIR --max-text-mismatch-rate 0.001 --max-structure-mismatch-rate 0
-eaglewatch validate --reference sample_data/reference.jsonl --tokenizer sample_data/tokenizer --db v.db   # browse: eaglewatch watch v.db
-eaglewatch validate --reference sample_data/reference.jsonl --tokenizer sample_data/tokenizer --quirks think_spaces,no_content --calibrate 40 --assisted"""
+eaglewatch validate --reference sample_data/reference.jsonl --tokenizer sample_data/tokenizer --db v.db   # browse:
+eaglewatch watch v.db
+eaglewatch validate --reference sample_data/reference.jsonl --tokenizer sample_data/tokenizer --quirks
+think_spaces,no_content --calibrate 40 --assisted"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -8,7 +8,8 @@ ready turn is leased at once (`on_ready`). The task gives back its slot once the
 conversation's next turn is read), and whatever happens; the limiter is told when the answer arrived
 (`EndpointSlots.answered`), since a slot held while the result is stored is no longer at the provider. A
 run-stopping error (a key refused, credits gone) pauses the run before any await, so the scheduler starts nothing
-more; the first one tells the operator. `cancel` ends flights early (pause-now, close) and returns their leases; `per_endpoint` counts them as
+more; the first one tells the operator. `cancel` ends flights early (pause-now, close) and returns their leases;
+`per_endpoint` counts them as
 the snapshot shows them.
 """
 

@@ -53,12 +53,11 @@ from app.engine.health.store_health import StoreHealth
 from app.engine.fidelity.verify import Verifier, open_verification, save_profiles
 from app.engine.health.writes import StoreGate
 from app.providers.pricing import ModelPricing
-from app.store.count_records import RunCounts
 from app.providers.retry import RetryPolicy
 from app.records import ErrorClass
 from app.store.run_store import RunStore, StoreWriteError
-from app.tokens.fidelity_profile import FidelityProfile
 from app.token_bucket import TokenBucket
+from app.tokens.fidelity_profile import FidelityProfile
 
 CLOSE_GRACE_S = 30.0  # how long close() waits for finished results to be stored before giving them up
 
@@ -190,7 +189,9 @@ class Run:
         for level, note in notes:
             await events.add(level, "fidelity", note)
         self._verifier.on_profile = self._on_profile
-        self._pool = await open_rebuilding(rebuilder, cfg, events.add)
+        # a pass-through (not a tokens Reconstructor, returned unwrapped) has nothing the pool could call: no pool,
+        # the text is stored as is
+        self._pool = await open_rebuilding(rebuilder if isinstance(rebuilder, Rebuilder) else None, cfg, events.add)
         self._live = live = self._wire(run_id)
         await self._save_profiles(list(self._verifier.profiles.values()))
         if stored_state == "paused" and not self.resume_paused:
@@ -308,22 +309,6 @@ class Run:
     async def set_concurrency(self, limit: int) -> None:
         """Set the total in-flight limit, spread over the endpoints by weight and clamped to min/max."""
         await self._steering.set_concurrency(limit)
-
-    async def retry_failed(self) -> int:
-        """Put the failed samples back to pending with a fresh allowance of attempts (`RunStore.retry_failed`, one
-        transaction) and schedule them, also after the run had ended; returns how many."""
-        n = await self._gate.commit(lambda: self.store.retry_failed(self.run_id))
-        self._counts.reset(await self.store.counts(self.run_id))
-        await self._event("info", "run", f"{n} failed samples put back to pending, each with a fresh allowance of "
-                          f"{self.config.generation.attempts} attempts (generation.attempts)")
-        if n and self.state == "done":
-            self._ended_m = None
-            self._finished.clear()
-            self._idle.clear()
-            await self._set_state("running", None)
-        self._lease_empty_at = -1e9
-        self._wake.set()
-        return n
 
     async def apply_command(self, verb: str, args: dict) -> None:
         """Carry out one control command from the `commands` table (pause, resume, set_concurrency, retry_failed)."""

@@ -188,6 +188,7 @@ class Settler:
 
     async def _paid(self, f: Flight, o: Outcome, ep: Endpoint) -> None:
         s, completion = f.sample, o.completion
+        assert completion is not None  # a paid outcome carries its completion
         cost = self._bill(f, completion.usage, 0.0, ep)
         keep = self.config.run.keep_raw
         if keep:
@@ -218,6 +219,7 @@ class Settler:
     def _verify(self, f: Flight, o: Outcome, ep: Endpoint) -> None:
         """Count a stored result's measurement and prompt check; hand the gate's decisions to the Run at once
         (before anything awaits, so the scheduler leases nothing more after a pause decision)."""
+        assert o.completion is not None  # only stored results are verified
         seen = self.verifier.observe(ep.name, o.completion.provider, f.sample.pk, f.sample.sample_id, o.measured,
                                      o.prompt_check)
         if seen.prompt_event is not None:

@@ -26,8 +26,15 @@ from app.export.eval_overlap import EvalOverlap
 from app.export.eval_overlap import EvalOverlap
 from app.export.eval_split import EVAL_DIR, check_fraction, held_out
 from app.export.parallel import prepare_parallel, prepare_serial
-from app.export.policy import (SKIP_REASONS, ExportPolicy, held_back_advice, is_unverified_text, skip_reason,
-                               true_ids, with_verification)
+from app.export.policy import (
+    SKIP_REASONS,
+    ExportPolicy,
+    held_back_advice,
+    is_unverified_text,
+    skip_reason,
+    true_ids,
+    with_verification,
+)
 from app.export.report import ExportReport, summary_counts
 from app.export.templates import load_chat_template, template_kwargs_of_run
 from app.export.trainer_routes import trainer_routes

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -348,7 +348,7 @@ class ShardWriter(Writer):
         self.prefix = prefix
         self.extra_columns = extra_columns
         self.shards: list[dict[str, Any]] = []
-        self.fh = None
+        self.fh: BinaryIO | None = None
         self.in_shard = 0
 
     def _open(self) -> None:

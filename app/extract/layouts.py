@@ -9,16 +9,17 @@
 
 k is the sample's position in the whole export (shard order, then sample order) for `specforge`; for
 `speculators` it is the row of speculators' prepared dataset holding the sample's ids (`speculators
-prepare-data` shuffles the rows: app.extract.speculators_order finds them by token ids). Consumers' loaders, read from their source: SpecForge
-`specforge/data/preprocessing.py` (`list_local_files`, `OfflineEagle3Dataset.process_data`) and
-`scripts/prepare_hidden_states.py` (`rows_<start>-<end>/data_<idx>.ckpt`); speculators `hs_connectors.transfer.FileTransfer`
+prepare-data` shuffles the rows: app.extract.speculators_order finds them by token ids). Consumers' loaders, read
+from their source: SpecForge `specforge/data/preprocessing.py` (`list_local_files`,
+`OfflineEagle3Dataset.process_data`) and `scripts/prepare_hidden_states.py` (`rows_<start>-<end>/data_<idx>.ckpt`);
+speculators `hs_connectors.transfer.FileTransfer`
 (`hs_{file_idx}.safetensors`) and `speculators/train/data.py` (`hidden_states[:, :-1]` aux, `[:, -1]` the verifier's
 last state, normalised by speculators itself); Model-Optimizer `modelopt/torch/speculative/eagle/utils.py`
 (`OfflineSupervisedDataset`) and `examples/speculative_decoding/eagle_utils.py` (`rglob("*.pt")`).
 
 `<out>/eaglewatch_layout.json` records the layout, the layer ids in both conventions and the last state's norm;
 `check_folder` refuses to add to a folder written with another layout, layers or norm (a mixed folder).
-"""
+"""  # noqa: E501 (the table's rows: a markdown row cannot wrap)
 
 from __future__ import annotations
 
@@ -358,5 +359,5 @@ def make_writer(layout: str, per_sample: bool, out_dir: Path, shard: int, sample
         return cls(shard_data_path(out_dir, shard, per_sample), samples, hidden, n_aux, dtype, metadata)
     if layout == "speculators":
         return SpeculatorsWriter(out_dir, shard, samples, speculators_order, dtype)
-    cls = {"specforge": SpecforgeWriter, "modelopt": ModeloptWriter}[layout]
-    return cls(out_dir, shard, samples, first_index, dtype)
+    per_file = {"specforge": SpecforgeWriter, "modelopt": ModeloptWriter}[layout]
+    return per_file(out_dir, shard, samples, first_index, dtype)

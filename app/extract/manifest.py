@@ -55,8 +55,8 @@ class Manifest:
     @property
     def total_tokens(self) -> int | None:
         """Sum of the shards' token counts, or None when any shard lacks one."""
-        counts = [e.tokens for e in self.shards]
-        return None if any(c is None for c in counts) else sum(counts)  # type: ignore[misc]
+        counts = [e.tokens for e in self.shards if e.tokens is not None]
+        return sum(counts) if len(counts) == len(self.shards) else None
 
 
 def _ranges(indices: list[int]) -> str:

@@ -234,7 +234,8 @@ def load_target(model_path: Path, aux: AuxLayers, device: str, dtype: str, *, tr
             "folder with config.json and weights (add --trust-remote-code only for models that need it)"
         ) from None
     if not spread:  # one GPU without accelerate, or the CPU
-        model = model.to(device)
+        # transformers' `to` wrapper is typed as taking the model first (functools.wraps on a method)
+        model = model.to(device)  # type: ignore[arg-type]
     offloaded = sorted({str(v) for v in (getattr(model, "hf_device_map", None) or {}).values()} & {"cpu", "disk"})
     if device == "cuda" and offloaded:
         # EAGLE #105: device_map="auto" quietly moves layers off the GPUs when they do not fit

@@ -33,6 +33,7 @@ from app.extract.model import (  # noqa: F401  (re-exported: the extractor's one
 )
 from app.extract.output import FORMAT, done_marker_path, read_done_marker, shard_is_complete, write_done_marker
 from app.extract.progress_lines import ProgressLog
+
 # threads that wait for a batch's copies, check it and write it (pwrite at disjoint offsets, so batches
 # are written in parallel: one thread cannot keep up with a GPU at ~32 KB of states per token)
 WRITER_THREADS = 4

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from app.jobs.job_status import JobStatus
 from app.jobs.local import LocalExecutor
 from app.jobs.slurm import SlurmExecutor
-from app.jobs.job_status import JobStatus
 from app.jobs.store import FINAL_STATES, Job, JobStore
 
 

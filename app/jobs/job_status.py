@@ -45,7 +45,7 @@ class JobStatus:
         c = self.counts
         parts = [f"{k} {c[k]}" for k in ("running", "submitted", "pending", "done", "failed", "cancelled") if c.get(k)]
         items = f"{self.done_items}/{self.total_items} items" if self.total_items else f"{self.done_items} items"
-        return f"job {self.job.id} {self.job.name}: {self.job.state}; shards: {', '.join(parts)}; {items}; {self.tokens} tokens"
+        return f"job {self.job.id} {self.job.name}: {self.job.state}; shards: {', '.join(parts)}; {items}; " f"{self.tokens} tokens"
 
 
 def settle_job_state(store: JobStore, job_id: int) -> JobStatus:

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from app.errors import InputError
 from app.jobs.executor import Executor
+from app.jobs.job_status import JobStatus, settle_job_state
 from app.jobs.progress_reader import LogTail, last_lines
 from app.jobs.spec import JobSpec
-from app.jobs.job_status import JobStatus, settle_job_state
 from app.jobs.store import FINAL_STATES, JobShard, JobStore
 
 
@@ -127,7 +127,7 @@ class LocalExecutor(Executor):
             if proc is not None:
                 self._procs[key] = proc
         alive = proc is not None and self._alive(proc)
-        if alive and shard.state == "cancelled" and proc.kill_at is None:
+        if proc is not None and alive and shard.state == "cancelled" and proc.kill_at is None:
             # cancelled from another process (`eaglewatch jobs cancel`, the TUI): make sure it stops
             _signal_group(proc.pid, signal.SIGCONT)
             _signal_group(proc.pid, signal.SIGTERM)
@@ -169,7 +169,7 @@ class LocalExecutor(Executor):
             self.store.set_shard(job_id, shard.shard, **fields)
 
     def _reattach(self, spec: JobSpec, shard: JobShard) -> _Proc | None:
-        if not _is_our_shard(spec, shard):
+        if not _is_our_shard(spec, shard) or shard.pid is None:
             return None
         slot = _slot_of(shard.pid) or ""
         return _Proc(pid=shard.pid, slot=slot, popen=None)

@@ -59,7 +59,7 @@ def spec_from_config(config, manifest: Path, *, shards: list[int] | None = None,
         workdir=Path.cwd(),
         resources=Resources(
             gpus=ext.gpus if ext.executor == "slurm" else min(ext.gpus, 1),
-            cpus=int(slurm.get("cpus", slurm.get("cpus_per_task", 1))),
+            cpus=int(slurm["cpus"] if "cpus" in slurm else slurm.get("cpus_per_task", 1)),
             mem=str(slurm["mem"]) if slurm.get("mem") else None,
             time=str(slurm["time"]) if slurm.get("time") else None,
         ),
@@ -82,7 +82,7 @@ def visible_gpus() -> list[str]:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
-    return [str(i) for i, line in enumerate(l for l in out.splitlines() if l.startswith("GPU "))]
+    return [str(i) for i, line in enumerate(row for row in out.splitlines() if row.startswith("GPU "))]
 
 
 def local_slots(gpus: int, cpu_slots: int = 1) -> list[str]:

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from app.errors import EaglewatchError, InputError
 from app.jobs.executor import Executor
+from app.jobs.job_status import JobStatus, settle_job_state
 from app.jobs.progress_reader import LogTail, last_lines
 from app.jobs.spec import JobSpec
-from app.jobs.job_status import JobStatus, settle_job_state
 from app.jobs.store import FINAL_STATES, JobShard, JobStore
 
 PENDING_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED"}

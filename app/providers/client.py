@@ -26,8 +26,8 @@ import aiohttp
 import httpx
 
 from app.providers.exceptions import EndpointUnreachable, MalformedResponse, ProviderError, RetryableError
-from app.providers.pricing import ModelPricing, base_model, pricing_from_models_entry
 from app.providers.parse import StreamAssembler, classify_status, iter_sse_events, parse_body
+from app.providers.pricing import ModelPricing, base_model, pricing_from_models_entry
 from app.providers.servers import ids_request_fields, server_kind
 from app.providers.transport import DEFAULT_TRANSPORT, AiohttpTransport, make_timeout, make_transport
 from app.providers.wire import DEFAULT_LIMITS, WireLimits, load_json
@@ -76,8 +76,7 @@ def unreachable_cause(exc: BaseException) -> str | None:
     while seen is not None:
         if isinstance(seen, socket.gaierror) or type(seen).__name__ == "ClientConnectorDNSError":
             return "dns"
-        if isinstance(seen, (ssl.SSLError, ssl.CertificateError)) or isinstance(
-                seen, (aiohttp.ClientConnectorSSLError, aiohttp.ClientConnectorCertificateError)):
+        if isinstance(seen, (ssl.SSLError, ssl.CertificateError, aiohttp.ClientConnectorSSLError, aiohttp.ClientConnectorCertificateError)):
             return "tls"
         if isinstance(seen, ConnectionRefusedError) or getattr(seen, "errno", None) == 111:
             return "refused"
@@ -352,6 +351,7 @@ class ChatClient:
     def _session(self) -> aiohttp.ClientSession:
         """The transport's aiohttp session, made on first use (inside the loop), as its own requests do."""
         transport = self._transport
+        assert isinstance(transport, AiohttpTransport)  # only the direct paths (self._direct) call this
         if not isinstance(transport.client, aiohttp.ClientSession):
             transport.client = transport.get_client()
         return transport.client

@@ -19,8 +19,13 @@ never contain the API key: the client builds them from the status and the body, 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from app.errors import EaglewatchError
 from app.records import ErrorClass
+
+if TYPE_CHECKING:
+    from app.records import Usage
 
 
 class ProviderError(EaglewatchError):

@@ -18,8 +18,13 @@ from collections.abc import Callable
 from typing import Any
 
 from app.providers import wire
-from app.providers.exceptions import (MalformedResponse, ProviderError, RetryableError, RunStoppingError,
-                                      SampleFatalError)
+from app.providers.exceptions import (
+    MalformedResponse,
+    ProviderError,
+    RetryableError,
+    RunStoppingError,
+    SampleFatalError,
+)
 from app.providers.wire import DEFAULT_LIMITS, WireLimits, count, obj, opt_list, opt_obj, opt_str
 from app.records import Completion, ErrorClass, TokenLogprob, ToolCall, Usage, http_error_class
 

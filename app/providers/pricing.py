@@ -12,17 +12,21 @@ refused (`Usage.cost_problem`: NaN, infinite, negative, absurd) is not used at a
 from __future__ import annotations
 
 import math
-
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol
+from typing import Any, Protocol
 
 from app.records import Usage
 
 
 class PricingLike(Protocol):
-    prompt_per_m: float
-    completion_per_m: float
-    cached_prompt_per_m: float | None
+    # read-only members, so frozen dataclasses (ModelPricing, the config's prices) satisfy it
+    @property
+    def prompt_per_m(self) -> float: ...
+    @property
+    def completion_per_m(self) -> float: ...
+    @property
+    def cached_prompt_per_m(self) -> float | None: ...
 
 
 @dataclass(frozen=True, slots=True)

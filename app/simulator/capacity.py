@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.token_bucket import TokenBucket
 from app.errors import InputError
+from app.token_bucket import TokenBucket
 
 CAPACITY_FIELDS = ("concurrency_cap", "cap_changes", "requests_per_min", "tokens_per_min", "batch_slots")
 

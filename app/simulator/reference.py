@@ -79,7 +79,7 @@ class ReferenceBook:
         samples: list[ReferenceSample] = []
         keys: dict[str, int] = {}
         try:
-            handle = open(path, encoding="utf-8")
+            handle = open(path, encoding="utf-8")  # noqa: SIM115 (the with below: this except is for the open only)
         except OSError as exc:
             raise InputError(f"{path}: cannot read the simulator's reference file ({exc.strerror})") from None
         with handle:

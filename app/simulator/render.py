@@ -77,6 +77,8 @@ class OutputRenderer:
         start = 1 if ids and ids[0] == m["think"] else 0
         ended = any(i in self.stops for i in ids)
         end_think = _find(ids, m["think_end"], start)
+        reasoning_ids: tuple[int, ...]
+        rest: tuple[int, ...]
         if end_think is None:
             if ended:
                 reasoning_ids, rest, had_think = (), ids[start:], False
@@ -149,8 +151,7 @@ class OutputRenderer:
             reasoning = None
         if "no_content" in quirks:
             content = content.replace("(no content)", "")
-            if not content.strip():
-                content = None
+        no_content = "no_content" in quirks and not content.strip()
         rendered_calls = []
         for index, call in enumerate(view.tool_calls):
             call_id, arguments = call.id, call.arguments
@@ -168,11 +169,11 @@ class OutputRenderer:
                 call_id = self.profile.tool_id_template.format(name=name, index=history_calls + index)
             rendered_calls.append(RenderedCall(id=call_id, name=name, arguments=arguments))
         finish = view.finish_reason
-        if finish == "length" and not content:
-            content = None  # reasoning used the whole budget: OpenRouter returns content null
+        # without content the field is null; with finish "length" too (reasoning used the whole budget: OpenRouter
+        # returns content null)
         return RenderedOutput(
             reasoning=reasoning,
-            content=content,
+            content=None if no_content or (finish == "length" and not content) else content,
             tool_calls=tuple(rendered_calls),
             finish_reason=finish,
             reasoning_ids=tuple(r_ids),

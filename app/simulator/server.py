@@ -8,11 +8,13 @@ POST /v1/chat/completions (non-streaming and SSE) and GET /v1/models (with prici
 per request from a seeded RNG, at most one per request; "keepalive" is drawn on its own.
 Simulator extensions beyond OpenRouter's protocol: `metadata.sample_id` names the reference sample to answer
 (`SAMPLE_FIELD`; eaglewatch sends it to its simulators only), so samples that share a prompt each get their
-own; logprobs of reasoning tokens under `choices[0].logprobs.reasoning`; `"return_token_ids": true` adds vLLM-style `token_ids` to the choice
+own; logprobs of reasoning tokens under `choices[0].logprobs.reasoning`; `"return_token_ids": true` adds vLLM-style
+`token_ids` to the choice
 (the full output ids; in a stream they come with the finish chunk); an `api_key` makes it answer 401 to
 any other Bearer token. `options.prompt_cache` reports `cached_tokens` as a provider's prompt cache would
 (`PromptCache`: the longest earlier request whose messages begin this one's); `record=True` keeps every chat
-request as received (`received`: arrival time, the sample it named, the body bytes, the requests in flight). `latency_by_sample=True`
+request as received (`received`: arrival time, the sample it named, the body bytes, the requests in flight).
+`latency_by_sample=True`
 draws each request's latency from its sample alone (`sample_latency_s`), not from the order requests arrive in,
 so every client that sends the same samples is given the same work (benchmarks compute their oracle from it).
 
@@ -474,6 +476,7 @@ class SimulatorServer:
             named = requested_sample(json.loads(raw))
         except (ValueError, AttributeError):
             named = None
+        assert self.received is not None  # called only when recording
         self.received.append(ReceivedRequest(time.time(), named, raw, self.in_flight))
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
@@ -639,7 +642,7 @@ class SimulatorServer:
         n = self.stream_chunk_tokens
         if out.reasoning:
             for piece, group in text_pieces(out.reasoning, out.reasoning_ids, self.tokenizer, n):
-                delta = {p.reasoning_field: piece} if lean else {"role": "assistant", "content": "",
+                delta: dict[str, object] = {p.reasoning_field: piece} if lean else {"role": "assistant", "content": "",
                                                                   p.reasoning_field: piece}
                 if p.reasoning_details:
                     delta["reasoning_details"] = [{"type": "reasoning.text", "text": piece, "format": "unknown",

@@ -110,7 +110,7 @@ _TURN_CONFLICTS = (
     "ON s.run_id = ?1 AND s.sample_id = json_extract(j.value, '$[0]') "
     "WHERE s.pk IS NULL OR s.dataset != json_extract(j.value, '$[1]') OR s.turns != json_extract(j.value, '$[7]') "
     "OR s.segment IS NOT json_extract(j.value, '$[8]') "
-    "OR s.recorded IS NOT (CASE json_type(j.value, '$[9]') WHEN 'null' THEN NULL ELSE json_extract(j.value, '$[9]') END) "
+    "OR s.recorded IS NOT (CASE json_type(j.value, '$[9]') WHEN 'null' THEN NULL ELSE json_extract(j.value, " "'$[9]') END) "
     "OR s.tools IS NOT (CASE json_type(j.value, '$[3]') WHEN 'null' THEN NULL ELSE json_extract(j.value, '$[3]') END)"
 )
 

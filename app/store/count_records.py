@@ -164,7 +164,7 @@ class RunCounts:
 
 
 # a measured text-path verdict that is not corrupt -> the AnswerCounts field it counts in
-_MEASURED = {Category.EXACT: "exact", Category.BPE_EQUIVALENT: "benign", Category.TRUNCATED: "truncated"}
+_MEASURED: dict[str, str] = {Category.EXACT: "exact", Category.BPE_EQUIVALENT: "benign", Category.TRUNCATED: "truncated"}
 
 
 @dataclass(frozen=True, slots=True)

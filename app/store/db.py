@@ -258,7 +258,7 @@ def connect_readonly(
             migrate(path, create=False, busy_timeout_s=busy_timeout_s)
             return connect_readonly(path, busy_timeout_s=busy_timeout_s, check=False)
         if version < SCHEMA_VERSION:
-            how = (f"copy it to a writable folder and run `eaglewatch status --db COPY` to upgrade it" if immutable
+            how = ("copy it to a writable folder and run `eaglewatch status --db COPY` to upgrade it" if immutable
                    else f"upgrade it with `eaglewatch status --db {path}`")
             raise InputError(
                 f"{path}: has schema version {version}, older than this eaglewatch's {SCHEMA_VERSION}; {how}"

@@ -106,7 +106,7 @@ def ingest_status(conn: sqlite3.Connection, run_id: int) -> IngestStatus:
         "FROM ingest_files WHERE run_id = ? ORDER BY role, name",
         (run_id,),
     ).fetchall()
-    return IngestStatus(tuple(IngestFile(*r[:6], bool(r[6]), *r[7:]) for r in rows))
+    return IngestStatus(tuple(IngestFile(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8], r[9]) for r in rows))
 
 
 def require_complete(status: IngestStatus, *, allow_partial: bool = False) -> None:
@@ -134,7 +134,7 @@ async def begin_file(store: StoreWriter, run_id: int, role: str, name: str, path
     def op(conn: sqlite3.Connection) -> None:
         now = time.time()
         conn.execute(
-            "INSERT INTO ingest_files (run_id, role, name, path, fingerprint, options, lines_done, complete, started_at, "
+            "INSERT INTO ingest_files (run_id, role, name, path, fingerprint, options, lines_done, complete, " "started_at, "
             "updated_at) VALUES (?, ?, ?, ?, ?, ?, 0, 0, ?, ?) ON CONFLICT (run_id, role, name) DO UPDATE SET "
             "path = excluded.path, fingerprint = excluded.fingerprint, options = excluded.options, lines_done = 0, "
             "complete = 0, started_at = excluded.started_at, finished_at = NULL, updated_at = excluded.updated_at",

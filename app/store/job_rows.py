@@ -89,7 +89,8 @@ def insert_job(conn: sqlite3.Connection, *, run_id: int | None, name: str, execu
         " VALUES (?, ?, ?, ?, 'pending', ?, ?, ?, ?)",
         (run_id, name, executor, spec, len(shard_logs), output_dir, now, now),
     )
-    job_id = int(cur.lastrowid)
+    assert cur.lastrowid is not None  # an INSERT sets it
+    job_id = cur.lastrowid
     conn.executemany(
         "INSERT INTO job_shards (job_id, shard, state, log_path, updated_at) VALUES (?, ?, 'pending', ?, ?)",
         [(job_id, shard, log, now) for shard, log in shard_logs],

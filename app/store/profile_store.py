@@ -10,10 +10,9 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from collections.abc import Callable
 from pathlib import Path
-from typing import Iterator
 
 from app.errors import InputError
 from app.store.db import DEFAULT_BUSY_TIMEOUT_S, configure, connect_readonly, migrate
@@ -98,7 +97,7 @@ def read_measurements(path: str | Path, run: str | None = None) -> Iterator[Meas
         if run is not None and conn.execute("SELECT 1 FROM runs WHERE name = ?", (run,)).fetchone() is None:
             names = [r[0] for r in conn.execute("SELECT name FROM runs ORDER BY id")]
             raise InputError(f"{path}: no run named {run!r}; runs here: {', '.join(names) or 'none'}")
-        sql = ("SELECT ru.name, COALESCE(re.endpoint, '?'), re.provider, rc.sample_pk, rc.ids_source, rc.flags, rc.category "
+        sql = ("SELECT ru.name, COALESCE(re.endpoint, '?'), re.provider, rc.sample_pk, rc.ids_source, rc.flags, " "rc.category "
                "FROM reconstructions rc JOIN runs ru ON ru.id = rc.run_id "
                "LEFT JOIN responses re ON re.id = rc.response_id")
         cursor = conn.execute(sql + (" WHERE ru.name = ?" if run else "") + " ORDER BY rc.run_id, rc.sample_pk",

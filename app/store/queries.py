@@ -36,17 +36,22 @@ from typing import Any, TypeVar
 from app.errors import InputError
 from app.records import VERDICTS, Category
 from app.store import tallies
-from app.store.count_records import (EndpointCounts, ProviderCounts, RunCounts, RunLatency, SampleStates,
-                                     fold_answers, percentiles_of)
+from app.store.count_records import (
+    EndpointCounts,
+    ProviderCounts,
+    RunCounts,
+    RunLatency,
+    SampleStates,
+    fold_answers,
+    percentiles_of,
+)
 from app.store.db import connect_readonly
 from app.store.ids import unpack_ids
 from app.store.rows import (
     RECONSTRUCTION_SELECT,
+    RUN_SELECT,
     ConversationCounts,
     ConversationRow,
-    TurnRow,
-    conversation_status,
-    RUN_SELECT,
     EventRow,
     JobShardRow,
     JobSummary,
@@ -56,6 +61,8 @@ from app.store.rows import (
     RunRow,
     SampleDetail,
     StoredCompletion,
+    TurnRow,
+    conversation_status,
     decode_completion,
     decode_reconstruction,
     decode_run,

@@ -38,6 +38,8 @@ from app.store.schema import RUN_STATES, SAMPLE_STATES
 from app.store import conversation_ops, ingest_ops
 from app.store.conversation_ops import OpenTurnWork, TurnEnd, after_turn, restore_children_of
 from app.store.ingest_ops import INGEST_CHUNK
+from app.store.schema import RUN_STATES, SAMPLE_STATES
+from app.store.store_records import Command, IngestReport, LeasedSample, ReferenceRecord, SampleInput
 
 T = TypeVar("T")
 Operation = Callable[[sqlite3.Connection], Any]
@@ -305,7 +307,7 @@ class RunStore:
         def op(conn: sqlite3.Connection) -> int:
             now = time.time()
             conn.executemany(
-                "UPDATE samples SET lease_expires = ?, lease_owner = ? WHERE run_id = ? AND pk = ? AND state = 'leased'",
+                "UPDATE samples SET lease_expires = ?, lease_owner = ? WHERE run_id = ? AND pk = ? AND state = " "'leased'",
                 [(now + lease_s, owner, run_id, pk) for pk in keep],
             )
             return conn.execute(
@@ -354,7 +356,7 @@ class RunStore:
 
         def op(conn: sqlite3.Connection) -> int:
             pks = [r[0] for r in conn.execute(
-                "UPDATE samples SET state = 'pending', tries_forgiven = tries, error_class = NULL, last_error = NULL, "
+                "UPDATE samples SET state = 'pending', tries_forgiven = tries, error_class = NULL, " "last_error = NULL, "
                 "lease_expires = NULL, lease_owner = NULL, updated_at = ? WHERE run_id = ? AND state = 'failed' "
                 "RETURNING pk", (time.time(), run_id)).fetchall()]
             # a conversation's turn tried again: the turns its failure skipped wait on it again
@@ -385,6 +387,7 @@ class RunStore:
 
         def op(conn: sqlite3.Connection) -> int:
             response_id = conn.execute(rows.INSERT_RESPONSE, response_row).lastrowid
+            assert response_id is not None  # an INSERT sets it
             if rec_row is not None:
                 conn.execute(rows.UPSERT_RECONSTRUCTION, rows.encode_reconstruction(rec_row, response_id=response_id))
             turn = conn.execute(
@@ -491,9 +494,11 @@ class RunStore:
         row = (run_id, verb, _dumps(args or {}), time.time())
 
         def op(conn: sqlite3.Connection) -> int:
-            return conn.execute(
+            command_id = conn.execute(
                 "INSERT INTO commands (run_id, verb, args, created_at) VALUES (?, ?, ?, ?)", row
             ).lastrowid
+            assert command_id is not None  # an INSERT sets it
+            return command_id
 
         return await self.write(op)
 
@@ -547,7 +552,9 @@ class RunStore:
         to come in their prompts) and the open conversations by turns left. One scan of the open turns at start."""
         return await self.read(lambda conn: conversation_ops.open_turn_work(conn, run_id))
 
-    async def finished_output_stats(self, run_id: int, newest: int = 20_000) -> dict[str, tuple[float, ...]]:
+    async def finished_output_stats(
+        self, run_id: int, newest: int = 20_000,
+    ) -> dict[str, tuple[int, int, float, float, int, int, float]]:
         """Per dataset, what the newest `newest` answered requests of this run tell the ETA (`Projector.seed`):
         (answered, output tokens, generation seconds, time-to-first-token seconds, prompt tokens, longest output,
         their cost),
@@ -556,7 +563,7 @@ class RunStore:
         rows = await self.read(lambda conn: conn.execute(
             "SELECT s.dataset, COUNT(*), TOTAL(r.completion_tokens), "
             "TOTAL(MAX(0.0, COALESCE(r.latency_ms, 0) - COALESCE(r.ttft_ms, 0))) / 1000.0, "
-            "TOTAL(COALESCE(r.ttft_ms, 0)) / 1000.0, TOTAL(r.prompt_tokens), MAX(r.completion_tokens), TOTAL(r.cost_usd) "
+            "TOTAL(COALESCE(r.ttft_ms, 0)) / 1000.0, TOTAL(r.prompt_tokens), MAX(r.completion_tokens), " "TOTAL(r.cost_usd) "
             f"FROM {_NEWEST_ANSWERS} GROUP BY s.dataset", (run_id, newest)).fetchall())
         return {str(d): (int(n), int(tok), float(gen), float(ttft), int(prompt), int(longest or 0), float(cost))
                 for d, n, tok, gen, ttft, prompt, longest, cost in rows}

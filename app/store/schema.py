@@ -503,7 +503,7 @@ def _quality_sql(change: str, row: str) -> str:
 # (re)count every reconstruction (`where`: a filter on r, or ""): the migration's backfill and tallies.recount
 QUALITY_RECOUNT = (
     f"INSERT INTO quality_tallies ({', '.join(_QUALITY_KEY)}, n) SELECT {_quality_values('r')}, COUNT(*) "
-    "FROM reconstructions AS r LEFT JOIN responses AS p ON p.id = r.response_id{where} GROUP BY 1, 2, 3, 4, 5, 6, 7, 8, 9"
+    "FROM reconstructions AS r LEFT JOIN responses AS p ON p.id = r.response_id{where} GROUP BY 1, 2, 3, 4, 5, " "6, 7, 8, 9"
 )
 
 _QUALITY_TALLIES = f"""

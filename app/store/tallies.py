@@ -1,7 +1,9 @@
-"""The run store's maintained tallies (schema versions 3 and 6): per-run counts read in O(states + endpoints + verdicts).
+"""The run store's maintained tallies (schema versions 3 and 6): per-run counts read in
+O(states + endpoints + verdicts).
 
 Triggers keep `sample_tallies` (UPDATE / DELETE), `response_tallies`, `reconstruction_tallies` and
-`quality_tallies` (v6: answers per endpoint, provider and what they are) in the writers' own transactions; sample INSERTs are counted by `RunStore.ingest` per chunk (`add_ingested`).
+`quality_tallies` (v6: answers per endpoint, provider and what they are) in the writers' own transactions; sample
+INSERTs are counted by `RunStore.ingest` per chunk (`add_ingested`).
 A tool that inserts samples with plain SQL must call `recount(conn)` afterwards; until it does, readers
 notice (MAX(samples.pk) is above `tally_marks.samples_max_pk`) and count the samples table instead.
 Every reader here takes any sqlite3 connection (read-only is fine) and returns plain dicts / tuples.
@@ -135,7 +137,7 @@ def recount(conn: sqlite3.Connection, run_id: int | None = None) -> None:
             args,
         )
         conn.execute(
-            "INSERT INTO response_tallies (run_id, endpoint, ok, error_class, n, truncated, cost_usd, completion_tokens) "
+            "INSERT INTO response_tallies (run_id, endpoint, ok, error_class, n, truncated, cost_usd, " "completion_tokens) "
             "SELECT run_id, endpoint, error_class IS NULL, COALESCE(error_class, ''), COUNT(*), "
             "SUM(error_class IS NULL AND finish_reason IS 'length'), TOTAL(cost_usd), SUM(completion_tokens) "
             f"FROM responses{where} GROUP BY 1, 2, 3, 4",
@@ -158,7 +160,7 @@ def recount(conn: sqlite3.Connection, run_id: int | None = None) -> None:
         )
         if not others_behind:
             conn.execute(
-                "INSERT INTO tally_marks (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                "INSERT INTO tally_marks (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = " "excluded.value",
                 (_MARK, _max_pk(conn)),
             )
     except BaseException:

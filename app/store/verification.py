@@ -92,7 +92,7 @@ class VerificationStatus:
         """'verified (24 probes, 95.8 % exact)', 'prior only (transformers serve, streaming; no probe)' or
         'unverified (no probe, server unknown)'."""
         if self.state == VERIFIED:
-            return f"{VERIFIED} ({self.probes} probe{'s' if self.probes != 1 else ''}, {100 * (self.exact_rate or 0):.1f} % exact)"
+            return f"{VERIFIED} ({self.probes} probe{'s' if self.probes != 1 else ''}, " f"{100 * (self.exact_rate or 0):.1f} % exact)"
         if self.state == PRIOR_ONLY:
             return f"{PRIOR_ONLY} ({self.prior.label if self.prior else '?'}; no probe)"
         return f"{UNVERIFIED} (no probe, server unknown)"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import weakref
 from collections import Counter
-from typing import Sequence
+from collections.abc import Sequence
 
 from app.records import AlignBlock, AlignedToken, Alignment, DiffSpan
 from app.tokens.tokenizer import Tokenizer
@@ -19,7 +19,7 @@ WORK_BUDGET = 200_000  # Myers diagonal steps per diff in all; past it the rest 
 
 Match = tuple[int, int, int]  # (a_start, b_start, length)
 # Display tokens per tokenizer, kept while the tokenizer lives (the diff view re-aligns often).
-_TOKEN_CACHE: "weakref.WeakKeyDictionary[Tokenizer, dict[int, AlignedToken]]" = weakref.WeakKeyDictionary()
+_TOKEN_CACHE: weakref.WeakKeyDictionary[Tokenizer, dict[int, AlignedToken]] = weakref.WeakKeyDictionary()
 
 
 _CHUNK = 4096

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from app.tokens.profile import Profile
 from app.tokens.tokenizer import Tokenizer
@@ -45,7 +45,7 @@ def audit_tokenizer(
         if check_known and known is not None and known != tid:
             findings.append(AuditFinding(
                 "error", text, tid,
-                f"{text} is id {tid} here but {known} in the {profile.name} reference table; is this the right tokenizer?",
+                f"{text} is id {tid} here but {known} in the {profile.name} reference table; is this the " f"right tokenizer?",
             ))
             continue
         findings.append(AuditFinding("ok", text, tid, "encodes to one id and decodes back"))

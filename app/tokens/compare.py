@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from app.records import DiffSpan, Verdict
 from app.tokens.align import common_prefix, diff_spans
@@ -12,7 +12,7 @@ from app.tokens.profile import Profile
 from app.tokens.tokenizer import Tokenizer
 
 UNCHECKED = "unchecked (not verified): no reference ids to check this sample against"
-_STOP_IDS: "weakref.WeakKeyDictionary[Tokenizer, dict[str, frozenset[int]]]" = weakref.WeakKeyDictionary()
+_STOP_IDS: weakref.WeakKeyDictionary[Tokenizer, dict[str, frozenset[int]]] = weakref.WeakKeyDictionary()
 
 
 def stop_token_ids(profile: Profile, tokenizer: Tokenizer) -> frozenset[int]:
@@ -48,8 +48,11 @@ def compare(
     first = common_prefix(ref, rec)
     spans = diff_spans(ref, rec)
     if j.category == "structure_mismatch":
+        assert j.ref_marks is not None and j.rec_marks is not None  # _judge sets them for unequal ids
         return Verdict("structure_mismatch", first, len(ref), len(rec), spans,
                        _layout_sentence(j.ref_marks, j.rec_marks, tokenizer))
+    # _judge sets these for unequal ids of the same layout
+    assert j.rec is not None and j.ref_bytes is not None and j.rec_bytes is not None
     rec = j.rec  # without the stop tokens a truncated reference does not have
     if j.same_bytes:
         return Verdict(j.category, first, len(ref), len(rec), spans, _resplit_sentence(ref, rec, spans, tokenizer, j.truncated))
@@ -72,9 +75,9 @@ class _Judged:
     category: str
     truncated: bool
     equal: bool = False  # the ids are the same
-    ref_marks: list | None = None
-    rec_marks: list | None = None
-    rec: list | None = None  # rec without the stop tokens a truncated reference lacks
+    ref_marks: list[int] | None = None
+    rec_marks: list[int] | None = None
+    rec: list[int] | None = None  # rec without the stop tokens a truncated reference lacks
     ref_bytes: bytes | None = None
     rec_bytes: bytes | None = None
     same_bytes: bool = False
@@ -253,5 +256,5 @@ def _layout_sentence(ref_marks: list[int], rec_marks: list[int], tokenizer: Toke
         if x != y:
             return f"structure: special token #{k + 1} is {name(x)} in the reference but {name(y)} in the rebuild"
     if len(ref_marks) > len(rec_marks):
-        return f"structure: the rebuild lacks {name(ref_marks[len(rec_marks)])} (special token #{len(rec_marks) + 1} of the reference)"
+        return f"structure: the rebuild lacks {name(ref_marks[len(rec_marks)])} (special token #{len(rec_marks) + 1} of " f"the reference)"
     return f"structure: the rebuild has an extra {name(rec_marks[len(ref_marks)])} (special token #{len(ref_marks) + 1})"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from json.encoder import c_make_encoder, encode_basestring, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
@@ -110,7 +111,7 @@ class FidelityProfile:
         return json.dumps(body, ensure_ascii=False, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "FidelityProfile":
+    def from_json(cls, text: str) -> FidelityProfile:
         """A profile from `to_json` output; ValueError naming the problem when the text is not one."""
         try:
             d = json.loads(text)
@@ -220,7 +221,7 @@ def _counts(value: dict) -> dict[str, dict[str, int]]:
 
 
 def learn(
-    probes: Iterable[tuple[Completion, Sequence[int]]], profile: Profile, tokenizer: "Tokenizer", *,
+    probes: Iterable[tuple[Completion, Sequence[int]]], profile: Profile, tokenizer: Tokenizer, *,
     endpoint: str, provider: str | None = None, stream: bool | None = None, whole: bool = True,
     view: Callable[[Sequence[int]], ProviderView] | None = None,
 ) -> FidelityProfile:
@@ -315,7 +316,7 @@ def _observe(obs: dict[str, Counter], ir: str | None, ic: str, icalls: Sequence[
     else:
         bump("edge:content.blank" + _blank_ctx(ir is not None, bool(icalls)), _change_lead(ic, gc))
     # tool calls, pairwise
-    for k, (want, got) in enumerate(zip(icalls, c.tool_calls)):
+    for _k, (want, got) in enumerate(zip(icalls, c.tool_calls)):
         args_w, args_g = want.arguments, got.arguments
         if args_w != args_g and args_w.strip() == args_g.strip() and args_w.strip():
             _edges(bump, "tool.arguments", args_w, args_g)

@@ -11,7 +11,7 @@ IDS_SOURCES. Only "server" and "logprobs" are ground truth ("verified"); "text" 
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from app.records import TRUE_ID_SOURCES
 

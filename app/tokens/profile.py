@@ -79,7 +79,7 @@ class Profile:
         """The stop token that closes a finished response."""
         return (self.end_after_tool_calls or self.end_of_turn) if has_tool_calls else self.end_of_turn
 
-    def marker_ids(self, tokenizer: "Tokenizer") -> dict[str, int]:
+    def marker_ids(self, tokenizer: Tokenizer) -> dict[str, int]:
         """Marker text -> id in `tokenizer`; raises InputError naming the first marker it lacks."""
         out: dict[str, int] = {}
         required = (self.think_close, self.end_of_turn, self.end_token(True), *self.tool_markers.values())

@@ -34,7 +34,8 @@ template adds one, the K2.5-derived template does not).
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from app.errors import InputError
 from app.records import ToolCall
@@ -152,7 +153,8 @@ def _call_fields(call: Any, where: str) -> tuple[str | None, str, Any]:
     """(id, name, arguments) of an OpenAI-style tool call."""
     if not isinstance(call, dict):
         raise InputError(f"{where}: a tool call must be an object with 'function': {{'name', 'arguments'}}")
-    fn = call.get("function") if isinstance(call.get("function"), dict) else call
+    nested = call.get("function")
+    fn = nested if isinstance(nested, dict) else call
     name = fn.get("name")
     if not isinstance(name, str):
         raise InputError(f"{where}: the tool call has no function name")

@@ -8,8 +8,8 @@ before any GPU hour is spent. Pure: no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from app.tokens.profile import Profile
 from app.tokens.prompt import render_prompt

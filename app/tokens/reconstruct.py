@@ -35,9 +35,10 @@ from __future__ import annotations
 import functools
 import re
 from collections import Counter
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from itertools import product
-from typing import Callable, Iterator, Sequence
+from typing import cast, overload
 
 from app.records import AGREEING_VERDICTS, Completion, Reconstruction, TokenLogprob, ToolCall, Verdict, positional_builder
 from app.tokens import flags as fl
@@ -537,7 +538,7 @@ class Reconstructor:
             ids = self.tokenizer.ids_of_bytes([bytes(lp.bytes) if lp.bytes is not None else _token_str_bytes(lp.token)
                                                for lp in logprobs])
             if None not in ids:
-                return ids
+                return cast(list[int], ids)
         out: list[int] = []
         for lp in logprobs:
             special = self.tokenizer.special_id(lp.token) if lp.token in self._marker_set else None
@@ -690,6 +691,7 @@ class Reconstructor:
         plain = Reconstruction(tuple(ids), "canonical", repair, None, (), fl.IDS_TEXT, flags)
         if not assisted:
             return replace(plain, roundtrip=False, notes=self._notes(Fields.of(c), ref, verdict, ref_bytes)), verdict
+        assert rec_bytes is not None and ref_bytes is not None  # ids != ref: an exact rebuild agreed above
         found = self._assisted_search(fields, ids, rec_bytes, ref, ref_bytes, list(used))
         if found is not None:
             key, label, v2 = found
@@ -853,7 +855,7 @@ class Reconstructor:
         # think_spaces: a detokenizer put ' ' on both sides of every added token.
         r, c = f.reasoning, f.content
         options = [
-            bool(r) and r.startswith(" "), bool(r) and r.endswith(" "), c.startswith(" "), c.endswith(" ")
+            r is not None and r.startswith(" "), r is not None and r.endswith(" "), c.startswith(" "), c.endswith(" ")
         ]
         for mask in product((False, True), repeat=4):
             if not any(mask) or any(m and not o for m, o in zip(mask, options)):
@@ -1024,6 +1026,12 @@ def _piece_agreement(texts: Sequence[str], ref: str) -> tuple[int, bool]:
     return prefix + suffix, False
 
 
+@overload
+def _restore_edges(got: str, truth: str | None) -> str: ...
+@overload
+def _restore_edges(got: None, truth: str | None) -> None: ...
+@overload
+def _restore_edges(got: str | None, truth: str | None) -> str | None: ...
 def _restore_edges(got: str | None, truth: str | None) -> str | None:
     """`got` with the leading/trailing whitespace of `truth`, when the two differ only there."""
     if got is None or truth is None or got == truth or got.strip() != truth.strip() or not got.strip():

@@ -66,13 +66,14 @@ def _jinja_renderer() -> Callable[..., tuple[list[str], Any]]:
     silence_library_noise()
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    return render_jinja_template
+    # transformers annotates it `-> str` but returns (rendered conversations, generation indices)
+    return render_jinja_template  # type: ignore[return-value]
 
 
 _FAST: list[Any] = []
 
 
-def _fast_renderer() -> tuple[Callable[[str], Any], Callable[[list], list]] | None:
+def _fast_renderer() -> tuple[Callable[[str], Any], Callable[[Sequence[dict[str, Any]]], list]] | None:
     """transformers' own pieces of `render_jinja_template` (transformers/utils/chat_template_utils.py):
     `_compile_jinja_template` (cached; ImmutableSandboxedEnvironment with trim_blocks, lstrip_blocks, the
     generation and loopcontrols extensions, `tojson`, `raise_exception`, `strftime_now`, `dict`, `namespace`)

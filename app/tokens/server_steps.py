@@ -88,15 +88,14 @@ def known_steps(server: str | None, stream: bool, profile: Profile) -> ServerSte
     probes can tell what the server does)."""
     if server == "transformers-serve":
         return _transformers_serve(stream, profile)
+    steps: tuple[KnownStep, ...] = ()
     if server == "openrouter":
-        steps = ()
         if stream and not profile.output_opens_with_think:
             # the prompt opens the think block: empty thinking closes it at once, and the stream says nothing
             steps = (KnownStep("empty_reasoning_dropped", "empty_reasoning", "dropped", _OR_EMPTY),)
         # the upstream providers' own steps are learned from probes, per provider
         return ServerSteps("openrouter", stream, f"OpenRouter, {_path(stream)}", "logprobs", steps)
     if server == "vllm":
-        steps: tuple[KnownStep, ...] = ()
         if profile.tool_format == "hermes" and profile.output_opens_with_think:
             # the qwen3 reasoning parser with the hermes tool parser (Qwen3's serving line)
             steps = (*_raw_regions(profile, _VLLM_QWEN3),

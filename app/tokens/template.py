@@ -10,8 +10,8 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from app.records import Completion, ToolCall
 from app.tokens.profile import Profile
@@ -154,14 +154,15 @@ def _cut_suffix(s: str, suffix: str) -> str:
     return s[: -len(suffix)] if suffix and s.endswith(suffix) else s
 
 
-# --- Kimi: <|tool_calls_section_begin|>(<|tool_call_begin|>ID<|tool_call_argument_begin|>ARGS<|tool_call_end|>)*<|tool_calls_section_end|>
+# --- Kimi: <|tool_calls_section_begin|>(<|tool_call_begin|>ID<|tool_call_argument_begin|>ARGS<|tool_call_end|>)*
+#     <|tool_calls_section_end|>
 
 
 _KIMI_NAME = re.compile(r"(?:functions\.)?(.+?)(?::\d+)?", re.S)
 
 
 @functools.lru_cache(maxsize=64)
-def _between(*parts: str) -> "re.Pattern[str]":
+def _between(*parts: str) -> re.Pattern[str]:
     """The compiled pattern `parts[0](.*?)parts[1](.*?)...` (markers escaped, DOTALL): one per profile's markers,
     compiled once (parsing runs per rebuilt sample)."""
     return re.compile("(.*?)".join(map(re.escape, parts)), re.S)
@@ -267,7 +268,8 @@ def _render_hermes(calls: Sequence[ToolCall], profile: Profile, has_content: boo
     return out
 
 
-# --- DeepSeek V3.1: <｜tool▁calls▁begin｜>(<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>)*<｜tool▁calls▁end｜>
+# --- DeepSeek V3.1:
+# <｜tool▁calls▁begin｜>(<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>)*<｜tool▁calls▁end｜>
 
 
 def _parse_deepseek(rest: str, profile: Profile, has_end: bool) -> tuple[str, list[ToolCall]]:
@@ -385,5 +387,5 @@ class Fields:
     close_think: bool | None = None  # None: the layout decides (see render_output)
 
     @classmethod
-    def of(cls, c: Completion) -> "Fields":
+    def of(cls, c: Completion) -> Fields:
         return cls(c.reasoning, c.content or "", tuple(c.tool_calls), c.finish_reason)

@@ -11,8 +11,8 @@ import base64
 import hashlib
 import json
 import re
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 from app.errors import InputError
 
@@ -251,7 +251,9 @@ class TiktokenTokenizer(Tokenizer):
         if starts is None:
             return None
         # one text to search ("\0" is in no special, so none spans two segments)
-        if holds_at(starts, self._special_re.match, "\0".join(segments)):
+        rx = self._special_re
+        assert rx is not None  # _special_starts is set only with it
+        if holds_at(starts, rx.match, "\0".join(segments)):
             return None
         ordinary = self._core.encode_ordinary
         short = self._short_runs
@@ -306,7 +308,7 @@ class TiktokenTokenizer(Tokenizer):
             raise ValueError(f"token id {token_id} is outside the vocabulary of {self.path} (size {self.vocab_size})") from None
 
 
-def _special_pattern(specials: dict[str, int]) -> "re.Pattern[str] | None":
+def _special_pattern(specials: dict[str, int]) -> re.Pattern[str] | None:
     """A regex matching exactly the special-token strings, shaped as a trie (one branch per next character, so a
     candidate position costs a few character tests, not one per special); None when a special is a prefix of
     another (the leftmost match would then depend on the order of alternatives)."""
@@ -431,7 +433,7 @@ class HFTokenizer(Tokenizer):
                 except KeyError:
                     self._id_to_bytes[i] = piece.encode("utf-8")
         else:
-            for piece, i in vocab.items():
+            for i in vocab.values():
                 self._id_to_bytes[i] = self._tok.decode([i], skip_special_tokens=False).encode("utf-8")
         self._bytes_to_id = {}
         for i in sorted(self._id_to_bytes, reverse=True):

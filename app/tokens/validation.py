@@ -7,9 +7,9 @@ reference-assisted upper bound.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
 
 from app.records import CORRUPT_VERDICTS, VERDICTS, Completion, Reconstruction, Verdict
 from app.tokens.flags import TEXT_PATH, is_suspect
@@ -105,7 +105,7 @@ def validate_all(
 
 def summarize(results: Sequence[ValidationResult], n_worst: int = 8) -> ValidationSummary:
     """Counts per verdict, repairs used, notes seen, and the worst examples (corrupt first)."""
-    verdicts = dict.fromkeys(VERDICTS, 0)
+    verdicts: dict[str, int] = dict.fromkeys(VERDICTS, 0)
     verdicts.update(Counter(r.verdict.category for r in results))
     repairs = Counter(r.reconstruction.repair for r in results if r.reconstruction.repair)
     notes = Counter(n for r in results for n in r.reconstruction.notes)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from textual import on
-from textual.app import App, SystemCommand
+from textual.app import SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
@@ -48,7 +48,7 @@ def parse_keymap(text: str | None) -> dict[str, str]:
     return keymap
 
 
-class EaglewatchApp(App):
+class EaglewatchApp(MonitorApp):
     """The operator's monitor over one run."""
 
     CSS_PATH = "app.tcss"
@@ -163,14 +163,20 @@ class EaglewatchApp(App):
             return snap.state in ("running", "paused")
         return True
 
+    def _control(self) -> RunControl:
+        """The run's control, for the keys that steer it (check_action hides them without one)."""
+        control = self.source.control
+        assert control is not None  # can_control is False for a read-only viewer
+        return control
+
     async def action_toggle_pause(self) -> None:
         snap = self.last_record
         if snap is None or not self.source.can_control:
             return
         if snap.state == "paused":
-            await steer(self, "resume", self.source.control.resume, "leasing goes on")
+            await steer(self, "resume", self._control().resume, "leasing goes on")
         else:
-            await steer(self, "pause", self.source.control.pause, "nothing new is leased; requests in flight finish")
+            await steer(self, "pause", self._control().pause, "nothing new is leased; requests in flight finish")
 
     def action_pause_now(self) -> None:
         snap = self.last_record
@@ -179,7 +185,7 @@ class EaglewatchApp(App):
 
         async def answered(yes: bool | None) -> None:
             if yes:
-                await steer(self, "pause now", lambda: self.source.control.pause(now=True),
+                await steer(self, "pause now", lambda: self._control().pause(now=True),
                             "requests on the wire are cancelled (providers may still bill them)", severity="warning")
 
         if not isinstance(self.screen, ConfirmScreen):
@@ -194,7 +200,7 @@ class EaglewatchApp(App):
 
         async def answered(limit: int | None) -> None:
             if limit is not None:
-                await steer(self, f"concurrency limit {limit}", lambda: self.source.control.set_concurrency(limit),
+                await steer(self, f"concurrency limit {limit}", lambda: self._control().set_concurrency(limit),
                             "clamped to the configured min/max")
 
         question = "New concurrency limit (requests in flight across all endpoints)"
@@ -207,10 +213,11 @@ class EaglewatchApp(App):
         if not self.check_action("retry_failed", ()) or isinstance(self.screen, ConfirmScreen):
             return
         snap = self.last_record
+        assert snap is not None  # check_action asked for one
 
         async def answered(yes: bool | None) -> None:
             if yes:
-                await steer(self, "retry failed samples", self.source.control.retry_failed,
+                await steer(self, "retry failed samples", self._control().retry_failed,
                             "they are pending again, each with a fresh allowance of attempts")
 
         self.push_screen(ConfirmScreen(f"Put the {snap.failed} failed samples back to pending, each with a fresh "

@@ -49,7 +49,8 @@ class CommandAck:
 
 class AttachedControl:
     """`RunControl` for an attached viewer: each call queues a row in the `commands` table, which the
-    headless engine polls (verbs pause {now}, resume, set_concurrency {limit}, retry_failed) and marks done when it takes
+    headless engine polls (verbs pause {now}, resume, set_concurrency {limit}, retry_failed) and marks done when it
+    takes
     it; `last_command` is the id of the row the latest call queued, and `acknowledgement` waits for it."""
 
     def __init__(self, database: Path, run_id: int) -> None:

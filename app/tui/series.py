@@ -81,7 +81,7 @@ class RunSeries:
         """The cost of every stored attempt: what the cost plot ends at."""
         return sum(r[2] for r in self._buckets.values())
 
-    def _prefix_upto(self, first: int, last: int, start: float) -> "_Prefix":
+    def _prefix_upto(self, first: int, last: int, start: float) -> _Prefix:
         """The kept values of buckets first .. last - 1, recomputed from the first bucket that changed."""
         p = self._prefix
         if (p.first, p.start) != (first, start):
@@ -166,7 +166,7 @@ class _Prefix:
     measured: int = 0
     matched: int = 0
 
-    def cut(self, n: int) -> "_Prefix":
+    def cut(self, n: int) -> _Prefix:
         """The first `n` buckets only (the running totals recounted from what is kept)."""
         out = _Prefix(self.first, self.start)
         if n <= 0:

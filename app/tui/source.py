@@ -20,7 +20,13 @@ from app.engine.record.snapshot import LiveFigures, RunRecord
 from app.records import VERDICT_CLASSES, Alignment, Category
 from app.store.queries import MISMATCH_ORDERS, MISMATCH_VERDICTS, SERIES_BUCKET_S, SeriesChunk
 from app.store.rows import (
-    CONVERSATION_STATUSES, ConversationCounts, ConversationRow, MismatchPage, MismatchRow, SampleDetail, TurnRow,
+    CONVERSATION_STATUSES,
+    ConversationCounts,
+    ConversationRow,
+    MismatchPage,
+    MismatchRow,
+    SampleDetail,
+    TurnRow,
     conversation_status,
 )
 from widgets.event_tail import EventLine
@@ -34,7 +40,7 @@ __all__ = [
     "ConversationRow", "TurnRow", "CONVERSATION_STATUSES", "conversation_status",
 ]
 
-VERDICT_WORDS = {
+VERDICT_WORDS: dict[str, str] = {
     Category.EXACT: "exact: the reconstructed ids equal the reference ids",
     Category.BPE_EQUIVALENT: "benign: same text, different BPE split",
     Category.TEXT_MISMATCH: "corrupt: the decoded text differs from the reference",

@@ -44,7 +44,7 @@ def acknowledgement_text(what: str, effect: str, ack: CommandAck) -> str:
         return f"{head}, though the engine beat {engine.age_s:.0f} s ago (is its database refusing writes?); still waiting"
     if engine.state == "stopped":
         return f"{head}: the engine exited {engine.age_s:.0f} s ago; it stays queued for the next engine"
-    return f"{head} — is the engine running? (last heartbeat {engine.age_s:.0f} s ago); it stays queued for the next engine"
+    return f"{head} — is the engine running? (last heartbeat {engine.age_s:.0f} s ago); it stays queued for the next " f"engine"
 
 
 async def steer(app: Any, what: str, send: Callable[[], Awaitable[None]], effect: str, *,

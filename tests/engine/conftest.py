@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from app.config import parse_config
-from app.store.store_records import SampleInput
 from app.store.run_store import RunStore
+from app.store.store_records import SampleInput
 
 
 def make_config(tmp_path: Path, sample_data: Path, **kw):

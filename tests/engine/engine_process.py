@@ -1,4 +1,5 @@
-"""A whole engine in its own process, for the crash-safety tests: `python engine_process.py CONFIG.json [--reconstruct]`.
+"""A whole engine in its own process, for the crash-safety tests:
+`python engine_process.py CONFIG.json [--reconstruct]`.
 
 Runs the config's run to the end (the database must already hold the samples) and exits 0; prints the
 engine's in-memory spent figure as `spent=<usd>` on the way out. `--reconstruct` rebuilds token ids with the

@@ -14,6 +14,7 @@ from app.engine.run import Run
 from app.errors import EaglewatchError
 from app.simulator.options import SimulatorOptions
 from app.simulator.server import SimulatorServer
+from app.store.queries import connect_readonly
 from tests.engine.conftest import beats_after, make_config, open_ingested, run_to_end
 
 SLOW = {"latency_median_ms": 40.0, "latency_p95_ms": 60.0}

@@ -69,7 +69,7 @@ async def test_every_turn_is_regenerated_on_the_models_own_history(tmp_path, sam
     conversations = _turns(config.run.database)
     assert len(conversations) == 16 and all(cid is not None for cid in conversations)
     checked = 0
-    for cid, turns in conversations.items():
+    for _cid, turns in conversations.items():
         assert [t["turn"] for t in turns] == list(range(1, turns[0]["turns"] + 1))
         for prev, t in zip(turns, turns[1:]):
             if t["state"] != "done":
@@ -210,7 +210,7 @@ async def test_a_sigkill_storm_mid_conversation_loses_no_turn_and_generates_none
                           "WHERE c.state = 'done' AND p.state != 'done'").fetchone()[0] == 0
         order = db.execute(
             f"SELECT COUNT(*) FROM samples c JOIN samples p ON p.pk = c.parent_pk "
-            f"JOIN responses rc ON rc.sample_pk = c.pk JOIN responses rp ON rp.sample_pk = p.pk AND rp.{OK.replace(' AND ', ' AND rp.')} "
+            "JOIN responses rc ON rc.sample_pk = c.pk JOIN responses rp ON rp.sample_pk = p.pk AND " f"rp.{OK.replace(' AND ', ' AND rp.')} "
             f"WHERE rc.created_at < rp.created_at").fetchone()[0]
         assert order == 0
         # each turn's request extends its parent's

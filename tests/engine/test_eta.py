@@ -4,10 +4,10 @@ length curve (Kaplan-Meier with samples in flight censored, a tail bounded by ma
 from __future__ import annotations
 
 import heapq
-from collections import Counter
 import json
 import math
 import random
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -294,8 +294,8 @@ def test_a_seeded_projector_projects_as_one_that_saw_the_samples_finish():
 async def test_a_resumed_run_has_an_eta_before_its_first_new_answer(tmp_path, sample_data):
     """The engine seeds its projector from the run's stored answers: no blank ETA after a restart."""
     from app.engine.run import Run
-    from tests.engine.conftest import make_config, sample_inputs
     from app.store.run_store import RunStore
+    from tests.engine.conftest import make_config, sample_inputs
 
     config = make_config(tmp_path, sample_data, simulator={"latency_median_ms": 300.0, "latency_p95_ms": 400.0})
     store = await RunStore.open(config.run.database)

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from app.tui.db_source import AttachedSource
-from tests.engine.test_headless import _config as headless_config
 from app.tui.screens.dashboard import engine_gone, status_line
+from tests.engine.test_headless import _config as headless_config
 
 
 def _config(tmp_path: Path, sample_data: Path) -> Path:

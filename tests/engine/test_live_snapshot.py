@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from app.engine.run import Run
 from app.config import parse_config
+from app.engine.run import Run
 from tests.engine.conftest import config_data, make_config, open_ingested, until
 
 

@@ -65,7 +65,7 @@ class CostServer:
         self.cost_texts = cost_texts
         self.requests = 0
 
-    async def __aenter__(self) -> "CostServer":
+    async def __aenter__(self) -> CostServer:
         from aiohttp import web
 
         app = web.Application()

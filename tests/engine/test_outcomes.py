@@ -9,14 +9,15 @@ import sqlite3
 
 import pytest
 
+from app.config import parse_config
 from app.engine.control import RunControl
 from app.engine.fidelity.pool import build_reconstructor
 from app.config import parse_config
 from app.engine.run import Run
 from app.errors import InputError
 from app.providers.retry import RetryPolicy
-from app.store.store_records import SampleInput
 from app.store.run_store import RunStore
+from app.store.store_records import SampleInput
 from tests.engine.conftest import config_data, make_config, open_ingested, run_to_end, sample_inputs
 from tests.engine.conftest import until as _until
 

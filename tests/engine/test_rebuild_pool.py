@@ -20,7 +20,6 @@ from app.engine.fidelity.verify import LOGPROB_PROBE_FIELDS, Rebuilder
 from app.providers.client import ChatClient
 from app.simulator.server import SimulatorServer
 from app.tokens.fidelity_profile import FidelityProfile
-from app.config import parse_config
 from tests.engine.conftest import config_data, make_config, open_ingested, sample_inputs
 
 N = 12
@@ -72,7 +71,7 @@ async def test_processes_rebuild_exactly_what_threads_rebuild(tmp_path, sample_d
             a = await asyncio.gather(*(threads.rebuild(c, s, ep, measure) for c, s, ep in got))
             b = await asyncio.gather(*(procs.rebuild(c, s, ep, measure) for c, s, ep in got))
             assert len(a) == len(b) == len(got)
-            for (c, s, ep), x, y in zip(got, a, b):
+            for (_c, s, ep), x, y in zip(got, a, b):
                 assert x == y, (ep, s.sample_id, measure)  # every field: ids, flags, verdict, measured, prompt check
             assert any(r.measured for r in b) == measure
             assert any(r.prompt_check is not None for r in b)
@@ -171,7 +170,8 @@ import asyncio, sys
 from app.config import parse_config
 from app.engine.fidelity.pool import RebuildPool, build_reconstructor, open_rebuilder
 async def main():
-    config = parse_config({"run": {"name": "t"}, "data": {"datasets": [{"path": sys.argv[1] + "/prompts.openai.jsonl"}]},
+    config = parse_config({"run": {"name": "t"},
+                           "data": {"datasets": [{"path": sys.argv[1] + "/prompts.openai.jsonl"}]},
                            "model": {"name": "m", "tokenizer": sys.argv[1] + "/tokenizer"},
                            "endpoints": [{"name": "e", "base_url": "http://127.0.0.1:9"}]})
     rebuilder, _ = await open_rebuilder(build_reconstructor(config), config, config.run.database.parent / "no.db")
@@ -268,7 +268,8 @@ with open(sys.argv[2], "a") as f:  # the script's top level: it must run once, i
 from app.config import parse_config
 from app.engine.fidelity.pool import RebuildPool, build_reconstructor, open_rebuilder
 async def main():
-    config = parse_config({"run": {"name": "t"}, "data": {"datasets": [{"path": sys.argv[1] + "/prompts.openai.jsonl"}]},
+    config = parse_config({"run": {"name": "t"},
+                           "data": {"datasets": [{"path": sys.argv[1] + "/prompts.openai.jsonl"}]},
                            "model": {"name": "m", "tokenizer": sys.argv[1] + "/tokenizer"},
                            "endpoints": [{"name": "e", "base_url": "http://127.0.0.1:9"}]})
     rebuilder, _ = await open_rebuilder(build_reconstructor(config), config, config.run.database.parent / "no.db")

@@ -124,8 +124,9 @@ class _Filler:
 
     def __init__(self, folder: Path) -> None:
         self.path = folder / f"filler-{uuid.uuid4().hex}"
-        self._main = open(self.path, "wb")
-        self._tail = open(folder / "filler-tail", "wb")
+        # held open across fill() and release(), closed there
+        self._main = open(self.path, "wb")  # noqa: SIM115
+        self._tail = open(folder / "filler-tail", "wb")  # noqa: SIM115
 
     def fill(self) -> Path:
         """Write until the filesystem is full, then a last few bytes so not even a page is left; return the file."""

@@ -15,8 +15,6 @@ from app.engine.fidelity.verify import Verifier, _Probes
 from tests.engine.conftest import make_config, run_to_end
 
 
-
-
 def _sim(**kw) -> dict:
     sim = {"latency_median_ms": 0.0, "latency_p95_ms": 0.0, "tokens_per_s": 0.0, "seed": 3, "logprobs": True}
     sim.update(kw)

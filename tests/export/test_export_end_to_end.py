@@ -9,6 +9,7 @@ from app.export import Export, ExportOptions
 from app.extract.manifest import read_manifest, read_shard
 from app.store.store_records import SampleInput, ResultRecord
 from app.store.run_store import RunStore
+from app.store.store_records import SampleInput
 from app.tokens import get_profile, load_tokenizer, split_output
 from app.tokens.reconstruct import Reconstructor
 

@@ -11,8 +11,7 @@ import json
 import pytest
 
 from app.export import PromptRenderer, load_chat_template
-from app.tokens import get_profile, load_tokenizer
-from app.tokens import render_export
+from app.tokens import get_profile, load_tokenizer, render_export
 
 # history shapes the sample prompts lack: the older reasoning names transformers aliases, empty and None fields
 EXTRA = [

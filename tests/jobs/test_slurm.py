@@ -15,7 +15,6 @@ from app.jobs.store import JobStore
 
 from .conftest import fake_spec, poll_until
 
-
 needs_slurm = pytest.mark.skipif(
     os.environ.get("EAGLEWATCH_SLURM") != "1",
     reason="no Slurm cluster: run `bash scripts/slurm_ci_up.sh`, then `. $BASE/env` (sets EAGLEWATCH_SLURM=1)",

@@ -83,7 +83,7 @@ class BodyServer:
         self._runner: Any = None
         self.base_url = ""
 
-    async def __aenter__(self) -> "BodyServer":
+    async def __aenter__(self) -> BodyServer:
         from aiohttp import web
 
         app = web.Application()

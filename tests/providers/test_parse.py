@@ -7,8 +7,14 @@ import json
 import pytest
 
 from app.providers.exceptions import RetryableError, RunStoppingError, SampleFatalError
-from app.providers.parse import (StreamAssembler, classify_status, iter_sse_events, parse_body, parse_retry_after,
-                                 parse_usage)
+from app.providers.parse import (
+    StreamAssembler,
+    classify_status,
+    iter_sse_events,
+    parse_body,
+    parse_retry_after,
+    parse_usage,
+)
 from app.providers.pricing import ModelPricing, cost_of
 from app.records import Usage
 

@@ -83,7 +83,7 @@ async def test_against_a_flaky_simulator_only_the_success_is_counted(tok, refere
     async with SimulatorServer(options, tokenizer=tok, reference=reference[0], retry_after_s=0) as sim:
         async with ChatClient(Endpoint(), Generation(), "k", base_url=sim.base_url) as client:
             completions = []
-            for i in range(10):
+            for _i in range(10):
                 completions.append(await with_retries(
                     lambda: client.complete(user("plain"), model="kimi"),
                     RetryPolicy(attempts=20, base_s=0.001, cap_s=0.002),

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from app.providers import ChatClient, ProviderError, SampleFatalError
+from app.providers import ChatClient, SampleFatalError
 from app.simulator import SimulatorOptions, SimulatorServer
 from app.tokens import Reconstructor, get_profile
 from app.tokens.tokenizer import load_tokenizer
@@ -60,7 +60,7 @@ async def test_every_verdict_agrees_with_generate_truth(real_server, truth, rec,
     results = await _run_cases(base_url, model, stream, truth, GOOD, MAX_TOKENS)
     results += await _run_cases(base_url, model, stream, truth, GOOD[:2], CUT)
     report = []
-    for messages, tools, completion, ids in results:
+    for messages, _tools, completion, ids in results:
         reconstruction, verdict = rec.process(completion, ids)
         right = tuple(reconstruction.output_ids) == tuple(ids)
         # never a wrong verdict: exact (truncated: exact without an end of turn) exactly when the rebuilt ids
@@ -163,7 +163,7 @@ EXTRA = [([{"role": "user", "content": f"Translate {NORMALISED} into English."}]
 
 
 def _write_run(tmp_path, base_url, model_dir, truth, stream: bool, *, cases=GOOD, reference: bool = True,
-               server: bool = True, name: str = "run") -> "Path":
+               server: bool = True, name: str = "run") -> Path:
     """A run config over the real server: the cases as a dataset, generate()'s ids as the reference (unless
     `reference` is False, as in production); `server` False leaves `server =` out (the default config: the
     engine identifies the server from its GET /v1/models)."""

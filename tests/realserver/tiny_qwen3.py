@@ -3,7 +3,8 @@
 The folder holds a byte-level BPE `tokenizer.json` trained here on a small corpus, carrying Qwen3's markers
 (`<|im_start|>`, `<|im_end|>`, `<think>`, `</think>`, `<tool_call>`, `</tool_call>`, `<|endoftext|>`, with
 Qwen3's special flags) and Qwen3's NFC normaliser (so the server's prompt encoding normalises text such as
-U+F981 to U+5973 before BPE, as the real Qwen3 tokenizer does), a chat template written for this test from the Qwen3 layout in
+U+F981 to U+5973 before BPE, as the real Qwen3 tokenizer does), a chat template written for this test from the Qwen3
+layout in
 ../shared/reference/tokenization.md §2 (ChatML turns, `<tools>` JSON lines in the system turn, the
 generation prompt `<|im_start|>assistant\\n`, Hermes `<tool_call>` JSON), and a two-layer `Qwen3ForCausalLM`
 trained for a few hundred CPU steps to emit the Qwen3 output layout (`<think>\\n…\\n</think>\\n\\n…`, tool

@@ -17,7 +17,7 @@ from app.records import Completion, ToolCall
 from app.store import queries, tallies
 from app.store.conversation_ops import restore_children_of
 from app.store.db import migrate
-from app.store.run_store import RunStore
+from app.store.run_store import RunStore, StoreWriteError
 from app.store.schema import MIGRATIONS
 from app.store.store_records import SampleInput, ResultRecord
 

@@ -15,10 +15,10 @@ import pytest
 from app.engine.work.config_ingest import ingest_config as _ingest_config
 from app.config import load_config
 from app.datasets import ReadStats, content_id, iter_prompts, iter_references
+from app.engine.config_ingest import ingest_config as _ingest_config
 from app.errors import InputError
 from app.store import queries
 from app.store.run_store import RunStore
-
 
 TOKENIZER = Path(__file__).resolve().parents[2] / "sample_data" / "tokenizer"
 

@@ -12,6 +12,7 @@ from app.store.rows import ReconstructionRow
 from app.store.run_store import RunStore
 from app.store.store_records import SampleInput, ResultRecord
 from app.store.schema import MIGRATIONS, SCHEMA_VERSION
+from app.store.store_records import SampleInput
 from tests.store.test_run_store import completion
 
 # (detail as stored, tokens differing: the longer side of each span, 0 without spans or JSON)

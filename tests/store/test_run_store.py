@@ -169,7 +169,7 @@ async def test_a_failing_result_leaves_no_partial_rows(tmp_path: Path) -> None:
         await store.record_result(ResultRecord(run_id, leased.pk, 1, "sim", completion(), 0.1, bad, None, None))
 
     def boom(conn: sqlite3.Connection) -> None:
-        conn.execute("INSERT INTO responses (run_id, sample_pk, attempt, endpoint, cost_usd, created_at) VALUES (?, ?, 1, 'x', 9, 0)", (run_id, leased.pk))
+        conn.execute("INSERT INTO responses (run_id, sample_pk, attempt, endpoint, cost_usd, created_at) VALUES (?, ?, 1, " "'x', 9, 0)", (run_id, leased.pk))
         conn.execute("INSERT INTO no_such_table VALUES (1)")
 
     with pytest.raises(EaglewatchError, match="a database write failed"):

@@ -14,6 +14,7 @@ from app.store.rows import ReconstructionRow
 from app.store.run_store import RunStore
 from app.store.store_records import SampleInput, ResultRecord
 from app.store.schema import MIGRATIONS
+from app.store.store_records import SampleInput
 
 TALLY_TABLES = ("sample_tallies", "response_tallies", "reconstruction_tallies", "quality_tallies", "tally_marks")
 
@@ -165,7 +166,7 @@ def test_migration_fills_the_tallies_from_a_version_2_database(tmp_path: Path) -
     conn = sqlite3.connect(db, isolation_level=None)
     conn.execute("INSERT INTO runs (id, name, created_at, updated_at) VALUES (1, 'r', 0, 0)")
     conn.executemany(
-        "INSERT INTO samples (pk, run_id, sample_id, dataset, messages, state, error_class) VALUES (?, 1, ?, 'd', '[]', ?, ?)",
+        "INSERT INTO samples (pk, run_id, sample_id, dataset, messages, state, error_class) VALUES (?, 1, ?, " "'d', '[]', ?, ?)",
         [(1, "a", "done", None), (2, "b", "failed", "AuthError"), (3, "c", "failed", None), (4, "d", "pending", None)],
     )
     conn.executemany(
@@ -201,7 +202,7 @@ def test_the_first_difference_order_walks_an_index(tmp_path: Path) -> None:
     )
     cats = ("exact", "text_mismatch", "structure_mismatch", "bpe_equivalent")
     conn.executemany(
-        "INSERT INTO reconstructions (run_id, sample_pk, strategy, output_ids, category, first_diff, n_tokens, created_at) "
+        "INSERT INTO reconstructions (run_id, sample_pk, strategy, output_ids, category, first_diff, n_tokens, " "created_at) "
         "VALUES (1, ?, 'canonical', x'01000000', ?, ?, 1, 0)",
         [(i, cats[i % 4], None if i % 4 == 0 or i % 7 == 0 else (i * 37) % 50) for i in range(1, 201)],
     )

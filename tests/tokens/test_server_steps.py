@@ -1,5 +1,6 @@
 """Every server-side text step of the reference (section 7), applied to the sample reference set, is
-inverted by the reference-assisted search (the upper bound; app.tokens.fidelity_profile learns them for production): the verdict stays benign and the repair is named. Steps are written here from the reference."""
+inverted by the reference-assisted search (the upper bound; app.tokens.fidelity_profile learns them for production):
+the verdict stays benign and the repair is named. Steps are written here from the reference."""
 
 from __future__ import annotations
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 
-
 from app.tokens import compare, get_profile
 from app.tokens.compare import first_text_difference
 

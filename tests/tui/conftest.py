@@ -13,6 +13,7 @@ from app.jobs.spec import JobSpec
 from app.records import Completion, Reconstruction, Usage, Verdict
 from app.store.store_records import ResultRecord, SampleInput
 from app.store.run_store import RunStore
+from app.store.store_records import SampleInput
 from app.tokens import load_tokenizer
 from app.tokens.align import diff_spans
 

@@ -9,7 +9,13 @@ from app.engine.record.snapshot import EndpointLive, LiveFigures, Rate, RunRecor
 from app.records import AlignBlock, AlignedToken, Alignment
 from app.store.count_records import AnswerCounts, EndpointCounts, RunCounts, SampleStates
 from app.tui.source import (
-    ConversationCounts, ConversationRow, MismatchPage, MismatchRow, SampleDetail, SampleDiff, TurnRow,
+    ConversationCounts,
+    ConversationRow,
+    MismatchPage,
+    MismatchRow,
+    SampleDetail,
+    SampleDiff,
+    TurnRow,
 )
 from widgets.event_tail import EventLine
 from widgets.jobs_table import JobRow
@@ -66,7 +72,7 @@ def sample_alignment(repeat: int = 1) -> Alignment:
     """ref: '<think>' 'The' '·NOR' ... rec splits '·NOR' as '·N' + 'OR' (a benign BPE split)."""
     blocks = []
     ref_pos = rec_pos = 0
-    for r in range(repeat):
+    for _r in range(repeat):
         equal = tuple(tok(1000 + k, t) for k, t in enumerate(["The", "·answer", "·is", "·clear", ".", "⏎"] * 3))
         blocks.append(AlignBlock(True, ref_pos, rec_pos, equal, equal))
         ref_pos += len(equal)
@@ -114,7 +120,7 @@ class MemorySource:
         return self._can_control
 
     @property
-    def control(self) -> "MemorySource | None":
+    def control(self) -> MemorySource | None:
         return self if self._can_control else None
 
     def live_figures(self) -> None:

@@ -21,7 +21,13 @@ from app.store.run_store import RunStore
 from app.tui.app import EaglewatchApp, make_app
 from app.tui.db_source import AttachedSource, InProcessSource
 from app.tui.screens.conversations import PAGE_SIZE, STATUS_LABELS, ConversationScreen, ConversationsScreen
-from app.tui.screens.dashboard import CONVERSATION_GLOSSARY, CONVERSATION_WIDTH, GLOSSARY, DashboardScreen, conversation_lines
+from app.tui.screens.dashboard import (
+    CONVERSATION_GLOSSARY,
+    CONVERSATION_WIDTH,
+    GLOSSARY,
+    DashboardScreen,
+    conversation_lines,
+)
 from app.tui.screens.diff import DiffScreen
 from app.tui.screens.help import HelpScreen
 from app.tui.source import ConversationCounts

@@ -10,7 +10,7 @@ from textual import on
 from textual.app import App
 from textual.widgets import Static
 
-from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
+from app.tui.fetch import Fetched, FetchFailed, fetch_in_thread
 
 
 class Loaded(Fetched):

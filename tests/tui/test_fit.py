@@ -15,8 +15,8 @@ from rich.cells import cell_len
 
 from app.config import apply_overrides, load_config
 from app.engine.run import Run
-from app.store.store_records import SampleInput
 from app.store.run_store import RunStore
+from app.store.store_records import SampleInput
 from app.tui.app import EaglewatchApp, make_app
 from app.tui.db_source import AttachedSource, InProcessSource
 from app.tui.screens.confirm import ConfirmScreen, NumberScreen
@@ -29,7 +29,6 @@ from app.tui.screens.sample import SampleScreen
 from app.tui.series import PLOTS
 from tests.tui.fit import blank_rows, cuts, screen_text
 from widgets.event_tail import EventTail
-from widgets.metric_tile import MetricTile
 from widgets.time_plot import TimePlot
 
 SIZES = [(80, 24), (120, 40)]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from app.config import apply_overrides, load_config
 from app.engine.run import Run
-from app.store.store_records import SampleInput
 from app.store.run_store import RunStore
+from app.store.store_records import SampleInput
 from app.tui.app import make_app
 from app.tui.db_source import InProcessSource
 from app.tui.screens.confirm import ConfirmScreen

@@ -11,6 +11,7 @@ from rich.cells import cell_len
 from app.records import Completion, Reconstruction, Usage, Verdict
 from app.store.store_records import SampleInput, ResultRecord
 from app.store.run_store import RunStore
+from app.store.store_records import SampleInput
 from app.tokens.align import diff_spans
 from app.tui.app import EaglewatchApp
 from app.tui.db_source import AttachedSource

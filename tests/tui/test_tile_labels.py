@@ -5,6 +5,7 @@ a `timeout 1` among the errors, 16 truncated answers, and long endpoint names.""
 
 from __future__ import annotations
 
+import io
 import re
 from dataclasses import replace
 
@@ -15,7 +16,7 @@ from app.store.count_records import AnswerCounts, EndpointCounts, Percentiles
 from app.tui.app import EaglewatchApp
 from app.tui.screens.dashboard import GLOSSARY, DashboardScreen
 from app.tui.screens.help import HelpScreen
-from tests.tui.fit import cuts, screen_text
+from tests.tui.fit import cuts
 from tests.tui.sources import COUNTS, LIVE, RECORD, MemorySource
 
 SIZES = [(80, 24), (120, 40), (120, 24), (80, 40)]
@@ -67,7 +68,7 @@ def _help_text(screen: HelpScreen) -> str:
     from rich.console import Console
     from textual.widgets import Static
 
-    console = Console(width=400, record=True, file=open("/dev/null", "w"))
+    console = Console(width=400, record=True, file=io.StringIO())
     console.print(screen.query_one(Static).content)
     return " ".join(console.export_text().split())
 

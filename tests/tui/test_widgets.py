@@ -55,7 +55,7 @@ class DiffHost(App):
 async def test_diff_view_opens_32k_tokens_and_walks_every_difference() -> None:
     equal = tuple(AlignedToken(i % 500, f"t{i % 500}") for i in range(1000))
     blocks, pos = [], 0
-    for k in range(32):
+    for _k in range(32):
         blocks.append(AlignBlock(True, pos, pos, equal, equal))
         pos += len(equal)
         blocks.append(AlignBlock(False, pos, pos, (AlignedToken(7, "·NOR"),), (AlignedToken(8, "·N"), AlignedToken(9, "OR"))))

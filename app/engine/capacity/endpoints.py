@@ -131,17 +131,18 @@ async def open_endpoints(
 
 
 async def _start_simulator(config: RunConfig, ep: EndpointConfig):
+    from app.providers.pricing import resolve_pricing
     from app.simulator.server import SimulatorServer
 
-    from app.providers.pricing import resolve_pricing
-
+    sim = ep.simulator
+    assert sim is not None  # called for simulated endpoints only
     kwargs = {}
     pricing, _ = resolve_pricing(config.model.name, config.pricing)  # a variant bills at its base model's price
     if pricing is not None:
         kwargs["pricing"] = pricing
     server = SimulatorServer(
-        ep.simulator, tokenizer_dir=config.model.tokenizer,
-        reference=ep.simulator.reference or config.data.reference, model=config.model.name,
+        sim, tokenizer_dir=config.model.tokenizer,
+        reference=sim.reference or config.data.reference, model=config.model.name,
         profile=config.model.profile, **kwargs,
     )
     await server.start()

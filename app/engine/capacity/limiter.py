@@ -43,7 +43,8 @@ The rule, per endpoint (pure and synchronous: the caller passes the clock readin
   start (so a queue ends it within a round trip or two), max(`round_min`, limit) after. The floor is the
   lowest round median of the last `floor_window_s`, the first round left out (it holds the fastest of the
   first wave). Two rounds in a row over `latency_tolerance` x floor (and `latency_slack_s` past it, so a
-  fast server's floor of a few ms does not read the client's own CPU jitter as a queue) multiply the limit by tolerance x floor /
+  fast server's floor of a few ms does not read the client's own CPU jitter as a queue) multiply the limit by tolerance
+  x floor /
   median (at least 0.5); while latency holds the limit, each round within tolerance adds sqrt(limit)
   (Gradient2's queue allowance), never past the proven ceiling + 1. A tolerance of 2 keeps a queueing
   server's batch slots full (its throughput is flat beyond them) and keeps a lognormal latency's noise

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-
 from collections.abc import Callable
 
 from app.engine.capacity.limiter import AdaptiveLimit, Ticket

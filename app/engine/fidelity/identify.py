@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
@@ -46,12 +47,12 @@ async def identify(endpoints: Sequence[Endpoint]) -> list[Identity]:
             return Identity(None, "not asked (no base_url of its own)")
         if (urlsplit(base).hostname or "").endswith("openrouter.ai"):
             return Identity("openrouter", "host")
-        return await _ask_models(cfg)
+        return await _ask_models(cfg, base)
 
     return list(await asyncio.gather(*(one(ep) for ep in endpoints)))
 
 
-async def _ask_models(cfg: EndpointConfig) -> Identity:
+async def _ask_models(cfg: EndpointConfig, base_url: str) -> Identity:
     import httpx
 
     from app.engine.capacity.endpoints import _api_key
@@ -66,7 +67,7 @@ async def _ask_models(cfg: EndpointConfig) -> Identity:
         headers["Authorization"] = f"Bearer {key}"
     try:
         async with httpx.AsyncClient(timeout=IDENTIFY_TIMEOUT_S) as client:
-            response = await client.get(cfg.base_url.rstrip("/") + "/models", headers=headers)
+            response = await client.get(base_url.rstrip("/") + "/models", headers=headers)
         if response.status_code != 200:
             return Identity(None, f"GET /models answered {response.status_code}")
         kind = server_from_models(json.loads(response.content), dict(response.headers))

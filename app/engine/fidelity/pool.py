@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import math
 import multiprocessing
+import multiprocessing.context
 import os
 import pickle
 import signal
@@ -35,15 +36,14 @@ import sys
 import threading
 import time
 from collections import deque
-from contextlib import contextmanager
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-import multiprocessing.context
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 from app.engine.fidelity.verify import Rebuilder, Rebuilt
 from app.errors import InputError
@@ -134,7 +134,7 @@ class RebuildRecipe:
     fidelity: tuple[FidelityProfile | None, ...]
 
     @classmethod
-    def of(cls, rebuilder: Rebuilder) -> "RebuildRecipe":
+    def of(cls, rebuilder: Rebuilder) -> RebuildRecipe:
         """The recipe of the engine's Rebuilder (its tokenizer's folder, profile and fidelity profiles)."""
         return cls(str(rebuilder.tokenizer.path), rebuilder.profile, rebuilder.tokenizer.fingerprint,
                    rebuilder.fidelity_profiles)
@@ -154,6 +154,10 @@ _Call = tuple[Completion, tuple[int, ...] | None, Sequence[dict[str, Any]], Sequ
               Completion | None]
 
 
+@overload
+def _light(completion: Completion) -> Completion: ...
+@overload
+def _light(completion: Completion | None) -> Completion | None: ...
 def _light(completion: Completion | None) -> Completion | None:
     return replace(completion, raw=None) if completion is not None and completion.raw is not None else completion
 
@@ -345,7 +349,7 @@ def _main_hidden() -> Iterator[None]:
     if main is None:
         yield
         return
-    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    saved: dict[str, Any] = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
     main.__dict__.pop("__file__", None)
     main.__dict__["__spec__"] = None
     try:
@@ -404,7 +408,7 @@ class RebuildPool:
 
     @classmethod
     async def open(cls, rebuilder: Rebuilder, setting: int | Literal["auto"] = "auto",
-                   on_event: Callable[[str, str], Awaitable[None]] | None = None) -> "RebuildPool":
+                   on_event: Callable[[str, str], Awaitable[None]] | None = None) -> RebuildPool:
         """A pool for `rebuilder` with `[run] rebuild_workers` = `setting`; worker processes are started
         (each builds the Rebuilder again from its `RebuildRecipe`) before it returns. When they fail to start,
         the pool uses threads (the failure is reported through `on_event`)."""
@@ -606,7 +610,7 @@ class RebuildPool:
         self._threads = self._big = None
 
 
-def _frame(value: list[_Call]) -> bytes:
+def _frame(value: tuple[list[FidelityProfile], list[_Call]]) -> bytes:
     payload = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
     return len(payload).to_bytes(4, "little") + payload
 

@@ -10,8 +10,8 @@ The engine feeds `tally(...)` from its results and acts on `judge(...)`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Iterable
 
 from app.records import CORRUPT_VERDICTS, Category
 
@@ -69,7 +69,8 @@ def add(t: FidelityTally, category: str, pk: int) -> FidelityTally:
 
 
 def tally(rows: Iterable[tuple[str, str | None, str, int]]) -> tuple[FidelityTally, ...]:
-    """Tallies from (endpoint, provider, text-path verdict, sample pk) rows, one per endpoint/provider, in order seen."""
+    """Tallies from (endpoint, provider, text-path verdict, sample pk) rows, one per endpoint/provider, in order
+    seen."""
     acc: dict[tuple[str, str | None], FidelityTally] = {}
     for endpoint, provider, category, pk in rows:
         key = (endpoint, provider)

@@ -50,7 +50,11 @@ if TYPE_CHECKING:  # types only: a rebuild worker process imports this module an
     from app.config import RunConfig
     from app.engine.fidelity.reconstructor import CompletionReconstructor
     from app.store.profile_store import Measurement
+    from app.store.run_store import RunStore
+    from app.store.store_records import LeasedSample
+    from app.store.verification import VerificationStatus
     from app.tokens.fidelity_profile import FidelityProfile
+    from app.tokens.profile import Profile
     from app.tokens.prompt_check import PromptCheck
 
 # what asks an OpenRouter-style endpoint for logprobs with bytes (the ids ground truth); OpenRouter passes
@@ -263,7 +267,7 @@ class Verifier:
             p.fraction = 0.0
 
     @classmethod
-    def of(cls, config: RunConfig) -> "Verifier":
+    def of(cls, config: RunConfig) -> Verifier:
         """The Verifier for a RunConfig's endpoints and limits."""
         lim = config.limits
         return cls(list(config.endpoints), lim.max_corrupt_rate, lim.min_verified_samples, lim.on_corrupt,
@@ -484,7 +488,8 @@ def _edge_counts(c: Counter, completion: Completion) -> None:
 
 
 async def open_verification(verifier: Verifier, reconstructor: CompletionReconstructor | None, config: RunConfig,
-                            db_path: Path, endpoints: Sequence[Endpoint]) -> tuple[Rebuilder | None, list[tuple[str, str]]]:
+                            db_path: Path, endpoints: Sequence[Endpoint],
+                            ) -> tuple[Rebuilder | CompletionReconstructor | None, list[tuple[str, str]]]:
     """Identify the endpoints' servers, give each its prior profile, load the stored profiles learned on this
     path, seed the verifier with the run's stored measurements, and wrap `reconstructor` in a Rebuilder over
     those profiles. Returns it with the operator's (level, sentence) notes. A reconstructor that is not a tokens
@@ -512,7 +517,7 @@ async def open_verification(verifier: Verifier, reconstructor: CompletionReconst
         stored = await asyncio.to_thread(load_profiles, db_path, config.model.profile)
     names = [e.name for e in endpoints]
     for i, ep in enumerate(endpoints):
-        if not wrappable:
+        if not wrappable or profile is None:  # (wrappable implies a profile)
             break
         simulated = getattr(verifier.endpoints[i], "simulator", None) is not None
         prior = prior_profile(verifier.kinds[i], verifier.stream, profile, ep.name, simulated=simulated)
@@ -554,6 +559,7 @@ async def open_verification(verifier: Verifier, reconstructor: CompletionReconst
     if not wrappable:
         verifier.stop_probes()  # nothing rebuilds the answers (a pass-through): no probe could be measured
         return reconstructor, notes
+    assert reconstructor is not None  # wrappable: it has a profile
     return Rebuilder(reconstructor, list(verifier.profiles.values())), notes
 
 

@@ -44,8 +44,8 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
-from typing import Hashable, Iterable
 
 import numpy as np
 
@@ -126,13 +126,13 @@ class Survival:
         left = 1.0
         values, masses = [], []
         for b in sorted(cells.keys() | cens.keys()):
-            cell = cells.get(b)
-            if cell is not None and cell[0]:
-                m = left * cell[0] / at_risk
-                values.append(cell[1] / cell[0])
-                masses.append(m)
-                left -= m
-                at_risk -= cell[0]
+            got = cells.get(b)
+            if got is not None and got[0]:
+                mass = left * got[0] / at_risk
+                values.append(got[1] / got[0])
+                masses.append(mass)
+                left -= mass
+                at_risk -= got[0]
             at_risk -= cens.get(b, 0)
         self.g = max(1.0, float(longest))  # the tail's share: what outlived the longest finished length
         # ... and, where the tokens so far are `measured` (streamed), it starts where half the samples in it
@@ -444,7 +444,7 @@ class Projector:
         pending = 0
         pending_s = 0.0
         waiting: list[tuple[float, Survival]] = []  # (samples waiting, their curve) per dataset
-        prompt_left = flight_prompt
+        prompt_left = float(flight_prompt)
         for name, ds in self._datasets.items():
             todo = ds.pending + ds.waiting  # a conversation's turns waiting on their parents are work to come
             if todo:
@@ -456,11 +456,11 @@ class Projector:
             prompt_left += ds.pending_prompt + ds.waiting_prompt
             if ds.waiting_outputs:  # their prompts grow by the answers before them
                 prompt_left += ds.waiting_outputs * means.get(name, curves[None].mean())
-        eta = None
+        eta: float | None = None
         if rate > 0 and (held > 0 or not pending):
             slots = max(1, round(held))
             pace = self.answer_rate(now) if ceiling is not None and ceiling > slots else 0.0
-            extra = [now + (i + 1) / pace for i in range(int(ceiling) - slots)] if pace > 0 else []
+            extra = [now + (i + 1) / pace for i in range(int(ceiling) - slots)] if pace > 0 and ceiling else []
             eta = self._expected_end(now, slots, extra, flight, ends, curves, waiting,
                                      pending_s / pending if pending else 0.0, rate, ttft) - now
             if self._chains:  # the critical path: the longest conversation's turns after its current one, in turn
@@ -469,7 +469,7 @@ class Projector:
         cost = spent_usd + self._cost_of(prompt_left, billed_out_left)
         return Projection(eta, cost, out_left, held, tuple(sorted(means.items())))
 
-    def _curves(self, flight: list[tuple[str, float, float]]) -> dict[str, Survival]:
+    def _curves(self, flight: list[tuple[str, float, float]]) -> dict[str | None, Survival]:
         """A length curve per dataset with a finished sample, and a pooled one (key None) for the others."""
         cap = self.max_tokens
         by_ds: dict[str, list[float]] = {}
@@ -478,7 +478,7 @@ class Projector:
         datasets = self._datasets
         pooled = Survival((ds.bins for ds in datasets.values()), max((ds.longest for ds in datasets.values()), default=0),
                           [x for xs in by_ds.values() for x in xs], cap, measured=self.stream)
-        curves: dict = {None: pooled}
+        curves: dict[str | None, Survival] = {None: pooled}
         for name in set(datasets) | set(by_ds):
             ds = datasets.get(name)
             curves[name] = (Survival((ds.bins,), ds.longest, by_ds.get(name, []), cap, measured=self.stream)
@@ -501,11 +501,11 @@ class Projector:
         groups: list[tuple[float, int]] = []  # (mean dispatch time, samples)
         left = pending = int(sum(n for n, _ in waiting))
         while left > 0:
-            t = heapq.heappop(heap)
-            k = max(1, (left - _SINGLE_TAIL) // slots) if left > _SINGLE_TAIL else 1
-            groups.append((t + (k - 1) * job_s / 2, k))
-            heapq.heappush(heap, t + k * job_s)
-            left -= k
+            free_at = heapq.heappop(heap)
+            batch = max(1, (left - _SINGLE_TAIL) // slots) if left > _SINGLE_TAIL else 1
+            groups.append((free_at + (batch - 1) * job_s / 2, batch))
+            heapq.heappush(heap, free_at + batch * job_s)
+            left -= batch
         fluid_end = max([now, *ends, *heap])
         # the longest a sample can run: to max_tokens where a tail is left, else to the longest finished length
         longest = max(c.cap if c.tail > 0 else c.g for c in curves.values())
@@ -521,14 +521,14 @@ class Projector:
         tiny = 1e-300
         # the samples in flight, alike ones counted together: (dataset, tokens-so-far bin, wait in 50 ms)
         alike: dict[tuple, list[float]] = {}
-        for (dataset, x, wait) in flight:
-            cell = alike.setdefault((dataset, _bin(x), round(wait * 20)), [0, 0.0, 0.0])
+        for (dataset, sofar, waited) in flight:
+            cell = alike.setdefault((dataset, _bin(sofar), round(waited * 20)), [0, 0.0, 0.0])
             cell[0] += 1
-            cell[1] += x
-            cell[2] += wait
+            cell[1] += sofar
+            cell[2] += waited
         by_ds: dict[str, list[list[float]]] = {}
-        for (dataset, _, _), (n, xs, ws) in alike.items():
-            by_ds.setdefault(dataset, []).append([n, xs / n, ws / n])
+        for (dataset, _, _), (count, xs, ws) in alike.items():
+            by_ds.setdefault(dataset, []).append([count, xs / count, ws / count])
         for dataset, rows in by_ds.items():
             curve = curves[dataset]
             n, x, wait = (np.asarray(col, dtype=float) for col in zip(*rows))
@@ -554,10 +554,10 @@ class Projector:
                 ds = np.bincount(idx, weights=d * k, minlength=_BUCKETS)
                 d, k = ds[ks > 0] / ks[ks > 0], ks[ks > 0]
             y = np.maximum(0.0, t[None, :] - d[:, None] - ttft) * rate  # (groups, grid)
-            p_ind = 0.0
-            p_com = 0.0
-            for n, curve in waiting:  # a waiting sample is of this dataset with probability n / pending
-                w = n / pending
+            p_ind: np.ndarray | float = 0.0
+            p_com: np.ndarray | float = 0.0
+            for n_waiting, curve in waiting:  # a waiting sample is of this dataset with probability n / pending
+                w = n_waiting / pending
                 body = curve.body(y)
                 p_ind = p_ind + w * (body + curve.tail * curve.tail_cdf(0.0, y))
                 reached = curve.tail_quantile(0.0, u)[:, None, None] <= y[None, :, :]

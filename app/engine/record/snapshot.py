@@ -21,7 +21,6 @@ run's state as every face words it (one rule for DONE, below). This module holds
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 from app.store.count_records import Percentiles, RunCounts, RunLatency

@@ -9,7 +9,8 @@ exactly what the first did not. The reference file is attached again whenever a 
 
 Before anything is written the config's inputs are checked (`app.datasets.check_inputs`: paths, dataset
 lines, tokenizer, reference ids inside the vocabulary, the database folder, API keys), so `run` fails on a bad
-path before it ingests; `preflight` runs that check before the store is even opened (no file is created). Bad lines are counted,
+path before it ingests; `preflight` runs that check before the store is even opened (no file is created). Bad lines are
+counted,
 reported by file:line and skipped; conflicting duplicate ids likewise. A dataset with `regenerate = "all"` is
 ingested as whole conversations (`RunStore.ingest_conversations`: one row per turn; its report counts
 conversations).
@@ -230,7 +231,7 @@ async def _one_file(
             if role == "dataset":
                 ingest = store.ingest_conversations if conversations else store.ingest
                 part = await ingest(run_id, read(stats), source=str(path), track=track)
-                counts = dict(added=part.added, already_present=part.already_present, conflicts=part.conflicts,
+                counts: dict[str, Any] = dict(added=part.added, already_present=part.already_present, conflicts=part.conflicts,
                               conflict_examples=part.conflict_examples)
             else:
                 attached, unmatched = await store.attach_references(run_id, read(stats), track=track)

@@ -92,10 +92,11 @@ class SampleLeases:
         return await self._store.counts(self._run_id)
 
     async def after_turn(self, item: LeasedSample) -> TurnFollow:
-        if item.conversation_id is None or item.turn is None:
+        conversation_id, turn = item.conversation_id, item.turn
+        if conversation_id is None or turn is None:
             return TurnFollow()
         state, skipped = await self._store.read(
-            lambda conn: next_turn_state(conn, self._run_id, item.conversation_id, item.turn))
+            lambda conn: next_turn_state(conn, self._run_id, conversation_id, turn))
         return TurnFollow(ready=int(state not in ("", "waiting", "skipped")), skipped=skipped)
 
 

@@ -4,6 +4,7 @@ conversation's turns, each with its state and verdict; enter on a turn opens its
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from rich.cells import cell_len
 from rich.text import Text
@@ -13,11 +14,16 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
+from app.tui.fetch import Fetched, FetchFailed, fetch_in_thread
 from app.tui.format import duration
 from app.tui.screens.mismatches import VERDICT_LABELS, run_goes_on
 from app.tui.source import ConversationRow, TurnRow, conversation_status
 from widgets.page_table import PageTable
+
+if TYPE_CHECKING:
+    from textual import getters
+
+    from app.tui.monitor import MonitorApp
 
 PAGE_SIZE = 50
 LIVE_REFRESH_S = 2.0  # while the run goes on, the shown page (or turns) is re-read this often (slower when slow)
@@ -97,6 +103,9 @@ class ConversationsScreen(Screen):
     or moving past an edge); each with the turn its status refers to (`turn k of T`), how it stands, its turns
     done and whether any turn is off-policy. Enter lists its turns. While the run goes on the page is re-read
     every `live_refresh_s` (not before 3x the last read's time more), the cursor kept on its conversation."""
+
+    if TYPE_CHECKING:  # self.app: textual's typing hook (nothing at run time)
+        app = getters.app(MonitorApp)
 
     class PageLoaded(Fetched):
         """(generation, seconds taken, rows) (`result`) arrived."""
@@ -219,7 +228,7 @@ class ConversationsScreen(Screen):
     def _update_caption(self) -> None:
         if self._error is not None:
             shown = f"cannot read them: {self._error} · r retries"
-            candidates = (f"conversations · {shown}", "conversations · read failed · r retries")
+            candidates: tuple[str, ...] = (f"conversations · {shown}", "conversations · read failed · r retries")
         else:
             if self._loading and not self.rows:
                 where = "loading…"
@@ -280,6 +289,9 @@ class ConversationScreen(Screen):
     """One conversation's turns in order: each turn's state (waiting on parent, in flight, done…), its verdict and
     token count when answered, and why it ended when it did not (the highlighted turn's error in full below).
     Enter opens the turn's token diff, `s` its sample detail; re-read while the run goes on."""
+
+    if TYPE_CHECKING:  # self.app: textual's typing hook (nothing at run time)
+        app = getters.app(MonitorApp)
 
     class TurnsLoaded(Fetched):
         """(generation, seconds taken, turns) (`result`) arrived."""

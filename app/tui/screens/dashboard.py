@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual import on
@@ -18,13 +19,18 @@ from textual.widgets import DataTable, Footer, ProgressBar, Static
 from app.engine.record.snapshot import WITH_FAILURES, EndpointLive, FinishedFigures, LiveFigures, RunRecord, state_words
 from app.records import Category
 from app.tui import format as fmt
-from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
+from app.tui.fetch import Fetched, FetchFailed, fetch_in_thread
 from app.tui.series import PLOTS, RunSeries, read_chunk
 from app.tui.source import ConversationCounts, SeriesChunk
 from widgets.event_tail import EventLine, EventTail
 from widgets.jobs_table import JobRow, JobsTable
 from widgets.metric_tile import MetricTile
 from widgets.time_plot import TimePlot
+
+if TYPE_CHECKING:
+    from textual import getters
+
+    from app.tui.monitor import MonitorApp
 
 REFRESH_S = 0.5
 EVENTS_FETCHED = 12  # the event box shows the newest that fit (up to 12 at 120x40)
@@ -290,7 +296,9 @@ def conversation_lines(conv: ConversationCounts, width: int = CONVERSATION_WIDTH
                     f"failed {n(turns.get('failed', 0))}", f"skipped {n(turns.get('skipped', 0))}"]
         return conversations, by_state
 
-    whole = (lambda v: f"{v:,}")
+    def whole(v: int) -> str:
+        return f"{v:,}"
+
     lines: list[str] = []
     for n, of_total, sep, short in ((whole, True, " · ", False), (whole, True, "  ", False),
                                     (fmt.count, True, "  ", False), (fmt.count, False, " ", False),
@@ -335,6 +343,9 @@ class DashboardScreen(Screen):
     `m` hold the details). A run of whole conversations adds the conversations tile beside the plots (under 160
     columns, beside one plot at a time; `C` lists the conversations); a run without any shows no trace of it.
     """
+
+    if TYPE_CHECKING:  # self.app: textual's typing hook (nothing at run time)
+        app = getters.app(MonitorApp)
 
     class Polled(Fetched):
         """One poll's DashboardData (`result`), fetched off the UI thread."""
@@ -557,7 +568,7 @@ def endpoint_rows(rec: RunRecord) -> list[tuple[str, ...]]:
     """The endpoints table's cells: every endpoint the store has counted or the engine runs, by name."""
     counts = {e.name: e for e in rec.counts.endpoints}
     live = {e.name: e for e in rec.live.endpoints} if rec.live is not None and rec.finished is None else {}
-    out = []
+    out: list[tuple[str, ...]] = []
     for name in [*live, *(n for n in counts if n not in live)]:
         c = counts.get(name)
         done, failed, cost = (c.completed, c.failed, c.cost_usd) if c is not None else (0, 0, 0.0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.cells import cell_len
 from rich.text import Text
 from textual import on
@@ -11,13 +13,21 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from app.records import VERDICT_LABELS, Category
-from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
+from app.tui.fetch import Fetched, FetchFailed, fetch_in_thread
 from app.tui.source import SampleDiff
 from widgets.token_diff import TokenDiffView
+
+if TYPE_CHECKING:
+    from textual import getters
+
+    from app.tui.monitor import MonitorApp
 
 
 class DiffScreen(Screen):
     """Loads the alignment in a thread worker (it may take a tokenizer and 32k tokens), then shows it."""
+
+    if TYPE_CHECKING:  # self.app: textual's typing hook (nothing at run time)
+        app = getters.app(MonitorApp)
 
     class DiffLoaded(Fetched):
         """The SampleDiff (`result`) arrived."""

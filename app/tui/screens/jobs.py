@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
@@ -10,9 +12,14 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
+from app.tui.fetch import Fetched, FetchFailed, fetch_in_thread
 from app.tui.screens.confirm import ConfirmScreen
 from widgets.jobs_table import JobRow, JobsTable
+
+if TYPE_CHECKING:
+    from textual import getters
+
+    from app.tui.monitor import MonitorApp
 
 REFRESH_S = 1.0
 ACTIVE = ("pending", "submitted", "running")
@@ -20,6 +27,9 @@ ACTIVE = ("pending", "submitted", "running")
 
 class JobsScreen(Screen):
     """The jobs table on top, the highlighted job's log tail below; refreshed at 1 Hz off-thread."""
+
+    if TYPE_CHECKING:  # self.app: textual's typing hook (nothing at run time)
+        app = getters.app(MonitorApp)
 
     class JobsLoaded(Fetched):
         """(jobs, log tail) (`result`) arrived."""

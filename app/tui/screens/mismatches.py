@@ -3,25 +3,31 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from rich.cells import cell_len
 from textual import on
-from textual.app import App, ComposeResult
+from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Static
 
 from app.engine.record.snapshot import LIVE_STATES
 from app.records import Category
-from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
+from app.tui.fetch import Fetched, FetchFailed, fetch_in_thread
 from app.tui.format import duration
 from app.tui.source import MISMATCH_ORDERS, MISMATCH_VERDICTS, MismatchPage, MismatchRow
 from widgets.page_table import PageTable
 
+if TYPE_CHECKING:
+    from textual import getters
+
+    from app.tui.monitor import MonitorApp
+
 PAGE_SIZE = 50
 LIVE_REFRESH_S = 2.0  # while the run goes on, the page is re-read this often (slower when reads are slow)
 COLUMNS = (("sample", 16), ("dataset", 8), ("verdict", 11), ("1st diff", 8), ("ref", 6), ("rec", 6), ("≠ tok", 5))
-VERDICT_LABELS = {
+VERDICT_LABELS: dict[str, str] = {
     Category.BPE_EQUIVALENT: "benign bpe",
     Category.TEXT_MISMATCH: "✗ text",
     Category.STRUCTURE_MISMATCH: "✗ structure",
@@ -43,7 +49,7 @@ def column_widths(rows: tuple[MismatchRow, ...], room: int) -> tuple[int, ...]:
     return tuple(widths)
 
 
-def run_goes_on(app: App) -> bool:
+def run_goes_on(app: MonitorApp) -> bool:
     """True while the run's rows may still change: an in-process engine that is live, or a run whose last polled
     state is not finished (an attached viewer cannot tell more without reading)."""
     if app.source.live:
@@ -63,6 +69,9 @@ class MismatchesScreen(Screen):
     the cursor on the same sample and the rows where they were on screen; the caption says how old the page
     is, and `r` re-reads it now.
     """
+
+    if TYPE_CHECKING:  # self.app: textual's typing hook (nothing at run time)
+        app = getters.app(MonitorApp)
 
     class PageLoaded(Fetched):
         """A MismatchPage (`result`) arrived."""
@@ -96,7 +105,7 @@ class MismatchesScreen(Screen):
         self.row_offset = 0
         self.page: MismatchPage | None = None
         self._cursor_after_load = 0
-        self._footer_keys: tuple[bool, ...] = ()
+        self._footer_keys: tuple[bool | None, ...] = ()
         self._loading = False
         self.live_refresh_s = LIVE_REFRESH_S
         self._generation = 0  # bumped by every load the operator asks for: older re-reads are dropped

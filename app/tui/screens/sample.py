@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual import on
@@ -13,8 +14,13 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from app.tui import format as fmt
-from app.tui.fetch import FetchFailed, Fetched, fetch_in_thread
+from app.tui.fetch import Fetched, FetchFailed, fetch_in_thread
 from app.tui.source import SampleDetail
+
+if TYPE_CHECKING:
+    from textual import getters
+
+    from app.tui.monitor import MonitorApp
 
 RAW_NOT_KEPT = "raw bodies are not kept: set [run] keep_raw = true"
 RAW_NOT_STORED = "no raw body was stored for this attempt (a failed attempt, or a body over the size cap)"
@@ -39,7 +45,7 @@ def detail_text(detail: SampleDetail, raw: bool) -> Text:
     if detail.error:
         section("last error", detail.error)
     prompt = "\n".join(
-        f"[{m.get('role', '?')}] {m.get('content') if isinstance(m.get('content'), str) else json.dumps(m.get('content'), ensure_ascii=False)}"
+        f"[{m.get('role', '?')}] " f"{m.get('content') if isinstance(m.get('content'), str) else json.dumps(m.get('content'), ensure_ascii=False)}"
         for m in detail.prompt
     )
     section("prompt", prompt)
@@ -60,6 +66,9 @@ def detail_text(detail: SampleDetail, raw: bool) -> Text:
 
 class SampleScreen(Screen):
     """A scrollable text page; `r` toggles the raw response."""
+
+    if TYPE_CHECKING:  # self.app: textual's typing hook (nothing at run time)
+        app = getters.app(MonitorApp)
 
     class DetailLoaded(Fetched):
         """The SampleDetail (`result`) arrived."""

@@ -127,8 +127,6 @@ def specforge_offline_batch(hs_dir: str, vocab_dir: str, draft_vocab: str, max_l
     (`DataCollatorWithPadding`), first batch of 2; the loss-token counts it derives its vocabulary from
     (`count_effective_feature_tokens`) and the mapping it would make of them (`process_token_dict_to_mappings`);
     eaglewatch's vocab_mapping file loaded into SpecForge's draft (`LlamaForCausalLMEagle3.load_vocab_mapping`)."""
-    from transformers import LlamaConfig
-
     from specforge.algorithms.eagle3.data import normalize_offline_sample
     from specforge.data.preprocessing import process_token_dict_to_mappings
     from specforge.data.utils import DataCollatorWithPadding
@@ -136,6 +134,7 @@ def specforge_offline_batch(hs_dir: str, vocab_dir: str, draft_vocab: str, max_l
     from specforge.runtime.data_plane.feature_store import load_feature_file
     from specforge.runtime.data_plane.offline_reader import list_feature_files
     from specforge.training.vocab_mapping import count_effective_feature_tokens
+    from transformers import LlamaConfig
 
     n, length = int(draft_vocab), int(max_length)
     files = list_feature_files(hs_dir)
@@ -157,7 +156,8 @@ def specforge_offline_batch(hs_dir: str, vocab_dir: str, draft_vocab: str, max_l
 
 def specforge_train_step() -> dict:
     """Whether SpecForge's EAGLE-3 training step can run here: it imports its loss module
-    (specforge/core/loss.py: a Triton kernel, `import triton` at the top) through `specforge.algorithms.eagle3.model`."""
+    (specforge/core/loss.py: a Triton kernel, `import triton` at the top) through
+    `specforge.algorithms.eagle3.model`."""
     try:
         import specforge.algorithms.eagle3.model  # noqa: F401
     except Exception as exc:
@@ -205,10 +205,10 @@ def speculators_train_batch(prepared: str, hs_dir: str, vocab_dir: str, draft_vo
     eagle3's `shift_batch`, packed to total_seq_len)."""
     import argparse
 
+    from hs_connectors import FileTransfer
     from speculators.models.eagle3.data import shift_batch
     from speculators.train.cli import _generate_vocab_mappings, parse_vocab_mappings
     from speculators.train.dataloader import create_train_val_loaders
-    from hs_connectors import FileTransfer
 
     n = int(draft_vocab)
     args = argparse.Namespace(d2t_path=str(Path(vocab_dir) / f"d2t-{n}.npy"), t2d_path=str(Path(vocab_dir) / f"t2d-{n}.npy"),
@@ -292,10 +292,9 @@ def modelopt_train(model_dir: str, hs_dir: str, vocab_dir: str, draft_vocab: str
     the Trainer's dataloader gave, and the draft's d2t."""
     import importlib.resources
 
-    import transformers
-
     import modelopt.torch.opt as mto
     import modelopt.torch.speculative as mtsp
+    import transformers
     from modelopt.recipe import load_recipe
     from modelopt.torch.speculative.eagle.utils import EagleOfflineDataCollator, OfflineSupervisedDataset
     from modelopt.torch.speculative.utils import load_vlm_or_llm
