@@ -31,7 +31,8 @@ VERBS: dict[str, str] = {
     "calibrate": "learn each endpoint's fidelity profile (server-side text steps) from probes with true ids",
     "fidelity": "measured text-path fidelity per endpoint and upstream provider, with advice",
     "reprocess": "reconstruct stored responses again after a tokenizer or profile fix (no API calls)",
-    "export": "write training data for a trainer: specforge, speculators, modelopt, eagle3-shards, specforge-text or " "sglang-raw",
+    "export": "write training data for a trainer: specforge, speculators, modelopt, eagle3-shards, specforge-text or "
+    "sglang-raw",
     "vocab": "the reduced draft vocabulary (d2t/t2d, token_freq.pt) from the loss tokens, with its coverage",
     "extract": "launch hidden-state extraction jobs on local GPUs or Slurm (--dry-run plans without a GPU)",
     "jobs": "list extraction jobs and their shards",
@@ -108,8 +109,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except sqlite3.DatabaseError as exc:
         # the last line of defence: a damaged page met after the open-time check (or a disk error)
-        print(f"eaglewatch {args.verb}: error: the run database failed: {exc}. If it says 'malformed', the file "
-              "is damaged: restore it from a backup or recover it with `sqlite3 DB .recover`", file=sys.stderr)
+        print(
+            f"eaglewatch {args.verb}: error: the run database failed: {exc}. If it says 'malformed', the file "
+            "is damaged: restore it from a backup or recover it with `sqlite3 DB .recover`",
+            file=sys.stderr,
+        )
         return 2
 
 

@@ -38,8 +38,11 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # keys inside `extra` tables whose values are masked by RunConfig.redacted()
 _SECRET_KEY = re.compile(r"(^|_)(api_?key|key|secret|password|token|authorization|auth)$", re.IGNORECASE)
 # query parameters of a base_url that carry a credential (`?api-key=...`, `?access_token=...`, `?sig=...`)
-_SECRET_PARAM = re.compile(r"(^|[-_.])(api[-_]?key|apikey|key|token|access[-_]?token|auth|authorization|secret|"
-                           r"password|passwd|pwd|sig|signature|credential|credentials|session)$", re.IGNORECASE)
+_SECRET_PARAM = re.compile(
+    r"(^|[-_.])(api[-_]?key|apikey|key|token|access[-_]?token|auth|authorization|secret|"
+    r"password|passwd|pwd|sig|signature|credential|credentials|session)$",
+    re.IGNORECASE,
+)
 
 
 def url_secret_problem(url: str) -> str | None:
@@ -51,12 +54,16 @@ def url_secret_problem(url: str) -> str | None:
     except ValueError:
         return None  # not a URL at all: the URL check says so
     if userinfo or "@" in parts.netloc:
-        return ("carries credentials before the host (user:key@host); remove them from the URL and put the key in "
-                "an environment variable named by api_key_env")
+        return (
+            "carries credentials before the host (user:key@host); remove them from the URL and put the key in "
+            "an environment variable named by api_key_env"
+        )
     names = sorted({name for name, _ in parse_qsl(parts.query, keep_blank_values=True) if _SECRET_PARAM.search(name)})
     if names:
-        return (f"carries a credential in its query ({', '.join(repr(n) for n in names)}); remove it from the URL and "
-                "put the key in an environment variable named by api_key_env (it is sent as a bearer token)")
+        return (
+            f"carries a credential in its query ({', '.join(repr(n) for n in names)}); remove it from the URL and "
+            "put the key in an environment variable named by api_key_env (it is sent as a bearer token)"
+        )
     return None
 
 
@@ -112,52 +119,83 @@ class _Section(BaseModel):
 class RunSection(_Section):
     """[run]: what the run is called and where it writes."""
 
-    name: Name = Field(min_length=1, description="Run name; a database can hold several runs (select one with --run). "
-                       "No control characters or path separators.")
+    name: Name = Field(
+        min_length=1,
+        description="Run name; a database can hold several runs (select one with --run). "
+        "No control characters or path separators.",
+    )
     database: ConfigPath = Field(Path("eaglewatch.db"), description="SQLite run store (created if missing).")
     output_dir: ConfigPath = Field(Path("out"), description="Where exports and job outputs go.")
-    keep_raw: bool = Field(False, description="Store each response's raw body (streamed: every chunk) in responses.raw.")
-    keep_raw_max_bytes: int = Field(1_000_000, gt=0, description="A raw body larger than this is stored as a note of its size.")
+    keep_raw: bool = Field(
+        False, description="Store each response's raw body (streamed: every chunk) in responses.raw."
+    )
+    keep_raw_max_bytes: int = Field(
+        1_000_000, gt=0, description="A raw body larger than this is stored as a note of its size."
+    )
     rebuild_workers: Literal["auto"] | Annotated[int, Field(ge=0)] = Field(
-        "auto", description="Where token ids are rebuilt: 0 = threads in the engine's process; N = N worker processes "
+        "auto",
+        description="Where token ids are rebuilt: 0 = threads in the engine's process; N = N worker processes "
         "(off the event loop's core and GIL); auto = processes (one per spare core, at most 4) when the machine has "
-        "2 or more cores, else threads. A worker that dies falls back to threads for the rest of the run.")
+        "2 or more cores, else threads. A worker that dies falls back to threads for the rest of the run.",
+    )
 
 
 class Dataset(_Section):
     """[[data.datasets]]: one prompt file."""
 
-    path: ConfigPath = Field(description="Prompt file, streamed, never loaded whole: JSON lines (`.jsonl`, `.jsonl.gz`, "
-                             "`.jsonl.zst`), a JSON array (`.json`), Parquet (`.parquet`), Arrow (`.arrow`) or a "
-                             "`datasets` save_to_disk folder; the container is told by the name.")
-    format: DatasetFormat = Field("openai-messages", description="Row format; \"auto\" tells each row's from its "
-                                  "columns (messages; conversations from/value or role/content; prompt/response; "
-                                  "instruction/input/output).")
+    path: ConfigPath = Field(
+        description="Prompt file, streamed, never loaded whole: JSON lines (`.jsonl`, `.jsonl.gz`, "
+        "`.jsonl.zst`), a JSON array (`.json`), Parquet (`.parquet`), Arrow (`.arrow`) or a "
+        "`datasets` save_to_disk folder; the container is told by the name."
+    )
+    format: DatasetFormat = Field(
+        "openai-messages",
+        description='Row format; "auto" tells each row\'s from its '
+        "columns (messages; conversations from/value or role/content; prompt/response; "
+        "instruction/input/output).",
+    )
     id_field: str = Field("id", min_length=1, description="Field holding the sample id (a content hash when absent).")
-    limit: int | None = Field(None, gt=0, description="Ingest at most this many samples from the file (after "
-                              "`sample_fraction`).")
+    limit: int | None = Field(
+        None, gt=0, description="Ingest at most this many samples from the file (after `sample_fraction`)."
+    )
     sample_fraction: float | None = Field(
-        None, gt=0, le=1, description="Ingest this share of the rows, chosen by a seeded hash of each row's position "
-        "(the same rows on every ingest, so resuming and re-ingesting keep the choice).")
+        None,
+        gt=0,
+        le=1,
+        description="Ingest this share of the rows, chosen by a seeded hash of each row's position "
+        "(the same rows on every ingest, so resuming and re-ingesting keep the choice).",
+    )
     sample_seed: int = Field(0, description="Seed of `sample_fraction`'s choice.")
     weight: float | None = Field(
-        None, gt=0, description="This dataset's share of `data.total` (weights need not sum to 1): it gets "
+        None,
+        gt=0,
+        description="This dataset's share of `data.total` (weights need not sum to 1): it gets "
         "round(total * weight / sum of weights) rows, its first rows (of those `sample_fraction` keeps); with "
-        "weights the mix is declared, e.g. 0.4 code, 0.3 chat, 0.3 tool use. Not with `limit`.")
+        "weights the mix is declared, e.g. 0.4 code, 0.3 chat, 0.3 tool use. Not with `limit`.",
+    )
     columns: dict[Literal["messages", "conversations", "id", "category", "tools"], str] = Field(
-        default_factory=dict, description="Columns under other names, e.g. {messages = \"chat\", category = "
+        default_factory=dict,
+        description='Columns under other names, e.g. {messages = "chat", category = '
         "\"topic\"}: `category` names the column each sample's category is read from (default: the dataset's name); "
-        "`id` overrides `id_field`.")
-    name: Name = Field("", description="Dataset name recorded with each sample (default: the file's stem); "
-                       "no control characters or path separators.")
+        "`id` overrides `id_field`.",
+    )
+    name: Name = Field(
+        "",
+        description="Dataset name recorded with each sample (default: the file's stem); "
+        "no control characters or path separators.",
+    )
     regenerate: Literal["last", "all"] = Field(
-        "last", description="\"last\": one sample per line, the conversation without its trailing assistant turn; "
-        "\"all\": every assistant turn regenerated in order, each request carrying the model's own earlier answers "
-        "(sample ids `<id>#<turn>`).")
+        "last",
+        description='"last": one sample per line, the conversation without its trailing assistant turn; '
+        '"all": every assistant turn regenerated in order, each request carrying the model\'s own earlier answers '
+        "(sample ids `<id>#<turn>`).",
+    )
     on_tool_divergence: Literal["stop", "replay"] = Field(
-        "stop", description="With regenerate = \"all\": when the model's tool calls differ from the recorded ones, "
-        "end the conversation there (\"stop\") or go on with the recorded results, the later turns marked "
-        "off-policy (\"replay\").")
+        "stop",
+        description='With regenerate = "all": when the model\'s tool calls differ from the recorded ones, '
+        'end the conversation there ("stop") or go on with the recorded results, the later turns marked '
+        'off-policy ("replay").',
+    )
 
     _share: int | None = PrivateAttr(None)
 
@@ -180,8 +218,11 @@ class DataSection(_Section):
     """[data]: prompt datasets and the optional ground-truth reference."""
 
     datasets: list[Dataset] = Field(min_length=1, description="Prompt files, ingested in order.")
-    total: int | None = Field(None, gt=0, description="Rows ingested in all, shared among the datasets by their "
-                              "`weight` (every dataset then needs one).")
+    total: int | None = Field(
+        None,
+        gt=0,
+        description="Rows ingested in all, shared among the datasets by their `weight` (every dataset then needs one).",
+    )
     reference: ConfigPath | None = Field(
         None, description="SGLang-style JSONL with `output_ids` per sample id: the ground truth to validate against."
     )
@@ -204,12 +245,15 @@ class DataSection(_Section):
             raise ValueError("datasets have a `weight` but data.total is not set; set the rows to share among them")
         if len(weighted) != len(self.datasets):
             missing = ", ".join(repr(ds.name) for ds in self.datasets if ds.weight is None)
-            raise ValueError(f"data.total shares rows by weight, but dataset(s) {missing} have none; give each a weight")
+            raise ValueError(
+                f"data.total shares rows by weight, but dataset(s) {missing} have none; give each a weight"
+            )
         both = [ds.name for ds in weighted if ds.limit is not None]
         if both:
             raise ValueError(f"dataset {both[0]!r} has both `limit` and `weight`; the weight sets its limit, keep one")
-        for ds, n in zip(self.datasets, weighted_shares(self.total, [ds.weight or 0.0 for ds in self.datasets]),
-                         strict=True):
+        for ds, n in zip(
+            self.datasets, weighted_shares(self.total, [ds.weight or 0.0 for ds in self.datasets]), strict=True
+        ):
             ds._share = max(n, 1)
         return self
 
@@ -236,31 +280,43 @@ class SimulatorOptions(_Section):
 
     reference: ConfigPath | None = Field(None, description="Reference JSONL to replay (default: data.reference).")
     extra_references: list[ConfigPath] = Field(
-        default_factory=list, description="More reference JSONL files replayed too (e.g. the per-turn references "
-        "`<conversation id>#<turn>` of a regenerate = \"all\" dataset).")
-    prompt_cache: bool = Field(False, description="Report as `cached_tokens` the prompt tokens of the longest "
-                               "earlier request whose messages begin this one's, byte for byte (a provider's prompt "
-                               "cache: a conversation's later turns hit it).")
+        default_factory=list,
+        description="More reference JSONL files replayed too (e.g. the per-turn references "
+        '`<conversation id>#<turn>` of a regenerate = "all" dataset).',
+    )
+    prompt_cache: bool = Field(
+        False,
+        description="Report as `cached_tokens` the prompt tokens of the longest "
+        "earlier request whose messages begin this one's, byte for byte (a provider's prompt "
+        "cache: a conversation's later turns hit it).",
+    )
     latency_median_ms: float = Field(300.0, ge=0, description="Median time to the first byte.")
     latency_p95_ms: float = Field(1200.0, ge=0, description="95th percentile time to the first byte.")
     tokens_per_s: float = Field(0.0, ge=0, description="Streaming pace per request; 0 = unpaced.")
     faults: dict[str, float] = Field(
-        default_factory=dict, description="Fault kind -> rate in 0..1 (e.g. rate_limit = 0.02); an unknown kind is "
-        "refused at load, naming the kinds the simulator knows."
+        default_factory=dict,
+        description="Fault kind -> rate in 0..1 (e.g. rate_limit = 0.02); an unknown kind is "
+        "refused at load, naming the kinds the simulator knows.",
     )
     quirks: list[str] = Field(default_factory=list, description="Server-side text steps to imitate.")
     logprobs: bool = Field(True, description="Return per-token logprobs when asked.")
     seed: int = Field(0, description="Random seed: the same seed gives the same faults and latencies.")
     personality: Literal["openrouter", "sglang", "vllm", "transformers-serve"] = Field(
-        "openrouter", description="Which real server to answer as (field names, ids, text steps, errors).")
+        "openrouter", description="Which real server to answer as (field names, ids, text steps, errors)."
+    )
     # load-dependent capacity (app/simulator/capacity.py); 0 / empty = none
     concurrency_cap: int = Field(0, ge=0, description="Most requests at once; more get 429 + Retry-After (0 = no cap).")
     cap_changes: list[tuple[float, int]] = Field(
-        default_factory=list, description="[[seconds, cap], ...]: the cap from that time after start (e.g. [[30.0, 16]])."
+        default_factory=list,
+        description="[[seconds, cap], ...]: the cap from that time after start (e.g. [[30.0, 16]]).",
     )
     requests_per_min: float = Field(0.0, ge=0, description="Requests/min quota; 429 when exceeded (0 = none).")
-    tokens_per_min: float = Field(0.0, ge=0, description="Tokens/min quota (prompt + output); 429 when exceeded (0 = none).")
-    batch_slots: int = Field(0, ge=0, description="Queueing server: requests run at once, the rest wait (never 429; 0 = off).")
+    tokens_per_min: float = Field(
+        0.0, ge=0, description="Tokens/min quota (prompt + output); 429 when exceeded (0 = none)."
+    )
+    batch_slots: int = Field(
+        0, ge=0, description="Queueing server: requests run at once, the rest wait (never 429; 0 = off)."
+    )
 
     @field_validator("faults")
     @classmethod
@@ -296,36 +352,63 @@ class SimulatorOptions(_Section):
 class Endpoint(_Section):
     """[[endpoints]]: an OpenAI-compatible API (base_url) or the built-in simulator; requests are spread by weight."""
 
-    name: Name = Field("", description="Label in logs and the TUI (default: the URL's host, or 'simulator'); "
-                       "no control characters or path separators.")
+    name: Name = Field(
+        "",
+        description="Label in logs and the TUI (default: the URL's host, or 'simulator'); "
+        "no control characters or path separators.",
+    )
     base_url: str | None = Field(None, description="OpenAI-compatible base URL, e.g. https://openrouter.ai/api/v1.")
-    simulator: SimulatorOptions | None = Field(None, description="Use the built-in simulator (set instead of base_url).")
-    api_key_env: str | None = Field(None, description="Name of the environment variable holding the API key (never the key).")
+    simulator: SimulatorOptions | None = Field(
+        None, description="Use the built-in simulator (set instead of base_url)."
+    )
+    api_key_env: str | None = Field(
+        None, description="Name of the environment variable holding the API key (never the key)."
+    )
     server: Literal["openrouter", "sglang", "vllm", "transformers-serve", "openai"] | None = Field(
-        None, description="The server behind base_url: vllm/sglang are asked for output and prompt token ids.")
+        None, description="The server behind base_url: vllm/sglang are asked for output and prompt token ids."
+    )
     weight: float = Field(1.0, gt=0, description="Share of requests relative to the other endpoints.")
     max_concurrency: int = Field(64, gt=0, description="Most requests in flight to this endpoint.")
-    timeout_s: float = Field(1800.0, gt=0, description="Deadline of one whole attempt: connecting, waiting for the "
-                             "answer and reading every byte of it (a long answer needs max_tokens over the slowest "
-                             "tokens/s you accept).")
-    stall_timeout_s: float = Field(120.0, gt=0, description="Longest silence between two reads of a streamed answer "
-                                   "(at most timeout_s); a stream that stalls longer is retried.")
-    max_response_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Largest response body read; a longer one is "
-                                    "a malformed response (retried).")
+    timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="Deadline of one whole attempt: connecting, waiting for the "
+        "answer and reading every byte of it (a long answer needs max_tokens over the slowest "
+        "tokens/s you accept).",
+    )
+    stall_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="Longest silence between two reads of a streamed answer "
+        "(at most timeout_s); a stream that stalls longer is retried.",
+    )
+    max_response_bytes: int = Field(
+        32 * 1024 * 1024,
+        gt=0,
+        description="Largest response body read; a longer one is a malformed response (retried).",
+    )
     probe_fraction: float | None = Field(
-        None, ge=0, le=1, description="Share of requests that ask for true ids (logprobs on OpenRouter) once the "
+        None,
+        ge=0,
+        le=1,
+        description="Share of requests that ask for true ids (logprobs on OpenRouter) once the "
         "endpoint (and each upstream provider behind it) has limits.min_verified_samples verified samples; before "
         "that every request does. Default 1 where every answer carries ids (vllm/sglang), 0.05 where logprobs must be "
         "asked (openrouter/openai, the simulator), 0 for a server with no ground truth or an unknown one; 0 turns "
-        "probes off.")
+        "probes off.",
+    )
     trusted: bool = Field(
-        False, description="A server you run that returns ids (vllm/sglang) for the same model: probes to the other "
+        False,
+        description="A server you run that returns ids (vllm/sglang) for the same model: probes to the other "
         "endpoints are sent greedily (temperature 0) and also to this one, whose ids teach and measure their text "
-        "steps (a trusted twin).")
+        "steps (a trusted twin).",
+    )
     allow_prompt_transforms: bool = Field(
-        False, description="OpenRouter only: let OpenRouter transform the prompt (its context compression drops the "
+        False,
+        description="OpenRouter only: let OpenRouter transform the prompt (its context compression drops the "
         "middle of a long prompt, on by default for models with 8k context or less). Off sends `transforms: []`, so "
-        "the model sees the prompt eaglewatch rendered.")
+        "the model sees the prompt eaglewatch rendered.",
+    )
     extra: dict[str, Any] = Field(
         default_factory=dict, description="Merged into every request body (reasoning options, provider routing)."
     )
@@ -380,7 +463,9 @@ class Limits(_Section):
     """[limits]: concurrency (adaptive between min and max), rate limits and the budget."""
 
     concurrency_initial: int | None = Field(
-        None, gt=0, description="Requests in flight at start (default: concurrency_max, what a fixed-concurrency client sends)."
+        None,
+        gt=0,
+        description="Requests in flight at start (default: concurrency_max, what a fixed-concurrency client sends).",
     )
     concurrency_min: int = Field(1, gt=0, description="Floor of the adaptive concurrency.")
     concurrency_max: int = Field(64, gt=0, description="Ceiling of the adaptive concurrency.")
@@ -388,19 +473,34 @@ class Limits(_Section):
     tokens_per_min: int | None = Field(None, gt=0, description="Token rate cap (prompt + completion).")
     budget_usd: float | None = Field(None, ge=0, description="Stop leasing new samples once this much is spent.")
     max_response_cost_usd: float = Field(
-        20.0, gt=0, description="A cost reported for one response above this (or negative, NaN, infinite) is not "
-        "believed: an event says so and the response is charged at the list price ([pricing]).")
-    endpoint_down_after: int = Field(
-        5, ge=1, description="Consecutive connection failures (DNS, refused, TLS, reset before any byte) with no "
-        "answer in between that mark an endpoint down: requests go to the other endpoints, or the run pauses when "
-        "all are down; a down endpoint is probed with backoff and comes back on its first answer.")
-    lease_s: float = Field(600.0, gt=0, description="A leased sample returns to pending after this long (crash safety).")
-    max_corrupt_rate: float | None = Field(
-        None, ge=0, le=1, description="Pause (or route around) an endpoint/provider whose measured corrupt rate exceeds this."
+        20.0,
+        gt=0,
+        description="A cost reported for one response above this (or negative, NaN, infinite) is not "
+        "believed: an event says so and the response is charged at the list price ([pricing]).",
     )
-    min_verified_samples: int = Field(20, gt=0, description="Verified samples needed before max_corrupt_rate is "
-                                      "judged; until an endpoint (and each upstream provider behind it) has this many, "
-                                      "every request to it is a probe.")
+    endpoint_down_after: int = Field(
+        5,
+        ge=1,
+        description="Consecutive connection failures (DNS, refused, TLS, reset before any byte) with no "
+        "answer in between that mark an endpoint down: requests go to the other endpoints, or the run pauses when "
+        "all are down; a down endpoint is probed with backoff and comes back on its first answer.",
+    )
+    lease_s: float = Field(
+        600.0, gt=0, description="A leased sample returns to pending after this long (crash safety)."
+    )
+    max_corrupt_rate: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Pause (or route around) an endpoint/provider whose measured corrupt rate exceeds this.",
+    )
+    min_verified_samples: int = Field(
+        20,
+        gt=0,
+        description="Verified samples needed before max_corrupt_rate is "
+        "judged; until an endpoint (and each upstream provider behind it) has this many, "
+        "every request to it is a probe.",
+    )
     on_corrupt: Literal["pause", "route_around"] = Field(
         "pause", description="What crossing max_corrupt_rate does: pause the run, or ignore that upstream provider."
     )
@@ -421,7 +521,9 @@ class Pricing(_Section):
 
     prompt_per_m: float = Field(ge=0, description="$ per 1M prompt tokens.")
     completion_per_m: float = Field(ge=0, description="$ per 1M completion tokens (reasoning included).")
-    cached_prompt_per_m: float | None = Field(None, ge=0, description="$ per 1M cached prompt tokens (default: prompt_per_m).")
+    cached_prompt_per_m: float | None = Field(
+        None, ge=0, description="$ per 1M cached prompt tokens (default: prompt_per_m)."
+    )
 
     @model_validator(mode="after")
     def _cached_default(self) -> Pricing:
@@ -434,13 +536,24 @@ class Extraction(_Section):
     """[extraction]: hidden-state extraction jobs after generation."""
 
     executor: Literal["local", "slurm"] = Field("local", description="Where shards run.")
-    extractor: Literal["builtin", "command"] = Field("builtin", description="The built-in extractor or your own command.")
-    command: list[str] | None = Field(None, description="Command template run per shard when extractor = \"command\".")
-    model_path: ConfigPath | None = Field(None, description="Target model weights directory for the built-in extractor.")
-    aux_layers: list[Annotated[int, Field(ge=0)]] | None = Field(None, description="Aux layer ids (default: the model's EAGLE-3 choice).")
-    layer_convention: Literal["output", "input"] = Field("output", description="Whether a layer id means that layer's output or input.")
+    extractor: Literal["builtin", "command"] = Field(
+        "builtin", description="The built-in extractor or your own command."
+    )
+    command: list[str] | None = Field(None, description='Command template run per shard when extractor = "command".')
+    model_path: ConfigPath | None = Field(
+        None, description="Target model weights directory for the built-in extractor."
+    )
+    aux_layers: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None, description="Aux layer ids (default: the model's EAGLE-3 choice)."
+    )
+    layer_convention: Literal["output", "input"] = Field(
+        "output", description="Whether a layer id means that layer's output or input."
+    )
     layout: Literal["packed", "specforge", "speculators", "modelopt"] = Field(
-        "packed", description="Built-in extractor's files: packed, or as SpecForge / speculators (last state pre-norm) / " "Model-Optimizer load them.")
+        "packed",
+        description="Built-in extractor's files: packed, or as SpecForge / speculators (last state pre-norm) / "
+        "Model-Optimizer load them.",
+    )
     shard_size: int = Field(1000, gt=0, description="Samples per shard.")
     output_dir: ConfigPath = Field(Path("extract"), description="Where shards, hidden states and logs go.")
     gpus: int = Field(1, ge=0, description="GPUs per shard (local: devices used in parallel).")
@@ -459,9 +572,11 @@ class ExportSection(_Section):
     """[export]: what `eaglewatch export` keeps out of the training data."""
 
     eval_prompts: list[ConfigPath] = Field(
-        default_factory=list, description="Eval prompt files (JSONL, any dataset format): training rows whose "
+        default_factory=list,
+        description="Eval prompt files (JSONL, any dataset format): training rows whose "
         "prompt equals one after whitespace normalisation are left out and counted; near-duplicates (word 8-gram "
-        "containment >= 0.5) are reported. `export --eval-prompts` overrides it.")
+        "containment >= 0.5) are reported. `export --eval-prompts` overrides it.",
+    )
     keep_eval_overlap: bool = Field(False, description="Keep (but still count) training rows equal to an eval prompt.")
 
 
@@ -476,9 +591,9 @@ class RunConfig(_Section):
     # loader's context (relative paths resolve against the config's folder), which Model() would not
     generation: Generation = Field(default_factory=dict, description="[generation] section.")  # type: ignore[assignment]
     limits: Limits = Field(default_factory=dict, description="[limits] section.")  # type: ignore[assignment]
-    pricing: dict[str, Pricing] = Field(default_factory=dict, description="[pricing.\"<model>\"] tables.")
-    extraction: Extraction = Field(default_factory=dict, description="[extraction] section.")
-    export: ExportSection = Field(default_factory=dict, description="[export] section.")
+    pricing: dict[str, Pricing] = Field(default_factory=dict, description='[pricing."<model>"] tables.')
+    extraction: Extraction = Field(default_factory=dict, description="[extraction] section.")  # type: ignore[assignment]
+    export: ExportSection = Field(default_factory=dict, description="[export] section.")  # type: ignore[assignment]
 
     _source: Path | None = PrivateAttr(default=None)
 
@@ -521,7 +636,10 @@ class RunConfig(_Section):
 
 def _mask_secrets(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: ("***" if _SECRET_KEY.search(str(k)) and v not in (None, "") else _mask_secrets(v)) for k, v in value.items()}
+        return {
+            k: ("***" if _SECRET_KEY.search(str(k)) and v not in (None, "") else _mask_secrets(v))
+            for k, v in value.items()
+        }
     if isinstance(value, list):
         return [_mask_secrets(v) for v in value]
     return value
@@ -537,7 +655,9 @@ def load_config(path: str | Path) -> RunConfig:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise InputError(f"{label}: no such file; pass the path of a run config TOML (see sample_data/demo.toml)") from None
+        raise InputError(
+            f"{label}: no such file; pass the path of a run config TOML (see sample_data/demo.toml)"
+        ) from None
     except IsADirectoryError:
         raise InputError(f"{label}: is a directory; pass the path of a run config TOML file") from None
     except OSError as exc:
@@ -803,7 +923,9 @@ def _type_name(annotation: Any) -> str:
         return f"table of {_type_name(args[1])}" if args and args[1] is not Any else "table"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return "table"
-    return {str: "string", int: "integer", float: "number", bool: "boolean", Path: "path"}.get(annotation, str(annotation))
+    return {str: "string", int: "integer", float: "number", bool: "boolean", Path: "path"}.get(
+        annotation, str(annotation)
+    )
 
 
 if __name__ == "__main__":

@@ -102,8 +102,10 @@ def split_turns(messages: Sequence[Mapping[str, Any]], key: str = "messages") ->
         if not turns and "user" not in _roles(segment):
             raise ConversationShapeError(f"{key}[{i}] is an assistant turn with no user message before it")
         if not segment:
-            raise ConversationShapeError(f"{key}[{i}] follows another assistant message; a turn needs the user "
-                                         "message or the tool results it answers")
+            raise ConversationShapeError(
+                f"{key}[{i}] follows another assistant message; a turn needs the user "
+                "message or the tool results it answers"
+            )
         _check_segment(segment, turns[-1].recorded if turns else None, key, seg_start)
         _check_calls(m, key, i)
         turns.append(TurnInput(tuple(segment), dict(m)))
@@ -127,8 +129,9 @@ def _check_calls(message: Mapping[str, Any], key: str, i: int) -> None:
     for j, call in enumerate(calls):
         fn = call.get("function") if isinstance(call, Mapping) else None
         if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise ConversationShapeError(f"{key}[{i}].tool_calls[{j}] must be an object with function.name and "
-                                         "function.arguments")
+            raise ConversationShapeError(
+                f"{key}[{i}].tool_calls[{j}] must be an object with function.name and function.arguments"
+            )
 
 
 def _check_segment(segment: list[dict[str, Any]], before: dict[str, Any] | None, key: str, start: int) -> None:
@@ -137,18 +140,26 @@ def _check_segment(segment: list[dict[str, Any]], before: dict[str, Any] | None,
     if tools and not calls:
         raise ConversationShapeError(
             f"{key}[{start + tools[0]}] is a tool result, but the assistant message before it has no tool_calls; "
-            "regenerating whole conversations needs structured tool calls (openai-messages)")
+            "regenerating whole conversations needs structured tool calls (openai-messages)"
+        )
     if calls and (not tools or tools[0] != 0):
         raise ConversationShapeError(
             f"{key}[{start}] should be the tool results of the {len(calls)} tool call(s) before it; "
-            "a conversation continues after tool calls only with their results")
+            "a conversation continues after tool calls only with their results"
+        )
 
 
 # ---------------------------------------------------------------------------------------------- the model's answer
 
 
-def answer_message(content: str | None, reasoning: str | None, tool_calls: Sequence[Any],
-                   history_reasoning: str = "keep", *, turn: int = 0) -> dict[str, Any]:
+def answer_message(
+    content: str | None,
+    reasoning: str | None,
+    tool_calls: Sequence[Any],
+    history_reasoning: str = "keep",
+    *,
+    turn: int = 0,
+) -> dict[str, Any]:
     """The assistant message a later turn's request carries for the model's own answer.
 
     `tool_calls` are records with `id`, `name` and `arguments` (app.records.ToolCall), sent as returned (a call
@@ -162,8 +173,11 @@ def answer_message(content: str | None, reasoning: str | None, tool_calls: Seque
         message[REASONING_FIELD] = reasoning
     if tool_calls:
         message["tool_calls"] = [
-            {"id": c.id or f"call_{turn}_{i}", "type": "function",
-             "function": {"name": c.name, "arguments": c.arguments}}
+            {
+                "id": c.id or f"call_{turn}_{i}",
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            }
             for i, c in enumerate(tool_calls)
         ]
     return message
@@ -203,8 +217,11 @@ def calls_differ(answer_calls: Sequence[Mapping[str, Any]], recorded_calls: Sequ
     return None
 
 
-def rewrite_tool_ids(segment: Sequence[Mapping[str, Any]], recorded_calls: Sequence[Mapping[str, Any]],
-                     answer_calls: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def rewrite_tool_ids(
+    segment: Sequence[Mapping[str, Any]],
+    recorded_calls: Sequence[Mapping[str, Any]],
+    answer_calls: Sequence[Mapping[str, Any]],
+) -> list[dict[str, Any]]:
     """The segment with each tool result's `tool_call_id` set to the model's call it answers: the recorded call
     with that id (else the j-th tool result answers the j-th call), mapped by position to the model's calls.
     Other keys keep their order."""
@@ -264,23 +281,38 @@ class NextTurn:
     reason: str = ""
 
 
-def next_turn(parent_messages_json: str, answer: Mapping[str, Any], recorded: Mapping[str, Any] | None,
-              segment: Sequence[Mapping[str, Any]], *, policy: str = "stop", parent_off_policy: bool = False,
-              truncated: bool = False) -> NextTurn:
+def next_turn(
+    parent_messages_json: str,
+    answer: Mapping[str, Any],
+    recorded: Mapping[str, Any] | None,
+    segment: Sequence[Mapping[str, Any]],
+    *,
+    policy: str = "stop",
+    parent_off_policy: bool = False,
+    truncated: bool = False,
+) -> NextTurn:
     """The child turn's request, or why the conversation ends there (module doc). `answer` is the parent's
     `answer_message`, `recorded` the dataset's answer to the parent turn, `segment` the child's own messages."""
     if truncated:
-        return NextTurn("ended", error_class=PARENT_TRUNCATED,
-                        reason="the answer before it was cut at max_tokens (finish_reason length)")
+        return NextTurn(
+            "ended",
+            error_class=PARENT_TRUNCATED,
+            reason="the answer before it was cut at max_tokens (finish_reason length)",
+        )
     answer_calls = list(answer.get("tool_calls") or ())
     recorded_calls = list((recorded or {}).get("tool_calls") or ())
     replays = any(m.get("role") == "tool" for m in segment)
     off = parent_off_policy
     if not replays:
         if answer_calls:
-            return NextTurn("ended", error_class=DIVERGED, reason=(
-                f"the model called {', '.join(_call_parts(c)[1] for c in answer_calls)} where the dataset answered "
-                "without tool calls; its calls have no results to replay"))
+            return NextTurn(
+                "ended",
+                error_class=DIVERGED,
+                reason=(
+                    f"the model called {', '.join(_call_parts(c)[1] for c in answer_calls)} where the dataset answered "
+                    "without tool calls; its calls have no results to replay"
+                ),
+            )
         added = [dict(answer), *(dict(m) for m in segment)]
         return NextTurn("ready", extend_messages(parent_messages_json, added), off)
     difference = calls_differ(answer_calls, recorded_calls)
@@ -289,12 +321,14 @@ def next_turn(parent_messages_json: str, answer: Mapping[str, Any], recorded: Ma
             return NextTurn("ended", error_class=DIVERGED, reason=difference)
         off = True
     results = rewrite_tool_ids(segment, recorded_calls, answer_calls)
-    return NextTurn("ready", extend_messages(parent_messages_json, [dict(answer), *results]), off,
-                    reason=difference or "")
+    return NextTurn(
+        "ready", extend_messages(parent_messages_json, [dict(answer), *results]), off, reason=difference or ""
+    )
 
 
 def conversation_content_id(messages: Sequence[Any], tools: Sequence[Any] | None) -> str:
     """A stable id for a conversation line that has none: a hash of all its messages and tools ("c-" + 16 hex)."""
-    blob = json.dumps({"messages": list(messages), "tools": tools}, sort_keys=True, ensure_ascii=False,
-                      separators=(",", ":"))
+    blob = json.dumps(
+        {"messages": list(messages), "tools": tools}, sort_keys=True, ensure_ascii=False, separators=(",", ":")
+    )
     return "c-" + hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]

@@ -2,7 +2,8 @@
 Parquet, Arrow and `datasets` save_to_disk folders (`container_of` tells which from the name).
 
 Files are read row by row, never whole (JSON arrays with ijson's incremental parser, Parquet by row group, Arrow by
-record batch). A row's position is its line, or its row index from 1 for arrays and tables. A bad line is counted and skipped, and its `file:line:column: reason`
+record batch). A row's position is its line, or its row index from 1 for arrays and tables. A bad line is counted and
+skipped, and its `file:line:column: reason`
 (`file:line: reason` when the problem is not at one place in the text) kept (the first few) in the `ReadStats`
 passed in; without one, the first bad line raises InputError. Columns count characters from 1, as editors do.
 
@@ -124,7 +125,7 @@ def container_of(path: str | Path) -> str:
     return "jsonl"
 
 
-def _lines(path: Path, stats: ReadStats) -> Iterator[tuple[int, bytes | dict[str, Any]]]:
+def _lines(path: Path, stats: ReadStats) -> Iterator[tuple[int, bytes | dict[str, Any] | _NotAnObject]]:
     """Each row of a dataset file with its position (the line; the row index, from 1, for arrays and tables):
     raw JSON bytes for the text containers, an already decoded dict for Parquet and Arrow."""
     kind = container_of(path)
@@ -159,11 +160,13 @@ def _lines(path: Path, stats: ReadStats) -> Iterator[tuple[int, bytes | dict[str
             raise InputError(f"{path}:{stats.lines + 1}: cannot be decompressed ({exc}); is the file whole?") from None
         except Exception as exc:
             if type(exc).__name__ == "ZstdError":
-                raise InputError(f"{path}:{stats.lines + 1}: cannot be decompressed ({exc}); is the file whole?") from None
+                raise InputError(
+                    f"{path}:{stats.lines + 1}: cannot be decompressed ({exc}); is the file whole?"
+                ) from None
             raise
 
 
-def _array_rows(path: Path, stats: ReadStats) -> Iterator[tuple[int, bytes | dict[str, Any]]]:
+def _array_rows(path: Path, stats: ReadStats) -> Iterator[tuple[int, bytes | dict[str, Any] | _NotAnObject]]:
     """The elements of a top-level JSON array, parsed one at a time (ijson's C backend), never the file whole."""
     import ijson
 
@@ -177,8 +180,10 @@ def _array_rows(path: Path, stats: ReadStats) -> Iterator[tuple[int, bytes | dic
                 stats.bytes_read = fh.tell()
                 yield number, obj if isinstance(obj, dict) else _NotAnObject(obj)
         except ijson.JSONError as exc:
-            raise InputError(f"{path}:{number + 1}: the JSON array cannot be read past element {number} ({exc}); "
-                             "fix the file (elements before it were read)") from None
+            raise InputError(
+                f"{path}:{number + 1}: the JSON array cannot be read past element {number} ({exc}); "
+                "fix the file (elements before it were read)"
+            ) from None
 
 
 class _NotAnObject:
@@ -201,8 +206,10 @@ def _table_files(path: Path, kind: str) -> list[Path]:
             return files
     files = sorted(path.glob("*.arrow"))
     if not files:
-        raise InputError(f"{path}: a folder without .arrow files; give a JSONL, JSON, Parquet or Arrow file, "
-                         "or a folder written by `datasets` save_to_disk")
+        raise InputError(
+            f"{path}: a folder without .arrow files; give a JSONL, JSON, Parquet or Arrow file, "
+            "or a folder written by `datasets` save_to_disk"
+        )
     return files
 
 
@@ -304,8 +311,11 @@ def _check_messages(messages: Any, key: str) -> list[dict[str, Any]]:
         if type(m) is not dict or m.get("role") not in _ROLE_SET:
             _explain(messages, key)
         content = m.get("content")
-        if (type(content) is not str and (content is None or not isinstance(content, _CONTENT_TYPES))
-                and (content is not None or m["role"] != "assistant")):
+        if (
+            type(content) is not str
+            and (content is None or not isinstance(content, _CONTENT_TYPES))
+            and (content is not None or m["role"] != "assistant")
+        ):
             _explain(messages, key)
     return messages
 
@@ -348,8 +358,9 @@ def row_format(obj: dict[str, Any]) -> str:
         return "prompt-response"
     if "instruction" in obj:
         return "alpaca"
-    raise _BadLine("has none of the columns messages, conversations, prompt or instruction; "
-                   "set `format` for this dataset")
+    raise _BadLine(
+        "has none of the columns messages, conversations, prompt or instruction; set `format` for this dataset"
+    )
 
 
 def _text_column(obj: dict[str, Any], key: str, required: bool = True) -> str:
@@ -373,7 +384,8 @@ def _messages_of(obj: dict[str, Any], fmt: str) -> list[dict[str, Any]]:
         prompt = _text_column(obj, "instruction") + (f"\n\n{extra}" if extra else "")
         output = obj.get("output")
         return [{"role": "user", "content": prompt}] + (
-            [{"role": "assistant", "content": output}] if isinstance(output, str) else [])
+            [{"role": "assistant", "content": output}] if isinstance(output, str) else []
+        )
     if fmt == "openai-messages":
         return _check_messages(obj.get("messages"), "messages")
     conv = obj.get("conversations")
@@ -441,9 +453,12 @@ def _category_of(obj: dict[str, Any], choice: RowChoice | None) -> str | None:
     return str(value)
 
 
-_SCRIPTS = (("CJK", re.compile("[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")),
-            ("Cyrillic", re.compile("[\u0400-\u04ff]")), ("Arabic", re.compile("[\u0600-\u06ff]")),
-            ("Latin", re.compile("[A-Za-z\u00c0-\u024f]")))
+_SCRIPTS = (
+    ("CJK", re.compile("[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")),
+    ("Cyrillic", re.compile("[\u0400-\u04ff]")),
+    ("Arabic", re.compile("[\u0600-\u06ff]")),
+    ("Latin", re.compile("[A-Za-z\u00c0-\u024f]")),
+)
 _LATIN = _SCRIPTS[-1][1]
 _NON_LATIN = re.compile("[\u0400-\u04ff\u0600-\u06ff\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")
 
@@ -455,8 +470,13 @@ def script_of(messages: list[dict[str, Any]], sample: int = 200) -> str:
     for m in reversed(messages):
         if m.get("role") == "user":
             content = m.get("content")
-            text = content if isinstance(content, str) else " ".join(
-                p.get("text", "") for p in content or () if isinstance(p, dict) and isinstance(p.get("text"), str))
+            text = (
+                content
+                if isinstance(content, str)
+                else " ".join(
+                    p.get("text", "") for p in content or () if isinstance(p, dict) and isinstance(p.get("text"), str)
+                )
+            )
             break
     text = text[:sample]
     if text.isascii() or _NON_LATIN.search(text) is None:  # most prompts: no need to count
@@ -479,13 +499,15 @@ def iter_prompts(
     """Yield a SampleInput per good row of a prompt file in format `fmt`, at most `limit` of them (of the rows
     `choice` keeps, under its column names)."""
     name = dataset or Path(path).stem
+
     def sample(obj: dict[str, Any], number: int) -> SampleInput:
         key = _key_of(obj, fmt)
         messages = _prompt(_messages_of(obj, fmt), key)
         tools = _tools_of(obj)
         sid = _sample_id(obj, id_field) or content_id(messages, tools)
-        return SampleInput(sid, name, messages, tools, line=number, category=_category_of(obj, choice),
-                           language=script_of(messages))
+        return SampleInput(
+            sid, name, messages, tools, line=number, category=_category_of(obj, choice), language=script_of(messages)
+        )
 
     return _good_lines(path, fmt, limit, stats, sample, choice)
 
@@ -504,8 +526,14 @@ def _tools_of(obj: dict[str, Any]) -> list[Any] | None:
     return tools
 
 
-def _good_lines(path: str | Path, fmt: str, limit: int | None, stats: ReadStats | None,
-                build: Callable[[dict[str, Any], int], T], choice: RowChoice | None = None) -> Iterator[T]:
+def _good_lines(
+    path: str | Path,
+    fmt: str,
+    limit: int | None,
+    stats: ReadStats | None,
+    build: Callable[[dict[str, Any], int], T],
+    choice: RowChoice | None = None,
+) -> Iterator[T]:
     """What `build(parsed line, line number)` makes of each good line, at most `limit` of them. A bad line (a
     `_BadLine` from parsing or from `build`) fails the read with its file:line when `stats` is None, else it is
     counted in `stats` and passed over."""
@@ -534,8 +562,15 @@ def _good_lines(path: str | Path, fmt: str, limit: int | None, stats: ReadStats 
 def iter_dataset(ds: Any, stats: ReadStats | None = None) -> Iterator[SampleInput]:
     """Yield the samples of a config `Dataset` (path, format, id_field, limit, name) read with regenerate =
     "last" (one sample per line)."""
-    return iter_prompts(ds.path, ds.format, dataset=ds.name, id_field=_id_field(ds), limit=ds.row_limit, stats=stats,
-                        choice=row_choice(ds))
+    return iter_prompts(
+        ds.path,
+        ds.format,
+        dataset=ds.name,
+        id_field=_id_field(ds),
+        limit=ds.row_limit,
+        stats=stats,
+        choice=row_choice(ds),
+    )
 
 
 def row_choice(ds: Any) -> RowChoice | None:
@@ -567,6 +602,7 @@ def iter_conversations(
     a hash of its messages and tools ("c-" + 16 hex digits). Bad lines as in `iter_prompts`, the reason naming the
     message (e.g. `messages[3] is a tool result, but ...`)."""
     name = dataset or Path(path).stem
+
     def conversation(obj: dict[str, Any], number: int) -> ConversationInput:
         key = _key_of(obj, fmt)
         messages = _messages_of(obj, fmt)
@@ -578,16 +614,25 @@ def iter_conversations(
         cid = _sample_id(obj, id_field) or conversation_content_id(messages, tools)
         if "#" in cid:
             raise _BadLine(f"{id_field!r} {cid!r} holds '#', which separates a conversation id from its turn")
-        return ConversationInput(cid, name, tools, turns, on_tool_divergence, line=number,
-                                 category=_category_of(obj, choice))
+        return ConversationInput(
+            cid, name, tools, turns, on_tool_divergence, line=number, category=_category_of(obj, choice)
+        )
 
     return _good_lines(path, fmt, limit, stats, conversation, choice)
 
 
 def iter_dataset_conversations(ds: Any, stats: ReadStats | None = None) -> Iterator[ConversationInput]:
     """Yield the conversations of a config `Dataset` read with regenerate = "all"."""
-    return iter_conversations(ds.path, ds.format, dataset=ds.name, id_field=_id_field(ds), limit=ds.row_limit,
-                              stats=stats, on_tool_divergence=ds.on_tool_divergence, choice=row_choice(ds))
+    return iter_conversations(
+        ds.path,
+        ds.format,
+        dataset=ds.name,
+        id_field=_id_field(ds),
+        limit=ds.row_limit,
+        stats=stats,
+        on_tool_divergence=ds.on_tool_divergence,
+        choice=row_choice(ds),
+    )
 
 
 def _finish_reason(meta: Any) -> str | None:
@@ -710,15 +755,21 @@ def _database_problem(path: Path) -> str | None:
 
     folder = path.parent
     if not folder.is_dir():
-        return (f"its folder {folder} does not exist; create it (mkdir -p {folder}) or set run.database (or --db) to a "
-                "path in an existing folder")
+        return (
+            f"its folder {folder} does not exist; create it (mkdir -p {folder}) or set run.database (or --db) to a "
+            "path in an existing folder"
+        )
     if not os.access(folder, os.W_OK | os.X_OK):
         if path.exists():
-            return (f"its folder {folder} is read-only (or not writable by this user), and a run database is written "
-                    "with a journal beside it (-wal, -shm); copy it to a writable folder and point run.database (or "
-                    "--db) at the copy. The reading verbs (status, watch --readonly, export) work where it is.")
-        return (f"cannot be created: its folder {folder} is read-only (or not writable by this user); set "
-                "run.database (or --db) to a path in a writable folder, or fix the folder's permissions")
+            return (
+                f"its folder {folder} is read-only (or not writable by this user), and a run database is written "
+                "with a journal beside it (-wal, -shm); copy it to a writable folder and point run.database (or "
+                "--db) at the copy. The reading verbs (status, watch --readonly, export) work where it is."
+            )
+        return (
+            f"cannot be created: its folder {folder} is read-only (or not writable by this user); set "
+            "run.database (or --db) to a path in a writable folder, or fix the folder's permissions"
+        )
     if path.exists() and not os.access(path, os.R_OK | os.W_OK):
         return "exists but is not readable and writable by this user; fix its permissions or use another database path"
     return None
@@ -739,18 +790,27 @@ def check_api_keys(config: Any) -> tuple[list[str], list[str]]:
             continue
         if ep.api_key_env:
             if not os.environ.get(ep.api_key_env):
-                errors.append(f"{label}: endpoints[{i}].api_key_env: the environment variable {ep.api_key_env} "
-                              f"(endpoint {ep.name!r}) is not set or empty; export it before starting the run")
+                errors.append(
+                    f"{label}: endpoints[{i}].api_key_env: the environment variable {ep.api_key_env} "
+                    f"(endpoint {ep.name!r}) is not set or empty; export it before starting the run"
+                )
         else:
             host = urlsplit(ep.base_url or "").hostname or ""
             if host.endswith(("openrouter.ai", "openai.com")):
-                warnings.append(f"endpoints[{i}] ({ep.name!r}) calls {host} without api_key_env; it will refuse the "
-                                "requests (401): name the variable holding the key")
+                warnings.append(
+                    f"endpoints[{i}] ({ep.name!r}) calls {host} without api_key_env; it will refuse the "
+                    "requests (401): name the variable holding the key"
+                )
     return errors, warnings
 
 
-def check_inputs(config: Any, *, reference_sample: int | None = REFERENCE_SAMPLE,
-                 dataset_sample: int | None = DATASET_SAMPLE, require_keys: bool = True) -> InputsCheck:
+def check_inputs(
+    config: Any,
+    *,
+    reference_sample: int | None = REFERENCE_SAMPLE,
+    dataset_sample: int | None = DATASET_SAMPLE,
+    require_keys: bool = True,
+) -> InputsCheck:
     """Check everything a config names without running or writing: each dataset and reference file exists and is
     readable, the first `dataset_sample` lines of each dataset parse in its format (None: every line), the
     tokenizer directory loads (and the profile is known), the first `reference_sample` lines of each reference
@@ -775,8 +835,9 @@ def check_inputs(config: Any, *, reference_sample: int | None = REFERENCE_SAMPLE
             continue
         stats = ReadStats()
         try:
-            for _ in iter_prompts(ds.path, ds.format, dataset=ds.name, id_field=_id_field(ds), stats=stats,
-                                  choice=row_choice(ds)):
+            for _ in iter_prompts(
+                ds.path, ds.format, dataset=ds.name, id_field=_id_field(ds), stats=stats, choice=row_choice(ds)
+            ):
                 if dataset_sample is not None and stats.good + stats.bad >= dataset_sample:
                     break
         except InputError as exc:
@@ -788,11 +849,15 @@ def check_inputs(config: Any, *, reference_sample: int | None = REFERENCE_SAMPLE
             scope = f"the first {seen}" if dataset_sample is not None and seen >= dataset_sample else f"all {seen}"
             examples = "; ".join(stats.examples[:3])
             if not stats.good:
-                errors.append(f"{label}: data.datasets[{i}]: every one of {scope} lines checked is refused as "
-                              f"{ds.format}, e.g. {examples}; is `format` right for this file?")
+                errors.append(
+                    f"{label}: data.datasets[{i}]: every one of {scope} lines checked is refused as "
+                    f"{ds.format}, e.g. {examples}; is `format` right for this file?"
+                )
             else:
-                warnings.append(f"data.datasets[{i}] ({ds.name}): {stats.bad} of {scope} lines checked are refused "
-                                f"(ingest skips them): {examples}")
+                warnings.append(
+                    f"data.datasets[{i}] ({ds.name}): {stats.bad} of {scope} lines checked are refused "
+                    f"(ingest skips them): {examples}"
+                )
     references: list[tuple[str, Path]] = []
     if config.data.reference is not None:
         references.append(("data.reference", Path(config.data.reference)))

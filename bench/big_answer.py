@@ -45,6 +45,7 @@ async def one_round(mb: float, n_small: int, workers: int, lane: bool) -> dict:
         class model:
             tokenizer = SAMPLE / "tokenizer"
             profile = "kimi-k2.5"
+
         endpoints = ()
         run = None
 
@@ -56,8 +57,10 @@ async def one_round(mb: float, n_small: int, workers: int, lane: bool) -> dict:
     try:
         sample = LeasedSample(1, "s", "d", [{"role": "user", "content": "hi"}], None, 1, None)
         big = Completion(content=big_text(mb), reasoning="thinking", finish_reason="stop")
-        smalls = [Completion(content=f"answer {i}: the quick brown fox", reasoning="short thought", finish_reason="stop")
-                  for i in range(n_small)]
+        smalls = [
+            Completion(content=f"answer {i}: the quick brown fox", reasoning="short thought", finish_reason="stop")
+            for i in range(n_small)
+        ]
         t0 = time.perf_counter()
         done: dict[str, float] = {}
 
@@ -70,8 +73,12 @@ async def one_round(mb: float, n_small: int, workers: int, lane: bool) -> dict:
         await asyncio.gather(*(timed(f"s{i}", c) for i, c in enumerate(smalls)))
         last_small = max(v for k, v in done.items() if k != "big")
         await big_task
-        return {"lane": "big lane" if lane else "in a worker's batch (baseline)", "last_small_s": round(last_small, 3),
-                "big_s": round(done["big"], 3), "workers": pool.workers}
+        return {
+            "lane": "big lane" if lane else "in a worker's batch (baseline)",
+            "last_small_s": round(last_small, 3),
+            "big_s": round(done["big"], 3),
+            "workers": pool.workers,
+        }
     finally:
         pool.close()
         rebuild_pool.BIG_REBUILD_CHARS = saved

@@ -100,8 +100,12 @@ async def client_run(base_url: str, policy, n: int, messages: list, stats: dict)
     limits: list[int] = []
     latencies: list[float] = []
     t0 = loop.time()
-    body_of = [json.dumps({"model": "moonshotai/kimi-k2.5", "messages": messages[i % len(messages)],
-                           "max_tokens": 8192}).encode() for i in range(len(messages))]
+    body_of = [
+        json.dumps(
+            {"model": "moonshotai/kimi-k2.5", "messages": messages[i % len(messages)], "max_tokens": 8192}
+        ).encode()
+        for i in range(len(messages))
+    ]
     conn = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=120)) as session:
 
@@ -109,8 +113,11 @@ async def client_run(base_url: str, policy, n: int, messages: list, stats: dict)
             nonlocal done
             stats["requests"] += 1
             try:
-                async with session.post(f"{base_url}/chat/completions", data=body_of[i % len(body_of)],
-                                        headers={"Content-Type": "application/json"}) as resp:
+                async with session.post(
+                    f"{base_url}/chat/completions",
+                    data=body_of[i % len(body_of)],
+                    headers={"Content-Type": "application/json"},
+                ) as resp:
                     await resp.read()
                     status, headers = resp.status, resp.headers
             except (TimeoutError, aiohttp.ClientError):
@@ -120,8 +127,12 @@ async def client_run(base_url: str, policy, n: int, messages: list, stats: dict)
             if status == 200:
                 done += 1
                 latencies.append(now - started)
-                policy.on_success(bool(queue) or policy.in_flight + 1 >= getattr(policy, "limit", MAX),
-                                  ticket=ticket, latency_s=now - started, now=now)
+                policy.on_success(
+                    bool(queue) or policy.in_flight + 1 >= getattr(policy, "limit", MAX),
+                    ticket=ticket,
+                    latency_s=now - started,
+                    now=now,
+                )
             else:
                 wait = parse_retry_after(headers) if status in (429, 503) else 0.5
                 if status in (429, 503):
@@ -161,16 +172,18 @@ async def client_run(base_url: str, policy, n: int, messages: list, stats: dict)
     return wall
 
 
-async def one_run(profile: str, client: str, n: int, median_ms: float, p95_ms: float, seed: int,
-                  initial: int = MAX) -> dict:
+async def one_run(
+    profile: str, client: str, n: int, median_ms: float, p95_ms: float, seed: int, initial: int = MAX
+) -> dict:
     """One client against its own simulator; returns wall time, requests, 429s."""
     from app.engine.capacity.limiter import AdaptiveLimit
     from app.simulator.options import SimulatorOptions
     from app.simulator.server import SimulatorServer
 
     extra = dict(PROFILES[profile][1])
-    options = SimulatorOptions(reference=SAMPLE / "reference.jsonl", latency_median_ms=median_ms,
-                               latency_p95_ms=p95_ms, seed=seed, **extra)
+    options = SimulatorOptions(
+        reference=SAMPLE / "reference.jsonl", latency_median_ms=median_ms, latency_p95_ms=p95_ms, seed=seed, **extra
+    )
     messages = [json.loads(line)["messages"] for line in (SAMPLE / "prompts.openai.jsonl").read_text().splitlines()]
     async with SimulatorServer(options, tokenizer_dir=SAMPLE / "tokenizer") as sim:
         now = asyncio.get_running_loop().time()
@@ -188,13 +201,24 @@ async def one_run(profile: str, client: str, n: int, median_ms: float, p95_ms: f
             }[profile]()
         stats = {"requests": 0, "429": 0}
         wall = await client_run(sim.base_url, policy, n, messages, stats)
-        out = {"profile": profile, "client": client, "n": n, "wall_s": wall, **stats,
-               "rate_429": stats["429"] / max(1, stats["requests"]), "server_peak": sim.capacity.model.peak
-               if sim.capacity else None}
+        out = {
+            "profile": profile,
+            "client": client,
+            "n": n,
+            "wall_s": wall,
+            **stats,
+            "rate_429": stats["429"] / max(1, stats["requests"]),
+            "server_peak": sim.capacity.model.peak if sim.capacity else None,
+        }
         if client == "adaptive":
             st = policy.state()
-            out.update(final_limit=st.limit, capacity_estimate=st.capacity_estimate, reason=st.reason,
-                       cuts=st.cuts, forgiven=st.forgiven)
+            out.update(
+                final_limit=st.limit,
+                capacity_estimate=st.capacity_estimate,
+                reason=st.reason,
+                cuts=st.cuts,
+                forgiven=st.forgiven,
+            )
         return out
 
 
@@ -224,41 +248,79 @@ def main() -> int:
     parser.add_argument("--median-ms", type=float, default=300.0)
     parser.add_argument("--p95-ms", type=float, default=600.0)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--initial", type=int, default=MAX,
-                        help=f"the adaptive client's initial limit (default {MAX}, the engine's: concurrency_max)")
+    parser.add_argument(
+        "--initial",
+        type=int,
+        default=MAX,
+        help=f"the adaptive client's initial limit (default {MAX}, the engine's: concurrency_max)",
+    )
     parser.add_argument("--one", nargs=2, metavar=("PROFILE", "CLIENT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        result = asyncio.run(one_run(args.one[0], args.one[1], args.n, args.median_ms, args.p95_ms, args.seed,
-                                     args.initial))
+        result = asyncio.run(
+            one_run(args.one[0], args.one[1], args.n, args.median_ms, args.p95_ms, args.seed, args.initial)
+        )
         print(json.dumps(result))
         return 0
     results = []
     for profile in args.profiles:
-        procs = {c: subprocess.Popen([sys.executable, __file__, "--one", profile, c, "--n", str(args.n),
-                                      "--median-ms", str(args.median_ms), "--p95-ms", str(args.p95_ms),
-                                      "--seed", str(args.seed), "--initial", str(args.initial)],
-                                     stdout=subprocess.PIPE, text=True)
-                 for c in ("adaptive", "oracle", "naive")}
+        procs = {
+            c: subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    "--one",
+                    profile,
+                    c,
+                    "--n",
+                    str(args.n),
+                    "--median-ms",
+                    str(args.median_ms),
+                    "--p95-ms",
+                    str(args.p95_ms),
+                    "--seed",
+                    str(args.seed),
+                    "--initial",
+                    str(args.initial),
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for c in ("adaptive", "oracle", "naive")
+        }
         row = {c: json.loads(p.communicate()[0].strip().splitlines()[-1]) for c, p in procs.items()}
-        row["settings"] = {"n": args.n, "median_ms": args.median_ms, "p95_ms": args.p95_ms, "seed": args.seed,
-                           "initial": args.initial, "time": time.time()}
+        row["settings"] = {
+            "n": args.n,
+            "median_ms": args.median_ms,
+            "p95_ms": args.p95_ms,
+            "seed": args.seed,
+            "initial": args.initial,
+            "time": time.time(),
+        }
         results.append(row)
         a, o, nv = row["adaptive"], row["oracle"], row["naive"]
-        print(f"{profile}: adaptive {a['wall_s']:.1f}s ({a['rate_429']:.1%} 429, limit {a['final_limit']}, "
-              f"capacity {a['capacity_estimate']}, {a['reason']}) oracle {o['wall_s']:.1f}s "
-              f"({o['rate_429']:.1%}) naive {nv['wall_s']:.1f}s ({nv['rate_429']:.1%}) -> "
-              f"{a['wall_s'] / o['wall_s']:.2f}x oracle, {a['wall_s'] / nv['wall_s']:.2f}x naive", flush=True)
+        print(
+            f"{profile}: adaptive {a['wall_s']:.1f}s ({a['rate_429']:.1%} 429, limit {a['final_limit']}, "
+            f"capacity {a['capacity_estimate']}, {a['reason']}) oracle {o['wall_s']:.1f}s "
+            f"({o['rate_429']:.1%}) naive {nv['wall_s']:.1f}s ({nv['rate_429']:.1%}) -> "
+            f"{a['wall_s'] / o['wall_s']:.2f}x oracle, {a['wall_s'] / nv['wall_s']:.2f}x naive",
+            flush=True,
+        )
     write_results(ROOT / "bench" / "results" / "capacity.json", results)
-    print("\n| profile | adaptive | oracle | naive 64 | adaptive / oracle | adaptive / naive | 429 rate (adaptive " "/ naive) "
-          "| p50 latency (adaptive / oracle / naive) |")
+    print(
+        "\n| profile | adaptive | oracle | naive 64 | adaptive / oracle | adaptive / naive | 429 rate (adaptive "
+        "/ naive) "
+        "| p50 latency (adaptive / oracle / naive) |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for row in results:
         a, o, nv = row["adaptive"], row["oracle"], row["naive"]
-        print(f"| {PROFILES[a['profile']][0]} | {a['wall_s']:.1f} s | {o['wall_s']:.1f} s | {nv['wall_s']:.1f} s | "
-              f"{a['wall_s'] / o['wall_s']:.2f}x | {a['wall_s'] / nv['wall_s']:.2f}x | "
-              f"{a['rate_429']:.1%} / {nv['rate_429']:.1%} | "
-              f"{a['p50_ms']:.0f} / {o['p50_ms']:.0f} / {nv['p50_ms']:.0f} ms |")
+        print(
+            f"| {PROFILES[a['profile']][0]} | {a['wall_s']:.1f} s | {o['wall_s']:.1f} s | {nv['wall_s']:.1f} s | "
+            f"{a['wall_s'] / o['wall_s']:.2f}x | {a['wall_s'] / nv['wall_s']:.2f}x | "
+            f"{a['rate_429']:.1%} / {nv['rate_429']:.1%} | "
+            f"{a['p50_ms']:.0f} / {o['p50_ms']:.0f} / {nv['p50_ms']:.0f} ms |"
+        )
     return 0
 
 

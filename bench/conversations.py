@@ -53,8 +53,10 @@ SAMPLE = ROOT / "sample_data"
 MODEL = "moonshotai/kimi-k2.5"
 MAX = 64
 MEDIAN_MS, P95_MS = 300.0, 600.0
-WORDS = ("model token answer batch server cache prompt chain river market garden window engine signal "
-         "history number planet theory letter summer music paper").split()
+WORDS = (
+    "model token answer batch server cache prompt chain river market garden window engine signal "
+    "history number planet theory letter summer music paper"
+).split()
 
 PROFILES = {
     "cap24": ("hidden concurrency cap 24", {"concurrency_cap": 24}, 24),
@@ -64,6 +66,7 @@ CLIENTS = ("eaglewatch", "naive64", "naive@cap")
 
 
 # ---- the synthetic conversations -----------------------------------------------------------------------
+
 
 def plain_answers() -> list[list[int]]:
     """Output ids of sample_data's reference answers that end the turn without a tool call (a tool call would
@@ -97,9 +100,17 @@ def build(folder: Path, n: int, turns: int, seed: int) -> dict[str, int]:
                 messages.append({"role": "user", "content": f"Turn {k}: {text}?"})
                 ids = rng.choice(answers)
                 prompt_tokens += len(text) // 4 + 8
-                ref.write(json.dumps({"id": f"{cid}#{k}", "messages": messages, "output_ids": ids,
-                                      "meta_info": {"prompt_tokens": prompt_tokens,
-                                                    "completion_tokens": len(ids)}}) + "\n")
+                ref.write(
+                    json.dumps(
+                        {
+                            "id": f"{cid}#{k}",
+                            "messages": messages,
+                            "output_ids": ids,
+                            "meta_info": {"prompt_tokens": prompt_tokens, "completion_tokens": len(ids)},
+                        }
+                    )
+                    + "\n"
+                )
                 prompt_tokens += len(ids)  # the model's answer is in every later turn's prompt
                 messages.append({"role": "assistant", "content": f"The dataset says: answer {k}."})
             convs.write(json.dumps({"id": cid, "messages": messages}) + "\n")
@@ -115,15 +126,26 @@ def oracle(shape: dict[str, int], capacity: int, seed: int) -> dict:
         chain = sum(sample_latency_s(seed, f"{cid}#{k}", MEDIAN_MS, P95_MS) for k in range(1, k_turns + 1))
         total += chain
         longest = max(longest, chain)
-    return {"wall_s": max(total / capacity, longest), "work_s": total, "critical_path_s": longest,
-            "requests": sum(shape.values())}
+    return {
+        "wall_s": max(total / capacity, longest),
+        "work_s": total,
+        "critical_path_s": longest,
+        "requests": sum(shape.values()),
+    }
 
 
 def sim_options(profile: str, folder: Path, seed: int):
     from app.simulator.options import SimulatorOptions
 
-    return SimulatorOptions(reference=folder / "reference.jsonl", latency_median_ms=MEDIAN_MS, latency_p95_ms=P95_MS,
-                            seed=seed, prompt_cache=True, logprobs=False, **PROFILES[profile][1])
+    return SimulatorOptions(
+        reference=folder / "reference.jsonl",
+        latency_median_ms=MEDIAN_MS,
+        latency_p95_ms=P95_MS,
+        seed=seed,
+        prompt_cache=True,
+        logprobs=False,
+        **PROFILES[profile][1],
+    )
 
 
 class Occupancy:
@@ -150,12 +172,15 @@ class Occupancy:
         busy = [b for _, b in self.samples]
         # the share of the capacity in use until the last 5 % of samples (the tail is the chains' own)
         head = busy[: max(1, int(len(busy) * 0.95))]
-        return {"busy_share": sum(busy) / max(1, len(busy)) / self._capacity,
-                "busy_share_head": sum(head) / max(1, len(head)) / self._capacity,
-                "trace": [(round(t, 2), b) for t, b in self.samples[::50]]}
+        return {
+            "busy_share": sum(busy) / max(1, len(busy)) / self._capacity,
+            "busy_share_head": sum(head) / max(1, len(head)) / self._capacity,
+            "trace": [(round(t, 2), b) for t, b in self.samples[::50]],
+        }
 
 
 # ---- the provider, in its own process ------------------------------------------------------------------
+
 
 async def serve(profile: str, folder: Path, seed: int) -> None:
     """The provider: the simulator with its capacity and the occupancy sampler, in a process of its own (a real
@@ -163,8 +188,9 @@ async def serve(profile: str, folder: Path, seed: int) -> None:
     and occupancy as one JSON line."""
     from app.simulator.server import SimulatorServer
 
-    sim = SimulatorServer(sim_options(profile, folder, seed), tokenizer_dir=SAMPLE / "tokenizer", model=MODEL,
-                          latency_by_sample=True)
+    sim = SimulatorServer(
+        sim_options(profile, folder, seed), tokenizer_dir=SAMPLE / "tokenizer", model=MODEL, latency_by_sample=True
+    )
     await sim.start()
     occupancy = Occupancy(sim, PROFILES[profile][2])
     print(json.dumps({"base_url": sim.base_url}), flush=True)
@@ -182,8 +208,12 @@ class Provider:
     `stop()` for its counters and occupancy."""
 
     def __init__(self, profile: str, folder: Path, seed: int) -> None:
-        self._proc = subprocess.Popen([sys.executable, __file__, "--serve", profile, "--folder", str(folder),
-                                       "--seed", str(seed)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve", profile, "--folder", str(folder), "--seed", str(seed)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.base_url = json.loads(self._proc.stdout.readline())["base_url"]
 
     def start(self) -> None:
@@ -200,12 +230,13 @@ class Provider:
 
 # ---- eaglewatch ---------------------------------------------------------------------------------------
 
+
 async def run_engine(profile: str, folder: Path, seed: int) -> dict:
     """The engine against the provider process."""
     from app.config import parse_config
-    from app.engine.work.config_ingest import ingest_config
     from app.engine.fidelity.pool import build_reconstructor
     from app.engine.run import Run
+    from app.engine.work.config_ingest import ingest_config
     from app.providers.client import ChatClient
     from app.providers.wire import WireLimits
     from app.store.queries import run_counts
@@ -214,20 +245,27 @@ async def run_engine(profile: str, folder: Path, seed: int) -> dict:
     db = folder / f"engine-{profile}.db"
     for stale in folder.glob(f"engine-{profile}.db*"):  # a fresh run each time
         stale.unlink()
-    cfg = parse_config({
-        "run": {"name": "cbench", "database": str(db), "output_dir": str(folder / "out")},
-        "data": {"datasets": [{"path": str(folder / "conversations.jsonl"), "format": "openai-messages",
-                               "regenerate": "all"}],
-                 "reference": str(folder / "reference.jsonl")},
-        "model": {"name": MODEL, "tokenizer": str(SAMPLE / "tokenizer")},
-        # a simulator endpoint (the engine names each turn's reference sample to it); its client is pointed at
-        # the provider process
-        "endpoints": [{"name": "sim", "simulator": {"prompt_cache": True}, "timeout_s": 60.0,
-                       "max_concurrency": MAX}],
-        "generation": {"max_tokens": 8192, "stream": False},
-        "limits": {"concurrency_max": MAX},
-        "pricing": {MODEL: {"prompt_per_m": 0.6, "completion_per_m": 2.5, "cached_prompt_per_m": 0.15}},
-    }, base_dir=folder)
+    cfg = parse_config(
+        {
+            "run": {"name": "cbench", "database": str(db), "output_dir": str(folder / "out")},
+            "data": {
+                "datasets": [
+                    {"path": str(folder / "conversations.jsonl"), "format": "openai-messages", "regenerate": "all"}
+                ],
+                "reference": str(folder / "reference.jsonl"),
+            },
+            "model": {"name": MODEL, "tokenizer": str(SAMPLE / "tokenizer")},
+            # a simulator endpoint (the engine names each turn's reference sample to it); its client is pointed at
+            # the provider process
+            "endpoints": [
+                {"name": "sim", "simulator": {"prompt_cache": True}, "timeout_s": 60.0, "max_concurrency": MAX}
+            ],
+            "generation": {"max_tokens": 8192, "stream": False},
+            "limits": {"concurrency_max": MAX},
+            "pricing": {MODEL: {"prompt_per_m": 0.6, "completion_per_m": 2.5, "cached_prompt_per_m": 0.15}},
+        },
+        base_dir=folder,
+    )
     provider = Provider(profile, folder, seed)
     ep = cfg.endpoints[0].model_copy(update={"base_url": provider.base_url, "simulator": None, "server": "openrouter"})
     client = ChatClient(ep, cfg.generation, None, limits=WireLimits(max_cost_usd=cfg.limits.max_response_cost_usd))
@@ -248,8 +286,11 @@ async def run_engine(profile: str, folder: Path, seed: int) -> dict:
         final_limit = run.endpoints[0].limit.limit
         await run.close()
         counts = await store.read(lambda conn: run_counts(conn, 1))
-        cached, prompt, spent = await store.read(lambda conn: conn.execute(
-            "SELECT TOTAL(cached_tokens), TOTAL(prompt_tokens), TOTAL(cost_usd) FROM responses").fetchone())
+        cached, prompt, spent = await store.read(
+            lambda conn: conn.execute(
+                "SELECT TOTAL(cached_tokens), TOTAL(prompt_tokens), TOTAL(cost_usd) FROM responses"
+            ).fetchone()
+        )
     finally:
         await store.close()
         await client.aclose()
@@ -257,14 +298,24 @@ async def run_engine(profile: str, folder: Path, seed: int) -> dict:
             provider.stop()
     conv = counts.conversations
     sim_counters = served.pop("counters")
-    return {"wall_s": wall, "requests": sum(sim_counters.values()), "ok": sim_counters.get("ok", 0),
-            "429": sum(v for k, v in sim_counters.items() if k.startswith("429")),
-            "turns_done": counts.conversations.turns.get("done", 0), "conversations_done": conv.done,
-            "conversations_ended_early": conv.total - conv.done, "cached_share": cached / prompt if prompt else 0.0,
-            "spent_usd": spent, "final_limit": final_limit, "cpu_s": time.process_time(), **served}
+    return {
+        "wall_s": wall,
+        "requests": sum(sim_counters.values()),
+        "ok": sim_counters.get("ok", 0),
+        "429": sum(v for k, v in sim_counters.items() if k.startswith("429")),
+        "turns_done": counts.conversations.turns.get("done", 0),
+        "conversations_done": conv.done,
+        "conversations_ended_early": conv.total - conv.done,
+        "cached_share": cached / prompt if prompt else 0.0,
+        "spent_usd": spent,
+        "final_limit": final_limit,
+        "cpu_s": time.process_time(),
+        **served,
+    }
 
 
 # ---- the naive client ---------------------------------------------------------------------------------
+
 
 async def run_naive(profile: str, folder: Path, seed: int, workers: int) -> dict:
     """`workers` tasks, each walking the next conversation's turns in order (module doc)."""
@@ -293,11 +344,16 @@ async def run_naive(profile: str, folder: Path, seed: int, workers: int) -> dict
             for k, turn in enumerate(turns, 1):
                 added = ([answer] if answer is not None else []) + [dict(m) for m in turn.segment]
                 messages_json = extend_messages(messages_json, added)
-                body = ('{{"model":"{}","max_tokens":8192,"metadata":{{"sample_id":"{}"}},"messages":{}}}'.format(MODEL, turn_sample_id(conv["id"], k), messages_json)).encode()
+                body = (
+                    '{{"model":"{}","max_tokens":8192,"metadata":{{"sample_id":"{}"}},"messages":{}}}'.format(
+                        MODEL, turn_sample_id(conv["id"], k), messages_json
+                    )
+                ).encode()
                 while True:
                     stats["requests"] += 1
-                    resp = await http.post("/chat/completions", content=body,
-                                           headers={"Content-Type": "application/json"})
+                    resp = await http.post(
+                        "/chat/completions", content=body, headers={"Content-Type": "application/json"}
+                    )
                     if resp.status_code == 200:
                         break
                     if resp.status_code == 429:
@@ -310,8 +366,9 @@ async def run_naive(profile: str, folder: Path, seed: int, workers: int) -> dict
                 stats["prompt"] += usage.get("prompt_tokens", 0)
                 stats["cached"] += (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
                 stats["turns_done"] += 1
-                answer = answer_message(msg.get("content"), msg.get("reasoning"),
-                                        [_Tool(c) for c in msg.get("tool_calls") or ()], turn=k)
+                answer = answer_message(
+                    msg.get("content"), msg.get("reasoning"), [_Tool(c) for c in msg.get("tool_calls") or ()], turn=k
+                )
 
     busy: dict = {}
     try:
@@ -326,12 +383,20 @@ async def run_naive(profile: str, folder: Path, seed: int, workers: int) -> dict
         if not busy:
             provider.stop()
     busy.pop("counters", None)
-    return {"wall_s": wall, "requests": stats["requests"], "429": stats["429"], "turns_done": stats["turns_done"],
-            "cached_share": stats["cached"] / stats["prompt"] if stats["prompt"] else 0.0, "workers": workers,
-            "cpu_s": time.process_time(), **busy}
+    return {
+        "wall_s": wall,
+        "requests": stats["requests"],
+        "429": stats["429"],
+        "turns_done": stats["turns_done"],
+        "cached_share": stats["cached"] / stats["prompt"] if stats["prompt"] else 0.0,
+        "workers": workers,
+        "cpu_s": time.process_time(),
+        **busy,
+    }
 
 
 # ---- the run --------------------------------------------------------------------------------------------
+
 
 def one(args: argparse.Namespace) -> dict:
     profile, client = args.one
@@ -347,8 +412,12 @@ def one(args: argparse.Namespace) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=200, help="conversations (default 200)")
-    parser.add_argument("--turns", type=int, default=4, help="assistant turns per conversation on average "
-                        "(each has 1 to 2T-1; default 4)")
+    parser.add_argument(
+        "--turns",
+        type=int,
+        default=4,
+        help="assistant turns per conversation on average (each has 1 to 2T-1; default 4)",
+    )
     parser.add_argument("--profiles", nargs="+", default=list(PROFILES), choices=list(PROFILES))
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--reps", type=int, default=1, help="repetitions of the three clients (rotating order)")
@@ -372,52 +441,79 @@ def main() -> int:
         for profile in args.profiles:
             reps: list[dict] = []
             for r in range(args.reps):
-                order = CLIENTS[r % len(CLIENTS):] + CLIENTS[:r % len(CLIENTS)]
+                order = CLIENTS[r % len(CLIENTS) :] + CLIENTS[: r % len(CLIENTS)]
                 rep = {}
                 for c in order:
-                    out = subprocess.run([sys.executable, __file__, "--one", profile, c, "--folder", tmp,
-                                          "--seed", str(args.seed)], stdout=subprocess.PIPE, text=True, check=True)
+                    out = subprocess.run(
+                        [sys.executable, __file__, "--one", profile, c, "--folder", tmp, "--seed", str(args.seed)],
+                        stdout=subprocess.PIPE,
+                        text=True,
+                        check=True,
+                    )
                     rep[c] = json.loads(out.stdout.strip().splitlines()[-1])
                     rep[c].pop("trace", None)
                 reps.append(rep)
             o = oracle(shape, PROFILES[profile][2], args.seed)
             ratios = {c: sorted(rep["eaglewatch"]["wall_s"] / rep[c]["wall_s"] for rep in reps) for c in CLIENTS[1:]}
             to_oracle = sorted(rep["eaglewatch"]["wall_s"] / o["wall_s"] for rep in reps)
-            row = {"profile": profile, "oracle": o, "reps": reps, "to_oracle": to_oracle, "ratios": ratios,
-                   "settings": {"n": args.n, "turns": args.turns, "seed": args.seed, "median_ms": MEDIAN_MS,
-                                "p95_ms": P95_MS, "reps": args.reps, "time": time.time()}}
+            row = {
+                "profile": profile,
+                "oracle": o,
+                "reps": reps,
+                "to_oracle": to_oracle,
+                "ratios": ratios,
+                "settings": {
+                    "n": args.n,
+                    "turns": args.turns,
+                    "seed": args.seed,
+                    "median_ms": MEDIAN_MS,
+                    "p95_ms": P95_MS,
+                    "reps": args.reps,
+                    "time": time.time(),
+                },
+            }
             results.append(row)
             for rep in reps:
                 e = rep["eaglewatch"]
-                print(f"{profile}: eaglewatch {e['wall_s']:.1f}s ({e['turns_done']}/{o['requests']} turns, "
-                      f"{e['429']} 429s, busy {e['busy_share_head']:.0%}, cached {e['cached_share']:.0%} of prompt "
-                      f"tokens) oracle {o['wall_s']:.1f}s (work {o['work_s']:.0f} slot-s, critical path "
-                      f"{o['critical_path_s']:.1f}s) "
-                      + " ".join(f"{c} {rep[c]['wall_s']:.1f}s ({rep[c]['429']} 429s, busy "
-                                 f"{rep[c]['busy_share_head']:.0%})" for c in CLIENTS[1:])
-                      + f" -> {e['wall_s'] / o['wall_s']:.2f}x oracle, "
-                      + ", ".join(f"{e['wall_s'] / rep[c]['wall_s']:.2f}x {c}" for c in CLIENTS[1:]), flush=True)
+                print(
+                    f"{profile}: eaglewatch {e['wall_s']:.1f}s ({e['turns_done']}/{o['requests']} turns, "
+                    f"{e['429']} 429s, busy {e['busy_share_head']:.0%}, cached {e['cached_share']:.0%} of prompt "
+                    f"tokens) oracle {o['wall_s']:.1f}s (work {o['work_s']:.0f} slot-s, critical path "
+                    f"{o['critical_path_s']:.1f}s) "
+                    + " ".join(
+                        f"{c} {rep[c]['wall_s']:.1f}s ({rep[c]['429']} 429s, busy {rep[c]['busy_share_head']:.0%})"
+                        for c in CLIENTS[1:]
+                    )
+                    + f" -> {e['wall_s'] / o['wall_s']:.2f}x oracle, "
+                    + ", ".join(f"{e['wall_s'] / rep[c]['wall_s']:.2f}x {c}" for c in CLIENTS[1:]),
+                    flush=True,
+                )
     out = ROOT / "bench" / "results" / "conversations.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"results": results}, indent=1))
+
     def span(values: list[float]) -> str:
         mid = statistics.median(values)
         return f"{mid:.2f}x" + (f" ({values[0]:.2f}-{values[-1]:.2f}x)" if len(values) > 1 else "")
 
-    print("\n| profile | eaglewatch | oracle | naive 64 | naive at capacity | eaglewatch / oracle | "
-          "eaglewatch / naive 64 | eaglewatch / naive at capacity | 429s (eaglewatch / naive 64) | provider busy "
-          "(eaglewatch / naive at capacity) | cached prompt share |")
+    print(
+        "\n| profile | eaglewatch | oracle | naive 64 | naive at capacity | eaglewatch / oracle | "
+        "eaglewatch / naive 64 | eaglewatch / naive at capacity | 429s (eaglewatch / naive 64) | provider busy "
+        "(eaglewatch / naive at capacity) | cached prompt share |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in results:
         o = row["oracle"]
         walls = {c: statistics.median(rep[c]["wall_s"] for rep in row["reps"]) for c in CLIENTS}
         last = row["reps"][-1]
-        print(f"| {PROFILES[row['profile']][0]} | {walls['eaglewatch']:.1f} s | {o['wall_s']:.1f} s | "
-              f"{walls['naive64']:.1f} s | {walls['naive@cap']:.1f} s | {span(row['to_oracle'])} | "
-              f"{span(row['ratios']['naive64'])} | {span(row['ratios']['naive@cap'])} | "
-              f"{last['eaglewatch']['429']} / {last['naive64']['429']} | "
-              f"{last['eaglewatch']['busy_share_head']:.0%} / {last['naive@cap']['busy_share_head']:.0%} | "
-              f"{last['eaglewatch']['cached_share']:.0%} / {last['naive64']['cached_share']:.0%} |")
+        print(
+            f"| {PROFILES[row['profile']][0]} | {walls['eaglewatch']:.1f} s | {o['wall_s']:.1f} s | "
+            f"{walls['naive64']:.1f} s | {walls['naive@cap']:.1f} s | {span(row['to_oracle'])} | "
+            f"{span(row['ratios']['naive64'])} | {span(row['ratios']['naive@cap'])} | "
+            f"{last['eaglewatch']['429']} / {last['naive64']['429']} | "
+            f"{last['eaglewatch']['busy_share_head']:.0%} / {last['naive@cap']['busy_share_head']:.0%} | "
+            f"{last['eaglewatch']['cached_share']:.0%} / {last['naive64']['cached_share']:.0%} |"
+        )
     return 0
 
 

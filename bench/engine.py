@@ -58,8 +58,17 @@ def iter_prompts(n: int):
     """The same prompts one at a time (the engine ingests from this, so the bench holds none in memory)."""
     base = [json.loads(line)["messages"] for line in (SAMPLE / "prompts.openai.jsonl").read_text().splitlines()]
     # plain system/user/assistant text turns only, so every client (Curator included) accepts them
-    base = [m for m in base if all(t.get("role") in ("system", "user", "assistant") and isinstance(t.get("content"), str)
-                                   and not t.get("tool_calls") for t in m) and m[-1]["role"] == "user"]
+    base = [
+        m
+        for m in base
+        if all(
+            t.get("role") in ("system", "user", "assistant")
+            and isinstance(t.get("content"), str)
+            and not t.get("tool_calls")
+            for t in m
+        )
+        and m[-1]["role"] == "user"
+    ]
     pad = ("lorem ipsum dolor sit amet " * 120)[:2800]
     for i in range(n):
         m = base[i % len(base)]
@@ -68,12 +77,14 @@ def iter_prompts(n: int):
 
 # ---- server -----------------------------------------------------------------------------------------
 
+
 async def _serve() -> None:
     from app.simulator.options import SimulatorOptions
     from app.simulator.server import SimulatorServer
 
-    sim = SimulatorServer(SimulatorOptions(), tokenizer_dir=SAMPLE / "tokenizer", reference=SAMPLE / "reference.jsonl",
-                          model=MODEL)
+    sim = SimulatorServer(
+        SimulatorOptions(), tokenizer_dir=SAMPLE / "tokenizer", reference=SAMPLE / "reference.jsonl", model=MODEL
+    )
     await sim.start()
     print(sim.base_url, flush=True)
     while True:
@@ -87,12 +98,14 @@ async def _serve() -> None:
 
 # ---- clients (each in its own process) ----------------------------------------------------------------
 
+
 async def _bare_aiohttp(url: str, msgs: list, conc: int, stream: bool) -> int:
     import aiohttp
 
     sem = asyncio.Semaphore(conc)
     ok = 0
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=conc)) as session:
+
         async def one(m):
             nonlocal ok
             body = {"model": MODEL, "messages": m, "max_tokens": 4096, "stream": stream}
@@ -114,8 +127,12 @@ async def _openai_sdk(url: str, msgs: list, conc: int, stream: bool) -> int:
     import httpx
     from openai import AsyncOpenAI
 
-    client = AsyncOpenAI(base_url=url, api_key="bench", max_retries=0,
-                         http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=conc), timeout=60))
+    client = AsyncOpenAI(
+        base_url=url,
+        api_key="bench",
+        max_retries=0,
+        http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=conc), timeout=60),
+    )
     sem = asyncio.Semaphore(conc)
     ok = 0
 
@@ -136,8 +153,9 @@ async def _openai_sdk(url: str, msgs: list, conc: int, stream: bool) -> int:
     return ok
 
 
-async def _engine(url: str, msgs, conc: int, stream: bool, db_dir: str, reconstruct: bool = False,
-                  rebuild_workers: str = "auto") -> int:
+async def _engine(
+    url: str, msgs, conc: int, stream: bool, db_dir: str, reconstruct: bool = False, rebuild_workers: str = "auto"
+) -> int:
     import app.providers.client  # noqa: F401  (imported before timing, like the baselines' libraries)
     from app.config import parse_config
     from app.engine.fidelity.pool import build_reconstructor
@@ -145,15 +163,20 @@ async def _engine(url: str, msgs, conc: int, stream: bool, db_dir: str, reconstr
     from app.store.run_store import RunStore
     from app.store.store_records import SampleInput
 
-    cfg = parse_config({
-        "run": {"name": "bench", "database": str(Path(db_dir) / "bench.db"),
-                "rebuild_workers": rebuild_workers if rebuild_workers == "auto" else int(rebuild_workers)},
-        "data": {"datasets": [{"path": str(SAMPLE / "prompts.openai.jsonl")}]},
-        "model": {"name": MODEL, "tokenizer": str(SAMPLE / "tokenizer")},
-        "endpoints": [{"name": "sim", "base_url": url, "max_concurrency": conc, "timeout_s": 60}],
-        "generation": {"max_tokens": 4096, "stream": stream},
-        "limits": {"concurrency_initial": conc, "concurrency_min": conc, "concurrency_max": conc},
-    })
+    cfg = parse_config(
+        {
+            "run": {
+                "name": "bench",
+                "database": str(Path(db_dir) / "bench.db"),
+                "rebuild_workers": rebuild_workers if rebuild_workers == "auto" else int(rebuild_workers),
+            },
+            "data": {"datasets": [{"path": str(SAMPLE / "prompts.openai.jsonl")}]},
+            "model": {"name": MODEL, "tokenizer": str(SAMPLE / "tokenizer")},
+            "endpoints": [{"name": "sim", "base_url": url, "max_concurrency": conc, "timeout_s": 60}],
+            "generation": {"max_tokens": 4096, "stream": stream},
+            "limits": {"concurrency_initial": conc, "concurrency_min": conc, "concurrency_max": conc},
+        }
+    )
     store = await RunStore.open(cfg.run.database)
     run_id = await store.ensure_run("bench", cfg.redacted())
     await store.ingest(run_id, (SampleInput(f"s{i}", "bench", m) for i, m in enumerate(msgs)))
@@ -190,17 +213,31 @@ def client_main(args: argparse.Namespace) -> None:
         ok = asyncio.run(_openai_sdk(args.url, msgs, args.conc, args.stream))
     else:
         with tempfile.TemporaryDirectory() as d:
-            ok = asyncio.run(_engine(args.url, msgs, args.conc, args.stream, d, args.client == "engine+tokens",
-                                     args.rebuild_workers))
+            ok = asyncio.run(
+                _engine(args.url, msgs, args.conc, args.stream, d, args.client == "engine+tokens", args.rebuild_workers)
+            )
     wall, cpu = time.perf_counter() - _T0, time.process_time() - _C0
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     p = _POOL
     # cpu_s: the engine's process plus its rebuild workers (after their start), so CPU per request is the
     # whole path's wherever it ran; tokens_cpu_s: the rebuilds themselves, in threads or in the workers
-    print(json.dumps({"ok": ok, "wall_s": wall, "cpu_s": cpu + (p.worker_cpu_s if p else 0.0), "parent_cpu_s": cpu,
-                      "rss_mb": rss_mb, "rss_start_mb": rss_start, "tokens_cpu_s": p.cpu_s if p else None,
-                      "rebuild_workers": p.workers if p else None, "worker_start_s": p.start_s if p else None,
-                      "worker_start_cpu_s": p.start_cpu_s if p else None, "rebuild_broken": p.broken if p else None}))
+    print(
+        json.dumps(
+            {
+                "ok": ok,
+                "wall_s": wall,
+                "cpu_s": cpu + (p.worker_cpu_s if p else 0.0),
+                "parent_cpu_s": cpu,
+                "rss_mb": rss_mb,
+                "rss_start_mb": rss_start,
+                "tokens_cpu_s": p.cpu_s if p else None,
+                "rebuild_workers": p.workers if p else None,
+                "worker_start_s": p.start_s if p else None,
+                "worker_start_cpu_s": p.start_cpu_s if p else None,
+                "rebuild_broken": p.broken if p else None,
+            }
+        )
+    )
 
 
 CURATOR_SCRIPT = r"""
@@ -235,12 +272,20 @@ print(json.dumps({"ok": ok, "wall_s": wall, "cpu_s": cpu}))
 
 def run_curator(url: str, n: int, conc: int) -> dict | str:
     if not Path(CURATOR_PYTHON).exists():
-        return f"Curator skipped: no interpreter at {CURATOR_PYTHON} (pip install bespokelabs-curator into a venv there)"
+        return (
+            f"Curator skipped: no interpreter at {CURATOR_PYTHON} (pip install bespokelabs-curator into a venv there)"
+        )
     with tempfile.TemporaryDirectory() as home:
         env = {**os.environ, "HOME": home, "CURATOR_CACHE_DIR": home}
         try:
-            p = subprocess.run([CURATOR_PYTHON, "-c", CURATOR_SCRIPT, url, str(n), str(conc)],
-                               input=json.dumps(prompts(n)), capture_output=True, text=True, env=env, timeout=600)
+            p = subprocess.run(
+                [CURATOR_PYTHON, "-c", CURATOR_SCRIPT, url, str(n), str(conc)],
+                input=json.dumps(prompts(n)),
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=600,
+            )
         except subprocess.TimeoutExpired:
             return "Curator skipped: it did not finish within 600 s"
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
@@ -250,8 +295,20 @@ def run_curator(url: str, n: int, conc: int) -> dict | str:
 
 
 def run_client(kind: str, url: str, n: int, conc: int, stream: bool, rebuild_workers: str = "auto") -> dict:
-    cmd = [sys.executable, __file__, "--as-client", kind, "--url", url, "--n", str(n), "--conc", str(conc),
-           "--rebuild-workers", rebuild_workers]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--as-client",
+        kind,
+        "--url",
+        url,
+        "--n",
+        str(n),
+        "--conc",
+        str(conc),
+        "--rebuild-workers",
+        rebuild_workers,
+    ]
     if stream:
         cmd.append("--stream")
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -268,13 +325,23 @@ def main() -> None:
     ap.add_argument("--rss-samples", type=int, default=20000, help="samples in the peak-RSS run (0: skip)")
     ap.add_argument("--skip-curator", action="store_true")
     ap.add_argument("--reps", type=int, default=1, help="interleaved repetitions per (mode, concurrency)")
-    ap.add_argument("--ratios", action="store_true",
-                    help="only the client-path ratios: --clients aiohttp engine engine+tokens --concurrency 64 "
-                         "--reps 3 --n 1000 --rss-samples 0 --skip-curator")
-    ap.add_argument("--clients", nargs="+", default=["aiohttp", "engine", "engine+tokens", "openai"],
-                    help="engine+tokens is the whole path: request, parse, reconstruct (sample tokenizer), store")
-    ap.add_argument("--rebuild-workers", default="auto",
-                    help="[run] rebuild_workers of the engine+tokens client: auto, 0 (threads) or N processes")
+    ap.add_argument(
+        "--ratios",
+        action="store_true",
+        help="only the client-path ratios: --clients aiohttp engine engine+tokens --concurrency 64 "
+        "--reps 3 --n 1000 --rss-samples 0 --skip-curator",
+    )
+    ap.add_argument(
+        "--clients",
+        nargs="+",
+        default=["aiohttp", "engine", "engine+tokens", "openai"],
+        help="engine+tokens is the whole path: request, parse, reconstruct (sample tokenizer), store",
+    )
+    ap.add_argument(
+        "--rebuild-workers",
+        default="auto",
+        help="[run] rebuild_workers of the engine+tokens client: auto, 0 (threads) or N processes",
+    )
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--as-client", dest="client", help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
@@ -294,8 +361,9 @@ def main() -> None:
         client_main(args)
         return
 
-    server = subprocess.Popen([sys.executable, __file__, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True)
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     url = server.stdout.readline().strip()
 
     def server_stats() -> dict:
@@ -323,23 +391,36 @@ def main() -> None:
                             notes.append(r)
                             continue
                     else:
-                        r = run_client(kind, url, args.n_sdk if kind == "openai" else args.n, conc, stream,
-                                       args.rebuild_workers)
+                        r = run_client(
+                            kind, url, args.n_sdk if kind == "openai" else args.n, conc, stream, args.rebuild_workers
+                        )
                     after = server_stats()
                     served = max(1, after["served"] - before["served"])
-                    row = {"client": kind, "stream": stream, "concurrency": conc, "rep": rep, "ok": r["ok"],
-                           "req_s": r["ok"] / r["wall_s"], "client_cpu_ms": 1000 * r["cpu_s"] / max(1, r["ok"]),
-                           "server_cpu_ms": 1000 * (after["cpu_s"] - before["cpu_s"]) / served,
-                           "rss_mb": r.get("rss_mb"),
-                           "parent_cpu_ms": 1000 * r["parent_cpu_s"] / max(1, r["ok"]) if "parent_cpu_s" in r else None,
-                           "rebuild_workers": r.get("rebuild_workers"), "worker_start_s": r.get("worker_start_s"),
-                           "worker_start_cpu_s": r.get("worker_start_cpu_s"), "rebuild_broken": r.get("rebuild_broken"),
-                           "tokens_cpu_share": (r["tokens_cpu_s"] / r["cpu_s"]) if r.get("tokens_cpu_s") else None}
+                    row = {
+                        "client": kind,
+                        "stream": stream,
+                        "concurrency": conc,
+                        "rep": rep,
+                        "ok": r["ok"],
+                        "req_s": r["ok"] / r["wall_s"],
+                        "client_cpu_ms": 1000 * r["cpu_s"] / max(1, r["ok"]),
+                        "server_cpu_ms": 1000 * (after["cpu_s"] - before["cpu_s"]) / served,
+                        "rss_mb": r.get("rss_mb"),
+                        "parent_cpu_ms": 1000 * r["parent_cpu_s"] / max(1, r["ok"]) if "parent_cpu_s" in r else None,
+                        "rebuild_workers": r.get("rebuild_workers"),
+                        "worker_start_s": r.get("worker_start_s"),
+                        "worker_start_cpu_s": r.get("worker_start_cpu_s"),
+                        "rebuild_broken": r.get("rebuild_broken"),
+                        "tokens_cpu_share": (r["tokens_cpu_s"] / r["cpu_s"]) if r.get("tokens_cpu_s") else None,
+                    }
                     row["server_ceiling_req_s"] = 1000 / row["server_cpu_ms"] if row["server_cpu_ms"] else None
                     results.append(row)
-                    print(f"{kind:>8} stream={stream!s:5} c={conc:<4} {row['req_s']:8.0f} req/s "
-                          f"client {row['client_cpu_ms']:.2f} ms/req  server ceiling "
-                          f"{row['server_ceiling_req_s'] or 0:.0f} req/s", file=sys.stderr)
+                    print(
+                        f"{kind:>8} stream={stream!s:5} c={conc:<4} {row['req_s']:8.0f} req/s "
+                        f"client {row['client_cpu_ms']:.2f} ms/req  server ceiling "
+                        f"{row['server_ceiling_req_s'] or 0:.0f} req/s",
+                        file=sys.stderr,
+                    )
         rss = None
         if args.rss_samples:
             r = run_client("engine", url, args.rss_samples, 256, False)
@@ -371,9 +452,12 @@ def main() -> None:
         med = xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
         return f"{med:.2f}x" + (f" ({xs[0]:.2f}-{xs[-1]:.2f}, {len(xs)} reps)" if len(xs) > 1 else "")
 
-    lines = ["| mode | concurrency | engine req/s | bare aiohttp | engine / aiohttp | openai SDK | Curator | engine / " "Curator "
-             "| engine client CPU ms/req | server ceiling req/s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| mode | concurrency | engine req/s | bare aiohttp | engine / aiohttp | openai SDK | Curator | engine / "
+        "Curator "
+        "| engine client CPU ms/req | server ceiling req/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for stream in (False, True):
         for conc in args.concurrency:
             e, a, o, c = (rate(k, stream, conc) for k in ("engine", "aiohttp", "openai", "curator"))
@@ -384,17 +468,24 @@ def main() -> None:
             cpu = "-" if erow is None else f"{erow['client_cpu_ms']:.2f}"
             ceiling = "-" if erow is None or not erow["server_ceiling_req_s"] else f"{erow['server_ceiling_req_s']:.0f}"
             mode = "stream" if stream else "non-stream"
-            lines.append(f"| {mode} | {conc} | {fmt(e)} | {fmt(a)} | {ratio_text('engine', 'aiohttp', stream, conc)} | "
-                         f"{fmt(o)} | {fmt(c)} | "
-                         f"{ratio(e, c)} | {cpu} | {ceiling} |")
+            lines.append(
+                f"| {mode} | {conc} | {fmt(e)} | {fmt(a)} | {ratio_text('engine', 'aiohttp', stream, conc)} | "
+                f"{fmt(o)} | {fmt(c)} | "
+                f"{ratio(e, c)} | {cpu} | {ceiling} |"
+            )
     table = "\n".join(lines)
     whole = sorted({(r["stream"], r["concurrency"]) for r in results if r["client"] == "engine+tokens"})
     if whole:
         table += "\n\nWhole path (request + parse + reconstruction with the sample tokenizer + store):"
         for stream, conc in whole:
-            shares = sorted(r["tokens_cpu_share"] for r in rows_of("engine+tokens", stream, conc)
-                            if r["tokens_cpu_share"] is not None)
-            table += f"\n- {'stream' if stream else 'non-stream'} c={conc}: {rate('engine+tokens', stream, conc):.0f} req/s"
+            shares = sorted(
+                r["tokens_cpu_share"]
+                for r in rows_of("engine+tokens", stream, conc)
+                if r["tokens_cpu_share"] is not None
+            )
+            table += (
+                f"\n- {'stream' if stream else 'non-stream'} c={conc}: {rate('engine+tokens', stream, conc):.0f} req/s"
+            )
             if rows_of("engine", stream, conc):
                 table += f" ({ratio_text('engine+tokens', 'engine', stream, conc)} the engine without reconstruction)"
             table += f", reconstruction {100 * shares[len(shares) // 2]:.0f}% of client CPU" if shares else ""
@@ -402,24 +493,29 @@ def main() -> None:
             w = wrows[len(wrows) // 2]
             table += f", client CPU {w['client_cpu_ms']:.2f} ms/req"
             if w.get("rebuild_workers"):
-                table += (f" (engine process {w['parent_cpu_ms']:.2f}, the rest in {w['rebuild_workers']} rebuild "
-                          f"worker process(es), started in {w['worker_start_s']:.2f} s / "
-                          f"{w['worker_start_cpu_s']:.2f} s CPU once per run, not timed)")
+                table += (
+                    f" (engine process {w['parent_cpu_ms']:.2f}, the rest in {w['rebuild_workers']} rebuild "
+                    f"worker process(es), started in {w['worker_start_s']:.2f} s / "
+                    f"{w['worker_start_cpu_s']:.2f} s CPU once per run, not timed)"
+                )
             elif w.get("rebuild_workers") == 0:
                 table += " (rebuilds in threads of the engine's process)"
             broken = [r["rebuild_broken"] for r in wrows if r.get("rebuild_broken")]
             table += f"; a rebuild worker died: {broken[0]}" if broken else ""
     if rss:
-        table += (f"\n\nPeak RSS of an engine run (concurrency 256, non-streaming): {rss['peak_rss_mb']:.0f} MB over "
-                  f"{rss['samples']:,} samples, {rss['small_peak_rss_mb']:.0f} MB over {rss['small_samples']:,} "
-                  "(the peak is reached while ingesting, in 5,000-sample chunks; the engine's own heap is bounded)")
+        table += (
+            f"\n\nPeak RSS of an engine run (concurrency 256, non-streaming): {rss['peak_rss_mb']:.0f} MB over "
+            f"{rss['samples']:,} samples, {rss['small_peak_rss_mb']:.0f} MB over {rss['small_samples']:,} "
+            "(the peak is reached while ingesting, in 5,000-sample chunks; the engine's own heap is bounded)"
+        )
     for note in dict.fromkeys(notes):
         table += f"\n\n{note}"
     print(table)
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "engine.json").write_text(json.dumps({"rows": results, "rss": rss, "notes": notes,
-                                                  "cpus": os.cpu_count(), "n": args.n}, indent=2))
+    (out / "engine.json").write_text(
+        json.dumps({"rows": results, "rss": rss, "notes": notes, "cpus": os.cpu_count(), "n": args.n}, indent=2)
+    )
 
 
 if __name__ == "__main__":

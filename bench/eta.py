@@ -38,8 +38,15 @@ async def trace(config_path: Path) -> tuple[list[tuple[float, float, float | Non
                 s = engine.snapshot()
                 ended = (s.done + s.failed + s.skipped) / max(1, s.total)
                 # the time since this engine started (the projection's clock), not the run's since its first answer
-                rows.append((s.read_at - s.live.started_at, ended, s.live.eta_s, s.live.projected_cost_usd,
-                             s.live.concurrency_limit))
+                rows.append(
+                    (
+                        s.read_at - s.live.started_at,
+                        ended,
+                        s.live.eta_s,
+                        s.live.projected_cost_usd,
+                        s.live.concurrency_limit,
+                    )
+                )
                 await asyncio.wait({waiter}, timeout=0.25)
             s = engine.snapshot()
             return rows, s.read_at - s.live.started_at, s.cost_usd
@@ -65,11 +72,15 @@ def main() -> int:
             e_end, e_cost = (t + eta) / end - 1, projected / cost - 1
             w = worst.setdefault(at, [0.0, 0.0])
             w[0], w[1] = max(w[0], abs(e_end)), max(w[1], abs(e_cost))
-            print(f"| {ended:.0%} | {t:.1f} s | {limit} | {t + eta:.1f} s | {e_end:+.0%} | "
-                  f"${projected:.4f} | {e_cost:+.0%} |")
+            print(
+                f"| {ended:.0%} | {t:.1f} s | {limit} | {t + eta:.1f} s | {e_end:+.0%} | "
+                f"${projected:.4f} | {e_cost:+.0%} |"
+            )
     if args.runs > 1:
-        print(f"largest error over {args.runs} runs: " + "; ".join(
-            f"at {at:.0%} end {w[0]:.0%}, cost {w[1]:.0%}" for at, w in worst.items()))
+        print(
+            f"largest error over {args.runs} runs: "
+            + "; ".join(f"at {at:.0%} end {w[0]:.0%}, cost {w[1]:.0%}" for at, w in worst.items())
+        )
     return 0
 
 

@@ -51,18 +51,29 @@ def build_db(db: Path, rows: int, tokenizer_dir: Path) -> None:
     now = time.time()
     config = {"model": {"tokenizer": str(tokenizer_dir), "profile": "kimi-k2.5"}, "endpoints": []}
     conn.execute("BEGIN")
-    run_id = conn.execute("INSERT INTO runs (name, config, state, created_at, updated_at) VALUES ('bench', ?, 'done', ?, ?)",
-                          (json.dumps(config), now, now)).lastrowid
+    run_id = conn.execute(
+        "INSERT INTO runs (name, config, state, created_at, updated_at) VALUES ('bench', ?, 'done', ?, ?)",
+        (json.dumps(config), now, now),
+    ).lastrowid
     for n in range(rows):
         rec = reference[n % len(reference)]
         ids = pack_ids(rec["output_ids"])
         pk = conn.execute(
             "INSERT INTO samples (run_id, sample_id, dataset, messages, tools, state, updated_at) "
             "VALUES (?, ?, 'bench', ?, ?, 'done', ?)",
-            (run_id, f"{rec['id']}-{n}", json.dumps(rec["messages"]), json.dumps(rec.get("tools")) if rec.get("tools") else None, now),
+            (
+                run_id,
+                f"{rec['id']}-{n}",
+                json.dumps(rec["messages"]),
+                json.dumps(rec.get("tools")) if rec.get("tools") else None,
+                now,
+            ),
         ).lastrowid
-        rid = conn.execute("INSERT INTO responses (run_id, sample_pk, attempt, endpoint, finish_reason, created_at) "
-                           "VALUES (?, ?, 1, 'sim', 'stop', ?)", (run_id, pk, now)).lastrowid
+        rid = conn.execute(
+            "INSERT INTO responses (run_id, sample_pk, attempt, endpoint, finish_reason, created_at) "
+            "VALUES (?, ?, 1, 'sim', 'stop', ?)",
+            (run_id, pk, now),
+        ).lastrowid
         conn.execute(
             "INSERT INTO reconstructions (run_id, sample_pk, response_id, tokenizer, strategy, output_ids, category, "
             "n_tokens, created_at) VALUES (?, ?, ?, ?, 'canonical', ?, 'exact', ?, ?)",
@@ -111,11 +122,21 @@ def bare_render(db: Path, out: Path, tokenizer_dir: Path) -> int:
     n = 0
     with out.open("w") as fh:
         for sid, messages, tools, ids in conn.execute(_SQL):
-            prompt = tok.encode(template.render(messages=json.loads(messages), tools=json.loads(tools) if tools else None,
-                                                add_generation_prompt=True))
+            prompt = tok.encode(
+                template.render(
+                    messages=json.loads(messages),
+                    tools=json.loads(tools) if tools else None,
+                    add_generation_prompt=True,
+                )
+            )
             output = list(unpack_ids(ids))
-            fh.write(json.dumps({"id": sid, "input_ids": prompt + output,
-                                 "loss_mask": [0] * len(prompt) + [1] * len(output)}, separators=(",", ":")) + "\n")
+            fh.write(
+                json.dumps(
+                    {"id": sid, "input_ids": prompt + output, "loss_mask": [0] * len(prompt) + [1] * len(output)},
+                    separators=(",", ":"),
+                )
+                + "\n"
+            )
             n += 1
     conn.close()
     return n
@@ -137,8 +158,7 @@ def bare_format(db: Path, out: Path, tokenizer_dir: Path, fmt: str) -> int:
     with out.open("w") as fh:
         for sid, messages, tools, ids in conn.execute(_SQL):
             msgs, tool_list = json.loads(messages), (json.loads(tools) if tools else None)
-            prompt = tok.encode(template.render(messages=msgs, tools=tool_list,
-                                                add_generation_prompt=True))
+            prompt = tok.encode(template.render(messages=msgs, tools=tool_list, add_generation_prompt=True))
             output = list(unpack_ids(ids))
             n += 1  # rows read, as the export counts them; a row whose text does not give its ids back is skipped
             if fmt == "specforge-text":
@@ -155,8 +175,10 @@ def bare_format(db: Path, out: Path, tokenizer_dir: Path, fmt: str) -> int:
                 end = encoding.char_to_token(len(context) + len(generated) - 1)
                 if (start, end) != (len(prompt), len(prompt) + len(output) - 1):
                     continue
-                record = {"conversation_id": sid, "messages": [{"role": "user", "content": context},
-                                                               {"role": "assistant", "content": generated}]}
+                record = {
+                    "conversation_id": sid,
+                    "messages": [{"role": "user", "content": context}, {"role": "assistant", "content": generated}],
+                }
             fh.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
     conn.close()
     return n
@@ -170,9 +192,13 @@ def timed(fn) -> tuple[float, float, int]:
 
 
 # each new format against the bare loop of the work it cannot avoid
-OWN_BARE = {"eagle3-shards": "bare render (baseline)", "specforge": "bare render (baseline)",
-            "specforge-text": "bare specforge-text", "speculators": "bare render (baseline)",
-            "modelopt": "bare modelopt"}
+OWN_BARE = {
+    "eagle3-shards": "bare render (baseline)",
+    "specforge": "bare render (baseline)",
+    "specforge-text": "bare specforge-text",
+    "speculators": "bare render (baseline)",
+    "modelopt": "bare modelopt",
+}
 
 
 def main() -> int:
@@ -194,13 +220,20 @@ def main() -> int:
         cases = {
             "bare read+write": lambda: bare_read_write(db, tmp_path / "bare.jsonl"),
             "bare render (baseline)": lambda: bare_render(db, tmp_path / "bare_render.jsonl", tokenizer_dir),
-            **{f"bare {fmt}": (lambda fmt=fmt: bare_format(db, tmp_path / f"bare-{fmt}.jsonl", tokenizer_dir, fmt))
-               for fmt in ("specforge-text", "modelopt")},
-            **{f"export {fmt}": (lambda fmt=fmt: Export(db, tmp_path / fmt, fmt,
-                                                             ExportOptions(overwrite=True)).run() and args.rows)
-               for fmt in ("eagle3-shards", "sglang-raw", "specforge", "specforge-text", "speculators", "modelopt")},
-            "export eagle3 --workers 2": lambda: Export(db, tmp_path / "par", "eagle3-shards",
-                                                        ExportOptions(workers=2, overwrite=True)).run() and args.rows,
+            **{
+                f"bare {fmt}": (lambda fmt=fmt: bare_format(db, tmp_path / f"bare-{fmt}.jsonl", tokenizer_dir, fmt))
+                for fmt in ("specforge-text", "modelopt")
+            },
+            **{
+                f"export {fmt}": (
+                    lambda fmt=fmt: Export(db, tmp_path / fmt, fmt, ExportOptions(overwrite=True)).run() and args.rows
+                )
+                for fmt in ("eagle3-shards", "sglang-raw", "specforge", "specforge-text", "speculators", "modelopt")
+            },
+            "export eagle3 --workers 2": lambda: (
+                Export(db, tmp_path / "par", "eagle3-shards", ExportOptions(workers=2, overwrite=True)).run()
+                and args.rows
+            ),
         }
         # Interleaved repeats, best time each: on a shared machine the other load hits every case alike. Times
         # are this process's CPU seconds (time.process_time: user + system, file writes included), which other
@@ -218,11 +251,19 @@ def main() -> int:
     def rate(r: dict, name: str) -> float:
         return r["rows"] / (r["wall_s"] if "workers" in name else r["cpu_s"])
 
-    overall = {name: {"rows": rounds[0][name]["rows"], "cpu_s": min(r[name]["cpu_s"] for r in rounds),
-                      "wall_s": min(r[name]["wall_s"] for r in rounds)} for name in rounds[0]}
+    overall = {
+        name: {
+            "rows": rounds[0][name]["rows"],
+            "cpu_s": min(r[name]["cpu_s"] for r in rounds),
+            "wall_s": min(r[name]["wall_s"] for r in rounds),
+        }
+        for name in rounds[0]
+    }
     base = rate(overall["bare render (baseline)"], "bare render (baseline)")
-    print(f"export benchmark: {args.rows} rows, sample tokenizer, {platform.python_version()} on {platform.machine()}, "
-          f"{args.rounds} rounds x {args.repeats} interleaved repeats (rows per CPU second, best)")
+    print(
+        f"export benchmark: {args.rows} rows, sample tokenizer, {platform.python_version()} on {platform.machine()}, "
+        f"{args.rounds} rounds x {args.repeats} interleaved repeats (rows per CPU second, best)"
+    )
     print(f"{'case':<26} {'rows/s':>10} {'wall rows/s':>12} {'vs baseline':>12}")
     for name, r in overall.items():
         r["rows_per_s"] = rate(r, name)
@@ -236,16 +277,22 @@ def main() -> int:
         r["ratio_own_bare"] = r["rows_per_s"] / b["rows_per_s"]
         per_round = [rate(x[f"export {fmt}"], fmt) / rate(x[bare], bare) for x in rounds]
         r["ratio_own_bare_rounds"] = [round(x, 3) for x in per_round]
-        print(f"{fmt:<16} {r['rows_per_s']:>8.0f} {b['rows_per_s']:>17.0f} {r['ratio_own_bare']:>12.2f}x "
-              f"{min(per_round):>9.2f}-{max(per_round):.2f}x")
+        print(
+            f"{fmt:<16} {r['rows_per_s']:>8.0f} {b['rows_per_s']:>17.0f} {r['ratio_own_bare']:>12.2f}x "
+            f"{min(per_round):>9.2f}-{max(per_round):.2f}x"
+        )
     shards = overall["export eagle3-shards"]
     print()
-    print("| export (eagle3-shards, sample tokenizer) | "
-          f"{shards['rows_per_s']:.0f} rows/s | {shards['ratio']:.2f}x a bare render+encode+write loop |")
+    print(
+        "| export (eagle3-shards, sample tokenizer) | "
+        f"{shards['rows_per_s']:.0f} rows/s | {shards['ratio']:.2f}x a bare render+encode+write loop |"
+    )
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "export.json").write_text(json.dumps({"rows": args.rows, "rounds": args.rounds, "repeats": args.repeats,
-                                                 "results": overall}, indent=1) + "\n")
+    (out / "export.json").write_text(
+        json.dumps({"rows": args.rows, "rounds": args.rounds, "repeats": args.repeats, "results": overall}, indent=1)
+        + "\n"
+    )
     return 0
 
 

@@ -38,9 +38,15 @@ def build_model(path: Path, hidden: int, layers: int, vocab: int) -> None:
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 2,
-                         num_hidden_layers=layers, num_attention_heads=max(1, hidden // 64),
-                         num_key_value_heads=max(1, hidden // 128), max_position_embeddings=4096)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=max(1, hidden // 64),
+        num_key_value_heads=max(1, hidden // 128),
+        max_position_embeddings=4096,
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(path)
 
@@ -56,8 +62,14 @@ def write_export(root: Path, samples: int, vocab: int, lo: int, hi: int) -> Path
     (root / "shard_00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     tokens = sum(len(r["input_ids"]) for r in rows)
     manifest = root / "manifest.json"
-    manifest.write_text(json.dumps({"format": "eagle3-shards", "shards": [
-        {"index": 0, "path": "shard_00000.jsonl", "samples": samples, "tokens": tokens}]}))
+    manifest.write_text(
+        json.dumps(
+            {
+                "format": "eagle3-shards",
+                "shards": [{"index": 0, "path": "shard_00000.jsonl", "samples": samples, "tokens": tokens}],
+            }
+        )
+    )
     return manifest
 
 
@@ -78,8 +90,12 @@ def main() -> int:
     parser.add_argument("--max-len", type=int, default=384)
     parser.add_argument("--batch-tokens", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (default 1: stable numbers on a shared 2-core machine)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (default 1: stable numbers on a shared 2-core machine)",
+    )
     args = parser.parse_args()
 
     import torch
@@ -124,25 +140,43 @@ def main() -> int:
     wall_ratio = tps["extractor"][0] / tps["baseline"][0]
     ratio = tps["extractor"][1] / tps["baseline"][1]
     torch_threads = torch.get_num_threads()
-    print(f"extract benchmark: {args.samples} samples, {tokens} tokens, {len(batches)} batches, random Llama "
-          f"{args.layers}x{args.hidden} fp32 on CPU ({torch_threads} torch thread(s)), best of {args.repeats}")
+    print(
+        f"extract benchmark: {args.samples} samples, {tokens} tokens, {len(batches)} batches, random Llama "
+        f"{args.layers}x{args.hidden} fp32 on CPU ({torch_threads} torch thread(s)), best of {args.repeats}"
+    )
     print(f"{'case':<28} {'tok/s wall':>11} {'tok/s cpu':>10} {'vs base wall':>13} {'vs base cpu':>12}")
     for name, label in (("baseline", "bare forward (baseline)"), ("extractor", "extractor (to safetensors)")):
         w, c = tps[name]
         print(f"{label:<28} {w:>11.0f} {c:>10.0f} {w / tps['baseline'][0]:>12.2f}x {c / tps['baseline'][1]:>11.2f}x")
     print(f"output: {out_bytes / 1e6:.1f} MB for {tokens} tokens ({out_bytes / tokens / 1e3:.2f} KB/token)")
     print()
-    print(f"| extractor (random Llama {args.layers}x{args.hidden}, CPU fp32, 1 thread) | "
-          f"{tps['extractor'][1]:.0f} tokens/s (CPU time) | {ratio:.2f}x a bare forward loop over the same batches "
-          f"(wall clock {wall_ratio:.2f}x; target >= 0.9x) |")
+    print(
+        f"| extractor (random Llama {args.layers}x{args.hidden}, CPU fp32, 1 thread) | "
+        f"{tps['extractor'][1]:.0f} tokens/s (CPU time) | {ratio:.2f}x a bare forward loop over the same batches "
+        f"(wall clock {wall_ratio:.2f}x; target >= 0.9x) |"
+    )
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "extract.json").write_text(json.dumps({
-        "samples": args.samples, "tokens": tokens, "batches": len(batches), "hidden": args.hidden,
-        "layers": args.layers, "batch_tokens": args.batch_tokens, "torch_threads": torch_threads,
-        "runs_wall_cpu_seconds": runs, "tokens_per_s_wall_cpu": tps, "ratio_cpu": ratio,
-        "ratio_wall": wall_ratio, "output_bytes": out_bytes,
-    }, indent=1) + "\n")
+    (out / "extract.json").write_text(
+        json.dumps(
+            {
+                "samples": args.samples,
+                "tokens": tokens,
+                "batches": len(batches),
+                "hidden": args.hidden,
+                "layers": args.layers,
+                "batch_tokens": args.batch_tokens,
+                "torch_threads": torch_threads,
+                "runs_wall_cpu_seconds": runs,
+                "tokens_per_s_wall_cpu": tps,
+                "ratio_cpu": ratio,
+                "ratio_wall": wall_ratio,
+                "output_bytes": out_bytes,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     return 0 if ratio >= 0.9 else 1
 
 

@@ -131,8 +131,16 @@ def load_truths() -> tuple[list[list[dict]], list[Truth]]:
         row = json.loads(line)
         out = renderer.render(tuple(row["output_ids"]))
         prompts.append(row["messages"])
-        truths.append(Truth(out.reasoning, out.content, tuple((c.id, c.name, c.arguments) for c in out.tool_calls),
-                            out.finish_reason, out.output_ids, int(row.get("meta_info", {}).get("prompt_tokens", 40))))
+        truths.append(
+            Truth(
+                out.reasoning,
+                out.content,
+                tuple((c.id, c.name, c.arguments) for c in out.tool_calls),
+                out.finish_reason,
+                out.output_ids,
+                int(row.get("meta_info", {}).get("prompt_tokens", 40)),
+            )
+        )
     return prompts, truths
 
 
@@ -169,7 +177,7 @@ INVALID_UTF8 = "\x00bad-utf8\x00"
 def encode_body(value: Any) -> bytes:
     """`dump` with the invalid-UTF-8 marker turned into bytes no UTF-8 decoder accepts."""
     data = dump(value)
-    return data.replace(b'\\u0000bad-utf8\\u0000', b"\xed\xa0\x80\xff")
+    return data.replace(b"\\u0000bad-utf8\\u0000", b"\xed\xa0\x80\xff")
 
 
 @dataclass
@@ -234,7 +242,7 @@ class FuzzServer:
 
         req = orjson.loads(await request.read())
         last = req["messages"][-1]["content"]
-        k = int(last[3:last.index("|")])
+        k = int(last[3 : last.index("|")])
         attempt = self.attempts[k]
         self.attempts[k] += 1
         rng = random.Random(f"{self.seed}:{k}:{attempt}")
@@ -248,8 +256,9 @@ class FuzzServer:
         if mutation in ("http_500", "http_429", "http_400"):
             status = int(mutation[5:])
             headers = {"Retry-After": "0"} if status == 429 else {}
-            return web.json_response({"error": {"code": status, "message": f"fuzz {status}"}}, status=status,
-                                     headers=headers)
+            return web.json_response(
+                {"error": {"code": status, "message": f"fuzz {status}"}}, status=status, headers=headers
+            )
         if stream:
             return await self._stream(request, rng, truth, k, ids, mutation)
         body = plain_body(rng, truth, k, ids, mutation)
@@ -269,15 +278,16 @@ class FuzzServer:
         await response.prepare(request)
         try:
             for i in range(0, len(data), step):
-                await response.write(data[i:i + step])
+                await response.write(data[i : i + step])
                 await asyncio.sleep(total / pieces)
             await response.write_eof()
         except (ConnectionError, RuntimeError):
             pass  # the client gave up (its deadline): that is the point
         return response
 
-    async def _stream(self, request: Any, rng: random.Random, truth: Truth, k: int, ids: bool,
-                      mutation: str | None) -> Any:
+    async def _stream(
+        self, request: Any, rng: random.Random, truth: Truth, k: int, ids: bool, mutation: str | None
+    ) -> Any:
         from aiohttp import web
 
         events, cut = stream_events(rng, truth, k, ids, mutation)
@@ -300,20 +310,32 @@ class FuzzServer:
 
 
 def _usage(truth: Truth, with_cost: bool) -> dict:
-    usage = {"prompt_tokens": truth.prompt_tokens, "completion_tokens": len(truth.output_ids),
-             "total_tokens": truth.prompt_tokens + len(truth.output_ids)}
+    usage = {
+        "prompt_tokens": truth.prompt_tokens,
+        "completion_tokens": len(truth.output_ids),
+        "total_tokens": truth.prompt_tokens + len(truth.output_ids),
+    }
     if with_cost:
-        usage["cost"] = round((truth.prompt_tokens * PRICES["prompt_per_m"]
-                               + len(truth.output_ids) * PRICES["completion_per_m"]) / 1e6, 9)
+        usage["cost"] = round(
+            (truth.prompt_tokens * PRICES["prompt_per_m"] + len(truth.output_ids) * PRICES["completion_per_m"]) / 1e6, 9
+        )
     return usage
 
 
 def _mutate_usage(rng: random.Random, usage: dict, mutation: str) -> dict:
     key = rng.choice(["prompt_tokens", "completion_tokens"])
-    values = {"cost_negative": ("cost", -rng.choice([1.0, 0.001])), "cost_nan": ("cost", float("nan")),
-              "cost_inf": ("cost", rng.choice([float("inf"), float("-inf")])), "cost_absurd": ("cost", 9.2e18),
-              "cost_string": ("cost", "0.01"), "count_huge": (key, 2**64), "count_negative": (key, -1),
-              "count_inf": (key, Raw("1e999")), "count_nan": (key, float("nan")), "count_string": (key, "12")}
+    values = {
+        "cost_negative": ("cost", -rng.choice([1.0, 0.001])),
+        "cost_nan": ("cost", float("nan")),
+        "cost_inf": ("cost", rng.choice([float("inf"), float("-inf")])),
+        "cost_absurd": ("cost", 9.2e18),
+        "cost_string": ("cost", "0.01"),
+        "count_huge": (key, 2**64),
+        "count_negative": (key, -1),
+        "count_inf": (key, Raw("1e999")),
+        "count_nan": (key, float("nan")),
+        "count_string": (key, "12"),
+    }
     name, value = values[mutation]
     return dict(usage, **{name: value})
 
@@ -328,13 +350,20 @@ def plain_body(rng: random.Random, truth: Truth, k: int, ids: bool, mutation: st
     """One non-streamed body saying `truth`, mutated by `mutation`."""
     message: dict[str, Any] = {"role": "assistant", "content": truth.content, "reasoning": truth.reasoning}
     if truth.tool_calls:
-        message["tool_calls"] = [{"index": i, "id": cid, "type": "function", "function": {"name": n, "arguments": a}}
-                                 for i, (cid, n, a) in enumerate(truth.tool_calls)]
+        message["tool_calls"] = [
+            {"index": i, "id": cid, "type": "function", "function": {"name": n, "arguments": a}}
+            for i, (cid, n, a) in enumerate(truth.tool_calls)
+        ]
     choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": truth.finish}
     if ids:
         choice["token_ids"] = list(truth.output_ids)
-    body: dict[str, Any] = {"id": f"gen-{k}", "object": "chat.completion", "model": MODEL, "choices": [choice],
-                            "usage": _usage(truth, with_cost=not ids)}
+    body: dict[str, Any] = {
+        "id": f"gen-{k}",
+        "object": "chat.completion",
+        "model": MODEL,
+        "choices": [choice],
+        "usage": _usage(truth, with_cost=not ids),
+    }
     m = mutation
     if m is None:
         return orjson.dumps(body)
@@ -349,8 +378,13 @@ def plain_body(rng: random.Random, truth: Truth, k: int, ids: bool, mutation: st
             body["usage"]["cost"] = 0.0
         body["usage"] = _mutate_usage(rng, body["usage"], m)
     elif m.startswith("ids_"):
-        bad = {"ids_negative": -1, "ids_uint32": 4294967297, "ids_vocab": 70000, "ids_bigint": Raw(str(10**20)),
-               "ids_float": 1.5}[m]
+        bad = {
+            "ids_negative": -1,
+            "ids_uint32": 4294967297,
+            "ids_vocab": 70000,
+            "ids_bigint": Raw(str(10**20)),
+            "ids_float": 1.5,
+        }[m]
         choice["token_ids"] = [bad, *truth.output_ids]
     elif m == "surrogate":
         message["content"] = _insert(truth.content, rng, "\ud83d")
@@ -372,11 +406,13 @@ def plain_body(rng: random.Random, truth: Truth, k: int, ids: bool, mutation: st
     elif m == "finish_number":
         choice["finish_reason"] = 5
     elif m == "extra_choice":
-        body["choices"].append({"index": 1, "message": {"role": "assistant", "content": "another answer"},
-                                "finish_reason": "stop"})
+        body["choices"].append(
+            {"index": 1, "message": {"role": "assistant", "content": "another answer"}, "finish_reason": "stop"}
+        )
     elif m == "extra_choice_first":
-        body["choices"].insert(0, {"index": 1, "message": {"role": "assistant", "content": "another answer"},
-                                   "finish_reason": "stop"})
+        body["choices"].insert(
+            0, {"index": 1, "message": {"role": "assistant", "content": "another answer"}, "finish_reason": "stop"}
+        )
     elif m == "index_one":
         choice["index"] = 1
     elif m == "no_finish":
@@ -405,12 +441,14 @@ def _pieces(rng: random.Random, text: str | None) -> list[str]:
     out, i = [], 0
     while i < len(text):
         n = rng.randint(1, 24)
-        out.append(text[i:i + n])
+        out.append(text[i : i + n])
         i += n
     return out
 
 
-def stream_events(rng: random.Random, truth: Truth, k: int, ids: bool, mutation: str | None) -> tuple[list[bytes], bool]:
+def stream_events(
+    rng: random.Random, truth: Truth, k: int, ids: bool, mutation: str | None
+) -> tuple[list[bytes], bool]:
     """The SSE events of one streamed answer saying `truth`, mutated; and whether the connection is cut after them."""
     head = {"id": f"gen-{k}", "object": "chat.completion.chunk", "model": MODEL}
     chunks: list[dict] = [dict(head, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}}])]
@@ -419,11 +457,28 @@ def stream_events(rng: random.Random, truth: Truth, k: int, ids: bool, mutation:
     for piece in _pieces(rng, truth.content):
         chunks.append(dict(head, choices=[{"index": 0, "delta": {"content": piece}}]))
     for i, (cid, name, args) in enumerate(truth.tool_calls):
-        chunks.append(dict(head, choices=[{"index": 0, "delta": {"tool_calls": [
-            {"index": i, "id": cid, "type": "function", "function": {"name": name, "arguments": ""}}]}}]))
+        chunks.append(
+            dict(
+                head,
+                choices=[
+                    {
+                        "index": 0,
+                        "delta": {
+                            "tool_calls": [
+                                {"index": i, "id": cid, "type": "function", "function": {"name": name, "arguments": ""}}
+                            ]
+                        },
+                    }
+                ],
+            )
+        )
         for piece in _pieces(rng, args):
-            chunks.append(dict(head, choices=[{"index": 0, "delta": {"tool_calls": [
-                {"index": i, "function": {"arguments": piece}}]}}]))
+            chunks.append(
+                dict(
+                    head,
+                    choices=[{"index": 0, "delta": {"tool_calls": [{"index": i, "function": {"arguments": piece}}]}}],
+                )
+            )
     if ids:  # vLLM streams each chunk's ids; spread them over the body chunks, the rest on the finish chunk
         left = list(truth.output_ids)
         for c in chunks[1:]:
@@ -450,8 +505,13 @@ def stream_events(rng: random.Random, truth: Truth, k: int, ids: bool, mutation:
             usage["cost"] = 0.0
         chunks[-1]["usage"] = _mutate_usage(rng, usage, m)
     elif m is not None and m.startswith("ids_"):
-        bad = {"ids_negative": -1, "ids_uint32": 4294967297, "ids_vocab": 70000, "ids_bigint": Raw(str(10**20)),
-               "ids_float": 1.5}[m]
+        bad = {
+            "ids_negative": -1,
+            "ids_uint32": 4294967297,
+            "ids_vocab": 70000,
+            "ids_bigint": Raw(str(10**20)),
+            "ids_float": 1.5,
+        }[m]
         first["token_ids"] = [bad, *first.get("token_ids", [])]
     elif m == "surrogate":
         first["delta"]["content"] = _insert(first["delta"].get("content"), rng, "\ud83d")
@@ -496,8 +556,14 @@ def stream_events(rng: random.Random, truth: Truth, k: int, ids: bool, mutation:
         done_at, cut = len(chunks), True
     elif m == "error_chunk":
         at = rng.randint(*body_range) if body_range[1] >= body_range[0] else 1
-        chunks.insert(at, dict(head, error={"code": 502, "message": "upstream failed mid-stream (fuzz)"},
-                               choices=[{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}]))
+        chunks.insert(
+            at,
+            dict(
+                head,
+                error={"code": 502, "message": "upstream failed mid-stream (fuzz)"},
+                choices=[{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}],
+            ),
+        )
         done_at = len(chunks)
     elif m == "error_envelope":
         chunks = [{"error": {"code": 503, "message": "overloaded (fuzz)"}}]
@@ -542,8 +608,14 @@ class Report:
 
     @property
     def violations(self) -> int:
-        return (self.hangs + self.leased + self.internal_errors + self.tracebacks + self.garbage_as_good
-                + self.ledger_problems)
+        return (
+            self.hangs
+            + self.leased
+            + self.internal_errors
+            + self.tracebacks
+            + self.garbage_as_good
+            + self.ledger_problems
+        )
 
     def note(self, text: str) -> None:
         if len(self.examples) < 20:
@@ -553,20 +625,41 @@ class Report:
 def _fuzz_config(db: Path, base_url: str, *, stream: bool, vllm: bool, concurrency: int) -> Any:
     from app.config import parse_config
 
-    return parse_config({
-        "run": {"name": "fuzz", "database": str(db), "rebuild_workers": 0},
-        "data": {"datasets": [{"path": str(SAMPLE / "prompts.openai.jsonl")}]},
-        "model": {"name": MODEL, "tokenizer": str(SAMPLE / "tokenizer")},
-        "endpoints": [{"name": "fuzz", "base_url": base_url, "timeout_s": TIMEOUT_S, "stall_timeout_s": STALL_S,
-                       "max_concurrency": concurrency, **({"server": "vllm"} if vllm else {})}],
-        "generation": {"max_tokens": 4096, "stream": stream, "attempts": 4},
-        "limits": {"concurrency_max": concurrency},
-        "pricing": {MODEL: PRICES},
-    })
+    return parse_config(
+        {
+            "run": {"name": "fuzz", "database": str(db), "rebuild_workers": 0},
+            "data": {"datasets": [{"path": str(SAMPLE / "prompts.openai.jsonl")}]},
+            "model": {"name": MODEL, "tokenizer": str(SAMPLE / "tokenizer")},
+            "endpoints": [
+                {
+                    "name": "fuzz",
+                    "base_url": base_url,
+                    "timeout_s": TIMEOUT_S,
+                    "stall_timeout_s": STALL_S,
+                    "max_concurrency": concurrency,
+                    **({"server": "vllm"} if vllm else {}),
+                }
+            ],
+            "generation": {"max_tokens": 4096, "stream": stream, "attempts": 4},
+            "limits": {"concurrency_max": concurrency},
+            "pricing": {MODEL: PRICES},
+        }
+    )
 
 
-async def fuzz_round(server: FuzzServer, prompts: list[list[dict]], first: int, n: int, *, stream: bool, vllm: bool,
-                     concurrency: int, folder: Path, report: Report, reconstructor: Any) -> None:
+async def fuzz_round(
+    server: FuzzServer,
+    prompts: list[list[dict]],
+    first: int,
+    n: int,
+    *,
+    stream: bool,
+    vllm: bool,
+    concurrency: int,
+    folder: Path,
+    report: Report,
+    reconstructor: Any,
+) -> None:
     """One Run of samples first..first+n-1 over a fresh database; add what it found to `report`."""
     from app.engine.run import Run
     from app.providers.retry import RetryPolicy
@@ -579,10 +672,12 @@ async def fuzz_round(server: FuzzServer, prompts: list[list[dict]], first: int, 
     loop = asyncio.get_running_loop()
     loop_errors: list[str] = []
     previous = loop.get_exception_handler()
+
     def on_loop_error(_loop: Any, ctx: dict) -> None:
         exc = ctx.get("exception")
         if exc is not None and __import__("os").environ.get("FUZZ_DEBUG"):
             import traceback
+
             traceback.print_exception(exc, file=sys.__stderr__)
             print(ctx, file=sys.__stderr__)
         loop_errors.append(str(exc or ctx.get("message")))
@@ -597,8 +692,13 @@ async def fuzz_round(server: FuzzServer, prompts: list[list[dict]], first: int, 
             messages[-1] = dict(messages[-1], content=f"fz-{k}|" + str(messages[-1]["content"]))
             samples.append(SampleInput(f"s{k}", "fuzz", messages, None))
         await store.ingest(run_id, samples)
-        run = Run(config, store, reconstructor=reconstructor, db_path=db,
-                  retry_policy=RetryPolicy(attempts=4, base_s=0.005, cap_s=0.02))
+        run = Run(
+            config,
+            store,
+            reconstructor=reconstructor,
+            db_path=db,
+            retry_policy=RetryPolicy(attempts=4, base_s=0.005, cap_s=0.02),
+        )
         await run.start()
         bound = 60.0 + n * 0.05
         try:
@@ -637,8 +737,10 @@ def _check_round(db: Path, charged: float, server: FuzzServer, report: Report) -
         if states.get("leased"):
             report.note(f"round {report.rounds}: {states['leased']} samples left leased")
         report.failed += states.get("failed", 0)
-        for cls, count in conn.execute("SELECT error_class, COUNT(*) FROM samples WHERE state = 'failed' AND "
-                                       "error_class IN ('internal', 'reconstruct', 'unrecordable') GROUP BY 1"):
+        for cls, count in conn.execute(
+            "SELECT error_class, COUNT(*) FROM samples WHERE state = 'failed' AND "
+            "error_class IN ('internal', 'reconstruct', 'unrecordable') GROUP BY 1"
+        ):
             report.internal_errors += count
             msg = conn.execute("SELECT last_error FROM samples WHERE error_class = ? LIMIT 1", (cls,)).fetchone()[0]
             report.note(f"round {report.rounds}: {count} samples failed as {cls}: {msg[:200]}")
@@ -648,7 +750,8 @@ def _check_round(db: Path, charged: float, server: FuzzServer, report: Report) -
         rows = conn.execute(
             "SELECT s.sample_id, r.reasoning, r.content, r.tool_calls, r.finish_reason, rc.flags, r.usage, r.cost_usd "
             "FROM samples s JOIN responses r ON r.sample_pk = s.pk AND r.error_class IS NULL "
-            "LEFT JOIN reconstructions rc ON rc.sample_pk = s.pk WHERE s.state = 'done'").fetchall()
+            "LEFT JOIN reconstructions rc ON rc.sample_pk = s.pk WHERE s.state = 'done'"
+        ).fetchall()
         pricing = ModelPricing(PRICES["prompt_per_m"], PRICES["completion_per_m"], PRICES["prompt_per_m"])
         for sid, reasoning, content, calls, finish, flags, usage, cost in rows:
             truth = server.truths[int(sid[1:]) % len(server.truths)]
@@ -656,20 +759,29 @@ def _check_round(db: Path, charged: float, server: FuzzServer, report: Report) -
             expected = charge(u, pricing).usd
             if not math.isclose(cost, expected, rel_tol=1e-9, abs_tol=1e-12):
                 report.ledger_problems += 1
-                report.note(f"round {report.rounds}: {sid} was charged {cost!r}, not max(reported, priced) = {expected!r}")
+                report.note(
+                    f"round {report.rounds}: {sid} was charged {cost!r}, not max(reported, priced) = {expected!r}"
+                )
             good = finish in ("stop", "tool_calls") and not is_suspect(json.loads(flags) if flags else [])
             if not good:
                 report.done_other += 1
                 continue
             report.done_good += 1
             stored_calls = tuple((c["id"], c["name"], c["arguments"]) for c in json.loads(calls)) if calls else ()
-            if ((reasoning or "") != (truth.reasoning or "") or (content or "") != (truth.content or "")
-                    or stored_calls != truth.tool_calls or finish != truth.finish):
+            if (
+                (reasoning or "") != (truth.reasoning or "")
+                or (content or "") != (truth.content or "")
+                or stored_calls != truth.tool_calls
+                or finish != truth.finish
+            ):
                 report.garbage_as_good += 1
-                report.note(f"round {report.rounds}: {sid} stored as good differs from what the body said: "
-                            f"content {content!r:.80} vs {truth.content!r:.80}")
+                report.note(
+                    f"round {report.rounds}: {sid} stored as good differs from what the body said: "
+                    f"content {content!r:.80} vs {truth.content!r:.80}"
+                )
         ledger, bad_rows = conn.execute(
-            "SELECT SUM(cost_usd), SUM(cost_usd IS NULL OR cost_usd < 0 OR cost_usd > 1e300) FROM responses").fetchone()
+            "SELECT SUM(cost_usd), SUM(cost_usd IS NULL OR cost_usd < 0 OR cost_usd > 1e300) FROM responses"
+        ).fetchone()
         ledger = ledger or 0.0
         if bad_rows:
             report.ledger_problems += bad_rows
@@ -697,8 +809,16 @@ class _Tee(io.TextIOBase):
         self.inner.flush()
 
 
-async def run_fuzz(bodies: int, seed: int, *, samples_per_round: int = 2000, mutate: float = 0.6,
-                   concurrency: int = 64, folder: Path | None = None, progress: bool = False) -> Report:
+async def run_fuzz(
+    bodies: int,
+    seed: int,
+    *,
+    samples_per_round: int = 2000,
+    mutate: float = 0.6,
+    concurrency: int = 64,
+    folder: Path | None = None,
+    progress: bool = False,
+) -> Report:
     """Serve at least `bodies` bodies, at least half of them streamed, over rounds (plain and streamed, OpenRouter and
     vLLM shapes in turn); the Report."""
     from app.engine.fidelity.pool import build_reconstructor
@@ -722,12 +842,25 @@ async def run_fuzz(bodies: int, seed: int, *, samples_per_round: int = 2000, mut
                 stream = 2 * served.streamed < served.bodies or (served.bodies >= bodies)
                 left = max(bodies - served.bodies, bodies // 2 - served.streamed, 1)
                 n = max(1, min(samples_per_round, math.ceil(left / 1.6)))
-                await fuzz_round(server, prompts, first, n, stream=stream, vllm=report.rounds % 4 >= 2,
-                                 concurrency=concurrency, folder=work, report=report, reconstructor=reconstructor)
+                await fuzz_round(
+                    server,
+                    prompts,
+                    first,
+                    n,
+                    stream=stream,
+                    vllm=report.rounds % 4 >= 2,
+                    concurrency=concurrency,
+                    folder=work,
+                    report=report,
+                    reconstructor=reconstructor,
+                )
                 first += n
                 if progress:
-                    print(f"round {report.rounds}: {server.served.bodies} bodies, {report.violations} violations, "
-                          f"{time.monotonic() - started:.0f} s", file=sys.__stderr__)
+                    print(
+                        f"round {report.rounds}: {server.served.bodies} bodies, {report.violations} violations, "
+                        f"{time.monotonic() - started:.0f} s",
+                        file=sys.__stderr__,
+                    )
     finally:
         await server.close()
         if own:
@@ -773,14 +906,26 @@ def main() -> int:
     ap.add_argument("--mutate", type=float, default=0.6, help="share of bodies mutated")
     ap.add_argument("--concurrency", type=int, default=64)
     args = ap.parse_args()
-    report = asyncio.run(run_fuzz(args.bodies, args.seed, samples_per_round=args.samples_per_round,
-                                  mutate=args.mutate, concurrency=args.concurrency, progress=True))
+    report = asyncio.run(
+        run_fuzz(
+            args.bodies,
+            args.seed,
+            samples_per_round=args.samples_per_round,
+            mutate=args.mutate,
+            concurrency=args.concurrency,
+            progress=True,
+        )
+    )
     print(render(report))
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
-    (out / "fuzz.json").write_text(json.dumps({k: v for k, v in report.__dict__.items() if k != "by_mutation"}
-                                              | {"by_mutation": dict(report.by_mutation),
-                                                 "violations": report.violations}, indent=2))
+    (out / "fuzz.json").write_text(
+        json.dumps(
+            {k: v for k, v in report.__dict__.items() if k != "by_mutation"}
+            | {"by_mutation": dict(report.by_mutation), "violations": report.violations},
+            indent=2,
+        )
+    )
     return 1 if report.violations else 0
 
 

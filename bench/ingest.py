@@ -50,7 +50,11 @@ def generate(path: Path, n: int) -> None:
                         "id": f"sample-{i:07d}",
                         "messages": [
                             {"role": "system", "content": "You are a careful assistant."},
-                            {"role": "user", "content": f"Question {i}: explain {t} in three sentences, " f"with one example. 例 {i % 97}"},
+                            {
+                                "role": "user",
+                                "content": f"Question {i}: explain {t} in three sentences, "
+                                f"with one example. 例 {i % 97}",
+                            },
                             {"role": "assistant", "content": f"An answer about {t}."},
                         ],
                     },
@@ -89,8 +93,13 @@ def child_eaglewatch(prompts: Path, db: Path, force: bool = False) -> dict:
     summary = asyncio.run(go())
     elapsed = time.perf_counter() - t
     d = summary.datasets[0]
-    return {"rows": d.added + d.already_present, "added": d.added, "already_present": d.already_present,
-            "bad": d.bad_lines, "seconds": elapsed}
+    return {
+        "rows": d.added + d.already_present,
+        "added": d.added,
+        "already_present": d.already_present,
+        "bad": d.bad_lines,
+        "seconds": elapsed,
+    }
 
 
 def child_baseline(prompts: Path, db: Path) -> dict:
@@ -142,9 +151,14 @@ def reader_rates(work: Path, n: int) -> dict[str, dict]:
     raw = jsonl.read_bytes()
     rows = [json.loads(line) for line in raw.splitlines()]
     table = pa.Table.from_pylist(rows)
-    files = {"jsonl": jsonl, "json-array": work / "readers.json", "parquet": work / "readers.parquet",
-             "arrow": work / "readers.arrow", "jsonl.gz": work / "readers.jsonl.gz",
-             "jsonl.zst": work / "readers.jsonl.zst"}
+    files = {
+        "jsonl": jsonl,
+        "json-array": work / "readers.json",
+        "parquet": work / "readers.parquet",
+        "arrow": work / "readers.arrow",
+        "jsonl.gz": work / "readers.jsonl.gz",
+        "jsonl.zst": work / "readers.jsonl.zst",
+    }
     files["json-array"].write_bytes(b"[" + b",\n".join(raw.splitlines()) + b"]")
     pq.write_table(table, files["parquet"])
     with pa.OSFile(str(files["arrow"]), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
@@ -206,14 +220,20 @@ def main() -> int:
         readers = reader_rates(work, args.reader_lines)
     print(f"{'reader':12} {'rows':>10} {'file MB':>8} {'seconds':>8} {'rows/s':>10} {'vs jsonl':>9}")
     for kind, r in readers.items():
-        print(f"{kind:12} {r['rows']:>10,} {r['file_mb']:>8.1f} {r['seconds']:>8.2f} {r['rows_per_s']:>10,.0f} "
-              f"{r['ratio']:>8.2f}x")
+        print(
+            f"{kind:12} {r['rows']:>10,} {r['file_mb']:>8.1f} {r['seconds']:>8.2f} {r['rows_per_s']:>10,.0f} "
+            f"{r['ratio']:>8.2f}x"
+        )
     ok_tables = all(readers[k]["ratio"] >= TARGET_TABLE_READER_RATIO for k in ("parquet", "arrow"))
-    print(f"target: Parquet and Arrow >= {TARGET_TABLE_READER_RATIO}x the JSON-lines reader "
-          f"{'met' if ok_tables else 'MISSED'}")
+    print(
+        f"target: Parquet and Arrow >= {TARGET_TABLE_READER_RATIO}x the JSON-lines reader "
+        f"{'met' if ok_tables else 'MISSED'}"
+    )
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "ingest_readers.json").write_text(json.dumps({"rows": args.reader_lines, "readers": readers}, indent=2) + "\n")
+    (out / "ingest_readers.json").write_text(
+        json.dumps({"rows": args.reader_lines, "readers": readers}, indent=2) + "\n"
+    )
     if args.readers_only:
         return 0
 
@@ -248,16 +268,22 @@ def main() -> int:
             f"{kind:12} {r['rows']:>10,} {r['seconds']:>8.1f} {r['rows_per_s']:>10,.0f} "
             f"{r['rows_per_cpu_s']:>11,.0f} {r['peak_rss_mb']:>7.0f} MB"
         )
-    print(f"ratio eaglewatch / baseline: {ratio:.2f}x wall, {cpu_ratio:.2f}x per CPU second "
-          f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs: wall times on a busy machine run long)")
+    print(
+        f"ratio eaglewatch / baseline: {ratio:.2f}x wall, {cpu_ratio:.2f}x per CPU second "
+        f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs: wall times on a busy machine run long)"
+    )
     again = results["re-ingest"]
     reingest_ratio = again["seconds"] / ours["seconds"]
-    print(f"re-ingest of the unchanged file: {again['already_present']:,} already present, {again['added']} added, "
-          f"{reingest_ratio:.2f}x the first ingest's time (target <= {TARGET_REINGEST_RATIO}x)")
+    print(
+        f"re-ingest of the unchanged file: {again['already_present']:,} already present, {again['added']} added, "
+        f"{reingest_ratio:.2f}x the first ingest's time (target <= {TARGET_REINGEST_RATIO}x)"
+    )
     ok_speed = ours["rows_per_s"] >= TARGET_ROWS_S
     ok_rss = ours["peak_rss_mb"] < TARGET_RSS_MB
-    print(f"targets: >= {TARGET_ROWS_S:,} rows/s {'met' if ok_speed else 'MISSED'}; "
-          f"peak RSS < {TARGET_RSS_MB} MB {'met' if ok_rss else 'MISSED'}")
+    print(
+        f"targets: >= {TARGET_ROWS_S:,} rows/s {'met' if ok_speed else 'MISSED'}; "
+        f"peak RSS < {TARGET_RSS_MB} MB {'met' if ok_rss else 'MISSED'}"
+    )
 
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
@@ -275,12 +301,14 @@ def main() -> int:
     print()
     print(
         f"| ingest {args.lines:,}-line prompt file | {ours['rows_per_s']:,.0f} rows/s "
-        f"(bare sqlite3 executemany {base['rows_per_s']:,.0f}; {ratio:.2f}x); {ours['rows_per_cpu_s']:,.0f} rows " f"per CPU-s "
+        f"(bare sqlite3 executemany {base['rows_per_s']:,.0f}; {ratio:.2f}x); {ours['rows_per_cpu_s']:,.0f} rows "
+        f"per CPU-s "
         f"| peak RSS {ours['peak_rss_mb']:.0f} MB |"
     )
     print(
         f"| re-ingest the unchanged {args.lines:,}-line file | {again['rows_per_s']:,.0f} rows/s, "
-        f"{reingest_ratio:.2f}x the first ingest (target <= {TARGET_REINGEST_RATIO}x) | peak RSS " f"{again['peak_rss_mb']:.0f} MB |"
+        f"{reingest_ratio:.2f}x the first ingest (target <= {TARGET_REINGEST_RATIO}x) | peak RSS "
+        f"{again['peak_rss_mb']:.0f} MB |"
     )
     return 0
 

@@ -114,8 +114,10 @@ def main() -> int:
     rec = Reconstructor(profile, tok)
     refs = [json.loads(line)["output_ids"] for line in Path(args.reference).read_text().splitlines() if line.strip()]
     sample_dir = ROOT / "sample_data" / "tokenizer"
-    if Path(args.reference).resolve() == (ROOT / "sample_data" / "reference.jsonl").resolve() and \
-            Path(args.tokenizer).resolve() != sample_dir.resolve():
+    if (
+        Path(args.reference).resolve() == (ROOT / "sample_data" / "reference.jsonl").resolve()
+        and Path(args.tokenizer).resolve() != sample_dir.resolve()
+    ):
         # The sample ids belong to the sample tokenizer: carry the same texts over to this tokenizer.
         sample = load_tokenizer(sample_dir)
         refs = [tok.encode(sample.decode(ids)) for ids in refs]
@@ -145,11 +147,16 @@ def main() -> int:
     # the tokenizer keeps the ids of short runs it has encoded (tool-call ids recur across a run's samples); every
     # round here passes over the same samples, so each timed pass starts without them, as a run's first pass does
     short_runs = getattr(tok, "_short_runs", {})
-    res = paired(args.repeat, bare, reset=short_runs.clear, fns={
-        "canonical": lambda: [rec.process(c, r) for c, r in zip(completions, refs)],
-        "unchecked": lambda: [rec.process(c, None) for c in completions],
-        "logprobs": lambda: [rec.process(c, r) for c, r in zip(lp_completions, refs)],
-    })
+    res = paired(
+        args.repeat,
+        bare,
+        reset=short_runs.clear,
+        fns={
+            "canonical": lambda: [rec.process(c, r) for c, r in zip(completions, refs)],
+            "unchecked": lambda: [rec.process(c, None) for c in completions],
+            "logprobs": lambda: [rec.process(c, r) for c, r in zip(lp_completions, refs)],
+        },
+    )
 
     # learned repairs: a quirky server's text, a profile learned from probes, no reference
     from app.records import Completion, ToolCall
@@ -162,19 +169,32 @@ def main() -> int:
     def served(ids):
         o = renderer.render(tuple(ids), quirks, 0)
         calls = tuple(ToolCall(c.id, c.name, c.arguments, i) for i, c in enumerate(o.tool_calls))
-        return Completion(content=o.content or "", reasoning=o.reasoning, tool_calls=calls, finish_reason=o.finish_reason)
+        return Completion(
+            content=o.content or "", reasoning=o.reasoning, tool_calls=calls, finish_reason=o.finish_reason
+        )
 
     quirky = [served(ids) for ids in refs]
     fp = learn([(c, ids) for c, ids in list(zip(quirky, refs))[::4]], profile, tok, endpoint="bench")
     learned = Reconstructor(profile, tok, fp)
-    learned_ok = sum(learned.process(c, r)[1].category in ("exact", "bpe_equivalent", "truncated") for c, r in zip(quirky, refs))
+    learned_ok = sum(
+        learned.process(c, r)[1].category in ("exact", "bpe_equivalent", "truncated") for c, r in zip(quirky, refs)
+    )
     # what production did to these samples: the learned inverses it applied (a no-op profile would show 0)
     learned_repaired = sum(learned.process(c)[0].repair is not None for c in quirky)
-    plain_ok = sum(rec.process(c, r)[1].category in ("exact", "bpe_equivalent", "truncated") for c, r in zip(quirky, refs))
-    res.update(paired(args.repeat, bare, reset=short_runs.clear, fns={
-        "learned": lambda: [learned.process(c) for c in quirky],
-        "learned_ref": lambda: [learned.process(c, r) for c, r in zip(quirky, refs)],
-    }))
+    plain_ok = sum(
+        rec.process(c, r)[1].category in ("exact", "bpe_equivalent", "truncated") for c, r in zip(quirky, refs)
+    )
+    res.update(
+        paired(
+            args.repeat,
+            bare,
+            reset=short_runs.clear,
+            fns={
+                "learned": lambda: [learned.process(c) for c in quirky],
+                "learned_ref": lambda: [learned.process(c, r) for c, r in zip(quirky, refs)],
+            },
+        )
+    )
 
     # the engine's default path: the Rebuilder (a learned profile resting on a server prior with a known token
     # count), 5 % of the answers probes carrying logprobs (their text path measured, their steps learned), every
@@ -187,12 +207,23 @@ def main() -> int:
 
     counted = [replace(c, usage=Usage(completion_tokens=len(r))) for c, r in zip(quirky, refs)]
     probe_lp = {k: lp_completions[k] for k in range(0, len(refs), 20)}
-    probes = [replace(counted[k], reasoning_logprobs=c.reasoning_logprobs, content_logprobs=c.content_logprobs)
-              for k, c in probe_lp.items()]
+    probes = [
+        replace(counted[k], reasoning_logprobs=c.reasoning_logprobs, content_logprobs=c.content_logprobs)
+        for k, c in probe_lp.items()
+    ]
     prior = FP("bench", None, profile.name, 0, {}, {"count": {"+0": 1}}, "bench server", False, "openai")
     default = Rebuilder(rec, [with_prior(replace(fp, provider=None), prior)])
-    stripping = FP("bench", None, profile.name, 0, {}, {"count": {"+0": 1}, "edge:content.trail": {STRIPPED: 1},
-                                                        "edge:reasoning.lead": {STRIPPED: 1}}, "stripping", False, "openai")
+    stripping = FP(
+        "bench",
+        None,
+        profile.name,
+        0,
+        {},
+        {"count": {"+0": 1}, "edge:content.trail": {STRIPPED: 1}, "edge:reasoning.lead": {STRIPPED: 1}},
+        "stripping",
+        False,
+        "openai",
+    )
     strip_rebuilder = Rebuilder(rec, [stripping])
     plain_counted = [replace(c, usage=Usage(completion_tokens=len(r))) for c, r in zip(completions, refs)]
 
@@ -203,10 +234,17 @@ def main() -> int:
             else:
                 rebuilder.rebuild(c, None, (), None, endpoint="bench", measure=False)
 
-    res.update(paired(args.repeat, bare, reset=short_runs.clear, fns={
-        "default": lambda: default_path(default, counted),
-        "stripping": lambda: default_path(strip_rebuilder, plain_counted),
-    }))
+    res.update(
+        paired(
+            args.repeat,
+            bare,
+            reset=short_runs.clear,
+            fns={
+                "default": lambda: default_path(default, counted),
+                "stripping": lambda: default_path(strip_rebuilder, plain_counted),
+            },
+        )
+    )
     default_flags: dict[str, int] = {}
     for c in counted:
         for f in default.rebuild(c, None, (), None, endpoint="bench", measure=False).reconstruction.flags:
@@ -218,22 +256,36 @@ def main() -> int:
         body_ids += body_ids
     reasoning_text = tok.decode(body_ids[:15_000])
     content_text = tok.decode(body_ids[15_000:31_000])
-    call = '<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{"a": 1}' \
-        '<|tool_call_end|><|tool_calls_section_end|>' if profile.name == "kimi-k2.5" else ""
+    call = (
+        '<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{"a": 1}'
+        "<|tool_call_end|><|tool_calls_section_end|>"
+        if profile.name == "kimi-k2.5"
+        else ""
+    )
     big_text = f"{reasoning_text}{profile.think_close}{content_text}{call}{profile.end_of_turn}"
     big_ref = tok.encode(big_text)
     mid = len(content_text) // 2
-    wrong = f"{reasoning_text}{profile.think_close}{content_text[:mid]}XYZZY{content_text[mid:]}{call}{profile.end_of_turn}"
+    wrong = (
+        f"{reasoning_text}{profile.think_close}{content_text[:mid]}XYZZY{content_text[mid:]}{call}{profile.end_of_turn}"
+    )
     big_view = split_output(tok.encode(wrong), profile, tok).to_completion()  # the text lost nothing repairable
     old_search = Reconstructor(profile, tok)
     old_search.search_by_text = False
-    bare_big = (lambda: tok.encoding.encode(big_text, allowed_special="all")) if tok.kind == "tiktoken" else \
-        (lambda: tok.backend.encode(big_text, add_special_tokens=False).ids)
-    big_res = paired(args.repeat, lambda: (tok.decode(big_ref), bare_big()), reset=short_runs.clear, fns={
-        "assisted": lambda: rec.process(big_view, big_ref, assisted=True),
-        "production": lambda: rec.process(big_view, big_ref),
-        "old": lambda: old_search.process(big_view, big_ref, assisted=True),
-    })
+    bare_big = (
+        (lambda: tok.encoding.encode(big_text, allowed_special="all"))
+        if tok.kind == "tiktoken"
+        else (lambda: tok.backend.encode(big_text, add_special_tokens=False).ids)
+    )
+    big_res = paired(
+        args.repeat,
+        lambda: (tok.decode(big_ref), bare_big()),
+        reset=short_runs.clear,
+        fns={
+            "assisted": lambda: rec.process(big_view, big_ref, assisted=True),
+            "production": lambda: rec.process(big_view, big_ref),
+            "old": lambda: old_search.process(big_view, big_ref, assisted=True),
+        },
+    )
     t_big_bare = big_res["assisted"].base
     # these read as "times the bare decode + encode" (the inverse of the ratios above)
     x_assisted, x_prod, x_old = (1 / big_res[k].ratio for k in ("assisted", "production", "old"))
@@ -283,48 +335,74 @@ def main() -> int:
         ("default path (5 % probes, count check)", "default"),
         ("default path, stripping server", "stripping"),
     ]
-    print(f"reconstruction over {len(refs)} samples, {n_tokens} tokens, tokenizer {tok.path} ({tok.kind}); "
-          f"{args.repeat} paired rounds")
+    print(
+        f"reconstruction over {len(refs)} samples, {n_tokens} tokens, tokenizer {tok.path} ({tok.kind}); "
+        f"{args.repeat} paired rounds"
+    )
     print(f"{'path':<40} {'tokens/s':>12}  vs bare (median of rounds, quartiles)")
     print(f"{'bare encode (baseline)':<40} {n_tokens / t_bare:>12,.0f}  1.00x")
     for name, key in rows:
         print(f"{name:<40} {n_tokens / res[key].best:>12,.0f}  {res[key]}")
     print(f"align 32k pair, {done} splits: {t_align * 1000:.0f} ms; unrelated 32k pair: {t_align_worst * 1000:.0f} ms")
     print(f"logprob run strategies: {strategies}")
-    print(f"learned repairs ({', '.join(sorted(quirks))}; profile from {fp.probes} probes): "
-          f"{learned_ok}/{len(refs)} benign against the reference (without the profile: {plain_ok}); "
-          f"learned inverses applied to {learned_repaired}/{len(refs)} samples")
+    print(
+        f"learned repairs ({', '.join(sorted(quirks))}; profile from {fp.probes} probes): "
+        f"{learned_ok}/{len(refs)} benign against the reference (without the profile: {plain_ok}); "
+        f"learned inverses applied to {learned_repaired}/{len(refs)} samples"
+    )
     print(f"default path flags on the quirky answers (learned profile, count check): {default_flags or 'none'}")
-    print(f"unrepairable {len(big_ref)}-token sample ({big_verdict}): bare decode+encode {t_big_bare * 1000:.1f} ms; "
-          f"assisted search {t_big_assisted * 1000:.1f} ms ({x_assisted:.2f}x); "
-          f"production {t_big_prod * 1000:.1f} ms ({x_prod:.2f}x); "
-          f"old encode-every-variant search {t_big_old * 1000:.1f} ms ({x_old:.2f}x)")
+    print(
+        f"unrepairable {len(big_ref)}-token sample ({big_verdict}): bare decode+encode {t_big_bare * 1000:.1f} ms; "
+        f"assisted search {t_big_assisted * 1000:.1f} ms ({x_assisted:.2f}x); "
+        f"production {t_big_prod * 1000:.1f} ms ({x_prod:.2f}x); "
+        f"old encode-every-variant search {t_big_old * 1000:.1f} ms ({x_old:.2f}x)"
+    )
 
     def stats(key: str) -> dict:
         r = res[key]
-        return {f"{key}_tokens_per_s": n_tokens / r.best, f"{key}_ratio": r.ratio, f"{key}_ratio_quartiles": [r.low, r.high]}
+        return {
+            f"{key}_tokens_per_s": n_tokens / r.best,
+            f"{key}_ratio": r.ratio,
+            f"{key}_ratio_quartiles": [r.low, r.high],
+        }
 
     result = {
-        "tokenizer": str(tok.path), "kind": tok.kind, "samples": len(refs), "tokens": n_tokens, "rounds": args.repeat,
+        "tokenizer": str(tok.path),
+        "kind": tok.kind,
+        "samples": len(refs),
+        "tokens": n_tokens,
+        "rounds": args.repeat,
         "bare_tokens_per_s": n_tokens / t_bare,
         **{k: v for _, key in rows for k, v in stats(key).items()},
-        "align_32k_s": t_align, "align_32k_unrelated_s": t_align_worst,
-        "learned_benign": learned_ok, "learned_benign_without_profile": plain_ok, "learned_repaired": learned_repaired,
+        "align_32k_s": t_align,
+        "align_32k_unrelated_s": t_align_worst,
+        "learned_benign": learned_ok,
+        "learned_benign_without_profile": plain_ok,
+        "learned_repaired": learned_repaired,
         "default_flags": default_flags,
-        "unrepairable_32k_tokens": len(big_ref), "unrepairable_bare_s": t_big_bare,
-        "unrepairable_assisted_s": t_big_assisted, "unrepairable_assisted_ratio": x_assisted,
-        "unrepairable_production_ratio": x_prod, "unrepairable_old_search_ratio": x_old,
-        "python": platform.python_version(), "machine": platform.machine(),
+        "unrepairable_32k_tokens": len(big_ref),
+        "unrepairable_bare_s": t_big_bare,
+        "unrepairable_assisted_s": t_big_assisted,
+        "unrepairable_assisted_ratio": x_assisted,
+        "unrepairable_production_ratio": x_prod,
+        "unrepairable_old_search_ratio": x_old,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
     }
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "reconstruct.json").write_text(json.dumps(result, indent=1) + "\n")
     print()
-    print("| reconstruction (tokenizer) | canonical vs bare encode | learned repairs vs bare | default path vs bare | "
-          "logprobs vs bare | unrepairable 32k vs bare decode+encode | align 32k (64 splits / unrelated) |")
+    print(
+        "| reconstruction (tokenizer) | canonical vs bare encode | learned repairs vs bare | default path vs bare | "
+        "logprobs vs bare | unrepairable 32k vs bare decode+encode | align 32k (64 splits / unrelated) |"
+    )
     print("|---|---|---|---|---|---|---|")
-    print(f"| {tok.kind} {Path(tok.path).name} | {res['canonical']} | {res['learned']} | {res['default']} | "
-          f"{res['logprobs']} | {x_assisted:.2f}x (was {x_old:.1f}x) | {t_align * 1000:.0f} ms / " f"{t_align_worst * 1000:.0f} ms |")
+    print(
+        f"| {tok.kind} {Path(tok.path).name} | {res['canonical']} | {res['learned']} | {res['default']} | "
+        f"{res['logprobs']} | {x_assisted:.2f}x (was {x_old:.1f}x) | {t_align * 1000:.0f} ms / "
+        f"{t_align_worst * 1000:.0f} ms |"
+    )
     return 0
 
 

@@ -71,18 +71,37 @@ async def soak(args: argparse.Namespace, db_dir: Path) -> dict:
     from app.store.run_store import RunStore
 
     faults = parse_faults(args.faults)
-    cfg = parse_config({
-        "run": {"name": "soak", "database": str(db_dir / "soak.db")},
-        "data": {"datasets": [{"path": str(SAMPLE / "prompts.openai.jsonl")}],
-                 "reference": str(SAMPLE / "reference.jsonl")},
-        "model": {"name": MODEL, "tokenizer": str(SAMPLE / "tokenizer")},
-        "endpoints": [{"name": "sim", "timeout_s": 10, "max_concurrency": args.concurrency,
-                       "simulator": {"latency_median_ms": args.latency_ms, "latency_p95_ms": args.latency_ms * 2,
-                                     "tokens_per_s": 0.0, "seed": 7, "faults": faults}}],
-        "generation": {"max_tokens": 4096, "stream": args.stream, "attempts": 8},
-        "limits": {"concurrency_initial": args.concurrency, "concurrency_min": 1, "concurrency_max": args.concurrency},
-        "pricing": {MODEL: PRICES},
-    })
+    cfg = parse_config(
+        {
+            "run": {"name": "soak", "database": str(db_dir / "soak.db")},
+            "data": {
+                "datasets": [{"path": str(SAMPLE / "prompts.openai.jsonl")}],
+                "reference": str(SAMPLE / "reference.jsonl"),
+            },
+            "model": {"name": MODEL, "tokenizer": str(SAMPLE / "tokenizer")},
+            "endpoints": [
+                {
+                    "name": "sim",
+                    "timeout_s": 10,
+                    "max_concurrency": args.concurrency,
+                    "simulator": {
+                        "latency_median_ms": args.latency_ms,
+                        "latency_p95_ms": args.latency_ms * 2,
+                        "tokens_per_s": 0.0,
+                        "seed": 7,
+                        "faults": faults,
+                    },
+                }
+            ],
+            "generation": {"max_tokens": 4096, "stream": args.stream, "attempts": 8},
+            "limits": {
+                "concurrency_initial": args.concurrency,
+                "concurrency_min": 1,
+                "concurrency_max": args.concurrency,
+            },
+            "pricing": {MODEL: PRICES},
+        }
+    )
     store = await RunStore.open(cfg.run.database)
     run_id = await store.ensure_run("soak", cfg.redacted())
     t_ingest = time.perf_counter()
@@ -117,30 +136,46 @@ async def soak(args: argparse.Namespace, db_dir: Path) -> dict:
     ok = "content IS NOT NULL AND error_class IS NULL"
     answers, distinct = db.execute(f"SELECT COUNT(*), COUNT(DISTINCT sample_pk) FROM responses WHERE {ok}").fetchone()
     ledger = db.execute("SELECT COALESCE(SUM(cost_usd), 0) FROM responses").fetchone()[0]
-    priced = db.execute(f"SELECT COALESCE(SUM(prompt_tokens * ? + completion_tokens * ?), 0) / 1e6 FROM responses "
-                        f"WHERE {ok}", (PRICES["prompt_per_m"], PRICES["completion_per_m"])).fetchone()[0]
+    priced = db.execute(
+        f"SELECT COALESCE(SUM(prompt_tokens * ? + completion_tokens * ?), 0) / 1e6 FROM responses WHERE {ok}",
+        (PRICES["prompt_per_m"], PRICES["completion_per_m"]),
+    ).fetchone()[0]
     failed_attempts = db.execute("SELECT COUNT(*) FROM responses WHERE error_class IS NOT NULL").fetchone()[0]
     db.close()
     n = args.n
     tenth = max(1, n // 10)
     return {
-        "n": n, "faults": faults, "concurrency": args.concurrency, "stream": args.stream,
-        "reconstruct": args.reconstruct, "outcome": outcome.state, "states": states,
-        "lost": n - states.get("done", 0) - states.get("failed", 0), "duplicated": answers - distinct,
+        "n": n,
+        "faults": faults,
+        "concurrency": args.concurrency,
+        "stream": args.stream,
+        "reconstruct": args.reconstruct,
+        "outcome": outcome.state,
+        "states": states,
+        "lost": n - states.get("done", 0) - states.get("failed", 0),
+        "duplicated": answers - distinct,
         "failed_attempts_retried_or_logged": failed_attempts,
-        "ledger_usd": ledger, "cost_error_usd": abs(ledger - priced), "engine_vs_ledger_usd": abs(snap.cost_usd - ledger),
-        "elapsed_s": round(elapsed, 1), "ingest_s": round(ingest_s, 1), "rate_all": round(n / elapsed, 1),
+        "ledger_usd": ledger,
+        "cost_error_usd": abs(ledger - priced),
+        "engine_vs_ledger_usd": abs(snap.cost_usd - ledger),
+        "elapsed_s": round(elapsed, 1),
+        "ingest_s": round(ingest_s, 1),
+        "rate_all": round(n / elapsed, 1),
         "rate_first_10pct": round(rate_between(history, 0, tenth), 1),
         "rate_last_10pct": round(rate_between(history, n - tenth, n), 1),
-        "rss_mb": rss, "rss_peak_mb": max(r for _, r in rss),
+        "rss_mb": rss,
+        "rss_peak_mb": max(r for _, r in rss),
     }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=100_000, help="samples (default 100,000; use e.g. 20000 for a quick run)")
-    ap.add_argument("--faults", default="500=0.02,502=0.01,reset=0.01,malformed=0.01,429=0.002",
-                    help="simulator fault kinds and rates, comma-separated KIND=RATE")
+    ap.add_argument(
+        "--faults",
+        default="500=0.02,502=0.01,reset=0.01,malformed=0.01,429=0.002",
+        help="simulator fault kinds and rates, comma-separated KIND=RATE",
+    )
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--latency-ms", type=float, default=5.0, help="simulator median latency")
     ap.add_argument("--stream", action="store_true")
@@ -153,11 +188,13 @@ def main() -> int:
     args.out.write_text(json.dumps(result, indent=1))
     rss = result["rss_mb"]
     marks = [rss[int(i * (len(rss) - 1) / 4)] for i in range(5)] if rss else []
-    print(f"| soak: {result['n']} samples, faults {args.faults}, c={args.concurrency} | "
-          f"lost {result['lost']}, duplicated {result['duplicated']}, cost error ${result['cost_error_usd']:.6f} "
-          f"(engine vs ledger ${result['engine_vs_ledger_usd']:.6f}) | {result['rate_all']} samples/s; first 10% "
-          f"{result['rate_first_10pct']}/s, last 10% {result['rate_last_10pct']}/s | RSS MB over time "
-          f"{', '.join(f'{t:.0f}s {m:.0f}' for t, m in marks)} (peak {result['rss_peak_mb']:.0f}) |")
+    print(
+        f"| soak: {result['n']} samples, faults {args.faults}, c={args.concurrency} | "
+        f"lost {result['lost']}, duplicated {result['duplicated']}, cost error ${result['cost_error_usd']:.6f} "
+        f"(engine vs ledger ${result['engine_vs_ledger_usd']:.6f}) | {result['rate_all']} samples/s; first 10% "
+        f"{result['rate_first_10pct']}/s, last 10% {result['rate_last_10pct']}/s | RSS MB over time "
+        f"{', '.join(f'{t:.0f}s {m:.0f}' for t, m in marks)} (peak {result['rss_peak_mb']:.0f}) |"
+    )
     ok = result["lost"] == 0 and result["duplicated"] == 0 and result["cost_error_usd"] < 1e-6
     return 0 if ok else 1
 

@@ -33,18 +33,35 @@ REASONING = "Let me think about the answer step by step. " * 6
 
 
 def _bodies() -> tuple[bytes, bytes]:
-    usage = {"prompt_tokens": 120, "completion_tokens": 600, "total_tokens": 720, "cost": 0.0015,
-             "completion_tokens_details": {"reasoning_tokens": 60}, "prompt_tokens_details": {"cached_tokens": 0}}
-    plain = {"id": "gen-bench", "object": "chat.completion", "created": 0, "model": "m", "provider": "bench",
-             "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": CONTENT,
-                                                                            "reasoning": REASONING}}],
-             "usage": usage}
+    usage = {
+        "prompt_tokens": 120,
+        "completion_tokens": 600,
+        "total_tokens": 720,
+        "cost": 0.0015,
+        "completion_tokens_details": {"reasoning_tokens": 60},
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+    plain = {
+        "id": "gen-bench",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m",
+        "provider": "bench",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "message": {"role": "assistant", "content": CONTENT, "reasoning": REASONING},
+            }
+        ],
+        "usage": usage,
+    }
     head = {"id": "gen-bench", "object": "chat.completion.chunk", "created": 0, "model": "m", "provider": "bench"}
     events = []
     for k in range(0, len(REASONING), 24):
-        events.append(dict(head, choices=[{"index": 0, "delta": {"reasoning": REASONING[k:k + 24]}}]))
+        events.append(dict(head, choices=[{"index": 0, "delta": {"reasoning": REASONING[k : k + 24]}}]))
     for k in range(0, len(CONTENT), 24):
-        events.append(dict(head, choices=[{"index": 0, "delta": {"content": CONTENT[k:k + 24]}}]))
+        events.append(dict(head, choices=[{"index": 0, "delta": {"content": CONTENT[k : k + 24]}}]))
     events.append(dict(head, choices=[{"index": 0, "delta": {}, "finish_reason": "stop"}]))
     events.append(dict(head, choices=[], usage=usage))
     sse = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
@@ -64,8 +81,11 @@ def _serve_simulator(port_out, cpu_out, stop) -> None:  # runs in the server pro
 
     async def main() -> None:
         reference = ROOT / "sample_data" / "reference.jsonl"
-        async with SimulatorServer(SimulatorOptions(), tokenizer_dir=ROOT / "sample_data" / "tokenizer",
-                                   reference=reference if reference.exists() else None) as sim:
+        async with SimulatorServer(
+            SimulatorOptions(),
+            tokenizer_dir=ROOT / "sample_data" / "tokenizer",
+            reference=reference if reference.exists() else None,
+        ) as sim:
             port_out.put(sim.port)
             while not stop.is_set():
                 await asyncio.sleep(0.05)
@@ -142,10 +162,15 @@ async def _run_chatclient(url: str, transport: str, n: int, concurrency: int, st
 async def _run_bare_aiohttp(url: str, n: int, concurrency: int, stream: bool) -> None:
     import aiohttp
 
-    payload = json.dumps({"model": "m", "messages": MESSAGES, "max_tokens": 1024, "stream": stream}).replace(
-        ", ", ",").replace(": ", ":").encode()
+    payload = (
+        json.dumps({"model": "m", "messages": MESSAGES, "max_tokens": 1024, "stream": stream})
+        .replace(", ", ",")
+        .replace(": ", ":")
+        .encode()
+    )
     headers = {"Content-Type": "application/json", "Authorization": "Bearer bench-key"}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+
         async def one() -> None:
             async with session.post(url + "/chat/completions", data=payload, headers=headers) as response:
                 if stream:
@@ -177,8 +202,12 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--stream", choices=["no", "yes", "both"], default="both")
-    parser.add_argument("--server", choices=["minimal", "simulator"], default="minimal",
-                        help="minimal: fixed 3 KB bodies (default); simulator: the eaglewatch simulator, unpaced")
+    parser.add_argument(
+        "--server",
+        choices=["minimal", "simulator"],
+        default="minimal",
+        help="minimal: fixed 3 KB bodies (default); simulator: the eaglewatch simulator, unpaced",
+    )
     parser.add_argument("--clients", nargs="+", default=CLIENTS, help=f"subset of: {', '.join(CLIENTS)}")
     args = parser.parse_args()
     ctx = mp.get_context("spawn")
@@ -201,11 +230,23 @@ def main() -> int:
                     proc.join()
                     time.sleep(0.1)
                     n = args.requests + 1
-                    rows.append({"client": kind, "stream": stream, "concurrency": concurrency,
-                                 "req_s": args.requests / wall, "client_cpu_ms": 1000 * client_cpu / n,
-                                 "server_cpu_ms": 1000 * (cpu.value - server_cpu0) / n, "server": args.server})
-                    print(f"  {kind:22s} stream={stream!s:5s} c={concurrency:<4d} {rows[-1]['req_s']:8.0f} req/s "
-                          f"{rows[-1]['client_cpu_ms']:6.2f} ms CPU/req", file=sys.stderr, flush=True)
+                    rows.append(
+                        {
+                            "client": kind,
+                            "stream": stream,
+                            "concurrency": concurrency,
+                            "req_s": args.requests / wall,
+                            "client_cpu_ms": 1000 * client_cpu / n,
+                            "server_cpu_ms": 1000 * (cpu.value - server_cpu0) / n,
+                            "server": args.server,
+                        }
+                    )
+                    print(
+                        f"  {kind:22s} stream={stream!s:5s} c={concurrency:<4d} {rows[-1]['req_s']:8.0f} req/s "
+                        f"{rows[-1]['client_cpu_ms']:6.2f} ms CPU/req",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     finally:
         stop.set()
         server.join(timeout=5)
@@ -217,27 +258,38 @@ def main() -> int:
         # CPU per request is steadier than wall rates on a shared machine: bare CPU / this CPU
         r["cpu_ratio_vs_bare_aiohttp"] = b["client_cpu_ms"] / r["client_cpu_ms"]
     pinned = hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2
-    print(f"\nTransport benchmark ({args.server} server): {args.requests} requests of ~3 KB per cell, loopback, "
-          f"server pinned to core 0 and client to core 1: {pinned} "
-          f"({os.cpu_count()} CPUs, Python {platform.python_version()})")
-    print("| client | stream | concurrency | req/s | x bare aiohttp | client CPU ms/req | CPU efficiency x bare "
-          "| server CPU ms/req |")
+    print(
+        f"\nTransport benchmark ({args.server} server): {args.requests} requests of ~3 KB per cell, loopback, "
+        f"server pinned to core 0 and client to core 1: {pinned} "
+        f"({os.cpu_count()} CPUs, Python {platform.python_version()})"
+    )
+    print(
+        "| client | stream | concurrency | req/s | x bare aiohttp | client CPU ms/req | CPU efficiency x bare "
+        "| server CPU ms/req |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['client']} | {'yes' if r['stream'] else 'no'} | {r['concurrency']} | {r['req_s']:.0f} | "
-              f"{r['ratio_vs_bare_aiohttp']:.2f} | {r['client_cpu_ms']:.2f} | {r['cpu_ratio_vs_bare_aiohttp']:.2f} | "
-              f"{r['server_cpu_ms']:.2f} |")
+        print(
+            f"| {r['client']} | {'yes' if r['stream'] else 'no'} | {r['concurrency']} | {r['req_s']:.0f} | "
+            f"{r['ratio_vs_bare_aiohttp']:.2f} | {r['client_cpu_ms']:.2f} | {r['cpu_ratio_vs_bare_aiohttp']:.2f} | "
+            f"{r['server_cpu_ms']:.2f} |"
+        )
     out_dir = ROOT / "bench" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
     result = {"requests": args.requests, "pinned": pinned, "server": args.server, "rows": rows}
     name = "transport" if args.server == "minimal" else "transport-simulator"
     (out_dir / f"{name}.json").write_text(json.dumps(result, indent=2))
-    best = max((r for r in rows if r["client"] != "bare aiohttp" and not r["stream"]),
-               key=lambda r: r["ratio_vs_bare_aiohttp"], default=None)
+    best = max(
+        (r for r in rows if r["client"] != "bare aiohttp" and not r["stream"]),
+        key=lambda r: r["ratio_vs_bare_aiohttp"],
+        default=None,
+    )
     if best:
-        print(f"\ndocs/performance.md row: | transport | {best['client']} | {best['req_s']:.0f} req/s non-streaming at "
-              f"c={best['concurrency']} | {best['ratio_vs_bare_aiohttp']:.2f}x bare aiohttp | "
-              f"{best['client_cpu_ms']:.2f} ms client CPU/req |")
+        print(
+            f"\ndocs/performance.md row: | transport | {best['client']} | {best['req_s']:.0f} req/s non-streaming at "
+            f"c={best['concurrency']} | {best['ratio_vs_bare_aiohttp']:.2f}x bare aiohttp | "
+            f"{best['client_cpu_ms']:.2f} ms client CPU/req |"
+        )
     return 0
 
 

@@ -86,17 +86,25 @@ class ConversationWriter:
                         model_args = ref._compact({**json.loads(args), **_other(rng, name)})
                     model_id = f"functions.{name}:{calls_so_far}"
                     calls_so_far += 1
-                    calls.append({"id": self._call_id(), "type": "function",
-                                  "function": {"name": name, "arguments": args}})
+                    calls.append(
+                        {"id": self._call_id(), "type": "function", "function": {"name": name, "arguments": args}}
+                    )
                     section += f"<|tool_call_begin|>{model_id}<|tool_call_argument_begin|>{model_args}<|tool_call_end|>"
                 section += "<|tool_calls_section_end|>"
                 said = rng.choice(["", "Let me check that.", "I'll look it up."])
                 outputs.append(self.w.encode(f"{reasoning}</think>{said}{section}<|im_end|>"))
-                messages.append({"role": "assistant", "content": "", "reasoning_content": corpus.prose(rng, 1),
-                                 "tool_calls": calls})
+                messages.append(
+                    {"role": "assistant", "content": "", "reasoning_content": corpus.prose(rng, 1), "tool_calls": calls}
+                )
                 for c in calls:
-                    messages.append({"role": "tool", "tool_call_id": c["id"], "name": c["function"]["name"],
-                                     "content": corpus.json_text(rng)})
+                    messages.append(
+                        {
+                            "role": "tool",
+                            "tool_call_id": c["id"],
+                            "name": c["function"]["name"],
+                            "content": corpus.json_text(rng),
+                        }
+                    )
             else:
                 answer = corpus.prose(rng, rng.randint(1, 3))
                 outputs.append(self.w.encode(f"{reasoning}</think>{answer}<|im_end|>"))
@@ -120,12 +128,19 @@ class ConversationWriter:
         history = json.dumps(list(turns[0].segment), ensure_ascii=False, separators=(",", ":"))
         for k, (turn, ids) in enumerate(zip(turns, outputs), 1):
             request = json.loads(history)
-            lines.append({
-                "id": f"{cid}#{k}", "messages": request, **({"tools": tools} if tools else {}), "output_ids": ids,
-                "meta_info": {"finish_reason": {"type": "stop"},
-                              "prompt_tokens": len(self.w.render_prompt(request, tools)),
-                              "completion_tokens": len(ids)},
-            })
+            lines.append(
+                {
+                    "id": f"{cid}#{k}",
+                    "messages": request,
+                    **({"tools": tools} if tools else {}),
+                    "output_ids": ids,
+                    "meta_info": {
+                        "finish_reason": {"type": "stop"},
+                        "prompt_tokens": len(self.w.render_prompt(request, tools)),
+                        "completion_tokens": len(ids),
+                    },
+                }
+            )
             if k < len(turns):
                 view = split_output(ids, self.profile, self.tok)
                 answer = answer_message(view.content, view.reasoning, view.tool_calls, "keep", turn=k)
@@ -171,8 +186,12 @@ def build(out: Path, tokenizer_dir: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ref.DEFAULT_OUT, help=f"output directory (default {ref.DEFAULT_OUT})")
-    parser.add_argument("--tokenizer", type=Path, default=ref.DEFAULT_OUT / "tokenizer", help="sample tokenizer directory")
+    parser.add_argument(
+        "--out", type=Path, default=ref.DEFAULT_OUT, help=f"output directory (default {ref.DEFAULT_OUT})"
+    )
+    parser.add_argument(
+        "--tokenizer", type=Path, default=ref.DEFAULT_OUT / "tokenizer", help="sample tokenizer directory"
+    )
     args = parser.parse_args(argv)
     for path in build(args.out, args.tokenizer):
         print(f"wrote {path} ({path.stat().st_size} bytes)", file=sys.stderr)

@@ -124,7 +124,9 @@ class SampleWriter:
         self.tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
         self.rng = random.Random(seed)
         self.vocab = self.tok.get_vocab()
-        self.id_bytes = {i: self._bytes_of(t) for t, i in self.vocab.items() if not t.startswith(("<|", "[", "<think", "</think"))}
+        self.id_bytes = {
+            i: self._bytes_of(t) for t, i in self.vocab.items() if not t.startswith(("<|", "[", "<think", "</think"))
+        }
         self.bytes_id = {b: i for i, b in self.id_bytes.items()}
         self.im_end = self.vocab["<|im_end|>"]
         self.specials = {self.vocab[c] for c, _ in corpus.ADDED_TOKENS}
@@ -145,7 +147,10 @@ class SampleWriter:
     def question(self, kinds: set[str]) -> str:
         rng = self.rng
         if "code" in kinds:
-            return f"Write a Python function that can {corpus.word(rng)} the {corpus.word(rng)} of a list. " f"{corpus.sentence(rng, 4, 10)}"
+            return (
+                f"Write a Python function that can {corpus.word(rng)} the {corpus.word(rng)} of a list. "
+                f"{corpus.sentence(rng, 4, 10)}"
+            )
         if "json" in kinds:
             return f"Return a JSON object describing a {corpus.word(rng)} with {rng.randint(2, 5)} fields."
         if "cjk" in kinds:
@@ -399,12 +404,18 @@ def _load_template(tokenizer_dir: Path):
 def sharegpt(record: dict) -> dict:
     """The prompt of a tool-free record in ShareGPT form."""
     names = {"system": "system", "user": "human", "assistant": "gpt"}
-    return {"id": record["id"], "conversations": [{"from": names[m["role"]], "value": m["content"]} for m in record["messages"]]}
+    return {
+        "id": record["id"],
+        "conversations": [{"from": names[m["role"]], "value": m["content"]} for m in record["messages"]],
+    }
 
 
 def specforge(record: dict) -> dict:
     """The prompt of a tool-free record in SpecForge conversations form."""
-    return {"id": record["id"], "conversations": [{"role": m["role"], "content": m["content"]} for m in record["messages"]]}
+    return {
+        "id": record["id"],
+        "conversations": [{"role": m["role"], "content": m["content"]} for m in record["messages"]],
+    }
 
 
 def jsonl(rows: list[dict]) -> str:

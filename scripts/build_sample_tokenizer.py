@@ -159,14 +159,23 @@ CJK_CHARS = (
 )
 EMOJI = "😀😂🥹😍🤔😎🙏👍🎉🔥✨🚀💡📈🌍🍜☕️❤️✅❌⚠️🧪🤖🐍🦀"
 
-PY_NAMES = "load_config parse_line encode_batch decode_ids merge_ranks token_bytes apply_template split_output run_job " "shard_path".split()
+PY_NAMES = (
+    "load_config parse_line encode_batch decode_ids merge_ranks token_bytes apply_template split_output run_job "
+    "shard_path".split()
+)
 JS_NAMES = "fetchData renderRow parseJson handleClick updateState computeScore formatDate".split()
 
 
-SYLLABLES = "ba be bi bo bu ca co da de di do fa fe fi ga go ha he hi ho ka ke ki ko la le li lo lu ma me mi mo mu na ne ni " "no nu pa pe pi po ra re ri ro ru sa se si so ta te ti to tu va ve vi wa we ya yo za ze str tion ment ing er est " "ly ous ive al ism ize".split()
+SYLLABLES = (
+    "ba be bi bo bu ca co da de di do fa fe fi ga go ha he hi ho ka ke ki ko la le li lo lu ma me mi mo mu na ne ni "
+    "no nu pa pe pi po ra re ri ro ru sa se si so ta te ti to tu va ve vi wa we ya yo za ze str tion ment ing er est "
+    "ly ous ive al ism ize".split()
+)
 _lexicon_rng = random.Random(7)
 # Rarer "words" (pseudo-English, from syllables) give the BPE enough variety to fill its vocabulary.
-RARE_WORDS = sorted({"".join(_lexicon_rng.choice(SYLLABLES) for _ in range(_lexicon_rng.randint(2, 4))) for _ in range(3000)})
+RARE_WORDS = sorted(
+    {"".join(_lexicon_rng.choice(SYLLABLES) for _ in range(_lexicon_rng.randint(2, 4))) for _ in range(3000)}
+)
 
 
 def word(rng: random.Random) -> str:
@@ -356,7 +365,13 @@ def tokenizer_config() -> dict:
     }
     return {
         "added_tokens_decoder": decoder,
-        "additional_special_tokens": ["<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>"],
+        "additional_special_tokens": [
+            "<|im_end|>",
+            "<|im_user|>",
+            "<|im_assistant|>",
+            "<|im_system|>",
+            "<|im_middle|>",
+        ],
         "bos_token": "[BOS]",
         "eos_token": "[EOS]",
         "unk_token": "[UNK]",
@@ -373,7 +388,13 @@ def tokenizer_config() -> dict:
 def special_tokens_map() -> dict:
     """The `special_tokens_map.json` contents."""
     return {
-        "additional_special_tokens": ["<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>"],
+        "additional_special_tokens": [
+            "<|im_end|>",
+            "<|im_user|>",
+            "<|im_assistant|>",
+            "<|im_system|>",
+            "<|im_middle|>",
+        ],
         "bos_token": "[BOS]",
         "eos_token": "[EOS]",
         "unk_token": "[UNK]",

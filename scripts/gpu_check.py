@@ -70,9 +70,16 @@ def build_model(path: Path, preset: str, device: str, dtype: str) -> int:
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     hidden, layers, inter, heads, kv, vocab, *_ = PRESETS[preset]
-    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=8192,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     with torch.device(device):
@@ -127,8 +134,9 @@ def compare(target, saved: list[dict], samples_by_id: dict, picks: list[str]) ->
         got = by_id[sid]
         ids = list(samples_by_id[sid].input_ids)
         with torch.inference_mode():
-            ref = target.model(input_ids=torch.tensor([ids], device=target.input_device),
-                               output_hidden_states=True, use_cache=False).hidden_states
+            ref = target.model(
+                input_ids=torch.tensor([ids], device=target.input_device), output_hidden_states=True, use_cache=False
+            ).hidden_states
         want_last = ref[-1][0].float().cpu()
         want_aux = torch.cat([ref[h][0].float().cpu() for h in indices], dim=-1)
         row = {"sample": sid, "tokens": len(ids), "ids_equal": got["input_ids"].tolist() == ids}
@@ -148,8 +156,11 @@ def compare(target, saved: list[dict], samples_by_id: dict, picks: list[str]) ->
         if have_aux.shape == shifted.shape:
             row["aux_vs_next_layer_mean_rel"] = float((have_aux - shifted).abs().mean() / shifted.abs().mean())
         within = all(
-            row.get(f"{k}_max_rel", 1) <= MAX_REL_ERR and row.get(f"{k}_mean_rel", 1) <= MEAN_REL_ERR
-            and row.get(f"{k}_finite", False) for k in ("last", "aux"))
+            row.get(f"{k}_max_rel", 1) <= MAX_REL_ERR
+            and row.get(f"{k}_mean_rel", 1) <= MEAN_REL_ERR
+            and row.get(f"{k}_finite", False)
+            for k in ("last", "aux")
+        )
         distinct = row.get("aux_mean_rel", 1) * 4 <= row.get("aux_vs_next_layer_mean_rel", 0)
         row["ok"] = row["ids_equal"] and within and distinct
         out.append(row)
@@ -197,9 +208,15 @@ def main() -> int:
     summary: dict = {
         "preset": args.preset,
         "device": torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor() or "cpu",
-        "gpus": torch.cuda.device_count() if args.device == "cuda" else 0, "torch": torch.__version__,
-        "transformers": transformers.__version__, "dtype": dtype, "batch_tokens": args.batch_tokens,
-        "hidden": hidden, "layers": layers, "steps_s": {}, "skipped_steps": [],
+        "gpus": torch.cuda.device_count() if args.device == "cuda" else 0,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "dtype": dtype,
+        "batch_tokens": args.batch_tokens,
+        "hidden": hidden,
+        "layers": layers,
+        "steps_s": {},
+        "skipped_steps": [],
     }
     steps = summary["steps_s"]
     ok = True
@@ -211,8 +228,10 @@ def main() -> int:
         t = time.monotonic()
         summary["params"] = build_model(work / "model", args.preset, args.device, dtype)
         steps["build_and_save_model"] = round(time.monotonic() - t, 2)
-        log(f"built and saved a random Llama with {summary['params'] / 1e9:.2f}B params "
-            f"in {steps['build_and_save_model']}s")
+        log(
+            f"built and saved a random Llama with {summary['params'] / 1e9:.2f}B params "
+            f"in {steps['build_and_save_model']}s"
+        )
         manifest_path = write_export(work / "export", args.preset)
         manifest = read_manifest(manifest_path)
         out = work / "hs"
@@ -226,21 +245,31 @@ def main() -> int:
         steps["load_target"] = round(time.monotonic() - t, 2)
         summary["device_map"] = str(getattr(target.model, "hf_device_map", None))
         summary["accelerate"] = importlib.util.find_spec("accelerate") is not None
-        log(f"loaded in {steps['load_target']}s (accelerate: {summary['accelerate']}, "
-            f"device map: {summary['device_map']})")
+        log(
+            f"loaded in {steps['load_target']}s (accelerate: {summary['accelerate']}, "
+            f"device map: {summary['device_map']})"
+        )
 
         from app.extract.batching import plan_batches
 
         samples = {i: read_shard(manifest.shard(i)) for i in (0, 1, 2)}
-        batches = [[list(samples[i][k].input_ids) for k in b]
-                   for i in (0, 1) for b in plan_batches([len(s.input_ids) for s in samples[i]], args.batch_tokens)]
+        batches = [
+            [list(samples[i][k].input_ids) for k in b]
+            for i in (0, 1)
+            for b in plan_batches([len(s.input_ids) for s in samples[i]], args.batch_tokens)
+        ]
         tokens = sum(len(s.input_ids) for i in (0, 1) for s in samples[i])
         summary["timed_tokens"], summary["timed_batches"] = tokens, len(batches)
         bare_forward(target, batches[:2])  # warm-up: kernels, allocator, pinned host memory
         warm = work / "warm"
         warm.mkdir()
-        extract_shard(target, manifest, 2, ExtractOptions(work / "model", warm, batch_tokens=args.batch_tokens,
-                                                          device=args.device, dtype=dtype), ProgressLog(io.StringIO()))
+        extract_shard(
+            target,
+            manifest,
+            2,
+            ExtractOptions(work / "model", warm, batch_tokens=args.batch_tokens, device=args.device, dtype=dtype),
+            ProgressLog(io.StringIO()),
+        )
         rounds: list[dict] = []
         for r in range(2):
             if r and time.monotonic() - t0 > SOFT_DEADLINE_S / 2:
@@ -280,29 +309,50 @@ def main() -> int:
         steps["verify_in_process"] = round(time.monotonic() - t, 2)
         summary["checks"] = checks
         ok &= all(c["ok"] for c in checks)
-        log(f"{sum(c['ok'] for c in checks)}/{len(checks)} samples match a direct forward pass; worst max_rel "
-            f"{max(max(c.get('last_max_rel', 9), c.get('aux_max_rel', 9)) for c in checks):.4f}")
+        log(
+            f"{sum(c['ok'] for c in checks)}/{len(checks)} samples match a direct forward pass; worst max_rel "
+            f"{max(max(c.get('last_max_rel', 9), c.get('aux_max_rel', 9)) for c in checks):.4f}"
+        )
 
         if time.monotonic() - t0 > SOFT_DEADLINE_S:
             summary["skipped_steps"].append("cli subprocess")
         else:
             cli_out = work / "hs_cli"
-            cmd = [sys.executable, "-m", "app.extract", "--manifest", str(manifest_path), "--shard", "2",
-                   "--model", str(work / "model"), "--out", str(cli_out), "--device", args.device,
-                   "--batch-tokens", str(args.batch_tokens)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "app.extract",
+                "--manifest",
+                str(manifest_path),
+                "--shard",
+                "2",
+                "--model",
+                str(work / "model"),
+                "--out",
+                str(cli_out),
+                "--device",
+                args.device,
+                "--batch-tokens",
+                str(args.batch_tokens),
+            ]
             env = {**os.environ, "PYTHONPATH": str(ROOT)}
             t = time.monotonic()
             proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=150)
             steps["cli_shard"] = round(time.monotonic() - t, 2)
             events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-            cli = {"exit": proc.returncode, "events": len(events),
-                   "last_event": events[-1] if events else None, "stderr_tail": proc.stderr[-500:],
-                   "marker": done_marker_path(cli_out, 2).exists()}
+            cli = {
+                "exit": proc.returncode,
+                "events": len(events),
+                "last_event": events[-1] if events else None,
+                "stderr_tail": proc.stderr[-500:],
+                "marker": done_marker_path(cli_out, 2).exists(),
+            }
             cli_ok = proc.returncode == 0 and cli["marker"] and events and events[-1]["event"] == "shard_done"
             if cli_ok:
                 by_id = {s.sample_id: s for s in samples[2]}
-                cli["checks"] = compare(target, load_shard_output(shard_data_path(cli_out, 2)), by_id,
-                                        pick_samples(samples[2])[:3])
+                cli["checks"] = compare(
+                    target, load_shard_output(shard_data_path(cli_out, 2)), by_id, pick_samples(samples[2])[:3]
+                )
                 cli_ok = all(c["ok"] for c in cli["checks"])
                 if time.monotonic() - t0 < SOFT_DEADLINE_S:
                     again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
@@ -332,15 +382,19 @@ def main() -> int:
     print()
     print("| check | result |")
     print("|---|---|")
-    print(f"| device | {summary['device']} x{summary['gpus']}, torch {summary['torch']}, "
-          f"transformers {summary['transformers']} |")
+    print(
+        f"| device | {summary['device']} x{summary['gpus']}, torch {summary['torch']}, "
+        f"transformers {summary['transformers']} |"
+    )
     print(f"| model | random Llama {layers}x{hidden}, {summary['params'] / 1e9:.2f}B params, {dtype} |")
     print(f"| bare forward | {summary['baseline_tokens_per_s']:,} tokens/s |")
     print(f"| extractor (to safetensors) | {summary['extractor_tokens_per_s']:,} tokens/s ({summary['ratio']:.2f}x) |")
     print(f"| states vs direct forward | {sum(c['ok'] for c in checks)}/{len(checks)} within bf16 tolerance |")
     print(f"| CLI + resume | {summary.get('cli', {}).get('ok', 'skipped')} |")
-    print(f"| speculators layout: norm + LM head of the last slot = model argmax | "
-          f"{summary.get('speculators_norm', {}).get('agreement', 'skipped')} |")
+    print(
+        f"| speculators layout: norm + LM head of the last slot = model argmax | "
+        f"{summary.get('speculators_norm', {}).get('agreement', 'skipped')} |"
+    )
     print(f"| total | {summary['total_s']} s, ok={summary['ok']} |")
     text = json.dumps(summary, indent=1, default=str)
     print(text)
@@ -362,8 +416,9 @@ def norm_check(work: Path, manifest, samples, aux, args, dtype: str) -> dict:
 
     out = work / "hs_speculators"
     out.mkdir()
-    options = ExtractOptions(work / "model", out, batch_tokens=args.batch_tokens, device=args.device, dtype=dtype,
-                             layout="speculators")
+    options = ExtractOptions(
+        work / "model", out, batch_tokens=args.batch_tokens, device=args.device, dtype=dtype, layout="speculators"
+    )
     target = load_target(options.model_path, aux, args.device, dtype, last_prenorm=True)
     try:
         extract_shard(target, manifest, 2, options, ProgressLog(io.StringIO()))

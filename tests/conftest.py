@@ -50,9 +50,14 @@ def _uses_a_module_fixture(item: pytest.Item) -> bool:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--cpu-durations", type=int, default=None, metavar="N",
-                     help="list the N tests that used the most CPU (this process and the children it waited for), "
-                          "with the suite's wall and CPU totals")
+    parser.addoption(
+        "--cpu-durations",
+        type=int,
+        default=None,
+        metavar="N",
+        help="list the N tests that used the most CPU (this process and the children it waited for), "
+        "with the suite's wall and CPU totals",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the node ids
@@ -60,8 +65,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if REAL_TOKENIZER_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("kimi"):
             item.user_properties.append(_REAL_TOKENIZER)
-        rel = Path(str(item.fspath)).resolve().relative_to(REPO_ROOT).as_posix() if str(item.fspath).startswith(
-            str(REPO_ROOT)) else ""
+        rel = (
+            Path(str(item.fspath)).resolve().relative_to(REPO_ROOT).as_posix()
+            if str(item.fspath).startswith(str(REPO_ROOT))
+            else ""
+        )
         group = next((g for prefix, g in XDIST_GROUPS.items() if rel.startswith(prefix)), None)
         if group is None and rel and _uses_a_module_fixture(item):
             group = rel
@@ -109,17 +117,28 @@ def pytest_terminal_summary(terminalreporter, config) -> None:
     if n is not None and _cpu_rows:
         rows = sorted(_cpu_rows, key=lambda r: r[2] + r[3], reverse=True)
         wall, own, children = (sum(r[i] for r in _cpu_rows) for i in (1, 2, 3))
-        terminalreporter.write_sep("=", f"CPU per test (own + children): {len(_cpu_rows)} tests, {wall:.0f} s of "
-                                        f"test wall time, {own:.0f} + {children:.0f} s CPU")
-        for nodeid, w, o, c in rows[:n or len(rows)]:
+        terminalreporter.write_sep(
+            "=",
+            f"CPU per test (own + children): {len(_cpu_rows)} tests, {wall:.0f} s of "
+            f"test wall time, {own:.0f} + {children:.0f} s CPU",
+        )
+        for nodeid, w, o, c in rows[: n or len(rows)]:
             terminalreporter.write_line(f"{o + c:8.2f}s cpu {o:8.2f} own {c:8.2f} children {w:8.2f}s wall  {nodeid}")
     if not _real_tokenizer_outcomes:
         return
     ran = sum(1 for o in _real_tokenizer_outcomes.values() if o != "skipped")
     skipped = sum(1 for o in _real_tokenizer_outcomes.values() if o == "skipped")
-    where = KIMI_DIR if (KIMI_DIR / "tiktoken.model").exists() else f"{KIMI_DIR} (absent: set EAGLEWATCH_SHARED to the shared folder)"
-    terminalreporter.write_sep("=", f"real-tokenizer tests: {ran} ran, {skipped} skipped; files: {where}",
-                               yellow=bool(skipped), green=not skipped)
+    where = (
+        KIMI_DIR
+        if (KIMI_DIR / "tiktoken.model").exists()
+        else f"{KIMI_DIR} (absent: set EAGLEWATCH_SHARED to the shared folder)"
+    )
+    terminalreporter.write_sep(
+        "=",
+        f"real-tokenizer tests: {ran} ran, {skipped} skipped; files: {where}",
+        yellow=bool(skipped),
+        green=not skipped,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -148,5 +167,7 @@ def sample_reference() -> Path:
 @pytest.fixture(scope="session")
 def kimi_tokenizer_dir() -> Path:
     if not (KIMI_DIR / "tiktoken.model").exists():
-        pytest.skip(f"real Kimi K2.5 tokenizer files not found at {KIMI_DIR} (set EAGLEWATCH_SHARED to the shared folder)")
+        pytest.skip(
+            f"real Kimi K2.5 tokenizer files not found at {KIMI_DIR} (set EAGLEWATCH_SHARED to the shared folder)"
+        )
     return KIMI_DIR

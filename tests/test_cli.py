@@ -14,8 +14,23 @@ import pytest
 from app.cli import VERBS, main
 
 ALL_VERBS = (
-    "demo", "run", "watch", "serve", "ingest", "status", "validate", "audit", "calibrate", "fidelity",
-    "reprocess", "export", "vocab", "extract", "jobs", "simulate", "config",
+    "demo",
+    "run",
+    "watch",
+    "serve",
+    "ingest",
+    "status",
+    "validate",
+    "audit",
+    "calibrate",
+    "fidelity",
+    "reprocess",
+    "export",
+    "vocab",
+    "extract",
+    "jobs",
+    "simulate",
+    "config",
 )
 
 
@@ -102,8 +117,11 @@ def test_config_reference_verb_prints_the_generated_reference(capsys: pytest.Cap
 
 @pytest.mark.parametrize("verb", ["status", "export", "ingest", "run"])
 def test_a_run_name_with_a_control_character_is_refused_at_the_command_line(tmp_path: Path, verb: str) -> None:
-    extra = {"export": ["--format", "specforge", "--out", str(tmp_path / "o")], "ingest": ["cfg.toml"],
-             "run": ["--headless", "cfg.toml"]}.get(verb, [])
+    extra = {
+        "export": ["--format", "specforge", "--out", str(tmp_path / "o")],
+        "ingest": ["cfg.toml"],
+        "run": ["--headless", "cfg.toml"],
+    }.get(verb, [])
     out = eaglewatch(verb, "--db", str(tmp_path / "none.db"), "--run", "a\n$(touch pwned)", *extra, cwd=tmp_path)
     assert out.returncode == 2, out.stderr
     assert "--run: 'a\\n$(touch pwned)' contains a control character ('\\n' at position 1)" in out.stderr

@@ -29,8 +29,11 @@ def call(call_id: str, name: str, arguments) -> dict:
 AGENT = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": "", "tool_calls": [call("functions.get_weather:0", "get_weather",
-                                                             '{"city": "Paris"}')]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [call("functions.get_weather:0", "get_weather", '{"city": "Paris"}')],
+    },
     {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "sunny"},
     {"role": "assistant", "content": "Sunny."},
     {"role": "user", "content": "And tomorrow?"},
@@ -50,17 +53,32 @@ def test_a_conversation_ending_with_an_assistant_turn_has_one_turn_per_answer():
     assert len(split_turns(AGENT[:5])) == 2
 
 
-@pytest.mark.parametrize(("messages", "why"), [
-    ([{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}],
-     "messages[1] is an assistant turn with no user message before it"),
-    ([{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}],
-     "messages[2] follows another assistant message"),
-    ([{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}, {"role": "tool", "content": "r"}],
-     "messages[2] is a tool result, but the assistant message before it has no tool_calls"),
-    (AGENT[:3] + [{"role": "user", "content": "?"}], "messages[3] should be the tool results of the 1 tool call"),
-    ([{"role": "user", "content": "u"}, {"role": "assistant", "content": "", "tool_calls": [{"id": "x"}]}],
-     "messages[1].tool_calls[0] must be an object with function.name"),
-])
+@pytest.mark.parametrize(
+    ("messages", "why"),
+    [
+        (
+            [{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}],
+            "messages[1] is an assistant turn with no user message before it",
+        ),
+        (
+            [
+                {"role": "user", "content": "u"},
+                {"role": "assistant", "content": "a"},
+                {"role": "assistant", "content": "b"},
+            ],
+            "messages[2] follows another assistant message",
+        ),
+        (
+            [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}, {"role": "tool", "content": "r"}],
+            "messages[2] is a tool result, but the assistant message before it has no tool_calls",
+        ),
+        (AGENT[:3] + [{"role": "user", "content": "?"}], "messages[3] should be the tool results of the 1 tool call"),
+        (
+            [{"role": "user", "content": "u"}, {"role": "assistant", "content": "", "tool_calls": [{"id": "x"}]}],
+            "messages[1].tool_calls[0] must be an object with function.name",
+        ),
+    ],
+)
 def test_shapes_that_cannot_be_regenerated_are_named_by_message(messages, why):
     with pytest.raises(ConversationShapeError) as err:
         split_turns(messages)
@@ -70,14 +88,22 @@ def test_shapes_that_cannot_be_regenerated_are_named_by_message(messages, why):
 def test_the_answer_message_keeps_reasoning_for_the_template_unless_the_profile_drops_it():
     calls = (ToolCall("functions.f:0", "f", '{"a":1}'),)
     kept = answer_message("", "plan", calls, "keep")
-    assert kept == {"role": "assistant", "content": "", "reasoning_content": "plan",
-                    "tool_calls": [call("functions.f:0", "f", '{"a":1}')]}
+    assert kept == {
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": "plan",
+        "tool_calls": [call("functions.f:0", "f", '{"a":1}')],
+    }
     assert "reasoning_content" not in answer_message("hi", "plan", (), "drop")
     assert answer_message(None, None, (ToolCall("", "f", "{}"),), turn=3)["tool_calls"][0]["id"] == "call_3_0"
 
 
 def test_arguments_compare_as_canonical_json_and_raw_text_when_not_json():
-    assert canonical_arguments('{"b": 1, "a": [1, 2]}') == canonical_arguments({"a": [1, 2], "b": 1}) == '{"a":[1,2],"b":1}'
+    assert (
+        canonical_arguments('{"b": 1, "a": [1, 2]}')
+        == canonical_arguments({"a": [1, 2], "b": 1})
+        == '{"a":[1,2],"b":1}'
+    )
     assert canonical_arguments("not json") == "not json"
     assert calls_differ([call("x", "f", '{"a": 1}')], [call("y", "f", '{"a":1}')]) is None
     assert "arguments" in calls_differ([call("x", "f", '{"a": 2}')], [call("y", "f", '{"a":1}')])
@@ -96,8 +122,10 @@ def test_extending_keeps_the_parents_json_text_as_a_byte_prefix():
 def test_tool_results_are_rewritten_to_the_models_call_ids():
     recorded = [call("r0", "f", "{}"), call("r1", "g", "{}")]
     answer = [call("functions.f:0", "f", "{}"), call("functions.g:1", "g", "{}")]
-    segment = [{"role": "tool", "tool_call_id": "r1", "content": "G"}, {"role": "tool", "tool_call_id": "r0",
-                                                                         "content": "F"}]
+    segment = [
+        {"role": "tool", "tool_call_id": "r1", "content": "G"},
+        {"role": "tool", "tool_call_id": "r0", "content": "F"},
+    ]
     out = rewrite_tool_ids(segment, recorded, answer)
     assert [m["tool_call_id"] for m in out] == ["functions.g:1", "functions.f:0"]
     assert list(out[0]) == ["role", "tool_call_id", "content"]  # key order kept
@@ -146,6 +174,11 @@ def test_an_answer_cut_at_max_tokens_ends_the_conversation():
 
 def test_off_policy_is_inherited_by_later_turns():
     turns = split_turns(AGENT)
-    step = next_turn('[{"role":"user","content":"x"}]', answer_message("Sunny.", None, ()), turns[1].recorded,
-                     turns[2].segment, parent_off_policy=True)
+    step = next_turn(
+        '[{"role":"user","content":"x"}]',
+        answer_message("Sunny.", None, ()),
+        turns[1].recorded,
+        turns[2].segment,
+        parent_off_policy=True,
+    )
     assert step.kind == "ready" and step.off_policy

@@ -25,7 +25,9 @@ def test_import_contracts_hold(repo_root: Path) -> None:
     pytest.importorskip("importlinter")
     command = shutil.which("lint-imports", path=str(Path(sys.executable).parent)) or shutil.which("lint-imports")
     assert command, "lint-imports is not installed (pip install -e '.[dev]')"
-    done = subprocess.run([command, "--no-cache"], cwd=repo_root, capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [command, "--no-cache"], cwd=repo_root, capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -42,9 +44,14 @@ def dynamic_imports(source: str, filename: str = "<module>") -> set[str]:
     """Top-level names of every module a source file imports by a string literal (`import_module("x.y")`)."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(source, filename)):
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module":
-            if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
-                names.add(node.args[0].value.split(".")[0])
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            names.add(node.args[0].value.split(".")[0])
     return names
 
 
@@ -96,8 +103,12 @@ def project_imports(source: str, filename: str = "<module>", *, names_too: bool 
     for node in ast.walk(ast.parse(source, filename)):
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names if a.name.split(".")[0] in ("app", "widgets"))
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
-                and node.module.split(".")[0] in ("app", "widgets"):
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and node.module
+            and node.module.split(".")[0] in ("app", "widgets")
+        ):
             if names_too:
                 names.update(f"{node.module}.{a.name}" for a in node.names)
             else:
@@ -204,23 +215,31 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 def test_checker_finds_a_cycle_through_a_lazy_import(tmp_path: Path) -> None:
-    root = _tree(tmp_path, {
-        "app/__init__.py": "",
-        "app/store/__init__.py": "",
-        "app/store/ingest.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from app.store.run_store import RunStore\n",
-        "app/store/run_store.py": "def f():\n    from app.store import ingest\n",
-        "app/store/rows.py": "from app.store import run_store\n",
-    })
+    root = _tree(
+        tmp_path,
+        {
+            "app/__init__.py": "",
+            "app/store/__init__.py": "",
+            "app/store/ingest.py": (
+                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from app.store.run_store import RunStore\n"
+            ),
+            "app/store/run_store.py": "def f():\n    from app.store import ingest\n",
+            "app/store/rows.py": "from app.store import run_store\n",
+        },
+    )
     assert import_cycles(root) == [["app.store.ingest", "app.store.run_store"]]
 
 
 def test_checker_finds_the_tui_skipping_its_source(tmp_path: Path) -> None:
-    root = _tree(tmp_path, {
-        "app/__init__.py": "",
-        "app/tui/__init__.py": "",
-        "app/tui/series.py": "from app.store.queries import series_since\n",
-        "app/tui/db_source.py": "from app.store import queries\n",
-    })
+    root = _tree(
+        tmp_path,
+        {
+            "app/__init__.py": "",
+            "app/tui/__init__.py": "",
+            "app/tui/series.py": "from app.store.queries import series_since\n",
+            "app/tui/db_source.py": "from app.store import queries\n",
+        },
+    )
     assert store_gate_violations(root) == [
         "app/tui/series.py: imports app.store.queries (the monitor reads the store only through its data source)",
     ]
@@ -232,19 +251,28 @@ def test_checker_finds_the_tui_skipping_its_source(tmp_path: Path) -> None:
 SQL_EXEMPT = ("app/store/",)
 _CURSOR_CALLS = frozenset({"execute", "executemany", "executescript"})
 # a string that opens with a statement's verb (upper case), or holds one of its shapes anywhere
-_SQL_START = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|REPLACE|CREATE|DROP|ALTER|PRAGMA|BEGIN|COMMIT|ROLLBACK"
-                        r"|SAVEPOINT|RELEASE|WITH|VACUUM|ANALYZE|ATTACH|DETACH|EXPLAIN)\b")
-_SQL_ANYWHERE = re.compile(r"\b(SELECT\b[\s\S]*\bFROM|INSERT\s+(OR\s+\w+\s+)?INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM"
-                           r"|CREATE\s+(TABLE|INDEX|UNIQUE|VIEW|TRIGGER|VIRTUAL))\b")
+_SQL_START = re.compile(
+    r"^\s*(SELECT|INSERT|UPDATE|DELETE|REPLACE|CREATE|DROP|ALTER|PRAGMA|BEGIN|COMMIT|ROLLBACK"
+    r"|SAVEPOINT|RELEASE|WITH|VACUUM|ANALYZE|ATTACH|DETACH|EXPLAIN)\b"
+)
+_SQL_ANYWHERE = re.compile(
+    r"\b(SELECT\b[\s\S]*\bFROM|INSERT\s+(OR\s+\w+\s+)?INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM"
+    r"|CREATE\s+(TABLE|INDEX|UNIQUE|VIEW|TRIGGER|VIRTUAL))\b"
+)
 
 
 def sql_uses(source: str, filename: str = "<module>") -> list[str]:
     """`line: what` for every cursor call (.execute / .executemany / .executescript) and every SQL statement
     string (an f-string read with its holes as `{}`; docstrings are prose and left out) in a source file."""
     tree = ast.parse(source, filename)
-    prose = {id(node.body[0].value) for node in ast.walk(tree)
-             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-             and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    prose = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
     in_fstring = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for part in node.values}
     found: list[str] = []
     for node in ast.walk(tree):
@@ -277,18 +305,21 @@ def test_all_sql_lives_in_the_store(repo_root: Path) -> None:
 
 
 def test_checker_finds_sql_outside_the_store(tmp_path: Path) -> None:
-    root = _tree(tmp_path, {
-        "app/jobs/launcher.py": (
-            '"""SELECT a FROM b is prose in a docstring."""\n'
-            "def f(conn, cols):\n"
-            "    conn.executemany('INSERT INTO jobs (id) VALUES (?)', [(1,)])\n"
-            "    return f'UPDATE jobs SET {cols} WHERE id = ?'\n"
-        ),
-        "app/commands/extract.py": "def g(db):\n    return db.execute(QUERY)\n",
-        "app/commands/help.py": "TEXT = 'Select a run, then update its name and delete from the list'\n",
-        "app/store/job_rows.py": "def h(conn):\n    conn.execute('DELETE FROM jobs')\n",
-        "widgets/table.py": "HEAD = 'PRAGMA user_version'\n",
-    })
+    root = _tree(
+        tmp_path,
+        {
+            "app/jobs/launcher.py": (
+                '"""SELECT a FROM b is prose in a docstring."""\n'
+                "def f(conn, cols):\n"
+                "    conn.executemany('INSERT INTO jobs (id) VALUES (?)', [(1,)])\n"
+                "    return f'UPDATE jobs SET {cols} WHERE id = ?'\n"
+            ),
+            "app/commands/extract.py": "def g(db):\n    return db.execute(QUERY)\n",
+            "app/commands/help.py": "TEXT = 'Select a run, then update its name and delete from the list'\n",
+            "app/store/job_rows.py": "def h(conn):\n    conn.execute('DELETE FROM jobs')\n",
+            "widgets/table.py": "HEAD = 'PRAGMA user_version'\n",
+        },
+    )
     assert sql_outside_store(root) == [
         "app/commands/extract.py:2: .execute()",
         "app/jobs/launcher.py:3: .executemany()",

@@ -178,8 +178,9 @@ def relative_links(readme: Path = README) -> list[tuple[int, str]]:
 
 def test_the_readme_is_at_most_15_kb() -> None:
     size = README.stat().st_size
-    assert size <= README_MAX_BYTES, (f"README.md is {size} bytes, over {README_MAX_BYTES}: move the detail into a "
-                                      "docs/ page and link it")
+    assert size <= README_MAX_BYTES, (
+        f"README.md is {size} bytes, over {README_MAX_BYTES}: move the detail into a docs/ page and link it"
+    )
 
 
 def test_every_relative_link_in_the_readme_resolves() -> None:
@@ -200,8 +201,10 @@ def test_a_broken_link_or_anchor_is_found(tmp_path: Path) -> None:
     page = tmp_path / "README.md"
     page.write_text("# T\n\n## A real run\n[ok](#a-real-run) [web](https://x.org) [gone](docs/nope.md)\n")
     assert relative_links(page) == [(4, "#a-real-run"), (4, "docs/nope.md")]
-    assert "a-real-run" in _anchors(page) and _slug("What a provider may send (the hostile wire)") == \
-        "what-a-provider-may-send-the-hostile-wire"
+    assert (
+        "a-real-run" in _anchors(page)
+        and _slug("What a provider may send (the hostile wire)") == "what-a-provider-may-send-the-hostile-wire"
+    )
 
 
 def test_the_quickstart_has_commands() -> None:
@@ -212,8 +215,9 @@ def test_the_quickstart_has_commands() -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(TMUX is None, reason="tmux is not installed: the monitor commands need a real terminal")
-def test_every_quickstart_command_works_in_a_fresh_folder_without_torch(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_quickstart_command_works_in_a_fresh_folder_without_torch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(sys.modules[__name__], "_NO_TORCH", tmp_path / "no-torch")
     work = _workspace(tmp_path)
     skipped: list[str] = []
@@ -233,7 +237,9 @@ def test_every_quickstart_command_works_in_a_fresh_folder_without_torch(tmp_path
             _run_interactive(cmd, work, f"ew-readme-{os.getpid()}-{n}", expect=r"(RUNNING|PAUSED|DONE)")
         else:
             proc = subprocess.run(cmd, cwd=work, env=_env(), capture_output=True, text=True, timeout=600)
-            assert proc.returncode == 0, f"{where}\nexit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+            assert proc.returncode == 0, (
+                f"{where}\nexit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+            )
             assert "Traceback" not in proc.stderr, f"{where}\n{proc.stderr[-3000:]}"
             if argv[1] == "vocab":  # torch really is hidden: the .pt files are skipped, and said so
                 assert "pip install -e '.[extract]' brings it" in proc.stdout, f"{where}\n{proc.stdout[-3000:]}"

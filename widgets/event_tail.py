@@ -70,7 +70,7 @@ class EventTail(Static):
         events = self._shown or ()
         self._fits = self._room()
         if self._fits is not None:
-            events = events[-self._fits:]
+            events = events[-self._fits :]
         text = Text(no_wrap=True, overflow="ellipsis")
         if not events:
             text.append("no events yet", style="dim")

@@ -165,7 +165,9 @@ class PageTable(ScrollView, can_focus=True):
         if y == 0:
             style = self.get_component_rich_style("pagetable--header")
             text = " ".join(fit(label, w) for label, w in self.columns)
-            return Strip([Segment(" " + text, style)]).crop_extend(self.scroll_offset.x, self.scroll_offset.x + width, style)
+            return Strip([Segment(" " + text, style)]).crop_extend(
+                self.scroll_offset.x, self.scroll_offset.x + width, style
+            )
         index = self.scroll_offset.y + y - 1
         if index >= len(self.rows):
             return Strip.blank(width, base)
@@ -176,7 +178,9 @@ class PageTable(ScrollView, can_focus=True):
         else:
             style = base
         text = " ".join(fit(cell, w) for cell, (_, w) in zip(self.rows[index], self.columns))
-        return Strip([Segment(" " + text, style)]).crop_extend(self.scroll_offset.x, self.scroll_offset.x + width, style)
+        return Strip([Segment(" " + text, style)]).crop_extend(
+            self.scroll_offset.x, self.scroll_offset.x + width, style
+        )
 
     def on_resize(self) -> None:
         self._follow_cursor()

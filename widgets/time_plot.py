@@ -79,9 +79,9 @@ def columns_of(series: PlotSeries, width: int) -> tuple[list[float | None], int]
     per = max(1, math.ceil(n / width))
     out: list[float | None] = []
     for lo in range(0, n, per):
-        chunk = series.values[lo:lo + per]
+        chunk = series.values[lo : lo + per]
         if series.mode == "rate":
-            spans = series.spans[lo:lo + per] if series.spans else (series.step_s,) * len(chunk)
+            spans = series.spans[lo : lo + per] if series.spans else (series.step_s,) * len(chunk)
             covered = sum(s for v, s in zip(chunk, spans) if v is not None)
             amount = sum(v for v in chunk if v is not None)
             out.append(amount / covered if covered > 0 else None)
@@ -153,7 +153,9 @@ class TimePlot(Widget):
             line.append("".join(cells), style=bar or "")
             out.append(_crop(line, width))
         end = s.start + sum(s.spans) if s.spans else s.start + len(s.values) * s.step_s
-        out.append(_crop(Text(time_axis(s.start, end, max(len(cols), 1), width), style=axis or "", no_wrap=True), width))
+        out.append(
+            _crop(Text(time_axis(s.start, end, max(len(cols), 1), width), style=axis or "", no_wrap=True), width)
+        )
         return out[:height]
 
     def render(self) -> Text:

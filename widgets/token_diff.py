@@ -76,7 +76,7 @@ def split_long(tokens: tuple[AlignedToken, ...], width: int, with_id: bool) -> t
         while text or first:
             room = width - (cell_len(prefix) if first else 1)
             piece = _clip(text, max(room, 1)) or text[:1]
-            text = text[len(piece):]
+            text = text[len(piece) :]
             piece += newline if not text else ""  # the row still breaks after a newline token
             if first:
                 out.append(AlignedToken(token.id, piece, token.special))
@@ -86,9 +86,7 @@ def split_long(tokens: tuple[AlignedToken, ...], width: int, with_id: bool) -> t
     return tuple(out)
 
 
-def wrap_tokens(
-    tokens: tuple[AlignedToken, ...], width: int, with_id: bool
-) -> list[tuple[AlignedToken, ...]]:
+def wrap_tokens(tokens: tuple[AlignedToken, ...], width: int, with_id: bool) -> list[tuple[AlignedToken, ...]]:
     """Split tokens into rows no wider than `width` cells; a newline token ends its row; a token wider than
     a row is cut into pieces over several rows (`split_long`), never clipped."""
     rows: list[tuple[AlignedToken, ...]] = []
@@ -120,8 +118,9 @@ def build_rows(alignment: Alignment, side_width: int, stacked: bool, show_ids: b
             position, rec_position = block.ref_start, block.rec_start
             for line in wrapped:
                 starts = _count(line) > 0  # a row of continuation pieces starts no token: no index
-                rows.append(DiffRow(index, "equal", line, line, position if starts else None,
-                                    rec_position if starts else None))
+                rows.append(
+                    DiffRow(index, "equal", line, line, position if starts else None, rec_position if starts else None)
+                )
                 n = _count(line)
                 position += n
                 rec_position += n
@@ -145,8 +144,16 @@ def build_rows(alignment: Alignment, side_width: int, stacked: bool, show_ids: b
         for i in range(max(len(left), len(right), 1)):
             lline = left[i] if i < len(left) else ()
             rline = right[i] if i < len(right) else ()
-            rows.append(DiffRow(index, "pair", lline, rline, left_pos if _count(lline) else None,
-                                right_pos if _count(rline) else None))
+            rows.append(
+                DiffRow(
+                    index,
+                    "pair",
+                    lline,
+                    rline,
+                    left_pos if _count(lline) else None,
+                    right_pos if _count(rline) else None,
+                )
+            )
             left_pos += _count(lline)
             right_pos += _count(rline)
     return rows, hunk_rows
@@ -341,13 +348,21 @@ class TokenDiffView(ScrollView, can_focus=True):
         delete = self.get_component_rich_style("tokendiff--delete")
         insert = self.get_component_rich_style("tokendiff--insert")
         if self._model_stacked:
-            segs = [Segment(f"{'index':>{self.index_gutter - 1}} ", style), Segment(f"- {REFERENCE} (ground truth)", delete),
-                    Segment("  "), Segment(f"+ {REBUILT} (eaglewatch)", insert)]
+            segs = [
+                Segment(f"{'index':>{self.index_gutter - 1}} ", style),
+                Segment(f"- {REFERENCE} (ground truth)", delete),
+                Segment("  "),
+                Segment(f"+ {REBUILT} (eaglewatch)", insert),
+            ]
         else:
             side = self._side_width(False)
-            segs = [Segment(f"{'ref':>{self.index_gutter - 1}} ", style), Segment(f"{REFERENCE} (ground truth)"[:side].ljust(side), delete),
-                    Segment(SEPARATOR, self.get_component_rich_style("tokendiff--separator")),
-                    Segment(f"{'rec':<{self.rec_index_gutter}}", style), Segment(f"{REBUILT} (eaglewatch)"[:side], insert)]
+            segs = [
+                Segment(f"{'ref':>{self.index_gutter - 1}} ", style),
+                Segment(f"{REFERENCE} (ground truth)"[:side].ljust(side), delete),
+                Segment(SEPARATOR, self.get_component_rich_style("tokendiff--separator")),
+                Segment(f"{'rec':<{self.rec_index_gutter}}", style),
+                Segment(f"{REBUILT} (eaglewatch)"[:side], insert),
+            ]
         used = sum(cell_len(seg.text) for seg in segs)
         return segs + ([Segment(" " * (width - used))] if used < width else [])
 

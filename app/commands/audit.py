@@ -23,10 +23,14 @@ eaglewatch audit --tokenizer ../shared/tokenizers/kimi-k2.5 --profile kimi-k2.5 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tokenizer", required=True, metavar="DIR", help="folder with tokenizer.json or tiktoken.model")
+    parser.add_argument(
+        "--tokenizer", required=True, metavar="DIR", help="folder with tokenizer.json or tiktoken.model"
+    )
     parser.add_argument("--profile", default="kimi-k2.5", metavar="P", help="template profile (default kimi-k2.5)")
     parser.add_argument(
-        "--constants", metavar="FILE", help='JSON object of token text -> id used in your code, e.g. {"<|im_end|>": 163586}'
+        "--constants",
+        metavar="FILE",
+        help='JSON object of token text -> id used in your code, e.g. {"<|im_end|>": 163586}',
     )
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
 
@@ -39,11 +43,13 @@ def load_constants(path: str | Path) -> dict[str, int]:
     except OSError as exc:
         raise InputError(f"{path}: cannot read the constants file ({exc.strerror})") from None
     except json.JSONDecodeError as exc:
-        raise InputError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg}); write an object like {{\"<|im_end|>\": 163586}}") from None
+        raise InputError(
+            f'{path}:{exc.lineno}: not valid JSON ({exc.msg}); write an object like {{"<|im_end|>": 163586}}'
+        ) from None
     if isinstance(data, dict) and isinstance(data.get("constants"), dict):
         data = data["constants"]
     if not isinstance(data, dict):
-        raise InputError(f"{path}: expected a JSON object of token text -> id, like {{\"<|im_end|>\": 163586}}")
+        raise InputError(f'{path}: expected a JSON object of token text -> id, like {{"<|im_end|>": 163586}}')
     out: dict[str, int] = {}
     for key, value in data.items():
         if not isinstance(value, int) or isinstance(value, bool):
@@ -79,8 +85,10 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         out = sys.stdout
-        out.write(f"tokenizer {tokenizer.path} ({tokenizer.kind}, vocab {tokenizer.vocab_size}, "
-                  f"fingerprint {tokenizer.fingerprint[:12]}), profile {profile.name}\n")
+        out.write(
+            f"tokenizer {tokenizer.path} ({tokenizer.kind}, vocab {tokenizer.vocab_size}, "
+            f"fingerprint {tokenizer.fingerprint[:12]}), profile {profile.name}\n"
+        )
         width = max((len(f.token) for f in findings), default=8)
         for f in findings:
             tid = "-" if f.token_id is None else str(f.token_id)
@@ -88,7 +96,5 @@ def run(args: argparse.Namespace) -> int:
         warnings = sum(f.level == "warning" for f in findings)
         out.write(f"{len(findings)} checked: {len(errors)} error(s), {warnings} warning(s)\n")
     if errors:
-        raise EaglewatchError(
-            f"audit failed: {len(errors)} error(s), first: {errors[0].message}", exit_code=1
-        )
+        raise EaglewatchError(f"audit failed: {len(errors)} error(s), first: {errors[0].message}", exit_code=1)
     return 0

@@ -34,9 +34,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", metavar="CONFIG", help="run config (TOML)")
     parser.add_argument("--samples", type=int, default=24, metavar="N", help="probe prompts per endpoint (default 24)")
     parser.add_argument("--endpoint", metavar="NAME", help="only this endpoint (default: all)")
-    parser.add_argument("--db", metavar="PATH", help="where to store the profiles (default: the config's [run].database)")
-    parser.add_argument("--no-token-ids", action="store_true",
-                        help="do not send return_token_ids (for a server that rejects unknown fields)")
+    parser.add_argument(
+        "--db", metavar="PATH", help="where to store the profiles (default: the config's [run].database)"
+    )
+    parser.add_argument(
+        "--no-token-ids",
+        action="store_true",
+        help="do not send return_token_ids (for a server that rejects unknown fields)",
+    )
     parser.add_argument("--json", action="store_true", help="print the learned profiles as JSON")
 
 
@@ -99,15 +104,21 @@ async def _probe(config: Any, ep: Any, prompts: list, args: argparse.Namespace) 
     if ep.simulator is not None:
         from app.simulator.server import SimulatorServer
 
-        server = SimulatorServer(ep.simulator, tokenizer_dir=config.model.tokenizer,
-                                 reference=ep.simulator.reference or config.data.reference,
-                                 model=config.model.name, profile=config.model.profile)
+        server = SimulatorServer(
+            ep.simulator,
+            tokenizer_dir=config.model.tokenizer,
+            reference=ep.simulator.reference or config.data.reference,
+            model=config.model.name,
+            profile=config.model.profile,
+        )
         await server.start()
         ep = ep.model_copy(update={"base_url": server.base_url, "simulator": None})
     key = os.environ.get(ep.api_key_env) if ep.api_key_env else None
     if ep.api_key_env and not key:
-        raise InputError(f"endpoint {ep.name!r}: the environment variable {ep.api_key_env} named by api_key_env is "
-                         "not set or empty; export it before calibrating")
+        raise InputError(
+            f"endpoint {ep.name!r}: the environment variable {ep.api_key_env} named by api_key_env is "
+            "not set or empty; export it before calibrating"
+        )
     generation = config.generation.model_copy(update={"logprobs": True})
     extra = None if args.no_token_ids else {"return_token_ids": True}
     answers: list[Any] = []
@@ -125,8 +136,9 @@ async def _probe(config: Any, ep: Any, prompts: list, args: argparse.Namespace) 
                     body[SAMPLE_FIELD[0]] = {SAMPLE_FIELD[1]: sample.sample_id}
                 async with limit:
                     try:
-                        return await client.complete(sample.messages, sample.tools, model=config.model.name,
-                                                     extra=body or None)
+                        return await client.complete(
+                            sample.messages, sample.tools, model=config.model.name, extra=body or None
+                        )
                     except EaglewatchError as exc:
                         errors[type(exc).__name__] += 1
                         return None
@@ -138,8 +150,9 @@ async def _probe(config: Any, ep: Any, prompts: list, args: argparse.Namespace) 
     return answers, errors
 
 
-def _learn(endpoint: str, answers: list, errors: Counter, plain, profile, tokenizer, stream: bool | None = None
-           ) -> list[dict]:
+def _learn(
+    endpoint: str, answers: list, errors: Counter, plain, profile, tokenizer, stream: bool | None = None
+) -> list[dict]:
     """Per upstream provider: the probes with true ids, the learned profile, the measured text path. Probes
     whose logprobs left tool calls to the text teach nothing of tool calls (app.tokens.fidelity_profile.learn)."""
     from dataclasses import replace
@@ -162,7 +175,9 @@ def _learn(endpoint: str, answers: list, errors: Counter, plain, profile, tokeni
         probes = [(c, ids) for c, ids, _ in groups.get(provider, [])]
         fp = None
         for c, ids, whole in groups.get(provider, []):
-            one = learn([(c, ids)], profile, tokenizer, endpoint=endpoint, provider=provider, stream=stream, whole=whole)
+            one = learn(
+                [(c, ids)], profile, tokenizer, endpoint=endpoint, provider=provider, stream=stream, whole=whole
+            )
             fp = one if fp is None else merge(fp, one)
         measured: Counter = Counter()
         wrong_kept = 0
@@ -174,22 +189,57 @@ def _learn(endpoint: str, answers: list, errors: Counter, plain, profile, tokeni
                 out, verdict = rec.process(text_only, ids)
                 measured[verdict.category] += 1
                 wrong_kept += verdict.category in CORRUPT_VERDICTS and not is_suspect(out.flags)
-        results.append({"endpoint": endpoint, "provider": provider, "profile": fp, "tokenizer": tokenizer.fingerprint,
-                        "verified": len(probes), "unverified": unverified[provider], "errors": dict(errors),
-                        "measured": dict(measured), "wrong_kept": wrong_kept})
+        results.append(
+            {
+                "endpoint": endpoint,
+                "provider": provider,
+                "profile": fp,
+                "tokenizer": tokenizer.fingerprint,
+                "verified": len(probes),
+                "unverified": unverified[provider],
+                "errors": dict(errors),
+                "measured": dict(measured),
+                "wrong_kept": wrong_kept,
+            }
+        )
     if not results:
-        results.append({"endpoint": endpoint, "provider": None, "profile": None, "tokenizer": tokenizer.fingerprint,
-                        "verified": 0, "unverified": 0, "errors": dict(errors), "measured": {}, "wrong_kept": 0})
+        results.append(
+            {
+                "endpoint": endpoint,
+                "provider": None,
+                "profile": None,
+                "tokenizer": tokenizer.fingerprint,
+                "verified": 0,
+                "unverified": 0,
+                "errors": dict(errors),
+                "measured": {},
+                "wrong_kept": 0,
+            }
+        )
     return results
 
 
 def _as_json(r: dict) -> dict:
     fp = r["profile"]
     return {
-        "endpoint": r["endpoint"], "provider": r["provider"], "verified": r["verified"], "unverified": r["unverified"],
-        "errors": r["errors"], "measured": r["measured"], "wrong_kept": r["wrong_kept"],
-        "steps": [{"name": s.name, "where": s.where, "inverse": s.inverse, "invertible": s.invertible,
-                   "seen": s.seen, "of": s.of} for s in (fp.steps() if fp else ())],
+        "endpoint": r["endpoint"],
+        "provider": r["provider"],
+        "verified": r["verified"],
+        "unverified": r["unverified"],
+        "errors": r["errors"],
+        "measured": r["measured"],
+        "wrong_kept": r["wrong_kept"],
+        "steps": [
+            {
+                "name": s.name,
+                "where": s.where,
+                "inverse": s.inverse,
+                "invertible": s.invertible,
+                "seen": s.seen,
+                "of": s.of,
+            }
+            for s in (fp.steps() if fp else ())
+        ],
         "uninvertible": list(fp.uninvertible()) if fp else [],
         "unexplained": fp.unexplained() if fp else {},
     }
@@ -204,7 +254,9 @@ def _print(r: dict) -> None:
     out.write("\n")
     fp = r["profile"]
     if fp is None:
-        out.write("  no profile: the endpoint returned no server ids or logprobs with bytes; its samples stay unverified\n")
+        out.write(
+            "  no profile: the endpoint returned no server ids or logprobs with bytes; its samples stay unverified\n"
+        )
         return
     steps = fp.steps()
     if not steps:
@@ -215,6 +267,8 @@ def _print(r: dict) -> None:
     for name, n in sorted(fp.unexplained().items()):
         out.write(f"  unexplained differences in {name}: {n} probe(s)\n")
     if r["measured"]:
-        out.write("  text path vs true ids (with this profile): "
-                  + ", ".join(f"{k} {v}" for k, v in sorted(r["measured"].items()))
-                  + f"; corrupt and not flagged: {r['wrong_kept']}\n")
+        out.write(
+            "  text path vs true ids (with this profile): "
+            + ", ".join(f"{k} {v}" for k, v in sorted(r["measured"].items()))
+            + f"; corrupt and not flagged: {r['wrong_kept']}\n"
+        )

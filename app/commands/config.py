@@ -26,7 +26,9 @@ eaglewatch config reference            # every key, type and default (Markdown)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=("check", "reference"), help="check: validate FILE; reference: list every key")
+    parser.add_argument(
+        "action", choices=("check", "reference"), help="check: validate FILE; reference: list every key"
+    )
     parser.add_argument("file", nargs="?", metavar="FILE", help="run config TOML (for check)")
     parser.add_argument("--json", action="store_true", help="print the effective configuration as JSON")
 
@@ -47,16 +49,25 @@ def run(args: argparse.Namespace) -> int:
     keys = {ep["name"]: ep.get("api_key_env") for ep in data["endpoints"]}
     inputs = check_inputs(config, dataset_sample=None)
     if args.json:
-        payload = {"ok": not inputs.errors, "file": str(config.source), "config": data,
-                   "api_keys": {name: _key_state(env) for name, env in keys.items()},
-                   "errors": list(inputs.errors), "warnings": list(inputs.warnings),
-                   "references_checked": inputs.references_checked, "vocab_size": inputs.vocab_size,
-                   "dataset_lines_checked": inputs.dataset_lines_checked}
+        payload = {
+            "ok": not inputs.errors,
+            "file": str(config.source),
+            "config": data,
+            "api_keys": {name: _key_state(env) for name, env in keys.items()},
+            "errors": list(inputs.errors),
+            "warnings": list(inputs.warnings),
+            "references_checked": inputs.references_checked,
+            "vocab_size": inputs.vocab_size,
+            "dataset_lines_checked": inputs.dataset_lines_checked,
+        }
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
         return 2 if inputs.errors else 0
     if inputs.errors:
         raise InputError("\n".join(inputs.errors) + "\n(`run` and `ingest` refuse this config until these are fixed)")
-    out = [f"# {config.source}: valid", "# effective configuration (defaults filled in, paths resolved, secrets redacted)"]
+    out = [
+        f"# {config.source}: valid",
+        "# effective configuration (defaults filled in, paths resolved, secrets redacted)",
+    ]
     for name, env in keys.items():
         if env:
             out.append(f"# endpoint {name!r}: API key from ${env} ({_key_state(env)})")
@@ -64,8 +75,10 @@ def run(args: argparse.Namespace) -> int:
     if inputs.vocab_size is not None:
         out.append(f"# model.tokenizer: loads, vocabulary of {inputs.vocab_size} tokens")
     if inputs.references_checked:
-        out.append(f"# reference ids: {inputs.references_checked} lines checked against the vocabulary "
-                   "(a sample; ingest checks every line)")
+        out.append(
+            f"# reference ids: {inputs.references_checked} lines checked against the vocabulary "
+            "(a sample; ingest checks every line)"
+        )
     for line in inputs.warnings:
         out.append(f"# warning: {line}")
     out += price_lines(config)
@@ -82,9 +95,11 @@ def price_lines(config: Any) -> list[str]:
     pricing, key = resolve_pricing(config.model.name, config.pricing)
     if pricing is not None:
         return [f"# prices: {PriceQuote(config.model.name, pricing, 'config', key).describe()}"]
-    return [f"# warning: no [pricing.\"{config.model.name}\"] (nor for its base model); the run asks each "
-            "endpoint's GET /models at start, else counts only API-reported cost and the budget guard has no "
-            "estimate before the first result"]
+    return [
+        f'# warning: no [pricing."{config.model.name}"] (nor for its base model); the run asks each '
+        "endpoint's GET /models at start, else counts only API-reported cost and the budget guard has no "
+        "estimate before the first result"
+    ]
 
 
 def _key_state(env: str | None) -> str:
@@ -133,7 +148,7 @@ def _table(lines: list[str], path: list[str], data: dict[str, Any], array: bool 
             lines.append(f"# {_key(k)} = (unset)")
         elif isinstance(v, dict) and v and all(isinstance(x, dict) for x in v.values()):
             nested.append((k, v))
-        elif isinstance(v, dict) and path == [] :
+        elif isinstance(v, dict) and path == []:
             nested.append((k, v))
         elif _is_table_list(v):
             nested.append((k, v))

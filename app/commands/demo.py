@@ -23,9 +23,17 @@ def default_demo_config() -> Path:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--db", type=Path, help="run database to create or resume (default: the demo config's, /tmp/eaglewatch-demo.db, started afresh)")
-    parser.add_argument("--config", type=Path, default=None,
-                        help="demo config (default: ./sample_data/demo.toml in a checkout, else the package's)")
+    parser.add_argument(
+        "--db",
+        type=Path,
+        help="run database to create or resume (default: the demo config's, /tmp/eaglewatch-demo.db, started afresh)",
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="demo config (default: ./sample_data/demo.toml in a checkout, else the package's)",
+    )
     add_theme_arguments(parser)
 
 

@@ -34,62 +34,143 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", type=Path, required=True, help="output directory (created if missing)")
     bpe = parser.add_mutually_exclusive_group()
-    bpe.add_argument("--keep-bpe-equivalent", dest="keep_bpe", action="store_true", default=True,
-                     help="keep samples whose ids differ from the reference only by BPE split (default)")
-    bpe.add_argument("--drop-bpe-equivalent", dest="keep_bpe", action="store_false",
-                     help="drop samples whose ids differ from the reference only by BPE split")
-    parser.add_argument("--keep-mismatches", action="store_true",
-                        help="also export text_mismatch / structure_mismatch samples (dropped by default)")
-    parser.add_argument("--keep-truncated", action="store_true",
-                        help="also export samples cut at max_tokens (dropped by default)")
-    parser.add_argument("--keep-roundtrip-failed", action="store_true",
-                        help="also export samples whose rebuilt ids failed the round-trip check (dropped by default)")
-    parser.add_argument("--keep-suspect", action="store_true",
-                        help="also export samples flagged suspect by the reconstruction (dropped by default)")
-    parser.add_argument("--accept-unverified", action="store_true",
-                        help="also export ids rebuilt from text by endpoints nothing verified (no probe, server "
-                        "unknown); refused by default and counted in manifest.json when accepted")
-    parser.add_argument("--require-prompt-agreement", action="store_true",
-                        help="export only samples whose server prompt ids (vLLM/SGLang) agreed with the rendered "
-                        "prompt; the rest are skipped as prompt_unverified")
-    parser.add_argument("--max-length", type=int, default=None, metavar="N",
-                        help="skip samples whose prompt + completion exceed N tokens (never cut)")
-    parser.add_argument("--conversations", choices=("per-turn", "merged"), default="per-turn",
-                        help="whole conversations (regenerate = \"all\"): per-turn writes one row per done turn, its "
-                        "request's prompt (the model's own earlier answers) + that answer in the loss (default); "
-                        "merged writes one row per conversation with every answer in the loss where each turn's "
-                        "prompt ids are proven to start with the previous turn's prompt + answer ids, else keeps "
-                        "that conversation's per-turn rows, counted by why in the report and manifest.json "
-                        "(templates that drop earlier reasoning, such as Kimi K2.5's and Qwen3's, break it); a "
-                        "conversation that ended early merges its done prefix. Either way the eval split keeps a "
-                        "conversation's rows together")
-    parser.add_argument("--drop-off-policy", action="store_true",
-                        help="leave out conversation turns whose history holds recorded tool results replayed after "
-                        "a divergent call (on_tool_divergence = \"replay\"); exported and counted by default")
-    parser.add_argument("--shard-size", type=int, default=1000, metavar="N",
-                        help="rows per shard file of eagle3-shards / speculators (default 1000)")
-    parser.add_argument("--eval-fraction", type=float, default=0.0, metavar="F",
-                        help="hold this share of the rows out under OUT/eval (an export folder of its own), chosen "
-                        "by a stable hash of the sample id: a re-export holds out the same ids (default 0)")
-    parser.add_argument("--eval-prompts", type=Path, nargs="+", default=None, metavar="FILE",
-                        help="eval prompt files (JSONL in any dataset format): training rows whose prompt equals one "
-                        "after whitespace normalisation are left out and counted, near-duplicates (word 8-gram "
-                        "containment >= 0.5) reported (default: the run config's [export] eval_prompts)")
+    bpe.add_argument(
+        "--keep-bpe-equivalent",
+        dest="keep_bpe",
+        action="store_true",
+        default=True,
+        help="keep samples whose ids differ from the reference only by BPE split (default)",
+    )
+    bpe.add_argument(
+        "--drop-bpe-equivalent",
+        dest="keep_bpe",
+        action="store_false",
+        help="drop samples whose ids differ from the reference only by BPE split",
+    )
+    parser.add_argument(
+        "--keep-mismatches",
+        action="store_true",
+        help="also export text_mismatch / structure_mismatch samples (dropped by default)",
+    )
+    parser.add_argument(
+        "--keep-truncated", action="store_true", help="also export samples cut at max_tokens (dropped by default)"
+    )
+    parser.add_argument(
+        "--keep-roundtrip-failed",
+        action="store_true",
+        help="also export samples whose rebuilt ids failed the round-trip check (dropped by default)",
+    )
+    parser.add_argument(
+        "--keep-suspect",
+        action="store_true",
+        help="also export samples flagged suspect by the reconstruction (dropped by default)",
+    )
+    parser.add_argument(
+        "--accept-unverified",
+        action="store_true",
+        help="also export ids rebuilt from text by endpoints nothing verified (no probe, server "
+        "unknown); refused by default and counted in manifest.json when accepted",
+    )
+    parser.add_argument(
+        "--require-prompt-agreement",
+        action="store_true",
+        help="export only samples whose server prompt ids (vLLM/SGLang) agreed with the rendered "
+        "prompt; the rest are skipped as prompt_unverified",
+    )
+    parser.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        metavar="N",
+        help="skip samples whose prompt + completion exceed N tokens (never cut)",
+    )
+    parser.add_argument(
+        "--conversations",
+        choices=("per-turn", "merged"),
+        default="per-turn",
+        help='whole conversations (regenerate = "all"): per-turn writes one row per done turn, its '
+        "request's prompt (the model's own earlier answers) + that answer in the loss (default); "
+        "merged writes one row per conversation with every answer in the loss where each turn's "
+        "prompt ids are proven to start with the previous turn's prompt + answer ids, else keeps "
+        "that conversation's per-turn rows, counted by why in the report and manifest.json "
+        "(templates that drop earlier reasoning, such as Kimi K2.5's and Qwen3's, break it); a "
+        "conversation that ended early merges its done prefix. Either way the eval split keeps a "
+        "conversation's rows together",
+    )
+    parser.add_argument(
+        "--drop-off-policy",
+        action="store_true",
+        help="leave out conversation turns whose history holds recorded tool results replayed after "
+        'a divergent call (on_tool_divergence = "replay"); exported and counted by default',
+    )
+    parser.add_argument(
+        "--shard-size",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="rows per shard file of eagle3-shards / speculators (default 1000)",
+    )
+    parser.add_argument(
+        "--eval-fraction",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="hold this share of the rows out under OUT/eval (an export folder of its own), chosen "
+        "by a stable hash of the sample id: a re-export holds out the same ids (default 0)",
+    )
+    parser.add_argument(
+        "--eval-prompts",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="FILE",
+        help="eval prompt files (JSONL in any dataset format): training rows whose prompt equals one "
+        "after whitespace normalisation are left out and counted, near-duplicates (word 8-gram "
+        "containment >= 0.5) reported (default: the run config's [export] eval_prompts)",
+    )
     overlap = parser.add_mutually_exclusive_group()
-    overlap.add_argument("--keep-eval-overlap", dest="keep_eval_overlap", action="store_true", default=None,
-                         help="count training rows equal to an eval prompt but keep them (default: the run "
-                         "config's [export] keep_eval_overlap, else left out)")
-    overlap.add_argument("--drop-eval-overlap", dest="keep_eval_overlap", action="store_false",
-                         help="leave training rows equal to an eval prompt out (the default)")
-    parser.add_argument("--tokenizer", type=Path, default=None, metavar="DIR",
-                        help="tokenizer directory (default: the one in the run's config)")
+    overlap.add_argument(
+        "--keep-eval-overlap",
+        dest="keep_eval_overlap",
+        action="store_true",
+        default=None,
+        help="count training rows equal to an eval prompt but keep them (default: the run "
+        "config's [export] keep_eval_overlap, else left out)",
+    )
+    overlap.add_argument(
+        "--drop-eval-overlap",
+        dest="keep_eval_overlap",
+        action="store_false",
+        help="leave training rows equal to an eval prompt out (the default)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="tokenizer directory (default: the one in the run's config)",
+    )
     parser.add_argument("--profile", default=None, help="template profile (default: the run's, else kimi-k2.5)")
-    parser.add_argument("--chat-template", type=Path, default=None, metavar="FILE",
-                        help="Jinja chat template to render prompts with (default: the tokenizer directory's)")
-    parser.add_argument("--template-kwargs", default=None, metavar="JSON",
-                        help='chat_template_kwargs, e.g. \'{"thinking": false}\' (default: what the run sent)')
-    parser.add_argument("--workers", type=int, default=1, metavar="N",
-                        help="render prompts in N processes (worth it on many cores; default 1)")
+    parser.add_argument(
+        "--chat-template",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="Jinja chat template to render prompts with (default: the tokenizer directory's)",
+    )
+    parser.add_argument(
+        "--template-kwargs",
+        default=None,
+        metavar="JSON",
+        help="chat_template_kwargs, e.g. '{\"thinking\": false}' (default: what the run sent)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="render prompts in N processes (worth it on many cores; default 1)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
 
@@ -176,8 +257,10 @@ def run(args: argparse.Namespace) -> int:
             print(overlap_line(report.eval_overlap))
         commands = report.train.get("commands") or []
         if commands:
-            print(f"train with it (every length set to the longest row, {report.train['max_length']} tokens; "
-                  "manifest.json `train`, docs/jobs.md):")
+            print(
+                f"train with it (every length set to the longest row, {report.train['max_length']} tokens; "
+                "manifest.json `train`, docs/jobs.md):"
+            )
             for command in commands:
                 print(f"  {command}")
     return 0

@@ -26,20 +26,42 @@ eaglewatch extract run.toml --job 3          # follow (or, after a restart, resu
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", type=Path, help="run config TOML (its [extraction] section)")
     parser.add_argument("--db", type=Path, default=None, help="run database (default: the config's run.database)")
-    parser.add_argument("--manifest", type=Path, default=None,
-                        help="eagle3-shards manifest.json or its folder (default: <run.output_dir>/eagle3-shards)")
-    parser.add_argument("--executor", choices=("local", "slurm"), default=None,
-                        help="where shards run (default: extraction.executor)")
-    parser.add_argument("--layout", choices=("packed", "specforge", "speculators", "modelopt"), default=None,
-                        help="built-in extractor: files as that consumer reads them (default: extraction.layout)")
+    parser.add_argument(
+        "--manifest",
+        type=Path,
+        default=None,
+        help="eagle3-shards manifest.json or its folder (default: <run.output_dir>/eagle3-shards)",
+    )
+    parser.add_argument(
+        "--executor", choices=("local", "slurm"), default=None, help="where shards run (default: extraction.executor)"
+    )
+    parser.add_argument(
+        "--layout",
+        choices=("packed", "specforge", "speculators", "modelopt"),
+        default=None,
+        help="built-in extractor: files as that consumer reads them (default: extraction.layout)",
+    )
     parser.add_argument("--shards", default=None, metavar="LIST", help="only these shards, e.g. 0-3,7")
-    parser.add_argument("--slots", type=int, default=1, metavar="N",
-                        help="local executor with extraction.gpus = 0: shards run in parallel on the CPU (default 1)")
-    parser.add_argument("--job", type=int, default=None, metavar="ID",
-                        help="follow an existing job instead of starting one (resumes it after a restart)")
+    parser.add_argument(
+        "--slots",
+        type=int,
+        default=1,
+        metavar="N",
+        help="local executor with extraction.gpus = 0: shards run in parallel on the CPU (default 1)",
+    )
+    parser.add_argument(
+        "--job",
+        type=int,
+        default=None,
+        metavar="ID",
+        help="follow an existing job instead of starting one (resumes it after a restart)",
+    )
     parser.add_argument("--detach", action="store_true", help="start the job and return (Slurm jobs keep going)")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="print the planned command per shard and the disk estimate; works without a GPU")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the planned command per shard and the disk estimate; works without a GPU",
+    )
     parser.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help="print the plan or the final job as JSON on stdout")
 
@@ -66,8 +88,9 @@ def run(args: argparse.Namespace) -> int:
         slots, notes = None, [f"not runnable here: {exc}"]
     if args.dry_run and config.extraction.extractor == "builtin" and config.extraction.model_path is None:
         notes.append("extraction.model_path is not set: {model} stays a placeholder and the disk estimate needs it")
-        config = config.model_copy(update={"extraction": config.extraction.model_copy(
-            update={"model_path": Path("{model}")})})
+        config = config.model_copy(
+            update={"extraction": config.extraction.model_copy(update={"model_path": Path("{model}")})}
+        )
 
     if args.job is not None:
         store = JobStore(db, create=False)
@@ -98,7 +121,9 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(plan, indent=2))
             return 0
-        print(f"executor: {kind}" + (f" ({len(slots)} slot(s): {', '.join(s or 'cpu' for s in slots)})" if slots else ""))
+        print(
+            f"executor: {kind}" + (f" ({len(slots)} slot(s): {', '.join(s or 'cpu' for s in slots)})" if slots else "")
+        )
         if plan["layout"]:
             print(f"layout: {plan['layout']}")
         for note in notes:
@@ -110,8 +135,10 @@ def run(args: argparse.Namespace) -> int:
         if estimate is not None:
             from app.extract.disk_budget import free_bytes
 
-            print(f"disk: about {estimate:,} bytes of hidden states into {spec.output_dir} "
-                  f"({free_bytes(spec.output_dir):,} bytes free)")
+            print(
+                f"disk: about {estimate:,} bytes of hidden states into {spec.output_dir} "
+                f"({free_bytes(spec.output_dir):,} bytes free)"
+            )
         return 0
 
     if estimate is not None:
@@ -122,8 +149,11 @@ def run(args: argparse.Namespace) -> int:
     run = run_by_name(store.conn, config.run.name)
     ex = executor_for(kind, store, slots)
     job_id = ex.submit(spec, run.id if run else None)
-    print(f"eaglewatch extract: job {job_id} started on {kind} ({len(spec.shards)} shards); "
-          f"`eaglewatch jobs --db {db} {job_id}` shows it", file=sys.stderr)
+    print(
+        f"eaglewatch extract: job {job_id} started on {kind} ({len(spec.shards)} shards); "
+        f"`eaglewatch jobs --db {db} {job_id}` shows it",
+        file=sys.stderr,
+    )
     if args.detach:
         if args.json:
             print(json.dumps(status_to_dict(ex.poll(job_id, launch=False)), indent=2))
@@ -147,9 +177,12 @@ def _follow(ex, job_id: int, args: argparse.Namespace) -> int:
                 break
             time.sleep(args.interval)
     except KeyboardInterrupt:
-        print(f"eaglewatch extract: stopped following job {job_id}; its shards keep running. "
-              f"Follow again with `eaglewatch extract CONFIG --job {job_id}`, stop them with "
-              f"`eaglewatch jobs cancel {job_id}`", file=sys.stderr)
+        print(
+            f"eaglewatch extract: stopped following job {job_id}; its shards keep running. "
+            f"Follow again with `eaglewatch extract CONFIG --job {job_id}`, stop them with "
+            f"`eaglewatch jobs cancel {job_id}`",
+            file=sys.stderr,
+        )
         return 130
     for s in status.failures():
         print(f"  {s.error}", file=sys.stderr)
@@ -186,5 +219,11 @@ def _disk_estimate(config, spec) -> int | None:
     config_json = Path(ext.model_path) / "config.json"
     if not config_json.exists():
         raise InputError(f"{config_json}: missing; extraction.model_path must be a model folder with config.json")
-    return estimate_output_bytes(spec.manifest, config_json, ext.aux_layers, "bf16" if ext.gpus else "fp32",
-                                 shards=spec.shards, per_sample_files=ext.layout != "packed")
+    return estimate_output_bytes(
+        spec.manifest,
+        config_json,
+        ext.aux_layers,
+        "bf16" if ext.gpus else "fp32",
+        shards=spec.shards,
+        per_sample_files=ext.layout != "packed",
+    )

@@ -36,11 +36,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", required=True, metavar="PATH", help="run database")
     parser.add_argument("--run", metavar="NAME", help="only this run (default: every run in the database)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--max-corrupt-rate", type=float, default=0.02, metavar="R",
-                        help="a provider above this measured corrupt rate is advised against (default 0.02)")
-    parser.add_argument("--min-verified", type=int, default=20, metavar="N",
-                        help="measured answers (verified, text path compared) needed before a provider is judged "
-                             "(default 20)")
+    parser.add_argument(
+        "--max-corrupt-rate",
+        type=float,
+        default=0.02,
+        metavar="R",
+        help="a provider above this measured corrupt rate is advised against (default 0.02)",
+    )
+    parser.add_argument(
+        "--min-verified",
+        type=int,
+        default=20,
+        metavar="N",
+        help="measured answers (verified, text path compared) needed before a provider is judged (default 20)",
+    )
 
 
 @dataclass
@@ -59,15 +68,35 @@ class Row:
 
     def as_json(self) -> dict:
         a, t, s = self.answers, self.measured, self.status
-        out = {"run": self.run, "endpoint": self.endpoint, "provider": self.provider, "samples": a.answers,
-               "verification": a.verification(), "verified": a.verified, "measured": a.measured,
-               "exact": a.measured_exact, "benign": a.measured_benign, "truncated": a.measured_truncated,
-               "corrupt": dict(a.measured_corrupt), "corrupt_rate": round(t.corrupt_rate, 6) if t else 0.0,
-               "suspects": a.suspects, "suspect_flags": dict(self.suspect_flags),
-               "example_corrupt_pk": t.example_pk if t else None, "steps": self.steps}
+        out = {
+            "run": self.run,
+            "endpoint": self.endpoint,
+            "provider": self.provider,
+            "samples": a.answers,
+            "verification": a.verification(),
+            "verified": a.verified,
+            "measured": a.measured,
+            "exact": a.measured_exact,
+            "benign": a.measured_benign,
+            "truncated": a.measured_truncated,
+            "corrupt": dict(a.measured_corrupt),
+            "corrupt_rate": round(t.corrupt_rate, 6) if t else 0.0,
+            "suspects": a.suspects,
+            "suspect_flags": dict(self.suspect_flags),
+            "example_corrupt_pk": t.example_pk if t else None,
+            "steps": self.steps,
+        }
         if s is not None:
-            out.update({"state": s.state, "text": s.describe(), "probes": s.probes, "text_samples": s.text_samples,
-                        "checked_against_reference": s.checked, "prior": s.prior.label if s.prior else None})
+            out.update(
+                {
+                    "state": s.state,
+                    "text": s.describe(),
+                    "probes": s.probes,
+                    "text_samples": s.text_samples,
+                    "checked_against_reference": s.checked,
+                    "prior": s.prior.label if s.prior else None,
+                }
+            )
         return out
 
 
@@ -96,16 +125,29 @@ def run(args: argparse.Namespace) -> int:
     for p in load_profiles(args.db):
         for row in rows.values():
             if row.endpoint == p.endpoint and (row.provider or "") == (p.provider or ""):
-                row.steps = [{"name": s.name, "where": s.where, "inverse": s.inverse, "invertible": s.invertible,
-                              "seen": s.seen, "of": s.of, "known": s.prior} for s in p.steps()]
+                row.steps = [
+                    {
+                        "name": s.name,
+                        "where": s.where,
+                        "inverse": s.inverse,
+                        "invertible": s.invertible,
+                        "seen": s.seen,
+                        "of": s.of,
+                        "known": s.prior,
+                    }
+                    for s in p.steps()
+                ]
     for row in rows.values():  # a provider without its own profile rests on its endpoint's
         if not row.steps and row.provider:
             same = next((r for r in rows.values() if r.endpoint == row.endpoint and not r.provider and r.steps), None)
             row.steps = list(same.steps) if same else _endpoint_steps(args.db, row.endpoint)
     advice = advise(list(rows.values()), args.max_corrupt_rate, args.min_verified) + contrasts
     if args.json:
-        json.dump({"rows": [r.as_json() for r in rows.values()], "advice": advice, "edge_contrasts": contrasts},
-                  sys.stdout, ensure_ascii=False)
+        json.dump(
+            {"rows": [r.as_json() for r in rows.values()], "advice": advice, "edge_contrasts": contrasts},
+            sys.stdout,
+            ensure_ascii=False,
+        )
         sys.stdout.write("\n")
         return 0
     _print(list(rows.values()), advice, args.db)
@@ -117,8 +159,18 @@ def _endpoint_steps(db, endpoint: str) -> list:
 
     for p in load_profiles(db):
         if p.endpoint == endpoint and not p.provider:
-            return [{"name": s.name, "where": s.where, "inverse": s.inverse, "invertible": s.invertible,
-                     "seen": s.seen, "of": s.of, "known": s.prior} for s in p.steps()]
+            return [
+                {
+                    "name": s.name,
+                    "where": s.where,
+                    "inverse": s.inverse,
+                    "invertible": s.invertible,
+                    "seen": s.seen,
+                    "of": s.of,
+                    "known": s.prior,
+                }
+                for s in p.steps()
+            ]
     return []
 
 
@@ -151,7 +203,8 @@ def build_rows(measurements, counts: dict[str, RunCounts]) -> dict[tuple[str, st
 
 def advise(rows: list[Row], max_rate: float, min_verified: int) -> list[str]:
     """Sentences for the operator: which provider to pin or ignore, where to measure more, what would verify an
-    endpoint, what is flagged. The judgement is the quality gate's (app.engine.fidelity.quality.judge), so the advice and
+    endpoint, what is flagged. The judgement is the quality gate's (app.engine.fidelity.quality.judge), so the advice
+    and
     a run's gate agree."""
     from app.engine.fidelity.quality import judge
 
@@ -166,15 +219,22 @@ def advise(rows: list[Row], max_rate: float, min_verified: int) -> list[str]:
         for d in bad:
             t = next(t for t in tallies if t.provider == d.provider)
             kinds = ", ".join(f"{k} {n}" for k, n in sorted(t.corrupt.items()))
-            verb = (f"ignore provider {d.provider!r} (OpenRouter provider.ignore)" if d.action == "route_around"
-                    else f"stop using endpoint {endpoint!r} for text rebuilds")
-            out.append(f"{verb}: measured corrupt rate {d.rate:.1%} ({kinds} of {d.verified} measured; "
-                       f"e.g. sample pk {d.example_pk})")
+            verb = (
+                f"ignore provider {d.provider!r} (OpenRouter provider.ignore)"
+                if d.action == "route_around"
+                else f"stop using endpoint {endpoint!r} for text rebuilds"
+            )
+            out.append(
+                f"{verb}: measured corrupt rate {d.rate:.1%} ({kinds} of {d.verified} measured; "
+                f"e.g. sample pk {d.example_pk})"
+            )
         good = [t for t in tallies if t.provider and t.provider not in bad_names and t.verified >= min_verified]
         if bad and good:
             best = min(good, key=lambda t: (t.corrupt_rate, -t.verified))
-            out.append(f"pin provider {best.provider!r} on {endpoint!r} (OpenRouter provider.order / only): "
-                       f"{best.corrupt_rate:.1%} corrupt over {best.verified} measured answers")
+            out.append(
+                f"pin provider {best.provider!r} on {endpoint!r} (OpenRouter provider.order / only): "
+                f"{best.corrupt_rate:.1%} corrupt over {best.verified} measured answers"
+            )
         for r in group:
             who = endpoint + (f" / {r.provider}" if r.provider else "")
             a = r.answers
@@ -182,41 +242,59 @@ def advise(rows: list[Row], max_rate: float, min_verified: int) -> list[str]:
             if said:
                 out.append(said)
             elif a.measured == 0:
-                out.append(f"{who}: no measured answers, so its text path is not judged (of its {a.answers} answers: "
-                           f"verified {a.verified}, checked against a reference {a.checked}, unchecked {a.unchecked}); "
-                           "ask for server ids or logprobs on a probe fraction, or run `eaglewatch calibrate`")
+                out.append(
+                    f"{who}: no measured answers, so its text path is not judged (of its {a.answers} answers: "
+                    f"verified {a.verified}, checked against a reference {a.checked}, unchecked {a.unchecked}); "
+                    "ask for server ids or logprobs on a probe fraction, or run `eaglewatch calibrate`"
+                )
             elif a.measured < min_verified:
                 out.append(f"{who}: only {a.measured} measured answer(s) (need {min_verified} to judge); measure more")
             for s in r.steps:
                 if not s["invertible"]:
-                    out.append(f"{who}: {s['name']} ({s['where']}) cannot be inverted from text; "
-                               f"{r.answers.suspects} answer(s) flagged suspect — prefer a provider without it, or ids")
+                    out.append(
+                        f"{who}: {s['name']} ({s['where']}) cannot be inverted from text; "
+                        f"{r.answers.suspects} answer(s) flagged suspect — prefer a provider without it, or ids"
+                    )
     return out
 
 
 def _print(rows: list[Row], advice: list[str], db) -> None:
     out = sys.stdout
-    out.write(f"{db}: text-path fidelity per endpoint and upstream provider (verified = true ids; measured = "
-              "verified answers whose text-only rebuild was compared with their true ids)\n")
+    out.write(
+        f"{db}: text-path fidelity per endpoint and upstream provider (verified = true ids; measured = "
+        "verified answers whose text-only rebuild was compared with their true ids)\n"
+    )
     for r in rows:
-        who = (f"{r.run}: " if len({x.run for x in rows}) > 1 else "") + r.endpoint + (f" / {r.provider}" if r.provider else "")
+        who = (
+            (f"{r.run}: " if len({x.run for x in rows}) > 1 else "")
+            + r.endpoint
+            + (f" / {r.provider}" if r.provider else "")
+        )
         t = r.as_json()
         s = r.status
         out.write(f"  {who}: {s.describe() if s else 'unverified'}\n")
         a = r.answers
-        out.write(f"      {a.answers} answers: verified {a.verified} · checked against a reference {a.checked} · "
-                  f"unchecked {a.unchecked}; {a.suspects} suspect\n")
+        out.write(
+            f"      {a.answers} answers: verified {a.verified} · checked against a reference {a.checked} · "
+            f"unchecked {a.unchecked}; {a.suspects} suspect\n"
+        )
         if t["measured"]:
-            out.write(f"      measured {t['measured']}: exact {t['exact']}, benign {t['benign']}, truncated "
-                      f"{t['truncated']}, corrupt {sum(t['corrupt'].values())} ({t['corrupt_rate']:.1%})\n")
+            out.write(
+                f"      measured {t['measured']}: exact {t['exact']}, benign {t['benign']}, truncated "
+                f"{t['truncated']}, corrupt {sum(t['corrupt'].values())} ({t['corrupt_rate']:.1%})\n"
+            )
         if t["corrupt"]:
             out.write("      corrupt by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(t["corrupt"].items())) + "\n")
         if r.suspect_flags:
-            out.write("      suspect flags: " + ", ".join(f"{k} {n}" for k, n in sorted(r.suspect_flags.items())) + "\n")
+            out.write(
+                "      suspect flags: " + ", ".join(f"{k} {n}" for k, n in sorted(r.suspect_flags.items())) + "\n"
+            )
         for st in r.steps:
             state = "invertible" if st["invertible"] else "NOT invertible"
             origin = "known" if st.get("known") else "learned"
-            out.write(f"      {origin}: {st['name']} at {st['where']}: {st['inverse']} [{state}, {st['seen']}/{st['of']}]\n")
+            out.write(
+                f"      {origin}: {st['name']} at {st['where']}: {st['inverse']} [{state}, {st['seen']}/{st['of']}]\n"
+            )
     if not rows:
         out.write("  no reconstructions stored yet\n")
     if advice:

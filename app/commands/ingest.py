@@ -25,8 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", metavar="PATH", help="run database (overrides run.database)")
     parser.add_argument("--run", metavar="NAME", help="run name (overrides run.name)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
-    parser.add_argument("--force", action="store_true",
-                        help="read every file again, even one unchanged since its last complete ingest")
+    parser.add_argument(
+        "--force", action="store_true", help="read every file again, even one unchanged since its last complete ingest"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,7 +48,9 @@ async def _ingest(config: Any, **kw: Any) -> Any:
     from app.engine.work.config_ingest import ingest_config, preflight
     from app.store.run_store import RunStore
 
-    inputs = await preflight(config, require_keys=False)  # before the database is opened: a refused config writes nothing
+    inputs = await preflight(
+        config, require_keys=False
+    )  # before the database is opened: a refused config writes nothing
     store = await RunStore.open(config.run.database)
     try:
         return await ingest_config(store, config, inputs=inputs, **kw)

@@ -20,8 +20,13 @@ ACTIONS = ("cancel", "pause", "resume", "retry")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("target", nargs="?", default=None, metavar="JOB_ID | ACTION",
-                        help=f"a job id to show, or one of {', '.join(ACTIONS)} followed by the job id")
+    parser.add_argument(
+        "target",
+        nargs="?",
+        default=None,
+        metavar="JOB_ID | ACTION",
+        help=f"a job id to show, or one of {', '.join(ACTIONS)} followed by the job id",
+    )
     parser.add_argument("job_id", nargs="?", type=int, default=None, metavar="JOB_ID", help=argparse.SUPPRESS)
     parser.add_argument("--db", type=Path, default=Path("eaglewatch.db"), help="run database (default ./eaglewatch.db)")
     parser.add_argument("--shard", type=int, default=None, help="cancel: only this shard")
@@ -70,23 +75,47 @@ def run(args: argparse.Namespace) -> int:
     rows = [("ID", "NAME", "EXECUTOR", "STATE", "SHARDS", "ITEMS", "TOKENS", "CREATED")]
     for s in jobs:
         c = s.counts
-        rows.append((str(s.job.id), s.job.name, s.job.executor, s.job.state,
-                     f"{c.get('done', 0)}/{len(s.shards)}" + (f" ({c['failed']} failed)" if c.get("failed") else ""),
-                     f"{s.done_items}/{s.total_items}", str(s.tokens), _when(s.job.created_at)))
+        rows.append(
+            (
+                str(s.job.id),
+                s.job.name,
+                s.job.executor,
+                s.job.state,
+                f"{c.get('done', 0)}/{len(s.shards)}" + (f" ({c['failed']} failed)" if c.get("failed") else ""),
+                f"{s.done_items}/{s.total_items}",
+                str(s.tokens),
+                _when(s.job.created_at),
+            )
+        )
     print(_table(rows))
     return 0
 
 
 def _job_text(status) -> str:
     job = status.job
-    head = [status.summary(), f"output: {job.output_dir}" + (f"   slurm array: {job.external_id}" if job.external_id else "")]
+    head = [
+        status.summary(),
+        f"output: {job.output_dir}" + (f"   slurm array: {job.external_id}" if job.external_id else ""),
+    ]
     rows = [("SHARD", "STATE", "ITEMS", "TOKENS", "EXIT", "ID", "LOG")]
     for s in status.shards:
         ident = s.external_id if job.executor == "slurm" else (str(s.pid) if s.pid else "")
-        rows.append((str(s.shard), s.state, f"{s.done}/{s.total}", str(s.tokens),
-                     "" if s.exit_code is None else str(s.exit_code), ident or "", s.log_path or ""))
-    errors = [s.error if s.error.startswith(f"shard {s.shard} ") else f"shard {s.shard}: {s.error}"
-              for s in status.shards if s.error]
+        rows.append(
+            (
+                str(s.shard),
+                s.state,
+                f"{s.done}/{s.total}",
+                str(s.tokens),
+                "" if s.exit_code is None else str(s.exit_code),
+                ident or "",
+                s.log_path or "",
+            )
+        )
+    errors = [
+        s.error if s.error.startswith(f"shard {s.shard} ") else f"shard {s.shard}: {s.error}"
+        for s in status.shards
+        if s.error
+    ]
     return "\n".join(head + [_table(rows)] + errors)
 
 

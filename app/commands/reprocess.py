@@ -27,7 +27,9 @@ eaglewatch reprocess --db runs.db --run kimi-sweep --json"""
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", required=True, metavar="PATH", help="run database")
     parser.add_argument("--run", metavar="NAME", help="run name (optional when the database holds one run)")
-    parser.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder (default: the run config's model.tokenizer)")
+    parser.add_argument(
+        "--tokenizer", metavar="DIR", help="tokenizer folder (default: the run config's model.tokenizer)"
+    )
     parser.add_argument("--profile", metavar="P", help="template profile (default: the run config's model.profile)")
     parser.add_argument("--workers", type=int, default=1, metavar="N", help="reconstruction threads (default 1)")
     parser.add_argument("--json", action="store_true", help="print verdict counts before and after as JSON")
@@ -38,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
     from app.store.queries import connect_readonly, latest_completions, resolve_run, verdict_counts
-    from app.store.rows import ReconstructionRow, StoredCompletion, reconstruction_row
+    from app.store.rows import StoredCompletion, reconstruction_row
     from app.store.store_records import RebuildLabels
     from app.tokens import Reconstructor, get_profile, load_tokenizer
 
@@ -64,8 +66,9 @@ def run(args: argparse.Namespace) -> int:
 
     def one(stored: StoredCompletion) -> ReconstructionRow:
         rec, verdict = reconstructor.process(stored.completion, stored.reference_ids)
-        return reconstruction_row(run_row.id, stored.sample_pk, rec, verdict, stored.reference_ids, labels,
-                                  response_id=stored.response_id)
+        return reconstruction_row(
+            run_row.id, stored.sample_pk, rec, verdict, stored.reference_ids, labels, response_id=stored.response_id
+        )
 
     with ThreadPoolExecutor(max_workers=max(1, args.workers)) as pool:
         params = list(pool.map(one, rows))
@@ -80,8 +83,10 @@ def run(args: argparse.Namespace) -> int:
         json.dump({"run": run_row.name, "reprocessed": len(params), "before": before, "after": now}, sys.stdout)
         sys.stdout.write("\n")
     else:
-        print(f"{db}: run {run_row.name}: reconstructed {len(params)} responses again "
-              f"(tokenizer {tokenizer.path}, profile {profile.name})")
+        print(
+            f"{db}: run {run_row.name}: reconstructed {len(params)} responses again "
+            f"(tokenizer {tokenizer.path}, profile {profile.name})"
+        )
         print(f"  {'verdict':<20} {'before':>7} {'after':>7}")
         for cat in now:
             print(f"  {cat:<20} {before.get(cat, 0):>7} {now.get(cat, 0):>7}")
@@ -99,4 +104,3 @@ async def _write(db: Path, params: list[ReconstructionRow]) -> None:
             await store.upsert_reconstructions(part)
     finally:
         await store.close()
-

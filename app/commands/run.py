@@ -29,12 +29,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--headless", action="store_true", help="no TUI: progress on stderr, events as log lines")
     parser.add_argument("--db", type=Path, metavar="PATH", help="run database (default: the config's run.database)")
     parser.add_argument("--run", dest="run_name", metavar="NAME", help="run name (default: the config's run.name)")
-    parser.add_argument("--concurrency", type=int, metavar="N", help="start with N requests in flight (raises the max if needed)")
+    parser.add_argument(
+        "--concurrency", type=int, metavar="N", help="start with N requests in flight (raises the max if needed)"
+    )
     parser.add_argument("--budget", type=float, metavar="USD", help="pause before spending would pass USD")
     parser.add_argument("--limit", type=int, metavar="N", help="ingest at most N samples per dataset")
-    parser.add_argument("--retry-failed", action="store_true",
-                        help="put the run's failed samples back to pending first, each with a fresh allowance of "
-                        "generation.attempts (their earlier responses stay in the ledger)")
+    parser.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="put the run's failed samples back to pending first, each with a fresh allowance of "
+        "generation.attempts (their earlier responses stay in the ledger)",
+    )
 
 
 def load_run_config(args: argparse.Namespace):
@@ -116,8 +121,10 @@ async def run_headless(config, *, progress: bool = True, stream=None, retry_fail
             outcome = await _watch(engine, stream, progress)
             # paused from an attached viewer: stay alive for its resume (p and P alike), until Ctrl-C here
             while outcome.state == "paused" and outcome.reason == VIEWER_PAUSE and not interrupts:
-                print("paused from an attached viewer: waiting for its resume (Ctrl-C here stops this engine)",
-                      file=stream)
+                print(
+                    "paused from an attached viewer: waiting for its resume (Ctrl-C here stops this engine)",
+                    file=stream,
+                )
                 while engine.state == "paused" and engine.state_reason == VIEWER_PAUSE and not interrupts:
                     await asyncio.sleep(0.25)
                 outcome = await _watch(engine, stream, progress)
@@ -127,13 +134,20 @@ async def run_headless(config, *, progress: bool = True, stream=None, retry_fail
         snap = engine.snapshot()
     if outcome.state == "done":
         if snap.failed:
-            print(f"run finished with {snap.failed} failed samples of {snap.total} ({snap.done} done); "
-                  f"'eaglewatch status --db {database}' shows why, and 'eaglewatch run --headless {_config_arg(config)} "
-                  "--retry-failed' puts them back to pending with fresh attempts", file=stream)
+            print(
+                f"run finished with {snap.failed} failed samples of {snap.total} ({snap.done} done); "
+                f"'eaglewatch status --db {database}' shows why, and 'eaglewatch run --headless {_config_arg(config)} "
+                "--retry-failed' puts them back to pending with fresh attempts",
+                file=stream,
+            )
             return 1
         return 0
-    print(f"run paused: {outcome.reason}; {snap.counts.samples.pending + snap.counts.samples.leased} samples " f"pending; run the same command again "
-          "to resume", file=stream)
+    print(
+        f"run paused: {outcome.reason}; {snap.counts.samples.pending + snap.counts.samples.leased} samples "
+        f"pending; run the same command again "
+        "to resume",
+        file=stream,
+    )
     return 3 if outcome.stopping_error else 1
 
 
@@ -156,8 +170,13 @@ async def _watch(engine, stream, progress: bool):
     last_event = 0
     last_line = 0.0
     bar = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(bar_width=24), TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[stats]}"), console=console, transient=False, disable=not (progress and tty),
+        TextColumn("[bold]{task.description}"),
+        BarColumn(bar_width=24),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[stats]}"),
+        console=console,
+        transient=False,
+        disable=not (progress and tty),
     )
     with bar:
         task = bar.add_task(engine.config.run.name, total=None, stats="")
@@ -167,8 +186,10 @@ async def _watch(engine, stream, progress: bool):
             line = progress_line(s)
             bar.update(task, completed=s.done + s.failed + s.skipped, total=s.total or None, stats=line)
             if progress and not tty and (time.monotonic() - last_line >= 10 or waiter.done()):
-                console.print(f"{time.strftime('%H:%M:%S')} progress    {s.done + s.failed + s.skipped}/{s.total} {line}",
-                              markup=False)
+                console.print(
+                    f"{time.strftime('%H:%M:%S')} progress    {s.done + s.failed + s.skipped}/{s.total} {line}",
+                    markup=False,
+                )
                 last_line = time.monotonic()
             if waiter.done():
                 break

@@ -25,11 +25,14 @@ DEFAULT_PORT = 8566
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("db", type=Path, metavar="DB", help="run database (the run's eaglewatch.db)")
-    parser.add_argument("--run", dest="run_name", metavar="NAME", help="run to show (needed when the database holds several)")
+    parser.add_argument(
+        "--run", dest="run_name", metavar="NAME", help="run to show (needed when the database holds several)"
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to bind (default {DEFAULT_PORT})")
     parser.add_argument(
-        "--control", action="store_true",
+        "--control",
+        action="store_true",
         help="let the browser pause/resume the run and its jobs (default: view only, no control keys)",
     )
 
@@ -59,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
     from app.tui.serve import serve_command
 
     if not args.db.exists():
-        raise InputError(f"{args.db}: no such run database; pass the run's eaglewatch.db (see `eaglewatch status --db`)")
+        raise InputError(
+            f"{args.db}: no such run database; pass the run's eaglewatch.db (see `eaglewatch status --db`)"
+        )
     if not 0 < args.port < 65536:
         raise InputError(f"--port {args.port}: not a TCP port (1-65535)")
     # open it once here so a wrong path or run name fails now, in this terminal, not in every browser tab
@@ -74,6 +79,10 @@ def run(args: argparse.Namespace) -> int:
         )
     mode = "with control" if args.control else "view only"
     print(f"serving the monitor of {args.db} at http://{args.host}:{args.port} ({mode}); Ctrl-C stops", file=sys.stderr)
-    serve_command(watch_command(args.db, args.run_name, control=args.control), host=args.host, port=args.port,
-                  title=f"eaglewatch · {args.db.name}")
+    serve_command(
+        watch_command(args.db, args.run_name, control=args.control),
+        host=args.host,
+        port=args.port,
+        title=f"eaglewatch · {args.db.name}",
+    )
     return 0

@@ -18,15 +18,23 @@ EXAMPLE = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", nargs="?", type=Path, metavar="CONFIG",
-                        help="run config: serve its first simulator endpoint (its tokenizer, reference, pricing); "
-                        "the options below override it")
+    parser.add_argument(
+        "config",
+        nargs="?",
+        type=Path,
+        metavar="CONFIG",
+        help="run config: serve its first simulator endpoint (its tokenizer, reference, pricing); "
+        "the options below override it",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8765, help="port to listen on; 0 picks a free one (default 8765)")
     parser.add_argument("--reference", type=Path, help="reference.jsonl with output_ids (default: built-in samples)")
-    parser.add_argument("--tokenizer", type=Path, default=None,
-                        help="tokenizer directory used to turn ids into text (default: the config's, else "
-                        "sample_data/tokenizer)")
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        help="tokenizer directory used to turn ids into text (default: the config's, else sample_data/tokenizer)",
+    )
     parser.add_argument("--faults", default=None, help="fault rates, e.g. 429=0.05,500=0.02,hang=0.01,keepalive=0.1")
     parser.add_argument("--quirks", default=None, help="server-side text steps, e.g. strip_whitespace,think_spaces")
     parser.add_argument("--latency-median-ms", type=float, default=None, help="median added latency (lognormal)")
@@ -35,11 +43,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-logprobs", action="store_true", help="answer logprobs: null even when asked")
     parser.add_argument("--seed", type=int, default=None, help="seed for faults and latency (default 0)")
     parser.add_argument("--model", default=None, help="model name in /v1/models (default moonshotai/kimi-k2.5)")
-    parser.add_argument("--api-key-env", default=None,
-                        help="environment variable holding the key clients must send (default: accept any)")
+    parser.add_argument(
+        "--api-key-env",
+        default=None,
+        help="environment variable holding the key clients must send (default: accept any)",
+    )
     parser.add_argument("--cpu", type=int, default=None, help="pin the server process to this CPU core")
-    parser.add_argument("--personality", default=None,
-                        help="answer as this real server: openrouter (default), sglang, vllm, transformers-serve")
+    parser.add_argument(
+        "--personality",
+        default=None,
+        help="answer as this real server: openrouter (default), sglang, vllm, transformers-serve",
+    )
     # capacity (app/simulator/capacity.py)
     parser.add_argument("--concurrency-cap", type=int, default=None, help="most requests at once; more get 429")
     parser.add_argument("--cap-changes", default=None, help="cap schedule SECONDS:CAP,..., e.g. 30:16")
@@ -65,12 +79,22 @@ def run(args: argparse.Namespace) -> int:
             sim = endpoint.simulator
             assert sim is not None  # the endpoint was picked for having one
             base = SimulatorOptions(
-                reference=sim.reference or config.data.reference, latency_median_ms=sim.latency_median_ms,
-                latency_p95_ms=sim.latency_p95_ms, tokens_per_s=sim.tokens_per_s, faults=dict(sim.faults),
-                quirks=list(sim.quirks), logprobs=sim.logprobs, seed=sim.seed, personality=sim.personality,
-                concurrency_cap=sim.concurrency_cap, cap_changes=list(sim.cap_changes),
-                requests_per_min=sim.requests_per_min, tokens_per_min=sim.tokens_per_min, batch_slots=sim.batch_slots,
-                extra_references=list(sim.extra_references), prompt_cache=sim.prompt_cache,
+                reference=sim.reference or config.data.reference,
+                latency_median_ms=sim.latency_median_ms,
+                latency_p95_ms=sim.latency_p95_ms,
+                tokens_per_s=sim.tokens_per_s,
+                faults=dict(sim.faults),
+                quirks=list(sim.quirks),
+                logprobs=sim.logprobs,
+                seed=sim.seed,
+                personality=sim.personality,
+                concurrency_cap=sim.concurrency_cap,
+                cap_changes=list(sim.cap_changes),
+                requests_per_min=sim.requests_per_min,
+                tokens_per_min=sim.tokens_per_min,
+                batch_slots=sim.batch_slots,
+                extra_references=list(sim.extra_references),
+                prompt_cache=sim.prompt_cache,
             )
         else:
             base = SimulatorOptions(reference=config.data.reference)
@@ -98,13 +122,16 @@ def run(args: argparse.Namespace) -> int:
         requests_per_min=pick(args.rpm, base.requests_per_min),
         tokens_per_min=pick(args.tpm, base.tokens_per_min),
         batch_slots=pick(args.batch_slots, base.batch_slots),
-        extra_references=base.extra_references, prompt_cache=base.prompt_cache,
+        extra_references=base.extra_references,
+        prompt_cache=base.prompt_cache,
     )
     args.tokenizer = pick(args.tokenizer, tokenizer)
     check_options(options)
     if not (args.tokenizer / "tokenizer.json").exists() and not (args.tokenizer / "tiktoken.model").exists():
-        raise InputError(f"--tokenizer {args.tokenizer}: no tokenizer.json or tiktoken.model there; "
-                         "point it at a tokenizer directory such as sample_data/tokenizer")
+        raise InputError(
+            f"--tokenizer {args.tokenizer}: no tokenizer.json or tiktoken.model there; "
+            "point it at a tokenizer directory such as sample_data/tokenizer"
+        )
     api_key = None
     if args.api_key_env:
         api_key = os.environ.get(args.api_key_env)
@@ -115,8 +142,14 @@ def run(args: argparse.Namespace) -> int:
 
     async def serve() -> None:
         server = SimulatorServer(
-            options, tokenizer_dir=args.tokenizer, model=args.model or model, host=args.host,
-            port=args.port, api_key=api_key, pricing=pricing, profile=profile,
+            options,
+            tokenizer_dir=args.tokenizer,
+            model=args.model or model,
+            host=args.host,
+            port=args.port,
+            api_key=api_key,
+            pricing=pricing,
+            profile=profile,
         )
         async with server:
             faults = ",".join(f"{k}={v:g}" for k, v in options.faults.items()) or "none"

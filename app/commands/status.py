@@ -82,14 +82,27 @@ def run_status(conn: Any, run: Any) -> dict[str, Any]:
         "verification": a.verification(),
         "truncated": a.truncated,
         "suspects": a.suspects,
-        "measured": {"n": a.measured, "exact": a.measured_exact, "benign": a.measured_benign,
-                     "truncated": a.measured_truncated, "corrupt": dict(a.measured_corrupt),
-                     "matched": a.measured_matched},
+        "measured": {
+            "n": a.measured,
+            "exact": a.measured_exact,
+            "benign": a.measured_benign,
+            "truncated": a.measured_truncated,
+            "corrupt": dict(a.measured_corrupt),
+            "matched": a.measured_matched,
+        },
         "prompt_checks": dict(a.prompt_checks),
         "strategies": dict(c.strategies),
-        "endpoints": [{"name": e.name, "completed": e.completed, "failed": e.failed, "retried": e.retried,
-                       "cost_usd": _money(e.cost_usd), "errors_by_class": dict(e.errors_by_class)}
-                      for e in c.endpoints],
+        "endpoints": [
+            {
+                "name": e.name,
+                "completed": e.completed,
+                "failed": e.failed,
+                "retried": e.retried,
+                "cost_usd": _money(e.cost_usd),
+                "errors_by_class": dict(e.errors_by_class),
+            }
+            for e in c.endpoints
+        ],
         "conversations": conversations_status(c.conversations),
         "figures": _figures(rec),
         "engine": engine_status(conn, run, rec),
@@ -104,26 +117,47 @@ def conversations_status(conv: Any) -> dict[str, Any] | None:
     counted once by how it stands, its turns by state, the off-policy turns; None for a run without any."""
     if conv is None:
         return None
-    return {"total": conv.total, "done": conv.done, "open": conv.open, "diverged": conv.diverged,
-            "failed": conv.failed, "truncated": conv.truncated, "ended_skipped": conv.ended_skipped,
-            "not_started": conv.not_started, "in_flight": conv.in_flight,
-            "waiting_on_parent": conv.waiting_on_parent, "turns": dict(conv.turns),
-            "off_policy_turns": conv.off_policy_turns}
+    return {
+        "total": conv.total,
+        "done": conv.done,
+        "open": conv.open,
+        "diverged": conv.diverged,
+        "failed": conv.failed,
+        "truncated": conv.truncated,
+        "ended_skipped": conv.ended_skipped,
+        "not_started": conv.not_started,
+        "in_flight": conv.in_flight,
+        "waiting_on_parent": conv.waiting_on_parent,
+        "turns": dict(conv.turns),
+        "off_policy_turns": conv.off_policy_turns,
+    }
 
 
 def _figures(rec: Any) -> dict[str, Any]:
     """The live figures while an engine moves the run, else the finished ones over the whole run."""
     if rec.finished is None and rec.live is not None:
         live = rec.live
-        return {"kind": "live", "elapsed_s": round(rec.elapsed_s, 1), "req_s": round(live.rate.req_s_10s, 3),
-                "tok_s": round(live.rate.tok_s_10s, 1), "cost_per_hour": round(live.cost_per_hour, 6),
-                "latency_p95_ms": live.latency_p95_ms, "ttft_p95_ms": live.ttft_p95_ms,
-                "eta_s": None if rec.eta_s is None else round(rec.eta_s, 1),
-                "projected_cost_usd": live.projected_cost_usd}
+        return {
+            "kind": "live",
+            "elapsed_s": round(rec.elapsed_s, 1),
+            "req_s": round(live.rate.req_s_10s, 3),
+            "tok_s": round(live.rate.tok_s_10s, 1),
+            "cost_per_hour": round(live.cost_per_hour, 6),
+            "latency_p95_ms": live.latency_p95_ms,
+            "ttft_p95_ms": live.ttft_p95_ms,
+            "eta_s": None if rec.eta_s is None else round(rec.eta_s, 1),
+            "projected_cost_usd": live.projected_cost_usd,
+        }
     fin = rec.finished
-    return {"kind": "finished", "elapsed_s": round(fin.elapsed_s, 1), "req_s": round(fin.req_s, 3),
-            "tok_s": round(fin.tok_s, 1), "cost_per_hour": round(fin.cost_per_hour, 6),
-            "latency_p95_ms": fin.percentiles.latency_p95_ms, "ttft_p95_ms": fin.percentiles.ttft_p95_ms}
+    return {
+        "kind": "finished",
+        "elapsed_s": round(fin.elapsed_s, 1),
+        "req_s": round(fin.req_s, 3),
+        "tok_s": round(fin.tok_s, 1),
+        "cost_per_hour": round(fin.cost_per_hour, 6),
+        "latency_p95_ms": fin.percentiles.latency_p95_ms,
+        "ttft_p95_ms": fin.percentiles.ttft_p95_ms,
+    }
 
 
 def engine_status(conn: Any, run: Any, rec: Any) -> dict[str, Any]:
@@ -133,13 +167,20 @@ def engine_status(conn: Any, run: Any, rec: Any) -> dict[str, Any]:
     from app.store.heartbeat import liveness, read_heartbeat
 
     live_seen = liveness(read_heartbeat(conn, run.id), time.time())
-    out: dict[str, Any] = {"state": live_seen.state, "text": live_seen.text, "pid": live_seen.pid,
-                           "host": live_seen.host,
-                           "last_seen_s": None if live_seen.age_s is None else round(live_seen.age_s, 1)}
+    out: dict[str, Any] = {
+        "state": live_seen.state,
+        "text": live_seen.text,
+        "pid": live_seen.pid,
+        "host": live_seen.host,
+        "last_seen_s": None if live_seen.age_s is None else round(live_seen.age_s, 1),
+    }
     if live_seen.alive and rec.live is not None:
-        out.update(in_flight=rec.live.in_flight, waiting=rec.live.waiting,
-                   concurrency_limit=rec.live.concurrency_limit,
-                   eta_s=None if rec.eta_s is None else round(rec.eta_s, 1))
+        out.update(
+            in_flight=rec.live.in_flight,
+            waiting=rec.live.waiting,
+            concurrency_limit=rec.live.concurrency_limit,
+            eta_s=None if rec.eta_s is None else round(rec.eta_s, 1),
+        )
     return out
 
 
@@ -151,25 +192,33 @@ def _money(amount: float | None) -> float | None:
     return None if value is None else round(value, 6)
 
 
-TURN_WORDS = {"done": "done", "leased": "in flight", "pending": "pending", "waiting": "waiting on parent",
-              "failed": "failed", "skipped": "skipped"}
+TURN_WORDS = {
+    "done": "done",
+    "leased": "in flight",
+    "pending": "pending",
+    "waiting": "waiting on parent",
+    "failed": "failed",
+    "skipped": "skipped",
+}
 
 
 def conversations_line(conv: dict[str, Any]) -> str:
     """`conversations: 15/16 done · 0 open · 1 diverged · …` and the turns by state, from `conversations_status`."""
     skipped = f" · {conv['ended_skipped']} skipped" if conv["ended_skipped"] else ""
     turns = " · ".join(f"{conv['turns'].get(state, 0)} {words}" for state, words in TURN_WORDS.items())
-    return (f"conversations: {conv['done']}/{conv['total']} done · {conv['open']} open · {conv['diverged']} diverged · "
-            f"{conv['failed']} failed · {conv['truncated']} truncated{skipped} · {conv['off_policy_turns']} "
-            f"off-policy turns\nturns: {turns}")
+    return (
+        f"conversations: {conv['done']}/{conv['total']} done · {conv['open']} open · {conv['diverged']} diverged · "
+        f"{conv['failed']} failed · {conv['truncated']} truncated{skipped} · {conv['off_policy_turns']} "
+        f"off-policy turns\nturns: {turns}"
+    )
 
 
 def _print(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from app.records import VERDICT_LABELS, VERIFICATION_WORDS
     from app.engine.money.budget import usd
+    from app.records import VERDICT_LABELS, VERIFICATION_WORDS
 
     console = Console(highlight=False)
     if not report["runs"]:
@@ -177,17 +226,25 @@ def _print(report: dict[str, Any]) -> None:
         return
     for r in report["runs"]:
         engine, fig = r["engine"], r["figures"]
-        console.print(f"[b]{r['name']}[/b]  {r['words']}  {r['samples']} samples  {usd(r['cost_usd'])} spent",
-                      markup=True)
+        console.print(
+            f"[b]{r['name']}[/b]  {r['words']}  {r['samples']} samples  {usd(r['cost_usd'])} spent", markup=True
+        )
         if engine["state"] == "running":
             eta = "" if engine.get("eta_s") is None else f"  ETA {engine['eta_s']:.0f} s"
-            console.print(f"{engine['text']}: {engine['in_flight']} in flight/{engine['concurrency_limit']}, "
-                          f"{engine['waiting']} waiting{eta}", markup=False)
+            console.print(
+                f"{engine['text']}: {engine['in_flight']} in flight/{engine['concurrency_limit']}, "
+                f"{engine['waiting']} waiting{eta}",
+                markup=False,
+            )
         elif engine["state"] in ("stopped", "gone"):
             console.print(engine["text"], markup=False)
-        span = "the engine's last 10 s" if fig["kind"] == "live" else f"averaged over the run's {fig['elapsed_s']:.0f} s"
-        console.print(f"{fig['req_s']:.2f} answers/s, {fig['tok_s']:.0f} tok/s, ${fig['cost_per_hour']:.4f}/h ({span})",
-                      markup=False)
+        span = (
+            "the engine's last 10 s" if fig["kind"] == "live" else f"averaged over the run's {fig['elapsed_s']:.0f} s"
+        )
+        console.print(
+            f"{fig['req_s']:.2f} answers/s, {fig['tok_s']:.0f} tok/s, ${fig['cost_per_hour']:.4f}/h ({span})",
+            markup=False,
+        )
         table = Table(box=None, pad_edge=False, show_header=True)
         for name in r["states"]:
             table.add_column(name, justify="right")
@@ -197,21 +254,35 @@ def _print(report: dict[str, Any]) -> None:
         if conv is not None:
             console.print(conversations_line(conv), markup=False)
         # one line that wraps between items, never a table column cut to fit the terminal
-        console.print("verdicts: " + " · ".join(f"{VERDICT_LABELS.get(k, k)} {n}" for k, n in r["verdicts"].items()),
-                      markup=False)
-        console.print("ids: " + " · ".join(f"{VERIFICATION_WORDS[k]} {n}" for k, n in r["verification"].items())
-                      + f"  (truncated {r['truncated']}, suspect {r['suspects']})", markup=False)
+        console.print(
+            "verdicts: " + " · ".join(f"{VERDICT_LABELS.get(k, k)} {n}" for k, n in r["verdicts"].items()), markup=False
+        )
+        console.print(
+            "ids: "
+            + " · ".join(f"{VERIFICATION_WORDS[k]} {n}" for k, n in r["verification"].items())
+            + f"  (truncated {r['truncated']}, suspect {r['suspects']})",
+            markup=False,
+        )
         for t in r["trust"]:  # verified | prior only | unverified, the words `fidelity` and the export use
-            console.print(f"text path {t['endpoint']}" + (f" / {t['provider']}" if t["provider"] else "")
-                          + f": {t['text']}", markup=False)
+            console.print(
+                f"text path {t['endpoint']}" + (f" / {t['provider']}" if t["provider"] else "") + f": {t['text']}",
+                markup=False,
+            )
         m = r["measured"]
         if m["n"]:
             corrupt = sum(m["corrupt"].values())
-            console.print(f"text path measured on {m['n']} verified answers: {m['matched']} the same text, "
-                          f"{corrupt} corrupt, {m['truncated']} truncated", markup=False)
+            console.print(
+                f"text path measured on {m['n']} verified answers: {m['matched']} the same text, "
+                f"{corrupt} corrupt, {m['truncated']} truncated",
+                markup=False,
+            )
         if r["errors_by_class"] or r["retried"]:
-            console.print("failed requests: " + "  ".join(f"{k} {v}" for k, v in r["errors_by_class"].items())
-                          + f"  (retried {r['retried']})", markup=False)
+            console.print(
+                "failed requests: "
+                + "  ".join(f"{k} {v}" for k, v in r["errors_by_class"].items())
+                + f"  (retried {r['retried']})",
+                markup=False,
+            )
         if r["strategies"]:
             console.print("strategies: " + "  ".join(f"{k} {v}" for k, v in r["strategies"].items()), markup=False)
         console.print()

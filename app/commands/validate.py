@@ -29,7 +29,9 @@ think_spaces,no_content --calibrate 40 --assisted"""
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reference", required=True, metavar="FILE", help="SGLang-style JSONL with id and output_ids")
-    parser.add_argument("--tokenizer", required=True, metavar="DIR", help="folder with tokenizer.json or tiktoken.model")
+    parser.add_argument(
+        "--tokenizer", required=True, metavar="DIR", help="folder with tokenizer.json or tiktoken.model"
+    )
     parser.add_argument("--profile", default="kimi-k2.5", metavar="P", help="template profile (default kimi-k2.5)")
     parser.add_argument("--json", action="store_true", help='print {"total": N, "verdicts": {...}, ...} as JSON')
     parser.add_argument("--db", metavar="PATH", help="also store every result in this run database (for the TUI)")
@@ -40,12 +42,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--workers", type=int, default=1, metavar="N", help="reconstruction threads (default 1)")
     parser.add_argument("--examples", type=int, default=8, metavar="N", help="worst examples to show (default 8)")
-    parser.add_argument("--quirks", default="", metavar="LIST",
-                        help="server-side text steps to imitate, comma-separated (the simulator's quirk names)")
-    parser.add_argument("--calibrate", type=int, default=0, metavar="N",
-                        help="learn a fidelity profile from N probe samples (spread over the file) and use it")
-    parser.add_argument("--assisted", action="store_true",
-                        help="also show the reference-assisted upper bound (repairs that read the reference)")
+    parser.add_argument(
+        "--quirks",
+        default="",
+        metavar="LIST",
+        help="server-side text steps to imitate, comma-separated (the simulator's quirk names)",
+    )
+    parser.add_argument(
+        "--calibrate",
+        type=int,
+        default=0,
+        metavar="N",
+        help="learn a fidelity profile from N probe samples (spread over the file) and use it",
+    )
+    parser.add_argument(
+        "--assisted",
+        action="store_true",
+        help="also show the reference-assisted upper bound (repairs that read the reference)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,8 +98,13 @@ def run(args: argparse.Namespace) -> int:
     workers = max(1, args.workers)
     results = validate_all(reconstructor, pairs, workers=workers, serve=serve)
     summary = summarize(results, n_worst=args.examples)
-    assisted = summarize(validate_all(reconstructor, pairs, workers=workers, serve=serve, assisted=True),
-                         n_worst=args.examples) if args.assisted else None
+    assisted = (
+        summarize(
+            validate_all(reconstructor, pairs, workers=workers, serve=serve, assisted=True), n_worst=args.examples
+        )
+        if args.assisted
+        else None
+    )
 
     if args.db:
         _store(args, path, references, results, profile.name, tokenizer.fingerprint)
@@ -106,8 +125,13 @@ def run(args: argparse.Namespace) -> int:
     failed = []
     if args.max_text_mismatch_rate is not None and summary.rate("text_mismatch") > args.max_text_mismatch_rate:
         failed.append(f"text_mismatch rate {summary.rate('text_mismatch'):.4f} > {args.max_text_mismatch_rate}")
-    if args.max_structure_mismatch_rate is not None and summary.rate("structure_mismatch") > args.max_structure_mismatch_rate:
-        failed.append(f"structure_mismatch rate {summary.rate('structure_mismatch'):.4f} > {args.max_structure_mismatch_rate}")
+    if (
+        args.max_structure_mismatch_rate is not None
+        and summary.rate("structure_mismatch") > args.max_structure_mismatch_rate
+    ):
+        failed.append(
+            f"structure_mismatch rate {summary.rate('structure_mismatch'):.4f} > {args.max_structure_mismatch_rate}"
+        )
     if failed:
         raise EaglewatchError("validation failed: " + "; ".join(failed), exit_code=4)
     return 0
@@ -132,16 +156,32 @@ def _server(quirks: str, reconstructor):
     def serve(ids):
         o = renderer.render(tuple(ids), names, 0)
         calls = tuple(ToolCall(c.id, c.name, c.arguments, i) for i, c in enumerate(o.tool_calls))
-        return Completion(content=o.content or "", reasoning=o.reasoning, tool_calls=calls,
-                          finish_reason=o.finish_reason, provider="reference")
+        return Completion(
+            content=o.content or "",
+            reasoning=o.reasoning,
+            tool_calls=calls,
+            finish_reason=o.finish_reason,
+            provider="reference",
+        )
 
     return serve
 
 
 def _steps_json(fidelity) -> dict:
-    return {"probes": fidelity.probes, "steps": [
-        {"name": s.name, "where": s.where, "inverse": s.inverse, "invertible": s.invertible, "seen": s.seen, "of": s.of}
-        for s in fidelity.steps()]}
+    return {
+        "probes": fidelity.probes,
+        "steps": [
+            {
+                "name": s.name,
+                "where": s.where,
+                "inverse": s.inverse,
+                "invertible": s.invertible,
+                "seen": s.seen,
+                "of": s.of,
+            }
+            for s in fidelity.steps()
+        ],
+    }
 
 
 def _print_table(summary, path: Path, tokenizer, profile: str, stats, assisted=None, fidelity=None) -> None:
@@ -166,7 +206,9 @@ def _print_table(summary, path: Path, tokenizer, profile: str, stats, assisted=N
     out.write(f"  {'suspect (flagged)':<20} {summary.suspects:>10} {summary.suspects / max(1, summary.total):>8.2%}\n")
     out.write(f"  {'corrupt, not flagged':<20} {summary.wrong_kept:>10}   (wrong ids a default export would keep)\n")
     if assisted:
-        out.write("  (production: the reference only judges; assisted: repairs may read the reference, an upper bound)\n")
+        out.write(
+            "  (production: the reference only judges; assisted: repairs may read the reference, an upper bound)\n"
+        )
     if summary.repairs:
         out.write("  repairs used: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.repairs.items())) + "\n")
     if summary.flags:
@@ -188,8 +230,10 @@ def _store(args, path: Path, references, results, profile: str, fingerprint: str
 
     name = args.run or f"validate-{path.stem}"
     tok_dir = str(Path(args.tokenizer).resolve())
-    config = {"validate": {"reference": str(path.resolve()), "tokenizer": tok_dir, "profile": profile},
-              "model": {"tokenizer": tok_dir, "profile": profile}}
+    config = {
+        "validate": {"reference": str(path.resolve()), "tokenizer": tok_dir, "profile": profile},
+        "model": {"tokenizer": tok_dir, "profile": profile},
+    }
 
     async def go() -> None:
         store = await RunStore.open(args.db)
@@ -200,14 +244,27 @@ def _store(args, path: Path, references, results, profile: str, fingerprint: str
                 (SampleInput(r.sample_id, "reference", r.messages or [], None, r.output_ids) for r in references),
             )
             pks = await store.read(lambda conn: sample_pks(conn, run_id))
-            await asyncio.gather(*(
-                store.record_result(ResultRecord(
-                    run_id, pks[r.sample_id], 1, "validate", r.completion, 0.0, r.reconstruction, r.verdict,
-                    r.reference_ids, profile=profile, tokenizer=fingerprint,
-                ))
-                for r in results
-                if r.sample_id in pks
-            ))
+            await asyncio.gather(
+                *(
+                    store.record_result(
+                        ResultRecord(
+                            run_id,
+                            pks[r.sample_id],
+                            1,
+                            "validate",
+                            r.completion,
+                            0.0,
+                            r.reconstruction,
+                            r.verdict,
+                            r.reference_ids,
+                            profile=profile,
+                            tokenizer=fingerprint,
+                        )
+                    )
+                    for r in results
+                    if r.sample_id in pks
+                )
+            )
             await store.set_run_state(run_id, "done")
         finally:
             await store.close()

@@ -21,28 +21,66 @@ DEFAULT_SIZE = 32000  # the draft vocabulary EAGLE-3 drafters of large models us
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("export", nargs="?", type=Path, metavar="EXPORT",
-                        help="an export folder (eagle3-shards, speculators or specforge): its training rows' loss "
-                        "tokens (OUT/data; the eval split is left out)")
-    parser.add_argument("--db", type=Path, default=None, metavar="PATH",
-                        help="count from the run database instead: the output ids of every sample the default "
-                        "export keeps")
+    parser.add_argument(
+        "export",
+        nargs="?",
+        type=Path,
+        metavar="EXPORT",
+        help="an export folder (eagle3-shards, speculators or specforge): its training rows' loss "
+        "tokens (OUT/data; the eval split is left out)",
+    )
+    parser.add_argument(
+        "--db",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="count from the run database instead: the output ids of every sample the default export keeps",
+    )
     parser.add_argument("--run", default=None, help="run name (with --db, when the database holds several runs)")
-    parser.add_argument("--eval-fraction", type=float, default=0.0, metavar="F",
-                        help="with --db: leave out the rows an export with this --eval-fraction holds out")
-    parser.add_argument("--size", type=int, default=None, metavar="N",
-                        help=f"draft vocabulary size (default {DEFAULT_SIZE}, or the whole target vocabulary when it "
-                        "is smaller)")
-    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
-                        help="where to write the files (default EXPORT/vocab, or DB-vocab beside the database)")
-    parser.add_argument("--target-vocab-size", type=int, default=None, metavar="V",
-                        help="the target model's vocabulary size, the length of t2d (default: --model's config, "
-                        "else the tokenizer's size)")
-    parser.add_argument("--model", type=Path, default=None, metavar="DIR",
-                        help="the target model folder: its config.json vocab_size sets the target vocabulary")
-    parser.add_argument("--trainer", action="append", choices=("speculators", "specforge", "modelopt"), default=None,
-                        help="the trainer the files are for (repeat for several; default every one): without torch "
-                        "the .pt files are skipped, and asking for specforge or modelopt, which read them, fails")
+    parser.add_argument(
+        "--eval-fraction",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="with --db: leave out the rows an export with this --eval-fraction holds out",
+    )
+    parser.add_argument(
+        "--size",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"draft vocabulary size (default {DEFAULT_SIZE}, or the whole target vocabulary when it is smaller)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where to write the files (default EXPORT/vocab, or DB-vocab beside the database)",
+    )
+    parser.add_argument(
+        "--target-vocab-size",
+        type=int,
+        default=None,
+        metavar="V",
+        help="the target model's vocabulary size, the length of t2d (default: --model's config, "
+        "else the tokenizer's size)",
+    )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the target model folder: its config.json vocab_size sets the target vocabulary",
+    )
+    parser.add_argument(
+        "--trainer",
+        action="append",
+        choices=("speculators", "specforge", "modelopt"),
+        default=None,
+        help="the trainer the files are for (repeat for several; default every one): without torch "
+        "the .pt files are skipped, and asking for specforge or modelopt, which read them, fails",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
 
 
@@ -78,8 +116,10 @@ def run(args: argparse.Namespace) -> int:
     target = _target_vocab_size(args)
     size = args.size if args.size is not None else min(DEFAULT_SIZE, target)
     if args.size is None and size < DEFAULT_SIZE and not args.json:
-        print(f"the target vocabulary has {target} tokens, fewer than the default {DEFAULT_SIZE}: the draft "
-              "vocabulary is all of it (pass --size N to reduce it)")
+        print(
+            f"the target vocabulary has {target} tokens, fewer than the default {DEFAULT_SIZE}: the draft "
+            "vocabulary is all of it (pass --size N to reduce it)"
+        )
     vocab = choose(counts.counts, size, target)
     table = coverage_table(counts.counts, sorted({*COMMON_SIZES, size}))
     files = write_vocab_files(vocab, counts.as_dict(), out, tuple(dict.fromkeys(args.trainer or ())))
@@ -87,9 +127,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**summary, "out": str(out), "skipped": files.skipped}, indent=1))
         return 0
-    print(f"draft vocabulary: {vocab.size} of {vocab.target_vocab_size} target tokens covers {vocab.coverage:.2%} of "
-          f"the {vocab.loss_tokens} loss tokens in {counts.rows} rows ({summary['distinct_tokens']} distinct ids "
-          f"seen) from {source}")
+    print(
+        f"draft vocabulary: {vocab.size} of {vocab.target_vocab_size} target tokens covers {vocab.coverage:.2%} of "
+        f"the {vocab.loss_tokens} loss tokens in {counts.rows} rows ({summary['distinct_tokens']} distinct ids "
+        f"seen) from {source}"
+    )
     print(f"{'size':>8}  {'covers':>8}  {'loss tokens':>12}")
     for size, covered, share in table:
         print(f"{size:>8}  {share:>8.2%}  {covered:>12}{'  <- chosen' if size == vocab.size else ''}")
@@ -136,6 +178,8 @@ def _tokenizer_vocab_size(args: argparse.Namespace) -> int:
             conn.close()
         tok_dir = (config.get("model") or {}).get("tokenizer")
     if not tok_dir or not Path(tok_dir).is_dir():
-        raise InputError("the target vocabulary size is unknown (no tokenizer folder recorded); pass --model DIR "
-                         "(the target model) or --target-vocab-size V")
+        raise InputError(
+            "the target vocabulary size is unknown (no tokenizer folder recorded); pass --model DIR "
+            "(the target model) or --target-vocab-size V"
+        )
     return load_tokenizer(Path(tok_dir)).vocab_size

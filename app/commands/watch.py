@@ -14,16 +14,22 @@ THEMES = ("textual-dark", "textual-light", "ansi-dark", "ansi-light")
 
 def add_theme_arguments(parser: argparse.ArgumentParser) -> None:
     """--no-mouse and --theme, shared by every verb that opens the monitor."""
-    parser.add_argument("--no-mouse", action="store_true", help="leave the mouse to the terminal (text selection in tmux/SSH)")
     parser.add_argument(
-        "--theme", choices=THEMES, default="textual-dark",
+        "--no-mouse", action="store_true", help="leave the mouse to the terminal (text selection in tmux/SSH)"
+    )
+    parser.add_argument(
+        "--theme",
+        choices=THEMES,
+        default="textual-dark",
         help="colour theme; ansi-dark / ansi-light use the terminal's own palette (odd SSH terminals, 16 colours)",
     )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("db", type=Path, metavar="DB", help="run database (the run's eaglewatch.db)")
-    parser.add_argument("--run", dest="run_name", metavar="NAME", help="run to show (needed when the database holds several)")
+    parser.add_argument(
+        "--run", dest="run_name", metavar="NAME", help="run to show (needed when the database holds several)"
+    )
     parser.add_argument("--readonly", action="store_true", help="view only: send no pause/resume or job commands")
     add_theme_arguments(parser)
 

@@ -25,8 +25,13 @@ from app.engine.capacity.endpoints import Endpoint
 from app.engine.capacity.limiter import Ticket
 from app.engine.capacity.slots import EndpointSlots
 from app.engine.fidelity.verify import Rebuilt
-from app.providers.exceptions import (EndpointUnreachable, ProviderError, RetryableError, RunStoppingError,
-                                      SampleFatalError)
+from app.providers.exceptions import (
+    EndpointUnreachable,
+    ProviderError,
+    RetryableError,
+    RunStoppingError,
+    SampleFatalError,
+)
 from app.providers.retry import RetryPolicy, with_retries
 from app.records import Completion, ErrorClass, Reconstruction, Verdict
 from app.store.store_records import LeasedSample
@@ -109,8 +114,12 @@ async def request_sample(
     counted = flight.tries - sample.tries_forgiven  # an operator's retry of failed samples forgave the earlier ones
     left = policy.attempts - counted
     if left <= 0:
-        return Outcome("failed", flight.tries, error_class=ErrorClass.ATTEMPTS_EXHAUSTED,
-                       message=f"{counted} requests sent over earlier leases; generation.attempts is {policy.attempts}")
+        return Outcome(
+            "failed",
+            flight.tries,
+            error_class=ErrorClass.ATTEMPTS_EXHAUSTED,
+            message=f"{counted} requests sent over earlier leases; generation.attempts is {policy.attempts}",
+        )
 
     async def once() -> Completion:
         if flight.index is None:
@@ -126,8 +135,13 @@ async def request_sample(
             if on_first_token is None:
                 completion = await ep.client.complete(sample.messages, sample.tools, model=model, extra=extra)
             else:
-                completion = await ep.client.complete(sample.messages, sample.tools, model=model, extra=extra,
-                                                      on_first_token=lambda: on_first_token(flight))
+                completion = await ep.client.complete(
+                    sample.messages,
+                    sample.tools,
+                    model=model,
+                    extra=extra,
+                    on_first_token=lambda: on_first_token(flight),
+                )
         except ProviderError as exc:
             if on_answered is not None and getattr(exc, "answered", False):
                 on_answered(flight.last)
@@ -153,14 +167,21 @@ async def request_sample(
     except asyncio.CancelledError:
         raise
     except RunStoppingError as exc:
-        return Outcome("stopping", flight.tries, error=exc, error_class=exc.error_class, message=str(exc),
-                       cost_usd=exc.cost_usd)
+        return Outcome(
+            "stopping", flight.tries, error=exc, error_class=exc.error_class, message=str(exc), cost_usd=exc.cost_usd
+        )
     except (RetryableError, SampleFatalError) as exc:
-        return Outcome("failed", flight.tries, error=exc, error_class=exc.error_class, message=str(exc),
-                       cost_usd=exc.cost_usd)
+        return Outcome(
+            "failed", flight.tries, error=exc, error_class=exc.error_class, message=str(exc), cost_usd=exc.cost_usd
+        )
     except Exception as exc:  # not a provider error: a bug or bad data; the sample fails, the run goes on
-        return Outcome("failed", flight.tries, error_class=ErrorClass.INTERNAL, message=f"{type(exc).__name__}: {exc}",
-                       unexpected=True)
+        return Outcome(
+            "failed",
+            flight.tries,
+            error_class=ErrorClass.INTERNAL,
+            message=f"{type(exc).__name__}: {exc}",
+            unexpected=True,
+        )
     flight.settling = True
     if flight.index is not None:
         slots.answered(flight.index)  # off the wire: the limiter's levels count what the provider holds
@@ -169,7 +190,20 @@ async def request_sample(
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # e.g. a reference id beyond the vocabulary: the paid response is still stored
-        return Outcome("failed", flight.tries, completion=completion, error_class=ErrorClass.RECONSTRUCT,
-                       message=f"{type(exc).__name__}: {exc}", unexpected=True)
-    return Outcome("done", flight.tries, completion=completion, reconstruction=rebuilt.reconstruction,
-                   verdict=rebuilt.verdict, measured=rebuilt.measured, prompt_check=rebuilt.prompt_check)
+        return Outcome(
+            "failed",
+            flight.tries,
+            completion=completion,
+            error_class=ErrorClass.RECONSTRUCT,
+            message=f"{type(exc).__name__}: {exc}",
+            unexpected=True,
+        )
+    return Outcome(
+        "done",
+        flight.tries,
+        completion=completion,
+        reconstruction=rebuilt.reconstruction,
+        verdict=rebuilt.verdict,
+        measured=rebuilt.measured,
+        prompt_check=rebuilt.prompt_check,
+    )

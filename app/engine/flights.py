@@ -18,18 +18,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from app.engine.attempt import Flight, Outcome, request_sample
+from app.engine.attempt import Flight, request_sample
 from app.engine.capacity.endpoints import Endpoint
+from app.engine.capacity.slots import EndpointSlots
+from app.engine.fidelity.pool import RebuildPool
+from app.engine.fidelity.verify import Rebuilt, Verifier, ask_twin
 from app.engine.health.endpoint_health import EndpointGuard
 from app.engine.health.events import EventLog
 from app.engine.money.forecast import Forecast
 from app.engine.money.ledger import Ledger
-from app.engine.work.leases import TurnFollow, WorkSource
-from app.engine.fidelity.pool import RebuildPool
-from app.engine.work.run_state import RunState
 from app.engine.settle import Settler
-from app.engine.capacity.slots import EndpointSlots
-from app.engine.fidelity.verify import Rebuilt, Verifier, ask_twin
+from app.engine.work.leases import TurnFollow, WorkSource
+from app.engine.work.run_state import RunState
 from app.providers.exceptions import RetryableError
 from app.providers.retry import RetryPolicy
 from app.records import Completion
@@ -42,10 +42,25 @@ Pause = Callable[[str], Awaitable[None]]
 class Flights:
     """The tasks of the samples in flight and what each one holds (its Flight)."""
 
-    def __init__(self, *, endpoints: list[Endpoint], slots: EndpointSlots, policy: RetryPolicy, model: str,
-                 pool: RebuildPool | None, guard: EndpointGuard, verifier: Verifier, settler: Settler,
-                 forecast: Forecast, ledger: Ledger, source: WorkSource, state: RunState, events: EventLog,
-                 wake: asyncio.Event, pause: Pause) -> None:
+    def __init__(
+        self,
+        *,
+        endpoints: list[Endpoint],
+        slots: EndpointSlots,
+        policy: RetryPolicy,
+        model: str,
+        pool: RebuildPool | None,
+        guard: EndpointGuard,
+        verifier: Verifier,
+        settler: Settler,
+        forecast: Forecast,
+        ledger: Ledger,
+        source: WorkSource,
+        state: RunState,
+        events: EventLog,
+        wake: asyncio.Event,
+        pause: Pause,
+    ) -> None:
         self._endpoints = endpoints
         self._slots = slots
         self._policy = policy
@@ -112,7 +127,8 @@ class Flights:
             pass  # they stay leased under this host: the next start returns them
         self._ledger.counts.released(len(pks))
         await self._events.add(
-            "warning", "run",
+            "warning",
+            "run",
             f"cancelled {len(pks)} in-flight requests ({reason}); their samples return to pending. "
             "Providers may still bill for requests they had started.",
         )
@@ -123,15 +139,22 @@ class Flights:
         """A request task: whatever happens ends in a settled Outcome (or a cancellation that returns the lease)."""
         try:
             outcome = await request_sample(
-                f, endpoints=self._endpoints, slots=self._slots, policy=self._policy, model=self._model,
-                reconstruct=self._rebuild, on_retry=self._on_retry,
+                f,
+                endpoints=self._endpoints,
+                slots=self._slots,
+                policy=self._policy,
+                model=self._model,
+                reconstruct=self._rebuild,
+                on_retry=self._on_retry,
                 request_extra=lambda index: self._verifier.request_extra(index, f.sample),
                 on_first_token=self._forecast.first_token,
-                on_unreachable=self._guard.unreachable, on_answered=self._guard.answered,
+                on_unreachable=self._guard.unreachable,
+                on_answered=self._guard.answered,
             )
             # before any await: the scheduler must not start another request after a run-stopping error
             first_stop = outcome.kind == "stopping" and self._state.stop_for_error(
-                f"{outcome.error_class}: {outcome.message}")
+                f"{outcome.error_class}: {outcome.message}"
+            )
             await self._settler.settle(f, outcome)
             if f.index is not None:  # stored: the slot takes the next request while a conversation's next turn
                 self._slots.release(f.index, answered=f.settling)  # is read below
@@ -140,17 +163,25 @@ class Flights:
             if f.sample.conversation_id is not None and outcome.kind in ("done", "failed"):
                 await self._followed(f)
             if first_stop:
-                await self._events.add("error", "endpoint", f"{self._endpoints[f.last].name}: {outcome.error} — the "
-                                       "run is paused so the queue is not burnt; fix the cause (key, credits, "
-                                       "permissions) and resume")
+                await self._events.add(
+                    "error",
+                    "endpoint",
+                    f"{self._endpoints[f.last].name}: {outcome.error} — the "
+                    "run is paused so the queue is not burnt; fix the cause (key, credits, "
+                    "permissions) and resume",
+                )
                 await self._pause(self._state.reason or "run-stopping error")
         except asyncio.CancelledError:
             self._ledger.budget.settle(f.reserved_usd, 0.0)
             self._forecast.requeued(f)
             raise
         except Exception as exc:  # settle records every outcome (or returns the lease); what failed came after it
-            await self._events.add("error", "sample", f"sample {f.sample.sample_id!r} (pk {f.sample.pk}): the engine "
-                                   f"failed after settling it ({type(exc).__name__}: {exc}); the run goes on")
+            await self._events.add(
+                "error",
+                "sample",
+                f"sample {f.sample.sample_id!r} (pk {f.sample.pk}): the engine "
+                f"failed after settling it ({type(exc).__name__}: {exc}); the run goes on",
+            )
         finally:
             if f.index is not None:
                 self._slots.release(f.index, answered=f.settling)

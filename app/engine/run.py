@@ -29,32 +29,40 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.config import RunConfig
-from app.engine.money.budget import BudgetGuard, cost_per_hour
-from app.engine.capacity.endpoints import CompletionClient, Endpoint, Endpoints, close_endpoints, open_endpoints, total_limit
+from app.engine.capacity.endpoints import (
+    CompletionClient,
+    Endpoint,
+    Endpoints,
+    close_endpoints,
+    open_endpoints,
+    total_limit,
+)
+from app.engine.capacity.slots import EndpointSlots
+from app.engine.fidelity.pool import RebuildPool, open_rebuilding
+from app.engine.fidelity.quality import QualityDecision
+from app.engine.fidelity.reconstructor import CompletionReconstructor
+from app.engine.fidelity.verify import Rebuilder, Verifier, open_verification, save_profiles
+from app.engine.flights import Flights
 from app.engine.health.endpoint_health import EndpointGuard, HealthBook
 from app.engine.health.events import EngineEvent, EventLog
-from app.engine.flights import Flights
-from app.engine.money.forecast import Forecast, loop_now
 from app.engine.health.heartbeat import HeartbeatWriter
-from app.engine.money.ledger import Ledger
-from app.engine.work.leases import LeaseKeeper, SampleLeases
 from app.engine.health.lock import EngineLock
-from app.engine.fidelity.quality import QualityDecision
-from app.engine.fidelity.pool import RebuildPool, open_rebuilding
-from app.engine.fidelity.reconstructor import CompletionReconstructor
-from app.engine.work.run_state import RunOutcome, RunState
+from app.engine.health.store_health import StoreHealth
+from app.engine.health.writes import StoreGate
+from app.engine.money.budget import BudgetGuard, cost_per_hour
+from app.engine.money.forecast import Forecast, loop_now
+from app.engine.money.ledger import Ledger
+from app.engine.record.snapshot import IN_PROCESS, LiveFigures, RunRecord
 from app.engine.scheduler import Scheduler
 from app.engine.settle import Settler
-from app.engine.capacity.slots import EndpointSlots
-from app.engine.record.snapshot import IN_PROCESS, LiveFigures, RunRecord
 from app.engine.steering import VIEWER_PAUSE, Steering
 from app.engine.work.counts import follower_of
-from app.engine.health.store_health import StoreHealth
-from app.engine.fidelity.verify import Verifier, open_verification, save_profiles
-from app.engine.health.writes import StoreGate
+from app.engine.work.leases import LeaseKeeper, SampleLeases
+from app.engine.work.run_state import RunOutcome, RunState
 from app.providers.pricing import ModelPricing
 from app.providers.retry import RetryPolicy
 from app.records import ErrorClass
+from app.store.count_records import RunCounts
 from app.store.run_store import RunStore, StoreWriteError
 from app.token_bucket import TokenBucket
 from app.tokens.fidelity_profile import FidelityProfile
@@ -105,8 +113,9 @@ class Run:
         self._eps = Endpoints()
         self._state = RunState(store=store)
         self._ledger = Ledger(config=config, started_m=self._state.started_m)
-        self._forecast = Forecast(prices=self._ledger.budget.prices, max_tokens=config.generation.max_tokens,
-                                  stream=config.generation.stream)
+        self._forecast = Forecast(
+            prices=self._ledger.budget.prices, max_tokens=config.generation.max_tokens, stream=config.generation.stream
+        )
         self._verifier = Verifier.of(config)
         self._wake = asyncio.Event()  # the scheduler's wake-up: set by the parts that may give it work
         self._gate = StoreGate(self._store_changed)
@@ -179,13 +188,15 @@ class Run:
         await self._forecast.load(store, run_id)
         stored_state, stored_reason = await store.run_state(run_id)
         vocab = self.reconstructor.tokenizer.vocab_size if self.reconstructor is not None else None
-        self._eps = await open_endpoints(cfg, started=self._state.started_m, clients=self._clients, on_event=events.add,
-                                         vocab_size=vocab)
+        self._eps = await open_endpoints(
+            cfg, started=self._state.started_m, clients=self._clients, on_event=events.add, vocab_size=vocab
+        )
         await self._ledger.quote_prices(cfg, self.endpoints, events.add)
         self._forecast.prices = self._ledger.budget.prices
         # the endpoints' servers identified, their prior, stored and (as probes come in) learned fidelity profiles
-        rebuilder, notes = await open_verification(self._verifier, self.reconstructor, cfg, self.db_path,
-                                                   self.endpoints)
+        rebuilder, notes = await open_verification(
+            self._verifier, self.reconstructor, cfg, self.db_path, self.endpoints
+        )
         for level, note in notes:
             await events.add(level, "fidelity", note)
         self._verifier.on_profile = self._on_profile
@@ -199,8 +210,9 @@ class Run:
             await events.add("info", "run", f"run is paused ({self._state.reason}); resume to continue")
         else:
             await self._state.set("running", None)
-            await events.add("info", "run",
-                             f"engine started (pid {os.getpid()}) with {len(self.endpoints)} endpoint(s)")
+            await events.add(
+                "info", "run", f"engine started (pid {os.getpid()}) with {len(self.endpoints)} endpoint(s)"
+            )
         self._tasks = [
             asyncio.create_task(live.scheduler.run(), name="eaglewatch-schedule"),
             asyncio.create_task(live.steering.poll_commands(), name="eaglewatch-commands"),
@@ -218,31 +230,98 @@ class Run:
         health = HealthBook.of([e.name for e in eps], lim.endpoint_down_after)
         slots = EndpointSlots([e.limit for e in eps], [e.config.weight for e in eps], up=health.up)
         source = SampleLeases(store=self.store, run_id=run_id, lease_s=cfg.limits.lease_s, owner=self.owner)
-        settler = Settler(config=cfg, store=self.store, run_id=run_id, gate=gate, events=events, ledger=self._ledger,
-                          endpoints=eps, slots=slots, verifier=self._verifier, on_decision=self._on_quality,
-                          attempts=self.policy.attempts, tok_bucket=tokens,
-                          tokenizer_fingerprint=self.reconstructor.tokenizer.fingerprint if self.reconstructor else "")
+        settler = Settler(
+            config=cfg,
+            store=self.store,
+            run_id=run_id,
+            gate=gate,
+            events=events,
+            ledger=self._ledger,
+            endpoints=eps,
+            slots=slots,
+            verifier=self._verifier,
+            on_decision=self._on_quality,
+            attempts=self.policy.attempts,
+            tok_bucket=tokens,
+            tokenizer_fingerprint=self.reconstructor.tokenizer.fingerprint if self.reconstructor else "",
+        )
         # endpoint health: a dead endpoint's requests go to the others; all down pauses the run until one answers
         guard = EndpointGuard(
-            health, [e.name for e in eps], [e.client for e in eps], slots,
+            health,
+            [e.name for e in eps],
+            [e.client for e in eps],
+            slots,
             note_error=lambda i: settler.note_error(eps[i], ErrorClass.UNREACHABLE, final=False, retried=True),
             event=lambda level, message: events.add(level, "endpoint", message),
-            all_down=lambda why: steering.endpoints_down(why), back=lambda index: steering.endpoint_back(index))
-        flights = Flights(endpoints=eps, slots=slots, policy=self.policy, model=cfg.model.name, pool=self._pool, guard=guard,
-                          verifier=self._verifier, settler=settler, forecast=self._forecast, ledger=self._ledger,
-                          source=source, state=state, events=events, wake=self._wake, pause=self._pause_for)
-        scheduler = Scheduler(config=cfg, source=source, flights=flights, slots=slots, ledger=self._ledger,
-                              forecast=self._forecast, state=state, gate=gate, events=events, wake=self._wake,
-                              pause=self._pause_for, requests=requests, tokens=tokens, lease_batch=self._lease_batch)
+            all_down=lambda why: steering.endpoints_down(why),
+            back=lambda index: steering.endpoint_back(index),
+        )
+        flights = Flights(
+            endpoints=eps,
+            slots=slots,
+            policy=self.policy,
+            model=cfg.model.name,
+            pool=self._pool,
+            guard=guard,
+            verifier=self._verifier,
+            settler=settler,
+            forecast=self._forecast,
+            ledger=self._ledger,
+            source=source,
+            state=state,
+            events=events,
+            wake=self._wake,
+            pause=self._pause_for,
+        )
+        scheduler = Scheduler(
+            config=cfg,
+            source=source,
+            flights=flights,
+            slots=slots,
+            ledger=self._ledger,
+            forecast=self._forecast,
+            state=state,
+            gate=gate,
+            events=events,
+            wake=self._wake,
+            pause=self._pause_for,
+            requests=requests,
+            tokens=tokens,
+            lease_batch=self._lease_batch,
+        )
         flights.on_ready = scheduler.work_returned  # a turn's parent stored: lease it now
-        steering = Steering(store=self.store, run_id=run_id, state=state, scheduler=scheduler, flights=flights,
-                            endpoints=eps, slots=slots, gate=gate, events=events, wake=self._wake,
-                            counts=self._ledger.counts, attempts=cfg.generation.attempts, forecast=self._forecast)
-        keeper = LeaseKeeper(source=source, lease_s=cfg.limits.lease_s,
-                             held=lambda: flights.pks() + scheduler.queued_pks(), on_returned=scheduler.work_returned,
-                             gate=gate, counts=self._ledger.counts, events=events)
-        heartbeat = HeartbeatWriter(store=self.store, gate=gate, events=events, run_id=run_id,
-                                    started_at=state.started_at, snapshot=self.snapshot)
+        steering = Steering(
+            store=self.store,
+            run_id=run_id,
+            state=state,
+            scheduler=scheduler,
+            flights=flights,
+            endpoints=eps,
+            slots=slots,
+            gate=gate,
+            events=events,
+            wake=self._wake,
+            counts=self._ledger.counts,
+            attempts=cfg.generation.attempts,
+            forecast=self._forecast,
+        )
+        keeper = LeaseKeeper(
+            source=source,
+            lease_s=cfg.limits.lease_s,
+            held=lambda: flights.pks() + scheduler.queued_pks(),
+            on_returned=scheduler.work_returned,
+            gate=gate,
+            counts=self._ledger.counts,
+            events=events,
+        )
+        heartbeat = HeartbeatWriter(
+            store=self.store,
+            gate=gate,
+            events=events,
+            run_id=run_id,
+            started_at=state.started_at,
+            snapshot=self.snapshot,
+        )
         return _Started(slots, flights, scheduler, steering, keeper, heartbeat, guard)
 
     async def wait(self) -> RunOutcome:
@@ -360,26 +439,52 @@ class Run:
         wire, waiting = self._live.flights.per_endpoint() if self._live is not None else ([0] * n, [0] * n)
         clock = loop_now()
         eps = tuple(
-            ep.metrics.snapshot(now, wire[i], ep.limit.limit, waiting=waiting[i],
-                                limit_reason=ep.limit.reason(clock), capacity=ep.limit.capacity_estimate)
-            for i, ep in enumerate(endpoints))
+            ep.metrics.snapshot(
+                now,
+                wire[i],
+                ep.limit.limit,
+                waiting=waiting[i],
+                limit_reason=ep.limit.reason(clock),
+                capacity=ep.limit.capacity_estimate,
+            )
+            for i, ep in enumerate(endpoints)
+        )
         tot = ledger.total_metrics
         lat50, lat95 = tot.latency_ms.quantiles(now)
         t50, t95 = tot.ttft_ms.quantiles(now)
         spent = ledger.budget.spent_usd
         eta, projected = self._forecast.eta_and_cost(now, spent, ledger.counts.remaining, endpoints)
         live = LiveFigures(
-            state=self.state, state_reason=self.state_reason, started_at=self._state.started_at, in_flight=sum(wire),
-            waiting=sum(waiting), concurrency_limit=total_limit(endpoints), rate=tot.rates.rate(now),
-            latency_p50_ms=lat50, latency_p95_ms=lat95, ttft_p50_ms=t50, ttft_p95_ms=t95,
-            cost_per_hour=cost_per_hour(spent - ledger.spent_at_start, self._state.elapsed_s(now)), eta_s=eta,
-            projected_cost_usd=projected, endpoints=eps,
+            state=self.state,
+            state_reason=self.state_reason,
+            started_at=self._state.started_at,
+            in_flight=sum(wire),
+            waiting=sum(waiting),
+            concurrency_limit=total_limit(endpoints),
+            rate=tot.rates.rate(now),
+            latency_p50_ms=lat50,
+            latency_p95_ms=lat95,
+            ttft_p50_ms=t50,
+            ttft_p95_ms=t95,
+            cost_per_hour=cost_per_hour(spent - ledger.spent_at_start, self._state.elapsed_s(now)),
+            eta_s=eta,
+            projected_cost_usd=projected,
+            endpoints=eps,
         )
         counts = RunCounts()
         if self.run_id is not None:
             follower = follower_of(self, self.db_path, self.run_id)
-            counts = follower.counts(background=self.state == "running" and self._live is not None
-                                     and len(self._live.flights) > 0)
-        return RunRecord(run_name=self.config.run.name, state=self.state, counts=counts, state_reason=self.state_reason,
-                         engine=IN_PROCESS, engine_text=f"engine pid {os.getpid()} in this process", live=live,
-                         budget_usd=self.config.limits.budget_usd, read_at=time.time())
+            counts = follower.counts(
+                background=self.state == "running" and self._live is not None and len(self._live.flights) > 0
+            )
+        return RunRecord(
+            run_name=self.config.run.name,
+            state=self.state,
+            counts=counts,
+            state_reason=self.state_reason,
+            engine=IN_PROCESS,
+            engine_text=f"engine pid {os.getpid()} in this process",
+            live=live,
+            budget_usd=self.config.limits.budget_usd,
+            read_at=time.time(),
+        )

@@ -22,14 +22,14 @@ from typing import Protocol
 
 from app.config import RunConfig
 from app.engine.attempt import Flight
-from app.engine.money.budget import estimate_prompt_tokens
+from app.engine.capacity.slots import EndpointSlots
 from app.engine.health.events import EventLog
+from app.engine.health.writes import StoreGate
+from app.engine.money.budget import estimate_prompt_tokens
 from app.engine.money.forecast import Forecast
 from app.engine.money.ledger import Ledger
 from app.engine.work.leases import WorkSource
 from app.engine.work.run_state import RunState
-from app.engine.capacity.slots import EndpointSlots
-from app.engine.health.writes import StoreGate
 from app.store.run_store import StoreWriteError
 from app.store.store_records import LeasedSample
 from app.token_bucket import TokenBucket
@@ -51,10 +51,24 @@ class FlightStarter(Protocol):
 class Scheduler:
     """The lease queue, the background lease, and the loop that starts flights (module doc)."""
 
-    def __init__(self, *, config: RunConfig, source: WorkSource, flights: FlightStarter, slots: EndpointSlots,
-                 ledger: Ledger, forecast: Forecast, state: RunState, gate: StoreGate, events: EventLog,
-                 wake: asyncio.Event, pause: Callable[[str], Awaitable[None]], requests: TokenBucket | None = None,
-                 tokens: TokenBucket | None = None, lease_batch: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        config: RunConfig,
+        source: WorkSource,
+        flights: FlightStarter,
+        slots: EndpointSlots,
+        ledger: Ledger,
+        forecast: Forecast,
+        state: RunState,
+        gate: StoreGate,
+        events: EventLog,
+        wake: asyncio.Event,
+        pause: Callable[[str], Awaitable[None]],
+        requests: TokenBucket | None = None,
+        tokens: TokenBucket | None = None,
+        lease_batch: int | None = None,
+    ) -> None:
         self._model = config.model.name
         self._max_tokens = config.generation.max_tokens
         self._source = source
@@ -102,8 +116,12 @@ class Scheduler:
         except Exception as exc:
             self._state.hold("paused", f"engine error: {exc}"[:200])
             try:
-                await self._events.add("error", "run", f"the scheduler stopped: {exc!r}; the run can be resumed by "
-                                       "running it again once the cause is fixed")
+                await self._events.add(
+                    "error",
+                    "run",
+                    f"the scheduler stopped: {exc!r}; the run can be resumed by "
+                    "running it again once the cause is fixed",
+                )
                 await self._state.set("paused", self._state.reason)
             finally:
                 self._state.idle.set()
@@ -201,8 +219,12 @@ class Scheduler:
         self._ledger.counts.reset(counts)
         if counts.get("pending", 0) == 0 and counts.get("leased", 0) == 0:
             if counts.get("waiting", 0):  # cannot happen: a turn is made ready or skipped with its parent's end
-                await self._events.add("warning", "run", f"{counts['waiting']} conversation turns wait on parents "
-                                       "that ended without readying or skipping them; they are left waiting")
+                await self._events.add(
+                    "warning",
+                    "run",
+                    f"{counts['waiting']} conversation turns wait on parents "
+                    "that ended without readying or skipping them; they are left waiting",
+                )
             await self._state.end()
             done, failed = counts.get("done", 0), counts.get("failed", 0)
             await self._events.add("info", "run", f"run finished: {done} done, {failed} failed")

@@ -34,8 +34,8 @@ async def open_run(
 ) -> AsyncIterator[OpenRun]:
     """Open the config's database, ingest what the run lacks, build the Reconstructor (unless
     reconstruct=False) and start the engine; yield it, then close engine and store."""
-    from app.engine.work.config_ingest import ingest_config, preflight
     from app.engine.fidelity.pool import build_reconstructor
+    from app.engine.work.config_ingest import ingest_config, preflight
 
     inputs = await preflight(config)  # before the database is opened: a refused config writes nothing
     store = await RunStore.open(config.run.database)
@@ -45,8 +45,9 @@ async def open_run(
         if summary and on_ingested is not None:
             on_ingested(summary)
         reconstructor = build_reconstructor(config) if reconstruct else None
-        engine = Run(config, store, reconstructor=reconstructor, db_path=config.run.database,
-                     resume_paused=resume_paused)
+        engine = Run(
+            config, store, reconstructor=reconstructor, db_path=config.run.database, resume_paused=resume_paused
+        )
         await engine.start()
         try:
             yield OpenRun(engine, store, summary)

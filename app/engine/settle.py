@@ -24,15 +24,15 @@ import orjson
 
 from app.config import RunConfig
 from app.engine.attempt import Flight, Outcome
-from app.engine.money.budget import Charge, CostNotes, charge, estimate_prompt_tokens
 from app.engine.capacity.endpoints import Endpoint
-from app.engine.health.events import EventLog
-from app.engine.money.ledger import Ledger
 from app.engine.capacity.limiter import LimitChange, Ticket, limiter_latency
-from app.engine.fidelity.quality import QualityDecision
 from app.engine.capacity.slots import EndpointSlots
+from app.engine.fidelity.quality import QualityDecision
 from app.engine.fidelity.verify import Verifier
+from app.engine.health.events import EventLog
 from app.engine.health.writes import StoreGate
+from app.engine.money.budget import Charge, CostNotes, charge, estimate_prompt_tokens
+from app.engine.money.ledger import Ledger
 from app.providers.exceptions import ProviderError, RetryableError
 from app.providers.wire import TEXT_REPLACED
 from app.records import Completion, ErrorClass, Usage
@@ -102,9 +102,13 @@ class Settler:
             await self._unrecorded(f, o, ep, exc)
             return
         if o.unexpected:
-            await self.events.add("error", "sample", f"sample {s.sample_id!r} ({s.dataset}) failed: {o.error_class}: "
-                                  f"{o.message}"[:1000] + " — the run goes on; fix the input and reprocess or "
-                                  "re-ingest it")
+            await self.events.add(
+                "error",
+                "sample",
+                f"sample {s.sample_id!r} ({s.dataset}) failed: {o.error_class}: {o.message}"[:1000]
+                + " — the run goes on; fix the input and reprocess or "
+                "re-ingest it",
+            )
 
     async def _failed(self, f: Flight, o: Outcome, ep: Endpoint) -> None:
         s = f.sample
@@ -113,9 +117,18 @@ class Settler:
         if o.attempt:
             self.note_error(ep, o.error_class or ErrorClass.ERROR, final=True, retried=False)
         cost = self._bill(f, o.error.usage if o.error is not None else None, o.cost_usd, ep)
-        await self.gate.commit(lambda: self.store.record_failure(
-            self.run_id, s.pk, o.error_class or ErrorClass.ERROR, o.message or "", final=True, cost_usd=cost,
-            endpoint=ep.name if o.attempt else None, attempt=o.attempt or None))
+        await self.gate.commit(
+            lambda: self.store.record_failure(
+                self.run_id,
+                s.pk,
+                o.error_class or ErrorClass.ERROR,
+                o.message or "",
+                final=True,
+                cost_usd=cost,
+                endpoint=ep.name if o.attempt else None,
+                attempt=o.attempt or None,
+            )
+        )
         self.ledger.counts.ended("failed")
 
     async def _released(self, f: Flight, o: Outcome, ep: Endpoint) -> None:
@@ -126,8 +139,11 @@ class Settler:
         self.note_error(ep, o.error_class or ErrorClass.ERROR, final=False, retried=False)
         cost = self._bill(f, o.error.usage if o.error is not None else None, o.cost_usd, ep)
         if isinstance(o.error, ProviderError) and o.attempt:
-            await self.gate.commit(lambda: self.store.log_attempt(
-                self.run_id, s.pk, o.attempt, ep.name, cost, o.error_class or ErrorClass.ERROR, o.message or ""))
+            await self.gate.commit(
+                lambda: self.store.log_attempt(
+                    self.run_id, s.pk, o.attempt, ep.name, cost, o.error_class or ErrorClass.ERROR, o.message or ""
+                )
+            )
         await self.gate.commit(lambda: self.store.release(self.run_id, [s.pk]))
         self.ledger.counts.released()
 
@@ -145,9 +161,18 @@ class Settler:
         message = f"its outcome ({o.kind}) could not be recorded: {type(exc).__name__}: {exc}"[:1000]
         cost = f.unrecorded_usd
         try:
-            await self.gate.commit(lambda: self.store.record_failure(
-                self.run_id, s.pk, "unrecordable", message, final=final, cost_usd=cost,
-                endpoint=ep.name if o.attempt else None, attempt=o.attempt or None))
+            await self.gate.commit(
+                lambda: self.store.record_failure(
+                    self.run_id,
+                    s.pk,
+                    "unrecordable",
+                    message,
+                    final=final,
+                    cost_usd=cost,
+                    endpoint=ep.name if o.attempt else None,
+                    attempt=o.attempt or None,
+                )
+            )
         except asyncio.CancelledError:
             raise
         except Exception as second:
@@ -159,16 +184,23 @@ class Settler:
                 raise
             except Exception:
                 fate = "the database refused to return its lease too; the next start returns it"
-            await self.events.add("error", "sample", f"sample {s.sample_id!r}: {message}; recording that failed as "
-                                  f"well ({type(second).__name__}: {second}); {fate}")
+            await self.events.add(
+                "error",
+                "sample",
+                f"sample {s.sample_id!r}: {message}; recording that failed as "
+                f"well ({type(second).__name__}: {second}); {fate}",
+            )
             return
         if final:
             self.ledger.counts.ended("failed")
         else:
             self.ledger.counts.released()
-        await self.events.add("error", "sample", f"sample {s.sample_id!r} ({s.dataset}): {message}; "
-                              + ("it is failed (no attempts left)" if final else "it goes back to pending for another "
-                                 "attempt"))
+        await self.events.add(
+            "error",
+            "sample",
+            f"sample {s.sample_id!r} ({s.dataset}): {message}; "
+            + ("it is failed (no attempts left)" if final else "it goes back to pending for another attempt"),
+        )
 
     def _bill(self, f: Flight, usage: Usage | None, reported_usd: float, ep: Endpoint) -> float:
         """Charge the flight's last request (budget.charge) and return the amount to record with it."""
@@ -196,17 +228,33 @@ class Settler:
         rec = o.reconstruction
         if rec is not None and completion.wire_flags:
             # what the boundary did to the text travels with the ids: replaced text is suspect (the export drops it)
-            extra = tuple(completion.wire_flags) + ((REPLACEMENT_CHAR,) if TEXT_REPLACED in completion.wire_flags
-                                                    and REPLACEMENT_CHAR not in rec.flags else ())
+            extra = tuple(completion.wire_flags) + (
+                (REPLACEMENT_CHAR,)
+                if TEXT_REPLACED in completion.wire_flags and REPLACEMENT_CHAR not in rec.flags
+                else ()
+            )
             rec = dataclasses.replace(rec, flags=tuple(rec.flags) + extra)
         state = "done" if o.kind == "done" else "failed"
         # shielded: a cancellation must not abandon a result that is already being committed
         result = ResultRecord(
-            self.run_id, s.pk, o.attempt, ep.name, completion, cost, rec, o.verdict, s.reference_ids, state,
-            profile=self.config.model.profile, tokenizer=self.tokenizer_fingerprint, keep_raw=keep,
-            error_class=o.error_class, error=o.message,
+            self.run_id,
+            s.pk,
+            o.attempt,
+            ep.name,
+            completion,
+            cost,
+            rec,
+            o.verdict,
+            s.reference_ids,
+            state,
+            profile=self.config.model.profile,
+            tokenizer=self.tokenizer_fingerprint,
+            keep_raw=keep,
+            error_class=o.error_class,
+            error=o.message,
             prompt_check=o.prompt_check.status if o.prompt_check is not None else None,
-            prompt_first_diff=o.prompt_check.first_diff if o.prompt_check is not None else None)
+            prompt_first_diff=o.prompt_check.first_diff if o.prompt_check is not None else None,
+        )
         await self.gate.commit(lambda: asyncio.shield(self.store.record_result(result)))
         self.ledger.counts.ended(state)
         self._verify(f, o, ep)
@@ -220,8 +268,9 @@ class Settler:
         """Count a stored result's measurement and prompt check; hand the gate's decisions to the Run at once
         (before anything awaits, so the scheduler leases nothing more after a pause decision)."""
         assert o.completion is not None  # only stored results are verified
-        seen = self.verifier.observe(ep.name, o.completion.provider, f.sample.pk, f.sample.sample_id, o.measured,
-                                     o.prompt_check)
+        seen = self.verifier.observe(
+            ep.name, o.completion.provider, f.sample.pk, f.sample.sample_id, o.measured, o.prompt_check
+        )
         if seen.prompt_event is not None:
             self.events.note("warning", "prompt", seen.prompt_event)
             asyncio.get_running_loop().create_task(self.events.flush())
@@ -242,8 +291,9 @@ class Settler:
         if c.usd:
             self.ledger.budget.settle(0.0, c.usd)
             f.billed_usd += c.usd
-        await self.gate.commit(lambda: self.store.log_attempt(
-            self.run_id, f.sample.pk, f.tries, ep.name, c.usd, exc.error_class, str(exc)))
+        await self.gate.commit(
+            lambda: self.store.log_attempt(self.run_id, f.sample.pk, f.tries, ep.name, c.usd, exc.error_class, str(exc))
+        )
 
     def _charge(self, f: Flight, cost: float) -> None:
         """Replace the flight's reservation with its last request's cost; report spending beyond the reservation."""
@@ -256,9 +306,12 @@ class Settler:
             budget.overshoot_usd += over
             if first:
                 self.events.note(
-                    "warning", "budget", f"sample {f.sample.sample_id!r} cost ${over:.6f} more than its reserved worst "
+                    "warning",
+                    "budget",
+                    f"sample {f.sample.sample_id!r} cost ${over:.6f} more than its reserved worst "
                     f"case: [pricing] for {self.config.model.name!r} is below what the provider bills (or retries "
-                    "were billed), so the budget can be passed by such overshoots")
+                    "were billed), so the budget can be passed by such overshoots",
+                )
                 asyncio.get_running_loop().create_task(self.events.flush())
 
     def _account(self, ep: Endpoint, completion: Completion, cost: float, s: LeasedSample, f: Flight) -> None:
@@ -269,16 +322,23 @@ class Settler:
         saturated = self.slots.waiting > 0 or ep.limit.on_wire >= ep.limit.limit
         # the limiter's signals: the request's ticket (its level) and its latency, TTFT when streaming (a
         # queueing server's first byte waits for a batch slot), on the loop's clock, as the slots take it
-        change = ep.limit.on_success(saturated, ticket=f.ticket, latency_s=limiter_latency(completion),
-                                     now=asyncio.get_running_loop().time())
+        change = ep.limit.on_success(
+            saturated, ticket=f.ticket, latency_s=limiter_latency(completion), now=asyncio.get_running_loop().time()
+        )
         if change is not None:
             self.slots.wake()
             if change.new < change.old:
                 self._limit_event(ep, change)
         now = time.monotonic()
         for m in (ep.metrics, self.ledger.total_metrics):
-            m.record_completion(now, completion.usage.completion_tokens, completion.total_s, completion.ttft_s,
-                                cost, completion.truncated)
+            m.record_completion(
+                now,
+                completion.usage.completion_tokens,
+                completion.total_s,
+                completion.ttft_s,
+                cost,
+                completion.truncated,
+            )
 
     def note_overload(self, ep: Endpoint, exc: RetryableError, ticket: Ticket | None = None) -> None:
         """Tell the endpoint's limiter of a 429/503/529 with the request's ticket and Retry-After (it cuts, or

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import asyncio
 
-from app.engine.work.counts import SampleCounts
-from app.engine.health.endpoint_health import ENDPOINTS_DOWN
 from app.engine.capacity.endpoints import Endpoint, set_total_limit
-from app.engine.health.events import EventLog
-from app.engine.flights import Flights
-from app.engine.money.forecast import Forecast
-from app.engine.fidelity.quality import QualityDecision
-from app.engine.work.run_state import RunState
-from app.engine.scheduler import Scheduler
 from app.engine.capacity.slots import EndpointSlots
+from app.engine.fidelity.quality import QualityDecision
+from app.engine.flights import Flights
+from app.engine.health.endpoint_health import ENDPOINTS_DOWN
+from app.engine.health.events import EventLog
 from app.engine.health.writes import StoreGate
+from app.engine.money.forecast import Forecast
+from app.engine.scheduler import Scheduler
+from app.engine.work.counts import SampleCounts
+from app.engine.work.run_state import RunState
 from app.store.run_store import RunStore, StoreWriteError
 
 COMMAND_POLL_S = 1.0
@@ -33,9 +33,23 @@ VIEWER_PAUSE = "operator (attached viewer)"
 class Steering:
     """Pause, resume, the concurrency limit and the commands table of one started run."""
 
-    def __init__(self, *, store: RunStore, run_id: int, state: RunState, scheduler: Scheduler, flights: Flights,
-                 endpoints: list[Endpoint], slots: EndpointSlots, gate: StoreGate, events: EventLog,
-                 wake: asyncio.Event, counts: SampleCounts, attempts: int, forecast: Forecast) -> None:
+    def __init__(
+        self,
+        *,
+        store: RunStore,
+        run_id: int,
+        state: RunState,
+        scheduler: Scheduler,
+        flights: Flights,
+        endpoints: list[Endpoint],
+        slots: EndpointSlots,
+        gate: StoreGate,
+        events: EventLog,
+        wake: asyncio.Event,
+        counts: SampleCounts,
+        attempts: int,
+        forecast: Forecast,
+    ) -> None:
         self._store = store
         self._run_id = run_id
         self._state = state
@@ -87,8 +101,12 @@ class Steering:
         self._counts.reset(await self._store.counts(self._run_id))
         if n:
             await self._forecast.recount_pending(self._store, self._run_id)
-        await self._events.add("info", "run", f"{n} failed samples put back to pending, each with a fresh allowance of "
-                               f"{self._attempts} attempts (generation.attempts)")
+        await self._events.add(
+            "info",
+            "run",
+            f"{n} failed samples put back to pending, each with a fresh allowance of "
+            f"{self._attempts} attempts (generation.attempts)",
+        )
         if n and self._state.current == "done":
             self._state.ended_m = None
             self._state.finished.clear()
@@ -113,8 +131,9 @@ class Steering:
             except (TypeError, ValueError):
                 limit = 0
             if limit < 1:
-                await self._events.add("warning", "run",
-                                       f"set_concurrency needs a limit of at least 1, got {args!r}; ignored")
+                await self._events.add(
+                    "warning", "run", f"set_concurrency needs a limit of at least 1, got {args!r}; ignored"
+                )
                 return
             await self.set_concurrency(limit)
         else:
@@ -140,8 +159,12 @@ class Steering:
         """A quality-gate decision: pause at once (before the scheduler leases more), or note the route-around."""
         loop = asyncio.get_running_loop()
         if d.action == "pause" and self._state.running:
-            self._state.hold("paused", f"quality gate: {d.endpoint}" + (f" / {d.provider}" if d.provider else "")
-                             + f" corrupt rate {d.rate:.1%}")
+            self._state.hold(
+                "paused",
+                f"quality gate: {d.endpoint}"
+                + (f" / {d.provider}" if d.provider else "")
+                + f" corrupt rate {d.rate:.1%}",
+            )
             self._state.pause_pending = True
             loop.create_task(self._quality_pause(d))
         elif d.action == "route_around":
@@ -166,9 +189,13 @@ class Steering:
 
     async def _endpoints_down_pause(self, why: str) -> None:
         try:
-            await self._events.add("error", "endpoint", f"{ENDPOINTS_DOWN} ({why}): the run is paused and its samples "
-                                   "stay pending; it resumes by itself when a probe gets an answer, or run it again "
-                                   "once the endpoint is back (check base_url, the network, or start the server)")
+            await self._events.add(
+                "error",
+                "endpoint",
+                f"{ENDPOINTS_DOWN} ({why}): the run is paused and its samples "
+                "stay pending; it resumes by itself when a probe gets an answer, or run it again "
+                "once the endpoint is back (check base_url, the network, or start the server)",
+            )
             await self.pause(now=True, reason=self._state.reason or ENDPOINTS_DOWN)
         finally:
             self._state.pause_pending = False

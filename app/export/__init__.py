@@ -7,7 +7,8 @@
 - `writers`: one writer per format;  `parallel`: prompts rendered in a process pool;  `eval_split`: the held-out
   rows;  `trainer_routes`: how each trainer reads the export (settings, commands);  `draft_vocab`: the reduced
   draft vocabulary (`eaglewatch vocab`);
-- `assemble`: `Export` (with its `ExportOptions`), the orchestrator (temporary folder renamed into place, manifest last);  `report`: the
+- `assemble`: `Export` (with its `ExportOptions`), the orchestrator (temporary folder renamed into place, manifest
+last);  `report`: the
   summary counts and what each means.
 
 Formats and their consumers: docs/jobs.md ("Train with it").
@@ -27,9 +28,33 @@ from app.store.export_reads import ExportRow, iter_rows
 from app.tokens.render_export import ChatTemplate, PromptRenderer
 
 __all__ = [
-    "CONVERSATION_MODES", "COUNT_MEANINGS", "DATA_DIR", "EVAL_DIR", "FORMATS", "IDS_SOURCES", "MANIFEST",
-    "PER_TURN_REASONS", "SAMPLES", "SINGLE_FILE", "SKIP_LABELS", "SKIP_REASONS", "SKIP_RULES", "ChatTemplate",
-    "Export", "ExportOptions", "ExportPolicy", "ExportReport", "ExportRow", "PromptRenderer", "TrainingRow",
+    "CONVERSATION_MODES",
+    "COUNT_MEANINGS",
+    "DATA_DIR",
+    "EVAL_DIR",
+    "FORMATS",
+    "IDS_SOURCES",
+    "MANIFEST",
+    "PER_TURN_REASONS",
+    "SAMPLES",
+    "SINGLE_FILE",
+    "SKIP_LABELS",
+    "SKIP_REASONS",
+    "SKIP_RULES",
+    "ChatTemplate",
+    "Export",
+    "ExportOptions",
+    "ExportPolicy",
+    "ExportReport",
+    "ExportRow",
+    "PromptRenderer",
+    "TrainingRow",
     "assistant_turn",
-    "held_out", "iter_rows", "load_chat_template", "skip_reason", "summary_counts", "summary_line", "true_ids",
+    "held_out",
+    "iter_rows",
+    "load_chat_template",
+    "skip_reason",
+    "summary_counts",
+    "summary_line",
+    "true_ids",
 ]

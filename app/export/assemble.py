@@ -20,9 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import InputError
-from app.export.conversation_rows import (CONVERSATION_MODES, ConversationTally, kept_prefix, merged_row, prefix_break,
-                                      why_not_prefix)
-from app.export.eval_overlap import EvalOverlap
+from app.export.conversation_rows import (
+    CONVERSATION_MODES,
+    ConversationTally,
+    kept_prefix,
+    merged_row,
+    prefix_break,
+    why_not_prefix,
+)
 from app.export.eval_overlap import EvalOverlap
 from app.export.eval_split import EVAL_DIR, check_fraction, held_out
 from app.export.parallel import prepare_parallel, prepare_serial
@@ -77,8 +82,9 @@ class _Folder:
         self.loss_tokens += row.loss_tokens
         self.shortest = total if self.shortest is None else min(self.shortest, total)
         self.longest = total if self.longest is None else max(self.longest, total)
-        self.samples_fh.write(f"{_tsv(row.sample_id)}\t{row.ids_source}\t{row.verdict}\t{total}\t{turns}\t"
-                              f"{int(off_policy)}\n")
+        self.samples_fh.write(
+            f"{_tsv(row.sample_id)}\t{row.ids_source}\t{row.verdict}\t{total}\t{turns}\t{int(off_policy)}\n"
+        )
         return None
 
     def close(self) -> list[dict[str, Any]]:
@@ -87,9 +93,14 @@ class _Folder:
         return files
 
     def lengths(self) -> dict[str, Any]:
-        return {"samples": self.exported, "tokens": self.tokens, "loss_tokens": self.loss_tokens,
-                "min": self.shortest, "max": self.longest,
-                "mean": round(self.tokens / self.exported, 2) if self.exported else None}
+        return {
+            "samples": self.exported,
+            "tokens": self.tokens,
+            "loss_tokens": self.loss_tokens,
+            "min": self.shortest,
+            "max": self.longest,
+            "mean": round(self.tokens / self.exported, 2) if self.exported else None,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,9 +140,11 @@ class ExportOptions:
         if self.conversations not in CONVERSATION_MODES:
             raise InputError(f"--conversations: {self.conversations!r} is not one of {', '.join(CONVERSATION_MODES)}")
         if self.conversations == "merged" and fmt == "sglang-raw":
-            raise InputError("--conversations merged: sglang-raw holds one request and its output ids per record, so "
-                             "it cannot hold a merged conversation; export it per-turn, or choose a format of ids and "
-                             "masks (eagle3-shards, speculators, specforge)")
+            raise InputError(
+                "--conversations merged: sglang-raw holds one request and its output ids per record, so "
+                "it cannot hold a merged conversation; export it per-turn, or choose a format of ids and "
+                "masks (eagle3-shards, speculators, specforge)"
+            )
         if self.workers <= 0:
             raise InputError(f"--workers: must be at least 1, got {self.workers}")
         if self.shard_size <= 0:
@@ -155,8 +168,14 @@ class Export:
     export (unless options.overwrite) or other files.
     """
 
-    def __init__(self, db: Path, out_dir: Path, fmt: str, options: ExportOptions = ExportOptions(),
-                 progress: Callable[[int, int], None] | None = None) -> None:
+    def __init__(
+        self,
+        db: Path,
+        out_dir: Path,
+        fmt: str,
+        options: ExportOptions = ExportOptions(),
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
         self.db, self.out_dir, self.fmt, self.options, self.progress = db, out_dir, fmt, options, progress
         self.policy = options.policy
         self.accepted = self.seen = 0
@@ -195,8 +214,10 @@ class Export:
             self.conn.close()
         listed = [entry["path"] for entry in train_files] + [MANIFEST, SAMPLES]
         for entries in eval_files:
-            listed += [f"{EVAL_DIR}/{entry['path']}" for entry in entries] + [f"{EVAL_DIR}/{MANIFEST}",
-                                                                              f"{EVAL_DIR}/{SAMPLES}"]
+            listed += [f"{EVAL_DIR}/{entry['path']}" for entry in entries] + [
+                f"{EVAL_DIR}/{MANIFEST}",
+                f"{EVAL_DIR}/{SAMPLES}",
+            ]
         return replace(report, files=tuple(listed), seconds=time.perf_counter() - started)
 
     def _open(self) -> None:
@@ -215,15 +236,18 @@ class Export:
             raise InputError(f"{tok_dir}: tokenizer directory not found (from the run's config); pass --tokenizer DIR")
         self.tok_dir = tok_dir
         self.tokenizer = load_tokenizer(tok_dir)
-        section = config.get("export") if isinstance(config.get("export"), dict) else {}
-        eval_files = (list(o.eval_prompts) if o.eval_prompts is not None
-                      else [Path(p) for p in section.get("eval_prompts") or ()])
+        found = config.get("export")
+        section: dict[str, Any] = found if isinstance(found, dict) else {}
+        eval_files = (
+            list(o.eval_prompts) if o.eval_prompts is not None else [Path(p) for p in section.get("eval_prompts") or ()]
+        )
         keep = bool(section.get("keep_eval_overlap", False)) if o.keep_eval_overlap is None else o.keep_eval_overlap
         self.overlap = EvalOverlap.load(eval_files, keep) if eval_files else None
         self.profile = get_profile(o.profile_name or model.get("profile") or "kimi-k2.5")
         self.kwargs = o.template_kwargs if o.template_kwargs is not None else template_kwargs_of_run(config)
-        self.renderer = PromptRenderer(self.tokenizer, self.profile,
-                                       load_chat_template(tok_dir, o.chat_template, self.kwargs), self.kwargs)
+        self.renderer = PromptRenderer(
+            self.tokenizer, self.profile, load_chat_template(tok_dir, o.chat_template, self.kwargs), self.kwargs
+        )
         # ids rebuilt from text by an endpoint nothing verified are refused unless accepted (app.export.policy)
         self.verification = with_verification(self.conn, info.id, self.policy)
         self.policy = self.verification.policy
@@ -249,8 +273,11 @@ class Export:
         """Read, render and write every done sample, a conversation's turns per turn or merged."""
         o = self.options
         rows = iter_rows(self.conn, self.info.id)
-        prepared = (prepare_parallel(rows, self._check, self.renderer, self.tok_dir, o.workers) if o.workers > 1
-                    else prepare_serial(rows, self._check, self.renderer))
+        prepared = (
+            prepare_parallel(rows, self._check, self.renderer, self.tok_dir, o.workers)
+            if o.workers > 1
+            else prepare_serial(rows, self._check, self.renderer)
+        )
         tally = self.tally
         current: str | None = None  # the conversation whose turns are being read (rows come in pk order, and
         # ingest gives a conversation's turns consecutive keys, so its done turns arrive together, in turn order)
@@ -349,11 +376,17 @@ class Export:
         skipped, evals = self.skipped, self.evals
         said = list(self.verification.advice) if skipped.get("unverified") or self.accepted else []
         if skipped.get("unverified"):
-            said.insert(0, f"{skipped['unverified']} sample(s) rebuilt from text by unverified endpoints were refused "
-                        "(pass --accept-unverified to export them anyway)")
-        return tuple(self.train.writer.warnings()) + tuple(
-            f"eval split ({EVAL_DIR}/): {w}" for w in (evals.writer.warnings() if evals is not None else ())) + tuple(
-            said) + tuple(held_back_advice(self.verification.statuses, self.held))
+            said.insert(
+                0,
+                f"{skipped['unverified']} sample(s) rebuilt from text by unverified endpoints were refused "
+                "(pass --accept-unverified to export them anyway)",
+            )
+        return (
+            tuple(self.train.writer.warnings())
+            + tuple(f"eval split ({EVAL_DIR}/): {w}" for w in (evals.writer.warnings() if evals is not None else ()))
+            + tuple(said)
+            + tuple(held_back_advice(self.verification.statuses, self.held))
+        )
 
     def _report(self, folders: list[_Folder]) -> ExportReport:
         """The report of the written folders (files and seconds filled in by run)."""
@@ -382,12 +415,24 @@ class Export:
             eval_fraction=self.options.eval_fraction,
             conversations=self.tally.as_dict() if self.tally.conversations else None,
             eval_overlap=self.overlap.tally.as_dict() if self.overlap is not None else None,
-            train=trainer_routes(fmt, self.out_dir, longest, specforge_template=self.template_name,
-                                 evaluated=evals is not None, db=self.db, run=self.info.name),
+            train=trainer_routes(
+                fmt,
+                self.out_dir,
+                longest,
+                specforge_template=self.template_name,
+                evaluated=evals is not None,
+                db=self.db,
+                run=self.info.name,
+            ),
         )
 
-    def _write_manifests(self, work: Path, report: ExportReport, train_files: list[dict[str, Any]],
-                         eval_files: list[list[dict[str, Any]]]) -> None:
+    def _write_manifests(
+        self,
+        work: Path,
+        report: ExportReport,
+        train_files: list[dict[str, Any]],
+        eval_files: list[list[dict[str, Any]]],
+    ) -> None:
         """The manifest of the train (or only) folder and, with an eval split, of the eval folder."""
         from app.store.queries import dataset_mix
 
@@ -409,38 +454,74 @@ class Export:
             # the whole run's mix by dataset and category (the export's rows are those of it the policy kept)
             "run_mix": [row.as_json() for row in dataset_mix(self.conn, self.info.id)],
         }
-        split = {"eval_fraction": self.options.eval_fraction,
-                 "key": "the prompt's opening: its normalised messages through the first user message "
-                        "(app.export.eval_overlap.split_key; equal prompts and a conversation's rows together)",
-                 "hash": "sha256, first 8 bytes below fraction",
-                 "eval_dir": EVAL_DIR if evals is not None else None}
-        _write_manifest(work, header, fmt, shard_size, self.train, train_files, {
-            "counts": summary_counts(report),
-            "verification": {
-                "endpoints": [st.as_json() for st in self.verification.statuses],
-                "unverified": {"refused": self.skipped.get("unverified", 0), "accepted": self.accepted},
+        split = {
+            "eval_fraction": self.options.eval_fraction,
+            "key": "the prompt's opening: its normalised messages through the first user message "
+            "(app.export.eval_overlap.split_key; equal prompts and a conversation's rows together)",
+            "hash": "sha256, first 8 bytes below fraction",
+            "eval_dir": EVAL_DIR if evals is not None else None,
+        }
+        _write_manifest(
+            work,
+            header,
+            fmt,
+            shard_size,
+            self.train,
+            train_files,
+            {
+                "counts": summary_counts(report),
+                "verification": {
+                    "endpoints": [st.as_json() for st in self.verification.statuses],
+                    "unverified": {"refused": self.skipped.get("unverified", 0), "accepted": self.accepted},
+                },
+                "conversations": self.tally.as_dict(),
+                "eval_overlap": report.eval_overlap,
+                "split": {**split, "role": "train" if evals is not None else "all"},
+                "train": report.train,
+                "warnings": list(warnings),
             },
-            "conversations": self.tally.as_dict(),
-            "eval_overlap": report.eval_overlap,
-            "split": {**split, "role": "train" if evals is not None else "all"},
-            "train": report.train,
-            "warnings": list(warnings),
-        })
+        )
         if evals is not None:
-            eval_routes = trainer_routes(fmt, self.out_dir / EVAL_DIR, report.max_length,
-                                         specforge_template=self.template_name, db=self.db, run=self.info.name)
-            _write_manifest(evals.folder, header, fmt, shard_size, evals, eval_files[0], {
-                "counts": {"exported": evals.exported},
-                "split": {**split, "role": "eval", "train_dir": ".."},
-                "train": eval_routes,
-                "warnings": [w for w in warnings if w.startswith("eval split")],
-            })
+            eval_routes = trainer_routes(
+                fmt,
+                self.out_dir / EVAL_DIR,
+                report.max_length,
+                specforge_template=self.template_name,
+                db=self.db,
+                run=self.info.name,
+            )
+            _write_manifest(
+                evals.folder,
+                header,
+                fmt,
+                shard_size,
+                evals,
+                eval_files[0],
+                {
+                    "counts": {"exported": evals.exported},
+                    "split": {**split, "role": "eval", "train_dir": ".."},
+                    "train": eval_routes,
+                    "warnings": [w for w in warnings if w.startswith("eval split")],
+                },
+            )
 
 
-def _write_manifest(folder: Path, header: dict[str, Any], fmt: str, shard_size: int, split: _Folder,
-                    files: list[dict[str, Any]], extra: dict[str, Any]) -> None:
-    manifest: dict[str, Any] = {**header, **extra, "ids_sources": dict(sorted(split.sources.items())),
-                                "lengths": split.lengths(), **split.writer.manifest_extra()}
+def _write_manifest(
+    folder: Path,
+    header: dict[str, Any],
+    fmt: str,
+    shard_size: int,
+    split: _Folder,
+    files: list[dict[str, Any]],
+    extra: dict[str, Any],
+) -> None:
+    manifest: dict[str, Any] = {
+        **header,
+        **extra,
+        "ids_sources": dict(sorted(split.sources.items())),
+        "lengths": split.lengths(),
+        **split.writer.manifest_extra(),
+    }
     if fmt in SHARDED:
         manifest["shard_size"] = shard_size
         manifest["shards"] = files
@@ -464,8 +545,10 @@ def _check_destination(out_dir: Path, overwrite: bool) -> None:
             raise InputError(f"{out_dir}: already holds an export (manifest.json); pass --overwrite or another --out")
         return
     if any(out_dir.iterdir()):
-        raise InputError(f"{out_dir}: is not empty and holds no eaglewatch export; choose an empty or new --out "
-                         "(eaglewatch never deletes files it did not write)")
+        raise InputError(
+            f"{out_dir}: is not empty and holds no eaglewatch export; choose an empty or new --out "
+            "(eaglewatch never deletes files it did not write)"
+        )
 
 
 def _move_into_place(work: Path, out_dir: Path) -> None:

@@ -30,15 +30,15 @@ CONVERSATION_MODES = ("per-turn", "merged")
 # why a conversation was written as per-turn rows under --conversations merged
 PER_TURN_REASONS: dict[str, str] = {
     "history_reasoning_dropped": "the chat template renders an earlier answer without its reasoning in a later "
-                                 "turn's history (Kimi K2.5 and Qwen3 keep reasoning only after the last user "
-                                 "message), so a later prompt does not start with the earlier prompt + answer ids",
+    "turn's history (Kimi K2.5 and Qwen3 keep reasoning only after the last user "
+    "message), so a later prompt does not start with the earlier prompt + answer ids",
     "history_retokenized": "a later turn's prompt has the same text as the earlier prompt + answer, but other ids "
-                           "(the answer's true ids are not the canonical encoding of its text)",
+    "(the answer's true ids are not the canonical encoding of its text)",
     "history_differs": "the chat template renders an earlier answer otherwise in a later turn's history (another "
-                       "text than the model generated), so a later prompt does not start with the earlier ids",
+    "text than the model generated), so a later prompt does not start with the earlier ids",
     "open": "the conversation still has turns to run (pending, waiting or leased): export again when the run ends",
     "turn_left_out": "the export policy left out a turn before a kept one (corrupt, suspect, ...), so no merged "
-                     "row can hold the later turns with every span proven",
+    "row can hold the later turns with every span proven",
     "merged_too_long": "the merged row is longer than --max-length (its per-turn rows are checked one by one)",
     "not_reproducible": "the format could not hold the merged row as text (its per-turn rows were tried one by one)",
 }
@@ -114,8 +114,15 @@ def merged_row(conversation_id: str, turns: Sequence[TrainingRow]) -> TrainingRo
     rank = {s: i for i, s in enumerate(IDS_SOURCES)}
     source = max((t.ids_source for t in turns), key=lambda s: rank.get(s, len(IDS_SOURCES)))
     verdict = "+".join(sorted({str(t.verdict) for t in turns}))
-    return TrainingRow(conversation_id, list(last.input_ids), spans, source, verdict, last.source,
-                       turns[0].split_key or conversation_id)
+    return TrainingRow(
+        conversation_id,
+        list(last.input_ids),
+        spans,
+        source,
+        verdict,
+        last.source,
+        turns[0].split_key or conversation_id,
+    )
 
 
 def kept_prefix(turns: Sequence[tuple[Any, str | None]]) -> tuple[list[int], bool]:

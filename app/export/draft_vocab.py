@@ -8,9 +8,9 @@ target id) and `t2d[t] = t is chosen`, the layout all three trainers share. File
 
 | file | read by | content |
 |---|---|---|
-| `token_freq.pt` | speculators `--token-freq-path` (train regenerates d2t/t2d from it) | `{token id: loss count}` (torch.save) |
+| `token_freq.pt` | speculators `--token-freq-path` (train derives d2t/t2d from it) | `{id: loss count}` (torch.save) |
 | `d2t-N.npy`, `t2d-N.npy` | speculators `--d2t-path` / `--t2d-path` (`_load_mappings`: np.load) | int64 [N], bool [V] |
-| `vocab_mapping-N.pt` | SpecForge `model.vocab_mapping_path` (`Eagle3DraftModel.load_vocab_mapping`) | `{"d2t": int64 [N], "t2d": bool [V]}` |
+| `vocab_mapping-N.pt` | SpecForge `model.vocab_mapping_path` | `{"d2t": int64 [N], "t2d": bool [V]}` |
 | `d2t-N.pt` | Model-Optimizer `data.draft_vocab_cache` (`HFEagleModel.load_draft_vocab_cache`) | int64 [N] tensor |
 | `vocab.json` | people | sizes, coverage, counts |
 
@@ -125,12 +125,16 @@ def choose(counts: np.ndarray, size: int, target_vocab_size: int) -> DraftVocab:
     if size <= 0:
         raise InputError(f"--size: a draft vocabulary needs at least one token, got {size}")
     if size > target_vocab_size:
-        raise InputError(f"--size: {size} exceeds the target vocabulary ({target_vocab_size} tokens); choose a "
-                         "smaller draft vocabulary")
+        raise InputError(
+            f"--size: {size} exceeds the target vocabulary ({target_vocab_size} tokens); choose a "
+            "smaller draft vocabulary"
+        )
     if counts.size > target_vocab_size and counts[target_vocab_size:].any():
         bad = int(target_vocab_size + np.flatnonzero(counts[target_vocab_size:])[0])
-        raise InputError(f"token id {bad} is in the loss but outside the target vocabulary ({target_vocab_size} "
-                         "tokens); pass the target model's --target-vocab-size or --model")
+        raise InputError(
+            f"token id {bad} is in the loss but outside the target vocabulary ({target_vocab_size} "
+            "tokens); pass the target model's --target-vocab-size or --model"
+        )
     ranked = ranked_ids(counts)
     chosen = ranked[:size]
     if chosen.size < size:  # fewer distinct tokens than asked: the lowest unused ids fill the rest
@@ -155,8 +159,11 @@ def coverage_table(counts: np.ndarray, sizes: Iterable[int]) -> list[tuple[int, 
 
 # which trainer reads each file (the module table); the .npy files need numpy only, the .pt files torch
 TRAINERS = ("speculators", "specforge", "modelopt")
-TORCH_FILES = {"specforge": ("vocab_mapping-{n}.pt",), "modelopt": ("d2t-{n}.pt",),
-               "speculators": ("token_freq.pt",)}  # speculators reads the .npy pair; token_freq.pt is its other way
+TORCH_FILES = {
+    "specforge": ("vocab_mapping-{n}.pt",),
+    "modelopt": ("d2t-{n}.pt",),
+    "speculators": ("token_freq.pt",),
+}  # speculators reads the .npy pair; token_freq.pt is its other way
 EXTRACT_EXTRA = "pip install -e '.[extract]'"
 
 
@@ -175,8 +182,9 @@ class VocabFiles:
         return f"skipped {files}: torch is not installed; {EXTRACT_EXTRA} brings it"
 
 
-def write_vocab_files(vocab: DraftVocab, freq: dict[int, int], out_dir: Path,
-                      trainers: Sequence[str] = ()) -> VocabFiles:
+def write_vocab_files(
+    vocab: DraftVocab, freq: dict[int, int], out_dir: Path, trainers: Sequence[str] = ()
+) -> VocabFiles:
     """Write the trainers' files for `vocab` into `out_dir` (created). Without torch the `.pt` files are left out
     and named in `skipped`, unless `trainers` asks for one that needs them: then InputError, after the numpy files
     are written."""
@@ -192,9 +200,11 @@ def write_vocab_files(vocab: DraftVocab, freq: dict[int, int], out_dir: Path,
     except ImportError:
         needing = [t for t in trainers if t in ("specforge", "modelopt")]
         if needing:
-            raise InputError(f"{out_dir}: wrote {', '.join(written)}, but {' and '.join(needing)} read(s) "
-                             f"{', '.join(TORCH_FILES[t][0].format(n=n) for t in needing)}, which need torch: "
-                             f"{EXTRACT_EXTRA}, then run this again") from None
+            raise InputError(
+                f"{out_dir}: wrote {', '.join(written)}, but {' and '.join(needing)} read(s) "
+                f"{', '.join(TORCH_FILES[t][0].format(n=n) for t in needing)}, which need torch: "
+                f"{EXTRACT_EXTRA}, then run this again"
+            ) from None
         asked = trainers or TRAINERS
         skipped = {f.format(n=n): t for t in asked for f in TORCH_FILES[t]}
         return VocabFiles(written, skipped)
@@ -210,8 +220,14 @@ def write_vocab_files(vocab: DraftVocab, freq: dict[int, int], out_dir: Path,
     return VocabFiles(written, {})
 
 
-def write_summary(vocab: DraftVocab, table: list[tuple[int, int, float]], counts: LossTokenCounts, source: str,
-                  out_dir: Path, files: list[str]) -> dict[str, Any]:
+def write_summary(
+    vocab: DraftVocab,
+    table: list[tuple[int, int, float]],
+    counts: LossTokenCounts,
+    source: str,
+    out_dir: Path,
+    files: list[str],
+) -> dict[str, Any]:
     """`vocab.json`: what was chosen from what, with the coverage table; returned as written."""
     summary = {
         "source": source,
@@ -238,14 +254,18 @@ def rows_of_export(export_dir: Path) -> Iterator[tuple[Sequence[int], Sequence[i
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise InputError(f"{manifest_path}: not found; pass an export folder (eaglewatch export --out) or --db") from None
+        raise InputError(
+            f"{manifest_path}: not found; pass an export folder (eaglewatch export --out) or --db"
+        ) from None
     except json.JSONDecodeError as exc:
         raise InputError(f"{manifest_path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
     fmt = manifest.get("format")
     entries = manifest.get("shards") or manifest.get("files") or []
     if fmt not in ("eagle3-shards", "speculators", "specforge"):
-        raise InputError(f"{export_dir}: a {fmt!r} export holds no token ids; count from an eagle3-shards, "
-                         "speculators or specforge export, or from the run with --db")
+        raise InputError(
+            f"{export_dir}: a {fmt!r} export holds no token ids; count from an eagle3-shards, "
+            "speculators or specforge export, or from the run with --db"
+        )
     for entry in entries:
         path = export_dir / entry["path"]
         with path.open("rb") as fh:
@@ -259,8 +279,9 @@ def rows_of_export(export_dir: Path) -> Iterator[tuple[Sequence[int], Sequence[i
                     raise InputError(f"{path}:{lineno}: not a row with input_ids and loss_mask") from None
 
 
-def rows_of_run(db: Path, run: str | None,
-                eval_fraction: float = 0.0) -> Iterator[tuple[Sequence[int], Sequence[int] | None]]:
+def rows_of_run(
+    db: Path, run: str | None, eval_fraction: float = 0.0
+) -> Iterator[tuple[Sequence[int], Sequence[int] | None]]:
     """(output ids, None: all in the loss) of every sample the default export policy keeps, from the run database: the
     true ids it would export (policy.true_ids), leaving out the rows held out at `eval_fraction`."""
     from app.export.eval_split import held_out

@@ -39,7 +39,7 @@ def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        parts = [p.get("text") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        parts = [t for p in content if isinstance(p, dict) and isinstance(t := p.get("text"), str)]
         if len(parts) == len(content):
             return "\n".join(parts)
     return "" if content is None else json.dumps(content, sort_keys=True, ensure_ascii=False)
@@ -78,20 +78,24 @@ def sniff_format(path: Path) -> str:
         with path.open("rb") as fh:
             first = next((line for line in fh if line.strip()), b"")
     except OSError as exc:
-        raise InputError(f"{path}: eval prompts cannot be read ({exc.strerror or exc}); check [export] eval_prompts "
-                         "or --eval-prompts") from None
+        raise InputError(
+            f"{path}: eval prompts cannot be read ({exc.strerror or exc}); check [export] eval_prompts "
+            "or --eval-prompts"
+        ) from None
     try:
         obj = json.loads(first) if first else {}
     except json.JSONDecodeError as exc:
-        raise InputError(f"{path}:1:{exc.colno}: not JSON ({exc.msg}); eval prompts are JSONL in one of "
-                         f"{', '.join(FORMATS)}") from None
+        raise InputError(
+            f"{path}:1:{exc.colno}: not JSON ({exc.msg}); eval prompts are JSONL in one of {', '.join(FORMATS)}"
+        ) from None
     if isinstance(obj, dict) and "messages" in obj:
         return "openai-messages"
     conv = obj.get("conversations") if isinstance(obj, dict) else None
     if isinstance(conv, list) and conv and isinstance(conv[0], dict):
         return "sharegpt" if "from" in conv[0] else "specforge-conversations"
-    raise InputError(f"{path}:1: eval prompts need a 'messages' or 'conversations' list per line (one of "
-                     f"{', '.join(FORMATS)})")
+    raise InputError(
+        f"{path}:1: eval prompts need a 'messages' or 'conversations' list per line (one of {', '.join(FORMATS)})"
+    )
 
 
 @dataclass(frozen=True)
@@ -116,17 +120,26 @@ class OverlapTally:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: the files, counts, whether exact matches were kept, and a few examples of each."""
-        return {"files": self.files, "eval_prompts": self.eval_prompts, "exact": self.exact,
-                "removed": 0 if self.kept else self.exact, "kept": self.kept, "near_duplicates": self.near,
-                "near_threshold": NEAR_THRESHOLD, "ngram": NGRAM, "exact_examples": self.exact_examples,
-                "near_examples": self.near_examples}
+        return {
+            "files": self.files,
+            "eval_prompts": self.eval_prompts,
+            "exact": self.exact,
+            "removed": 0 if self.kept else self.exact,
+            "kept": self.kept,
+            "near_duplicates": self.near,
+            "near_threshold": NEAR_THRESHOLD,
+            "ngram": NGRAM,
+            "exact_examples": self.exact_examples,
+            "near_examples": self.near_examples,
+        }
 
 
 class EvalOverlap:
     """The eval prompts indexed by hash and by n-gram; `exact` and `near` test one training prompt."""
 
-    def __init__(self, prompts: Iterable[tuple[EvalPrompt, Sequence[dict[str, Any]]]], files: list[str],
-                 keep: bool = False) -> None:
+    def __init__(
+        self, prompts: Iterable[tuple[EvalPrompt, Sequence[dict[str, Any]]]], files: list[str], keep: bool = False
+    ) -> None:
         self.by_hash: dict[str, EvalPrompt] = {}
         self.prompts: list[EvalPrompt] = []
         self.sizes: list[int] = []
@@ -145,11 +158,13 @@ class EvalOverlap:
     @classmethod
     def load(cls, paths: Sequence[Path], keep: bool = False) -> EvalOverlap:
         """Read eval prompt files in any dataset format (sniffed per file); a bad line fails with its file:line."""
+
         def read() -> Iterable[tuple[EvalPrompt, Sequence[dict[str, Any]]]]:
             for path in paths:
                 path = Path(path)
                 for sample in iter_prompts(path, sniff_format(path)):
                     yield EvalPrompt(str(path), sample.sample_id), sample.messages
+
         return cls(read(), [str(p) for p in paths], keep)
 
     def exact(self, messages: Sequence[dict[str, Any]]) -> EvalPrompt | None:
@@ -178,15 +193,22 @@ class EvalOverlap:
         if match is not None:
             self.tally.exact += 1
             if len(self.tally.exact_examples) < EXAMPLES:
-                self.tally.exact_examples.append({"sample_id": sample_id, "eval_id": match.sample_id,
-                                                  "eval_file": match.file})
+                self.tally.exact_examples.append(
+                    {"sample_id": sample_id, "eval_id": match.sample_id, "eval_file": match.file}
+                )
             return not self.tally.kept
         near = self.near(messages)
         if near is not None:
             self.tally.near += 1
             if len(self.tally.near_examples) < EXAMPLES:
-                self.tally.near_examples.append({"sample_id": sample_id, "eval_id": near[0].sample_id,
-                                                 "eval_file": near[0].file, "containment": near[1]})
+                self.tally.near_examples.append(
+                    {
+                        "sample_id": sample_id,
+                        "eval_id": near[0].sample_id,
+                        "eval_file": near[0].file,
+                        "containment": near[1],
+                    }
+                )
         return False
 
 
@@ -194,6 +216,8 @@ def overlap_line(tally: dict[str, Any]) -> str:
     """The export summary's sentence about the eval prompts."""
     what = "kept (keep_eval_overlap)" if tally["kept"] else "left out"
     near = ", ".join(f"{e['sample_id']} ~ {e['eval_id']} ({e['containment']:.2f})" for e in tally["near_examples"])
-    return (f"eval prompts: {tally['eval_prompts']} from {len(tally['files'])} file(s); {tally['exact']} training "
-            f"prompt(s) equal one, {what}; {tally['near_duplicates']} near-duplicate(s) (word {tally['ngram']}-gram "
-            f"containment >= {tally['near_threshold']}) reported, not removed" + (f": {near}" if near else ""))
+    return (
+        f"eval prompts: {tally['eval_prompts']} from {len(tally['files'])} file(s); {tally['exact']} training "
+        f"prompt(s) equal one, {what}; {tally['near_duplicates']} near-duplicate(s) (word {tally['ngram']}-gram "
+        f"containment >= {tally['near_threshold']}) reported, not removed" + (f": {near}" if near else "")
+    )

@@ -16,8 +16,9 @@ _BATCH = 64
 Prepared = tuple[ExportRow, str | None, list[int] | None]
 
 
-def _worker_init(tokenizer_dir: str, profile_name: str, template: ChatTemplate | None,
-                 kwargs: dict[str, Any] | None = None) -> None:
+def _worker_init(
+    tokenizer_dir: str, profile_name: str, template: ChatTemplate | None, kwargs: dict[str, Any] | None = None
+) -> None:
     global _WORKER_RENDERER
     from app.libnoise import silence_library_noise
 
@@ -32,16 +33,22 @@ def _worker_render(jobs: list[tuple[str, list[dict[str, Any]], list[Any] | None]
     return [_WORKER_RENDERER.prompt_ids(messages, tools, sid) for sid, messages, tools in jobs]
 
 
-def prepare_serial(rows: Iterator[ExportRow], check: Callable[[ExportRow], str | None],
-                   renderer: PromptRenderer) -> Iterator[Prepared]:
+def prepare_serial(
+    rows: Iterator[ExportRow], check: Callable[[ExportRow], str | None], renderer: PromptRenderer
+) -> Iterator[Prepared]:
     """(row, skip reason, prompt ids) in store order, prompts rendered here."""
     for row in rows:
         reason = check(row)
         yield row, reason, (renderer.prompt_ids(row.messages, row.tools, row.sample_id) if reason is None else None)
 
 
-def prepare_parallel(rows: Iterator[ExportRow], check: Callable[[ExportRow], str | None], renderer: PromptRenderer,
-                     tokenizer_dir: Path, workers: int) -> Iterator[Prepared]:
+def prepare_parallel(
+    rows: Iterator[ExportRow],
+    check: Callable[[ExportRow], str | None],
+    renderer: PromptRenderer,
+    tokenizer_dir: Path,
+    workers: int,
+) -> Iterator[Prepared]:
     """(row, skip reason, prompt ids) in store order, prompts rendered by a process pool in batches."""
     import multiprocessing as mp
     from collections import deque

@@ -71,37 +71,79 @@ def _truncated(row: ExportRow) -> bool:
 
 # in precedence order: the first that holds names the sample
 SKIP_RULES: tuple[SkipRule, ...] = (
-    SkipRule("not_rebuilt", "not rebuilt", "no output ids were rebuilt for the sample (no reconstruction stored)",
-             lambda row, p: not row.output_ids),
-    SkipRule("corrupt", "corrupt", "the verdict against its reference ids is a corrupt one (text_mismatch, "
-             "structure_mismatch: app.records.CORRUPT_VERDICTS); kept with --keep-mismatches",
-             lambda row, p: row.category in CORRUPT_VERDICTS and not p.keep_mismatches),
-    SkipRule("truncated", "truncated", "the response stopped at max_tokens (verdict truncated, or finish_reason "
-             "length where no reference judged it): no end-of-turn; kept with --keep-truncated",
-             lambda row, p: _truncated(row) and not p.keep_truncated),
-    SkipRule("suspect", "suspect", "the reconstruction flagged signs its ids may be wrong (app.tokens.flags."
-             "is_suspect); kept with --keep-suspect",
-             lambda row, p: is_suspect(row.flags) and not p.keep_suspect),
-    SkipRule("roundtrip_failed", "round-trip failed", "the rebuilt ids do not decode back to the returned text; "
-             "kept with --keep-roundtrip-failed",
-             lambda row, p: row.roundtrip is False and not p.keep_roundtrip_failed),
-    SkipRule("unverified", "unverified endpoint", "ids rebuilt from text by an endpoint that nothing verified (no "
-             "probe with true ids, no reference, not the server table alone); kept with --accept-unverified",
-             lambda row, p: not p.accept_unverified and bool(p.unverified) and is_unverified_text(row, p)),
-    SkipRule("prompt_unverified", "prompt unverified", "--require-prompt-agreement: the server's prompt ids did not "
-             "agree with the rendered prompt, or the server returned none",
-             lambda row, p: p.require_prompt_agreement and row.prompt_check != "agree"),
-    SkipRule("off_policy", "off-policy turn", "--drop-off-policy: a conversation's turn whose history holds recorded "
-             "tool results replayed after the model's own calls diverged (on_tool_divergence = \"replay\")",
-             lambda row, p: row.off_policy and not p.keep_off_policy),
-    SkipRule("bpe_equivalent", "BPE-equivalent", "--drop-bpe-equivalent: same text as the reference, another "
-             "token split", lambda row, p: row.category == Category.BPE_EQUIVALENT and not p.keep_bpe_equivalent),
-    SkipRule("eval_overlap", "eval prompt", "its prompt equals an eval prompt after whitespace normalisation "
-             "([export] eval_prompts, --eval-prompts; app.export.eval_overlap); kept with keep_eval_overlap"),
+    SkipRule(
+        "not_rebuilt",
+        "not rebuilt",
+        "no output ids were rebuilt for the sample (no reconstruction stored)",
+        lambda row, p: not row.output_ids,
+    ),
+    SkipRule(
+        "corrupt",
+        "corrupt",
+        "the verdict against its reference ids is a corrupt one (text_mismatch, "
+        "structure_mismatch: app.records.CORRUPT_VERDICTS); kept with --keep-mismatches",
+        lambda row, p: row.category in CORRUPT_VERDICTS and not p.keep_mismatches,
+    ),
+    SkipRule(
+        "truncated",
+        "truncated",
+        "the response stopped at max_tokens (verdict truncated, or finish_reason "
+        "length where no reference judged it): no end-of-turn; kept with --keep-truncated",
+        lambda row, p: _truncated(row) and not p.keep_truncated,
+    ),
+    SkipRule(
+        "suspect",
+        "suspect",
+        "the reconstruction flagged signs its ids may be wrong (app.tokens.flags.is_suspect); kept with --keep-suspect",
+        lambda row, p: is_suspect(row.flags) and not p.keep_suspect,
+    ),
+    SkipRule(
+        "roundtrip_failed",
+        "round-trip failed",
+        "the rebuilt ids do not decode back to the returned text; kept with --keep-roundtrip-failed",
+        lambda row, p: row.roundtrip is False and not p.keep_roundtrip_failed,
+    ),
+    SkipRule(
+        "unverified",
+        "unverified endpoint",
+        "ids rebuilt from text by an endpoint that nothing verified (no "
+        "probe with true ids, no reference, not the server table alone); kept with --accept-unverified",
+        lambda row, p: not p.accept_unverified and bool(p.unverified) and is_unverified_text(row, p),
+    ),
+    SkipRule(
+        "prompt_unverified",
+        "prompt unverified",
+        "--require-prompt-agreement: the server's prompt ids did not "
+        "agree with the rendered prompt, or the server returned none",
+        lambda row, p: p.require_prompt_agreement and row.prompt_check != "agree",
+    ),
+    SkipRule(
+        "off_policy",
+        "off-policy turn",
+        "--drop-off-policy: a conversation's turn whose history holds recorded "
+        'tool results replayed after the model\'s own calls diverged (on_tool_divergence = "replay")',
+        lambda row, p: row.off_policy and not p.keep_off_policy,
+    ),
+    SkipRule(
+        "bpe_equivalent",
+        "BPE-equivalent",
+        "--drop-bpe-equivalent: same text as the reference, another token split",
+        lambda row, p: row.category == Category.BPE_EQUIVALENT and not p.keep_bpe_equivalent,
+    ),
+    SkipRule(
+        "eval_overlap",
+        "eval prompt",
+        "its prompt equals an eval prompt after whitespace normalisation "
+        "([export] eval_prompts, --eval-prompts; app.export.eval_overlap); kept with keep_eval_overlap",
+    ),
     # found while writing
     SkipRule("too_long", "too long", "prompt + completion longer than --max-length (never cut)"),
-    SkipRule("not_reproducible", "not reproducible as text", "a text format (specforge-text, modelopt) cannot hold "
-             "the sample: its text does not tokenize back to its ids, or the consumer's mask of it would differ"),
+    SkipRule(
+        "not_reproducible",
+        "not reproducible as text",
+        "a text format (specforge-text, modelopt) cannot hold "
+        "the sample: its text does not tokenize back to its ids, or the consumer's mask of it would differ",
+    ),
 )
 SKIP_REASONS: tuple[str, ...] = tuple(rule.key for rule in SKIP_RULES)
 SKIP_LABELS: dict[str, str] = {rule.key: rule.label for rule in SKIP_RULES}
@@ -139,9 +181,14 @@ def true_ids(row: ExportRow) -> tuple[tuple[int, ...], str]:
 def is_unverified_text(row: ExportRow, policy: ExportPolicy) -> bool:
     """True when the row's exported ids would be a rebuild from text, unchecked by a reference, by an endpoint ×
     provider nothing verified."""
-    return (row.category in (None, "unchecked") and true_ids(row)[1] == "text"
-            and ((row.endpoint or "", row.provider or "") in policy.unverified
-                 or ((row.endpoint or "", "") in policy.unverified and not row.provider)))
+    return (
+        row.category in (None, "unchecked")
+        and true_ids(row)[1] == "text"
+        and (
+            (row.endpoint or "", row.provider or "") in policy.unverified
+            or ((row.endpoint or "", "") in policy.unverified and not row.provider)
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -171,6 +218,8 @@ def held_back_advice(statuses, skipped_suspect: dict[tuple[str, str], int]) -> l
     for s in statuses:
         n = skipped_suspect.get((s.endpoint, s.provider or ""), 0)
         if s.text_samples and n * 5 > 2 * s.text_samples and s.prior is not None and s.prior.other_path:
-            out.append(f"{s.who} ({s.prior.label}): {n} of {s.text_samples} samples rebuilt from text held back as "
-                       f"suspect (their text cannot prove their ids); {s.prior.other_path}")
+            out.append(
+                f"{s.who} ({s.prior.label}): {n} of {s.text_samples} samples rebuilt from text held back as "
+                f"suspect (their text cannot prove their ids); {s.prior.other_path}"
+            )
     return out

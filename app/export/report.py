@@ -72,13 +72,13 @@ class ExportReport:
 # what each summary count means; `skipped.<reason>`: one per SKIP_RULES entry
 COUNT_MEANINGS: dict[str, str] = {
     "seen": "samples of the run read from the store: those whose state is done (pending, leased, failed and "
-            "skipped samples are never exported, so they are not seen)",
+    "skipped samples are never exported, so they are not seen)",
     "exported": "rows written, the train and eval splits together (exported + every skipped count = seen, "
-                "except that a merged conversation's row holds several of the samples seen: "
-                "exported - conversations.merged + conversations.merged_turns + every skipped count = seen)",
+    "except that a merged conversation's row holds several of the samples seen: "
+    "exported - conversations.merged + conversations.merged_turns + every skipped count = seen)",
     "train": "rows written under OUT/data (exported minus eval)",
     "eval": "rows held out under OUT/eval by --eval-fraction (a stable hash of the prompt's opening: rows with "
-            "the same prompt on the same side)",
+    "the same prompt on the same side)",
     **{f"skipped.{rule.key}": f"{rule.label}: {rule.meaning}" for rule in SKIP_RULES},
 }
 
@@ -101,16 +101,25 @@ def summary_line(report: ExportReport) -> str:
     counts = summary_counts(report)
     skipped = ", ".join(f"{n} {SKIP_LABELS[k]}" for k, n in counts["skipped"].items() if n) or "none"
     sources = ", ".join(f"{n} {k}" for k, n in report.ids_sources.items()) or "none"
-    split = (f" ({counts['train']} train, {counts['eval']} eval in {report.out_dir}/eval)"
-             if report.eval_fraction else "")
+    split = (
+        f" ({counts['train']} train, {counts['eval']} eval in {report.out_dir}/eval)" if report.eval_fraction else ""
+    )
     talk = ""
     if report.conversations:
         c = report.conversations
         why = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in c["per_turn"].items() if n)
-        merged = (f", {c['merged']} merged into one row each ({c['merged_prefix']} of them the done prefix of a "
-                  f"conversation that ended early), per-turn: {why or 'none'}" if c["mode"] == "merged" else "")
-        talk = (f"; conversations: {c['conversations']} ({c['exported_turns']} of {c['turns']} turns written"
-                f"{merged}; {c['off_policy_turns']} off-policy turns)")
-    return (f"exported {report.exported} of {counts['seen']} samples of run {report.run!r} as {report.format} to "
-            f"{report.out_dir}/data{split} ({report.tokens} tokens, {report.loss_tokens} in the loss, longest "
-            f"{report.max_length}) in {report.seconds:.1f}s; ids from: {sources}; skipped: {skipped}{talk}")
+        merged = (
+            f", {c['merged']} merged into one row each ({c['merged_prefix']} of them the done prefix of a "
+            f"conversation that ended early), per-turn: {why or 'none'}"
+            if c["mode"] == "merged"
+            else ""
+        )
+        talk = (
+            f"; conversations: {c['conversations']} ({c['exported_turns']} of {c['turns']} turns written"
+            f"{merged}; {c['off_policy_turns']} off-policy turns)"
+        )
+    return (
+        f"exported {report.exported} of {counts['seen']} samples of run {report.run!r} as {report.format} to "
+        f"{report.out_dir}/data{split} ({report.tokens} tokens, {report.loss_tokens} in the loss, longest "
+        f"{report.max_length}) in {report.seconds:.1f}s; ids from: {sources}; skipped: {skipped}{talk}"
+    )

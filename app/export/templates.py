@@ -10,7 +10,9 @@ from app.errors import InputError
 from app.tokens.render_export import ChatTemplate
 
 
-def load_chat_template(tokenizer_dir: Path, override: Path | None = None, kwargs: dict[str, Any] | None = None) -> ChatTemplate | None:
+def load_chat_template(
+    tokenizer_dir: Path, override: Path | None = None, kwargs: dict[str, Any] | None = None
+) -> ChatTemplate | None:
     """The chat template for a tokenizer directory: `override` file, `chat_template.jinja`, or the config's
     `chat_template` entry; None when the directory has none."""
     specials: dict[str, str] = {}

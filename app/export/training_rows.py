@@ -26,22 +26,32 @@ class TrainingRow:
     split_key: str = ""  # what the eval split hashes: the prompt's opening (app.export.eval_overlap.split_key)
 
     @classmethod
-    def single_turn(cls, row: Any, prompt_ids: list[int], output_ids: tuple[int, ...] | list[int],
-                    ids_source: str) -> TrainingRow:
+    def single_turn(
+        cls, row: Any, prompt_ids: list[int], output_ids: tuple[int, ...] | list[int], ids_source: str
+    ) -> TrainingRow:
         """The row of one stored sample: its rendered prompt, then its output ids in the loss; split by its
         prompt's opening, so equal prompts and a conversation's turns fall on one side of the eval split."""
         from app.export.eval_overlap import split_key
 
         n = len(prompt_ids)
-        return cls(row.sample_id, [*prompt_ids, *output_ids], ((n, n + len(output_ids)),), ids_source,
-                   row.category, row, split_key(row.messages))
+        return cls(
+            row.sample_id,
+            [*prompt_ids, *output_ids],
+            ((n, n + len(output_ids)),),
+            ids_source,
+            row.category,
+            row,
+            split_key(row.messages),
+        )
 
     def __post_init__(self) -> None:
         at = 0
         for start, end in self.loss_spans:
             if not at <= start < end <= len(self.input_ids):
-                raise ValueError(f"sample {self.sample_id!r}: loss spans {self.loss_spans} are not ordered, "
-                                 f"disjoint, non-empty ranges within its {len(self.input_ids)} ids")
+                raise ValueError(
+                    f"sample {self.sample_id!r}: loss spans {self.loss_spans} are not ordered, "
+                    f"disjoint, non-empty ranges within its {len(self.input_ids)} ids"
+                )
             at = end
 
     @property

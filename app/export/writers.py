@@ -64,7 +64,11 @@ def assistant_turn(view) -> dict[str, Any]:
 
 
 def _tool_call_dict(call: ToolCall) -> dict[str, Any]:
-    return {"id": call.id, "type": call.type or "function", "function": {"name": call.name, "arguments": call.arguments}}
+    return {
+        "id": call.id,
+        "type": call.type or "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
 
 
 def consumer_encode(tokenizer):
@@ -189,7 +193,7 @@ class ModeloptWriter(_SingleFile):
                 "by its per-model recovery (modelopt/torch/utils/loss_mask.py; for Kimi the text between "
                 "<|im_middle|> and <|im_end|> of every assistant turn: the prefilled <think> in the loss, <|im_end|> "
                 "out of it). For eaglewatch's ids and masks exactly, export --format eagle3-shards and extract with "
-                "[extraction] layout = \"modelopt\" (its .pt files carry loss_mask; train with "
+                '[extraction] layout = "modelopt" (its .pt files carry loss_mask; train with '
                 "training.answer_only_loss=true and data.offline_data_path); docs/jobs.md"
             )
         super().__init__(out, "modelopt")
@@ -203,14 +207,22 @@ class ModeloptWriter(_SingleFile):
         encoding = self.backend.encode("".join(texts), add_special_tokens=False)
         if encoding.ids != row.input_ids or _assistant_mask(encoding, chunks, texts) != row.loss_mask:
             return "not_reproducible"
-        messages = [{"role": "assistant" if generated else "user", "content": text}
-                    for (generated, _), text in zip(chunks, texts, strict=True)]
+        messages = [
+            {"role": "assistant" if generated else "user", "content": text}
+            for (generated, _), text in zip(chunks, texts, strict=True)
+        ]
         self._emit({"conversation_id": row.sample_id, "messages": messages}, len(row.input_ids))
         return None
 
     def manifest_extra(self) -> dict[str, Any]:
-        return {"modelopt": {"input_data": self.rel, "chat_template": self.TEMPLATE, "answer_only_loss": True,
-                             "messages": "rendered context as 'user', each generated span as 'assistant'"}}
+        return {
+            "modelopt": {
+                "input_data": self.rel,
+                "chat_template": self.TEMPLATE,
+                "answer_only_loss": True,
+                "messages": "rendered context as 'user', each generated span as 'assistant'",
+            }
+        }
 
 
 def _assistant_mask(encoding, chunks: list[tuple[bool, list[int]]], texts: list[str]) -> list[int]:
@@ -226,7 +238,7 @@ def _assistant_mask(encoding, chunks: list[tuple[bool, list[int]]], texts: list[
             if start is None:
                 break
             end = encoding.char_to_token(at + len(text) - 1)
-            mask[start:(end + 1 if end else n)] = [1] * ((end + 1 if end else n) - start)
+            mask[start : (end + 1 if end else n)] = [1] * ((end + 1 if end else n) - start)
         at += len(text)
     return mask
 
@@ -273,9 +285,12 @@ class SpecforgeTextWriter(_SingleFile):
             return []
         assert self.template is not None
         prefill = ", ".join(f"{text!r} in {n}" for text, n in self.prefills.most_common(3) if text)
-        why = (f"the generation prompt continues past the template's assistant_header {self.template[1]!r} "
-               f"({prefill} samples: prompt tokens the server prefilled, never generated)" if prefill else
-               "its span does not start where the output does")
+        why = (
+            f"the generation prompt continues past the template's assistant_header {self.template[1]!r} "
+            f"({prefill} samples: prompt tokens the server prefilled, never generated)"
+            if prefill
+            else "its span does not start where the output does"
+        )
         return [
             f"specforge-text: SpecForge's pre-formatted route (data.is_preformatted with chat_template "
             f"{self.template[0]}) masks {self.mask_tokens} tokens in {self.mask_samples} of {self.n} samples "
@@ -293,11 +308,17 @@ class SpecforgeTextWriter(_SingleFile):
                     "train_only_last_turn": True,
                     "chat_template": self.template[0] if self.template else None,
                 },
-                "loss_mask_differs": {"samples": self.mask_samples, "tokens": self.mask_tokens,
-                                      "prompt_text_in_loss": dict(self.prefills.most_common())},
-                "exact_route": "--format specforge: pre-tokenized rows as data.prompts_path" if self.mask_samples
+                "loss_mask_differs": {
+                    "samples": self.mask_samples,
+                    "tokens": self.mask_tokens,
+                    "prompt_text_in_loss": dict(self.prefills.most_common()),
+                },
+                "exact_route": "--format specforge: pre-tokenized rows as data.prompts_path"
+                if self.mask_samples
                 else None,
-                "note": None if self.template else "no SpecForge template is registered for this profile; choose "
+                "note": None
+                if self.template
+                else "no SpecForge template is registered for this profile; choose "
                 "one whose assistant_header ends where this profile's generation prompt starts",
             }
         }

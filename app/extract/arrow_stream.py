@@ -52,8 +52,9 @@ class IntListColumn:
             for batch in reader:
                 yield from self._batch_rows(batch.column(index))
         except (pa.ArrowInvalid, OSError) as exc:
-            raise InputError(f"{self.path}: a message runs past the end or is malformed ({exc}); not an Arrow "
-                             "stream file") from None
+            raise InputError(
+                f"{self.path}: a message runs past the end or is malformed ({exc}); not an Arrow stream file"
+            ) from None
 
     def _batch_rows(self, col) -> Iterator[memoryview]:  # noqa: ANN001 (a pyarrow ListArray)
         if col.null_count:
@@ -65,7 +66,7 @@ class IntListColumn:
         view = memoryview(values.buffers()[1]).cast("B")
         base = start * item
         for i in range(len(col)):
-            yield view[base + int(offsets[i]) * item: base + int(offsets[i + 1]) * item]
+            yield view[base + int(offsets[i]) * item : base + int(offsets[i + 1]) * item]
 
 
 def prepared_files(prepared: Path) -> list[Path]:
@@ -76,8 +77,10 @@ def prepared_files(prepared: Path) -> list[Path]:
     try:
         data = json.loads(state.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise InputError(f"{prepared}: holds no state.json; not a dataset written by `speculators prepare-data` "
-                         "(datasets.save_to_disk)") from None
+        raise InputError(
+            f"{prepared}: holds no state.json; not a dataset written by `speculators prepare-data` "
+            "(datasets.save_to_disk)"
+        ) from None
     except ValueError as exc:
         raise InputError(f"{state}: not valid JSON ({exc})") from None
     files = [prepared / entry["filename"] for entry in data.get("_data_files") or [] if isinstance(entry, dict)]

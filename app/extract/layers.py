@@ -73,15 +73,11 @@ def parse_layer_list(text: str) -> tuple[int, ...]:
         try:
             out.append(int(item))
         except ValueError:
-            raise InputError(
-                f"--aux-layers {text!r}: {item!r} is not a layer number; give e.g. 1,15,28"
-            ) from None
+            raise InputError(f"--aux-layers {text!r}: {item!r} is not a layer number; give e.g. 1,15,28") from None
     return tuple(out)
 
 
-def resolve_aux_layers(
-    ids: Sequence[int] | str | None, convention: str, num_layers: int
-) -> AuxLayers:
+def resolve_aux_layers(ids: Sequence[int] | str | None, convention: str, num_layers: int) -> AuxLayers:
     """Check layer ids against the model depth; None gives the default (then always "output" numbering
     translated into `convention`)."""
     if convention not in CONVENTIONS:

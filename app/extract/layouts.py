@@ -54,8 +54,11 @@ def layout_record(layout: str, aux_metadata: dict[str, Any], model: str, dtype: 
     return {
         "layout": layout,
         "last_hidden_state": "pre_norm" if prenorm else "post_norm",
-        "last_hidden_state_meaning": ("output of the last decoder layer, BEFORE the final norm" if prenorm else
-                                      "decoder output after the final norm (the input of the LM head)"),
+        "last_hidden_state_meaning": (
+            "output of the last decoder layer, BEFORE the final norm"
+            if prenorm
+            else "decoder output after the final norm (the input of the LM head)"
+        ),
         **aux_metadata,
         "model": model,
         "dtype": dtype,
@@ -71,17 +74,23 @@ def check_folder(out_dir: Path, record: dict[str, Any]) -> None:
         try:
             have = json.loads(path.read_text(encoding="utf-8"))
         except ValueError as exc:
-            raise InputError(f"{path}: not valid JSON ({exc}); remove the folder's outputs or choose another --out") from None
+            raise InputError(
+                f"{path}: not valid JSON ({exc}); remove the folder's outputs or choose another --out"
+            ) from None
         diff = [k for k in keys if have.get(k) != record.get(k)]
         if diff:
             pairs = ", ".join(f"{k}: folder {have.get(k)!r} vs now {record.get(k)!r}" for k in diff)
-            raise InputError(f"{out_dir}: already holds hidden states of another kind ({pairs}); a folder must hold "
-                             "one layout, one set of layers and one norm convention; choose another --out")
+            raise InputError(
+                f"{out_dir}: already holds hidden states of another kind ({pairs}); a folder must hold "
+                "one layout, one set of layers and one norm convention; choose another --out"
+            )
         return
     others = _foreign_files(Path(out_dir), record["layout"])
     if others:
-        raise InputError(f"{out_dir}: holds hidden-state files without {LAYOUT_FILE} (e.g. {others[0]}); a folder "
-                         "must hold one layout; choose another --out")
+        raise InputError(
+            f"{out_dir}: holds hidden-state files without {LAYOUT_FILE} (e.g. {others[0]}); a folder "
+            "must hold one layout; choose another --out"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
@@ -91,10 +100,15 @@ def check_folder(out_dir: Path, record: dict[str, Any]) -> None:
 def _foreign_files(out_dir: Path, layout: str) -> list[str]:
     if not out_dir.is_dir():
         return []
-    patterns = {"packed": ("shard_*.safetensors", "shard_*/*.safetensors"), "specforge": ("rows_*/*.ckpt",),
-                "speculators": ("hidden_states/hs_*.safetensors",), "modelopt": ("*.pt",)}
-    return [str(p.relative_to(out_dir)) for name, pats in patterns.items() for pat in pats
-            for p in out_dir.glob(pat)][:1]
+    patterns = {
+        "packed": ("shard_*.safetensors", "shard_*/*.safetensors"),
+        "specforge": ("rows_*/*.ckpt",),
+        "speculators": ("hidden_states/hs_*.safetensors",),
+        "modelopt": ("*.pt",),
+    }
+    return [str(p.relative_to(out_dir)) for name, pats in patterns.items() for pat in pats for p in out_dir.glob(pat)][
+        :1
+    ]
 
 
 def global_offsets(manifest) -> dict[int, int]:
@@ -103,8 +117,10 @@ def global_offsets(manifest) -> dict[int, int]:
     for entry in manifest.shards:
         offsets[entry.index] = at
         if entry.samples is None:
-            raise InputError(f"{manifest.path}: shard {entry.index} has no 'samples' count; the {{specforge, speculators}} "
-                             "layouts number samples across shards; export the shards again")
+            raise InputError(
+                f"{manifest.path}: shard {entry.index} has no 'samples' count; the {{specforge, speculators}} "
+                "layouts number samples across shards; export the shards again"
+            )
         at += entry.samples
     return offsets
 
@@ -118,8 +134,9 @@ def safe_file_stem(sample_id: str) -> str:
 class PackedShardWriter:
     """Streams one shard into `shard_<i>.safetensors.partial`; `finish` renames it into place."""
 
-    def __init__(self, path: Path, samples: Sequence[ShardSample], hidden: int, n_aux: int, dtype: str,
-                 metadata: dict[str, str]) -> None:
+    def __init__(
+        self, path: Path, samples: Sequence[ShardSample], hidden: int, n_aux: int, dtype: str, metadata: dict[str, str]
+    ) -> None:
         lengths = [len(s.input_ids) for s in samples]
         self.offsets = [0]
         for n in lengths:
@@ -176,8 +193,9 @@ class PackedShardWriter:
 class PackedSampleWriter:
     """Writes `shard_<i>.partial/<k>.safetensors` per sample; `finish` renames the folder into place."""
 
-    def __init__(self, path: Path, samples: Sequence[ShardSample], hidden: int, n_aux: int, dtype: str,
-                 metadata: dict[str, str]) -> None:
+    def __init__(
+        self, path: Path, samples: Sequence[ShardSample], hidden: int, n_aux: int, dtype: str, metadata: dict[str, str]
+    ) -> None:
         self.path, self.samples, self.hidden, self.n_aux, self.dtype = path, samples, hidden, n_aux, dtype
         self.metadata = {k: v for k, v in metadata.items() if k != "sample_ids"}
         self.partial = path.with_name(path.name + ".partial")
@@ -227,6 +245,7 @@ class PackedSampleWriter:
     def abort(self) -> None:
         shutil.rmtree(self.partial, ignore_errors=True)
 
+
 class _PerSampleFiles:
     """Base of the one-file-per-sample consumer layouts: each sample goes to `<file>.partial-<pid>` as its batch is
     written; `finish` renames them all into place (so a consumer never lists a half-written file). A sample
@@ -266,8 +285,10 @@ class _PerSampleFiles:
         first, *more = self.targets[k]
         partial = self.out_dir / (first + self._suffix)
         # clone: a slice of the batch would be saved with the whole batch's storage
-        self.save({key: (t.clone() if hasattr(t, "clone") else t) for key, t in self.tensors(k, ids, last, aux).items()},
-                  partial)
+        self.save(
+            {key: (t.clone() if hasattr(t, "clone") else t) for key, t in self.tensors(k, ids, last, aux).items()},
+            partial,
+        )
         for rel in more:
             shutil.copyfile(partial, self.out_dir / (rel + self._suffix))
         with self._lock:
@@ -299,8 +320,12 @@ class SpecforgeWriter(_PerSampleFiles):
     def tensors(self, k, ids, last, aux):
         import torch
 
-        return {"input_ids": ids, "loss_mask": torch.tensor(self.samples[k].loss_mask, dtype=torch.long),
-                "hidden_state": last.unsqueeze(0), "aux_hidden_state": aux.unsqueeze(0)}
+        return {
+            "input_ids": ids,
+            "loss_mask": torch.tensor(self.samples[k].loss_mask, dtype=torch.long),
+            "hidden_state": last.unsqueeze(0),
+            "aux_hidden_state": aux.unsqueeze(0),
+        }
 
 
 class ModeloptWriter(_PerSampleFiles):
@@ -313,9 +338,14 @@ class ModeloptWriter(_PerSampleFiles):
     def tensors(self, k, ids, last, aux):
         import torch
 
-        return {"input_ids": ids, "hidden_states": last, "aux_hidden_states": aux,
-                "loss_mask": torch.tensor(self.samples[k].loss_mask, dtype=torch.long),
-                "conversation_id": self.samples[k].sample_id, "hidden_states_prenorm": False}
+        return {
+            "input_ids": ids,
+            "hidden_states": last,
+            "aux_hidden_states": aux,
+            "loss_mask": torch.tensor(self.samples[k].loss_mask, dtype=torch.long),
+            "conversation_id": self.samples[k].sample_id,
+            "hidden_states_prenorm": False,
+        }
 
 
 class SpeculatorsWriter(_PerSampleFiles):
@@ -347,9 +377,19 @@ class SpeculatorsWriter(_PerSampleFiles):
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
 
 
-def make_writer(layout: str, per_sample: bool, out_dir: Path, shard: int, samples: Sequence[ShardSample],
-                first_index: int, hidden: int, n_aux: int, dtype: str, metadata: dict[str, str],
-                speculators_order: Any = None):
+def make_writer(
+    layout: str,
+    per_sample: bool,
+    out_dir: Path,
+    shard: int,
+    samples: Sequence[ShardSample],
+    first_index: int,
+    hidden: int,
+    n_aux: int,
+    dtype: str,
+    metadata: dict[str, str],
+    speculators_order: Any = None,
+):
     """The writer of one shard in `layout` (`packed` honours `per_sample`; `speculators` numbers its files by
     `speculators_order`, an app.extract.speculators_order.SpeculatorsOrder)."""
     from app.extract.output import shard_data_path

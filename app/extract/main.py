@@ -32,33 +32,74 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--manifest", required=True, type=Path, help="eagle3-shards manifest.json (or its folder)")
-    parser.add_argument("--shard", required=True, type=int, action="append", metavar="I",
-                        help="shard index to extract; repeat for several")
+    parser.add_argument(
+        "--shard",
+        required=True,
+        type=int,
+        action="append",
+        metavar="I",
+        help="shard index to extract; repeat for several",
+    )
     parser.add_argument("--model", required=True, type=Path, help="local folder of the target model (no download)")
     parser.add_argument("--out", required=True, type=Path, help="output folder (shard_<i>.safetensors, shard_<i>.done)")
-    parser.add_argument("--aux-layers", default=None, metavar="LIST",
-                        help="comma-separated layer ids, e.g. 1,15,28 (default: [1, N//2-1, N-4] in the 'output' "
-                             "convention)")
-    parser.add_argument("--layer-convention", choices=("output", "input"), default="output",
-                        help="'output': id i = output of layer i = hidden_states[i+1] (SpecForge); 'input': id i = "
-                             "input to layer i = hidden_states[i] (SGLang/vLLM). Both are recorded. Default: output")
-    parser.add_argument("--batch-tokens", type=int, default=8192, metavar="N",
-                        help="padded tokens per forward pass (rows x longest sample); default 8192")
-    parser.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default=None,
-                        help="compute and storage dtype (default: bf16 on GPUs, fp32 on the CPU)")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                        help="cuda loads with device_map='auto' over the visible GPUs; default auto")
-    parser.add_argument("--layout", choices=("packed", "specforge", "speculators", "modelopt"), default="packed",
-                        help="files as their consumer reads them: packed (shard_<i>.safetensors, last state after the "
-                             "norm), specforge (rows_*/data_<k>.ckpt), speculators (hidden_states/hs_<k>.safetensors, "
-                             "[T, n+1, H], last state BEFORE the norm), modelopt (<conversation_id>.pt); default packed")
-    parser.add_argument("--speculators-prepared", type=Path, default=None, metavar="DIR",
-                        help="speculators layout: the dataset `speculators prepare-data` wrote, whose row k reads "
-                             "hs_<k> (default: <manifest folder>/prepared)")
-    parser.add_argument("--per-sample", action="store_true",
-                        help="packed layout: one safetensors file per sample in shard_<i>/ instead of one per shard")
-    parser.add_argument("--trust-remote-code", action="store_true",
-                        help="allow the model folder's own Python code (only for models that need it)")
+    parser.add_argument(
+        "--aux-layers",
+        default=None,
+        metavar="LIST",
+        help="comma-separated layer ids, e.g. 1,15,28 (default: [1, N//2-1, N-4] in the 'output' convention)",
+    )
+    parser.add_argument(
+        "--layer-convention",
+        choices=("output", "input"),
+        default="output",
+        help="'output': id i = output of layer i = hidden_states[i+1] (SpecForge); 'input': id i = "
+        "input to layer i = hidden_states[i] (SGLang/vLLM). Both are recorded. Default: output",
+    )
+    parser.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=8192,
+        metavar="N",
+        help="padded tokens per forward pass (rows x longest sample); default 8192",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("bf16", "fp16", "fp32"),
+        default=None,
+        help="compute and storage dtype (default: bf16 on GPUs, fp32 on the CPU)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="cuda loads with device_map='auto' over the visible GPUs; default auto",
+    )
+    parser.add_argument(
+        "--layout",
+        choices=("packed", "specforge", "speculators", "modelopt"),
+        default="packed",
+        help="files as their consumer reads them: packed (shard_<i>.safetensors, last state after the "
+        "norm), specforge (rows_*/data_<k>.ckpt), speculators (hidden_states/hs_<k>.safetensors, "
+        "[T, n+1, H], last state BEFORE the norm), modelopt (<conversation_id>.pt); default packed",
+    )
+    parser.add_argument(
+        "--speculators-prepared",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="speculators layout: the dataset `speculators prepare-data` wrote, whose row k reads "
+        "hs_<k> (default: <manifest folder>/prepared)",
+    )
+    parser.add_argument(
+        "--per-sample",
+        action="store_true",
+        help="packed layout: one safetensors file per sample in shard_<i>/ instead of one per shard",
+    )
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow the model folder's own Python code (only for models that need it)",
+    )
     return parser
 
 

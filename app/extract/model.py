@@ -87,9 +87,7 @@ class TargetModel:
         wanted = set(aux.hidden_state_indices) | ({self._last_index} if last_prenorm else set())
         for h in sorted(wanted):
             if h == 0:  # the state entering layer 0 (the embeddings)
-                self._handles.append(
-                    self.layers[0].register_forward_pre_hook(self._pre_hook(h), with_kwargs=True)
-                )
+                self._handles.append(self.layers[0].register_forward_pre_hook(self._pre_hook(h), with_kwargs=True))
             else:  # hidden_states[h] is the output of decoder layer h-1
                 self._handles.append(self.layers[h - 1].register_forward_hook(self._post_hook(h)))
         self._torch = torch
@@ -118,8 +116,9 @@ class TargetModel:
                 for r, row in enumerate(rows):
                     ids[r, : len(row)] = torch.tensor(row)
                     mask[r, : len(row)] = 1
-                self.decoder(input_ids=ids.to(self.input_device), attention_mask=mask.to(self.input_device),
-                             use_cache=False)
+                self.decoder(
+                    input_ids=ids.to(self.input_device), attention_mask=mask.to(self.input_device), use_cache=False
+                )
         if self.input_device.type == "cuda":
             torch.cuda.synchronize()
 
@@ -204,8 +203,15 @@ def _find_layers(decoder: Any, num_layers: int, model_path: Path) -> Any:
     )
 
 
-def load_target(model_path: Path, aux: AuxLayers, device: str, dtype: str, *, trust_remote_code: bool = False,
-                last_prenorm: bool = False) -> TargetModel:
+def load_target(
+    model_path: Path,
+    aux: AuxLayers,
+    device: str,
+    dtype: str,
+    *,
+    trust_remote_code: bool = False,
+    last_prenorm: bool = False,
+) -> TargetModel:
     """Load the model from local files only (bf16 + device_map="auto" on GPUs, fp32 on the CPU); the last state
     is taken before the final norm when `last_prenorm`."""
     silence_library_noise()
@@ -239,8 +245,10 @@ def load_target(model_path: Path, aux: AuxLayers, device: str, dtype: str, *, tr
     offloaded = sorted({str(v) for v in (getattr(model, "hf_device_map", None) or {}).values()} & {"cpu", "disk"})
     if device == "cuda" and offloaded:
         # EAGLE #105: device_map="auto" quietly moves layers off the GPUs when they do not fit
-        print(f"warning: {model_path} does not fit on the visible GPUs; device_map='auto' put some layers "
-              f"on {' and '.join(offloaded)}, which is much slower; give the job more GPUs", file=sys.stderr)
+        print(
+            f"warning: {model_path} does not fit on the visible GPUs; device_map='auto' put some layers "
+            f"on {' and '.join(offloaded)}, which is much slower; give the job more GPUs",
+            file=sys.stderr,
+        )
     model.eval()
     return TargetModel(model, aux, dtype, model_path, last_prenorm)
-

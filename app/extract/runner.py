@@ -89,8 +89,11 @@ def _shard_metadata(
         "shard": shard,
         "sample_ids": [s.sample_id for s in samples],
         **target.aux.metadata(),
-        "last_hidden_state": ("output of the last decoder layer, BEFORE the final norm" if target.last_prenorm else
-                              "decoder output after the final norm (the input of the LM head)"),
+        "last_hidden_state": (
+            "output of the last decoder layer, BEFORE the final norm"
+            if target.last_prenorm
+            else "decoder output after the final norm (the input of the LM head)"
+        ),
         "last_hidden_state_norm": "pre_norm" if target.last_prenorm else "post_norm",
         "model": str(target.model_path),
         "model_type": getattr(target.config, "model_type", None),
@@ -111,12 +114,17 @@ def _check_ids_in_vocab(samples: Sequence[ShardSample], vocab: int, shard: int) 
             raise ExtractionError(
                 f"shard {shard}, sample {s.sample_id!r}: token id {bad} is outside the model's vocabulary "
                 f"(0..{vocab - 1}); the shards were exported with a different tokenizer than this model's",
-                shard=shard, sample_id=s.sample_id,
+                shard=shard,
+                sample_id=s.sample_id,
             )
 
 
 def extract_shard(
-    target: TargetModel, manifest: Manifest, shard: int, options: ExtractOptions, log: ProgressLog,
+    target: TargetModel,
+    manifest: Manifest,
+    shard: int,
+    options: ExtractOptions,
+    log: ProgressLog,
     speculators_order: Any = None,
 ) -> ShardResult:
     """Extract one shard unless it is already complete; the done-marker is written last.
@@ -135,12 +143,26 @@ def extract_shard(
     n_aux = len(target.aux.ids)
     hidden = target.hidden_size
     if target.last_prenorm != last_is_prenorm(options.layout):
-        raise ExtractionError(f"shard {shard}: the model was loaded with the last state "
-                              f"{'before' if target.last_prenorm else 'after'} the final norm, but layout "
-                              f"{options.layout!r} stores it the other way", shard=shard)
+        raise ExtractionError(
+            f"shard {shard}: the model was loaded with the last state "
+            f"{'before' if target.last_prenorm else 'after'} the final norm, but layout "
+            f"{options.layout!r} stores it the other way",
+            shard=shard,
+        )
     first = global_offsets(manifest)[shard] if options.layout in ("specforge", "speculators") else 0
-    writer = make_writer(options.layout, per_sample, options.out_dir, shard, samples, first, hidden, n_aux,
-                         target.dtype, _shard_metadata(target, manifest, shard, samples), speculators_order)
+    writer = make_writer(
+        options.layout,
+        per_sample,
+        options.out_dir,
+        shard,
+        samples,
+        first,
+        hidden,
+        n_aux,
+        target.dtype,
+        _shard_metadata(target, manifest, shard, samples),
+        speculators_order,
+    )
     log.progress(shard, 0, len(samples), 0, tokens_total=total_tokens)
     # the GPU runs batch b+1 while writer threads wait for earlier batches' copies, check and write them
     pool = ThreadPoolExecutor(max_workers=WRITER_THREADS, thread_name_prefix=f"shard{shard}-writer")
@@ -155,7 +177,8 @@ def extract_shard(
         except RuntimeError as exc:  # an asynchronous CUDA error surfaces here
             raise ExtractionError(
                 f"shard {shard}: the GPU failed on the batch starting at sample {rows[0].sample_id!r}: {exc}",
-                shard=shard, sample_id=rows[0].sample_id,
+                shard=shard,
+                sample_id=rows[0].sample_id,
             ) from None
         _check_batch(rows, captured.last, captured.aux, captured.ids, bool(captured.finite), hidden, n_aux, shard)
         start = 0
@@ -177,7 +200,8 @@ def extract_shard(
                 raise ExtractionError(
                     f"shard {shard}: the forward pass failed on a batch of {len(rows)} samples x {len(rows[0])} "
                     f"tokens (first sample {samples[batch[0]].sample_id!r}): {exc}; try a smaller --batch-tokens",
-                    shard=shard, sample_id=samples[batch[0]].sample_id,
+                    shard=shard,
+                    sample_id=samples[batch[0]].sample_id,
                 ) from None
             pending.append(pool.submit(check_and_write, batch, captured))
             while len(pending) > MAX_PENDING_WRITES or (pending and pending[0].done()):
@@ -214,13 +238,23 @@ def extract_shard(
             "seconds": round(seconds, 3),
         },
     )
-    log.emit("shard_done", shard, path=str(out_path), done=len(samples), total=len(samples), tokens=total_tokens,
-             bytes=nbytes, skipped=False, seconds=round(seconds, 3))
+    log.emit(
+        "shard_done",
+        shard,
+        path=str(out_path),
+        done=len(samples),
+        total=len(samples),
+        tokens=total_tokens,
+        bytes=nbytes,
+        skipped=False,
+        seconds=round(seconds, 3),
+    )
     return ShardResult(shard, out_path, len(samples), total_tokens, nbytes, False, seconds)
 
 
-def _check_batch(rows: Sequence[ShardSample], last: Any, aux: Any, seen_ids: Any, finite: bool, hidden: int,
-                 n_aux: int, shard: int) -> None:
+def _check_batch(
+    rows: Sequence[ShardSample], last: Any, aux: Any, seen_ids: Any, finite: bool, hidden: int, n_aux: int, shard: int
+) -> None:
     """Raise ExtractionError naming the first sample whose states or ids are wrong."""
     import torch
 
@@ -230,7 +264,8 @@ def _check_batch(rows: Sequence[ShardSample], last: Any, aux: Any, seen_ids: Any
             f"shard {shard}: batch starting at sample {rows[0].sample_id!r} produced states of shape "
             f"{tuple(last.shape)} / {tuple(aux.shape)}, expected ({n}, {hidden}) / ({n}, {n_aux * hidden}); "
             "the shard is not marked done",
-            shard=shard, sample_id=rows[0].sample_id,
+            shard=shard,
+            sample_id=rows[0].sample_id,
         )
     start = 0
     for s in rows:
@@ -242,20 +277,23 @@ def _check_batch(rows: Sequence[ShardSample], last: Any, aux: Any, seen_ids: Any
             raise ExtractionError(
                 f"shard {shard}, sample {s.sample_id!r}: the token ids fed to the model differ from the manifest's "
                 f"at position {pos}; the shard is not marked done",
-                shard=shard, sample_id=s.sample_id,
+                shard=shard,
+                sample_id=s.sample_id,
             )
         if not finite and not (torch.isfinite(last[start:end]).all() and torch.isfinite(aux[start:end]).all()):
             raise ExtractionError(
                 f"shard {shard}, sample {s.sample_id!r}: the hidden states contain NaN or Inf; the shard is not "
                 "marked done (check the model weights and --dtype)",
-                shard=shard, sample_id=s.sample_id,
+                shard=shard,
+                sample_id=s.sample_id,
             )
         start = end
     if not finite:  # the device saw a non-finite value that the per-sample scan did not locate
         raise ExtractionError(
             f"shard {shard}: the hidden states of the batch starting at sample {rows[0].sample_id!r} contain NaN "
             "or Inf; the shard is not marked done",
-            shard=shard, sample_id=rows[0].sample_id,
+            shard=shard,
+            sample_id=rows[0].sample_id,
         )
 
 
@@ -286,8 +324,11 @@ def run_extraction(
 
         prepared = prepared_path(manifest.path, options.speculators_prepared)
         longest = (manifest.meta.get("train") or {}).get("max_length")
-        order = SpeculatorsOrder.scan(prepared, ((s.sample_id, s.input_ids) for i in todo
-                                                 for s in read_shard(manifest.shard(i))), max_length=longest)
+        order = SpeculatorsOrder.scan(
+            prepared,
+            ((s.sample_id, s.input_ids) for i in todo for s in read_shard(manifest.shard(i))),
+            max_length=longest,
+        )
     if todo:  # a run with every shard done never touches the model
         aux = resolve_aux_layers(options.aux_layers, options.convention, model_shape(options.model_path).num_layers)
         device = resolve_device(options.device)
@@ -295,11 +336,18 @@ def run_extraction(
         prenorm = last_is_prenorm(options.layout)
         # the norm trap: one folder, one layout, one set of layers, one norm convention
         check_folder(options.out_dir, layout_record(options.layout, aux.metadata(), str(options.model_path), dtype))
-        needed = estimate_output_bytes(manifest, options.model_path, aux.ids, dtype, shards=todo,
-                                       per_sample_files=options.per_sample or options.layout != "packed")
+        needed = estimate_output_bytes(
+            manifest,
+            options.model_path,
+            aux.ids,
+            dtype,
+            shards=todo,
+            per_sample_files=options.per_sample or options.layout != "packed",
+        )
         check_disk_room(options.out_dir, needed, f"{len(todo)} shard(s) of hidden states")
-        target = load_target(options.model_path, aux, device, dtype, trust_remote_code=options.trust_remote_code,
-                             last_prenorm=prenorm)
+        target = load_target(
+            options.model_path, aux, device, dtype, trust_remote_code=options.trust_remote_code, last_prenorm=prenorm
+        )
     results = []
     failures: list[ExtractionError] = []
     try:
@@ -334,19 +382,39 @@ def _check_done_layouts(out_dir: Path, shards: Sequence[int], options: ExtractOp
         kind = marker.get("layout")
         have = "packed" if kind in ("shard", "per-sample", None) else kind
         if have != layout:
-            raise InputError(f"{out_dir}: shard {index} is done in layout {have!r}, not {layout!r}; a folder must "
-                             "hold one layout, one set of layers and one norm convention; choose another --out")
-        if options.aux_layers is not None and (list(options.aux_layers) != marker.get("aux_layers")
-                                               or options.convention != marker.get("layer_convention")):
-            raise InputError(f"{out_dir}: shard {index} is done with aux layers {marker.get('aux_layers')} "
-                             f"({marker.get('layer_convention')} convention), not {list(options.aux_layers)} "
-                             f"({options.convention}); choose another --out")
+            raise InputError(
+                f"{out_dir}: shard {index} is done in layout {have!r}, not {layout!r}; a folder must "
+                "hold one layout, one set of layers and one norm convention; choose another --out"
+            )
+        if options.aux_layers is not None and (
+            list(options.aux_layers) != marker.get("aux_layers") or options.convention != marker.get("layer_convention")
+        ):
+            raise InputError(
+                f"{out_dir}: shard {index} is done with aux layers {marker.get('aux_layers')} "
+                f"({marker.get('layer_convention')} convention), not {list(options.aux_layers)} "
+                f"({options.convention}); choose another --out"
+            )
 
 
 def _skip(manifest: Manifest, shard: int, options: ExtractOptions, log: ProgressLog) -> ShardResult:
     marker = json.loads(done_marker_path(options.out_dir, shard).read_text(encoding="utf-8"))
-    result = ShardResult(shard, options.out_dir / marker["path"], marker.get("samples", 0), marker.get("tokens", 0),
-                         marker.get("bytes", 0), True, 0.0)
-    log.emit("shard_done", shard, path=str(result.path), done=result.samples, total=result.samples,
-             tokens=result.tokens, bytes=result.bytes, skipped=True)
+    result = ShardResult(
+        shard,
+        options.out_dir / marker["path"],
+        marker.get("samples", 0),
+        marker.get("tokens", 0),
+        marker.get("bytes", 0),
+        True,
+        0.0,
+    )
+    log.emit(
+        "shard_done",
+        shard,
+        path=str(result.path),
+        done=result.samples,
+        total=result.samples,
+        tokens=result.tokens,
+        bytes=result.bytes,
+        skipped=True,
+    )
     return result

@@ -42,8 +42,9 @@ class SpeculatorsOrder:
         self.total = total  # rows in the prepared dataset
 
     @classmethod
-    def scan(cls, prepared: Path, samples: Iterable[tuple[str, Sequence[int]]], *, max_length: int | None = None
-             ) -> SpeculatorsOrder:
+    def scan(
+        cls, prepared: Path, samples: Iterable[tuple[str, Sequence[int]]], *, max_length: int | None = None
+    ) -> SpeculatorsOrder:
         """Read `prepared`'s `input_ids` and locate every (sample id, input ids) of `samples`; InputError naming
         the first sample no prepared row holds (and how many), or a `prepared` that is not such a dataset."""
         wanted: dict[bytes, str] = {}
@@ -71,7 +72,8 @@ class SpeculatorsOrder:
                 f"{prepared}: {len(missing)} sample(s) of this export are in no row of the prepared dataset (first: "
                 f"{missing[0]!r}); speculators prepare-data cut or dropped them, or it was run on other data. Run "
                 f"`speculators prepare-data --data <export>/data --output {prepared} --overwrite{cut}` again, then "
-                "extract again")
+                "extract again"
+            )
         return cls(prepared, dict(rows), k)
 
     def indices(self, input_ids: Sequence[int]) -> list[int]:
@@ -90,5 +92,6 @@ def prepared_path(manifest_path: Path, explicit: Path | None) -> Path:
             "`speculators prepare-data` writes from hs_<k>.safetensors, and prepare-data shuffles the rows, so the "
             f"files are numbered by that dataset: run `speculators prepare-data --model TARGET --data {export}/data "
             f"--output {path} --seq-length LONGEST` first (the export's manifest.json `train` lists it with the "
-            "longest row), then extract again")
+            "longest row), then extract again"
+        )
     return path

@@ -22,11 +22,14 @@ class Executor:
         done-marker is still checked first)."""
         for s in self.store.shards(job_id):
             if s.state in ("failed", "cancelled"):
-                self.store.set_shard(job_id, s.shard, state="pending", error=None, exit_code=None, pid=None,
-                                     external_id=None)
+                self.store.set_shard(
+                    job_id, s.shard, state="pending", error=None, exit_code=None, pid=None, external_id=None
+                )
         self.store.set_job(job_id, state="pending", ended_at=None)
 
-    def wait(self, job_id: int, *, interval: float | None = None, on_status=None, timeout: float | None = None) -> JobStatus:
+    def wait(
+        self, job_id: int, *, interval: float | None = None, on_status=None, timeout: float | None = None
+    ) -> JobStatus:
         """Poll until the job is final (or `timeout` seconds passed); call `on_status` with each snapshot."""
         interval = self.poll_interval_s if interval is None else interval
         end = None if timeout is None else time.monotonic() + timeout

@@ -45,7 +45,10 @@ class JobStatus:
         c = self.counts
         parts = [f"{k} {c[k]}" for k in ("running", "submitted", "pending", "done", "failed", "cancelled") if c.get(k)]
         items = f"{self.done_items}/{self.total_items} items" if self.total_items else f"{self.done_items} items"
-        return f"job {self.job.id} {self.job.name}: {self.job.state}; shards: {', '.join(parts)}; {items}; " f"{self.tokens} tokens"
+        return (
+            f"job {self.job.id} {self.job.name}: {self.job.state}; shards: {', '.join(parts)}; {items}; "
+            f"{self.tokens} tokens"
+        )
 
 
 def settle_job_state(store: JobStore, job_id: int) -> JobStatus:
@@ -83,15 +86,37 @@ def status_to_dict(status: JobStatus) -> dict:
     """A JSON-ready view of a snapshot (for `--json` output): the job, its counts, and every shard."""
     job = status.job
     return {
-        "id": job.id, "name": job.name, "executor": job.executor, "state": job.state, "paused": job.paused,
-        "external_id": job.external_id, "output_dir": job.output_dir, "error": job.error,
-        "created_at": job.created_at, "started_at": job.started_at, "ended_at": job.ended_at,
-        "counts": status.counts, "done_items": status.done_items, "total_items": status.total_items,
+        "id": job.id,
+        "name": job.name,
+        "executor": job.executor,
+        "state": job.state,
+        "paused": job.paused,
+        "external_id": job.external_id,
+        "output_dir": job.output_dir,
+        "error": job.error,
+        "created_at": job.created_at,
+        "started_at": job.started_at,
+        "ended_at": job.ended_at,
+        "counts": status.counts,
+        "done_items": status.done_items,
+        "total_items": status.total_items,
         "tokens": status.tokens,
         "shards": [
-            {"shard": s.shard, "state": s.state, "done": s.done, "total": s.total, "tokens": s.tokens,
-             "exit_code": s.exit_code, "pid": s.pid, "external_id": s.external_id, "log_path": s.log_path,
-             "output_path": s.output_path, "error": s.error, "started_at": s.started_at, "ended_at": s.ended_at}
+            {
+                "shard": s.shard,
+                "state": s.state,
+                "done": s.done,
+                "total": s.total,
+                "tokens": s.tokens,
+                "exit_code": s.exit_code,
+                "pid": s.pid,
+                "external_id": s.external_id,
+                "log_path": s.log_path,
+                "output_path": s.output_path,
+                "error": s.error,
+                "started_at": s.started_at,
+                "ended_at": s.ended_at,
+            }
             for s in status.shards
         ],
     }

@@ -38,7 +38,7 @@ def slots_for(gpus: int | list[int] | None, gpus_per_shard: int = 1, cpu_slots: 
     per = max(1, gpus_per_shard)
     if len(ids) < per:
         raise InputError(f"extraction.gpus lists {len(ids)} GPU(s) but each shard needs {per}; lower resources.gpus")
-    return [",".join(str(g) for g in ids[i:i + per]) for i in range(0, len(ids) - per + 1, per)]
+    return [",".join(str(g) for g in ids[i : i + per]) for i in range(0, len(ids) - per + 1, per)]
 
 
 @dataclass
@@ -54,8 +54,9 @@ class LocalExecutor(Executor):
 
     kind = "local"
 
-    def __init__(self, store: JobStore, slots: list[str] | None = None, *, grace_s: float = 10.0,
-                 python: str = sys.executable) -> None:
+    def __init__(
+        self, store: JobStore, slots: list[str] | None = None, *, grace_s: float = 10.0, python: str = sys.executable
+    ) -> None:
         self.store = store
         self.slots = list(slots) if slots is not None else [""]
         self.grace_s = grace_s
@@ -117,7 +118,6 @@ class LocalExecutor(Executor):
                 time.sleep(0.05)
         settle_job_state(self.store, job_id)
 
-
     # --- shard refresh --------------------------------------------------------------------------
     def _refresh(self, job_id: int, spec: JobSpec, shard: JobShard) -> None:
         key = (job_id, shard.shard)
@@ -137,7 +137,11 @@ class LocalExecutor(Executor):
         fields: dict[str, object] = {}
         tail = self._tails.setdefault(key, LogTail(spec.stdout_log(shard.shard)))
         progress = tail.read()
-        if (progress.done, progress.total, progress.tokens) != (shard.done, shard.total, shard.tokens) and shard.state != "pending":
+        if (progress.done, progress.total, progress.tokens) != (
+            shard.done,
+            shard.total,
+            shard.tokens,
+        ) and shard.state != "pending":
             fields.update(done=progress.done, total=progress.total, tokens=progress.tokens)
         if progress.output_path and progress.output_path != shard.output_path:
             fields["output_path"] = progress.output_path
@@ -147,8 +151,13 @@ class LocalExecutor(Executor):
                 if alive and _exit_code(spec, shard.shard) is None:
                     pass  # marker written, process still tearing down: settle once it exits
                 else:
-                    fields.update(state="done", ended_at=time.time(), exit_code=_exit_code(spec, shard.shard) or 0,
-                                  error=None, output_path=fields.get("output_path") or shard.output_path or str(marker))
+                    fields.update(
+                        state="done",
+                        ended_at=time.time(),
+                        exit_code=_exit_code(spec, shard.shard) or 0,
+                        error=None,
+                        output_path=fields.get("output_path") or shard.output_path or str(marker),
+                    )
             elif shard.state == "running" and not alive:
                 code = proc.popen.returncode if proc is not None and proc.popen is not None else None
                 if code is not None and code < 0:
@@ -157,14 +166,23 @@ class LocalExecutor(Executor):
                     code = _exit_code(spec, shard.shard)
                 if code is None:
                     # gone without an exit record (killed hard, machine restarted): run it again
-                    fields.update(state="pending", pid=None, external_id=None,
-                                  error=f"process {shard.pid} vanished without an exit status; shard returned to pending")
+                    fields.update(
+                        state="pending",
+                        pid=None,
+                        external_id=None,
+                        error=f"process {shard.pid} vanished without an exit status; shard returned to pending",
+                    )
                 else:
                     log = spec.stderr_log(shard.shard)
                     why = "exited 0 but wrote no done-marker" if code == 0 else f"exited with code {code}"
                     tail_text = last_lines(log)
-                    fields.update(state="failed", exit_code=code, ended_at=time.time(),
-                                  error=f"shard {shard.shard} {why}; log: {log}" + (f" (last lines: {tail_text})" if tail_text else ""))
+                    fields.update(
+                        state="failed",
+                        exit_code=code,
+                        ended_at=time.time(),
+                        error=f"shard {shard.shard} {why}; log: {log}"
+                        + (f" (last lines: {tail_text})" if tail_text else ""),
+                    )
         if fields:
             self.store.set_shard(job_id, shard.shard, **fields)
 
@@ -186,8 +204,11 @@ class LocalExecutor(Executor):
     # --- launching ------------------------------------------------------------------------------
     def _launch_pending(self, job_id: int, spec: JobSpec) -> None:
         busy = {p.slot for p in self._procs.values() if self._alive(p)}
-        free = [s for s in self.slots if s not in busy] if len(set(self.slots)) == len(self.slots) else \
-            self.slots[: max(0, len(self.slots) - sum(1 for p in self._procs.values() if self._alive(p)))]
+        free = (
+            [s for s in self.slots if s not in busy]
+            if len(set(self.slots)) == len(self.slots)
+            else self.slots[: max(0, len(self.slots) - sum(1 for p in self._procs.values() if self._alive(p)))]
+        )
         if spec.max_parallel is not None:
             running = sum(1 for s in self.store.shards(job_id) if s.state == "running")
             free = free[: max(0, spec.max_parallel - running)]
@@ -197,8 +218,15 @@ class LocalExecutor(Executor):
             if shard.state != "pending":
                 continue
             if spec.done_marker(shard.shard).exists():
-                self.store.set_shard(job_id, shard.shard, state="done", exit_code=0, ended_at=time.time(),
-                                     error=None, output_path=str(spec.done_marker(shard.shard)))
+                self.store.set_shard(
+                    job_id,
+                    shard.shard,
+                    state="done",
+                    exit_code=0,
+                    ended_at=time.time(),
+                    error=None,
+                    output_path=str(spec.done_marker(shard.shard)),
+                )
                 continue
             self._start(job_id, spec, shard.shard, free.pop(0))
 
@@ -209,8 +237,17 @@ class LocalExecutor(Executor):
             if log.exists() and log.stat().st_size:
                 os.replace(log, log.with_name(log.name + ".prev"))  # keep the previous attempt's log
         spec.exit_file(shard).unlink(missing_ok=True)
-        argv = [self.python, "-m", "app.jobs.wrap", "--shard", str(shard), "--exit-file", str(spec.exit_file(shard)),
-                "--slot", slot or "cpu"]
+        argv = [
+            self.python,
+            "-m",
+            "app.jobs.wrap",
+            "--shard",
+            str(shard),
+            "--exit-file",
+            str(spec.exit_file(shard)),
+            "--slot",
+            slot or "cpu",
+        ]
         if not spec.writes_done_marker:
             argv += ["--done-marker", str(spec.done_marker(shard))]
         argv += ["--", *spec.argv_for(shard)]
@@ -218,17 +255,40 @@ class LocalExecutor(Executor):
         env["PYTHONPATH"] = _app_root() + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         with open(spec.stdout_log(shard), "ab") as out, open(spec.stderr_log(shard), "ab") as err:
             try:
-                popen = subprocess.Popen(argv, cwd=spec.workdir, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=err, start_new_session=True)
+                popen = subprocess.Popen(
+                    argv,
+                    cwd=spec.workdir,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                )
             except OSError as exc:
-                self.store.set_shard(job_id, shard, state="failed", error=f"cannot start shard {shard}: {exc}; "
-                                     f"check the working directory {spec.workdir}", ended_at=time.time())
+                self.store.set_shard(
+                    job_id,
+                    shard,
+                    state="failed",
+                    error=f"cannot start shard {shard}: {exc}; check the working directory {spec.workdir}",
+                    ended_at=time.time(),
+                )
                 return
         self._procs[(job_id, shard)] = _Proc(pid=popen.pid, slot=slot, popen=popen)
         self._tails[(job_id, shard)] = LogTail(spec.stdout_log(shard))
-        self.store.set_shard(job_id, shard, state="running", pid=popen.pid, external_id=_start_ticks(popen.pid),
-                             started_at=time.time(), ended_at=None, exit_code=None, error=None, done=0, tokens=0,
-                             log_path=str(spec.stdout_log(shard)))
+        self.store.set_shard(
+            job_id,
+            shard,
+            state="running",
+            pid=popen.pid,
+            external_id=_start_ticks(popen.pid),
+            started_at=time.time(),
+            ended_at=None,
+            exit_code=None,
+            error=None,
+            done=0,
+            tokens=0,
+            log_path=str(spec.stdout_log(shard)),
+        )
 
     def _escalate(self) -> None:
         now = time.time()
@@ -251,7 +311,7 @@ def _stat_fields(pid: int) -> list[str] | None:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return text[text.rfind(")") + 2:].split()  # fields from 3 (state) on; the name may contain spaces
+    return text[text.rfind(")") + 2 :].split()  # fields from 3 (state) on; the name may contain spaces
 
 
 def _start_ticks(pid: int) -> str | None:

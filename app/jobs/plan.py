@@ -33,11 +33,27 @@ def spec_from_config(config, manifest: Path, *, shards: list[int] | None = None,
         params["model"] = str(ext.model_path)
     if ext.extractor == "builtin":
         if ext.model_path is None:
-            raise InputError("extraction.model_path: the built-in extractor needs the target model folder; "
-                             "set it in the config, or use extractor = \"command\"")
-        argv = [sys.executable, "-m", "app.extract", "--manifest", "{manifest}", "--shard", "{shard}",
-                "--model", "{model}", "--out", "{out}", "--layer-convention", ext.layer_convention,
-                "--layout", ext.layout]
+            raise InputError(
+                "extraction.model_path: the built-in extractor needs the target model folder; "
+                'set it in the config, or use extractor = "command"'
+            )
+        argv = [
+            sys.executable,
+            "-m",
+            "app.extract",
+            "--manifest",
+            "{manifest}",
+            "--shard",
+            "{shard}",
+            "--model",
+            "{model}",
+            "--out",
+            "{out}",
+            "--layer-convention",
+            ext.layer_convention,
+            "--layout",
+            ext.layout,
+        ]
         if ext.aux_layers:
             argv += ["--aux-layers", ",".join(str(i) for i in ext.aux_layers)]
         if ext.gpus == 0:

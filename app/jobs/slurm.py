@@ -27,7 +27,16 @@ from app.jobs.store import FINAL_STATES, JobShard, JobStore
 
 PENDING_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED"}
 RUNNING_STATES = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING"}
-FAILED_STATES = {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "PREEMPTED", "SPECIAL_EXIT"}
+FAILED_STATES = {
+    "FAILED",
+    "TIMEOUT",
+    "OUT_OF_MEMORY",
+    "NODE_FAIL",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "PREEMPTED",
+    "SPECIAL_EXIT",
+}
 SLURM_TIMEOUT_S = 60.0
 
 
@@ -89,7 +98,6 @@ class SlurmExecutor(Executor):
             _run(["scancel", *targets], ok_errors=("already completing", "Invalid job id", "completed"))
         settle_job_state(self.store, job_id)
 
-
     def batch_script(self, job_id: int, spec: JobSpec, shards: list[int]) -> str:
         """The generated batch script: the argv of each shard, picked by SLURM_ARRAY_TASK_ID."""
         lines = [
@@ -109,8 +117,15 @@ class SlurmExecutor(Executor):
             lines.append(f"  {int(shard)}) set -- {argv} ;;")
         lines.append('  *) echo "eaglewatch: no shard $SLURM_ARRAY_TASK_ID in this job" >&2; exit 2 ;;')
         lines.append("esac")
-        wrap = [self.python, "-m", "app.jobs.wrap", "--shard", '"$SLURM_ARRAY_TASK_ID"', "--exit-file",
-                shlex.quote(str(spec.logs)) + '/shard_"$SLURM_ARRAY_TASK_ID".exit']
+        wrap = [
+            self.python,
+            "-m",
+            "app.jobs.wrap",
+            "--shard",
+            '"$SLURM_ARRAY_TASK_ID"',
+            "--exit-file",
+            shlex.quote(str(spec.logs)) + '/shard_"$SLURM_ARRAY_TASK_ID".exit',
+        ]
         if not spec.writes_done_marker:
             wrap += ["--done-marker", shlex.quote(str(spec.output_dir)) + '/shard_"$SLURM_ARRAY_TASK_ID".done']
         wrap[0] = shlex.quote(wrap[0])
@@ -121,9 +136,16 @@ class SlurmExecutor(Executor):
     def sbatch_argv(spec: JobSpec, shards: list[int], script: Path, hold: bool = False) -> list[str]:
         """The sbatch command line for an array over `shards` (resources, logs, working dir, partition)."""
         array = _ranges(shards) + (f"%{spec.max_parallel}" if spec.max_parallel else "")
-        argv = ["sbatch", "--parsable", f"--array={array}", f"--job-name={spec.name}",
-                f"--output={spec.logs}/shard_%a.out", f"--error={spec.logs}/shard_%a.err",
-                f"--chdir={spec.workdir}", f"--cpus-per-task={spec.resources.cpus}"]
+        argv = [
+            "sbatch",
+            "--parsable",
+            f"--array={array}",
+            f"--job-name={spec.name}",
+            f"--output={spec.logs}/shard_%a.out",
+            f"--error={spec.logs}/shard_%a.err",
+            f"--chdir={spec.workdir}",
+            f"--cpus-per-task={spec.resources.cpus}",
+        ]
         if spec.resources.gpus > 0:
             argv.append(f"--gres=gpu:{spec.resources.gpus}")
         if spec.resources.mem:
@@ -145,8 +167,15 @@ class SlurmExecutor(Executor):
         todo = []
         for shard in shards:
             if spec.done_marker(shard).exists():
-                self.store.set_shard(job_id, shard, state="done", exit_code=0, ended_at=time.time(), error=None,
-                                     output_path=str(spec.done_marker(shard)))
+                self.store.set_shard(
+                    job_id,
+                    shard,
+                    state="done",
+                    exit_code=0,
+                    ended_at=time.time(),
+                    error=None,
+                    output_path=str(spec.done_marker(shard)),
+                )
             else:
                 todo.append(shard)
         if not todo:
@@ -164,12 +193,25 @@ class SlurmExecutor(Executor):
         out = _run(self.sbatch_argv(spec, todo, script))
         array_id = out.strip().split(";")[0]
         if not array_id.isdigit():
-            raise EaglewatchError(f"sbatch printed {out.strip()!r} instead of a job id for {script}; check `sbatch` by hand")
+            raise EaglewatchError(
+                f"sbatch printed {out.strip()!r} instead of a job id for {script}; check `sbatch` by hand"
+            )
         now = time.time()
         for shard in todo:
-            self.store.set_shard(job_id, shard, state="submitted", external_id=f"{array_id}_{shard}", pid=None,
-                                 exit_code=None, error=None, started_at=None, ended_at=None, done=0, tokens=0,
-                                 log_path=str(spec.stdout_log(shard)))
+            self.store.set_shard(
+                job_id,
+                shard,
+                state="submitted",
+                external_id=f"{array_id}_{shard}",
+                pid=None,
+                exit_code=None,
+                error=None,
+                started_at=None,
+                ended_at=None,
+                done=0,
+                tokens=0,
+                log_path=str(spec.stdout_log(shard)),
+            )
         arrays = [a for a in (self.store.job(job_id).external_id or "").split(",") if a]
         self.store.set_job(job_id, external_id=",".join([*arrays, array_id]), started_at=now)
 
@@ -191,8 +233,13 @@ class SlurmExecutor(Executor):
         code = _exit_code(spec, shard.shard)
         now = time.time()
         if marker.exists() and slurm_state not in RUNNING_STATES:
-            fields.update(state="done", exit_code=code or 0, ended_at=now, error=None,
-                          output_path=fields.get("output_path") or shard.output_path or str(marker))
+            fields.update(
+                state="done",
+                exit_code=code or 0,
+                ended_at=now,
+                error=None,
+                output_path=fields.get("output_path") or shard.output_path or str(marker),
+            )
         elif slurm_state in PENDING_STATES:
             note = f"held ({reason})" if "Held" in reason else None
             if shard.state != "submitted" or shard.error != note:
@@ -212,9 +259,12 @@ class SlurmExecutor(Executor):
             elif acct is not None and acct[0] not in PENDING_STATES | RUNNING_STATES:
                 fields.update(self._failure(spec, shard.shard, acct[1], acct[0]))
             elif acct is None:
-                fields.update(state="pending", external_id=None,
-                              error=f"Slurm task {shard.external_id} vanished without a done-marker or exit status; "
-                                    "shard returned to pending")
+                fields.update(
+                    state="pending",
+                    external_id=None,
+                    error=f"Slurm task {shard.external_id} vanished without a done-marker or exit status; "
+                    "shard returned to pending",
+                )
         if fields:
             self.store.set_shard(job_id, shard.shard, **fields)
 
@@ -223,16 +273,24 @@ class SlurmExecutor(Executor):
         if code == 0 or (code is None and slurm_state == "COMPLETED"):
             why = f"ended {slurm_state or 'with exit code 0'} but wrote no done-marker {spec.done_marker(shard)}"
         elif code is not None:
-            why = f"exited with code {code}" + (f" (Slurm: {slurm_state})" if slurm_state and slurm_state != "FAILED" else "")
+            why = f"exited with code {code}" + (
+                f" (Slurm: {slurm_state})" if slurm_state and slurm_state != "FAILED" else ""
+            )
         else:
             why = f"ended as {slurm_state}"
         tail = last_lines(log)
-        return {"state": "failed", "exit_code": code, "ended_at": time.time(),
-                "error": f"shard {shard} {why}; log: {log}" + (f" (last lines: {tail})" if tail else "")}
+        return {
+            "state": "failed",
+            "exit_code": code,
+            "ended_at": time.time(),
+            "error": f"shard {shard} {why}; log: {log}" + (f" (last lines: {tail})" if tail else ""),
+        }
 
     def _squeue(self, arrays: list[str]) -> dict[str, tuple[str, str]]:
-        out = _run(["squeue", "--noheader", "--array", "--states=all", f"--jobs={','.join(arrays)}",
-                    "--format=%F|%K|%T|%r"], ok_errors=("Invalid job id",))
+        out = _run(
+            ["squeue", "--noheader", "--array", "--states=all", f"--jobs={','.join(arrays)}", "--format=%F|%K|%T|%r"],
+            ok_errors=("Invalid job id",),
+        )
         rows: dict[str, tuple[str, str]] = {}
         for line in out.splitlines():
             parts = line.strip().split("|")
@@ -253,7 +311,9 @@ class SlurmExecutor(Executor):
         if self._use_sacct is False or shutil.which("sacct") is None:
             return None
         try:
-            out = _run(["sacct", "--noheader", "--parsable2", "-X", f"--jobs={task_id}", "--format=JobID,State,ExitCode"])
+            out = _run(
+                ["sacct", "--noheader", "--parsable2", "-X", f"--jobs={task_id}", "--format=JobID,State,ExitCode"]
+            )
         except EaglewatchError:
             self._use_sacct = False  # accounting disabled: do not ask again
             return None
@@ -265,8 +325,13 @@ class SlurmExecutor(Executor):
         return None
 
     def _arrays(self, job_id: int) -> list[str]:
-        return sorted({s.external_id.split("_")[0] for s in self.store.shards(job_id)
-                       if s.external_id and s.state in ("submitted", "running")})
+        return sorted(
+            {
+                s.external_id.split("_")[0]
+                for s in self.store.shards(job_id)
+                if s.external_id and s.state in ("submitted", "running")
+            }
+        )
 
 
 def _exit_code(spec: JobSpec, shard: int) -> int | None:
@@ -305,8 +370,10 @@ def _expand(spec: str) -> list[int]:
 
 def _require(tool: str) -> None:
     if shutil.which(tool) is None:
-        raise InputError(f"`{tool}` is not on PATH: the Slurm executor needs the Slurm client tools "
-                         "(sbatch, squeue, scancel, scontrol); install them or set extraction.executor = \"local\"")
+        raise InputError(
+            f"`{tool}` is not on PATH: the Slurm executor needs the Slurm client tools "
+            '(sbatch, squeue, scancel, scontrol); install them or set extraction.executor = "local"'
+        )
 
 
 def _run(argv: list[str], ok_errors: tuple[str, ...] = ()) -> str:
@@ -315,7 +382,9 @@ def _run(argv: list[str], ok_errors: tuple[str, ...] = ()) -> str:
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=SLURM_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise EaglewatchError(f"`{argv[0]}` did not answer in {SLURM_TIMEOUT_S:.0f} s; is slurmctld up? (`sinfo`)") from None
+        raise EaglewatchError(
+            f"`{argv[0]}` did not answer in {SLURM_TIMEOUT_S:.0f} s; is slurmctld up? (`sinfo`)"
+        ) from None
     if proc.returncode != 0:
         err = (proc.stderr or proc.stdout).strip()
         if any(e.lower() in err.lower() for e in ok_errors):

@@ -59,8 +59,10 @@ class JobSpec:
             raise InputError(f"job name {problem}")
         for key, _ in self.env:
             if not _ENV_KEY.match(key):
-                raise InputError(f"job {self.name!r}: environment variable name {key!r} is not a valid shell name "
-                                 "(letters, digits and '_', not starting with a digit)")
+                raise InputError(
+                    f"job {self.name!r}: environment variable name {key!r} is not a valid shell name "
+                    "(letters, digits and '_', not starting with a digit)"
+                )
         if not self.argv:
             raise InputError(f"job {self.name!r}: the command (argv) is empty; give the extractor command as a list")
         if isinstance(self.argv, str):
@@ -72,7 +74,9 @@ class JobSpec:
             try:
                 fields = list(string.Formatter().parse(arg))
             except ValueError as exc:
-                raise InputError(f"job {self.name!r}: argv[{i}] {arg!r}: {exc}; write {{{{ and }}}} for literal braces") from None
+                raise InputError(
+                    f"job {self.name!r}: argv[{i}] {arg!r}: {exc}; write {{{{ and }}}} for literal braces"
+                ) from None
             for _, name, _, _ in fields:
                 if name is not None and name not in known:
                     raise InputError(

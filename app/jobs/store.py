@@ -60,8 +60,13 @@ class JobStore:
         """Insert a job and its shards (all pending); return the job id."""
         with job_rows.immediate(self.conn):
             return job_rows.insert_job(
-                self.conn, run_id=run_id, name=spec.name, executor=executor, spec=spec.to_json(),
-                output_dir=str(spec.output_dir), shard_logs=[(s, str(spec.stdout_log(s))) for s in spec.shards],
+                self.conn,
+                run_id=run_id,
+                name=spec.name,
+                executor=executor,
+                spec=spec.to_json(),
+                output_dir=str(spec.output_dir),
+                shard_logs=[(s, str(spec.stdout_log(s))) for s in spec.shards],
                 now=time.time(),
             )
 
@@ -104,7 +109,9 @@ class JobStore:
 
     def cancel_shards(self, job_id: int, shards: list[int] | None = None) -> list[JobShard]:
         """Mark not-yet-final shards cancelled (all when `shards` is None); return them as they were before."""
-        before = [s for s in self.shards(job_id) if s.state not in FINAL_STATES and (shards is None or s.shard in shards)]
+        before = [
+            s for s in self.shards(job_id) if s.state not in FINAL_STATES and (shards is None or s.shard in shards)
+        ]
         with job_rows.immediate(self.conn):
             job_rows.cancel_shards(self.conn, job_id, [s.shard for s in before], time.time())
         return before
@@ -112,7 +119,17 @@ class JobStore:
 
 def _job(row: JobRow) -> Job:
     return Job(
-        id=row.id, name=row.name, executor=row.executor, state=row.state, paused=row.state == "paused",
-        n_shards=row.n_shards, output_dir=row.output_dir, external_id=row.external_id, error=row.error,
-        created_at=row.created_at, started_at=row.started_at, ended_at=row.ended_at, spec=JobSpec.from_json(row.spec),
+        id=row.id,
+        name=row.name,
+        executor=row.executor,
+        state=row.state,
+        paused=row.state == "paused",
+        n_shards=row.n_shards,
+        output_dir=row.output_dir,
+        external_id=row.external_id,
+        error=row.error,
+        created_at=row.created_at,
+        started_at=row.started_at,
+        ended_at=row.ended_at,
+        spec=JobSpec.from_json(row.spec),
     )

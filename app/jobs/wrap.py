@@ -35,8 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command after `--`; exit with its status (128+N when killed by signal N)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if "--" not in args:
-        print("app.jobs.wrap: usage: python -m app.jobs.wrap [--shard I] [--exit-file F] "
-              "[--done-marker M] [--slot S] -- COMMAND ARGS...", file=sys.stderr)
+        print(
+            "app.jobs.wrap: usage: python -m app.jobs.wrap [--shard I] [--exit-file F] "
+            "[--done-marker M] [--slot S] -- COMMAND ARGS...",
+            file=sys.stderr,
+        )
         return 2
     cut = args.index("--")
     parser = argparse.ArgumentParser(prog="python -m app.jobs.wrap")
@@ -45,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--done-marker", type=Path, default=None)
     parser.add_argument("--slot", default=None, help="informational: the executor's slot (GPU ids)")
     opts = parser.parse_args(args[:cut])
-    command = args[cut + 1:]
+    command = args[cut + 1 :]
     if not command:
         print("app.jobs.wrap: no command after '--'", file=sys.stderr)
         return 2
@@ -72,8 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         child = subprocess.Popen(command)
     except OSError as exc:
-        print(f"app.jobs.wrap: cannot start {command[0]!r}: {exc.strerror or exc}; check the extractor command "
-              "in the config (extraction.extractor)", file=sys.stderr)
+        print(
+            f"app.jobs.wrap: cannot start {command[0]!r}: {exc.strerror or exc}; check the extractor command "
+            "in the config (extraction.extractor)",
+            file=sys.stderr,
+        )
         code = 127
     else:
         _emit({"event": "start", "shard": opts.shard, "pid": child.pid, "argv": command, "ts": start})

@@ -76,12 +76,23 @@ def unreachable_cause(exc: BaseException) -> str | None:
     while seen is not None:
         if isinstance(seen, socket.gaierror) or type(seen).__name__ == "ClientConnectorDNSError":
             return "dns"
-        if isinstance(seen, (ssl.SSLError, ssl.CertificateError, aiohttp.ClientConnectorSSLError, aiohttp.ClientConnectorCertificateError)):
+        if isinstance(
+            seen,
+            (
+                ssl.SSLError,
+                ssl.CertificateError,
+                aiohttp.ClientConnectorSSLError,
+                aiohttp.ClientConnectorCertificateError,
+            ),
+        ):
             return "tls"
         if isinstance(seen, ConnectionRefusedError) or getattr(seen, "errno", None) == 111:
             return "refused"
-        if isinstance(seen, aiohttp.ConnectionTimeoutError) or isinstance(seen, httpx.ConnectTimeout) and not \
-                _saw_aiohttp(exc):
+        if (
+            isinstance(seen, aiohttp.ConnectionTimeoutError)
+            or isinstance(seen, httpx.ConnectTimeout)
+            and not _saw_aiohttp(exc)
+        ):
             return "connect_timeout"
         if isinstance(seen, (aiohttp.ClientConnectorError, httpx.ConnectError)):
             return "connect"
@@ -149,8 +160,12 @@ class ChatClient:
             raise ValueError(f"endpoint {self.endpoint_name!r} has no base_url (start its simulator first)")
         self.url = _chat_url(str(url))
         self._url = httpx.URL(self.url)  # parsed once: httpx's URL parsing is a large share of per-request CPU
-        headers = {"Host": self._url.netloc.decode(), "Content-Type": "application/json",
-                   "Accept": "application/json", "User-Agent": "eaglewatch"}
+        headers = {
+            "Host": self._url.netloc.decode(),
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            "User-Agent": "eaglewatch",
+        }
         if self._key:
             headers["Authorization"] = f"Bearer {self._key}"
         if self.server == "openrouter":  # routing metadata (fallback, compression, healing) on the final chunk
@@ -160,8 +175,9 @@ class ChatClient:
         self._stream_headers = httpx.Headers(dict(headers, Accept="text/event-stream"))
         timeout_s = float(getattr(endpoint, "timeout_s", None) or 1800.0)
         self.timeout_s = timeout_s
-        self.stall_timeout_s = min(timeout_s, float(getattr(endpoint, "stall_timeout_s", None)
-                                                    or DEFAULT_STALL_TIMEOUT_S))
+        self.stall_timeout_s = min(
+            timeout_s, float(getattr(endpoint, "stall_timeout_s", None) or DEFAULT_STALL_TIMEOUT_S)
+        )
         self.max_response_bytes = int(getattr(endpoint, "max_response_bytes", None) or DEFAULT_MAX_RESPONSE_BYTES)
         if isinstance(transport, httpx.AsyncBaseTransport):
             self._transport, self._owns_transport = transport, False
@@ -180,10 +196,12 @@ class ChatClient:
         # only once it is generated, so there the silence allowed before it is the whole deadline; a stream's
         # head comes at once and each event after it within `stall_timeout_s`.
         self._direct = isinstance(self._transport, AiohttpTransport)
-        self._aio_timeout = aiohttp.ClientTimeout(sock_connect=timeout.connect, sock_read=timeout_s,
-                                                  connect=timeout.pool)
-        self._aio_stream_timeout = aiohttp.ClientTimeout(sock_connect=timeout.connect, sock_read=timeout.read,
-                                                         connect=timeout.pool)
+        self._aio_timeout = aiohttp.ClientTimeout(
+            sock_connect=timeout.connect, sock_read=timeout_s, connect=timeout.pool
+        )
+        self._aio_stream_timeout = aiohttp.ClientTimeout(
+            sock_connect=timeout.connect, sock_read=timeout.read, connect=timeout.pool
+        )
         self._aio_headers = {k: v for k, v in headers.items() if k != "Host"}
         self._aio_stream_headers = dict(self._aio_headers, Accept="text/event-stream")
 
@@ -236,7 +254,12 @@ class ChatClient:
         return text.replace(self._key, "[api key]") if self._key and self._key in text else text
 
     async def complete(
-        self, messages: list[dict], tools: list[dict] | None = None, *, model: str, extra: dict | None = None,
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        *,
+        model: str,
+        extra: dict | None = None,
         on_first_token: Callable[[], None] | None = None,
     ) -> Completion:
         """One attempt; a Completion on success (check `.truncated`), else a ProviderError subclass.
@@ -265,9 +288,11 @@ class ChatClient:
         except (httpx.TransportError, OSError, TimeoutError, aiohttp.ClientError) as exc:
             # OSError / aiohttp errors: anything a transport lets through unmapped
             if deadline.expired():
-                error = RetryableError(f"{self.endpoint_name}: the attempt passed its deadline (timeout_s = "
-                                       f"{self.timeout_s:g} s) after {time.perf_counter() - started:.1f} s",
-                                       error_class=ErrorClass.TIMEOUT)
+                error = RetryableError(
+                    f"{self.endpoint_name}: the attempt passed its deadline (timeout_s = "
+                    f"{self.timeout_s:g} s) after {time.perf_counter() - started:.1f} s",
+                    error_class=ErrorClass.TIMEOUT,
+                )
             else:
                 error = self._transport_failure(exc, head.seen)
             error.answered = head.seen
@@ -278,8 +303,11 @@ class ChatClient:
         error of this attempt."""
         detail = self._scrub(describe_transport_error(exc))
         cause = unreachable_cause(exc)
-        if not head_seen and cause is None and isinstance(_root_cause(exc), (ConnectionResetError,
-                                                                            aiohttp.ServerDisconnectedError)):
+        if (
+            not head_seen
+            and cause is None
+            and isinstance(_root_cause(exc), (ConnectionResetError, aiohttp.ServerDisconnectedError))
+        ):
             cause = "reset"
         if not head_seen and cause is not None:
             return EndpointUnreachable(f"{self.endpoint_name} ({self.url}): {detail}", cause=cause)
@@ -315,8 +343,9 @@ class ChatClient:
             parts.append(data)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    async def _read_events(self, chunks: AsyncIterator[bytes], started: float,
-                           on_first_token: Callable[[], None] | None = None) -> StreamAssembler:
+    async def _read_events(
+        self, chunks: AsyncIterator[bytes], started: float, on_first_token: Callable[[], None] | None = None
+    ) -> StreamAssembler:
         """Feed the SSE events of `chunks` to an assembler, reading to the end (so the connection goes back to
         the pool); a transport error mid-stream is a RetryableError naming how far the stream got."""
         assembler = StreamAssembler(started, on_first_token, self.limits)
@@ -328,8 +357,9 @@ class ChatClient:
                     continue
                 size += len(data)
                 if size > cap:
-                    exc = MalformedResponse("body", f"passed max_response_bytes ({cap}) after "
-                                            f"{len(assembler.chunks)} stream chunks")
+                    exc = MalformedResponse(
+                        "body", f"passed max_response_bytes ({cap}) after {len(assembler.chunks)} stream chunks"
+                    )
                     exc.cost_usd, exc.usage = assembler.reported_cost(), assembler.usage
                     raise exc
                 for event in iter_sse_events(buffer, data):
@@ -342,8 +372,8 @@ class ChatClient:
             if kind == "timeout":
                 how = f"no byte for stall_timeout_s = {self.stall_timeout_s:g} s"
             error = RetryableError(
-                f"{self.endpoint_name}: the stream broke after {len(assembler.chunks)} chunks ({how})",
-                error_class=kind)
+                f"{self.endpoint_name}: the stream broke after {len(assembler.chunks)} chunks ({how})", error_class=kind
+            )
             error.cost_usd, error.usage = assembler.reported_cost(), assembler.usage
             raise error from None
         return assembler
@@ -357,8 +387,9 @@ class ChatClient:
         return transport.client
 
     def _post(self, content: bytes, headers: dict[str, str], timeout: aiohttp.ClientTimeout):
-        return self._session().post(self.url, data=content, headers=headers, timeout=timeout,
-                                    allow_redirects=False, compress=False)
+        return self._session().post(
+            self.url, data=content, headers=headers, timeout=timeout, allow_redirects=False, compress=False
+        )
 
     async def _plain_direct(self, content: bytes, started: float, head: _Head) -> Completion:
         async with self._post(content, self._aio_headers, self._aio_timeout) as response:
@@ -373,25 +404,33 @@ class ChatClient:
             raise self._status_error(response.status, response.headers, data)
         return self._with_header_id(parse_body(data, total_s=total, limits=self.limits), response.headers)
 
-    async def _stream_direct(self, content: bytes, started: float,
-                             on_first_token: Callable[[], None] | None, head: _Head) -> Completion:
+    async def _stream_direct(
+        self, content: bytes, started: float, on_first_token: Callable[[], None] | None, head: _Head
+    ) -> Completion:
         async with self._post(content, self._aio_stream_headers, self._aio_stream_timeout) as response:
             head.seen = True
             if response.status != 200:
-                raise self._status_error(response.status, response.headers,
-                                         await self._read_capped(response.content.iter_any(), response.content_length))
+                raise self._status_error(
+                    response.status,
+                    response.headers,
+                    await self._read_capped(response.content.iter_any(), response.content_length),
+                )
             assembler = await self._read_events(response.content.iter_any(), started, on_first_token)
             completion = assembler.finish_completion(time.perf_counter() - started)
             return self._with_header_id(completion, response.headers)
 
-    async def _stream(self, content: bytes, started: float,
-                      on_first_token: Callable[[], None] | None, head: _Head) -> Completion:
+    async def _stream(
+        self, content: bytes, started: float, on_first_token: Callable[[], None] | None, head: _Head
+    ) -> Completion:
         response = await self._transport.handle_async_request(self._request(content, self._stream_headers))
         head.seen = True
         try:
             if response.status_code != 200:
-                raise self._status_error(response.status_code, response.headers, await self._read_capped(
-                    response.aiter_bytes(), _content_length(response.headers)))
+                raise self._status_error(
+                    response.status_code,
+                    response.headers,
+                    await self._read_capped(response.aiter_bytes(), _content_length(response.headers)),
+                )
             assembler = await self._read_events(response.aiter_bytes(), started, on_first_token)
             completion = assembler.finish_completion(time.perf_counter() - started)
             return self._with_header_id(completion, response.headers)

@@ -50,7 +50,7 @@ class ProviderError(EaglewatchError):
         self.cost_usd = cost_usd
         # the failed attempt's usage counts when they were sound (app.records.Usage): the engine charges
         # the larger of `cost_usd` and their list price
-        self.usage = None
+        self.usage: Usage | None = None
         # a response (of any status) came back from the endpoint: it is there (app.engine.health.endpoint_health)
         self.answered = status is not None
 

@@ -48,8 +48,9 @@ def parse_usage(raw: Any, field: str = "usage", limits: WireLimits = DEFAULT_LIM
     cost, problem = wire.cost(raw.get("cost"), f"{field}.cost", limits)
     if raw.get("is_byok") is True:
         details = opt_obj(raw.get("cost_details"), f"{field}.cost_details") or {}
-        upstream, upstream_problem = wire.cost(details.get("upstream_inference_cost"),
-                                               f"{field}.cost_details.upstream_inference_cost", limits)
+        upstream, upstream_problem = wire.cost(
+            details.get("upstream_inference_cost"), f"{field}.cost_details.upstream_inference_cost", limits
+        )
         if upstream_problem is not None:
             cost, problem = None, problem or upstream_problem
         elif upstream is not None and problem is None:
@@ -141,8 +142,10 @@ def _choice_index(choice: dict, field: str) -> None:
     missing index is taken as 0; any other index is a protocol error (eaglewatch asks for n = 1)."""
     index = choice.get("index")
     if index is not None and (type(index) is not int or index != 0):
-        raise MalformedResponse(f"{field}.index", f"is {wire.shown(index)}; eaglewatch asks for one choice (n = 1), "
-                                "so only index 0 may come back")
+        raise MalformedResponse(
+            f"{field}.index",
+            f"is {wire.shown(index)}; eaglewatch asks for one choice (n = 1), so only index 0 may come back",
+        )
 
 
 def _provider_error_in_body(error: Any, where: str) -> RetryableError:
@@ -153,14 +156,17 @@ def _provider_error_in_body(error: Any, where: str) -> RetryableError:
         message = None
     return RetryableError(
         f"the provider failed during generation ({where}): {message[:300] if message else 'no message'}",
-        error_class=ErrorClass.STREAM)
+        error_class=ErrorClass.STREAM,
+    )
 
 
 def _check_finish(finish: str | None, error: Any, where: str) -> None:
     if error is not None or finish == "error":
         raise _provider_error_in_body(error, where)
     if finish == "abort":  # SGLang: the request was aborted server-side (protocol.py finish_reason "abort")
-        raise RetryableError(f"the server aborted the request ({where}: finish_reason abort)", error_class=ErrorClass.STREAM)
+        raise RetryableError(
+            f"the server aborted the request ({where}: finish_reason abort)", error_class=ErrorClass.STREAM
+        )
     if finish == "content_filter":
         raise SampleFatalError("the provider's content filter stopped this sample", error_class=ErrorClass.FILTERED)
 
@@ -182,8 +188,9 @@ def _tool_call(call: Any, where: str, position: int) -> ToolCall:
 # non-streaming
 
 
-def parse_body(text: bytes | str, *, total_s: float, ttft_s: float | None = None,
-               limits: WireLimits = DEFAULT_LIMITS) -> Completion:
+def parse_body(
+    text: bytes | str, *, total_s: float, ttft_s: float | None = None, limits: WireLimits = DEFAULT_LIMITS
+) -> Completion:
     """A non-streaming 200 body (leading keep-alive whitespace allowed) into a Completion, through the boundary."""
     body, replaced = wire.load_json(text, "body")
     body = obj(body, "body")
@@ -200,11 +207,14 @@ def parse_body(text: bytes | str, *, total_s: float, ttft_s: float | None = None
         raise
 
 
-def _completion_of(body: dict, usage: Usage, replaced: bool, total_s: float, ttft_s: float | None,
-                   limits: WireLimits) -> Completion:
+def _completion_of(
+    body: dict, usage: Usage, replaced: bool, total_s: float, ttft_s: float | None, limits: WireLimits
+) -> Completion:
     choices = body.get("choices")
     if type(choices) is not list or not choices:
-        raise MalformedResponse("choices", f"should be a non-empty list, got {wire.kind_of(choices) if choices != [] else 'an empty list'}")
+        raise MalformedResponse(
+            "choices", f"should be a non-empty list, got {wire.kind_of(choices) if choices != [] else 'an empty list'}"
+        )
     if len(choices) > 1:
         raise MalformedResponse("choices", f"holds {len(choices)} choices; eaglewatch asks for one (n = 1)")
     choice = obj(choices[0], "choices[0]")
@@ -246,8 +256,11 @@ def _completion_of(body: dict, usage: Usage, replaced: bool, total_s: float, ttf
         prompt_ids = _prompt_ids(body, "body", limits)
     flags = (wire.TEXT_REPLACED,) if replaced else ()
     if finish is None:
-        exc = RetryableError("the body ended without a finish_reason (choices[0].finish_reason is missing): "
-                             "the wire cut the answer; asking again", error_class="stream")
+        exc = RetryableError(
+            "the body ended without a finish_reason (choices[0].finish_reason is missing): "
+            "the wire cut the answer; asking again",
+            error_class="stream",
+        )
         exc.usage = usage  # a billed attempt stays billed
         exc.cost_usd = usage.cost_usd or 0.0
         raise exc
@@ -284,8 +297,9 @@ class StreamAssembler:
     wrong type or range raises MalformedResponse naming the chunk and the field.
     """
 
-    def __init__(self, started: float, on_first_token: Callable[[], None] | None = None,
-                 limits: WireLimits = DEFAULT_LIMITS) -> None:
+    def __init__(
+        self, started: float, on_first_token: Callable[[], None] | None = None, limits: WireLimits = DEFAULT_LIMITS
+    ) -> None:
         self._started = started
         self._on_first_token = on_first_token
         self._limits = limits
@@ -357,8 +371,9 @@ class StreamAssembler:
         if not choices:
             return
         if len(choices) > 1:
-            raise MalformedResponse(f"stream chunk {n}.choices", f"holds {len(choices)} choices; eaglewatch asks "
-                                    "for one (n = 1)")
+            raise MalformedResponse(
+                f"stream chunk {n}.choices", f"holds {len(choices)} choices; eaglewatch asks for one (n = 1)"
+            )
         choice = obj(choices[0], f"stream chunk {n}.choices[0]")
         _choice_index(choice, f"stream chunk {n}.choices[0]")
         self._feed_choice(choice, chunk, n)
@@ -442,8 +457,10 @@ class StreamAssembler:
         where the tags go."""
         if self._lp_beyond_content and not self._reasoning_key_lp:
             return {"content_logprobs": tuple(self._every_lp), "reasoning_logprobs": None}
-        return {"content_logprobs": tuple(self._content_lp) if self._content_lp is not None else None,
-                "reasoning_logprobs": tuple(self._reasoning_lp) if self._reasoning_lp is not None else None}
+        return {
+            "content_logprobs": tuple(self._content_lp) if self._content_lp is not None else None,
+            "reasoning_logprobs": tuple(self._reasoning_lp) if self._reasoning_lp is not None else None,
+        }
 
     def _feed_call(self, call: dict, where: str) -> None:
         index = wire.index(call.get("index"), f"{where}.index")
@@ -600,37 +617,70 @@ def classify_status(status: int, headers: Any, body: Any) -> ProviderError:
     retry_after = parse_retry_after(headers, body)
     availability = error.get("availability") if isinstance(error, dict) else None
     if isinstance(availability, dict) and availability.get("retryable") is True:
-        return RetryableError(f"HTTP {status}, provider temporarily unavailable{detail}", error_class=ErrorClass.RATE_LIMITED
-                              if status == 429 else ErrorClass.SERVER, status=status, retry_after_s=retry_after)
+        return RetryableError(
+            f"HTTP {status}, provider temporarily unavailable{detail}",
+            error_class=ErrorClass.RATE_LIMITED if status == 429 else ErrorClass.SERVER,
+            status=status,
+            retry_after_s=retry_after,
+        )
     if status == 429:
-        return RetryableError(f"HTTP 429 rate limited{detail}", error_class=ErrorClass.RATE_LIMITED, status=status,
-                              retry_after_s=retry_after)
+        return RetryableError(
+            f"HTTP 429 rate limited{detail}",
+            error_class=ErrorClass.RATE_LIMITED,
+            status=status,
+            retry_after_s=retry_after,
+        )
     if status in (408, 409):
-        return RetryableError(f"HTTP {status}{detail}", error_class=http_error_class(status), status=status,
-                              retry_after_s=retry_after)
+        return RetryableError(
+            f"HTTP {status}{detail}", error_class=http_error_class(status), status=status, retry_after_s=retry_after
+        )
     if status >= 500:
-        return RetryableError(f"HTTP {status} from the provider{detail}", error_class=ErrorClass.SERVER, status=status,
-                              retry_after_s=retry_after)
+        return RetryableError(
+            f"HTTP {status} from the provider{detail}",
+            error_class=ErrorClass.SERVER,
+            status=status,
+            retry_after_s=retry_after,
+        )
     if status == 401:
-        return RunStoppingError(f"HTTP 401: the API key was refused{detail}; check the key in the "
-                                "endpoint's api_key_env variable", error_class=ErrorClass.AUTH, status=status)
+        return RunStoppingError(
+            f"HTTP 401: the API key was refused{detail}; check the key in the endpoint's api_key_env variable",
+            error_class=ErrorClass.AUTH,
+            status=status,
+        )
     if status == 402:
-        return RunStoppingError(f"HTTP 402: out of credits{detail}; add credits or raise the key's limit, "
-                                "then resume the run", error_class=ErrorClass.CREDITS, status=status)
+        return RunStoppingError(
+            f"HTTP 402: out of credits{detail}; add credits or raise the key's limit, then resume the run",
+            error_class=ErrorClass.CREDITS,
+            status=status,
+        )
     if status == 403:
         moderation = error_type in ("content_policy_violation", "refusal") or (
             isinstance(error, dict) and isinstance(error.get("metadata"), dict) and "flagged_input" in error["metadata"]
         )
         if moderation:
-            return SampleFatalError(f"HTTP 403: the provider's moderation blocked this sample{detail}",
-                                    error_class=ErrorClass.FILTERED, status=status)
-        return RunStoppingError(f"HTTP 403: forbidden{detail}; check the key's permissions",
-                                error_class=ErrorClass.FORBIDDEN, status=status)
+            return SampleFatalError(
+                f"HTTP 403: the provider's moderation blocked this sample{detail}",
+                error_class=ErrorClass.FILTERED,
+                status=status,
+            )
+        return RunStoppingError(
+            f"HTTP 403: forbidden{detail}; check the key's permissions", error_class=ErrorClass.FORBIDDEN, status=status
+        )
     if status == 404:
-        return RunStoppingError(f"HTTP 404: no such model or endpoint{detail}; check the model name and "
-                                "base_url", error_class=ErrorClass.NOT_FOUND, status=status)
+        return RunStoppingError(
+            f"HTTP 404: no such model or endpoint{detail}; check the model name and base_url",
+            error_class=ErrorClass.NOT_FOUND,
+            status=status,
+        )
     if status == 200:
-        return RetryableError(f"the provider returned an error under HTTP 200{detail}", error_class=ErrorClass.STREAM,
-                              status=status, retry_after_s=retry_after)
-    return SampleFatalError(f"HTTP {status}: the provider rejected this request{detail}",
-                            error_class=http_error_class(status), status=status)
+        return RetryableError(
+            f"the provider returned an error under HTTP 200{detail}",
+            error_class=ErrorClass.STREAM,
+            status=status,
+            retry_after_s=retry_after,
+        )
+    return SampleFatalError(
+        f"HTTP {status}: the provider rejected this request{detail}",
+        error_class=http_error_class(status),
+        status=status,
+    )

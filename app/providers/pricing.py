@@ -122,13 +122,17 @@ class PriceQuote:
     def describe(self) -> str:
         """One line for `config check` and the run's start-up event."""
         if self.pricing is None:
-            return (f"{self.model}: no price in the config or from any endpoint's /models; cost counts only what "
-                    "the API reports and the budget guard has no estimate before the first result")
+            return (
+                f"{self.model}: no price in the config or from any endpoint's /models; cost counts only what "
+                "the API reports and the budget guard has no estimate before the first result"
+            )
         p = self.pricing
         where = f'[pricing."{self.key}"]' if self.source == "config" else f"GET /models of {self.key}"
         cached = p.cached_prompt_per_m if p.cached_prompt_per_m is not None else p.prompt_per_m
-        return (f"{self.model}: ${p.prompt_per_m:g}/M prompt, ${p.completion_per_m:g}/M completion, "
-                f"${cached:g}/M cached prompt (from {where})")
+        return (
+            f"{self.model}: ${p.prompt_per_m:g}/M prompt, ${p.completion_per_m:g}/M completion, "
+            f"${cached:g}/M cached prompt (from {where})"
+        )
 
 
 async def prices_at_start(model: str, table: Mapping[str, Any], clients: Mapping[str, Any]) -> PriceQuote:

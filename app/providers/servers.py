@@ -59,8 +59,11 @@ def server_from_models(body: object, headers: dict[str, str] | None = None) -> s
     if "sglang" in owners:
         return "sglang"
     lowered = {k.lower(): v for k, v in (headers or {}).items()}
-    if entries and all(isinstance(e.get("status"), dict) and "value" in e["status"] for e in entries) \
-            and "x-request-id" in lowered:
+    if (
+        entries
+        and all(isinstance(e.get("status"), dict) and "value" in e["status"] for e in entries)
+        and "x-request-id" in lowered
+    ):
         return "transformers-serve"
     if entries and all("pricing" in e and "architecture" in e for e in entries):
         return "openrouter"

@@ -43,7 +43,9 @@ MAX_TOOL_CALLS = 4096  # tool-call indexes per answer
 DEFAULT_MAX_COST_USD = 20.0  # `[limits] max_response_cost_usd`'s default: the dearest sane single answer
 
 TEXT_REPLACED = "wire:text_replaced"  # a lone surrogate or invalid UTF-8 in the body, replaced with U+FFFD
-FINISH_MISSING = "wire:finish_reason_missing"  # retired: such an answer is now a retryable "stream" fault; old rows may hold it
+FINISH_MISSING = (
+    "wire:finish_reason_missing"  # retired: such an answer is now a retryable "stream" fault; old rows may hold it
+)
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -247,8 +249,10 @@ def cost(value: Any, field: str, limits: WireLimits) -> tuple[float | None, str 
     if amount < 0:
         return None, f"{field} is {amount:g}, negative"
     if amount > limits.max_cost_usd:
-        return None, (f"{field} is {amount:g}, past the cap of ${limits.max_cost_usd:g} a response "
-                      "([limits] max_response_cost_usd)")
+        return None, (
+            f"{field} is {amount:g}, past the cap of ${limits.max_cost_usd:g} a response "
+            "([limits] max_response_cost_usd)"
+        )
     return amount, None
 
 
@@ -259,7 +263,8 @@ def kind_of(value: Any) -> str:
     if isinstance(value, bool):
         return "a boolean"
     return {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number"}.get(
-        type(value), type(value).__name__)
+        type(value), type(value).__name__
+    )
 
 
 def shown(value: Any) -> str:

@@ -42,9 +42,13 @@ class Admission:
 
 def has_capacity(options: object) -> bool:
     """True when any capacity option is set (otherwise the simulator behaves as before: faults only)."""
-    return bool(getattr(options, "concurrency_cap", 0) or getattr(options, "cap_changes", None)
-                or getattr(options, "requests_per_min", 0) or getattr(options, "tokens_per_min", 0)
-                or getattr(options, "batch_slots", 0))
+    return bool(
+        getattr(options, "concurrency_cap", 0)
+        or getattr(options, "cap_changes", None)
+        or getattr(options, "requests_per_min", 0)
+        or getattr(options, "tokens_per_min", 0)
+        or getattr(options, "batch_slots", 0)
+    )
 
 
 def check_capacity(options: object) -> None:
@@ -87,8 +91,9 @@ def parse_cap_changes(text: str) -> list[tuple[float, int]]:
 class CapacityModel:
     """Concurrency cap (changing on a schedule), rpm/tpm quotas and batch slots of one simulated endpoint."""
 
-    def __init__(self, options: object, *, start: float = 0.0, retry_after_s: float = 1.0,
-                 quota_burst_s: float = 1.0) -> None:
+    def __init__(
+        self, options: object, *, start: float = 0.0, retry_after_s: float = 1.0, quota_burst_s: float = 1.0
+    ) -> None:
         check_capacity(options)
         self.start = start
         self.retry_after_s = retry_after_s
@@ -149,8 +154,9 @@ class CapacityModel:
 class CapacityGate:
     """`CapacityModel` on the event loop: admission, then a FIFO wait for a batch slot when the server queues."""
 
-    def __init__(self, options: object, *, retry_after_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, options: object, *, retry_after_s: float = 1.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.clock = clock
         self.model = CapacityModel(options, start=clock(), retry_after_s=retry_after_s)
         slots = self.model.batch_slots

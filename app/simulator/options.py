@@ -128,9 +128,7 @@ def check_options(options: object) -> None:
     median = float(getattr(options, "latency_median_ms", 0) or 0)
     p95 = float(getattr(options, "latency_p95_ms", 0) or 0)
     if median < 0 or p95 < 0 or (median > 0 and p95 and p95 < median):
-        raise InputError(
-            f"simulator latency: median {median} ms and p95 {p95} ms; both must be >= 0 and p95 >= median"
-        )
+        raise InputError(f"simulator latency: median {median} ms and p95 {p95} ms; both must be >= 0 and p95 >= median")
 
 
 def parse_faults(text: str) -> dict[str, float]:

@@ -35,7 +35,9 @@ class Personality:
     non_json_tool_region: int | None = None  # the HTTP status a tool-call region that is not JSON gets (None: parsed)
     null_content: bool = True  # no content -> `content: null` (OpenRouter); False: `content: ""`
     lean_deltas: bool = False  # each delta holds only its own field (role only on the first chunk)
-    json_formats: frozenset[str] = frozenset()  # tool formats whose parser json.dumps the arguments again (non-streaming)
+    json_formats: frozenset[str] = (
+        frozenset()
+    )  # tool formats whose parser json.dumps the arguments again (non-streaming)
     vllm_wire: bool = False  # vLLM's own body and chunk fields (null keys, a chunk per token, every token's logprobs)
 
 
@@ -49,14 +51,25 @@ PERSONALITIES = {
     # Checked field by field against vLLM 0.32 in tests/realserver/test_vllm.py (docs/providers.md lists what is
     # left): the template's whitespace stays in the fields and its qwen3 parser returns an answer with no think
     # block as reasoning; streamed arguments are the model's text; the rest of its wire is `vllm_wire`.
-    "vllm": Personality("vllm", ids="vllm", finish_tool_calls=True, json_formats=frozenset({"hermes", "glm-4.5"}),
-                        plain_quirks=frozenset({"raw_regions", "reasoning_first", "tool_separator_kept"}),
-                        stream_quirks=frozenset({"raw_regions", "reasoning_first", "tool_separator_kept"}),
-                        lean_deltas=True, vllm_wire=True),
+    "vllm": Personality(
+        "vllm",
+        ids="vllm",
+        finish_tool_calls=True,
+        json_formats=frozenset({"hermes", "glm-4.5"}),
+        plain_quirks=frozenset({"raw_regions", "reasoning_first", "tool_separator_kept"}),
+        stream_quirks=frozenset({"raw_regions", "reasoning_first", "tool_separator_kept"}),
+        lean_deltas=True,
+        vllm_wire=True,
+    ),
     # SGLang: ChatMessage.reasoning_content; token_ids / prompt_token_ids only non-streaming, 400 when asked
     # with stream=true: python/sglang/srt/entrypoints/openai/protocol.py, serving_chat.py.
-    "sglang": Personality("sglang", reasoning_field="reasoning_content", ids="sglang", finish_tool_calls=True,
-                          stream_rejects=frozenset({"return_token_ids", "return_prompt_token_ids", "return_meta_info"})),
+    "sglang": Personality(
+        "sglang",
+        reasoning_field="reasoning_content",
+        ids="sglang",
+        finish_tool_calls=True,
+        stream_rejects=frozenset({"return_token_ids", "return_prompt_token_ids", "return_meta_info"}),
+    ),
     # transformers serve (transformers 5.x cli/serving/chat_completion.py + utils.py, checked against the real
     # server in tests/realserver): reasoning_content; non-streaming parses the whole decode with the response
     # template, which strips content and reasoning, drops an empty reasoning and re-serialises arguments with
@@ -66,24 +79,62 @@ PERSONALITIES = {
     # `data: {"error": "<msg>"}` formatted by hand; a tool-call region that is not JSON raises a ValueError, which
     # 5.25's server answers with HTTP 400 (cli/serving/server.py `_bad_request_handler`; a 500 before).
     "transformers-serve": Personality(
-        "transformers-serve", reasoning_field="reasoning_content",
+        "transformers-serve",
+        reasoning_field="reasoning_content",
         plain_quirks=frozenset({"strip_whitespace", "json_dumps", "empty_reasoning_none"}),
         stream_quirks=frozenset({"raw_regions", "blank_content_dropped"}),
-        tool_id="{gen}_tool_call_{index}", tool_args_at_once=True, finish_tool_calls=True, done_marker=False,
-        logprobs=False, error_chunk="text", openai_fields_only=True,
-        non_json_tool_region=400, null_content=False, lean_deltas=True,
+        tool_id="{gen}_tool_call_{index}",
+        tool_args_at_once=True,
+        finish_tool_calls=True,
+        done_marker=False,
+        logprobs=False,
+        error_chunk="text",
+        openai_fields_only=True,
+        non_json_tool_region=400,
+        null_content=False,
+        lean_deltas=True,
     ),
 }
 PERSONALITY_NAMES = tuple(PERSONALITIES)
 
 # request fields of the OpenAI chat-completions schema (what a strict server accepts)
-OPENAI_CHAT_FIELDS = frozenset({
-    "messages", "model", "audio", "frequency_penalty", "function_call", "functions", "logit_bias", "logprobs",
-    "max_completion_tokens", "max_tokens", "metadata", "modalities", "n", "parallel_tool_calls", "prediction",
-    "presence_penalty", "reasoning_effort", "response_format", "seed", "service_tier", "stop", "store", "stream",
-    "stream_options", "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "user", "web_search_options",
-    "chat_template_kwargs", "generation_config",
-})
+OPENAI_CHAT_FIELDS = frozenset(
+    {
+        "messages",
+        "model",
+        "audio",
+        "frequency_penalty",
+        "function_call",
+        "functions",
+        "logit_bias",
+        "logprobs",
+        "max_completion_tokens",
+        "max_tokens",
+        "metadata",
+        "modalities",
+        "n",
+        "parallel_tool_calls",
+        "prediction",
+        "presence_penalty",
+        "reasoning_effort",
+        "response_format",
+        "seed",
+        "service_tier",
+        "stop",
+        "store",
+        "stream",
+        "stream_options",
+        "temperature",
+        "tool_choice",
+        "tools",
+        "top_logprobs",
+        "top_p",
+        "user",
+        "web_search_options",
+        "chat_template_kwargs",
+        "generation_config",
+    }
+)
 
 
 def get_personality(name: str | None) -> Personality:

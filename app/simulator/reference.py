@@ -94,8 +94,9 @@ class ReferenceBook:
                     messages = row.get("messages") or []
                     meta = row.get("meta_info") or {}
                 except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                    raise InputError(f"{path}:{lineno}: not a reference sample ({exc}); each line needs "
-                                     "'messages' and 'output_ids'") from None
+                    raise InputError(
+                        f"{path}:{lineno}: not a reference sample ({exc}); each line needs 'messages' and 'output_ids'"
+                    ) from None
                 index = len(samples)
                 prompt_tokens = meta.get("prompt_tokens")
                 if not isinstance(prompt_tokens, int):

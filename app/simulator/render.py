@@ -125,16 +125,22 @@ class OutputRenderer:
             after = len(r_ids) + (1 if had_think else 0) + (1 if lead_think else 0)
             c_ids = tuple(ids[after:])
         reasoning: str | None = view.reasoning
-        content: str | None = view.content
+        content: str = view.content
         if "tool_separator_kept" in quirks and view.tool_calls and profile.tool_format == "hermes":
             # vLLM's hermes parser: content is all the text before the first call, the template's "\n" included
             head = self._text(tuple(ids), per_token)
             head = head.split(profile.think_close, 1)[-1] if view.reasoning is not None else head
             content = head.split(profile.tool_markers["call_begin"], 1)[0]
-        if ("reasoning_first" in quirks and reasoning is None and profile.output_opens_with_think
-                and self.ids.get("think_end") not in output_ids and content):
+        if (
+            "reasoning_first" in quirks
+            and reasoning is None
+            and profile.output_opens_with_think
+            and self.ids.get("think_end") not in output_ids
+            and content
+        ):
             # vLLM's qwen3 parser starts inside reasoning: with no think-close tag the whole answer is reasoning
-            reasoning, content, r_ids, c_ids = content, "", c_ids, ()
+            reasoning, r_ids, c_ids = content, c_ids, ()
+            content = ""
         if "blank_content_dropped" in quirks and view.tool_calls and not content.strip():
             content = ""  # transformers serve streams no whitespace-only content before a tool call
         if "think_spaces" in quirks:
@@ -194,9 +200,7 @@ class OutputRenderer:
                 "bytes": list(raw),
             }
             if top:
-                item["top_logprobs"] = [
-                    {"token": item["token"], "logprob": item["logprob"], "bytes": item["bytes"]}
-                ]
+                item["top_logprobs"] = [{"token": item["token"], "logprob": item["logprob"], "bytes": item["bytes"]}]
             out.append(item)
         return out
 

@@ -59,8 +59,15 @@ CACHE_ENTRIES = 2048  # rendered samples kept per cache
 VLLM_FINGERPRINT = "vllm-0.32.0-simulated"  # vLLM's system_fingerprint: vllm-<version>-<hash>
 # the keys vLLM 0.32 writes as null on a response, a choice and a message when it has nothing for them
 # (vllm/entrypoints/openai/chat_completion/protocol.py ChatCompletionResponse, ...Choice, ChatMessage)
-_VLLM_BODY_NULLS = ("service_tier", "prompt_logprobs", "prompt_token_ids", "prompt_text", "kv_transfer_params",
-                    "ec_transfer_params", "metrics")
+_VLLM_BODY_NULLS = (
+    "service_tier",
+    "prompt_logprobs",
+    "prompt_token_ids",
+    "prompt_text",
+    "kv_transfer_params",
+    "ec_transfer_params",
+    "metrics",
+)
 _VLLM_CHOICE_NULLS = ("stop_reason", "token_ids", "routed_experts")
 _VLLM_MESSAGE_NULLS = ("refusal", "annotations", "audio", "function_call")
 
@@ -313,12 +320,14 @@ class SimulatorServer:
         }
         if self.report_cost:
             usage["cost"] = round(
-                cost_of(Usage(sample.prompt_tokens, completion, len(out.reasoning_ids), cached), self.pricing), 10)
+                cost_of(Usage(sample.prompt_tokens, completion, len(out.reasoning_ids), cached), self.pricing), 10
+            )
         return usage
 
     def _error(self, status: int) -> web.Response:
-        error_type, message = _ERRORS.get(status, ("server" if status >= 500 else "invalid_request",
-                                                   f"Simulated HTTP {status}"))
+        error_type, message = _ERRORS.get(
+            status, ("server" if status >= 500 else "invalid_request", f"Simulated HTTP {status}")
+        )
         headers = {}
         if status in (429, 503):
             if self.retry_after_http_date:
@@ -347,17 +356,25 @@ class SimulatorServer:
             unexpected = sorted(set(body) - OPENAI_CHAT_FIELDS)
             if unexpected:
                 self.counters["422"] += 1
-                return web.Response(status=422, body=_json({"detail": f"Unexpected fields in the request: "
-                                                                      f"{set(unexpected)}"}),
-                                    content_type="application/json")
+                return web.Response(
+                    status=422,
+                    body=_json({"detail": f"Unexpected fields in the request: {set(unexpected)}"}),
+                    content_type="application/json",
+                )
         if body.get("stream"):
             asked = sorted(k for k in p.stream_rejects if body.get(k))
             if asked:
                 self.counters["400"] += 1
-                message = f"{asked[0]} is not supported with streaming. Please set stream=false when using {asked[0]}=true."
-                return web.Response(status=400, body=_json({"object": "error", "message": message,
-                                                            "type": "BadRequestError", "param": None, "code": 400}),
-                                    content_type="application/json")
+                message = (
+                    f"{asked[0]} is not supported with streaming. Please set stream=false when using {asked[0]}=true."
+                )
+                return web.Response(
+                    status=400,
+                    body=_json(
+                        {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": 400}
+                    ),
+                    content_type="application/json",
+                )
         return None
 
     def _wants_ids(self, body: dict) -> bool:
@@ -372,7 +389,8 @@ class SimulatorServer:
         """The prompt ids this server returns for the request (rendered with the profile's template), or None."""
         p = self.personality
         wanted = (p.ids == "vllm" and body.get("return_token_ids")) or (
-            p.ids == "sglang" and body.get("return_prompt_token_ids") and not body.get("stream"))
+            p.ids == "sglang" and body.get("return_prompt_token_ids") and not body.get("stream")
+        )
         if not wanted:
             return None
         from app.errors import InputError
@@ -433,8 +451,16 @@ class SimulatorServer:
                 "input_cache_read": format(cached / 1e6, ".12g"),
                 "request": "0",
             },
-            "supported_parameters": ["max_tokens", "temperature", "top_p", "tools", "reasoning",
-                                     "logprobs", "top_logprobs", "stream"],
+            "supported_parameters": [
+                "max_tokens",
+                "temperature",
+                "top_p",
+                "tools",
+                "reasoning",
+                "logprobs",
+                "top_logprobs",
+                "stream",
+            ],
         }
         return web.Response(body=_json({"data": [entry]}), content_type="application/json")
 
@@ -496,10 +522,12 @@ class SimulatorServer:
         fault = self._draw_fault()
         keepalive = self._keepalive_rate > 0 and self._rng.random() < self._keepalive_rate
         if self.latency_by_sample:
-            latency = sample_latency_s(int(getattr(self.options, "seed", 0) or 0),
-                                       requested_sample(body) or messages_key(messages),
-                                       float(getattr(self.options, "latency_median_ms", 0) or 0),
-                                       float(getattr(self.options, "latency_p95_ms", 0) or 0))
+            latency = sample_latency_s(
+                int(getattr(self.options, "seed", 0) or 0),
+                requested_sample(body) or messages_key(messages),
+                float(getattr(self.options, "latency_median_ms", 0) or 0),
+                float(getattr(self.options, "latency_p95_ms", 0) or 0),
+            )
         else:
             latency = self._latency_s()
         if keepalive:
@@ -521,8 +549,11 @@ class SimulatorServer:
             return refused
         history = sum(len(m.get("tool_calls") or []) for m in messages if isinstance(m, dict))
         index, _ = self.book.pick(messages, requested_sample(body))
-        cached = (self.prompt_cache.serve(messages, self.book.samples[index].prompt_tokens)
-                  if self.prompt_cache is not None else 0)
+        cached = (
+            self.prompt_cache.serve(messages, self.book.samples[index].prompt_tokens)
+            if self.prompt_cache is not None
+            else 0
+        )
         out = self._rendered(index, history, bool(body.get("stream")))
         status = self.personality.non_json_tool_region
         if status is not None and self._tool_region_not_json(out):
@@ -538,16 +569,42 @@ class SimulatorServer:
         if self.personality.tool_id is not None and out.tool_calls:
             out = self._with_tool_ids(out, gen_id)
         if body.get("stream"):
-            return await self._stream(request, index, history, out, gen_id, model, want_lp, top, ids_field, fault,
-                                      keepalive, latency, prompt_ids, cached)
+            return await self._stream(
+                request,
+                index,
+                history,
+                out,
+                gen_id,
+                model,
+                want_lp,
+                top,
+                ids_field,
+                fault,
+                keepalive,
+                latency,
+                prompt_ids,
+                cached,
+            )
         if latency:
             await asyncio.sleep(latency)
         if self.tokens_per_s > 0:
             await asyncio.sleep(len(out.output_ids) / self.tokens_per_s)
         return self._plain(index, out, gen_id, model, want_lp, top, ids_field, fault, keepalive, prompt_ids, cached)
 
-    def _plain(self, index, out: RenderedOutput, gen_id, model, want_lp, top, ids_field, fault, keepalive,
-               prompt_ids=None, cached: int = 0):
+    def _plain(
+        self,
+        index,
+        out: RenderedOutput,
+        gen_id,
+        model,
+        want_lp,
+        top,
+        ids_field,
+        fault,
+        keepalive,
+        prompt_ids=None,
+        cached: int = 0,
+    ):
         p = self.personality
         content = out.content if out.content is not None or p.null_content else ""
         if p.vllm_wire and content is not None and (not content or (out.tool_calls and content.isspace())):
@@ -593,8 +650,11 @@ class SimulatorServer:
             choice["prompt_token_ids"] = prompt_ids
         if fault == "stream_error":
             choice["finish_reason"] = "error"
-            choice["error"] = {"code": 502, "message": "Upstream provider failed mid-generation (simulated)",
-                               "metadata": {"error_type": "provider_unavailable"}}
+            choice["error"] = {
+                "code": 502,
+                "message": "Upstream provider failed mid-generation (simulated)",
+                "metadata": {"error_type": "provider_unavailable"},
+            }
         body = {
             "id": gen_id,
             "object": "chat.completion",
@@ -637,16 +697,21 @@ class SimulatorServer:
 
         p = self.personality
         lean = p.lean_deltas
-        parts: list[tuple[bytes, int]] = [(choices({"role": "assistant"} if lean else {"role": "assistant",
-                                                                                     "content": ""}), 0)]
+        parts: list[tuple[bytes, int]] = [
+            (choices({"role": "assistant"} if lean else {"role": "assistant", "content": ""}), 0)
+        ]
         n = self.stream_chunk_tokens
         if out.reasoning:
             for piece, group in text_pieces(out.reasoning, out.reasoning_ids, self.tokenizer, n):
-                delta: dict[str, object] = {p.reasoning_field: piece} if lean else {"role": "assistant", "content": "",
-                                                                  p.reasoning_field: piece}
+                delta: dict[str, object] = (
+                    {p.reasoning_field: piece}
+                    if lean
+                    else {"role": "assistant", "content": "", p.reasoning_field: piece}
+                )
                 if p.reasoning_details:
-                    delta["reasoning_details"] = [{"type": "reasoning.text", "text": piece, "format": "unknown",
-                                                   "index": 0}]
+                    delta["reasoning_details"] = [
+                        {"type": "reasoning.text", "text": piece, "format": "unknown", "index": 0}
+                    ]
                 lp = {"reasoning": self.renderer.logprob_entries(group, top), "content": None} if want_lp else None
                 parts.append((choices(delta, lp), len(group)))
         reasoning_end = len(parts)
@@ -657,8 +722,12 @@ class SimulatorServer:
                 parts.append((choices(delta, lp), len(group)))
         for i, call in enumerate(out.tool_calls):
             if p.tool_args_at_once:  # transformers serve: one delta per call, on region close
-                whole = {"index": i, "id": call.id, "type": "function",
-                         "function": {"name": call.name, "arguments": call.arguments}}
+                whole = {
+                    "index": i,
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
                 parts.append((choices({"tool_calls": [whole]}), 1))
                 continue
             first = {"index": i, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
@@ -666,16 +735,34 @@ class SimulatorServer:
             args = call.arguments
             step = 16
             for k in range(0, len(args), step):
-                delta = {"role": "assistant", "content": None,
-                         "tool_calls": [{"index": i, "function": {"arguments": args[k : k + step]}}]}
+                delta = {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [{"index": i, "function": {"arguments": args[k : k + step]}}],
+                }
                 parts.append((choices(delta), 1))
         if len(self._stream_cache) >= CACHE_ENTRIES:
             self._stream_cache.clear()  # bounded memory for big references; refilling is cheap
         self._stream_cache[key] = (parts, reasoning_end)
         return parts, reasoning_end
 
-    async def _stream(self, request, index, history, out: RenderedOutput, gen_id, model, want_lp, top, ids_field,
-                      fault, keepalive, latency, prompt_ids=None, cached: int = 0) -> web.StreamResponse:
+    async def _stream(
+        self,
+        request,
+        index,
+        history,
+        out: RenderedOutput,
+        gen_id,
+        model,
+        want_lp,
+        top,
+        ids_field,
+        fault,
+        keepalive,
+        latency,
+        prompt_ids=None,
+        cached: int = 0,
+    ) -> web.StreamResponse:
         if latency:
             await asyncio.sleep(latency)
         response = web.StreamResponse(
@@ -691,15 +778,20 @@ class SimulatorServer:
         prefix = b"data: " + _json(head)[:-1] + b',"choices":'
 
         def chunk(delta: dict, finish: str | None = None, extra: dict | None = None) -> bytes:
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish,
-                                      "native_finish_reason": finish}
+            choice: dict[str, Any] = {
+                "index": 0,
+                "delta": delta,
+                "finish_reason": finish,
+                "native_finish_reason": finish,
+            }
             if extra:
                 choice.update(extra)
             return prefix + _json([choice]) + b"}\n\n"
 
         if p.vllm_wire:
-            return await self._vllm_stream(response, head, out, want_lp, top, ids_field, fault, prompt_ids, index,
-                                           cached)
+            return await self._vllm_stream(
+                response, head, out, want_lp, top, ids_field, fault, prompt_ids, index, cached
+            )
         parts, reasoning_end = self._stream_parts(index, history, out, want_lp, top)
         # (event bytes, number of tokens it carries: for pacing)
         delta_ids = ids_field is not None and p.ids == "vllm"
@@ -712,14 +804,18 @@ class SimulatorServer:
             events.insert(reasoning_end, (b": OPENROUTER PROCESSING\n\n", 0))
             events.insert(0, (b": OPENROUTER PROCESSING\n\n", 0))
         if prompt_ids is not None and p.ids == "vllm":  # vLLM: prompt_token_ids on the first chunk only
-            first = dict(head, prompt_token_ids=prompt_ids, choices=[{"index": 0, "delta": {"role": "assistant",
-                                                                                           "content": ""}}])
+            first = dict(
+                head, prompt_token_ids=prompt_ids, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}}]
+            )
             events[0] = (b"data: " + _json(first) + b"\n\n", 0)
         extra = {ids_field: list(left if delta_ids else out.output_ids)} if ids_field else None
         body_events = len(events)
         if p.usage_on_finish_chunk:
-            finish = dict(head, choices=[{"index": 0, "delta": {}, "finish_reason": self._finish(out)}],
-                          usage=self._usage(index, out, cached))
+            finish = dict(
+                head,
+                choices=[{"index": 0, "delta": {}, "finish_reason": self._finish(out)}],
+                usage=self._usage(index, out, cached),
+            )
             events.append((b"data: " + _json(finish) + b"\n\n", 0))
         else:
             events.append((chunk({}, finish=self._finish(out), extra=extra), 0))
@@ -735,12 +831,19 @@ class SimulatorServer:
                 events.append((b"data: [DONE]\n\n", 0))
             if fault == "stream_error" and p.error_chunk == "text":
                 # transformers serve: f'data: {{"error": "{msg}"}}' - not JSON when the message holds a quote
-                events.append((b'data: {"error": "generation failed: \'CUDA\' said "out of memory" (simulated)"}\n\n',
-                               0))
+                events.append(
+                    (b'data: {"error": "generation failed: \'CUDA\' said "out of memory" (simulated)"}\n\n', 0)
+                )
             elif fault == "stream_error":
-                error = dict(head, error={"code": 502, "message": "Upstream provider failed mid-stream (simulated)",
-                                          "metadata": {"error_type": "provider_unavailable"}},
-                             choices=[{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}])
+                error = dict(
+                    head,
+                    error={
+                        "code": 502,
+                        "message": "Upstream provider failed mid-stream (simulated)",
+                        "metadata": {"error_type": "provider_unavailable"},
+                    },
+                    choices=[{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}],
+                )
                 events.append((b"data: " + _json(error) + b"\n\n", 0))
             elif fault == "malformed":
                 events.append((b'data: {"id": "' + gen_id.encode() + b'", "choices": [{"delta": \n\n', 0))
@@ -772,7 +875,7 @@ class SimulatorServer:
         if close in ids:
             k = ids.index(close)
             runs += [("reasoning", tuple(ids[:k])), ("tag", (close,))]
-            ids = ids[k + 1:]
+            ids = ids[k + 1 :]
         call = self.tokenizer.special_id(self.profile.tool_markers.get("call_begin", "")) if out.tool_calls else None
         k = ids.index(call) if call is not None and call in ids else len(ids)
         body, tools = tuple(ids[:k]), tuple(ids[k:])
@@ -784,9 +887,19 @@ class SimulatorServer:
         runs.append(("end", tuple(end)))
         return runs
 
-    async def _vllm_stream(self, response: web.StreamResponse, head: dict, out: RenderedOutput, want_lp: bool,
-                           top: int, ids_field: str | None, fault: str | None, prompt_ids: list[int] | None,
-                           index: int, cached: int) -> web.StreamResponse:
+    async def _vllm_stream(
+        self,
+        response: web.StreamResponse,
+        head: dict,
+        out: RenderedOutput,
+        want_lp: bool,
+        top: int,
+        ids_field: str | None,
+        fault: str | None,
+        prompt_ids: list[int] | None,
+        index: int,
+        cached: int,
+    ) -> web.StreamResponse:
         """A stream as vLLM 0.32 writes it (seen in tests/realserver): a first chunk with the role (and the prompt
         ids), then a chunk per token group with its own `token_ids` and `logprobs.content`, lean deltas; a token
         it prints as nothing (a think tag, the tool-call markup around a call's name and arguments) is a chunk
@@ -800,7 +913,7 @@ class SimulatorServer:
 
         def silent(ids: tuple[int, ...]) -> None:  # tokens it prints as nothing
             if quiet and ids:
-                steps.extend(({}, ids[k: k + n]) for k in range(0, len(ids), n))
+                steps.extend(({}, ids[k : k + n]) for k in range(0, len(ids), n))
 
         texts = {"reasoning": out.reasoning or "", "content": out.content or ""}
         end: tuple[int, ...] = ()
@@ -808,7 +921,9 @@ class SimulatorServer:
             if kind == "tag":
                 silent(ids)
             elif kind in texts:
-                steps.extend(({kind: piece}, group) for piece, group in text_pieces(texts[kind], ids, self.tokenizer, n))
+                steps.extend(
+                    ({kind: piece}, group) for piece, group in text_pieces(texts[kind], ids, self.tokenizer, n)
+                )
             elif kind == "tools":
                 steps.extend(self._vllm_tool_steps(out, ids, quiet and not dropped, dropped))
             else:
@@ -817,24 +932,29 @@ class SimulatorServer:
             steps.append(({}, () if dropped and out.tool_calls else end))
 
         def event(delta: dict, ids: tuple[int, ...], finish: str | None = None) -> tuple[bytes, int]:
-            choice: dict[str, Any] = {"index": 0, "delta": delta,
-                                      "logprobs": {"content": self.renderer.logprob_entries(ids, top)}
-                                      if want_lp and ids else None, "finish_reason": finish}
+            choice: dict[str, Any] = {
+                "index": 0,
+                "delta": delta,
+                "logprobs": {"content": self.renderer.logprob_entries(ids, top)} if want_lp and ids else None,
+                "finish_reason": finish,
+            }
             if finish is not None:
                 choice["stop_reason"] = None
             choice["token_ids"] = list(ids) if ids_field else None
             return b"data: " + _json(dict(head, choices=[choice])) + b"\n\n", len(ids)
 
         first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-        events = [(b"data: " + _json(dict(head, choices=[first], prompt_token_ids=prompt_ids, prompt_text=None))
-                   + b"\n\n", 0)]
+        events = [
+            (b"data: " + _json(dict(head, choices=[first], prompt_token_ids=prompt_ids, prompt_text=None)) + b"\n\n", 0)
+        ]
         events += [event(delta, ids) for delta, ids in steps[:-1]]
         events.append(event(*steps[-1], finish=self._finish(out)))
         usage = self._usage(index, out, cached)
         if not cached:
             usage.pop("prompt_tokens_details", None)
-        events.append((b"data: " + _json(dict(head, choices=[], system_fingerprint=VLLM_FINGERPRINT, usage=usage))
-                       + b"\n\n", 0))
+        events.append(
+            (b"data: " + _json(dict(head, choices=[], system_fingerprint=VLLM_FINGERPRINT, usage=usage)) + b"\n\n", 0)
+        )
         events.append((b"data: [DONE]\n\n", 0))
         if fault in ("truncate", "stream_error", "malformed"):
             events = events[: max(1, (len(events) - 2) // 2)]
@@ -843,8 +963,9 @@ class SimulatorServer:
         return await self._send(response, events)
 
     @staticmethod
-    def _vllm_tool_steps(out: RenderedOutput, ids: tuple[int, ...], quiet: bool,
-                         dropped: bool) -> list[tuple[dict, tuple[int, ...]]]:
+    def _vllm_tool_steps(
+        out: RenderedOutput, ids: tuple[int, ...], quiet: bool, dropped: bool
+    ) -> list[tuple[dict, tuple[int, ...]]]:
         """The deltas of a streamed tool section, each with its share of the section's ids: per call, the markup
         before its name, the name, the markup before its arguments, the arguments in slices; then the markup after
         the last call. Markup prints nothing: an empty delta, sent only when `quiet` (ids or logprobs asked and
@@ -865,13 +986,28 @@ class SimulatorServer:
         for i, call in enumerate(out.tool_calls):
             markup()
             got = take()
-            steps.append(({"content": None, "tool_calls": [{"id": call.id, "type": "function", "index": i,
-                                                            "function": {"name": call.name}}]},
-                          () if dropped else got))
+            steps.append(
+                (
+                    {
+                        "content": None,
+                        "tool_calls": [
+                            {"id": call.id, "type": "function", "index": i, "function": {"name": call.name}}
+                        ],
+                    },
+                    () if dropped else got,
+                )
+            )
             markup()
             for k in range(0, max(len(call.arguments), 1), 16):
                 got = take()
-                steps.append(({"content": None, "tool_calls": [{"index": i, "function": {
-                    "arguments": call.arguments[k: k + 16]}}]}, () if dropped else got))
+                steps.append(
+                    (
+                        {
+                            "content": None,
+                            "tool_calls": [{"index": i, "function": {"arguments": call.arguments[k : k + 16]}}],
+                        },
+                        () if dropped else got,
+                    )
+                )
         markup(None)
         return steps

@@ -38,8 +38,15 @@ from app.store.ingest_ops import INGEST_CHUNK, MAX_CONFLICT_EXAMPLES, StoreWrite
 from app.store.store_records import IngestReport
 from app.store.tallies import add_ingested_rows
 
-__all__ = ["OpenTurnWork", "TurnEnd", "after_turn", "ingest_conversations", "next_turn_state", "open_turn_work",
-           "restore_children_of"]
+__all__ = [
+    "OpenTurnWork",
+    "TurnEnd",
+    "after_turn",
+    "ingest_conversations",
+    "next_turn_state",
+    "open_turn_work",
+    "restore_children_of",
+]
 
 
 # ---------------------------------------------------------------------------------------------- ingest
@@ -66,9 +73,23 @@ def _conversation_batch(it: Iterator[ConversationInput], chunk: int) -> _Convers
         rows = []
         for k, t in enumerate(conv.turns, 1):
             segment = list(t.segment)
-            rows.append([conv.turn_id(k), conv.dataset, segment if k == 1 else [], conv.tools, conv.line,
-                         conv.conversation_id, k, total, segment, t.recorded, conv.on_tool_divergence,
-                         "pending" if k == 1 else "waiting", conv.category])
+            rows.append(
+                [
+                    conv.turn_id(k),
+                    conv.dataset,
+                    segment if k == 1 else [],
+                    conv.tools,
+                    conv.line,
+                    conv.conversation_id,
+                    k,
+                    total,
+                    segment,
+                    t.recorded,
+                    conv.on_tool_divergence,
+                    "pending" if k == 1 else "waiting",
+                    conv.category,
+                ]
+            )
         out.append((conv.conversation_id, conv.turn_id(1), total, conv.line, rows))
         n += total
         last = max(last, conv.line)
@@ -89,8 +110,14 @@ async def ingest_conversations(
     """Insert the conversations the run does not hold yet, as turn rows (module doc), in chunked transactions.
     The report counts conversations (added, already present, conflicts). `source` prefixes each conflict's
     `file:line`; `track` = (role, name) advances that file's `ingest_files` row in each chunk's transaction."""
-    return await pipelined(store, conversations, chunk, _conversation_batch, lambda b: bool(b.conversations),
-                           lambda b: _insert_conversations_op(run_id, b, source, track))
+    return await pipelined(
+        store,
+        conversations,
+        chunk,
+        _conversation_batch,
+        lambda b: bool(b.conversations),
+        lambda b: _insert_conversations_op(run_id, b, source, track),
+    )
 
 
 _INSERT_TURNS = (
@@ -110,7 +137,8 @@ _TURN_CONFLICTS = (
     "ON s.run_id = ?1 AND s.sample_id = json_extract(j.value, '$[0]') "
     "WHERE s.pk IS NULL OR s.dataset != json_extract(j.value, '$[1]') OR s.turns != json_extract(j.value, '$[7]') "
     "OR s.segment IS NOT json_extract(j.value, '$[8]') "
-    "OR s.recorded IS NOT (CASE json_type(j.value, '$[9]') WHEN 'null' THEN NULL ELSE json_extract(j.value, " "'$[9]') END) "
+    "OR s.recorded IS NOT (CASE json_type(j.value, '$[9]') WHEN 'null' THEN NULL ELSE json_extract(j.value, "
+    "'$[9]') END) "
     "OR s.tools IS NOT (CASE json_type(j.value, '$[3]') WHEN 'null' THEN NULL ELSE json_extract(j.value, '$[3]') END)"
 )
 
@@ -118,9 +146,14 @@ _TURN_CONFLICTS = (
 def _insert_conversations_op(run_id: int, batch: _ConversationBatch, source: str, track: tuple[str, str] | None):
     def op(conn: sqlite3.Connection) -> IngestReport:
         firsts = [c[1] for c in batch.conversations]
-        held = {sid for (sid,) in conn.execute(
-            "SELECT s.sample_id FROM json_each(?2) AS j CROSS JOIN samples AS s "
-            "ON s.run_id = ?1 AND s.sample_id = j.value", (run_id, orjson.dumps(firsts).decode()))}
+        held = {
+            sid
+            for (sid,) in conn.execute(
+                "SELECT s.sample_id FROM json_each(?2) AS j CROSS JOIN samples AS s "
+                "ON s.run_id = ?1 AND s.sample_id = j.value",
+                (run_id, orjson.dumps(firsts).decode()),
+            )
+        }
         fresh = [row for c in batch.conversations if c[1] not in held for row in c[4]]
         conflicts: list[str] = []
         present = 0
@@ -128,15 +161,20 @@ def _insert_conversations_op(run_id: int, batch: _ConversationBatch, source: str
             old = [c for c in batch.conversations if c[1] in held]
             rows = [row for c in old for row in c[4]]
             differing = {cid for (cid,) in conn.execute(_TURN_CONFLICTS, (run_id, orjson.dumps(rows).decode()))}
-            stored_turns = dict(conn.execute(
-                "SELECT j.value, COUNT(s.pk) FROM json_each(?2) AS j CROSS JOIN samples AS s "
-                "ON s.run_id = ?1 AND s.conversation_id = j.value GROUP BY j.value",
-                (run_id, orjson.dumps([c[0] for c in old]).decode())).fetchall())
+            stored_turns = dict(
+                conn.execute(
+                    "SELECT j.value, COUNT(s.pk) FROM json_each(?2) AS j CROSS JOIN samples AS s "
+                    "ON s.run_id = ?1 AND s.conversation_id = j.value GROUP BY j.value",
+                    (run_id, orjson.dumps([c[0] for c in old]).decode()),
+                ).fetchall()
+            )
             for cid, _, total, line, _ in old:
                 if cid in differing or stored_turns.get(cid, 0) != total:
                     where = (f"{source}:{line}: " if source else f"line {line}: ") if line else ""
-                    conflicts.append(f"{where}conversation {cid!r} is already held with other turns or content; "
-                                     "skipped (give the line a distinct id)")
+                    conflicts.append(
+                        f"{where}conversation {cid!r} is already held with other turns or content; "
+                        "skipped (give the line a distinct id)"
+                    )
                 else:
                     present += 1
         added = 0
@@ -146,12 +184,18 @@ def _insert_conversations_op(run_id: int, batch: _ConversationBatch, source: str
             conn.execute(
                 "UPDATE samples SET parent_pk = (SELECT p.pk FROM samples AS p WHERE p.run_id = samples.run_id "
                 "AND p.conversation_id = samples.conversation_id AND p.turn = samples.turn - 1) "
-                "WHERE run_id = ? AND pk > ? AND turn > 1", (run_id, max_pk_before))
+                "WHERE run_id = ? AND pk > ? AND turn > 1",
+                (run_id, max_pk_before),
+            )
             add_ingested_rows(conn, run_id, max_pk_before)
             added = len(batch.conversations) - len(held)
         _progress(conn, run_id, track, batch.last_line)
-        return IngestReport(added=added, already_present=present, conflicts=len(conflicts),
-                            conflict_examples=tuple(conflicts[:MAX_CONFLICT_EXAMPLES]))
+        return IngestReport(
+            added=added,
+            already_present=present,
+            conflicts=len(conflicts),
+            conflict_examples=tuple(conflicts[:MAX_CONFLICT_EXAMPLES]),
+        )
 
     return op
 
@@ -182,28 +226,41 @@ def after_turn(conn: sqlite3.Connection, run_id: int, pk: int, end: TurnEnd) -> 
         return None
     row = conn.execute(
         "SELECT conversation_id, turn, turns, messages, recorded, divergence, off_policy FROM samples "
-        "WHERE pk = ? AND run_id = ?", (pk, run_id)).fetchone()
+        "WHERE pk = ? AND run_id = ?",
+        (pk, run_id),
+    ).fetchone()
     if row is None or row[0] is None or row[1] >= row[2]:
         return None
     cid, turn, _, messages, recorded, policy, off = row
     child = conn.execute(
         "SELECT pk, state, segment FROM samples WHERE run_id = ? AND conversation_id = ? AND turn = ?",
-        (run_id, cid, turn + 1)).fetchone()
+        (run_id, cid, turn + 1),
+    ).fetchone()
     if child is None or child[1] != "waiting":
         return None
     now = time.time()
     if end.state == "done":
         answer = answer_message(end.content, end.reasoning, end.tool_calls, end.history_reasoning, turn=turn)
-        step = next_turn(messages, answer, json.loads(recorded) if recorded else None,
-                         json.loads(child[2]) if child[2] else [], policy=policy or "stop",
-                         parent_off_policy=bool(off), truncated=end.truncated)
+        step = next_turn(
+            messages,
+            answer,
+            json.loads(recorded) if recorded else None,
+            json.loads(child[2]) if child[2] else [],
+            policy=policy or "stop",
+            parent_off_policy=bool(off),
+            truncated=end.truncated,
+        )
         if step.kind == "ready":
-            note = f"off-policy: after turn {turn}, {step.reason}; the recorded tool results were replayed" \
-                if step.off_policy and step.reason else None
+            note = (
+                f"off-policy: after turn {turn}, {step.reason}; the recorded tool results were replayed"
+                if step.off_policy and step.reason
+                else None
+            )
             conn.execute(
                 "UPDATE samples SET state = 'pending', messages = ?, off_policy = ?, last_error = COALESCE(?, "
                 "last_error), updated_at = ? WHERE pk = ?",
-                (step.messages_json, int(step.off_policy), note, now, child[0]))
+                (step.messages_json, int(step.off_policy), note, now, child[0]),
+            )
             return "ready"
         error_class, reason = step.error_class or PARENT_SKIPPED, f"turn {turn}: {step.reason}"
     elif end.state == "failed":
@@ -214,15 +271,17 @@ def after_turn(conn: sqlite3.Connection, run_id: int, pk: int, end: TurnEnd) -> 
     return error_class
 
 
-def _end_after(conn: sqlite3.Connection, run_id: int, cid: str, turn: int, error_class: str, reason: str,
-               now: float) -> None:
+def _end_after(
+    conn: sqlite3.Connection, run_id: int, cid: str, turn: int, error_class: str, reason: str, now: float
+) -> None:
     """The conversation ends after `turn`: the next turn skipped with `error_class`, the later ones with
     `parent_skipped`."""
     conn.execute(
         "UPDATE samples SET state = 'skipped', error_class = CASE WHEN turn = ?4 + 1 THEN ?5 ELSE ?6 END, "
         "last_error = ?7, updated_at = ?8 "
         "WHERE run_id = ?1 AND conversation_id = ?2 AND turn > ?3 AND state = 'waiting'",
-        (run_id, cid, turn, turn, error_class, PARENT_SKIPPED, reason[:2000], now))
+        (run_id, cid, turn, turn, error_class, PARENT_SKIPPED, reason[:2000], now),
+    )
 
 
 def restore_children_of(conn: sqlite3.Connection, run_id: int, pks: Iterable[int]) -> int:
@@ -232,8 +291,9 @@ def restore_children_of(conn: sqlite3.Connection, run_id: int, pks: Iterable[int
     restored = 0
     classes = orjson.dumps(list(ENDED_CLASSES)).decode()
     for pk in pks:
-        row = conn.execute("SELECT conversation_id, turn FROM samples WHERE pk = ? AND run_id = ?",
-                           (pk, run_id)).fetchone()
+        row = conn.execute(
+            "SELECT conversation_id, turn FROM samples WHERE pk = ? AND run_id = ?", (pk, run_id)
+        ).fetchone()
         if row is None or row[0] is None:
             continue
         restored += conn.execute(
@@ -241,7 +301,8 @@ def restore_children_of(conn: sqlite3.Connection, run_id: int, pks: Iterable[int
             "last_error = NULL, lease_expires = NULL, updated_at = ? "
             "WHERE run_id = ? AND conversation_id = ? AND turn > ? AND state = 'skipped' "
             "AND error_class IN (SELECT value FROM json_each(?))",
-            (time.time(), run_id, row[0], row[1], classes)).rowcount
+            (time.time(), run_id, row[0], row[1], classes),
+        ).rowcount
     return restored
 
 
@@ -250,7 +311,8 @@ def next_turn_state(conn: sqlite3.Connection, run_id: int, conversation_id: str,
     turn settled to move its counts (`app.engine.work.leases.SampleLeases.after_turn`)."""
     rows = conn.execute(
         "SELECT turn, state FROM samples WHERE run_id = ? AND conversation_id = ? AND turn > ? ORDER BY turn",
-        (run_id, conversation_id, turn)).fetchall()
+        (run_id, conversation_id, turn),
+    ).fetchall()
     if not rows:
         return "", 0
     return str(rows[0][1]), sum(1 for _, state in rows if state == "skipped")

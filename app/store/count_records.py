@@ -100,8 +100,11 @@ class AnswerCounts:
 
     def verification(self) -> dict[str, int]:
         """Answers per verification class, keyed by its JSON name (app.records.Verification)."""
-        return {Verification.VERIFIED.value: self.verified, Verification.CHECKED.value: self.checked,
-                Verification.UNCHECKED.value: self.unchecked}
+        return {
+            Verification.VERIFIED.value: self.verified,
+            Verification.CHECKED.value: self.checked,
+            Verification.UNCHECKED.value: self.unchecked,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +167,11 @@ class RunCounts:
 
 
 # a measured text-path verdict that is not corrupt -> the AnswerCounts field it counts in
-_MEASURED: dict[str, str] = {Category.EXACT: "exact", Category.BPE_EQUIVALENT: "benign", Category.TRUNCATED: "truncated"}
+_MEASURED: dict[str, str] = {
+    Category.EXACT: "exact",
+    Category.BPE_EQUIVALENT: "benign",
+    Category.TRUNCATED: "truncated",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,8 +209,9 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
 def percentiles_of(latency_ms: list[float], ttft_ms: list[float]) -> Percentiles:
     """Percentiles of unsorted latency and TTFT values."""
     latency, ttft = sorted(latency_ms), sorted(ttft_ms)
-    return Percentiles(percentile(latency, 0.5), percentile(latency, 0.95), percentile(ttft, 0.5),
-                       percentile(ttft, 0.95))
+    return Percentiles(
+        percentile(latency, 0.5), percentile(latency, 0.95), percentile(ttft, 0.5), percentile(ttft, 0.95)
+    )
 
 
 def fold_answers(rows: Iterable[QualityTally]) -> AnswerCounts:
@@ -230,10 +238,18 @@ def fold_answers(rows: Iterable[QualityTally]) -> AnswerCounts:
             continue
         n_measured += r.n
     return AnswerCounts(
-        answers=answers, verdicts=tuple(verdicts.items()), verified=classes[Verification.VERIFIED],
-        checked=classes[Verification.CHECKED], unchecked=classes[Verification.UNCHECKED], measured=n_measured,
-        measured_exact=measured["exact"], measured_benign=measured["benign"], measured_truncated=measured["truncated"],
-        measured_corrupt=tuple(sorted(corrupt.items())), suspects=suspects, truncated=truncated,
+        answers=answers,
+        verdicts=tuple(verdicts.items()),
+        verified=classes[Verification.VERIFIED],
+        checked=classes[Verification.CHECKED],
+        unchecked=classes[Verification.UNCHECKED],
+        measured=n_measured,
+        measured_exact=measured["exact"],
+        measured_benign=measured["benign"],
+        measured_truncated=measured["truncated"],
+        measured_corrupt=tuple(sorted(corrupt.items())),
+        suspects=suspects,
+        truncated=truncated,
         prompt_checks=tuple(sorted(prompt.items())),
     )
 
@@ -248,13 +264,40 @@ def merge_answers(*parts: AnswerCounts) -> AnswerCounts:
                 out[key] = out.get(key, 0) + n
         return tuple(sorted(out.items()))
 
-    ints = {f: sum(getattr(p, f) for p in parts) for f in (
-        "answers", "verified", "checked", "unchecked", "measured", "measured_exact", "measured_benign",
-        "measured_truncated", "suspects", "truncated")}
+    ints = {
+        f: sum(getattr(p, f) for p in parts)
+        for f in (
+            "answers",
+            "verified",
+            "checked",
+            "unchecked",
+            "measured",
+            "measured_exact",
+            "measured_benign",
+            "measured_truncated",
+            "suspects",
+            "truncated",
+        )
+    }
     verdicts = dict(pairs("verdicts"))
-    return AnswerCounts(**ints, verdicts=tuple((str(v), verdicts.get(str(v), 0)) for v in VERDICTS),
-                        measured_corrupt=pairs("measured_corrupt"), prompt_checks=pairs("prompt_checks"))
+    return AnswerCounts(
+        **ints,
+        verdicts=tuple((str(v), verdicts.get(str(v), 0)) for v in VERDICTS),
+        measured_corrupt=pairs("measured_corrupt"),
+        prompt_checks=pairs("prompt_checks"),
+    )
 
 
-__all__ = ["SampleStates", "AnswerCounts", "EndpointCounts", "ProviderCounts", "RunCounts", "Percentiles",
-           "RunLatency", "percentile", "percentiles_of", "fold_answers", "merge_answers"]
+__all__ = [
+    "SampleStates",
+    "AnswerCounts",
+    "EndpointCounts",
+    "ProviderCounts",
+    "RunCounts",
+    "Percentiles",
+    "RunLatency",
+    "percentile",
+    "percentiles_of",
+    "fold_answers",
+    "merge_answers",
+]

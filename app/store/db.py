@@ -32,7 +32,9 @@ def check_file(path: Path) -> bool:
         raise InputError(f"{path}: is a directory; pass the path of a database file with --db")
     if not path.exists():
         if not path.parent.is_dir():
-            raise InputError(f"{path}: its directory {path.parent} does not exist; create it or pass another database path")
+            raise InputError(
+                f"{path}: its directory {path.parent} does not exist; create it or pass another database path"
+            )
         return False
     if not os.access(path, os.R_OK):
         raise InputError(f"{path}: cannot be read (permission denied); check its owner and mode")
@@ -159,13 +161,15 @@ def migrate(
     target = len(migrations)
     exists = check_file(path)
     if not exists and not create:
-        raise InputError(f"{path}: no such database; run `eaglewatch ingest CONFIG` first or pass another database "
-                         "path")
+        raise InputError(
+            f"{path}: no such database; run `eaglewatch ingest CONFIG` first or pass another database path"
+        )
     if _readonly_folder(path):
         if not exists:  # nothing to copy yet: the database must be made elsewhere
             raise InputError(
                 f"{path}: cannot be created: its folder {path.parent} is read-only (or not writable by this user); "
-                "set run.database (or --db) to a path in a writable folder")
+                "set run.database (or --db) to a path in a writable folder"
+            )
         raise InputError(
             f"{path}: its folder {path.parent} is read-only, and a run database is written with a journal beside "
             "it (-wal, -shm); copy it to a writable folder for this command. The reading verbs (status, watch "
@@ -242,8 +246,9 @@ def connect_readonly(
     """
     path = Path(path)
     if not check_file(path):
-        raise InputError(f"{path}: no such database; run `eaglewatch ingest CONFIG` first or pass another database "
-                         "path")
+        raise InputError(
+            f"{path}: no such database; run `eaglewatch ingest CONFIG` first or pass another database path"
+        )
     immutable = _readonly_folder(path)
     uri = f"{path.resolve().as_uri()}?mode=ro" + ("&immutable=1" if immutable else "")
     conn = sqlite3.connect(uri, uri=True, timeout=busy_timeout_s, check_same_thread=False, isolation_level=None)
@@ -258,8 +263,11 @@ def connect_readonly(
             migrate(path, create=False, busy_timeout_s=busy_timeout_s)
             return connect_readonly(path, busy_timeout_s=busy_timeout_s, check=False)
         if version < SCHEMA_VERSION:
-            how = ("copy it to a writable folder and run `eaglewatch status --db COPY` to upgrade it" if immutable
-                   else f"upgrade it with `eaglewatch status --db {path}`")
+            how = (
+                "copy it to a writable folder and run `eaglewatch status --db COPY` to upgrade it"
+                if immutable
+                else f"upgrade it with `eaglewatch status --db {path}`"
+            )
             raise InputError(
                 f"{path}: has schema version {version}, older than this eaglewatch's {SCHEMA_VERSION}; {how}"
             )

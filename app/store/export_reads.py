@@ -70,9 +70,30 @@ def iter_rows(conn: sqlite3.Connection, run_id: int, page_size: int = 256) -> It
         page = conn.execute(_ROWS_SQL, (run_id, last, page_size)).fetchall()
         if not page:
             return
-        for (pk, sample_id, dataset, messages, tools, ids, category, fingerprint, finish, strategy, roundtrip,
-             ids_source, flags, server_ids, reference_ids, prompt_check, endpoint, provider, conversation_id, turn,
-             turns, off_policy) in page:
+        for (
+            pk,
+            sample_id,
+            dataset,
+            messages,
+            tools,
+            ids,
+            category,
+            fingerprint,
+            finish,
+            strategy,
+            roundtrip,
+            ids_source,
+            flags,
+            server_ids,
+            reference_ids,
+            prompt_check,
+            endpoint,
+            provider,
+            conversation_id,
+            turn,
+            turns,
+            off_policy,
+        ) in page:
             yield ExportRow(
                 pk=int(pk),
                 sample_id=str(sample_id),
@@ -106,8 +127,10 @@ def _flags(text: str | None, sample_id: str) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
-        raise InputError(f"sample {sample_id!r}: stored reconstruction flags are not a JSON list; run `eaglewatch "
-                         "reprocess` to rebuild them")
+        raise InputError(
+            f"sample {sample_id!r}: stored reconstruction flags are not a JSON list; run `eaglewatch "
+            "reprocess` to rebuild them"
+        )
     return tuple(str(f) for f in value)
 
 
@@ -117,8 +140,9 @@ def _json_field(text: str | None, sample_id: str, name: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InputError(f"sample {sample_id!r}: stored {name} is not valid JSON ({exc.msg}); re-ingest the run") from None
-
+        raise InputError(
+            f"sample {sample_id!r}: stored {name} is not valid JSON ({exc.msg}); re-ingest the run"
+        ) from None
 
 
 def conversation_is_open(conn: sqlite3.Connection, run_id: int, conversation_id: str) -> bool:
@@ -126,5 +150,7 @@ def conversation_is_open(conn: sqlite3.Connection, run_id: int, conversation_id:
     conversation that is not open either finished every turn or ended (diverged, failed, truncated, skipped)."""
     row = conn.execute(
         "SELECT 1 FROM samples WHERE run_id = ? AND conversation_id = ? AND state IN ('pending', 'waiting', 'leased') "
-        "LIMIT 1", (run_id, conversation_id)).fetchone()
+        "LIMIT 1",
+        (run_id, conversation_id),
+    ).fetchone()
     return row is not None

@@ -114,7 +114,11 @@ def read_heartbeat(conn: sqlite3.Connection, run_id: int) -> Heartbeat | None:
 
 
 def liveness(
-    hb: Heartbeat | None, now: float, *, stale_after_s: float = STALE_AFTER_S, host: str | None = None,
+    hb: Heartbeat | None,
+    now: float,
+    *,
+    stale_after_s: float = STALE_AFTER_S,
+    host: str | None = None,
     pid_alive: Callable[[int], bool] | None = None,
 ) -> Liveness:
     """Judge a heartbeat at `now`: stale beats are a gone engine; on the engine's own host a dead pid is too."""

@@ -39,6 +39,7 @@ class StoreWriter(Protocol):
 
     async def write(self, op: Any) -> Any: ...
 
+
 __all__ = [
     "INGEST_CHUNK",
     "IngestFile",
@@ -106,7 +107,9 @@ def ingest_status(conn: sqlite3.Connection, run_id: int) -> IngestStatus:
         "FROM ingest_files WHERE run_id = ? ORDER BY role, name",
         (run_id,),
     ).fetchall()
-    return IngestStatus(tuple(IngestFile(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8], r[9]) for r in rows))
+    return IngestStatus(
+        tuple(IngestFile(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8], r[9]) for r in rows)
+    )
 
 
 def require_complete(status: IngestStatus, *, allow_partial: bool = False) -> None:
@@ -128,13 +131,16 @@ def sample_pks(conn: sqlite3.Connection, run_id: int) -> dict[str, int]:
     return dict(conn.execute("SELECT sample_id, pk FROM samples WHERE run_id = ?", (run_id,)).fetchall())
 
 
-async def begin_file(store: StoreWriter, run_id: int, role: str, name: str, path: str, fingerprint: str, options: str) -> None:
+async def begin_file(
+    store: StoreWriter, run_id: int, role: str, name: str, path: str, fingerprint: str, options: str
+) -> None:
     """Record that ingesting a file starts (complete = 0) before its first chunk commits."""
 
     def op(conn: sqlite3.Connection) -> None:
         now = time.time()
         conn.execute(
-            "INSERT INTO ingest_files (run_id, role, name, path, fingerprint, options, lines_done, complete, " "started_at, "
+            "INSERT INTO ingest_files (run_id, role, name, path, fingerprint, options, lines_done, complete, "
+            "started_at, "
             "updated_at) VALUES (?, ?, ?, ?, ?, ?, 0, 0, ?, ?) ON CONFLICT (run_id, role, name) DO UPDATE SET "
             "path = excluded.path, fingerprint = excluded.fingerprint, options = excluded.options, lines_done = 0, "
             "complete = 0, started_at = excluded.started_at, finished_at = NULL, updated_at = excluded.updated_at",
@@ -188,16 +194,22 @@ async def ingest(
     prefixes each conflict's `file:line`; `track` = (role, name) advances that file's `ingest_files` row
     in each chunk's transaction.
     """
-    return await pipelined(store, samples, chunk, _sample_batch, lambda b: b.n > 0,
-                           lambda b: _insert_samples_op(run_id, b, source, track))
+    return await pipelined(
+        store, samples, chunk, _sample_batch, lambda b: b.n > 0, lambda b: _insert_samples_op(run_id, b, source, track)
+    )
 
 
 B = TypeVar("B")
 
 
-async def pipelined(store: StoreWriter, items: Iterable[Any], chunk: int,
-                    batch_of: Callable[[Iterator[Any], int], B], has_rows: Callable[[B], bool],
-                    op_of: Callable[[B], Callable[[sqlite3.Connection], IngestReport]]) -> IngestReport:
+async def pipelined(
+    store: StoreWriter,
+    items: Iterable[Any],
+    chunk: int,
+    batch_of: Callable[[Iterator[Any], int], B],
+    has_rows: Callable[[B], bool],
+    op_of: Callable[[B], Callable[[sqlite3.Connection], IngestReport]],
+) -> IngestReport:
     """Ingest `items` chunk by chunk: the next chunk is read (`batch_of`, on a worker thread) while the one before
     it is written (`op_of(batch)`, one transaction each); the chunks' reports added up."""
     it = iter(items)
@@ -265,7 +277,9 @@ def _insert_samples_op(run_id: int, batch: _SampleBatch, source: str, track: tup
         if ignored:  # only a chunk with duplicates pays for the check
             for sid, line, held_by, other_dataset in conn.execute(_CONFLICTS, (run_id, batch.rows_json)):
                 where = (f"{source}:{line}: " if source else f"line {line}: ") if line else ""
-                why = f"held by dataset {held_by!r}" if other_dataset else "already held with a different prompt or tools"
+                why = (
+                    f"held by dataset {held_by!r}" if other_dataset else "already held with a different prompt or tools"
+                )
                 conflicts.append(f"{where}id {sid!r} {why}; skipped (give the line a distinct id)")
         if batch.references:
             conn.executemany(
@@ -314,9 +328,12 @@ async def attach_references(
                 )
                 if cur.rowcount:
                     changed += 1
-                elif conn.execute(
-                    "SELECT 1 FROM samples WHERE run_id = ? AND sample_id = ?", (run_id, row[4])
-                ).fetchone() is None:
+                elif (
+                    conn.execute(
+                        "SELECT 1 FROM samples WHERE run_id = ? AND sample_id = ?", (run_id, row[4])
+                    ).fetchone()
+                    is None
+                ):
                     missing += 1
             _progress(conn, run_id, track, last_line)
             return changed, missing

@@ -25,11 +25,23 @@ FINAL_STATES = frozenset({"done", "failed", "cancelled"})
 # the columns a job's and a shard's updates may set (updated_at is always set)
 JOB_FIELDS = frozenset({"state", "external_id", "error", "started_at", "ended_at"})
 SHARD_FIELDS = (
-    "state", "pid", "external_id", "done", "total", "tokens", "exit_code", "log_path", "output_path",
-    "error", "started_at", "ended_at",
+    "state",
+    "pid",
+    "external_id",
+    "done",
+    "total",
+    "tokens",
+    "exit_code",
+    "log_path",
+    "output_path",
+    "error",
+    "started_at",
+    "ended_at",
 )
 _SHARD_SELECT = ", ".join(("job_id", "shard", *SHARD_FIELDS))
-_JOB_SELECT = "id, name, executor, state, n_shards, output_dir, external_id, error, created_at, started_at, ended_at, spec"
+_JOB_SELECT = (
+    "id, name, executor, state, n_shards, output_dir, external_id, error, created_at, started_at, ended_at, spec"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +72,9 @@ def connect(path: Path, *, create: bool = True) -> sqlite3.Connection:
         conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
         configure(conn, busy_timeout_s=30.0)
     except sqlite3.DatabaseError as exc:
-        raise InputError(f"{path}: cannot be used as a run database ({exc}); pass the eaglewatch.db of the run") from exc
+        raise InputError(
+            f"{path}: cannot be used as a run database ({exc}); pass the eaglewatch.db of the run"
+        ) from exc
     return conn
 
 
@@ -81,8 +95,17 @@ def immediate(conn: sqlite3.Connection) -> Iterator[None]:
     conn.execute("COMMIT")
 
 
-def insert_job(conn: sqlite3.Connection, *, run_id: int | None, name: str, executor: str, spec: str,
-               output_dir: str, shard_logs: Sequence[tuple[int, str]], now: float) -> int:
+def insert_job(
+    conn: sqlite3.Connection,
+    *,
+    run_id: int | None,
+    name: str,
+    executor: str,
+    spec: str,
+    output_dir: str,
+    shard_logs: Sequence[tuple[int, str]],
+    now: float,
+) -> int:
     """Insert a pending job and its pending shards (shard number, stdout log path); return the job id."""
     cur = conn.execute(
         "INSERT INTO jobs (run_id, name, executor, spec, state, n_shards, output_dir, created_at, updated_at)"
@@ -126,8 +149,10 @@ def update_shard(conn: sqlite3.Connection, job_id: int, shard: int, fields: Mapp
     """Set the given columns of one shard (names from SHARD_FIELDS) and its updated_at."""
     _check_columns(fields, SHARD_FIELDS, "job_shards")
     cols = "".join(f"{k} = ?, " for k in fields)
-    conn.execute(f"UPDATE job_shards SET {cols}updated_at = ? WHERE job_id = ? AND shard = ?",
-                 (*fields.values(), now, job_id, shard))
+    conn.execute(
+        f"UPDATE job_shards SET {cols}updated_at = ? WHERE job_id = ? AND shard = ?",
+        (*fields.values(), now, job_id, shard),
+    )
 
 
 def cancel_shards(conn: sqlite3.Connection, job_id: int, shards: Iterable[int], now: float) -> None:

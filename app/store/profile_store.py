@@ -32,15 +32,24 @@ class Measurement:
     category: str
 
 
-_UPSERT = ("INSERT INTO fidelity_profiles (endpoint, provider, profile, tokenizer, probes, body, created_at) "
-           "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (endpoint, provider, profile) DO UPDATE SET "
-           "tokenizer = excluded.tokenizer, probes = excluded.probes, body = excluded.body, "
-           "created_at = excluded.created_at")
+_UPSERT = (
+    "INSERT INTO fidelity_profiles (endpoint, provider, profile, tokenizer, probes, body, created_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (endpoint, provider, profile) DO UPDATE SET "
+    "tokenizer = excluded.tokenizer, probes = excluded.probes, body = excluded.body, "
+    "created_at = excluded.created_at"
+)
 
 
 def _row(profile: FidelityProfile, tokenizer: str) -> tuple:
-    return (profile.endpoint, profile.provider or "", profile.profile, tokenizer, profile.probes, profile.to_json(),
-            time.time())
+    return (
+        profile.endpoint,
+        profile.provider or "",
+        profile.profile,
+        tokenizer,
+        profile.probes,
+        profile.to_json(),
+        time.time(),
+    )
 
 
 def save_profile(path: str | Path, profile: FidelityProfile, tokenizer: str = "") -> None:
@@ -71,8 +80,10 @@ def load_profiles(path: str | Path, profile: str | None = None) -> list[Fidelity
     conn = connect_readonly(path)
     try:
         sql = "SELECT endpoint, provider, body FROM fidelity_profiles"
-        rows = conn.execute(sql + (" WHERE profile = ?" if profile else "") + " ORDER BY endpoint, provider",
-                            (profile,) if profile else ()).fetchall()
+        rows = conn.execute(
+            sql + (" WHERE profile = ?" if profile else "") + " ORDER BY endpoint, provider",
+            (profile,) if profile else (),
+        ).fetchall()
     finally:
         conn.close()
     out = []
@@ -80,14 +91,18 @@ def load_profiles(path: str | Path, profile: str | None = None) -> list[Fidelity
         try:
             out.append(FidelityProfile.from_json(body))
         except ValueError as exc:
-            raise InputError(f"{path}: fidelity profile of {endpoint!r}/{provider or '-'}: {exc}; run `eaglewatch calibrate` again") from None
+            raise InputError(
+                f"{path}: fidelity profile of {endpoint!r}/{provider or '-'}: {exc}; run `eaglewatch calibrate` again"
+            ) from None
     return out
 
 
 def load_profile(path: str | Path, endpoint: str, provider: str | None, profile: str) -> FidelityProfile | None:
     """The stored profile of this endpoint, provider (None: the endpoint's own) and template profile, or None."""
-    return next((p for p in load_profiles(path, profile)
-                 if p.endpoint == endpoint and (p.provider or "") == (provider or "")), None)
+    return next(
+        (p for p in load_profiles(path, profile) if p.endpoint == endpoint and (p.provider or "") == (provider or "")),
+        None,
+    )
 
 
 def read_measurements(path: str | Path, run: str | None = None) -> Iterator[Measurement]:
@@ -97,11 +112,15 @@ def read_measurements(path: str | Path, run: str | None = None) -> Iterator[Meas
         if run is not None and conn.execute("SELECT 1 FROM runs WHERE name = ?", (run,)).fetchone() is None:
             names = [r[0] for r in conn.execute("SELECT name FROM runs ORDER BY id")]
             raise InputError(f"{path}: no run named {run!r}; runs here: {', '.join(names) or 'none'}")
-        sql = ("SELECT ru.name, COALESCE(re.endpoint, '?'), re.provider, rc.sample_pk, rc.ids_source, rc.flags, " "rc.category "
-               "FROM reconstructions rc JOIN runs ru ON ru.id = rc.run_id "
-               "LEFT JOIN responses re ON re.id = rc.response_id")
-        cursor = conn.execute(sql + (" WHERE ru.name = ?" if run else "") + " ORDER BY rc.run_id, rc.sample_pk",
-                              (run,) if run else ())
+        sql = (
+            "SELECT ru.name, COALESCE(re.endpoint, '?'), re.provider, rc.sample_pk, rc.ids_source, rc.flags, "
+            "rc.category "
+            "FROM reconstructions rc JOIN runs ru ON ru.id = rc.run_id "
+            "LEFT JOIN responses re ON re.id = rc.response_id"
+        )
+        cursor = conn.execute(
+            sql + (" WHERE ru.name = ?" if run else "") + " ORDER BY rc.run_id, rc.sample_pk", (run,) if run else ()
+        )
         for name, endpoint, provider, pk, source, flags, category in cursor:
             yield Measurement(name, endpoint, provider or None, pk, source, _flags(flags), category)
     finally:
@@ -114,7 +133,9 @@ def prompt_check_counts(path: str | Path, run: str) -> dict[str, int]:
     try:
         rows = conn.execute(
             "SELECT rc.prompt_check, COUNT(*) FROM reconstructions rc JOIN runs ru ON ru.id = rc.run_id "
-            "WHERE ru.name = ? AND rc.prompt_check IS NOT NULL GROUP BY rc.prompt_check", (run,)).fetchall()
+            "WHERE ru.name = ? AND rc.prompt_check IS NOT NULL GROUP BY rc.prompt_check",
+            (run,),
+        ).fetchall()
     finally:
         conn.close()
     return {str(status): int(n) for status, n in rows}

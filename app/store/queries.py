@@ -71,12 +71,40 @@ from app.store.rows import (
 from app.store.schema import SAMPLE_STATES
 
 __all__ = [
-    "connect_readonly", "RunReader", "RunRow", "MismatchRow", "MismatchPage", "SampleDetail", "EventRow",
-    "JobSummary", "JobShardRow", "MISMATCH_ORDERS", "MISMATCH_VERDICTS", "SORT_CACHE_S", "SortCache",
-    "list_runs", "run_by_name", "resolve_run", "state_counts", "verdict_counts", "strategy_counts", "cost_total",
-    "run_counts", "run_latency", "data_version",
-    "mismatch_page", "mismatch_count", "sample_detail", "reconstruction_of", "latest_completions", "events_tail", "job_summaries",
-    "latest_shard_log", "conversation_counts", "conversation_turns", "conversation_page",
+    "connect_readonly",
+    "RunReader",
+    "RunRow",
+    "MismatchRow",
+    "MismatchPage",
+    "SampleDetail",
+    "EventRow",
+    "JobSummary",
+    "JobShardRow",
+    "MISMATCH_ORDERS",
+    "MISMATCH_VERDICTS",
+    "SORT_CACHE_S",
+    "SortCache",
+    "list_runs",
+    "run_by_name",
+    "resolve_run",
+    "state_counts",
+    "verdict_counts",
+    "strategy_counts",
+    "cost_total",
+    "run_counts",
+    "run_latency",
+    "data_version",
+    "mismatch_page",
+    "mismatch_count",
+    "sample_detail",
+    "reconstruction_of",
+    "latest_completions",
+    "events_tail",
+    "job_summaries",
+    "latest_shard_log",
+    "conversation_counts",
+    "conversation_turns",
+    "conversation_page",
 ]
 
 T = TypeVar("T")
@@ -187,11 +215,17 @@ def _run_counts(conn: sqlite3.Connection, run_id: int) -> RunCounts:
         for cls, n in failed_requests:
             errors[cls] = errors.get(cls, 0) + n
         final = finals.get(name, 0)
-        endpoints.append(EndpointCounts(
-            name=name, completed=sum(t.n for t in mine if t.ok), failed=final,
-            retried=max(0, sum(n for _, n in failed_requests) - final), errors_by_class=tuple(sorted(failed_requests)),
-            cost_usd=sum(t.cost_usd for t in mine), completion_tokens=sum(t.completion_tokens for t in mine if t.ok),
-        ))
+        endpoints.append(
+            EndpointCounts(
+                name=name,
+                completed=sum(t.n for t in mine if t.ok),
+                failed=final,
+                retried=max(0, sum(n for _, n in failed_requests) - final),
+                errors_by_class=tuple(sorted(failed_requests)),
+                cost_usd=sum(t.cost_usd for t in mine),
+                completion_tokens=sum(t.completion_tokens for t in mine if t.ok),
+            )
+        )
     groups: dict[tuple[str, str | None], list[tallies.QualityTally]] = {}
     for row in quality:
         groups.setdefault((row.endpoint, row.provider), []).append(row)
@@ -209,8 +243,10 @@ def _run_counts(conn: sqlite3.Connection, run_id: int) -> RunCounts:
         answers=fold_answers(quality),
         strategies=tuple(strategy_counts(conn, run_id).items()),
         endpoints=tuple(endpoints),
-        providers=tuple(ProviderCounts(e, p, fold_answers(rows))
-                        for (e, p), rows in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))),
+        providers=tuple(
+            ProviderCounts(e, p, fold_answers(rows))
+            for (e, p), rows in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))
+        ),
         first_at=first,
         last_at=last,
     )
@@ -237,8 +273,9 @@ def run_latency(conn: sqlite3.Connection, run_id: int) -> RunLatency:
         if ttft is not None:
             first.append(float(ttft))
     every = ([v for lat, _ in per.values() for v in lat], [v for _, first in per.values() for v in first])
-    return RunLatency(n, percentiles_of(*every),
-                      tuple((name, percentiles_of(*values)) for name, values in sorted(per.items())))
+    return RunLatency(
+        n, percentiles_of(*every), tuple((name, percentiles_of(*values)) for name, values in sorted(per.items()))
+    )
 
 
 # ============================================================================================== conversations
@@ -253,14 +290,30 @@ def conversation_counts(conn: sqlite3.Connection, run_id: int) -> ConversationCo
     if tallies.samples_current(conn):
         rows = conn.execute(
             "SELECT state, first, last, off_policy, error_class, n FROM turn_tallies WHERE run_id = ? AND n != 0",
-            (run_id,)).fetchall()
+            (run_id,),
+        ).fetchall()
     else:
         rows = conn.execute(
             "SELECT state, turn = 1, turn = turns, off_policy, CASE WHEN state IN ('failed', 'skipped') "
             "THEN COALESCE(error_class, '') ELSE '' END, COUNT(*) FROM samples "
-            "WHERE run_id = ? AND conversation_id IS NOT NULL GROUP BY 1, 2, 3, 4, 5", (run_id,)).fetchall()
-    c: dict[str, int] = dict.fromkeys(("total", "done", "diverged", "failed", "truncated", "ended_skipped",
-                                       "not_started", "in_flight", "waiting_on_parent", "off_policy"), 0)
+            "WHERE run_id = ? AND conversation_id IS NOT NULL GROUP BY 1, 2, 3, 4, 5",
+            (run_id,),
+        ).fetchall()
+    c: dict[str, int] = dict.fromkeys(
+        (
+            "total",
+            "done",
+            "diverged",
+            "failed",
+            "truncated",
+            "ended_skipped",
+            "not_started",
+            "in_flight",
+            "waiting_on_parent",
+            "off_policy",
+        ),
+        0,
+    )
     turns = dict.fromkeys(SAMPLE_STATES, 0)
     for state, first, last, off, error_class, n in rows:
         turns[state] = turns.get(state, 0) + n
@@ -284,10 +337,19 @@ def conversation_counts(conn: sqlite3.Connection, run_id: int) -> ConversationCo
             c["waiting_on_parent"] += 0 if last else n
     ended = c["done"] + c["diverged"] + c["failed"] + c["truncated"] + c["ended_skipped"]
     return ConversationCounts(
-        total=c["total"], done=c["done"], diverged=c["diverged"], failed=c["failed"], truncated=c["truncated"],
-        ended_skipped=c["ended_skipped"], open=max(0, c["total"] - ended), not_started=c["not_started"],
-        in_flight=c["in_flight"], waiting_on_parent=c["waiting_on_parent"], turns=turns,
-        off_policy_turns=c["off_policy"])
+        total=c["total"],
+        done=c["done"],
+        diverged=c["diverged"],
+        failed=c["failed"],
+        truncated=c["truncated"],
+        ended_skipped=c["ended_skipped"],
+        open=max(0, c["total"] - ended),
+        not_started=c["not_started"],
+        in_flight=c["in_flight"],
+        waiting_on_parent=c["waiting_on_parent"],
+        turns=turns,
+        off_policy_turns=c["off_policy"],
+    )
 
 
 def conversation_turns(conn: sqlite3.Connection, run_id: int, conversation_id: str) -> list[TurnRow]:
@@ -296,33 +358,52 @@ def conversation_turns(conn: sqlite3.Connection, run_id: int, conversation_id: s
     rows = conn.execute(
         "SELECT s.pk, s.sample_id, s.turn, s.turns, s.state, s.error_class, s.last_error, s.off_policy, r.category, "
         "r.n_tokens, r.first_diff FROM samples AS s LEFT JOIN reconstructions AS r ON r.sample_pk = s.pk "
-        "WHERE s.run_id = ? AND s.conversation_id = ? ORDER BY s.turn", (run_id, conversation_id)).fetchall()
-    return [TurnRow(int(r[0]), str(r[1]), int(r[2]), int(r[3]), str(r[4]), r[5], r[6], bool(r[7]), r[8], r[9], r[10])
-            for r in rows]
+        "WHERE s.run_id = ? AND s.conversation_id = ? ORDER BY s.turn",
+        (run_id, conversation_id),
+    ).fetchall()
+    return [
+        TurnRow(int(r[0]), str(r[1]), int(r[2]), int(r[3]), str(r[4]), r[5], r[6], bool(r[7]), r[8], r[9], r[10])
+        for r in rows
+    ]
 
 
-def conversation_page(conn: sqlite3.Connection, run_id: int, *, after_pk: int = 0,
-                      limit: int = 50) -> list[ConversationRow]:
+def conversation_page(
+    conn: sqlite3.Connection, run_id: int, *, after_pk: int = 0, limit: int = 50
+) -> list[ConversationRow]:
     """Up to `limit` conversations in ingest order after the one whose turn 1 has row key `after_pk` (keyset
     paging: ~limit index entries at any depth), each with how it stands (`rows.conversation_status`)."""
     firsts = conn.execute(
         "SELECT pk, conversation_id, dataset, turns FROM samples WHERE run_id = ? AND turn = 1 AND pk > ? "
-        "ORDER BY pk LIMIT ?", (run_id, after_pk, limit)).fetchall()
+        "ORDER BY pk LIMIT ?",
+        (run_id, after_pk, limit),
+    ).fetchall()
     if not firsts:
         return []
     ids = json.dumps([r[1] for r in firsts])
     by_conv: dict[str, list[tuple[int, str, str | None, int]]] = {}
     for cid, turn, state, error_class, off in conn.execute(
-            "SELECT s.conversation_id, s.turn, s.state, s.error_class, s.off_policy FROM json_each(?2) AS j "
-            "CROSS JOIN samples AS s ON s.run_id = ?1 AND s.conversation_id = j.value ORDER BY s.conversation_id, "
-            "s.turn", (run_id, ids)):
+        "SELECT s.conversation_id, s.turn, s.state, s.error_class, s.off_policy FROM json_each(?2) AS j "
+        "CROSS JOIN samples AS s ON s.run_id = ?1 AND s.conversation_id = j.value ORDER BY s.conversation_id, "
+        "s.turn",
+        (run_id, ids),
+    ):
         by_conv.setdefault(cid, []).append((int(turn), str(state), error_class, int(off)))
     out = []
     for pk, cid, dataset, turns in firsts:
         states = by_conv.get(cid, [])
         status, at = conversation_status([(t, s, e) for t, s, e, _ in states])
-        out.append(ConversationRow(str(cid), str(dataset), int(turns), sum(1 for _, s, _, _ in states if s == "done"),
-                                   status, at, any(o for *_, o in states), int(pk)))
+        out.append(
+            ConversationRow(
+                str(cid),
+                str(dataset),
+                int(turns),
+                sum(1 for _, s, _, _ in states if s == "done"),
+                status,
+                at,
+                any(o for *_, o in states),
+                int(pk),
+            )
+        )
     return out
 
 
@@ -384,13 +465,14 @@ def _text_condition(text: str | None) -> tuple[str, list[Any]]:
     pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
     if len(text) >= _TRIGRAM:
         phrase = '"' + text.replace('"', '""') + '"'  # one FTS5 phrase: every character literal
-        sql = (" AND r.sample_pk IN (SELECT rowid FROM mismatch_text WHERE mismatch_text MATCH ?"
-               " UNION ALL SELECT q.sample_pk FROM mismatch_text_pending q CROSS JOIN samples qs ON qs.pk = q.sample_pk"
-               " CROSS JOIN reconstructions qr ON qr.sample_pk = q.sample_pk WHERE qs.sample_id LIKE ? ESCAPE '\\'"
-               " OR qs.dataset LIKE ? ESCAPE '\\' OR qr.explanation LIKE ? ESCAPE '\\')")
+        sql = (
+            " AND r.sample_pk IN (SELECT rowid FROM mismatch_text WHERE mismatch_text MATCH ?"
+            " UNION ALL SELECT q.sample_pk FROM mismatch_text_pending q CROSS JOIN samples qs ON qs.pk = q.sample_pk"
+            " CROSS JOIN reconstructions qr ON qr.sample_pk = q.sample_pk WHERE qs.sample_id LIKE ? ESCAPE '\\'"
+            " OR qs.dataset LIKE ? ESCAPE '\\' OR qr.explanation LIKE ? ESCAPE '\\')"
+        )
         return sql, [phrase, pattern, pattern, pattern]
-    sql = (" AND (s.sample_id LIKE ? ESCAPE '\\' OR s.dataset LIKE ? ESCAPE '\\'"
-           " OR r.explanation LIKE ? ESCAPE '\\')")
+    sql = " AND (s.sample_id LIKE ? ESCAPE '\\' OR s.dataset LIKE ? ESCAPE '\\' OR r.explanation LIKE ? ESCAPE '\\')"
     return sql, [pattern, pattern, pattern]
 
 
@@ -402,8 +484,9 @@ def _verdicts(verdicts: Iterable[str] | None) -> tuple[str, ...]:
     return chosen
 
 
-def mismatch_count(conn: sqlite3.Connection, run_id: int, verdicts: Iterable[str] | None = MISMATCH_VERDICTS,
-                   text: str | None = None) -> int:
+def mismatch_count(
+    conn: sqlite3.Connection, run_id: int, verdicts: Iterable[str] | None = MISMATCH_VERDICTS, text: str | None = None
+) -> int:
     """How many rows `mismatch_page` pages through with the same filters (verdicts None: every verdict)."""
     chosen = _verdicts(verdicts)
     if not chosen:
@@ -464,15 +547,17 @@ def mismatch_page(
 class _Query:
     """The SQL of one mismatch_page call (connection, run, verdicts and text filter bound)."""
 
-    def __init__(self, conn: sqlite3.Connection, run_id: int, verdicts: tuple[str, ...], text_sql: str,
-                 text_args: list[Any]) -> None:
+    def __init__(
+        self, conn: sqlite3.Connection, run_id: int, verdicts: tuple[str, ...], text_sql: str, text_args: list[Any]
+    ) -> None:
         self.conn, self.run_id, self.verdicts = conn, run_id, verdicts
         self.text_sql, self.text_args = text_sql, text_args
         self.source = _CROSS if text_sql else _FROM
         self.marks = ", ".join("?" * len(verdicts))
 
-    def by_sample(self, offset: int, limit: int, after: MismatchRow | None, before: MismatchRow | None,
-                  *, descending: bool) -> list[tuple[Any, ...]]:
+    def by_sample(
+        self, offset: int, limit: int, after: MismatchRow | None, before: MismatchRow | None, *, descending: bool
+    ) -> list[tuple[Any, ...]]:
         # One index range per verdict, each cut at `need` rows, merged: no sort over all matches.
         backwards = before is not None
         anchor = before.pk if before else after.pk if after else None
@@ -492,8 +577,9 @@ class _Query:
         rows = self.conn.execute(sql, [*args, limit, skip]).fetchall()
         return rows[::-1] if backwards else rows
 
-    def by_verdict(self, offset: int, limit: int, after: MismatchRow | None,
-                   before: MismatchRow | None) -> list[tuple[Any, ...]]:
+    def by_verdict(
+        self, offset: int, limit: int, after: MismatchRow | None, before: MismatchRow | None
+    ) -> list[tuple[Any, ...]]:
         where = f"r.run_id = ? AND r.category IN ({self.marks}){self.text_sql}"
         args: list[Any] = [self.run_id, *self.verdicts, *self.text_args]
         direction, skip = "ASC", offset
@@ -510,8 +596,9 @@ class _Query:
         ).fetchall()
         return rows[::-1] if direction == "DESC" else rows
 
-    def by_length(self, offset: int, limit: int, after: MismatchRow | None,
-                  before: MismatchRow | None) -> list[tuple[Any, ...]]:
+    def by_length(
+        self, offset: int, limit: int, after: MismatchRow | None, before: MismatchRow | None
+    ) -> list[tuple[Any, ...]]:
         # Per verdict, (run, category, n_tokens DESC, sample_pk) index ranges cut at `need` keys, merged.
         # Turning a page by key reads two ranges per verdict from the anchor (its length's remaining
         # samples, then shorter / longer rows), about `limit` keys each, whatever the depth.
@@ -526,11 +613,15 @@ class _Query:
         for verdict in self.verdicts:
             ranges: list[tuple[str, list[Any]]] = [("", [])]
             if key is not None:
-                ranges = [(f" AND r.n_tokens = ? AND r.sample_pk {'<' if back else '>'} ?", [key.rec_len, key.pk]),
-                          (f" AND r.n_tokens {'>' if back else '<'} ?", [key.rec_len])]
+                ranges = [
+                    (f" AND r.n_tokens = ? AND r.sample_pk {'<' if back else '>'} ?", [key.rec_len, key.pk]),
+                    (f" AND r.n_tokens {'>' if back else '<'} ?", [key.rec_len]),
+                ]
             for cond, cond_args in ranges:
-                parts.append(f"SELECT * FROM (SELECT r.sample_pk, r.n_tokens FROM {hint} WHERE r.run_id = ? "
-                             f"AND r.category = ?{cond} ORDER BY {order} LIMIT ?)")
+                parts.append(
+                    f"SELECT * FROM (SELECT r.sample_pk, r.n_tokens FROM {hint} WHERE r.run_id = ? "
+                    f"AND r.category = ?{cond} ORDER BY {order} LIMIT ?)"
+                )
                 args += [self.run_id, verdict, *cond_args, need]
         merged = "2 ASC, 1 DESC" if back else "2 DESC, 1 ASC"  # 2: n_tokens, 1: sample_pk
         sql = " UNION ALL ".join(parts) + f" ORDER BY {merged} LIMIT ? OFFSET ?"
@@ -544,17 +635,25 @@ class _Query:
             pks = self._pks(
                 "SELECT r.sample_pk FROM reconstructions AS r INDEXED BY reconstructions_by_run_first_diff "
                 f"WHERE r.run_id = ? AND r.category IN ({self.marks}) AND r.first_diff IS NOT NULL "
-                "ORDER BY r.first_diff, r.sample_pk LIMIT ? OFFSET ?", offset, limit)
+                "ORDER BY r.first_diff, r.sample_pk LIMIT ? OFFSET ?",
+                offset,
+                limit,
+            )
             if len(pks) == limit:
                 return self.rows_for(pks)
         if not self.text_sql and order in _INDEXES:
             # These indexes hold every reconstruction (NULL n_diff, from rows written outside the store, last):
             # a page reads about offset + limit index entries and is complete even when short.
             index, column = _INDEXES[order]
-            return self.rows_for(self._pks(
-                f"SELECT r.sample_pk FROM reconstructions AS r INDEXED BY {index} "
-                f"WHERE r.run_id = ? AND r.category IN ({self.marks}) "
-                f"ORDER BY r.{column} DESC, r.sample_pk LIMIT ? OFFSET ?", offset, limit))
+            return self.rows_for(
+                self._pks(
+                    f"SELECT r.sample_pk FROM reconstructions AS r INDEXED BY {index} "
+                    f"WHERE r.run_id = ? AND r.category IN ({self.marks}) "
+                    f"ORDER BY r.{column} DESC, r.sample_pk LIMIT ? OFFSET ?",
+                    offset,
+                    limit,
+                )
+            )
 
         def compute() -> list[int]:
             rows = self.conn.execute(
@@ -578,7 +677,8 @@ class _Query:
         found = {
             row[0]: row
             for row in self.conn.execute(
-                f"SELECT {_COLUMNS} FROM {_FROM} WHERE r.sample_pk IN ({', '.join('?' * len(pks))})", pks)
+                f"SELECT {_COLUMNS} FROM {_FROM} WHERE r.sample_pk IN ({', '.join('?' * len(pks))})", pks
+            )
         }
         return [found[pk] for pk in pks if pk in found]
 
@@ -587,7 +687,8 @@ class _Query:
         if not pks:
             return {}
         rows = self.conn.execute(
-            f"SELECT pk, sample_id, dataset FROM samples WHERE pk IN ({', '.join('?' * len(pks))})", pks)
+            f"SELECT pk, sample_id, dataset FROM samples WHERE pk IN ({', '.join('?' * len(pks))})", pks
+        )
         return {pk: (sample_id, dataset) for pk, sample_id, dataset in rows}
 
 
@@ -610,12 +711,15 @@ def reconstruction_of(conn: sqlite3.Connection, run_id: int, sample_id: str) -> 
     return decode_reconstruction(mapping)
 
 
-def sample_detail(conn: sqlite3.Connection, run_id: int, sample_id: str, *, keep_raw: bool = False) -> SampleDetail | None:
+def sample_detail(
+    conn: sqlite3.Connection, run_id: int, sample_id: str, *, keep_raw: bool = False
+) -> SampleDetail | None:
     """The sample, its latest attempt and its verdict (None: no such sample). `keep_raw` is the run's
     `[run] keep_raw`, carried along so a face can say why a raw body is absent."""
     sample = conn.execute(
         "SELECT pk, sample_id, dataset, state, messages, last_error, reference_ids FROM samples "
-        "WHERE run_id = ? AND sample_id = ?", (run_id, sample_id),
+        "WHERE run_id = ? AND sample_id = ?",
+        (run_id, sample_id),
     ).fetchone()
     if sample is None:
         return None
@@ -623,11 +727,19 @@ def sample_detail(conn: sqlite3.Connection, run_id: int, sample_id: str, *, keep
     rec = conn.execute("SELECT category, strategy FROM reconstructions WHERE sample_pk = ?", (pk,)).fetchone()
     response = conn.execute(
         "SELECT endpoint, finish_reason, reasoning, content, tool_calls, usage, cost_usd, latency_ms, ttft_ms, "
-        "error, raw FROM responses WHERE sample_pk = ? ORDER BY attempt DESC, id DESC LIMIT 1", (pk,),
+        "error, raw FROM responses WHERE sample_pk = ? ORDER BY attempt DESC, id DESC LIMIT 1",
+        (pk,),
     ).fetchone()
-    common = dict(sample_id=sid, dataset=dataset, state=state, prompt=loads(messages, []),
-                  category=rec[0] if rec else None, strategy=rec[1] if rec else None, keep_raw=keep_raw,
-                  reference_ids=unpack_ids(reference))
+    common = dict(
+        sample_id=sid,
+        dataset=dataset,
+        state=state,
+        prompt=loads(messages, []),
+        category=rec[0] if rec else None,
+        strategy=rec[1] if rec else None,
+        keep_raw=keep_raw,
+        reference_ids=unpack_ids(reference),
+    )
     if response is None:
         return SampleDetail(**common, error=last_error)
     endpoint, finish, reasoning, content, calls, usage, cost, latency, ttft, error, raw = response
@@ -636,9 +748,18 @@ def sample_detail(conn: sqlite3.Connection, run_id: int, sample_id: str, *, keep
         if value is not None:  # re-indented for reading (orjson's indent keeps no non-ASCII choice)
             raw = json.dumps(value, indent=2, ensure_ascii=False)
     return SampleDetail(
-        **common, reasoning=reasoning, content=content, tool_calls=loads(calls, []), usage=loads(usage, {}),
-        cost_usd=cost or 0.0, latency_ms=latency, ttft_ms=ttft, endpoint=endpoint, finish_reason=finish,
-        error=error or last_error, raw=raw,
+        **common,
+        reasoning=reasoning,
+        content=content,
+        tool_calls=loads(calls, []),
+        usage=loads(usage, {}),
+        cost_usd=cost or 0.0,
+        latency_ms=latency,
+        ttft_ms=ttft,
+        endpoint=endpoint,
+        finish_reason=finish,
+        error=error or last_error,
+        raw=raw,
     )
 
 
@@ -654,8 +775,11 @@ def latest_completions(conn: sqlite3.Connection, run_id: int) -> list[StoredComp
     out = []
     for values in cur:
         row = dict(zip(names, values))
-        out.append(StoredCompletion(row["sample_pk"], row["sample_id"], row["id"], unpack_ids(row["sample_ref"]),
-                                    decode_completion(row)))
+        out.append(
+            StoredCompletion(
+                row["sample_pk"], row["sample_id"], row["id"], unpack_ids(row["sample_ref"]), decode_completion(row)
+            )
+        )
     return out
 
 
@@ -689,7 +813,8 @@ def latest_shard_log(conn: sqlite3.Connection, job_id: int) -> tuple[int, Path] 
     """(shard, log path) of the job's most recently updated shard that has a log, or None."""
     row = conn.execute(
         "SELECT shard, log_path FROM job_shards WHERE job_id = ? AND log_path IS NOT NULL "
-        "ORDER BY updated_at DESC, shard DESC LIMIT 1", (job_id,),
+        "ORDER BY updated_at DESC, shard DESC LIMIT 1",
+        (job_id,),
     ).fetchone()
     return (row[0], Path(row[1])) if row else None
 
@@ -730,11 +855,30 @@ class RunReader:
         with self._lock:
             return fn(self._conn, *args, **kwargs)
 
-    def mismatch_page(self, verdicts: Sequence[str], text: str, order: str, offset: int, limit: int, *,
-                      after: MismatchRow | None = None, before: MismatchRow | None = None) -> MismatchPage:
+    def mismatch_page(
+        self,
+        verdicts: Sequence[str],
+        text: str,
+        order: str,
+        offset: int,
+        limit: int,
+        *,
+        after: MismatchRow | None = None,
+        before: MismatchRow | None = None,
+    ) -> MismatchPage:
         """`mismatch_page` over this run, with this reader's sort cache."""
-        return self.call(mismatch_page, self.run_id, verdicts, text, order, offset, limit,
-                         after=after, before=before, cache=self.sort_cache)
+        return self.call(
+            mismatch_page,
+            self.run_id,
+            verdicts,
+            text,
+            order,
+            offset,
+            limit,
+            after=after,
+            before=before,
+            cache=self.sort_cache,
+        )
 
     def close(self) -> None:
         """Close the connection."""
@@ -779,8 +923,14 @@ class SeriesChunk:
     caught_up: bool
 
 
-def series_since(conn: sqlite3.Connection, run_id: int, response_cursor: int = 0, reconstruction_cursor: int = 0,
-                 *, chunk: int = SERIES_CHUNK) -> SeriesChunk:
+def series_since(
+    conn: sqlite3.Connection,
+    run_id: int,
+    response_cursor: int = 0,
+    reconstruction_cursor: int = 0,
+    *,
+    chunk: int = SERIES_CHUNK,
+) -> SeriesChunk:
     """The run's responses and measured reconstructions stored after the cursors (row ids), summed per bucket.
 
     Each table is read by one rowid range of at most `chunk` ids (`+run_id` keeps the planner off the run
@@ -798,7 +948,8 @@ def series_since(conn: sqlite3.Connection, run_id: int, response_cursor: int = 0
         f"SELECT CAST(created_at / {SERIES_BUCKET_S} AS INTEGER) AS b, "
         "SUM(CASE WHEN error_class IS NULL THEN completion_tokens ELSE 0 END), SUM(error_class IS NULL), "
         "SUM(cost_usd), MIN(created_at), MAX(created_at) FROM responses WHERE id > ? AND id <= ? AND +run_id = ? "
-        "GROUP BY b", (response_cursor, top_response, run_id),
+        "GROUP BY b",
+        (response_cursor, top_response, run_id),
     ):
         sums[int(b)] = [int(tokens or 0), int(ok or 0), float(cost or 0.0), 0, 0, first, last]
     newest_rec = conn.execute("SELECT MAX(id) FROM reconstructions").fetchone()[0] or 0
@@ -806,7 +957,8 @@ def series_since(conn: sqlite3.Connection, run_id: int, response_cursor: int = 0
     benign = {str(v) for v in BENIGN_VERDICTS}
     for created, flags in conn.execute(
         "SELECT created_at, flags FROM reconstructions WHERE id > ? AND id <= ? AND +run_id = ? "
-        "AND instr(flags, ?) > 0", (reconstruction_cursor, top_rec, run_id, TEXT_PATH),
+        "AND instr(flags, ?) > 0",
+        (reconstruction_cursor, top_rec, run_id, TEXT_PATH),
     ):
         verdict = _text_path_verdict(flags, TEXT_PATH)
         if verdict is None:
@@ -826,7 +978,7 @@ def _text_path_verdict(flags: str, prefix: str) -> str | None:
         items = flags.split(",")
     if not isinstance(items, list):
         return None
-    return next((str(f)[len(prefix):] for f in items if str(f).startswith(prefix)), None)
+    return next((str(f)[len(prefix) :] for f in items if str(f).startswith(prefix)), None)
 
 
 __all__ += ["SERIES_BUCKET_S", "SeriesBucket", "SeriesChunk", "series_since"]
@@ -884,5 +1036,9 @@ def dataset_mix(conn: sqlite3.Connection, run_id: int) -> tuple[MixRow, ...]:
     languages: dict[tuple[str, str], list[tuple[str, int]]] = {}
     for dataset, category, language, n in conn.execute(_LANGUAGES, (run_id,)):
         languages.setdefault((dataset, category), []).append((language, n))
-    return tuple(MixRow(*row, languages=tuple(languages.get((row[0], row[1]), ())))
-                 for row in conn.execute(_MIX, (run_id,)))
+    return tuple(
+        MixRow(
+            dataset, category, prompts, answers, loss, reasoning, tools, tuple(languages.get((dataset, category), ()))
+        )
+        for dataset, category, prompts, answers, loss, reasoning, tools in conn.execute(_MIX, (run_id,))
+    )

@@ -33,6 +33,8 @@ from app.store.ids import pack_ids, unpack_ids
 from app.store.schema import N_DIFF_SQL
 from app.store.store_records import RebuildLabels
 
+NO_LABELS = RebuildLabels()  # a rebuild's labels when the caller has none (one shared frozen value)
+
 
 def dumps(value: Any) -> str:
     """JSON text of `value` (orjson: compact, UTF-8, enums as their values)."""
@@ -114,9 +116,30 @@ def loads(text: str | bytes | None, default: Any = None) -> Any:
 # ================================================================================================ responses
 
 RESPONSE_COLUMNS = (
-    "run_id", "sample_pk", "attempt", "endpoint", "provider", "model", "generation_id", "finish_reason",
-    "reasoning", "content", "tool_calls", "logprobs", "token_ids", "usage", "prompt_tokens", "completion_tokens",
-    "reasoning_tokens", "cached_tokens", "cost_usd", "latency_ms", "ttft_ms", "raw", "created_at", "prompt_ids",
+    "run_id",
+    "sample_pk",
+    "attempt",
+    "endpoint",
+    "provider",
+    "model",
+    "generation_id",
+    "finish_reason",
+    "reasoning",
+    "content",
+    "tool_calls",
+    "logprobs",
+    "token_ids",
+    "usage",
+    "prompt_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "cached_tokens",
+    "cost_usd",
+    "latency_ms",
+    "ttft_ms",
+    "raw",
+    "created_at",
+    "prompt_ids",
 )
 INSERT_RESPONSE = (
     f"INSERT INTO responses ({', '.join(RESPONSE_COLUMNS)}) VALUES ({', '.join('?' * len(RESPONSE_COLUMNS))})"
@@ -131,8 +154,13 @@ def encode_tool_calls(calls: Sequence[ToolCall]) -> str | None:
 def decode_tool_calls(text: str | None) -> tuple[ToolCall, ...]:
     """The ToolCalls of a `responses.tool_calls` value (arguments byte-exact)."""
     return tuple(
-        ToolCall(id=c.get("id", ""), name=c.get("name", ""), arguments=c.get("arguments", ""),
-                 index=c.get("index", i), type=c.get("type", "function"))
+        ToolCall(
+            id=c.get("id", ""),
+            name=c.get("name", ""),
+            arguments=c.get("arguments", ""),
+            index=c.get("index", i),
+            type=c.get("type", "function"),
+        )
         for i, c in enumerate(loads(text, []))
     )
 
@@ -150,8 +178,10 @@ def encode_logprobs(completion: Completion) -> str | None:
                 raise RowError("responses.logprobs", f"holds logprob {t.logprob!r} for token {t.token!r}")
         return [[t.token, list(t.bytes) if t.bytes is not None else None, t.logprob] for t in seq]
 
-    return _json({"content": enc(completion.content_logprobs), "reasoning": enc(completion.reasoning_logprobs)},
-                 "responses.logprobs")
+    return _json(
+        {"content": enc(completion.content_logprobs), "reasoning": enc(completion.reasoning_logprobs)},
+        "responses.logprobs",
+    )
 
 
 def decode_logprobs(
@@ -197,8 +227,10 @@ def encode_response(
     """The `INSERT_RESPONSE` parameters (RESPONSE_COLUMNS order) of one successful attempt; a value the table
     cannot hold is a RowError naming its column (see the module doc)."""
     u = completion.usage
-    counts = [_count(getattr(u, name), f"responses.{name}")  # before the usage JSON, which holds them too
-              for name in ("prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_tokens")]
+    counts = [
+        _count(getattr(u, name), f"responses.{name}")  # before the usage JSON, which holds them too
+        for name in ("prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_tokens")
+    ]
     return (
         run_id,
         sample_pk,
@@ -301,7 +333,7 @@ def reconstruction_row(
     reconstruction: Reconstruction,
     verdict: Verdict | None,
     reference_ids: Sequence[int] | None,
-    labels: RebuildLabels = RebuildLabels(),
+    labels: RebuildLabels = NO_LABELS,
     *,
     response_id: int | None = None,
     created_at: float | None = None,
@@ -337,9 +369,28 @@ def reconstruction_row(
 
 # n_diff (schema v4) is not a parameter: the upsert computes it from `detail` with N_DIFF_SQL.
 RECONSTRUCTION_COLUMNS = (
-    "run_id", "sample_pk", "response_id", "profile", "tokenizer", "strategy", "repair", "roundtrip", "notes",
-    "output_ids", "reference_ids", "category", "first_diff", "n_tokens", "ref_len", "explanation", "detail",
-    "created_at", "ids_source", "flags", "prompt_check", "prompt_first_diff",
+    "run_id",
+    "sample_pk",
+    "response_id",
+    "profile",
+    "tokenizer",
+    "strategy",
+    "repair",
+    "roundtrip",
+    "notes",
+    "output_ids",
+    "reference_ids",
+    "category",
+    "first_diff",
+    "n_tokens",
+    "ref_len",
+    "explanation",
+    "detail",
+    "created_at",
+    "ids_source",
+    "flags",
+    "prompt_check",
+    "prompt_first_diff",
 )
 UPSERT_RECONSTRUCTION = (
     f"INSERT INTO reconstructions ({', '.join(RECONSTRUCTION_COLUMNS)}, n_diff) "

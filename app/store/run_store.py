@@ -28,18 +28,20 @@ import orjson
 
 from app.conversation import ConversationInput
 from app.errors import EaglewatchError, InputError
+from app.store import conversation_ops, ingest_ops, queries, rows, tallies
+from app.store.conversation_ops import OpenTurnWork, TurnEnd, after_turn, restore_children_of
 from app.store.db import DEFAULT_BUSY_TIMEOUT_S, configure, migrate
 from app.store.ids import unpack_ids
-from app.store import queries, rows, tallies
-from app.store.store_records import (
-    Command, IngestReport, LeasedSample, ReferenceRecord, ResultRecord, SampleInput,
-)
-from app.store.schema import RUN_STATES, SAMPLE_STATES
-from app.store import conversation_ops, ingest_ops
-from app.store.conversation_ops import OpenTurnWork, TurnEnd, after_turn, restore_children_of
 from app.store.ingest_ops import INGEST_CHUNK
 from app.store.schema import RUN_STATES, SAMPLE_STATES
-from app.store.store_records import Command, IngestReport, LeasedSample, ReferenceRecord, SampleInput
+from app.store.store_records import (
+    Command,
+    IngestReport,
+    LeasedSample,
+    ReferenceRecord,
+    ResultRecord,
+    SampleInput,
+)
 
 T = TypeVar("T")
 Operation = Callable[[sqlite3.Connection], Any]
@@ -216,28 +218,49 @@ class RunStore:
 
         def op(conn: sqlite3.Connection) -> None:
             conn.execute(
-                "UPDATE runs SET state = ?, reason = ?, updated_at = ? WHERE id = ?", (state, reason, time.time(), run_id)
+                "UPDATE runs SET state = ?, reason = ?, updated_at = ? WHERE id = ?",
+                (state, reason, time.time(), run_id),
             )
 
         await self.write(op)
 
     # ------------------------------------------------------------------------------------ ingest
 
-    async def ingest(self, run_id: int, samples: Iterable[SampleInput], *, chunk: int = INGEST_CHUNK,
-                     source: str = "", track: tuple[str, str] | None = None) -> IngestReport:
+    async def ingest(
+        self,
+        run_id: int,
+        samples: Iterable[SampleInput],
+        *,
+        chunk: int = INGEST_CHUNK,
+        source: str = "",
+        track: tuple[str, str] | None = None,
+    ) -> IngestReport:
         """Insert samples the run does not hold yet, in chunked transactions (see `app.store.ingest_ops.ingest`)."""
         return await ingest_ops.ingest(self, run_id, samples, chunk=chunk, source=source, track=track)
 
-    async def ingest_conversations(self, run_id: int, conversations: Iterable[ConversationInput], *,
-                                   chunk: int = INGEST_CHUNK, source: str = "",
-                                   track: tuple[str, str] | None = None) -> IngestReport:
+    async def ingest_conversations(
+        self,
+        run_id: int,
+        conversations: Iterable[ConversationInput],
+        *,
+        chunk: int = INGEST_CHUNK,
+        source: str = "",
+        track: tuple[str, str] | None = None,
+    ) -> IngestReport:
         """Insert the conversations the run does not hold yet as turn rows (turn 1 pending, later turns waiting;
         `app.store.conversation_ops.ingest_conversations`); the report counts conversations."""
-        return await conversation_ops.ingest_conversations(self, run_id, conversations, chunk=chunk, source=source,
-                                                           track=track)
+        return await conversation_ops.ingest_conversations(
+            self, run_id, conversations, chunk=chunk, source=source, track=track
+        )
 
-    async def attach_references(self, run_id: int, references: Iterable[ReferenceRecord], *,
-                                chunk: int = INGEST_CHUNK, track: tuple[str, str] | None = None) -> tuple[int, int]:
+    async def attach_references(
+        self,
+        run_id: int,
+        references: Iterable[ReferenceRecord],
+        *,
+        chunk: int = INGEST_CHUNK,
+        track: tuple[str, str] | None = None,
+    ) -> tuple[int, int]:
         """Set reference ids on samples that have none yet; return (attached, unmatched sample ids)."""
         return await ingest_ops.attach_references(self, run_id, references, chunk=chunk, track=track)
 
@@ -307,7 +330,8 @@ class RunStore:
         def op(conn: sqlite3.Connection) -> int:
             now = time.time()
             conn.executemany(
-                "UPDATE samples SET lease_expires = ?, lease_owner = ? WHERE run_id = ? AND pk = ? AND state = " "'leased'",
+                "UPDATE samples SET lease_expires = ?, lease_owner = ? WHERE run_id = ? AND pk = ? AND state = "
+                "'leased'",
                 [(now + lease_s, owner, run_id, pk) for pk in keep],
             )
             return conn.execute(
@@ -355,10 +379,16 @@ class RunStore:
         attempts (`tries_forgiven` = its tries; its responses and their attempt numbers stay). Returns how many."""
 
         def op(conn: sqlite3.Connection) -> int:
-            pks = [r[0] for r in conn.execute(
-                "UPDATE samples SET state = 'pending', tries_forgiven = tries, error_class = NULL, " "last_error = NULL, "
-                "lease_expires = NULL, lease_owner = NULL, updated_at = ? WHERE run_id = ? AND state = 'failed' "
-                "RETURNING pk", (time.time(), run_id)).fetchall()]
+            pks = [
+                r[0]
+                for r in conn.execute(
+                    "UPDATE samples SET state = 'pending', tries_forgiven = tries, error_class = NULL, "
+                    "last_error = NULL, "
+                    "lease_expires = NULL, lease_owner = NULL, updated_at = ? WHERE run_id = ? AND state = 'failed' "
+                    "RETURNING pk",
+                    (time.time(), run_id),
+                ).fetchall()
+            ]
             # a conversation's turn tried again: the turns its failure skipped wait on it again
             restore_children_of(conn, run_id, pks)
             return len(pks)
@@ -378,8 +408,9 @@ class RunStore:
         if r.state not in SAMPLE_STATES:
             raise ValueError(f"unknown sample state {r.state!r}")
         run_id, pk, state, completion = r.run_id, r.sample_pk, r.state, r.completion
-        response_row = rows.encode_response(run_id, pk, r.attempt, r.endpoint, completion, r.cost_usd,
-                                            keep_raw=r.keep_raw)
+        response_row = rows.encode_response(
+            run_id, pk, r.attempt, r.endpoint, completion, r.cost_usd, keep_raw=r.keep_raw
+        )
         rec_row = None
         if r.reconstruction is not None:
             rec_row = rows.reconstruction_row(run_id, pk, r.reconstruction, r.verdict, r.reference_ids, r.labels())
@@ -397,9 +428,20 @@ class RunStore:
                 (state, r.error_class, r.error, r.attempt, time.time(), pk, run_id),
             ).fetchone()
             if turn is not None and turn[0] is not None:  # a conversation's turn: the next one, same transaction
-                after_turn(conn, run_id, pk, TurnEnd(
-                    state, completion.content, completion.reasoning, completion.tool_calls, completion.truncated,
-                    _history_reasoning(r.profile), r.error or ""))
+                after_turn(
+                    conn,
+                    run_id,
+                    pk,
+                    TurnEnd(
+                        state,
+                        completion.content,
+                        completion.reasoning,
+                        completion.tool_calls,
+                        completion.truncated,
+                        _history_reasoning(r.profile),
+                        r.error or "",
+                    ),
+                )
             return response_id
 
         return await self.write(op)
@@ -541,9 +583,13 @@ class RunStore:
         JSON characters (messages + tools): what the ETA's prompt-token projection starts from. One scan at engine
         start (and after an operator's retry of failed samples, pending only)."""
         states = "('pending', 'leased')" if leased else "('pending')"
-        rows = await self.read(lambda conn: conn.execute(
-            "SELECT dataset, COUNT(*), TOTAL(LENGTH(messages) + COALESCE(LENGTH(tools), 0)) FROM samples "
-            f"WHERE run_id = ? AND state IN {states} GROUP BY dataset", (run_id,)).fetchall())
+        rows = await self.read(
+            lambda conn: conn.execute(
+                "SELECT dataset, COUNT(*), TOTAL(LENGTH(messages) + COALESCE(LENGTH(tools), 0)) FROM samples "
+                f"WHERE run_id = ? AND state IN {states} GROUP BY dataset",
+                (run_id,),
+            ).fetchall()
+        )
         return {str(d): (int(n), int(c)) for d, n, c in rows}
 
     async def open_turn_work(self, run_id: int) -> OpenTurnWork:
@@ -553,27 +599,40 @@ class RunStore:
         return await self.read(lambda conn: conversation_ops.open_turn_work(conn, run_id))
 
     async def finished_output_stats(
-        self, run_id: int, newest: int = 20_000,
+        self,
+        run_id: int,
+        newest: int = 20_000,
     ) -> dict[str, tuple[int, int, float, float, int, int, float]]:
         """Per dataset, what the newest `newest` answered requests of this run tell the ETA (`Projector.seed`):
         (answered, output tokens, generation seconds, time-to-first-token seconds, prompt tokens, longest output,
         their cost),
         so a resumed run projects from what it already learned instead of from nothing. Reads by the run's
         time index (responses_by_run), never the whole table."""
-        rows = await self.read(lambda conn: conn.execute(
-            "SELECT s.dataset, COUNT(*), TOTAL(r.completion_tokens), "
-            "TOTAL(MAX(0.0, COALESCE(r.latency_ms, 0) - COALESCE(r.ttft_ms, 0))) / 1000.0, "
-            "TOTAL(COALESCE(r.ttft_ms, 0)) / 1000.0, TOTAL(r.prompt_tokens), MAX(r.completion_tokens), " "TOTAL(r.cost_usd) "
-            f"FROM {_NEWEST_ANSWERS} GROUP BY s.dataset", (run_id, newest)).fetchall())
-        return {str(d): (int(n), int(tok), float(gen), float(ttft), int(prompt), int(longest or 0), float(cost))
-                for d, n, tok, gen, ttft, prompt, longest, cost in rows}
+        rows = await self.read(
+            lambda conn: conn.execute(
+                "SELECT s.dataset, COUNT(*), TOTAL(r.completion_tokens), "
+                "TOTAL(MAX(0.0, COALESCE(r.latency_ms, 0) - COALESCE(r.ttft_ms, 0))) / 1000.0, "
+                "TOTAL(COALESCE(r.ttft_ms, 0)) / 1000.0, TOTAL(r.prompt_tokens), MAX(r.completion_tokens), "
+                "TOTAL(r.cost_usd) "
+                f"FROM {_NEWEST_ANSWERS} GROUP BY s.dataset",
+                (run_id, newest),
+            ).fetchall()
+        )
+        return {
+            str(d): (int(n), int(tok), float(gen), float(ttft), int(prompt), int(longest or 0), float(cost))
+            for d, n, tok, gen, ttft, prompt, longest, cost in rows
+        }
 
     async def finished_output_lengths(self, run_id: int, newest: int = 20_000) -> dict[str, list[tuple[int, int]]]:
         """Per dataset, the output lengths of the same newest answers as `finished_output_stats`, as (completion
         tokens, count) pairs: the ETA's length curve on resume (`Projector.seed(lengths=)`)."""
-        rows = await self.read(lambda conn: conn.execute(
-            "SELECT s.dataset, r.completion_tokens, COUNT(*) "
-            f"FROM {_NEWEST_ANSWERS} GROUP BY s.dataset, r.completion_tokens", (run_id, newest)).fetchall())
+        rows = await self.read(
+            lambda conn: conn.execute(
+                "SELECT s.dataset, r.completion_tokens, COUNT(*) "
+                f"FROM {_NEWEST_ANSWERS} GROUP BY s.dataset, r.completion_tokens",
+                (run_id, newest),
+            ).fetchall()
+        )
         out: dict[str, list[tuple[int, int]]] = {}
         for d, tokens, n in rows:
             out.setdefault(str(d), []).append((int(tokens or 0), int(n)))
@@ -581,7 +640,9 @@ class RunStore:
 
     async def outcome_counts(self, run_id: int) -> tuple[dict[str, int], dict[str, int]]:
         """The run's (verdict counts, reconstruction strategy counts) as stored."""
-        return await self.read(lambda conn: (tallies.verdict_counts(conn, run_id), tallies.strategy_counts(conn, run_id)))
+        return await self.read(
+            lambda conn: (tallies.verdict_counts(conn, run_id), tallies.strategy_counts(conn, run_id))
+        )
 
     async def counts(self, run_id: int) -> dict[str, int]:
         """Samples per state, every state present (0 when none): `queries.state_counts`, on this writer's
@@ -595,7 +656,8 @@ class RunStore:
 _NEWEST_ANSWERS = (
     "(SELECT sample_pk, completion_tokens, latency_ms, ttft_ms, prompt_tokens, cost_usd FROM responses "
     " WHERE run_id = ? AND error_class IS NULL ORDER BY created_at DESC LIMIT ?) AS r "
-    "JOIN samples s ON s.pk = r.sample_pk")
+    "JOIN samples s ON s.pk = r.sample_pk"
+)
 
 
 def _history_reasoning(profile: str) -> str:
@@ -655,13 +717,18 @@ def index_pending_text(conn: sqlite3.Connection, limit: int | None = None) -> in
     lo, hi = pks[0], pks[-1]
     # a row is never queued and indexed at once (the triggers see to it); the delete keeps a row written
     # around them (INSERT OR REPLACE without recursive triggers) from failing the move for every other row
-    conn.execute("DELETE FROM mismatch_text WHERE rowid IN (SELECT sample_pk FROM mismatch_text_pending "
-                 "WHERE sample_pk BETWEEN ? AND ?)", (lo, hi))
+    conn.execute(
+        "DELETE FROM mismatch_text WHERE rowid IN (SELECT sample_pk FROM mismatch_text_pending "
+        "WHERE sample_pk BETWEEN ? AND ?)",
+        (lo, hi),
+    )
     conn.execute(
         "INSERT INTO mismatch_text (rowid, sample_id, dataset, explanation) "
         "SELECT r.sample_pk, s.sample_id, s.dataset, COALESCE(r.explanation, '') FROM mismatch_text_pending p "
         "JOIN reconstructions r ON r.sample_pk = p.sample_pk JOIN samples s ON s.pk = r.sample_pk "
-        "WHERE p.sample_pk BETWEEN ? AND ?", (lo, hi))
+        "WHERE p.sample_pk BETWEEN ? AND ?",
+        (lo, hi),
+    )
     conn.execute("DELETE FROM mismatch_text_pending WHERE sample_pk BETWEEN ? AND ?", (lo, hi))
     return len(pks)
 
@@ -683,8 +750,9 @@ class StoreWriteError(InputError):
 def _store_error(path: Path, exc: BaseException) -> StoreWriteError:
     text = str(exc)
     if "locked" in text or "busy" in text:
-        err = StoreWriteError(f"{path}: is locked by another process ({text}); wait for it or pass another database "
-                              "path", "locked")
+        err = StoreWriteError(
+            f"{path}: is locked by another process ({text}); wait for it or pass another database path", "locked"
+        )
     elif "full" in text or getattr(exc, "sqlite_errorcode", None) == 13:  # SQLITE_FULL
         err = StoreWriteError(f"{path}: the disk is full ({text}); free space on the filesystem that holds it", "full")
     else:
@@ -694,8 +762,17 @@ def _store_error(path: Path, exc: BaseException) -> StoreWriteError:
     return err
 
 
-def _insert_attempt(conn: sqlite3.Connection, run_id: int, pk: int, attempt: int, endpoint: str, cost_usd: float,
-                    error_class: str, message: str, now: float) -> None:
+def _insert_attempt(
+    conn: sqlite3.Connection,
+    run_id: int,
+    pk: int,
+    attempt: int,
+    endpoint: str,
+    cost_usd: float,
+    error_class: str,
+    message: str,
+    now: float,
+) -> None:
     """One failed request in the cost ledger (`responses` without content) and in the sample's `tries`."""
     conn.execute(
         "INSERT INTO responses (run_id, sample_pk, attempt, endpoint, cost_usd, error_class, error, created_at) "

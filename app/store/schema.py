@@ -465,8 +465,17 @@ SELECT r.sample_pk, s.sample_id, s.dataset, COALESCE(r.explanation, '')
 # stopped at max_tokens (finish_reason 'length'). The response is looked up when the row is counted and when
 # it is uncounted: responses are never updated, so both see the same key (a tool that deletes responses
 # under their reconstructions runs `app.store.tallies.recount` afterwards).
-_QUALITY_KEY = ("run_id", "endpoint", "provider", "category", "ids_source", "text_path", "suspect", "truncated",
-                "prompt_check")
+_QUALITY_KEY = (
+    "run_id",
+    "endpoint",
+    "provider",
+    "category",
+    "ids_source",
+    "text_path",
+    "suspect",
+    "truncated",
+    "prompt_check",
+)
 
 
 def _quality_values(row: str) -> str:
@@ -492,18 +501,23 @@ def _quality_values(row: str) -> str:
 def _quality_sql(change: str, row: str) -> str:
     """The statement that counts (`add`) or uncounts (`sub`) reconstruction `row` (new / old) in its tally row."""
     keys = ", ".join(_QUALITY_KEY)
-    key_of_row = f"SELECT {_quality_values(row)} FROM (SELECT {row}.response_id AS rid) AS k " \
-                 "LEFT JOIN responses AS p ON p.id = k.rid"
+    key_of_row = (
+        f"SELECT {_quality_values(row)} FROM (SELECT {row}.response_id AS rid) AS k "
+        "LEFT JOIN responses AS p ON p.id = k.rid"
+    )
     if change == "add":  # (WHERE true: SQLite's parser needs it between a SELECT and ON CONFLICT)
-        return f"INSERT INTO quality_tallies ({keys}, n) {key_of_row.replace(' FROM (', ', 1 FROM (', 1)} " \
-               f"WHERE true ON CONFLICT ({keys}) DO UPDATE SET n = n + 1;"
+        return (
+            f"INSERT INTO quality_tallies ({keys}, n) {key_of_row.replace(' FROM (', ', 1 FROM (', 1)} "
+            f"WHERE true ON CONFLICT ({keys}) DO UPDATE SET n = n + 1;"
+        )
     return f"UPDATE quality_tallies SET n = n - 1 WHERE ({keys}) = ({key_of_row});"
 
 
 # (re)count every reconstruction (`where`: a filter on r, or ""): the migration's backfill and tallies.recount
 QUALITY_RECOUNT = (
     f"INSERT INTO quality_tallies ({', '.join(_QUALITY_KEY)}, n) SELECT {_quality_values('r')}, COUNT(*) "
-    "FROM reconstructions AS r LEFT JOIN responses AS p ON p.id = r.response_id{where} GROUP BY 1, 2, 3, 4, 5, " "6, 7, 8, 9"
+    "FROM reconstructions AS r LEFT JOIN responses AS p ON p.id = r.response_id{where} GROUP BY 1, 2, 3, 4, 5, "
+    "6, 7, 8, 9"
 )
 
 _QUALITY_TALLIES = f"""
@@ -582,12 +596,15 @@ BEGIN
 END;
 """
 
-_V7 = _QUALITY_TALLIES + """
+_V7 = (
+    _QUALITY_TALLIES
+    + """
 -- an operator's retry of failed samples (`eaglewatch run --retry-failed`, the monitor's R) gives each a fresh
 -- allowance of generation.attempts: the requests it had already cost are forgiven, while `tries` (and with it
 -- each response's attempt number) keeps counting up. The engine counts tries - tries_forgiven against the limit.
 ALTER TABLE samples ADD COLUMN tries_forgiven INTEGER NOT NULL DEFAULT 0;
 """
+)
 
 # Version 8: whole conversations regenerated turn by turn (app/conversation.py). Each turn is a sample row: its
 # conversation, its 1-based turn of `turns`, its parent turn (turn - 1; NULL for turn 1), the messages the turn

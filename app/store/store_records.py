@@ -134,7 +134,10 @@ class ResultRecord:
         prompt check."""
         rec = self.reconstruction
         return RebuildLabels(
-            profile=self.profile, tokenizer=self.tokenizer,
+            profile=self.profile,
+            tokenizer=self.tokenizer,
             ids_source=rec.ids_source if rec is not None else None,
             flags=tuple(rec.flags) if rec is not None else None,
-            prompt_check=self.prompt_check, prompt_first_diff=self.prompt_first_diff)
+            prompt_check=self.prompt_check,
+            prompt_first_diff=self.prompt_first_diff,
+        )

@@ -122,8 +122,13 @@ def recount(conn: sqlite3.Connection, run_id: int | None = None) -> None:
     where, args = ("", ()) if run_id is None else (" WHERE run_id = ?", (run_id,))
     conn.execute("SAVEPOINT tally_recount")
     try:
-        for table in ("sample_tallies", "response_tallies", "reconstruction_tallies", "quality_tallies",
-                      "turn_tallies"):
+        for table in (
+            "sample_tallies",
+            "response_tallies",
+            "reconstruction_tallies",
+            "quality_tallies",
+            "turn_tallies",
+        ):
             conn.execute(f"DELETE FROM {table}{where}", args)
         conn.execute(
             "INSERT INTO turn_tallies (run_id, state, first, last, off_policy, error_class, n) "
@@ -137,7 +142,8 @@ def recount(conn: sqlite3.Connection, run_id: int | None = None) -> None:
             args,
         )
         conn.execute(
-            "INSERT INTO response_tallies (run_id, endpoint, ok, error_class, n, truncated, cost_usd, " "completion_tokens) "
+            "INSERT INTO response_tallies (run_id, endpoint, ok, error_class, n, truncated, cost_usd, "
+            "completion_tokens) "
             "SELECT run_id, endpoint, error_class IS NULL, COALESCE(error_class, ''), COUNT(*), "
             "SUM(error_class IS NULL AND finish_reason IS 'length'), TOTAL(cost_usd), SUM(completion_tokens) "
             f"FROM responses{where} GROUP BY 1, 2, 3, 4",
@@ -153,14 +159,13 @@ def recount(conn: sqlite3.Connection, run_id: int | None = None) -> None:
         others_behind = (
             run_id is not None
             and mark is not None
-            and conn.execute(
-                "SELECT 1 FROM samples WHERE pk > ? AND run_id != ? LIMIT 1", (mark, run_id)
-            ).fetchone()
+            and conn.execute("SELECT 1 FROM samples WHERE pk > ? AND run_id != ? LIMIT 1", (mark, run_id)).fetchone()
             is not None
         )
         if not others_behind:
             conn.execute(
-                "INSERT INTO tally_marks (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = " "excluded.value",
+                "INSERT INTO tally_marks (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = "
+                "excluded.value",
                 (_MARK, _max_pk(conn)),
             )
     except BaseException:
@@ -259,8 +264,10 @@ def quality_tallies(conn: sqlite3.Connection, run_id: int) -> list[QualityTally]
         "FROM quality_tallies WHERE run_id = ? AND n != 0",
         (run_id,),
     ).fetchall()
-    return [QualityTally(str(e), str(p) or None, str(c), str(s), str(t), bool(su), bool(tr), str(pc), int(n))
-            for e, p, c, s, t, su, tr, pc, n in rows]
+    return [
+        QualityTally(str(e), str(p) or None, str(c), str(s), str(t), bool(su), bool(tr), str(pc), int(n))
+        for e, p, c, s, t, su, tr, pc, n in rows
+    ]
 
 
 def response_span(conn: sqlite3.Connection, run_id: int) -> tuple[float | None, float | None]:

@@ -92,7 +92,10 @@ class VerificationStatus:
         """'verified (24 probes, 95.8 % exact)', 'prior only (transformers serve, streaming; no probe)' or
         'unverified (no probe, server unknown)'."""
         if self.state == VERIFIED:
-            return f"{VERIFIED} ({self.probes} probe{'s' if self.probes != 1 else ''}, " f"{100 * (self.exact_rate or 0):.1f} % exact)"
+            return (
+                f"{VERIFIED} ({self.probes} probe{'s' if self.probes != 1 else ''}, "
+                f"{100 * (self.exact_rate or 0):.1f} % exact)"
+            )
         if self.state == PRIOR_ONLY:
             return f"{PRIOR_ONLY} ({self.prior.label if self.prior else '?'}; no probe)"
         return f"{UNVERIFIED} (no probe, server unknown)"
@@ -105,15 +108,21 @@ class VerificationStatus:
         if truth == "ids":
             how = "its probes return token ids: run it (probes are on by default)"
         elif truth == "logprobs":
-            how = ("probes ask it for logprobs: keep probe_fraction above 0 (or pin an upstream provider that returns "
-                   "logprobs with bytes)")
+            how = (
+                "probes ask it for logprobs: keep probe_fraction above 0 (or pin an upstream provider that returns "
+                "logprobs with bytes)"
+            )
         elif truth == "none":
-            how = ("this server returns neither ids nor logprobs: add the same model on a server that returns ids as a "
-                   "trusted twin ([[endpoints]] trusted = true), whose greedy probes teach this one's steps")
+            how = (
+                "this server returns neither ids nor logprobs: add the same model on a server that returns ids as a "
+                "trusted twin ([[endpoints]] trusted = true), whose greedy probes teach this one's steps"
+            )
         else:
-            how = ("tell eaglewatch what it is: `server = \"vllm\"` / \"sglang\" (they return ids), \"openrouter\" or "
-                   "\"openai\" (logprobs), \"transformers-serve\"; or set probe_fraction if it returns logprobs; or a "
-                   "trusted twin ([[endpoints]] trusted = true)")
+            how = (
+                'tell eaglewatch what it is: `server = "vllm"` / "sglang" (they return ids), "openrouter" or '
+                '"openai" (logprobs), "transformers-serve"; or set probe_fraction if it returns logprobs; or a '
+                "trusted twin ([[endpoints]] trusted = true)"
+            )
         out = f"{self.who}: {self.describe()} — {how}"
         if self.prior is not None and self.prior.other_path:
             out += f"; {self.prior.other_path}"
@@ -121,19 +130,41 @@ class VerificationStatus:
 
     def as_json(self) -> dict:
         """JSON-ready (`fidelity --json`, the export manifest)."""
-        return {"endpoint": self.endpoint, "provider": self.provider, "state": self.state, "text": self.describe(),
-                "probes": self.probes, "exact": self.exact, "benign": self.benign, "corrupt": self.corrupt,
-                "exact_rate": None if self.exact_rate is None else round(self.exact_rate, 6),
-                "samples": self.samples, "text_samples": self.text_samples, "checked_against_reference": self.checked,
-                "prior": self.prior.label if self.prior else None, "advice": self.advice()}
+        return {
+            "endpoint": self.endpoint,
+            "provider": self.provider,
+            "state": self.state,
+            "text": self.describe(),
+            "probes": self.probes,
+            "exact": self.exact,
+            "benign": self.benign,
+            "corrupt": self.corrupt,
+            "exact_rate": None if self.exact_rate is None else round(self.exact_rate, 6),
+            "samples": self.samples,
+            "text_samples": self.text_samples,
+            "checked_against_reference": self.checked,
+            "prior": self.prior.label if self.prior else None,
+            "advice": self.advice(),
+        }
 
 
 def status_of(counts: Counts, prior: Prior | None) -> VerificationStatus:
     """The state of one endpoint × provider: verified with at least one probe, else prior only with a known
     server, else unverified."""
     state = VERIFIED if counts.probes else PRIOR_ONLY if prior is not None else UNVERIFIED
-    return VerificationStatus(counts.endpoint, counts.provider, state, counts.probes, counts.exact, counts.benign,
-                              counts.corrupt, counts.samples, counts.text_samples, counts.checked, prior)
+    return VerificationStatus(
+        counts.endpoint,
+        counts.provider,
+        state,
+        counts.probes,
+        counts.exact,
+        counts.benign,
+        counts.corrupt,
+        counts.samples,
+        counts.text_samples,
+        counts.checked,
+        prior,
+    )
 
 
 def prior_of(profile: FidelityProfile) -> Prior | None:
@@ -164,8 +195,16 @@ def statuses(counts: Iterable[Counts], priors: dict[tuple[str, str], Prior]) -> 
 def counts_of(endpoint: str, provider: str | None, answers: AnswerCounts) -> Counts:
     """One endpoint × provider's Counts from the run record's answer counts (app.store.queries.run_counts): the
     same numbers every face shows (probes: its measured answers; text samples: checked + unchecked)."""
-    return Counts(endpoint, provider, answers.answers, answers.checked + answers.unchecked, answers.checked,
-                  answers.measured, answers.measured_exact, answers.measured_corrupt_total)
+    return Counts(
+        endpoint,
+        provider,
+        answers.answers,
+        answers.checked + answers.unchecked,
+        answers.checked,
+        answers.measured,
+        answers.measured_exact,
+        answers.measured_corrupt_total,
+    )
 
 
 def read_counts(conn: sqlite3.Connection, run_id: int) -> list[Counts]:
@@ -199,8 +238,10 @@ def trust_of(conn: sqlite3.Connection, providers: Iterable[Any]) -> list[Verific
     """The verification status of each endpoint × provider in `providers` (the run's
     `app.store.count_records.ProviderCounts`): verified, prior only or unverified, as `fidelity` words them."""
     providers = list(providers)
-    return statuses([counts_of(p.endpoint or "?", p.provider, p.answers) for p in providers],
-                    read_priors(conn, {p.endpoint for p in providers if p.endpoint}))
+    return statuses(
+        [counts_of(p.endpoint or "?", p.provider, p.answers) for p in providers],
+        read_priors(conn, {p.endpoint for p in providers if p.endpoint}),
+    )
 
 
 def worst_state(states: Iterable[str]) -> str | None:
@@ -247,8 +288,14 @@ def read_edge_stats(conn: sqlite3.Connection, run_id: int) -> list[EdgeStats]:
     out = []
     for e, p, r, rl, rt, c, cl, ct in conn.execute(_EDGE_SQL, (run_id,)):
         r, c = int(r or 0), int(c or 0)
-        out.append(EdgeStats(e, p or None, dict(zip(EDGES, (r, r, c, c))),
-                             dict(zip(EDGES, (int(rl or 0), int(rt or 0), int(cl or 0), int(ct or 0))))))
+        out.append(
+            EdgeStats(
+                e,
+                p or None,
+                dict(zip(EDGES, (r, r, c, c))),
+                dict(zip(EDGES, (int(rl or 0), int(rt or 0), int(cl or 0), int(ct or 0)))),
+            )
+        )
     return out
 
 
@@ -268,8 +315,10 @@ def edge_contrasts(stats: Iterable[EdgeStats]) -> list[str]:
                     continue
                 who_a = a.endpoint + (f" / {a.provider}" if a.provider else "")
                 who_b = b.endpoint + (f" / {b.provider}" if b.provider else "")
-                out.append(f"{who_a} never returns whitespace at {edge} (0 of {n}) where {who_b} does ({k} of {m}): "
-                           f"{who_a} likely strips it, so its rebuilt edges are ambiguous; prefer {who_b}, or verify "
-                           f"{who_a} with probes")
+                out.append(
+                    f"{who_a} never returns whitespace at {edge} (0 of {n}) where {who_b} does ({k} of {m}): "
+                    f"{who_a} likely strips it, so its rebuilt edges are ambiguous; prefer {who_b}, or verify "
+                    f"{who_a} with probes"
+                )
                 break
     return out

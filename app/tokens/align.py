@@ -33,7 +33,7 @@ def common_prefix(a: Sequence, b: Sequence, limit: int | None = None) -> int:
     """
     n = min(len(a), len(b)) if limit is None else min(limit, len(a), len(b))
     i = 0
-    while i + _CHUNK <= n and a[i:i + _CHUNK] == b[i:i + _CHUNK]:
+    while i + _CHUNK <= n and a[i : i + _CHUNK] == b[i : i + _CHUNK]:
         i += _CHUNK
     if a[i:n] == b[i:n]:
         return n
@@ -52,14 +52,14 @@ def common_suffix(a: Sequence, b: Sequence, limit: int | None = None) -> int:
     la, lb = len(a), len(b)
     n = min(la, lb) if limit is None else min(limit, la, lb)
     i = 0
-    while i + _CHUNK <= n and a[la - i - _CHUNK:la - i] == b[lb - i - _CHUNK:lb - i]:
+    while i + _CHUNK <= n and a[la - i - _CHUNK : la - i] == b[lb - i - _CHUNK : lb - i]:
         i += _CHUNK
-    if a[la - n:la - i] == b[lb - n:lb - i]:
+    if a[la - n : la - i] == b[lb - n : lb - i]:
         return n
     lo, hi = i, min(i + _CHUNK, n)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if a[la - mid:la - i] == b[lb - mid:lb - i]:
+        if a[la - mid : la - i] == b[lb - mid : lb - i]:
             lo = mid
         else:
             hi = mid - 1

@@ -43,10 +43,15 @@ def audit_tokenizer(
             continue
         known = profile.audit_tokens.get(text)
         if check_known and known is not None and known != tid:
-            findings.append(AuditFinding(
-                "error", text, tid,
-                f"{text} is id {tid} here but {known} in the {profile.name} reference table; is this the " f"right tokenizer?",
-            ))
+            findings.append(
+                AuditFinding(
+                    "error",
+                    text,
+                    tid,
+                    f"{text} is id {tid} here but {known} in the {profile.name} reference table; is this the "
+                    f"right tokenizer?",
+                )
+            )
             continue
         findings.append(AuditFinding("ok", text, tid, "encodes to one id and decodes back"))
     for text, cid in (constants or {}).items():
@@ -66,10 +71,14 @@ def _check_constant(tokenizer: Tokenizer, text: str, cid: int) -> AuditFinding:
     try:
         back = tokenizer.token_bytes(cid).decode("utf-8", errors="replace")
     except ValueError:
-        return AuditFinding("error", text, cid, f"constant {text} = {cid} is outside the vocabulary (size {tokenizer.vocab_size}){hint}")
+        return AuditFinding(
+            "error", text, cid, f"constant {text} = {cid} is outside the vocabulary (size {tokenizer.vocab_size}){hint}"
+        )
     if not tokenizer.is_special(cid):
         return AuditFinding(
-            "error", text, cid,
+            "error",
+            text,
+            cid,
             f"constant {text} = {cid} decodes to {back!r}, an ordinary text token, not the special token {text}{hint}",
         )
     if back != text:

@@ -20,13 +20,20 @@ def stop_token_ids(profile: Profile, tokenizer: Tokenizer) -> frozenset[int]:
     per = _STOP_IDS.setdefault(tokenizer, {})
     ids = per.get(profile.name)
     if ids is None:
-        ids = per[profile.name] = frozenset(i for t in profile.stop_tokens if (i := tokenizer.special_id(t)) is not None)
+        ids = per[profile.name] = frozenset(
+            i for t in profile.stop_tokens if (i := tokenizer.special_id(t)) is not None
+        )
     return ids
 
 
 def compare(
-    rec_ids: Sequence[int], ref_ids: Sequence[int] | None, tokenizer: Tokenizer, profile: Profile, *,
-    ref_bytes: bytes | None = None, rec_bytes: bytes | None = None,
+    rec_ids: Sequence[int],
+    ref_ids: Sequence[int] | None,
+    tokenizer: Tokenizer,
+    profile: Profile,
+    *,
+    ref_bytes: bytes | None = None,
+    rec_bytes: bytes | None = None,
 ) -> Verdict:
     """Verdict of rebuilt ids vs reference ids (see app.records.VERDICTS), with an explanation sentence.
 
@@ -42,25 +49,46 @@ def compare(
     j = _judge(rec, ref, tokenizer, profile, ref_bytes, rec_bytes)
     if j.equal:
         if j.truncated:
-            return Verdict("truncated", None, len(ref), len(rec), (),
-                           f"truncated: no end-of-turn token; all {len(ref)} ids match")
+            return Verdict(
+                "truncated", None, len(ref), len(rec), (), f"truncated: no end-of-turn token; all {len(ref)} ids match"
+            )
         return Verdict("exact", None, len(ref), len(rec), (), f"exact: all {len(ref)} ids match")
     first = common_prefix(ref, rec)
     spans = diff_spans(ref, rec)
     if j.category == "structure_mismatch":
         assert j.ref_marks is not None and j.rec_marks is not None  # _judge sets them for unequal ids
-        return Verdict("structure_mismatch", first, len(ref), len(rec), spans,
-                       _layout_sentence(j.ref_marks, j.rec_marks, tokenizer))
+        return Verdict(
+            "structure_mismatch",
+            first,
+            len(ref),
+            len(rec),
+            spans,
+            _layout_sentence(j.ref_marks, j.rec_marks, tokenizer),
+        )
     # _judge sets these for unequal ids of the same layout
     assert j.rec is not None and j.ref_bytes is not None and j.rec_bytes is not None
     rec = j.rec  # without the stop tokens a truncated reference does not have
     if j.same_bytes:
-        return Verdict(j.category, first, len(ref), len(rec), spans, _resplit_sentence(ref, rec, spans, tokenizer, j.truncated))
+        return Verdict(
+            j.category, first, len(ref), len(rec), spans, _resplit_sentence(ref, rec, spans, tokenizer, j.truncated)
+        )
     if j.category == "truncated":
-        return Verdict("truncated", first, len(ref), len(rec), spans,
-                       "truncated: no end-of-turn token; the text matches except a partial UTF-8 character at the cut")
-    return Verdict("text_mismatch", first, len(ref), len(rec), spans,
-                   _text_sentence(ref, rec, spans, tokenizer, first, j.ref_bytes, j.rec_bytes))
+        return Verdict(
+            "truncated",
+            first,
+            len(ref),
+            len(rec),
+            spans,
+            "truncated: no end-of-turn token; the text matches except a partial UTF-8 character at the cut",
+        )
+    return Verdict(
+        "text_mismatch",
+        first,
+        len(ref),
+        len(rec),
+        spans,
+        _text_sentence(ref, rec, spans, tokenizer, first, j.ref_bytes, j.rec_bytes),
+    )
 
 
 def compare_category(rec_ids: Sequence[int], ref_ids: Sequence[int], tokenizer: Tokenizer, profile: Profile) -> str:
@@ -83,8 +111,14 @@ class _Judged:
     same_bytes: bool = False
 
 
-def _judge(rec: list[int], ref: list[int], tokenizer: Tokenizer, profile: Profile, ref_bytes: bytes | None,
-           rec_bytes: bytes | None) -> _Judged:
+def _judge(
+    rec: list[int],
+    ref: list[int],
+    tokenizer: Tokenizer,
+    profile: Profile,
+    ref_bytes: bytes | None,
+    rec_bytes: bytes | None,
+) -> _Judged:
     """The verdict's category and what compare's sentence needs of how it was reached (see compare)."""
     stop_ids = stop_token_ids(profile, tokenizer)
     truncated = not ref or ref[-1] not in stop_ids
@@ -104,15 +138,24 @@ def _judge(rec: list[int], ref: list[int], tokenizer: Tokenizer, profile: Profil
     if rec_bytes is None:
         rec_bytes = tokenizer.decode_bytes(rec)
     if ref_bytes == rec_bytes:
-        return _Judged("truncated" if truncated else "bpe_equivalent", truncated, False, ref_marks, rec_marks, rec,
-                       ref_bytes, rec_bytes, True)
+        return _Judged(
+            "truncated" if truncated else "bpe_equivalent",
+            truncated,
+            False,
+            ref_marks,
+            rec_marks,
+            rec,
+            ref_bytes,
+            rec_bytes,
+            True,
+        )
     cat = "truncated" if truncated and _same_but_partial_tail(ref_bytes, rec_bytes) else "text_mismatch"
     return _Judged(cat, truncated, False, ref_marks, rec_marks, rec, ref_bytes, rec_bytes)
 
 
 def _prefix_layout(ref_marks: list[int], rec_marks: list[int], stop_ids: frozenset[int]) -> bool:
     # A truncated reference may be rebuilt with an end token when the API said "stop"; that alone is no layout bug.
-    return rec_marks[: len(ref_marks)] == ref_marks and all(i in stop_ids for i in rec_marks[len(ref_marks):])
+    return rec_marks[: len(ref_marks)] == ref_marks and all(i in stop_ids for i in rec_marks[len(ref_marks) :])
 
 
 def _same_but_partial_tail(ref_bytes: bytes, rec_bytes: bytes) -> bool:
@@ -133,12 +176,20 @@ def _tok_repr(ids: Sequence[int], tokenizer: Tokenizer) -> str:
     return " + ".join(parts) + more if parts else "nothing"
 
 
-def _resplit_sentence(ref: list[int], rec: list[int], spans: tuple[DiffSpan, ...], tokenizer: Tokenizer, truncated: bool) -> str:
+def _resplit_sentence(
+    ref: list[int], rec: list[int], spans: tuple[DiffSpan, ...], tokenizer: Tokenizer, truncated: bool
+) -> str:
     s = spans[0]
-    head = "truncated: no end-of-turn token; same text, different BPE split" if truncated else "benign: same text, different BPE split"
+    head = (
+        "truncated: no end-of-turn token; same text, different BPE split"
+        if truncated
+        else "benign: same text, different BPE split"
+    )
     more = f" (and {len(spans) - 1} more region{'s' if len(spans) > 2 else ''})" if len(spans) > 1 else ""
-    return (f"{head} — {_tok_repr(ref[s.ref_start:s.ref_end], tokenizer)} vs "
-            f"{_tok_repr(rec[s.rec_start:s.rec_end], tokenizer)} at token {s.ref_start}{more}")
+    return (
+        f"{head} — {_tok_repr(ref[s.ref_start : s.ref_end], tokenizer)} vs "
+        f"{_tok_repr(rec[s.rec_start : s.rec_end], tokenizer)} at token {s.ref_start}{more}"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,8 +245,14 @@ def _char_start(data: bytes, n: int) -> int:
     return n
 
 
-def first_text_difference(ref_bytes: bytes, rec_bytes: bytes, ref: Sequence[int] = (), rec: Sequence[int] = (),
-                          tokenizer: Tokenizer | None = None, same_tokens: int = 0) -> TextDifference | None:
+def first_text_difference(
+    ref_bytes: bytes,
+    rec_bytes: bytes,
+    ref: Sequence[int] = (),
+    rec: Sequence[int] = (),
+    tokenizer: Tokenizer | None = None,
+    same_tokens: int = 0,
+) -> TextDifference | None:
     """The first differing byte of two decoded texts and a window of each side around it (None when equal).
 
     With `ref` / `rec` ids and their `tokenizer`, the tokens holding that byte are found (the first
@@ -207,12 +264,12 @@ def first_text_difference(ref_bytes: bytes, rec_bytes: bytes, ref: Sequence[int]
     s = _char_start(ref_bytes, n)
     # 4 bytes per character at most: a window this wide holds enough whole characters, so a character cut
     # at the window's edge falls outside the part kept
-    before = _units(ref_bytes[max(0, s - 4 * _CONTEXT_CHARS - 4):s])
+    before = _units(ref_bytes[max(0, s - 4 * _CONTEXT_CHARS - 4) : s])
     context = before[-_CONTEXT_CHARS:]
     start = s - len(context.encode("utf-8", "surrogateescape"))
 
     def after(data: bytes) -> tuple[str, int, bool]:
-        text = _units(data[s:s + 4 * _AFTER_CHARS + 4])[:_AFTER_CHARS]
+        text = _units(data[s : s + 4 * _AFTER_CHARS + 4])[:_AFTER_CHARS]
         end = s + len(text.encode("utf-8", "surrogateescape"))
         return text, end, end < len(data)
 
@@ -221,12 +278,16 @@ def first_text_difference(ref_bytes: bytes, rec_bytes: bytes, ref: Sequence[int]
     ref_tok = rec_tok = 0
     if tokenizer is not None:
         base = len(tokenizer.decode_bytes(ref[:same_tokens]))
-        ref_tok, rec_tok = _token_at(ref, same_tokens, base, n, tokenizer), _token_at(rec, same_tokens, base, n, tokenizer)
+        ref_tok, rec_tok = (
+            _token_at(ref, same_tokens, base, n, tokenizer),
+            _token_at(rec, same_tokens, base, n, tokenizer),
+        )
     context, ref_text, rec_text = context.translate(_STRAY), ref_text.translate(_STRAY), rec_text.translate(_STRAY)
     if ref_text == rec_text:  # distinct bytes that read alike (a literal "<0xF0>" vs the byte): show the bytes
         ref_text, rec_text = repr(ref_bytes[s:ref_end])[2:-1], repr(rec_bytes[s:rec_end])[2:-1]
-    return TextDifference(n, ref_tok, rec_tok, start, ref_end, rec_end, context, ref_text, rec_text,
-                          start > 0, ref_cut, rec_cut)
+    return TextDifference(
+        n, ref_tok, rec_tok, start, ref_end, rec_end, context, ref_text, rec_text, start > 0, ref_cut, rec_cut
+    )
 
 
 def _token_at(ids: Sequence[int], first: int, offset: int, byte: int, tokenizer: Tokenizer) -> int:
@@ -238,16 +299,25 @@ def _token_at(ids: Sequence[int], first: int, offset: int, byte: int, tokenizer:
     return len(ids)
 
 
-def _text_sentence(ref: list[int], rec: list[int], spans: tuple[DiffSpan, ...], tokenizer: Tokenizer, first: int,
-                   ref_bytes: bytes, rec_bytes: bytes) -> str:
+def _text_sentence(
+    ref: list[int],
+    rec: list[int],
+    spans: tuple[DiffSpan, ...],
+    tokenizer: Tokenizer,
+    first: int,
+    ref_bytes: bytes,
+    rec_bytes: bytes,
+) -> str:
     # Quote where the decoded texts first differ, not the first differing token region: that region may be
     # a benign re-split (same bytes) with the real difference later, or longer than the quote.
     d = first_text_difference(ref_bytes, rec_bytes, ref, rec, tokenizer, first)
     assert d is not None  # compare() calls this only when the bytes differ
     where = f"token {d.ref_token}" if d.ref_token == d.rec_token else f"token {d.ref_token} (rebuilt {d.rec_token})"
     more = f" ({len(spans)} differing regions)" if len(spans) > 1 else ""
-    return (f"corrupt: text differs at {where}, byte {d.byte:,} — reference {d.quoted('ref')} vs "
-            f"rebuilt {d.quoted('rec')}{more}")
+    return (
+        f"corrupt: text differs at {where}, byte {d.byte:,} — reference {d.quoted('ref')} vs "
+        f"rebuilt {d.quoted('rec')}{more}"
+    )
 
 
 def _layout_sentence(ref_marks: list[int], rec_marks: list[int], tokenizer: Tokenizer) -> str:
@@ -256,5 +326,10 @@ def _layout_sentence(ref_marks: list[int], rec_marks: list[int], tokenizer: Toke
         if x != y:
             return f"structure: special token #{k + 1} is {name(x)} in the reference but {name(y)} in the rebuild"
     if len(ref_marks) > len(rec_marks):
-        return f"structure: the rebuild lacks {name(ref_marks[len(rec_marks)])} (special token #{len(rec_marks) + 1} of " f"the reference)"
-    return f"structure: the rebuild has an extra {name(rec_marks[len(ref_marks)])} (special token #{len(ref_marks) + 1})"
+        return (
+            f"structure: the rebuild lacks {name(ref_marks[len(rec_marks)])} (special token #{len(rec_marks) + 1} of "
+            f"the reference)"
+        )
+    return (
+        f"structure: the rebuild has an extra {name(rec_marks[len(ref_marks)])} (special token #{len(ref_marks) + 1})"
+    )

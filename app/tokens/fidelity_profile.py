@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from json.encoder import c_make_encoder, encode_basestring, encode_basestring_ascii  # type: ignore[attr-defined]
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from app.records import Completion, ToolCall, positional_builder
 from app.tokens.flags import TEMPLATE_WHITESPACE_MISSING, UNINVERTIBLE
@@ -98,8 +98,13 @@ class FidelityProfile:
 
     def to_json(self) -> str:
         """The stored form (a JSON object; `from_json` reads it back)."""
-        body: dict = {"endpoint": self.endpoint, "provider": self.provider, "profile": self.profile,
-                      "probes": self.probes, "observations": self.observations}
+        body: dict = {
+            "endpoint": self.endpoint,
+            "provider": self.provider,
+            "profile": self.profile,
+            "probes": self.probes,
+            "observations": self.observations,
+        }
         if self.prior:
             body["prior"] = self.prior
         if self.source is not None:
@@ -116,11 +121,17 @@ class FidelityProfile:
         try:
             d = json.loads(text)
             stream = d.get("stream")
-            return cls(str(d["endpoint"]), d.get("provider"), str(d["profile"]), int(d["probes"]),
-                       _counts(d["observations"]), _counts(d.get("prior") or {}),
-                       None if d.get("source") is None else str(d["source"]),
-                       None if stream is None else bool(stream),
-                       None if d.get("server") is None else str(d["server"]))
+            return cls(
+                str(d["endpoint"]),
+                d.get("provider"),
+                str(d["profile"]),
+                int(d["probes"]),
+                _counts(d["observations"]),
+                _counts(d.get("prior") or {}),
+                None if d.get("source") is None else str(d["source"]),
+                None if stream is None else bool(stream),
+                None if d.get("server") is None else str(d["server"]),
+            )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a stored fidelity profile ({exc})") from None
 
@@ -145,8 +156,9 @@ class FidelityProfile:
         merged = self.merged()
         for key, counts in sorted(merged.items()):
             total = sum(counts.values())
-            prior = key not in self.observations or (key.startswith("edge:") and not any(
-                c != "" for c in self.observations.get(key, {})))
+            prior = key not in self.observations or (
+                key.startswith("edge:") and not any(c != "" for c in self.observations.get(key, {}))
+            )
             if key.startswith("edge:"):
                 where = key[5:]
                 changes = {c: n for c, n in counts.items() if c not in _NO_CHANGE}
@@ -160,37 +172,83 @@ class FidelityProfile:
                 elif ok:
                     inverse = _edge_inverse_text(next(iter(changes)))
                 else:
-                    inverse = "mixed: " + ", ".join(f"{_edge_inverse_text(c)} ×{n}" for c, n in sorted(changes.items())) \
+                    inverse = (
+                        "mixed: "
+                        + ", ".join(f"{_edge_inverse_text(c)} ×{n}" for c, n in sorted(changes.items()))
                         + f", none ×{counts.get('', 0) + counts.get(KEPT, 0)}"
+                    )
                 out.append(LearnedStep(name, where, inverse, ok, sum(changes.values()), total, prior))
             elif key == "empty_reasoning" and counts.get("dropped"):
                 ok = not counts.get("absent") and not counts.get("kept")
-                out.append(LearnedStep("empty_reasoning_dropped", "reasoning", "no reasoning field -> empty thinking",
-                                       ok, counts["dropped"], total, prior))
+                out.append(
+                    LearnedStep(
+                        "empty_reasoning_dropped",
+                        "reasoning",
+                        "no reasoning field -> empty thinking",
+                        ok,
+                        counts["dropped"],
+                        total,
+                        prior,
+                    )
+                )
             elif key == "thinkless" and counts.get("reasoning"):
                 ok = not counts.get("content")
-                out.append(LearnedStep("reasoning_holds_answer", "reasoning",
-                                       "reasoning without the template's opening whitespace and no content -> the "
-                                       "answer, with no think block", ok, counts["reasoning"], total, prior))
+                out.append(
+                    LearnedStep(
+                        "reasoning_holds_answer",
+                        "reasoning",
+                        "reasoning without the template's opening whitespace and no content -> the "
+                        "answer, with no think block",
+                        ok,
+                        counts["reasoning"],
+                        total,
+                        prior,
+                    )
+                )
             elif key == "no_content" and counts.get("deleted"):
                 ok = not counts.get("absent") and not counts.get("kept")
-                out.append(LearnedStep("no_content", "content", f"blank content before tool calls -> {NO_CONTENT!r}",
-                                       ok, counts["deleted"], total, prior))
+                out.append(
+                    LearnedStep(
+                        "no_content",
+                        "content",
+                        f"blank content before tool calls -> {NO_CONTENT!r}",
+                        ok,
+                        counts["deleted"],
+                        total,
+                        prior,
+                    )
+                )
             elif key == "json":
                 styles = {s: n for s, n in counts.items() if s != "same"}
                 if styles:
                     ok = len(styles) == 1 and "irregular" not in styles and not counts.get("same")
                     style = next(iter(styles))
-                    out.append(LearnedStep("json_reserialised", "tool.arguments",
-                                           f"re-dump in the model's style {style!r}" if ok else "model style unknown",
-                                           ok, sum(styles.values()), total, prior))
+                    out.append(
+                        LearnedStep(
+                            "json_reserialised",
+                            "tool.arguments",
+                            f"re-dump in the model's style {style!r}" if ok else "model style unknown",
+                            ok,
+                            sum(styles.values()),
+                            total,
+                            prior,
+                        )
+                    )
             elif key == "tool_ids":
                 offsets = {s: n for s, n in counts.items() if s != "same"}
                 if offsets:
                     ok = len(offsets) == 1 and next(iter(offsets)).startswith("offset:") and not counts.get("same")
-                    out.append(LearnedStep("tool_ids_reindexed", "tool.id",
-                                           f"index {next(iter(offsets))}" if ok else "model ids unknown",
-                                           ok, sum(offsets.values()), total, prior))
+                    out.append(
+                        LearnedStep(
+                            "tool_ids_reindexed",
+                            "tool.id",
+                            f"index {next(iter(offsets))}" if ok else "model ids unknown",
+                            ok,
+                            sum(offsets.values()),
+                            total,
+                            prior,
+                        )
+                    )
         return tuple(out)
 
     def uninvertible(self) -> tuple[str, ...]:
@@ -221,8 +279,14 @@ def _counts(value: dict) -> dict[str, dict[str, int]]:
 
 
 def learn(
-    probes: Iterable[tuple[Completion, Sequence[int]]], profile: Profile, tokenizer: Tokenizer, *,
-    endpoint: str, provider: str | None = None, stream: bool | None = None, whole: bool = True,
+    probes: Iterable[tuple[Completion, Sequence[int]]],
+    profile: Profile,
+    tokenizer: Tokenizer,
+    *,
+    endpoint: str,
+    provider: str | None = None,
+    stream: bool | None = None,
+    whole: bool = True,
     view: Callable[[Sequence[int]], ProviderView] | None = None,
 ) -> FidelityProfile:
     """Learn a profile from (returned completion, true output ids) pairs of one endpoint/provider. `whole` False:
@@ -233,13 +297,21 @@ def learn(
     n = 0
     for completion, ids in probes:
         ideal = view(ids) if view is not None else split_output(list(ids), profile, tokenizer)
-        _observe(obs, ideal.reasoning, ideal.content, ideal.tool_calls if whole else (), ideal.finish_reason,
-                 completion if whole else replace(completion, tool_calls=()), profile)
+        _observe(
+            obs,
+            ideal.reasoning,
+            ideal.content,
+            ideal.tool_calls if whole else (),
+            ideal.finish_reason,
+            completion if whole else replace(completion, tool_calls=()),
+            profile,
+        )
         if whole and completion.usage.completion_tokens > 0:
             obs.setdefault("count", Counter())[f"{completion.usage.completion_tokens - len(ids):+d}"] += 1
         n += 1
-    return FidelityProfile(endpoint, provider, profile.name, n, {k: dict(v) for k, v in sorted(obs.items())},
-                           stream=stream)
+    return FidelityProfile(
+        endpoint, provider, profile.name, n, {k: dict(v) for k, v in sorted(obs.items())}, stream=stream
+    )
 
 
 def merge(a: FidelityProfile, b: FidelityProfile) -> FidelityProfile:
@@ -249,8 +321,9 @@ def merge(a: FidelityProfile, b: FidelityProfile) -> FidelityProfile:
         slot = obs.setdefault(k, {})
         for c, m in v.items():
             slot[c] = slot.get(c, 0) + m
-    return replace(a, probes=a.probes + b.probes, observations=obs,
-                   stream=a.stream if a.stream is not None else b.stream)
+    return replace(
+        a, probes=a.probes + b.probes, observations=obs, stream=a.stream if a.stream is not None else b.stream
+    )
 
 
 def with_prior(fp: FidelityProfile, prior: FidelityProfile | None) -> FidelityProfile:
@@ -258,8 +331,13 @@ def with_prior(fp: FidelityProfile, prior: FidelityProfile | None) -> FidelityPr
     label and server, its own probes. `fp` as it is when there is no prior or it has its own."""
     if prior is None or fp.prior:
         return fp
-    return replace(fp, prior={k: dict(v) for k, v in prior.prior.items()}, source=prior.source,
-                   server=prior.server, stream=fp.stream if fp.stream is not None else prior.stream)
+    return replace(
+        fp,
+        prior={k: dict(v) for k, v in prior.prior.items()},
+        source=prior.source,
+        server=prior.server,
+        stream=fp.stream if fp.stream is not None else prior.stream,
+    )
 
 
 def plan_key(fp: FidelityProfile | None) -> tuple:
@@ -268,13 +346,27 @@ def plan_key(fp: FidelityProfile | None) -> tuple:
     if fp is None:
         return ()
     plan = _plan_of(fp)
-    return (tuple(sorted(plan.edges.items())), tuple(sorted(plan.strips.items())), plan.empty_reasoning,
-            plan.no_content, tuple(sorted((plan.json or {}).items())) if plan.json is not None else None,
-            plan.tool_ids, plan.count, plan.thinkless)
+    return (
+        tuple(sorted(plan.edges.items())),
+        tuple(sorted(plan.strips.items())),
+        plan.empty_reasoning,
+        plan.no_content,
+        tuple(sorted((plan.json or {}).items())) if plan.json is not None else None,
+        plan.tool_ids,
+        plan.count,
+        plan.thinkless,
+    )
 
 
-def _observe(obs: dict[str, Counter], ir: str | None, ic: str, icalls: Sequence[ToolCall], finish: str,
-             c: Completion, profile: Profile) -> None:
+def _observe(
+    obs: dict[str, Counter],
+    ir: str | None,
+    ic: str,
+    icalls: Sequence[ToolCall],
+    finish: str,
+    c: Completion,
+    profile: Profile,
+) -> None:
     def bump(key: str, change: str) -> None:
         counts = obs.get(key)
         if counts is None:  # (setdefault would build a Counter on every call)
@@ -282,12 +374,13 @@ def _observe(obs: dict[str, Counter], ir: str | None, ic: str, icalls: Sequence[
         counts[change] += 1
 
     truncated = finish == "length"
-    gr, gc = c.reasoning, c.content or ""
+    gr: str | None = c.reasoning
+    gc = c.content or ""
     if ir is None and ic.strip():
         # an answer with no think block: vLLM's qwen3 parser starts inside reasoning and returns it whole there
         if gr is not None and gr.strip() and not gc.strip() and _same_core(gr, ic):
             bump("thinkless", "reasoning")
-            gr, gc = None, gr  # its edges are the content's, as returned
+            gc, gr = gr, None  # its edges are the content's, as returned
         elif gr is None:
             bump("thinkless", "content")
     # reasoning: empty thinking may come back as no field at all
@@ -381,7 +474,7 @@ def _lead(s: str) -> str:
 
 
 def _trail(s: str) -> str:
-    return s[len(s.rstrip()):]
+    return s[len(s.rstrip()) :]
 
 
 def _change_lead(want: str, got: str) -> str:
@@ -398,9 +491,9 @@ def _change_trail(want: str, got: str) -> str:
     if want == got:
         return KEPT if want else ""
     if want.startswith(got):
-        return "-" + want[len(got):]
+        return "-" + want[len(got) :]
     if got.startswith(want):
-        return "+" + got[len(want):]
+        return "+" + got[len(want) :]
     return "~"
 
 
@@ -454,12 +547,21 @@ def _encoder(kwargs: dict) -> Callable:
     whole = json.JSONEncoder(**kwargs)
     encode: Callable = whole.encode
     if c_make_encoder is not None and whole.indent is None:
-        chunks = c_make_encoder(None, whole.default, encode_basestring_ascii if whole.ensure_ascii else encode_basestring,
-                                None, whole.key_separator, whole.item_separator, whole.sort_keys, whole.skipkeys,
-                                whole.allow_nan)
+        chunks = c_make_encoder(
+            None,
+            whole.default,
+            encode_basestring_ascii if whole.ensure_ascii else encode_basestring,
+            None,
+            whole.key_separator,
+            whole.item_separator,
+            whole.sort_keys,
+            whole.skipkeys,
+            whole.allow_nan,
+        )
 
         def encode(obj: Any, _chunks=chunks, _whole=whole.encode) -> str:
             return "".join(_chunks(obj, 0)) if type(obj) is dict or type(obj) is list else _whole(obj)
+
     if len(_ENCODERS) > 64:
         _ENCODERS.clear()
     _ENCODERS[id(kwargs)] = (kwargs, encode)
@@ -521,17 +623,29 @@ def apply(fp: FidelityProfile, f: Fields, profile: Profile) -> Applied:
     strip edges named (`Applied.strips`)."""
     if not fp.observations and not fp.prior:
         return Applied(f, (), ())
-    reasoning, content, calls, used, flags, strips = invert(_plan_of(fp), f.reasoning, f.content, f.tool_calls,
-                                                            f.finish_reason == "length", profile.tool_id_in_stream,
-                                                            profile.reasoning_prefix)
+    reasoning, content, calls, used, flags, strips = invert(
+        _plan_of(fp),
+        f.reasoning,
+        f.content,
+        f.tool_calls,
+        f.finish_reason == "length",
+        profile.tool_id_in_stream,
+        profile.reasoning_prefix,
+    )
     if reasoning != f.reasoning or content != f.content or calls is not f.tool_calls:
         f = type(f)(reasoning, content, calls, f.finish_reason, f.close_think)
     return Applied(f, used, flags, strips)
 
 
-def invert(plan: _Plan, reasoning: str | None, content: str, calls: tuple[ToolCall, ...], truncated: bool,
-           tool_id_in_stream: bool, reasoning_prefix: str = "") -> tuple[str | None, str, tuple[ToolCall, ...], tuple[str, ...], tuple[str, ...],
-                                             tuple[str, ...]]:
+def invert(
+    plan: _Plan,
+    reasoning: str | None,
+    content: str,
+    calls: tuple[ToolCall, ...],
+    truncated: bool,
+    tool_id_in_stream: bool,
+    reasoning_prefix: str = "",
+) -> tuple[str | None, str, tuple[ToolCall, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """`apply`'s work on a sample's field values, without building records (the reconstruction's per-sample pass
     calls it): (reasoning, content, tool calls, steps used, flags raised, strip edges). The tool calls are
     `calls` itself when no call changed."""
@@ -544,7 +658,7 @@ def invert(plan: _Plan, reasoning: str | None, content: str, calls: tuple[ToolCa
         if not plan.thinkless or not reasoning_prefix:
             flags.append(UNINVERTIBLE + "reasoning_holds_answer")
         elif not reasoning.startswith(reasoning_prefix):
-            reasoning, content = None, reasoning
+            content, reasoning = reasoning, None
             used.append("reasoning_holds_answer")
     if reasoning is None and plan.empty_reasoning is not None:
         if plan.empty_reasoning:
@@ -638,7 +752,7 @@ def _edge(plan: _Plan, key: str, text: str, lead: bool, used: list[str], flags: 
         flags.append(flag)  # the server adds this always, so its absence means something else removed it
         return text
     used.append(name)
-    return text[len(ws):] if lead else text[: len(text) - len(ws)]
+    return text[len(ws) :] if lead else text[: len(text) - len(ws)]
 
 
 def _distinct(names: list[str]) -> tuple[str, ...]:
@@ -725,12 +839,18 @@ def _plan_of(fp: FidelityProfile) -> _Plan:
         ok = len(ids) == 1 and offset.startswith("offset:") and not obs["tool_ids"].get("same")
         ids_plan = int(offset[7:]) if ok else False
     plan = _Plan(
-        edges, any(k.startswith("tool.") for k in (*edges, *strips)),
+        edges,
+        any(k.startswith("tool.") for k in (*edges, *strips)),
         (not er.get("absent") and not er.get("kept")) if er.get("dropped") else None,
         (not nc.get("absent") and not nc.get("kept")) if nc.get("deleted") else None,
-        json_plan, ids_plan, strips, fp.count_offset(), frozenset(edges) | frozenset(strips),
+        json_plan,
+        ids_plan,
+        strips,
+        fp.count_offset(),
+        frozenset(edges) | frozenset(strips),
         {key: _edge_action(key, name, change) for key, (name, change) in edges.items()},
-        (not tl.get("content")) if tl.get("reasoning") else None)
+        (not tl.get("content")) if tl.get("reasoning") else None,
+    )
     if len(_PLANS) > 64:  # profiles are few and long-lived; keep the cache from growing without bound
         _PLANS.clear()
     _PLANS[id(fp)] = (fp, plan)

@@ -52,9 +52,18 @@ STEPS = (
     "reasoning_holds_answer",  # an answer with no think block returned as reasoning (vLLM's qwen3 parser)
 )
 
-SUSPECT_FLAGS = (REPLACEMENT_CHAR, MARKER_AS_TEXT, NORMALISER, TEMPLATE_WHITESPACE_MISSING, TEMPLATE_WHITESPACE_DOUBLED,
-                 REASONING_MISSING, TOKEN_COUNT, TEXT_REGIONS_UNCHECKED, SERVER_IDS_INCOMPLETE,
-                 *(UNINVERTIBLE + s for s in STEPS))
+SUSPECT_FLAGS = (
+    REPLACEMENT_CHAR,
+    MARKER_AS_TEXT,
+    NORMALISER,
+    TEMPLATE_WHITESPACE_MISSING,
+    TEMPLATE_WHITESPACE_DOUBLED,
+    REASONING_MISSING,
+    TOKEN_COUNT,
+    TEXT_REGIONS_UNCHECKED,
+    SERVER_IDS_INCOMPLETE,
+    *(UNINVERTIBLE + s for s in STEPS),
+)
 
 # ---- informational --------------------------------------------------------------------------------------
 TEXT_PATH = "text_path:"  # + the verdict of the text-only rebuild against the true ids of this sample
@@ -77,4 +86,4 @@ def text_path_flag(category: str) -> str:
 
 def text_path_of(flags: Iterable[str]) -> str | None:
     """The text-path verdict recorded in `flags`, or None when the sample was not measured."""
-    return next((f[len(TEXT_PATH):] for f in flags if f.startswith(TEXT_PATH)), None)
+    return next((f[len(TEXT_PATH) :] for f in flags if f.startswith(TEXT_PATH)), None)

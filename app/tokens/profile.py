@@ -70,8 +70,14 @@ class Profile:
     def markers(self) -> tuple[str, ...]:
         """Every marker string the output layout uses (think tags, tool markers, stop tokens)."""
         seen = dict.fromkeys(
-            (self.think_open, self.think_close, *self.tool_markers.values(), self.end_of_turn,
-             self.end_after_tool_calls or self.end_of_turn, *self.stop_tokens)
+            (
+                self.think_open,
+                self.think_close,
+                *self.tool_markers.values(),
+                self.end_of_turn,
+                self.end_after_tool_calls or self.end_of_turn,
+                *self.stop_tokens,
+            )
         )
         return tuple(seen)
 
@@ -114,8 +120,9 @@ def _load(path: Path) -> Profile:
     if profile.tool_format not in TOOL_FORMATS:
         raise InputError(f"{path}: tool_format {profile.tool_format!r} is not one of {', '.join(TOOL_FORMATS)}")
     if profile.history_reasoning not in HISTORY_REASONING:
-        raise InputError(f"{path}: history_reasoning {profile.history_reasoning!r} is not one of "
-                         f"{', '.join(HISTORY_REASONING)}")
+        raise InputError(
+            f"{path}: history_reasoning {profile.history_reasoning!r} is not one of {', '.join(HISTORY_REASONING)}"
+        )
     return profile
 
 

@@ -91,8 +91,9 @@ def render_conversation(
             f"render_conversation: the last message must be the assistant turn to render as output "
             f"(got {msgs[-1]['role'] if msgs else 'no messages'!r}); use render_prompt for a prompt alone"
         )
-    prompt = render_prompt(profile, msgs[:-1], tools, add_generation_prompt=True, thinking=thinking,
-                           preserve_thinking=preserve_thinking)
+    prompt = render_prompt(
+        profile, msgs[:-1], tools, add_generation_prompt=True, thinking=thinking, preserve_thinking=preserve_thinking
+    )
     return prompt + _output_text(profile, msgs[-1], len(msgs) - 1, thinking)
 
 
@@ -102,8 +103,11 @@ def encode_tools_typescript(tools: Sequence[dict] | None) -> str:
     Byte-for-byte what Moonshot's `encode_tools_to_typescript_style` gives for the same (already key-sorted)
     list; "" when no function tools. Raises ValueError for a schema the reference encoder rejects.
     """
-    functions = [_ts_function(tool["function"]) for tool in tools or () if tool.get("type") == "function"
-                 and tool.get("function")]
+    functions = [
+        _ts_function(tool["function"])
+        for tool in tools or ()
+        if tool.get("type") == "function" and tool.get("function")
+    ]
     if not functions:
         return ""
     return "# Tools\n\n## functions\nnamespace functions {\n" + "\n".join(functions) + "\n}\n"
@@ -176,8 +180,7 @@ def _output_text(profile: Profile, message: dict, index: int, thinking: bool) ->
     reasoning = None
     if thinking:  # None (no key) renders no think part at all; "" renders an empty one (K2.5: a bare </think>)
         reasoning = next((v for k in profile.reasoning_fields if isinstance(v := message.get(k), str)), None)
-    pieces = render_output(profile, reasoning, _content_text(message, where), calls,
-                           "tool_calls" if calls else "stop")
+    pieces = render_output(profile, reasoning, _content_text(message, where), calls, "tool_calls" if calls else "stop")
     return pieces_text(pieces)
 
 
@@ -204,8 +207,9 @@ def _kimi_tool_declaration(tools: list[dict]) -> str:
     return f"<|im_system|>tool_declare<|im_middle|>{declaration}<|im_end|>"
 
 
-def _render_kimi(messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool, thinking: bool,
-                 preserve_thinking: bool) -> str:
+def _render_kimi(
+    messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool, thinking: bool, preserve_thinking: bool
+) -> str:
     last_plain = -1
     if not preserve_thinking:
         for i in range(len(messages) - 1, -1, -1):
@@ -235,8 +239,10 @@ def _render_kimi(messages: list[dict], tools: list[dict] | None, add_generation_
                     call_id, name, arguments = _call_fields(call, f"{where}.tool_calls[{k}]")
                     call_id = call_id or f"functions.{name}:{calls_seen}"
                     calls_seen += 1
-                    out.append(f"<|tool_call_begin|>{call_id}<|tool_call_argument_begin|>"
-                               f"{_json_arguments(arguments)}<|tool_call_end|>")
+                    out.append(
+                        f"<|tool_call_begin|>{call_id}<|tool_call_argument_begin|>"
+                        f"{_json_arguments(arguments)}<|tool_call_end|>"
+                    )
                 out.append("<|tool_calls_section_end|>")
         elif role == "tool":
             out.append(f"## Return of {m.get('tool_call_id') or ''}\n{_content_text(m, where)}")
@@ -252,8 +258,15 @@ def _render_kimi(messages: list[dict], tools: list[dict] | None, add_generation_
 
 _TS_INDENT = "  "
 _TS_FIELD_DELIMITER = ",\n"
-_UNION_NAMES = {"string": "string", "number": "number", "integer": "number", "boolean": "boolean",
-                "null": "null", "object": "{}", "array": "Array<any>"}
+_UNION_NAMES = {
+    "string": "string",
+    "number": "number",
+    "integer": "number",
+    "boolean": "boolean",
+    "null": "null",
+    "object": "{}",
+    "array": "Array<any>",
+}
 
 
 def _ts_comment(text: str, indent: str = "") -> str:
@@ -325,8 +338,12 @@ def _ts_object(schema: dict, defs: _Defs | None) -> tuple[_TsType, list[_TsField
         if "properties" in schema:
             required = set(schema.get("required", []))
             fields = [
-                _TsField(name, _ts_parse(prop, defs), name not in required,
-                         prop.get("default") if isinstance(prop, dict) else None)
+                _TsField(
+                    name,
+                    _ts_parse(prop, defs),
+                    name not in required,
+                    prop.get("default") if isinstance(prop, dict) else None,
+                )
                 for name, prop in schema["properties"].items()
             ]
 
@@ -363,8 +380,12 @@ def _ts_enum(schema: dict) -> _TsType:
                 declared = declared[0] if declared[0] != "null" else declared[1]
             else:
                 raise ValueError(f"Enum type {declared} is not supported")
-        checks = {"string": lambda v: isinstance(v, str), "number": lambda v: isinstance(v, (int, float)),
-                  "integer": lambda v: isinstance(v, int), "boolean": lambda v: isinstance(v, bool)}
+        checks = {
+            "string": lambda v: isinstance(v, str),
+            "number": lambda v: isinstance(v, (int, float)),
+            "integer": lambda v: isinstance(v, int),
+            "boolean": lambda v: isinstance(v, bool),
+        }
         check = checks.get(declared)
         for value in values:
             if value is not None and check is not None and not check(value):
@@ -402,8 +423,11 @@ def _ts_parse(schema: Any, defs: _Defs | None) -> _TsType:
             return _ts_object(schema, defs)[0]
         if declared == "array":
             return _ts_array(schema, defs)
-        keys = {"string": ("maxLength", "minLength", "pattern"), "number": ("maximum", "minimum"),
-                "integer": ("maximum", "minimum")}.get(declared, ())
+        keys = {
+            "string": ("maxLength", "minLength", "pattern"),
+            "number": ("maximum", "minimum"),
+            "integer": ("maximum", "minimum"),
+        }.get(declared, ())
         node = _TsType(schema, declared, keys)
         node.text = lambda indent: "number" if declared == "integer" else declared
         return node
@@ -448,8 +472,9 @@ def _ts_function(function: dict) -> str:
 # --------------------------------------------------------------------------------------------- Qwen3
 
 
-def _render_qwen3(messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool, thinking: bool,
-                  preserve_thinking: bool) -> str:
+def _render_qwen3(
+    messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool, thinking: bool, preserve_thinking: bool
+) -> str:
     """Qwen3's ChatML template; `thinking` is its `enable_thinking` (preserve_thinking has no Qwen3 meaning)."""
     NL = "\n"
     out: list[str] = []
@@ -459,13 +484,17 @@ def _render_qwen3(messages: list[dict], tools: list[dict] | None, add_generation
         out.append("<|im_start|>system\n")
         if first_is_system:
             out.append(texts[0] + "\n\n")
-        out.append("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-                   "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
+        out.append(
+            "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+        )
         for tool in tools:
             out.append("\n" + json.dumps(tool, ensure_ascii=False))
-        out.append("\n</tools>\n\nFor each function call, return a json object with function name and arguments "
-                   "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
-                   "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n")
+        out.append(
+            "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+            'within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, '
+            '"arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+        )
     elif first_is_system:
         out.append(f"<|im_start|>system\n{texts[0]}<|im_end|>\n")
     last_query = len(messages) - 1

@@ -43,9 +43,11 @@ class PromptCheck:
             return f"the server's {self.server_len} prompt ids agree with the rendered prompt"
         if self.status == "no_server_ids":
             return "the server returned no prompt ids; the rendered prompt is unchecked"
-        return (f"the server's prompt ids differ from the rendered prompt at position {self.first_diff} "
-                f"(server {self.server_id}, rendered {self.rendered_id}; lengths {self.server_len} and "
-                f"{self.rendered_len}): the chat template differs from the server's")
+        return (
+            f"the server's prompt ids differ from the rendered prompt at position {self.first_diff} "
+            f"(server {self.server_id}, rendered {self.rendered_id}; lengths {self.server_len} and "
+            f"{self.rendered_len}): the chat template differs from the server's"
+        )
 
 
 def compare_prompt_ids(server_ids: Sequence[int] | None, rendered_ids: Sequence[int]) -> PromptCheck:
@@ -59,21 +61,40 @@ def compare_prompt_ids(server_ids: Sequence[int] | None, rendered_ids: Sequence[
             return PromptCheck("differ", k, n, rendered_len, server_ids[k], rendered_ids[k])
     if n != rendered_len:
         k = min(n, rendered_len)
-        return PromptCheck("differ", k, n, rendered_len, server_ids[k] if k < n else None,
-                           rendered_ids[k] if k < rendered_len else None)
+        return PromptCheck(
+            "differ",
+            k,
+            n,
+            rendered_len,
+            server_ids[k] if k < n else None,
+            rendered_ids[k] if k < rendered_len else None,
+        )
     return PromptCheck("agree", None, n, rendered_len)
 
 
-def rendered_prompt_ids(tokenizer: Tokenizer, profile: Profile | str, messages: Sequence[dict],
-                        tools: Sequence[dict] | None = None, *, thinking: bool = True) -> list[int]:
+def rendered_prompt_ids(
+    tokenizer: Tokenizer,
+    profile: Profile | str,
+    messages: Sequence[dict],
+    tools: Sequence[dict] | None = None,
+    *,
+    thinking: bool = True,
+) -> list[int]:
     """The ids eaglewatch renders for a request's prompt: `app.tokens.prompt.render_prompt` (with the
     generation prompt), encoded as the server encodes it (normaliser applied, special-token strings mapped to
     their ids: `Tokenizer.encode_prompt`)."""
     return tokenizer.encode_prompt(render_prompt(profile, messages, tools, thinking=thinking))
 
 
-def check_prompt(tokenizer: Tokenizer, profile: Profile | str, messages: Sequence[dict], tools: Sequence[dict] | None,
-                 server_ids: Sequence[int] | None, *, thinking: bool = True) -> PromptCheck:
+def check_prompt(
+    tokenizer: Tokenizer,
+    profile: Profile | str,
+    messages: Sequence[dict],
+    tools: Sequence[dict] | None,
+    server_ids: Sequence[int] | None,
+    *,
+    thinking: bool = True,
+) -> PromptCheck:
     """`compare_prompt_ids` of the server's ids against the rendered prompt of `messages` and `tools`."""
     if server_ids is None:
         return PromptCheck("no_server_ids")

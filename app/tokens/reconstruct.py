@@ -40,15 +40,31 @@ from dataclasses import replace
 from itertools import product
 from typing import cast, overload
 
-from app.records import AGREEING_VERDICTS, Completion, Reconstruction, TokenLogprob, ToolCall, Verdict, positional_builder
+from app.records import (
+    AGREEING_VERDICTS,
+    Completion,
+    Reconstruction,
+    TokenLogprob,
+    ToolCall,
+    Verdict,
+    positional_builder,
+)
 from app.tokens import flags as fl
 from app.tokens.align import common_prefix, common_suffix
 from app.tokens.compare import UNCHECKED, compare, compare_category
 from app.tokens.fidelity_profile import Applied, FidelityProfile, _plan_of, _redump, invert, strip_edges_and_count
 from app.tokens.fidelity_profile import apply as apply_fidelity
 from app.tokens.profile import Profile
-from app.tokens.template import (Fields, Piece, ProviderView, kimi_stream_ids, kimi_tool_id, parse_output, render_output,
-                                 tool_calls_read_back)
+from app.tokens.template import (
+    Fields,
+    Piece,
+    ProviderView,
+    kimi_stream_ids,
+    kimi_tool_id,
+    parse_output,
+    render_output,
+    tool_calls_read_back,
+)
 from app.tokens.tokenizer import Tokenizer, holds_at
 
 REGIONS_FROM_TEXT = "regions_from_text"  # note: logprob ids whose uncovered regions (tool calls) came from text
@@ -105,7 +121,8 @@ class Reconstructor:
         # server without a reasoning parser returns inside content)
         self._spells_marker = _spells_any(self._markers)
         self._spells_marker_no_think = _spells_any(
-            [m for m in self._markers if m not in (profile.think_open, profile.think_close)])
+            [m for m in self._markers if m not in (profile.think_open, profile.think_close)]
+        )
         self._marker_set = frozenset(self._markers)
         self._last_production: tuple[Completion, Applied] | None = None
         self._tool_marker_bytes = tuple(m.encode() for m in profile.tool_markers.values())
@@ -132,13 +149,24 @@ class Reconstructor:
         (the reference-informed repair search, an upper bound production never has). With `measure`, a sample
         with true ids also gets its text path measured (`text_path:` flag).
         """
-        if reference_ids is None and self._one_pass_ok and not completion.token_ids \
-                and completion.content_logprobs is None and completion.reasoning_logprobs is None:
+        if (
+            reference_ids is None
+            and self._one_pass_ok
+            and not completion.token_ids
+            and completion.content_logprobs is None
+            and completion.reasoning_logprobs is None
+        ):
             return self._one_pass(completion) or self._canonical(completion, None, assisted)
         ref = list(reference_ids) if reference_ids is not None else None
-        found = self.truth_of(completion) if (
-            completion.token_ids or completion.content_logprobs is not None
-            or completion.reasoning_logprobs is not None) else None
+        found = (
+            self.truth_of(completion)
+            if (
+                completion.token_ids
+                or completion.content_logprobs is not None
+                or completion.reasoning_logprobs is not None
+            )
+            else None
+        )
         if found is None:
             rec, verdict = self._canonical(completion, ref, assisted)
             if completion.token_ids:  # the server's ids lack text it returned: rebuilt from the text instead
@@ -158,8 +186,9 @@ class Reconstructor:
                 flags += (fl.TEXT_REGIONS_UNCHECKED,)
         if source == fl.IDS_LOGPROBS and offset is not None and reported > 0 and len(ids) + offset != reported:
             flags += (fl.TOKEN_COUNT,)  # not as many ids as the model generated: the layout or a region is off
-        rec = Reconstruction(ids, "server_ids" if source == fl.IDS_SERVER else "logprobs", notes=notes,
-                             ids_source=source, flags=flags)
+        rec = Reconstruction(
+            ids, "server_ids" if source == fl.IDS_SERVER else "logprobs", notes=notes, ids_source=source, flags=flags
+        )
         return self._finish_true(rec, completion, ref)
 
     def ground_truth(self, c: Completion) -> tuple[tuple[int, ...], str] | None:
@@ -187,22 +216,27 @@ class Reconstructor:
                 return ids, fl.IDS_SERVER, True
         if c.content_logprobs is None and c.reasoning_logprobs is None:
             return None
-        lp = {"reasoning": self._lp_ids(c.reasoning_logprobs) if c.reasoning_logprobs is not None else None,
-              "content": self._lp_ids(c.content_logprobs) if c.content_logprobs is not None else None}
+        lp = {
+            "reasoning": self._lp_ids(c.reasoning_logprobs) if c.reasoning_logprobs is not None else None,
+            "content": self._lp_ids(c.content_logprobs) if c.content_logprobs is not None else None,
+        }
         if lp["reasoning"] is None and lp["content"] is None:
             return None  # tokens this vocabulary does not know: no ground truth here
         returned = Fields.of(c)
         fields = self._production(c).fields if self.fidelity is not None else returned
         whole = lp["content"]
-        if whole is not None and lp["reasoning"] is None and (
-                self._think_close_id in whole or self._holds_reasoning(whole, returned)):
+        if (
+            whole is not None
+            and lp["reasoning"] is None
+            and (self._think_close_id in whole or self._holds_reasoning(whole, returned))
+        ):
             out = list(whole)
             if not (out and out[-1] in self._stop_ids) and fields.finish_reason != "length":
                 out.append(self._marker_ids[self.profile.end_token(bool(fields.tool_calls))])
             return tuple(out), fl.IDS_LOGPROBS, True
-        ids, covered = self._logprob_layout(fields, lp)
+        layout, covered = self._logprob_layout(fields, lp)
         reported, offset = c.usage.completion_tokens, self._count_offset
-        if offset is not None and reported > 0 and len(ids) + offset != reported:
+        if offset is not None and reported > 0 and len(layout) + offset != reported:
             # whether an empty think block was there is not in the logprobs (a stream sends nothing for it): the
             # token count decides between the layouts with and without it
             if fields.reasoning != returned.reasoning:
@@ -213,10 +247,11 @@ class Reconstructor:
                 other = None if fields.reasoning == "" else fields.reasoning
             if other != fields.reasoning:
                 alt, alt_covered = self._logprob_layout(
-                    Fields(other, fields.content, fields.tool_calls, fields.finish_reason, fields.close_think), lp)
+                    Fields(other, fields.content, fields.tool_calls, fields.finish_reason, fields.close_think), lp
+                )
                 if len(alt) + offset == reported:
-                    ids, covered = alt, alt_covered
-        return tuple(ids), fl.IDS_LOGPROBS, covered
+                    layout, covered = alt, alt_covered
+        return tuple(layout), fl.IDS_LOGPROBS, covered
 
     def ids_carry_text(self, ids: Sequence[int], c: Completion) -> bool:
         """Whether `c`'s returned text can have come from these ids: every character of its fields but whitespace
@@ -227,7 +262,8 @@ class Reconstructor:
         view = self.decoded_view(ids)
         calls = c.tool_calls
         same_calls = len(calls) == len(view.tool_calls) and all(
-            a.name == b.name and a.arguments == b.arguments for a, b in zip(calls, view.tool_calls))
+            a.name == b.name and a.arguments == b.arguments for a, b in zip(calls, view.tool_calls)
+        )
         if same_calls and c.content == view.content and _same_text(c.reasoning, view.reasoning):
             return True  # the ideal fields themselves
         theirs = _squeezed(c.reasoning, c.content, calls, view.tool_calls).replace("\ufffd", "")
@@ -246,8 +282,9 @@ class Reconstructor:
         output: vLLM's, whose qwen3 parser returns an answer with no think block (so no `</think>`) as reasoning
         and its logprobs under content."""
         reasoning = returned.reasoning
-        return (bool(reasoning) and not reasoning.isspace() and not returned.content.strip()
-                and self.tokenizer.decode(ids).startswith(reasoning))
+        if not reasoning or reasoning.isspace() or returned.content.strip():
+            return False
+        return self.tokenizer.decode(ids).startswith(reasoning)
 
     def _logprob_layout(self, fields: Fields, lp: dict) -> tuple[list[int], bool]:
         """The ids of `fields`' layout with each run taken from its logprobs where there are some, and whether
@@ -279,8 +316,9 @@ class Reconstructor:
     def measured_category(self, completion: Completion, true_ids: Sequence[int]) -> str:
         """The verdict category of the text-only rebuild (fidelity profile applied, no reference help) against true
         ids: what a probe records (`text_path:` flag). Only the category: a diff's spans and sentence go unused."""
-        return compare_category(self._encoded(self.production_fields(completion)[0])[1], list(true_ids), self.tokenizer,
-                                self.profile)
+        return compare_category(
+            self._encoded(self.production_fields(completion)[0])[1], list(true_ids), self.tokenizer, self.profile
+        )
 
     def production_fields(self, completion: Completion) -> tuple[Fields, tuple[str, ...], tuple[str, ...]]:
         """The fields production encodes (learned inverses applied), the inverses used and the flags raised."""
@@ -297,15 +335,20 @@ class Reconstructor:
             out = apply_fidelity(self.fidelity, fields, self.profile)
             suspects = self.suspect_flags(out.fields)
             if suspects:
-                out = Applied(out.fields, out.used,
-                              tuple(dict.fromkeys(out.flags + suspects)) if out.flags else suspects, out.strips)
+                out = Applied(
+                    out.fields,
+                    out.used,
+                    tuple(dict.fromkeys(out.flags + suspects)) if out.flags else suspects,
+                    out.strips,
+                )
         else:
             out = Applied(fields, (), self.suspect_flags(fields), ())
         self._last_production = (completion, out)
         return out
 
-    def count_flags(self, fields: Fields, ids: Sequence[int], completion: Completion,
-                    strips: Sequence[str] = ()) -> tuple[str, ...]:
+    def count_flags(
+        self, fields: Fields, ids: Sequence[int], completion: Completion, strips: Sequence[str] = ()
+    ) -> tuple[str, ...]:
         """The proof a text rebuild gets without a reference, from `usage.completion_tokens` (the number of
         tokens the model generated, by the endpoint's count relation learned from probes or known of its server):
         `token_count` when the rebuilt ids are not that many (a non-canonical split, or text changed on the way),
@@ -331,8 +374,14 @@ class Reconstructor:
                         out.append(fl.UNINVERTIBLE + name)
         return tuple(dict.fromkeys(out)) if out else ()
 
-    def _strip_ambiguous(self, fields: Fields, key: str, runs: list[str], counts: dict[int, int],
-                         windows: dict[tuple[int, int], tuple[int, int, int]]) -> bool:
+    def _strip_ambiguous(
+        self,
+        fields: Fields,
+        key: str,
+        runs: list[str],
+        counts: dict[int, int],
+        windows: dict[tuple[int, int], tuple[int, int, int]],
+    ) -> bool:
         """True when some whitespace of STRIP_CANDIDATES added at edge `key` leaves the token count unchanged."""
         for w in STRIP_CANDIDATES:
             variant = _with_edge(fields, key, w)
@@ -340,7 +389,9 @@ class Reconstructor:
                 return False  # no such edge in this sample
             new = [t for _, t in _runs(self._pieces(variant))]
             if len(new) != len(runs):
-                delta = len(self.encode_fields(variant)) - sum(self._run_count(runs, i, counts) for i in range(len(runs)))
+                delta = len(self.encode_fields(variant)) - sum(
+                    self._run_count(runs, i, counts) for i in range(len(runs))
+                )
             else:
                 k = next((i for i, (a, b) in enumerate(zip(runs, new)) if a != b), None)
                 if k is None:
@@ -357,8 +408,15 @@ class Reconstructor:
             n = counts[i] = 1 if text in self._marker_set else len(self.tokenizer.encode(text))
         return n
 
-    def _insert_delta(self, old: str, new: str, runs: list[str], k: int, counts: dict[int, int],
-                      windows: dict[tuple[int, int], tuple[int, int, int]]) -> int:
+    def _insert_delta(
+        self,
+        old: str,
+        new: str,
+        runs: list[str],
+        k: int,
+        counts: dict[int, int],
+        windows: dict[tuple[int, int], tuple[int, int, int]],
+    ) -> int:
         """Tokens `new` (`old` with whitespace inserted) has more than `old`. A long run is counted in a window of
         lines around the insertion, once (per run and place) the window's edges are shown to be token
         boundaries of `old`: its parts' counts add up to the run's."""
@@ -378,14 +436,15 @@ class Reconstructor:
         a, b, inner = window
         if a < 0:  # not boundaries here: count the whole run
             return len(enc(new)) - self._run_count(runs, k, counts)
-        return len(enc(new[a:b + width])) - inner
+        return len(enc(new[a : b + width])) - inner
 
     def suspect_flags(self, f: Fields) -> tuple[str, ...]:
         """Cheap signs, without ground truth, that these fields may not carry the model's ids (app.tokens.flags)."""
         return self._suspects(f.reasoning, f.content, f.tool_calls, f.finish_reason)
 
-    def _suspects(self, reasoning: str | None, content: str, calls: Sequence[ToolCall],
-                  finish_reason: str | None) -> tuple[str, ...]:
+    def _suspects(
+        self, reasoning: str | None, content: str, calls: Sequence[ToolCall], finish_reason: str | None
+    ) -> tuple[str, ...]:
         # suspect_flags on the field values (the per-sample pass has no Fields)
         p = self.profile
         # one string, one scan per sign ("\x00" cannot join two halves of a marker or a character)
@@ -403,15 +462,24 @@ class Reconstructor:
             out.append(fl.MARKER_AS_TEXT)
         if self.tokenizer.changes_text(blob):
             out.append(fl.NORMALISER)
-        if (not p.output_opens_with_think and reasoning is None and p.think_close not in content
-                and (content or calls or finish_reason != "length")):
+        if (
+            not p.output_opens_with_think
+            and reasoning is None
+            and p.think_close not in content
+            and (content or calls or finish_reason != "length")
+        ):
             # The prompt opens the think block, so the answer either closed it with empty thinking (a stream never
             # sends an empty field; some servers drop it) or ended inside it: text cannot tell which. A fidelity
             # profile that learned `empty_reasoning_dropped` has already filled reasoning="" here.
             out.append(fl.REASONING_MISSING)
         if reasoning is not None and (
-            (p.reasoning_prefix and p.reasoning_suffix and len(reasoning) >= len(p.reasoning_prefix + p.reasoning_suffix)
-             and reasoning.startswith(p.reasoning_prefix) and reasoning.endswith(p.reasoning_suffix))
+            (
+                p.reasoning_prefix
+                and p.reasoning_suffix
+                and len(reasoning) >= len(p.reasoning_prefix + p.reasoning_suffix)
+                and reasoning.startswith(p.reasoning_prefix)
+                and reasoning.endswith(p.reasoning_suffix)
+            )
             or (p.content_prefix and content.startswith(p.content_prefix))
         ):
             # the fields already carry the whitespace the template puts around the think tags (a server that
@@ -422,7 +490,7 @@ class Reconstructor:
         if reasoning is None and p.think_close in content:
             head, _, tail = content.partition(p.think_close)
             opened = head.startswith(p.think_open)
-            if (opened and p.reasoning_prefix and not head[len(p.think_open):].startswith(p.reasoning_prefix)) or (
+            if (opened and p.reasoning_prefix and not head[len(p.think_open) :].startswith(p.reasoning_prefix)) or (
                 p.content_prefix and tail and not tail.startswith(p.content_prefix)
             ):
                 out.append(fl.TEMPLATE_WHITESPACE_MISSING)
@@ -464,17 +532,25 @@ class Reconstructor:
         # stand-in of the same shape, parsed once per shape (_shape_roundtrips), where its tool calls read back
         # as they were rendered (template.tool_calls_read_back; a format that cannot say is parsed).
         if split and text is not None and (not f.tool_calls or tool_calls_read_back(self.profile, f.tool_calls)):
-            key = (f.reasoning is None, not f.reasoning, not f.content, f.finish_reason == "length", f.close_think,
-                   not f.tool_calls)
+            key = (
+                f.reasoning is None,
+                not f.reasoning,
+                not f.content,
+                f.finish_reason == "length",
+                f.close_think,
+                not f.tool_calls,
+            )
             ok = self._shape_ok.get(key)
             if ok is None:
                 ok = self._shape_ok[key] = self._shape_roundtrips(f)
             if ok:
                 return True
         view = self._decoded_view(ids, text)
-        return _same_text(view.reasoning, f.reasoning) and view.content == f.content and [
-            (c.name, c.arguments) for c in view.tool_calls
-        ] == [(c.name, c.arguments) for c in f.tool_calls]
+        return (
+            _same_text(view.reasoning, f.reasoning)
+            and view.content == f.content
+            and [(c.name, c.arguments) for c in view.tool_calls] == [(c.name, c.arguments) for c in f.tool_calls]
+        )
 
     def _shape_roundtrips(self, f: Fields) -> bool:
         """The round-trip of a stand-in for `f`: each non-empty text field replaced by a letter no marker or
@@ -482,8 +558,13 @@ class Reconstructor:
         this shape round-trips when its runs hold no special and its tool calls read back (see _roundtrip_fields);
         False decides nothing (the sample is parsed itself)."""
         calls = (ToolCall("", "T", "A", 0),) if f.tool_calls else ()
-        stand_in = Fields(None if f.reasoning is None else ("R" if f.reasoning else ""), "C" if f.content else "",
-                          calls, f.finish_reason, f.close_think)
+        stand_in = Fields(
+            None if f.reasoning is None else ("R" if f.reasoning else ""),
+            "C" if f.content else "",
+            calls,
+            f.finish_reason,
+            f.close_think,
+        )
         text, ids, known, split = self._encoded(stand_in)
         return split and known and self._roundtrip_fields(ids, stand_in, text)
 
@@ -535,8 +616,9 @@ class Reconstructor:
         # one lookup per token in C. Otherwise the loop below decides each token (markers first, then bytes, then
         # an added token spelled by its text), as before.
         if self._marker_set.isdisjoint([lp.token for lp in logprobs]):
-            ids = self.tokenizer.ids_of_bytes([bytes(lp.bytes) if lp.bytes is not None else _token_str_bytes(lp.token)
-                                               for lp in logprobs])
+            ids = self.tokenizer.ids_of_bytes(
+                [bytes(lp.bytes) if lp.bytes is not None else _token_str_bytes(lp.token) for lp in logprobs]
+            )
             if None not in ids:
                 return cast(list[int], ids)
         out: list[int] = []
@@ -566,9 +648,15 @@ class Reconstructor:
         truncated = c.finish_reason == "length"
         plan = self._plan
         if plan is not None:
-            reasoning, content, calls, used, flags, strips = invert(plan, reasoning, content, calls, truncated,
-                                                                    self.profile.tool_id_in_stream,
-                                                                    self.profile.reasoning_prefix)
+            reasoning, content, calls, used, flags, strips = invert(
+                plan,
+                reasoning,
+                content,
+                calls,
+                truncated,
+                self.profile.tool_id_in_stream,
+                self.profile.reasoning_prefix,
+            )
             if strips:
                 return None
         else:
@@ -596,11 +684,14 @@ class Reconstructor:
         if not ok:
             return None
         repair = "+".join(used) or None
-        return (_reconstruction(tuple(found[0]), "canonical", repair, True, (), fl.IDS_TEXT, flags),
-                _unchecked_verdict(n, _unchecked_sentence(True, repair, flags)))
+        return (
+            _reconstruction(tuple(found[0]), "canonical", repair, True, (), fl.IDS_TEXT, flags),
+            _unchecked_verdict(n, _unchecked_sentence(True, repair, flags)),
+        )
 
-    def _layout(self, reasoning: str | None, content: str, calls: Sequence[ToolCall],
-                truncated: bool) -> tuple[list[str], list[int]] | None:
+    def _layout(
+        self, reasoning: str | None, content: str, calls: Sequence[ToolCall], truncated: bool
+    ) -> tuple[list[str], list[int]] | None:
         """`_between_markers(self._pieces(...))` of these field values (the text between the rendered markers, the
         markers' ids), from a layout worked out once per shape (`_layout_of`); None where the shape has none (tool
         calls of a format other than Kimi's, tool calls whose names do not read back from their ids, a marker the
@@ -621,8 +712,9 @@ class Reconstructor:
                 values += (tid, call.arguments)
         return [values[k] if k.__class__ is int else "".join([values[i] for i in k]) for k in slots], between
 
-    def _layout_of(self, no_reasoning: bool, no_thinking: bool, no_content: bool, truncated: bool,
-                   n_calls: int) -> tuple:
+    def _layout_of(
+        self, no_reasoning: bool, no_thinking: bool, no_content: bool, truncated: bool, n_calls: int
+    ) -> tuple:
         """Where a shape's field values go: a stand-in of the shape rendered (render_output puts each field's text
         in one piece of its role, a Kimi tool call's stream id and arguments in one piece each), as (per text
         between markers: the index of its one value, or a tuple of indexes to join, in [reasoning, content,
@@ -630,9 +722,14 @@ class Reconstructor:
         where this does not hold."""
         if n_calls and self.profile.tool_format != "kimi":
             return ()
-        stand_in = self._pieces(Fields(None if no_reasoning else "" if no_thinking else "R", "" if no_content else "C",
-                                       tuple(ToolCall("", "T", "A", i) for i in range(n_calls)),
-                                       "length" if truncated else "stop"))
+        stand_in = self._pieces(
+            Fields(
+                None if no_reasoning else "" if no_thinking else "R",
+                "" if no_content else "C",
+                tuple(ToolCall("", "T", "A", i) for i in range(n_calls)),
+                "length" if truncated else "stop",
+            )
+        )
         literals: list[str] = [""]
         runs: list[list] = [[]]
         between: list[int] = []
@@ -686,8 +783,10 @@ class Reconstructor:
             rec_bytes = text.encode("utf-8") if known else self.tokenizer.decode_bytes(ids)
         verdict = compare(ids, ref, self.tokenizer, self.profile, ref_bytes=ref_bytes, rec_bytes=rec_bytes)
         if verdict.category in AGREEING_VERDICTS:
-            return (Reconstruction(tuple(ids), "canonical", repair, True, (), fl.IDS_TEXT, flags),
-                    _with_repair(verdict, repair) if repair else verdict)
+            return (
+                Reconstruction(tuple(ids), "canonical", repair, True, (), fl.IDS_TEXT, flags),
+                _with_repair(verdict, repair) if repair else verdict,
+            )
         plain = Reconstruction(tuple(ids), "canonical", repair, None, (), fl.IDS_TEXT, flags)
         if not assisted:
             return replace(plain, roundtrip=False, notes=self._notes(Fields.of(c), ref, verdict, ref_bytes)), verdict
@@ -706,8 +805,9 @@ class Reconstructor:
         # the reference as text, once: surrogateescape keeps stray bytes (a cut inside a character) distinct
         ref_text = ref_bytes.decode("utf-8", "surrogateescape")
         end = b"" if ref_truncated else self.tokenizer.token_bytes(ref[-1])
-        ref_view = parse_output(ref_bytes[: len(ref_bytes) - len(end)].decode("utf-8", "replace"), self.profile,
-                                not ref_truncated)
+        ref_view = parse_output(
+            ref_bytes[: len(ref_bytes) - len(end)].decode("utf-8", "replace"), self.profile, not ref_truncated
+        )
         # Variants are judged by their text and encoded only when it agrees with the reference, which is
         # exact when encoding keeps bytes (byte-level BPE, tiktoken; normaliser bypassed): a sample no repair
         # fixes then costs string joins, not encodes. Otherwise every variant is encoded, as before.
@@ -800,16 +900,26 @@ class Reconstructor:
     def _texts(self, f: Fields) -> list[str]:
         return [t for _, t in self._pieces(f)]
 
-    def _finish_unchecked(self, ids: tuple[int, ...], repair: str | None, flags: tuple[str, ...], c: Completion,
-                          fields: Fields, text: str | None = None, split: bool = False) -> tuple[Reconstruction, Verdict]:
+    def _finish_unchecked(
+        self,
+        ids: tuple[int, ...],
+        repair: str | None,
+        flags: tuple[str, ...],
+        c: Completion,
+        fields: Fields,
+        text: str | None = None,
+        split: bool = False,
+    ) -> tuple[Reconstruction, Verdict]:
         # A rebuild from text without a reference: the round-trip is the check (`text`: see _decoded_view; `split`:
         # see _roundtrip_fields). This is the per-sample hot path of a run without references: one Reconstruction
         # and one Verdict built directly, the verdict's sentence looked up (few distinct ones in a run).
         ok = self._roundtrip_fields(ids, fields, text, split)
         notes = () if ok else self._notes(Fields.of(c), None, None)
         explanation = _unchecked_sentence(ok, repair, flags)
-        return (Reconstruction(ids, "canonical", repair, ok, notes, fl.IDS_TEXT, flags),
-                Verdict("unchecked", rec_len=len(ids), explanation=explanation))
+        return (
+            Reconstruction(ids, "canonical", repair, ok, notes, fl.IDS_TEXT, flags),
+            Verdict("unchecked", rec_len=len(ids), explanation=explanation),
+        )
 
     def _finish_true(self, rec: Reconstruction, c: Completion, ref: list[int] | None) -> tuple[Reconstruction, Verdict]:
         # True ids are the model's whatever the server did to the text: a difference between the returned text
@@ -820,14 +930,20 @@ class Reconstructor:
         notes = rec.notes + tuple(f"{k}_text_differs" for k in differs)
         if ref is None:
             if differs:
-                sentence = (f"the returned {', '.join(differs)} text differs from the text of these ids (a server-side "
-                            "text step, not a round-trip failure)")
+                sentence = (
+                    f"the returned {', '.join(differs)} text differs from the text of these ids (a server-side "
+                    "text step, not a round-trip failure)"
+                )
             else:
                 sentence = "round-trip ok"
-            out = Reconstruction(rec.output_ids, rec.strategy, None, None if differs else True, notes, rec.ids_source,
-                                 rec.flags)
-            return out, Verdict("unchecked", rec_len=len(rec.output_ids),
-                                explanation=f"{UNCHECKED}; {sentence}; ids from {rec.ids_source} (ground truth)")
+            out = Reconstruction(
+                rec.output_ids, rec.strategy, None, None if differs else True, notes, rec.ids_source, rec.flags
+            )
+            return out, Verdict(
+                "unchecked",
+                rec_len=len(rec.output_ids),
+                explanation=f"{UNCHECKED}; {sentence}; ids from {rec.ids_source} (ground truth)",
+            )
         verdict = compare(rec.output_ids, ref, self.tokenizer, self.profile)
         ok = verdict.category in AGREEING_VERDICTS
         notes += () if ok else self._notes(f, ref, verdict)
@@ -855,7 +971,10 @@ class Reconstructor:
         # think_spaces: a detokenizer put ' ' on both sides of every added token.
         r, c = f.reasoning, f.content
         options = [
-            r is not None and r.startswith(" "), r is not None and r.endswith(" "), c.startswith(" "), c.endswith(" ")
+            r is not None and r.startswith(" "),
+            r is not None and r.endswith(" "),
+            c.startswith(" "),
+            c.endswith(" "),
         ]
         for mask in product((False, True), repeat=4):
             if not any(mask) or any(m and not o for m, o in zip(mask, options)):
@@ -896,15 +1015,20 @@ class Reconstructor:
                 calls = tuple(replace(t, arguments=pre + t.arguments + post) for t in f.tool_calls)
                 yield "tool_whitespace", replace(f, tool_calls=calls)
             # json_reserialised: the arguments were json.loads/json.dumps'ed by the server.
-            for kwargs in ({"ensure_ascii": True}, {"separators": (",", ":"), "ensure_ascii": False},
-                           {"separators": (",", ":"), "ensure_ascii": True}, {"ensure_ascii": False, "indent": 2}):
+            for kwargs in (
+                {"ensure_ascii": True},
+                {"separators": (",", ":"), "ensure_ascii": False},
+                {"separators": (",", ":"), "ensure_ascii": True},
+                {"ensure_ascii": False, "indent": 2},
+            ):
                 calls = tuple(replace(t, arguments=_redump(t.arguments, kwargs)) for t in f.tool_calls)
                 yield "json_reserialised", replace(f, tool_calls=calls)
             # tool_ids_reindexed: the server synthesised functions.NAME:IDX instead of passing the model's id.
             if p.tool_id_in_stream:
                 for offset in range(MAX_REINDEX):
                     calls = tuple(
-                        replace(t, id=kimi_tool_id(p, replace(t, id=""), i + offset)) for i, t in enumerate(f.tool_calls)
+                        replace(t, id=kimi_tool_id(p, replace(t, id=""), i + offset))
+                        for i, t in enumerate(f.tool_calls)
                     )
                     yield "tool_ids_reindexed", replace(f, tool_calls=calls)
 
@@ -913,8 +1037,9 @@ class Reconstructor:
     ) -> tuple[str, ...]:
         """What text cannot recover, found in the returned fields or the reference (never guessed)."""
         notes: list[str] = []
-        blob = "\x00".join([f.reasoning or "", f.content, *(t.arguments for t in f.tool_calls),
-                            *(t.id for t in f.tool_calls)])
+        blob = "\x00".join(
+            [f.reasoning or "", f.content, *(t.arguments for t in f.tool_calls), *(t.id for t in f.tool_calls)]
+        )
         if ref is not None and ref_bytes is None:
             ref_bytes = self.tokenizer.decode_bytes(ref)
         ref_text = ref_bytes.decode("utf-8", "replace") if ref_bytes is not None else ""
@@ -956,8 +1081,9 @@ def _with_edge(f: Fields, key: str, w: str) -> Fields | None:
         return replace(f, content=w + f.content if lead else f.content + w)
     if name in ("tool.arguments", "tool.id") and f.tool_calls:
         attr = "arguments" if name == "tool.arguments" else "id"
-        calls = tuple(replace(t, **{attr: (w + getattr(t, attr)) if lead else (getattr(t, attr) + w)})
-                      for t in f.tool_calls[:1]) + tuple(f.tool_calls[1:])
+        calls = tuple(
+            replace(t, **{attr: (w + getattr(t, attr)) if lead else (getattr(t, attr) + w)}) for t in f.tool_calls[:1]
+        ) + tuple(f.tool_calls[1:])
         return replace(f, tool_calls=calls)
     return None
 
@@ -1013,7 +1139,7 @@ def _piece_agreement(texts: Sequence[str], ref: str) -> tuple[int, bool]:
         prefix = total
     else:
         piece = texts[k]
-        prefix = pos + common_prefix(piece, ref[pos:pos + len(piece)])
+        prefix = pos + common_prefix(piece, ref[pos : pos + len(piece)])
     limit = min(total, len(ref)) - prefix  # the shared end never overlaps the shared start
     end, j = len(ref), n - 1
     while j >= 0 and len(ref) - end + len(texts[j]) <= limit and ref.endswith(texts[j], 0, end):
@@ -1022,7 +1148,7 @@ def _piece_agreement(texts: Sequence[str], ref: str) -> tuple[int, bool]:
     suffix = len(ref) - end
     if j >= 0 and suffix < limit:
         piece = texts[j]
-        suffix += common_suffix(piece, ref[max(0, end - len(piece)):end], limit - suffix)
+        suffix += common_suffix(piece, ref[max(0, end - len(piece)) : end], limit - suffix)
     return prefix + suffix, False
 
 
@@ -1038,7 +1164,7 @@ def _restore_edges(got: str | None, truth: str | None) -> str | None:
         return got
     core = truth.strip()
     start = truth.index(core)
-    return truth[:start] + got.strip() + truth[start + len(core):]
+    return truth[:start] + got.strip() + truth[start + len(core) :]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -1077,12 +1203,12 @@ def _spells_any(words: Sequence[str]) -> Callable[[str], bool]:
     words = [w for w in words if w]
     if not words:
         return lambda text: False
-    return functools.partial(holds_at, tuple(dict.fromkeys(w[0] for w in words)),
-                             re.compile("|".join(map(re.escape, words))).match)
+    return functools.partial(
+        holds_at, tuple(dict.fromkeys(w[0] for w in words)), re.compile("|".join(map(re.escape, words))).match
+    )
 
 
-def _squeezed(reasoning: str | None, content: str | None, calls: Sequence[ToolCall],
-              others: Sequence[ToolCall]) -> str:
+def _squeezed(reasoning: str | None, content: str | None, calls: Sequence[ToolCall], others: Sequence[ToolCall]) -> str:
     """The fields' text without whitespace (`ids_carry_text`); tool arguments in one JSON form where they parse,
     unless they are the other side's arguments at that place as they stand."""
     parts = [reasoning or "", content or ""]

@@ -22,8 +22,14 @@ class ChatTemplate:
     special_tokens: dict[str, str] = field(default_factory=dict)
     kwargs: dict[str, Any] = field(default_factory=dict)  # chat_template_kwargs (e.g. thinking=False)
 
-    def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[Any] | None, *, add_generation_prompt: bool,
-               **extra: Any) -> str:
+    def render(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[Any] | None,
+        *,
+        add_generation_prompt: bool,
+        **extra: Any,
+    ) -> str:
         """The conversation as text, exactly as transformers' `apply_chat_template(tokenize=False)` renders it.
 
         Dict messages and tools of JSON data (as read from the store) with JSON-scalar kwargs: the template,
@@ -33,9 +39,12 @@ class ChatTemplate:
         checks both equal apply_chat_template's output byte for byte."""
         settings = {**self.special_tokens, **self.kwargs, **extra}
         fast = _fast_renderer()
-        if (fast is None or not all(isinstance(m, dict) for m in messages)
-                or (tools and not all(isinstance(t, dict) for t in tools))
-                or not all(type(v) in _SCALARS for v in settings.values())):
+        if (
+            fast is None
+            or not all(isinstance(m, dict) for m in messages)
+            or (tools and not all(isinstance(t, dict) for t in tools))
+            or not all(type(v) in _SCALARS for v in settings.values())
+        ):
             # transformers' own entry point: no fast helpers, or inputs it converts or rejects (tools given as
             # functions, non-dict messages, template kwargs that are not JSON scalars)
             rendered, _ = _jinja_renderer()(
@@ -128,9 +137,13 @@ class PromptRenderer:
         if self.template is not None:
             return self.template.render(messages, tools, add_generation_prompt=True)
         assert self._profile_render is not None
-        return self._profile_render(self.profile, list(messages), list(tools) if tools else None, **self._profile_kwargs)
+        return self._profile_render(
+            self.profile, list(messages), list(tools) if tools else None, **self._profile_kwargs
+        )
 
-    def prompt_ids(self, messages: Sequence[dict[str, Any]], tools: Sequence[Any] | None, sample_id: str = "?") -> list[int]:
+    def prompt_ids(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[Any] | None, sample_id: str = "?"
+    ) -> list[int]:
         """The prompt ids a server would feed the model for this conversation, encoded as the server encodes
         them (the tokenizer's normaliser applied: `Tokenizer.encode_prompt`); InputError naming the sample when
         the template rejects it."""
@@ -150,7 +163,11 @@ class PromptRenderer:
 def profile_render_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The run's chat_template_kwargs in `render_prompt`'s terms (Qwen's `enable_thinking` is `thinking`)."""
     out: dict[str, Any] = {}
-    for key, name in (("thinking", "thinking"), ("enable_thinking", "thinking"), ("preserve_thinking", "preserve_thinking")):
+    for key, name in (
+        ("thinking", "thinking"),
+        ("enable_thinking", "thinking"),
+        ("preserve_thinking", "preserve_thinking"),
+    ):
         if key in kwargs:
             out[name] = bool(kwargs[key])
     return out

@@ -62,16 +62,16 @@ def split_output(ids: Sequence[int], profile: Profile, tokenizer: Tokenizer) -> 
 def parse_output(text: str, profile: Profile, has_end: bool) -> ProviderView:
     """Split decoded output text (markers as text, stop token removed) into provider fields."""
     if profile.output_prefix and text.startswith(profile.output_prefix + profile.think_open):
-        text = text[len(profile.output_prefix):]
+        text = text[len(profile.output_prefix) :]
     opened = False
     if profile.output_opens_with_think and text.startswith(profile.think_open):
-        text = text[len(profile.think_open):]
+        text = text[len(profile.think_open) :]
         opened = True
     reasoning: str | None
     close = text.find(profile.think_close)
     if close >= 0 and (opened or not profile.output_opens_with_think):
         reasoning = text[:close]
-        rest = text[close + len(profile.think_close):]
+        rest = text[close + len(profile.think_close) :]
         if opened:
             reasoning = _cut_prefix(reasoning, profile.reasoning_prefix)
         reasoning = _cut_suffix(reasoning, profile.reasoning_suffix)
@@ -147,7 +147,7 @@ def _id_prefix(template: str) -> str:
 
 
 def _cut_prefix(s: str, prefix: str) -> str:
-    return s[len(prefix):] if prefix and s.startswith(prefix) else s
+    return s[len(prefix) :] if prefix and s.startswith(prefix) else s
 
 
 def _cut_suffix(s: str, suffix: str) -> str:
@@ -245,7 +245,9 @@ def _parse_hermes(rest: str, profile: Profile, has_end: bool) -> tuple[str, list
                 name, args = str(obj.get("name", "")), json.dumps(obj.get("arguments", {}), ensure_ascii=False)
             except (json.JSONDecodeError, AttributeError):
                 return rest, []
-        calls.append(ToolCall(id=profile.tool_id_template.format(name=name, index=i), name=name, arguments=args, index=i))
+        calls.append(
+            ToolCall(id=profile.tool_id_template.format(name=name, index=i), name=name, arguments=args, index=i)
+        )
     if not calls:
         return rest, []
     content = rest[:start]
@@ -314,8 +316,14 @@ def _parse_glm(rest: str, profile: Profile, has_end: bool) -> tuple[str, list[To
         return rest, []
     call_re = _between(m["call_begin"], m["call_end"])
     pair_re = re.compile(
-        re.escape(m["key_begin"]) + "(.*?)" + re.escape(m["key_end"]) + r"\s*"
-        + re.escape(m["value_begin"]) + "(.*?)" + re.escape(m["value_end"]), re.S
+        re.escape(m["key_begin"])
+        + "(.*?)"
+        + re.escape(m["key_end"])
+        + r"\s*"
+        + re.escape(m["value_begin"])
+        + "(.*?)"
+        + re.escape(m["value_end"]),
+        re.S,
     )
     calls: list[ToolCall] = []
     for i, body in enumerate(call_re.findall(rest[start:])):
@@ -353,8 +361,14 @@ def _render_glm(calls: Sequence[ToolCall], profile: Profile, has_content: bool) 
             for key, value in pairs:
                 text = value if isinstance(value, str) else json.dumps(_pairs_to_obj(value), ensure_ascii=False)
                 out += [
-                    ("marker", m["key_begin"]), ("tool_args", key), ("marker", m["key_end"]), ("template", "\n"),
-                    ("marker", m["value_begin"]), ("tool_args", text), ("marker", m["value_end"]), ("template", "\n"),
+                    ("marker", m["key_begin"]),
+                    ("tool_args", key),
+                    ("marker", m["key_end"]),
+                    ("template", "\n"),
+                    ("marker", m["value_begin"]),
+                    ("tool_args", text),
+                    ("marker", m["value_end"]),
+                    ("template", "\n"),
                 ]
         out.append(("marker", m["call_end"]))
     return out
@@ -373,7 +387,12 @@ def _pairs_to_obj(value):
 
 
 _TOOL_PARSERS = {"kimi": _parse_kimi, "hermes": _parse_hermes, "deepseek-v3.1": _parse_deepseek, "glm-4.5": _parse_glm}
-_TOOL_RENDERERS = {"kimi": _render_kimi, "hermes": _render_hermes, "deepseek-v3.1": _render_deepseek, "glm-4.5": _render_glm}
+_TOOL_RENDERERS = {
+    "kimi": _render_kimi,
+    "hermes": _render_hermes,
+    "deepseek-v3.1": _render_deepseek,
+    "glm-4.5": _render_glm,
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -140,7 +140,9 @@ def _read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise InputError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg}); replace the file with the model's original") from None
+        raise InputError(
+            f"{path}:{exc.lineno}: not valid JSON ({exc.msg}); replace the file with the model's original"
+        ) from None
     except OSError as exc:
         raise InputError(f"{path}: cannot be read ({exc.strerror})") from None
     if not isinstance(data, dict):
@@ -171,9 +173,7 @@ class TiktokenTokenizer(Tokenizer):
                         f"{config_path}: added_tokens_decoder[{key!r}]: expected an integer id with a 'content' string"
                     ) from None
         n_base = len(ranks)
-        specials = {
-            named.get(i, f"<|reserved_token_{i}|>"): i for i in range(n_base, n_base + TIKTOKEN_SPECIAL_SLOTS)
-        }
+        specials = {named.get(i, f"<|reserved_token_{i}|>"): i for i in range(n_base, n_base + TIKTOKEN_SPECIAL_SLOTS)}
         try:
             self._enc = tiktoken.Encoding(
                 name=f"eaglewatch:{directory.name}", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials
@@ -305,7 +305,9 @@ class TiktokenTokenizer(Tokenizer):
         try:
             return self._id_to_bytes[token_id]
         except KeyError:
-            raise ValueError(f"token id {token_id} is outside the vocabulary of {self.path} (size {self.vocab_size})") from None
+            raise ValueError(
+                f"token id {token_id} is outside the vocabulary of {self.path} (size {self.vocab_size})"
+            ) from None
 
 
 def _special_pattern(specials: dict[str, int]) -> re.Pattern[str] | None:
@@ -322,6 +324,7 @@ def _special_pattern(specials: dict[str, int]) -> re.Pattern[str] | None:
         for ch in s:
             node = node.setdefault(ch, {})
         node[""] = {}
+
     def emit(node: dict) -> str | None:
         if "" in node and len(node) > 1:
             return None  # a special ends where a longer one goes on: a prefix relation
@@ -334,6 +337,7 @@ def _special_pattern(specials: dict[str, int]) -> re.Pattern[str] | None:
         if len(alts) <= 1:
             return alts[0] if alts else ""
         return "(?:" + "|".join(alts) + ")"
+
     pattern = emit(trie)
     return re.compile(f"({pattern})", re.S) if pattern else None  # one group: re.split keeps the specials
 
@@ -490,7 +494,9 @@ class HFTokenizer(Tokenizer):
         try:
             return self._id_to_bytes[token_id]
         except KeyError:
-            raise ValueError(f"token id {token_id} is outside the vocabulary of {self.path} (size {self.vocab_size})") from None
+            raise ValueError(
+                f"token id {token_id} is outside the vocabulary of {self.path} (size {self.vocab_size})"
+            ) from None
 
 
 _IDENTITY_ON_UNCHANGED = ("NFC", "NFD", "NFKC", "NFKD")  # normalisers that keep ASCII (changes_text skips it)
@@ -504,8 +510,12 @@ def _hf_lossless(raw: dict, vocab: dict[str, int]) -> bool:
     `encode` bypasses whenever it would change the text, and added tokens that strip no whitespace. Anything
     else: False (not known; callers decode)."""
     model = raw.get("model") or {}
-    if model.get("type") != "BPE" or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix") \
-            or not all(c in vocab for c in _bytes_to_unicode().values()):
+    if (
+        model.get("type") != "BPE"
+        or model.get("continuing_subword_prefix")
+        or model.get("end_of_word_suffix")
+        or not all(c in vocab for c in _bytes_to_unicode().values())
+    ):
         return False
 
     def pre_ok(node) -> bool:
@@ -528,8 +538,12 @@ def _hf_lossless(raw: dict, vocab: dict[str, int]) -> bool:
 
     pre = raw.get("pre_tokenizer")
     has_byte_level = '"ByteLevel"' in json.dumps(pre)
-    return (has_byte_level and pre_ok(pre) and norm_ok(raw.get("normalizer"))
-            and all(not t.get("lstrip") and not t.get("rstrip") for t in raw.get("added_tokens", [])))
+    return (
+        has_byte_level
+        and pre_ok(pre)
+        and norm_ok(raw.get("normalizer"))
+        and all(not t.get("lstrip") and not t.get("rstrip") for t in raw.get("added_tokens", []))
+    )
 
 
 def _uses_byte_level(raw: dict) -> bool:
@@ -553,7 +567,9 @@ def load_tokenizer(directory: str | Path, pattern: str | None = None) -> Tokeniz
     """
     d = Path(directory)
     if not d.is_dir():
-        raise InputError(f"tokenizer directory {d} does not exist; pass the folder that holds tokenizer.json or tiktoken.model")
+        raise InputError(
+            f"tokenizer directory {d} does not exist; pass the folder that holds tokenizer.json or tiktoken.model"
+        )
     if (d / "tokenizer.json").exists():
         return HFTokenizer(d)
     if (d / "tiktoken.model").exists():

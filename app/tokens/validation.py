@@ -16,7 +16,14 @@ from app.tokens.flags import TEXT_PATH, is_suspect
 from app.tokens.reconstruct import Reconstructor
 from app.tokens.template import split_output
 
-_SEVERITY = {"structure_mismatch": 0, "text_mismatch": 1, "truncated": 3, "bpe_equivalent": 2, "unchecked": 4, "exact": 5}
+_SEVERITY = {
+    "structure_mismatch": 0,
+    "text_mismatch": 1,
+    "truncated": 3,
+    "bpe_equivalent": 2,
+    "unchecked": 4,
+    "exact": 5,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +70,12 @@ class ValidationSummary:
             "suspects": self.suspects,
             "wrong_kept": self.wrong_kept,
             "worst": [
-                {"sample_id": r.sample_id, "category": r.verdict.category, "first_diff": r.verdict.first_diff,
-                 "explanation": r.verdict.explanation}
+                {
+                    "sample_id": r.sample_id,
+                    "category": r.verdict.category,
+                    "first_diff": r.verdict.first_diff,
+                    "explanation": r.verdict.explanation,
+                }
                 for r in self.worst
             ],
         }
@@ -75,12 +86,18 @@ Serve = Callable[[Sequence[int]], Completion]  # reference ids -> what a server 
 
 def ideal_view(reconstructor: Reconstructor) -> Serve:
     """The provider view of an ideal server: the reference ids split, no server-side text steps."""
-    return lambda ids: split_output(ids, reconstructor.profile, reconstructor.tokenizer).to_completion(provider="reference")
+    return lambda ids: split_output(ids, reconstructor.profile, reconstructor.tokenizer).to_completion(
+        provider="reference"
+    )
 
 
 def validate_sample(
-    reconstructor: Reconstructor, sample_id: str, reference_ids: Sequence[int], *,
-    serve: Serve | None = None, assisted: bool = False,
+    reconstructor: Reconstructor,
+    sample_id: str,
+    reference_ids: Sequence[int],
+    *,
+    serve: Serve | None = None,
+    assisted: bool = False,
 ) -> ValidationResult:
     """Turn the reference ids into provider text (`serve`, default the ideal split), rebuild, and compare.
 
@@ -92,8 +109,12 @@ def validate_sample(
 
 
 def validate_all(
-    reconstructor: Reconstructor, samples: Iterable[tuple[str, Sequence[int]]], workers: int = 1, *,
-    serve: Serve | None = None, assisted: bool = False,
+    reconstructor: Reconstructor,
+    samples: Iterable[tuple[str, Sequence[int]]],
+    workers: int = 1,
+    *,
+    serve: Serve | None = None,
+    assisted: bool = False,
 ) -> list[ValidationResult]:
     """validate_sample over many (sample_id, ids) pairs, in order, on `workers` threads."""
     one = lambda s: validate_sample(reconstructor, s[0], s[1], serve=serve, assisted=assisted)  # noqa: E731
@@ -116,5 +137,13 @@ def summarize(results: Sequence[ValidationResult], n_worst: int = 8) -> Validati
         (r for r in results if r.verdict.category in (*CORRUPT_VERDICTS, "bpe_equivalent")),
         key=lambda r: (_SEVERITY.get(r.verdict.category, 9), r.sample_id),
     )
-    return ValidationSummary(len(results), verdicts, dict(repairs), dict(notes), tuple(ordered[:n_worst]),
-                             dict(flags), sum(suspect), wrong_kept)
+    return ValidationSummary(
+        len(results),
+        verdicts,
+        dict(repairs),
+        dict(notes),
+        tuple(ordered[:n_worst]),
+        dict(flags),
+        sum(suspect),
+        wrong_kept,
+    )

@@ -18,7 +18,9 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
+from app.engine.control import RunControl
 from app.engine.record.snapshot import RunRecord
+from app.tui.monitor import MonitorApp
 from app.tui.screens.confirm import ConfirmScreen, NumberScreen
 from app.tui.screens.conversations import ConversationScreen, ConversationsScreen
 from app.tui.screens.dashboard import DashboardScreen, engine_gone
@@ -64,7 +66,9 @@ class EaglewatchApp(MonitorApp):
         Binding("ctrl+q", "quit_monitor", "Quit", show=False, id="app.quit_ctrl", priority=True),
     ]
 
-    def __init__(self, source: DataSource, *, theme: str = "textual-dark", keymap: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, source: DataSource, *, theme: str = "textual-dark", keymap: dict[str, str] | None = None
+    ) -> None:
         super().__init__()
         self.source = source
         self._run_record: RunRecord | None = None
@@ -88,7 +92,9 @@ class EaglewatchApp(MonitorApp):
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """A failed data worker becomes a toast; the monitor keeps running."""
         if event.state == WorkerState.ERROR:
-            self.notify(f"{event.worker.name}: {event.worker.error}", title="internal error", severity="error", timeout=10)
+            self.notify(
+                f"{event.worker.name}: {event.worker.error}", title="internal error", severity="error", timeout=10
+            )
 
     @property
     def last_record(self) -> RunRecord | None:
@@ -150,8 +156,13 @@ class EaglewatchApp(MonitorApp):
             return snap is not None and snap.counts.conversations is not None
         if action == "retry_failed":
             snap = self.last_record
-            return (self.source.can_control and not isinstance(self.screen, JobsScreen) and snap is not None
-                    and not engine_gone(snap) and snap.failed > 0)
+            return (
+                self.source.can_control
+                and not isinstance(self.screen, JobsScreen)
+                and snap is not None
+                and not engine_gone(snap)
+                and snap.failed > 0
+            )
         if action in ("pause_now", "toggle_pause", "set_concurrency"):
             snap = self.last_record
             if not self.source.can_control or isinstance(self.screen, JobsScreen) or snap is None:
@@ -185,8 +196,13 @@ class EaglewatchApp(MonitorApp):
 
         async def answered(yes: bool | None) -> None:
             if yes:
-                await steer(self, "pause now", lambda: self._control().pause(now=True),
-                            "requests on the wire are cancelled (providers may still bill them)", severity="warning")
+                await steer(
+                    self,
+                    "pause now",
+                    lambda: self._control().pause(now=True),
+                    "requests on the wire are cancelled (providers may still bill them)",
+                    severity="warning",
+                )
 
         if not isinstance(self.screen, ConfirmScreen):
             self.push_screen(ConfirmScreen(pause_now_question(snap)), answered)
@@ -200,8 +216,12 @@ class EaglewatchApp(MonitorApp):
 
         async def answered(limit: int | None) -> None:
             if limit is not None:
-                await steer(self, f"concurrency limit {limit}", lambda: self._control().set_concurrency(limit),
-                            "clamped to the configured min/max")
+                await steer(
+                    self,
+                    f"concurrency limit {limit}",
+                    lambda: self._control().set_concurrency(limit),
+                    "clamped to the configured min/max",
+                )
 
         question = "New concurrency limit (requests in flight across all endpoints)"
         if current:
@@ -217,11 +237,20 @@ class EaglewatchApp(MonitorApp):
 
         async def answered(yes: bool | None) -> None:
             if yes:
-                await steer(self, "retry failed samples", self._control().retry_failed,
-                            "they are pending again, each with a fresh allowance of attempts")
+                await steer(
+                    self,
+                    "retry failed samples",
+                    self._control().retry_failed,
+                    "they are pending again, each with a fresh allowance of attempts",
+                )
 
-        self.push_screen(ConfirmScreen(f"Put the {snap.failed} failed samples back to pending, each with a fresh "
-                                       "allowance of attempts? The provider bills the new requests."), answered)
+        self.push_screen(
+            ConfirmScreen(
+                f"Put the {snap.failed} failed samples back to pending, each with a fresh "
+                "allowance of attempts? The provider bills the new requests."
+            ),
+            answered,
+        )
 
     async def action_quit_monitor(self) -> None:
         if not self.source.live:
@@ -249,22 +278,32 @@ class EaglewatchApp(MonitorApp):
         yield SystemCommand("Mismatches", "Every non-exact sample, filterable", self.action_show_mismatches)
         yield SystemCommand("Jobs", "Extraction jobs: pause, resume, cancel, log", self.action_show_jobs)
         if self.check_action("show_conversations", ()):
-            yield SystemCommand("Conversations", "Whole conversations: turn k of T, status, each turn's verdict (C)",
-                                self.action_show_conversations)
+            yield SystemCommand(
+                "Conversations",
+                "Whole conversations: turn k of T, status, each turn's verdict (C)",
+                self.action_show_conversations,
+            )
         # the same rule as the keys (check_action): nothing that would do nothing, e.g. pause on a DONE run
         if self.check_action("toggle_pause", ()):
             yield SystemCommand("Pause or resume the run", "Same as p", self.action_toggle_pause)
         if self.check_action("pause_now", ()):
-            yield SystemCommand("Pause now", "Cancel requests in flight too (P); providers may still bill them",
-                                self.action_pause_now)
+            yield SystemCommand(
+                "Pause now", "Cancel requests in flight too (P); providers may still bill them", self.action_pause_now
+            )
         if self.check_action("set_concurrency", ()):
-            yield SystemCommand("Set concurrency limit", "Requests in flight across all endpoints (c)",
-                                self.action_set_concurrency)
+            yield SystemCommand(
+                "Set concurrency limit", "Requests in flight across all endpoints (c)", self.action_set_concurrency
+            )
         if self.check_action("retry_failed", ()):
-            yield SystemCommand("Retry failed samples", "Back to pending with a fresh allowance of attempts (R)",
-                                self.action_retry_failed)
+            yield SystemCommand(
+                "Retry failed samples",
+                "Back to pending with a fresh allowance of attempts (R)",
+                self.action_retry_failed,
+            )
         for name in THEMES:
-            yield SystemCommand(f"Theme: {name}", "ansi-* use your terminal's own palette", partial(setattr, self, "theme", name))
+            yield SystemCommand(
+                f"Theme: {name}", "ansi-* use your terminal's own palette", partial(setattr, self, "theme", name)
+            )
 
 
 def _key_state(record: RunRecord) -> tuple[object, ...]:
@@ -293,8 +332,9 @@ async def host_run(*, config: Any, run: Any, mouse: bool = True, theme: str = "t
     await make_app(source, theme=theme).run_async(mouse=mouse)
 
 
-def run_tui(*, config: Any, run: str | None = None, mouse: bool = True, theme: str = "textual-dark",
-            retry_failed: bool = False) -> int:
+def run_tui(
+    *, config: Any, run: str | None = None, mouse: bool = True, theme: str = "textual-dark", retry_failed: bool = False
+) -> int:
     """`eaglewatch run CONFIG` with the monitor: ingest, start the engine, host the TUI, close the engine on quit.
 
     `run` may name the run (it must match `config.run.name`, which the caller has already applied);

@@ -154,7 +154,9 @@ class _DatabaseBackedSource:
         """The run's tokenizer directory, from the config stored with the run."""
         value = (self.reader.run.config.get("model") or {}).get("tokenizer")
         if not value:
-            raise InputError(f"{self.reader.database}: run {self.reader.run_name!r} records no model.tokenizer in its config")
+            raise InputError(
+                f"{self.reader.database}: run {self.reader.run_name!r} records no model.tokenizer in its config"
+            )
         return Path(value)
 
     def _tokenizer(self) -> Any:
@@ -189,8 +191,17 @@ class _DatabaseBackedSource:
 
     def jobs(self) -> Sequence[JobRow]:
         return [
-            JobRow(j.job_id, j.name, j.state, j.executor, j.shards_done, j.n_shards, j.tokens,
-                   clock(j.updated_at) if j.updated_at else "", j.log_path)
+            JobRow(
+                j.job_id,
+                j.name,
+                j.state,
+                j.executor,
+                j.shards_done,
+                j.n_shards,
+                j.tokens,
+                clock(j.updated_at) if j.updated_at else "",
+                j.log_path,
+            )
             for j in self.reader.call(queries.job_summaries, self.reader.run_id)
         ]
 
@@ -209,8 +220,10 @@ class _DatabaseBackedSource:
         return f"shard {shard} · {path}\n" + "\n".join(text.splitlines()[-lines:])
 
     def events(self, n: int) -> Sequence[EventLine]:
-        return [EventLine(clock(e.ts), e.level, e.kind, e.message)
-                for e in self.reader.call(queries.events_tail, self.reader.run_id, n)]
+        return [
+            EventLine(clock(e.ts), e.level, e.kind, e.message)
+            for e in self.reader.call(queries.events_tail, self.reader.run_id, n)
+        ]
 
     async def job_command(self, job_id: int, verb: str) -> None:
         if not self.can_control:
@@ -271,8 +284,11 @@ class InProcessSource(_DatabaseBackedSource):
 
     def __init__(self, *, run: Any, config: Any) -> None:
         engine_tokenizer = getattr(getattr(run, "reconstructor", None), "tokenizer", None)
-        super().__init__(RunReader(Path(run.db_path), config.run.name), tokenizer=engine_tokenizer,
-                         tokenizer_dir=Path(config.model.tokenizer))
+        super().__init__(
+            RunReader(Path(run.db_path), config.run.name),
+            tokenizer=engine_tokenizer,
+            tokenizer_dir=Path(config.model.tokenizer),
+        )
         self.run = run
         self.config = config
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from textual.app import App
 
-from app.engine.snapshot import RunRecord
+from app.engine.record.snapshot import RunRecord
 from app.tui.source import DataSource
 
 

@@ -141,13 +141,37 @@ class RunSeries:
             now_rate = f"avg {fin.tok_s:,.0f}" if fin is not None else "avg -"
             per_hour = f"avg {fmt.money(fin.cost_per_hour if fin is not None else None)}/h"
         return {
-            "throughput": PlotSeries(PLOT_TITLES["throughput"], start, SERIES_BUCKET_S, tuple(tokens), tuple(spans),
-                                     "rate", "count", now_rate),
-            "match": PlotSeries(PLOT_TITLES["match"], start, SERIES_BUCKET_S, tuple(match), tuple(spans), "level",
-                                "percent", f"{fmt.percent(matched, measured)} n={measured:,}" if measured else "none measured yet",
-                                floor=None),
-            "cost": PlotSeries(PLOT_TITLES["cost"], start, SERIES_BUCKET_S, tuple(cost), tuple(spans), "level",
-                               "money", f"{fmt.money(spent)} · {per_hour}"),
+            "throughput": PlotSeries(
+                PLOT_TITLES["throughput"],
+                start,
+                SERIES_BUCKET_S,
+                tuple(tokens),
+                tuple(spans),
+                "rate",
+                "count",
+                now_rate,
+            ),
+            "match": PlotSeries(
+                PLOT_TITLES["match"],
+                start,
+                SERIES_BUCKET_S,
+                tuple(match),
+                tuple(spans),
+                "level",
+                "percent",
+                f"{fmt.percent(matched, measured)} n={measured:,}" if measured else "none measured yet",
+                floor=None,
+            ),
+            "cost": PlotSeries(
+                PLOT_TITLES["cost"],
+                start,
+                SERIES_BUCKET_S,
+                tuple(cost),
+                tuple(spans),
+                "level",
+                "money",
+                f"{fmt.money(spent)} · {per_hour}",
+            ),
         }
 
 

@@ -10,5 +10,7 @@ def serve_command(command: str, *, host: str, port: int, title: str) -> None:
     try:
         from textual_serve.server import Server
     except ImportError as exc:
-        raise InputError("`serve` needs textual-serve: pip install textual-serve (a core dependency; reinstall eaglewatch)") from exc
+        raise InputError(
+            "`serve` needs textual-serve: pip install textual-serve (a core dependency; reinstall eaglewatch)"
+        ) from exc
     Server(command, host=host, port=port, title=title).serve()

@@ -35,9 +35,22 @@ from widgets.jobs_table import JobRow
 # The read records and the mismatch list's orders and verdicts are the store's (app.store.queries): one
 # definition for every face. Re-exported here for the screens.
 __all__ = [
-    "MISMATCH_ORDERS", "MISMATCH_VERDICTS", "MismatchPage", "MismatchRow", "SampleDetail", "SampleDiff",
-    "DataSource", "VERDICT_WORDS", "VERDICT_CLASS", "SERIES_BUCKET_S", "SeriesChunk", "ConversationCounts",
-    "ConversationRow", "TurnRow", "CONVERSATION_STATUSES", "conversation_status",
+    "MISMATCH_ORDERS",
+    "MISMATCH_VERDICTS",
+    "MismatchPage",
+    "MismatchRow",
+    "SampleDetail",
+    "SampleDiff",
+    "DataSource",
+    "VERDICT_WORDS",
+    "VERDICT_CLASS",
+    "SERIES_BUCKET_S",
+    "SeriesChunk",
+    "ConversationCounts",
+    "ConversationRow",
+    "TurnRow",
+    "CONVERSATION_STATUSES",
+    "conversation_status",
 ]
 
 VERDICT_WORDS: dict[str, str] = {

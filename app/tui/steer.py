@@ -28,8 +28,10 @@ def pause_now_question(rec: RunRecord) -> str:
     """The pause-now confirmation: how many requests are on the wire (not leased, not waiting) and the bill."""
     in_flight, waiting = (rec.live.in_flight, rec.live.waiting) if rec.live is not None else (0, 0)
     kept = f" ({plural(waiting, 'sample')} waiting to retry or be stored are kept)" if waiting else ""
-    return (f"Pause now and cancel the {plural(in_flight, 'request')} on the wire?{kept} Their samples "
-            "return to pending, but providers may still bill them.")
+    return (
+        f"Pause now and cancel the {plural(in_flight, 'request')} on the wire?{kept} Their samples "
+        "return to pending, but providers may still bill them."
+    )
 
 
 def acknowledgement_text(what: str, effect: str, ack: CommandAck) -> str:
@@ -41,14 +43,20 @@ def acknowledgement_text(what: str, effect: str, ack: CommandAck) -> str:
     if engine is None or engine.state == "never":
         return f"{head}: no engine has run this yet (no heartbeat); it stays queued for the engine that starts it"
     if engine.state == "running":
-        return f"{head}, though the engine beat {engine.age_s:.0f} s ago (is its database refusing writes?); still waiting"
+        return (
+            f"{head}, though the engine beat {engine.age_s:.0f} s ago (is its database refusing writes?); still waiting"
+        )
     if engine.state == "stopped":
         return f"{head}: the engine exited {engine.age_s:.0f} s ago; it stays queued for the next engine"
-    return f"{head} — is the engine running? (last heartbeat {engine.age_s:.0f} s ago); it stays queued for the next " f"engine"
+    return (
+        f"{head} — is the engine running? (last heartbeat {engine.age_s:.0f} s ago); it stays queued for the next "
+        f"engine"
+    )
 
 
-async def steer(app: Any, what: str, send: Callable[[], Awaitable[None]], effect: str, *,
-                severity: str = "information") -> bool:
+async def steer(
+    app: Any, what: str, send: Callable[[], Awaitable[None]], effect: str, *, severity: str = "information"
+) -> bool:
     """Send one run control through `app.source.control` and say what became of it (toasts): applied
     in-process, or sent, then acknowledged by the engine or not. False when sending failed (said too)."""
     control = app.source.control
@@ -62,8 +70,12 @@ async def steer(app: Any, what: str, send: Callable[[], Awaitable[None]], effect
         return True
     command_id = control.last_command
     app.notify(f"{what} sent to the engine through the database…", timeout=ACK_TIMEOUT_S + 1)
-    app.run_worker(_follow(app, control, command_id, what, effect, severity), name=f"{what} acknowledgement",
-                   group="run-control-ack", exit_on_error=False)
+    app.run_worker(
+        _follow(app, control, command_id, what, effect, severity),
+        name=f"{what} acknowledgement",
+        group="run-control-ack",
+        exit_on_error=False,
+    )
     return True
 
 
@@ -76,5 +88,7 @@ async def _follow(app: Any, control: AttachedControl, command_id: int, what: str
     if ack.engine is not None and ack.engine.alive:
         late = await control.acknowledgement(command_id, LATE_ACK_S)
         if late.taken:
-            app.notify(acknowledgement_text(what, effect, CommandAck(command_id, True, ack.waited_s + late.waited_s)),
-                       severity=severity)
+            app.notify(
+                acknowledgement_text(what, effect, CommandAck(command_id, True, ack.waited_s + late.waited_s)),
+                severity=severity,
+            )

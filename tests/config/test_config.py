@@ -87,7 +87,7 @@ def test_bad_base_url_names_file_key_and_problem(tmp_path: Path) -> None:
 
 
 def test_unknown_key_is_an_error_listing_the_allowed_keys(tmp_path: Path) -> None:
-    msg = error_of(tmp_path, MINIMAL.replace('[model]\n', '[model]\ntemprature = 1\n'))
+    msg = error_of(tmp_path, MINIMAL.replace("[model]\n", "[model]\ntemprature = 1\n"))
     assert "model.temprature: unknown key (allowed here: name, tokenizer, profile)" in msg
 
 
@@ -114,7 +114,10 @@ def test_out_of_range_value(tmp_path: Path) -> None:
 
 def test_bad_enum_value(tmp_path: Path) -> None:
     msg = error_of(tmp_path, MINIMAL.replace('format = "sharegpt"', 'format = "bogus"'))
-    assert "data.datasets[0].format: input should be 'openai-messages', 'sharegpt', 'specforge-conversations' or 'auto'" in msg
+    assert (
+        "data.datasets[0].format: input should be 'openai-messages', 'sharegpt', 'specforge-conversations' or 'auto'"
+        in msg
+    )
 
 
 def test_api_key_in_place_of_env_name_is_refused_without_echoing_it(tmp_path: Path) -> None:
@@ -180,7 +183,9 @@ def test_non_utf8_file(tmp_path: Path) -> None:
         load_config(path)
 
 
-def test_overrides_replace_values_and_resolve_paths_against_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_overrides_replace_values_and_resolve_paths_against_cwd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = load_config(write(tmp_path, MINIMAL))
     elsewhere = tmp_path / "cwd"
     elsewhere.mkdir()
@@ -204,7 +209,10 @@ def test_override_of_unknown_key_or_bad_value_is_an_input_error(tmp_path: Path) 
 
 
 def test_redacted_keeps_env_names_and_masks_secret_extras(tmp_path: Path) -> None:
-    text = MINIMAL + 'extra = { provider = { order = ["moonshotai"] }, api_key = "sk-live", reasoning = { effort = "high" } }\n'
+    text = (
+        MINIMAL
+        + 'extra = { provider = { order = ["moonshotai"] }, api_key = "sk-live", reasoning = { effort = "high" } }\n'
+    )
     config = load_config(write(tmp_path, text))
     red = config.redacted()
     ep = red["endpoints"][0]
@@ -232,10 +240,15 @@ def test_parse_config_accepts_python_data() -> None:
 def test_unknown_key_inside_nested_tables_lists_that_tables_keys(tmp_path: Path) -> None:
     text = MINIMAL + '\n[pricing."moonshotai/kimi-k2.5"]\nprompt_per_m = 1\ncompletion_per_m = 2\nbogus = 3\n'
     msg = error_of(tmp_path, text)
-    assert 'pricing["moonshotai/kimi-k2.5"].bogus: unknown key (allowed here: prompt_per_m, completion_per_m, ' 'cached_prompt_per_m)' in msg
+    assert (
+        'pricing["moonshotai/kimi-k2.5"].bogus: unknown key (allowed here: prompt_per_m, completion_per_m, '
+        "cached_prompt_per_m)" in msg
+    )
     msg = error_of(tmp_path, MINIMAL.replace('format = "sharegpt"', 'format = "sharegpt"\nfromat = 1'))
-    assert ("data.datasets[0].fromat: unknown key (allowed here: path, format, id_field, limit, sample_fraction, "
-            "sample_seed, weight, columns, name, regenerate, on_tool_divergence)") in msg
+    assert (
+        "data.datasets[0].fromat: unknown key (allowed here: path, format, id_field, limit, sample_fraction, "
+        "sample_seed, weight, columns, name, regenerate, on_tool_divergence)"
+    ) in msg
 
 
 def test_check_inputs_names_every_missing_path_with_its_key(tmp_path: Path, sample_data_dir: Path, monkeypatch) -> None:
@@ -245,8 +258,10 @@ def test_check_inputs_names_every_missing_path_with_its_key(tmp_path: Path, samp
     config = load_config(write(tmp_path, MINIMAL))
     errors = check_inputs(config).errors
     label = tmp_path / "run.toml"
-    assert errors[0] == (f"{label}: data.datasets[0].path: {tmp_path / 'prompts.jsonl'} does not exist; fix the path "
-                         "(prompt file; relative paths are relative to the config file)")
+    assert errors[0] == (
+        f"{label}: data.datasets[0].path: {tmp_path / 'prompts.jsonl'} does not exist; fix the path "
+        "(prompt file; relative paths are relative to the config file)"
+    )
     assert errors[1].startswith(f"{label}: data.reference: {tmp_path / 'ref.jsonl'} does not exist")
     assert errors[2].startswith(f"{label}: model.tokenizer: tokenizer directory {tmp_path / 'tok'} does not exist")
     assert len(errors) == 3
@@ -256,20 +271,25 @@ def test_check_inputs_names_every_missing_path_with_its_key(tmp_path: Path, samp
     assert demo.errors == () and demo.warnings == () and demo.vocab_size and demo.references_checked > 100
 
 
-def test_check_inputs_samples_reference_ids_against_the_vocabulary(tmp_path: Path, sample_tokenizer_dir: Path,
-                                                                    monkeypatch) -> None:
+def test_check_inputs_samples_reference_ids_against_the_vocabulary(
+    tmp_path: Path, sample_tokenizer_dir: Path, monkeypatch
+) -> None:
     from app.datasets import check_inputs
 
     monkeypatch.setenv("OPENROUTER_API_KEY", "set")
     (tmp_path / "prompts.jsonl").write_text("")
     text = MINIMAL.replace('tokenizer = "tok"', f'tokenizer = "{sample_tokenizer_dir}"')
     ref = tmp_path / "ref.jsonl"
-    ref.write_text('{"id": "a", "output_ids": [1, 2]}\n{"id": "b", "output_ids": [99999999]}\n{"id": "c", "output_ids": ["x"]}\n')
+    ref.write_text(
+        '{"id": "a", "output_ids": [1, 2]}\n{"id": "b", "output_ids": [99999999]}\n{"id": "c", "output_ids": ["x"]}\n'
+    )
     check = check_inputs(load_config(write(tmp_path, text)))
     assert check.errors == () and check.references_checked == 3
     (warning,) = check.warnings
-    assert warning.startswith("data.reference: 2 of all 3 lines checked are refused (ingest skips them), e.g. "
-                              f"{ref}:2: output id 99999999 is outside the tokenizer's vocabulary")
+    assert warning.startswith(
+        "data.reference: 2 of all 3 lines checked are refused (ingest skips them), e.g. "
+        f"{ref}:2: output id 99999999 is outside the tokenizer's vocabulary"
+    )
     ref.write_text('{"id": "b", "output_ids": [99999999]}\n')  # every line refused: the wrong tokenizer
     (error,) = check_inputs(load_config(tmp_path / "run.toml")).errors
     assert "data.reference: every one of all 1 lines checked is refused" in error and "model.tokenizer" in error
@@ -294,7 +314,9 @@ def test_names_with_control_characters_or_separators_are_refused(tmp_path: Path,
     assert "run.name: " in error_of(tmp_path, MINIMAL.replace('name = "t"', f"name = {quoted}"))
     msg = error_of(tmp_path, MINIMAL.replace('format = "sharegpt"', f'format = "sharegpt"\nname = {quoted}'))
     assert "data.datasets[0].name: " in msg and "contains a" in msg
-    msg = error_of(tmp_path, MINIMAL.replace('api_key_env = "OPENROUTER_API_KEY"', f'api_key_env = "K"\nname = {quoted}'))
+    msg = error_of(
+        tmp_path, MINIMAL.replace('api_key_env = "OPENROUTER_API_KEY"', f'api_key_env = "K"\nname = {quoted}')
+    )
     assert "endpoints[0].name: " in msg
     config = load_config(write(tmp_path, MINIMAL))
     with pytest.raises(InputError, match="command-line override: run.name: "):
@@ -314,16 +336,26 @@ def test_hostile_but_printable_names_are_kept(tmp_path: Path) -> None:
     assert config.run.name == name
 
 
-def test_config_check_verb_fails_on_a_missing_path_and_passes_on_the_demo(tmp_path: Path, sample_data_dir: Path) -> None:
+def test_config_check_verb_fails_on_a_missing_path_and_passes_on_the_demo(
+    tmp_path: Path, sample_data_dir: Path
+) -> None:
     import subprocess
     import sys
 
     write(tmp_path, MINIMAL)
-    out = subprocess.run([sys.executable, "-m", "app.cli", "config", "check", str(tmp_path / "run.toml")],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "app.cli", "config", "check", str(tmp_path / "run.toml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "data.datasets[0].path:" in out.stderr and "model.tokenizer:" in out.stderr
-    ok = subprocess.run([sys.executable, "-m", "app.cli", "config", "check", str(sample_data_dir / "demo.toml")],
-                        capture_output=True, text=True, timeout=60)
+    ok = subprocess.run(
+        [sys.executable, "-m", "app.cli", "config", "check", str(sample_data_dir / "demo.toml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert ok.returncode == 0, ok.stderr
     assert "lines checked against the vocabulary" in ok.stdout

@@ -20,30 +20,36 @@ SECRET = "sk-or-v1-0123456789abcdef"
 def eaglewatch(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess[str]:
     full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     full.pop("OPENROUTER_API_KEY", None) if env is None else None
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120, env=full)
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=120, env=full
+    )
 
 
 def write_config(tmp_path: Path, base_url: str, *, prompts: str | None = None, key_env: str | None = None) -> Path:
-    (tmp_path / "prompts.jsonl").write_text(prompts if prompts is not None else
-                                             '{"id": "a", "messages": [{"role": "user", "content": "hi"}]}\n')
+    (tmp_path / "prompts.jsonl").write_text(
+        prompts if prompts is not None else '{"id": "a", "messages": [{"role": "user", "content": "hi"}]}\n'
+    )
     cfg = tmp_path / "run.toml"
     cfg.write_text(
         f'[run]\nname = "t"\ndatabase = "{tmp_path / "run.db"}"\n\n[[data.datasets]]\npath = "prompts.jsonl"\n\n'
         f'[model]\nname = "m"\ntokenizer = "{ROOT / "sample_data" / "tokenizer"}"\n\n'
-        f'[[endpoints]]\nbase_url = "{base_url}"\n' + (f'api_key_env = "{key_env}"\n' if key_env else ""))
+        f'[[endpoints]]\nbase_url = "{base_url}"\n' + (f'api_key_env = "{key_env}"\n' if key_env else "")
+    )
     return cfg
 
 
-@pytest.mark.parametrize("url", [
-    f"https://user:{SECRET}@openrouter.ai/api/v1",
-    f"https://{SECRET}@openrouter.ai/api/v1",
-    f"https://openrouter.ai/api/v1?api-key={SECRET}",
-    f"https://my.azure.example/openai?api-version=2024-06-01&api_key={SECRET}",
-    f"https://gw.example/v1?access_token={SECRET}",
-    f"https://gw.example/v1?sig={SECRET}&se=2030",
-    f"https://gw.example/v1?key={SECRET}",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"https://user:{SECRET}@openrouter.ai/api/v1",
+        f"https://{SECRET}@openrouter.ai/api/v1",
+        f"https://openrouter.ai/api/v1?api-key={SECRET}",
+        f"https://my.azure.example/openai?api-version=2024-06-01&api_key={SECRET}",
+        f"https://gw.example/v1?access_token={SECRET}",
+        f"https://gw.example/v1?sig={SECRET}&se=2030",
+        f"https://gw.example/v1?key={SECRET}",
+    ],
+)
 def test_a_key_in_base_url_is_refused_at_load_in_words_that_never_hold_it(tmp_path, url):
     with pytest.raises(InputError) as caught:
         load_config(write_config(tmp_path, url))
@@ -68,21 +74,31 @@ def test_a_key_in_base_url_never_reaches_the_database_or_the_screen(tmp_path, ve
 
 def test_config_check_names_bad_dataset_lines_by_file_line_and_column_and_counts_them(tmp_path):
     good = '{"id": "a", "messages": [{"role": "user", "content": "hi"}]}\n'
-    cfg = write_config(tmp_path, "http://127.0.0.1:8000/v1",
-                       prompts=good + '{"id": "b", "messages": [{"role": "user", "content": "hi"},]}\n' + good.replace(
-                           '"a"', '"c"') + '{"id": "d" "messages": []}\n')
+    cfg = write_config(
+        tmp_path,
+        "http://127.0.0.1:8000/v1",
+        prompts=good
+        + '{"id": "b", "messages": [{"role": "user", "content": "hi"},]}\n'
+        + good.replace('"a"', '"c"')
+        + '{"id": "d" "messages": []}\n',
+    )
     p = eaglewatch("config", "check", str(cfg), cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     prompts = tmp_path / "prompts.jsonl"
     assert "# datasets: all 4 lines checked" in p.stdout
-    assert (f"# warning: data.datasets[0] (prompts): 2 of all 4 lines checked are refused (ingest skips them): "
-            f"{prompts}:2:60: invalid JSON (Expecting value); {prompts}:4:12: invalid JSON "
-            "(Expecting ',' delimiter)") in p.stdout
+    assert (
+        f"# warning: data.datasets[0] (prompts): 2 of all 4 lines checked are refused (ingest skips them): "
+        f"{prompts}:2:60: invalid JSON (Expecting value); {prompts}:4:12: invalid JSON "
+        "(Expecting ',' delimiter)"
+    ) in p.stdout
 
 
 def test_a_dataset_whose_every_line_is_refused_stops_config_check_and_run_before_anything_is_written(tmp_path):
-    cfg = write_config(tmp_path, "http://127.0.0.1:8000/v1",
-                       prompts='{"id": "a", "conversations": [{"from": "human", "value": "hi"}]}\n' * 3)
+    cfg = write_config(
+        tmp_path,
+        "http://127.0.0.1:8000/v1",
+        prompts='{"id": "a", "conversations": [{"from": "human", "value": "hi"}]}\n' * 3,
+    )
     for verb in (["config", "check"], ["run", "--headless"], ["ingest"]):
         p = eaglewatch(*verb, str(cfg), cwd=tmp_path)
         assert p.returncode == 2 and "Traceback" not in p.stderr, (verb, p.stderr)
@@ -97,8 +113,10 @@ def test_a_missing_api_key_stops_run_before_anything_is_ingested_and_ingest_only
     for verb in (["config", "check"], ["run", "--headless"]):
         p = eaglewatch(*verb, str(cfg), cwd=tmp_path, env=env)
         assert p.returncode == 2, p.stderr
-        assert ("endpoints[0].api_key_env: the environment variable EAGLEWATCH_TEST_ABSENT_KEY (endpoint "
-                "'openrouter.ai') is not set or empty; export it before starting the run") in p.stderr
+        assert (
+            "endpoints[0].api_key_env: the environment variable EAGLEWATCH_TEST_ABSENT_KEY (endpoint "
+            "'openrouter.ai') is not set or empty; export it before starting the run"
+        ) in p.stderr
         assert not (tmp_path / "run.db").exists()
     p = eaglewatch("ingest", str(cfg), cwd=tmp_path, env=env)  # ingest sends nothing: it goes on
     assert p.returncode == 0, p.stderr

@@ -39,13 +39,24 @@ def test_readme_links_the_config_reference_and_holds_no_copy(repo_root: Path) ->
     readme = (repo_root / "README.md").read_text(encoding="utf-8")
     assert "(docs/config-reference.md)" in readme, "README.md should link to docs/config-reference.md"
     assert readme_section(readme) is None and "| `api_key_env` |" not in readme, (
-        "README.md holds a copy of the configuration reference; link to docs/config-reference.md instead")
+        "README.md holds a copy of the configuration reference; link to docs/config-reference.md instead"
+    )
 
 
 def test_reference_lists_every_key_of_every_section() -> None:
     text = config_reference_markdown()
-    for model in (RunSection, Dataset, ModelSection, Endpoint, SimulatorOptions, Generation, Limits, Pricing, Extraction,
-                  ExportSection):
+    for model in (
+        RunSection,
+        Dataset,
+        ModelSection,
+        Endpoint,
+        SimulatorOptions,
+        Generation,
+        Limits,
+        Pricing,
+        Extraction,
+        ExportSection,
+    ):
         for name in model.model_fields:
             assert f"| `{name}` |" in text, f"{model.__name__}.{name} missing from the reference"
 

@@ -19,23 +19,41 @@ def make_config(tmp_path: Path, sample_data: Path, **kw):
     return parse_config(config_data(tmp_path, sample_data, **kw), base_dir=tmp_path)
 
 
-def config_data(tmp_path: Path, sample_data: Path, *, faults: dict | None = None, stream: bool = False,
-                limits: dict | None = None, generation: dict | None = None, endpoints: list | None = None,
-                pricing: dict | None = None, simulator: dict | None = None) -> dict:
+def config_data(
+    tmp_path: Path,
+    sample_data: Path,
+    *,
+    faults: dict | None = None,
+    stream: bool = False,
+    limits: dict | None = None,
+    generation: dict | None = None,
+    endpoints: list | None = None,
+    pricing: dict | None = None,
+    simulator: dict | None = None,
+) -> dict:
     """The raw config dict behind `make_config` (JSON-serialisable, for a subprocess)."""
-    sim = {"latency_median_ms": 0.0, "latency_p95_ms": 0.0, "tokens_per_s": 0.0, "seed": 3, "logprobs": False,
-           "faults": faults or {}}
+    sim = {
+        "latency_median_ms": 0.0,
+        "latency_p95_ms": 0.0,
+        "tokens_per_s": 0.0,
+        "seed": 3,
+        "logprobs": False,
+        "faults": faults or {},
+    }
     sim.update(simulator or {})
     data = {
         "run": {"name": "t", "database": str(tmp_path / "run.db"), "output_dir": str(tmp_path / "out")},
-        "data": {"datasets": [{"path": str(sample_data / "prompts.openai.jsonl")}],
-                 "reference": str(sample_data / "reference.jsonl")},
+        "data": {
+            "datasets": [{"path": str(sample_data / "prompts.openai.jsonl")}],
+            "reference": str(sample_data / "reference.jsonl"),
+        },
         "model": {"name": "moonshotai/kimi-k2.5", "tokenizer": str(sample_data / "tokenizer")},
         "endpoints": endpoints or [{"name": "sim", "simulator": sim, "timeout_s": 5.0, "max_concurrency": 64}],
         "generation": {"max_tokens": 4096, "stream": stream, "attempts": 4, **(generation or {})},
         "limits": {"concurrency_initial": 8, "concurrency_min": 1, "concurrency_max": 32, **(limits or {})},
-        "pricing": pricing if pricing is not None else {
-            "moonshotai/kimi-k2.5": {"prompt_per_m": 0.6, "completion_per_m": 2.5}},
+        "pricing": pricing
+        if pricing is not None
+        else {"moonshotai/kimi-k2.5": {"prompt_per_m": 0.6, "completion_per_m": 2.5}},
     }
     return data
 
@@ -49,15 +67,19 @@ def sample_inputs(sample_data: Path, n: int | None = None, references: bool = Tr
     out = []
     for line in (sample_data / "prompts.openai.jsonl").read_text().splitlines():
         obj = json.loads(line)
-        out.append(SampleInput(obj["id"], "prompts", obj["messages"], obj.get("tools"),
-                               refs.get(obj["id"]) if references else None))
+        out.append(
+            SampleInput(
+                obj["id"], "prompts", obj["messages"], obj.get("tools"), refs.get(obj["id"]) if references else None
+            )
+        )
         if n is not None and len(out) >= n:
             break
     return out
 
 
-async def open_ingested(config, sample_data: Path, n: int | None = None,
-                        references: bool = True) -> tuple[RunStore, int]:
+async def open_ingested(
+    config, sample_data: Path, n: int | None = None, references: bool = True
+) -> tuple[RunStore, int]:
     store = await RunStore.open(config.run.database)
     run_id = await store.ensure_run(config.run.name, config.redacted())
     await store.ingest(run_id, sample_inputs(sample_data, n, references))

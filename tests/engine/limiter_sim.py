@@ -65,8 +65,17 @@ class FixedPolicy:
         return None
 
 
-def run(policy, n: int = 2000, *, seed: int = 1, median_s: float = 0.3, p95_s: float = 0.6,
-        noise_429: float = 0.0, reject_s: float = 0.002, **capacity) -> Outcome:
+def run(
+    policy,
+    n: int = 2000,
+    *,
+    seed: int = 1,
+    median_s: float = 0.3,
+    p95_s: float = 0.6,
+    noise_429: float = 0.0,
+    reject_s: float = 0.002,
+    **capacity,
+) -> Outcome:
     """n requests through `policy` against a server with `capacity` (CapacityModel options)."""
     rng = random.Random(seed)
     mu, sigma = math.log(median_s), (math.log(p95_s) - math.log(median_s)) / _Z95

@@ -9,7 +9,6 @@ import time
 import pytest
 
 from app.engine.record.reads import read_record
-from app.store.queries import connect_readonly
 from app.engine.run import Run
 from app.errors import EaglewatchError
 from app.simulator.options import SimulatorOptions
@@ -114,7 +113,9 @@ async def test_budget_pauses_before_spending_could_cross_it(tmp_path, sample_dat
     assert _states(config)["done"] < 300
     # one pause event; a warning may come first when a response costs more than its reserved worst case
     # (the simulator does not cut responses at max_tokens, so it can bill past the reservation)
-    assert db.execute("SELECT COUNT(*) FROM events WHERE kind = 'budget' AND message LIKE 'budget $%'").fetchone()[0] == 1
+    assert (
+        db.execute("SELECT COUNT(*) FROM events WHERE kind = 'budget' AND message LIKE 'budget $%'").fetchone()[0] == 1
+    )
 
 
 async def test_attached_viewer_commands_steer_the_engine(tmp_path, sample_data):
@@ -176,12 +177,19 @@ SECRET = "sk-or-v1-SECRETSECRET0123456789abcdef"
 @pytest.mark.parametrize("server_key", [SECRET, "sk-another-key"])
 async def test_api_key_never_reaches_database_events_or_errors(tmp_path, sample_data, monkeypatch, caplog, server_key):
     monkeypatch.setenv("EW_TEST_KEY", SECRET)
-    sim = SimulatorServer(SimulatorOptions(faults={"500": 0.2, "malformed": 0.1}, seed=2),
-                          tokenizer_dir=sample_data / "tokenizer", reference=sample_data / "reference.jsonl",
-                          api_key=server_key, retry_after_s=0.01)
+    sim = SimulatorServer(
+        SimulatorOptions(faults={"500": 0.2, "malformed": 0.1}, seed=2),
+        tokenizer_dir=sample_data / "tokenizer",
+        reference=sample_data / "reference.jsonl",
+        api_key=server_key,
+        retry_after_s=0.01,
+    )
     await sim.start()
-    config = make_config(tmp_path, sample_data, endpoints=[
-        {"name": "sim", "base_url": sim.base_url, "api_key_env": "EW_TEST_KEY", "timeout_s": 5}])
+    config = make_config(
+        tmp_path,
+        sample_data,
+        endpoints=[{"name": "sim", "base_url": sim.base_url, "api_key_env": "EW_TEST_KEY", "timeout_s": 5}],
+    )
     store, _ = await open_ingested(config, sample_data, 20)
     run = Run(config, store)
     try:
@@ -202,8 +210,7 @@ async def test_api_key_never_reaches_database_events_or_errors(tmp_path, sample_
 async def test_failed_and_retried_per_endpoint_count_final_failures_and_requests_tried_again(tmp_path, sample_data):
     """`failed` is samples that failed for good at that endpoint, `retried` the failed requests tried again: the
     store counts them for every face as the engine's own metrics count them."""
-    config = make_config(tmp_path, sample_data, faults={"500": 0.35}, generation={"attempts": 2},
-                         simulator={"seed": 5})
+    config = make_config(tmp_path, sample_data, faults={"500": 0.35}, generation={"attempts": 2}, simulator={"seed": 5})
     store, _ = await open_ingested(config, sample_data, 60)
     run = Run(config, store)
     try:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from app.config import parse_config
-from app.engine.work.config_ingest import ingest_config
 from app.engine.run import Run
+from app.engine.work.config_ingest import ingest_config
 from app.providers.client import ChatClient
 from app.providers.wire import WireLimits
 from app.simulator.options import SimulatorOptions
@@ -27,13 +27,16 @@ PRICES = {"prompt_per_m": 0.6, "completion_per_m": 2.5, "cached_prompt_per_m": 0
 
 def _config(tmp_path: Path, sample_data: Path):
     """The sample conversations (16, 68 turns) at a fixed concurrency of LIMIT."""
-    data = config_data(tmp_path, sample_data, simulator={"prompt_cache": True},
-                       limits={"concurrency_initial": LIMIT, "concurrency_min": LIMIT, "concurrency_max": LIMIT},
-                       pricing={"moonshotai/kimi-k2.5": PRICES})
+    data = config_data(
+        tmp_path,
+        sample_data,
+        simulator={"prompt_cache": True},
+        limits={"concurrency_initial": LIMIT, "concurrency_min": LIMIT, "concurrency_max": LIMIT},
+        pricing={"moonshotai/kimi-k2.5": PRICES},
+    )
     data["data"] = {
         "datasets": [
-            {"path": str(sample_data / "conversations.openai.jsonl"), "format": "openai-messages",
-             "regenerate": "all"},
+            {"path": str(sample_data / "conversations.openai.jsonl"), "format": "openai-messages", "regenerate": "all"},
             {"path": str(sample_data / "conversations.sharegpt.jsonl"), "format": "sharegpt", "regenerate": "all"},
         ],
         "reference": str(sample_data / "conversations.reference.jsonl"),
@@ -80,10 +83,16 @@ def _turn(sample_id: str) -> tuple[str, int]:
 
 
 async def test_each_later_turn_extends_its_parents_request_byte_for_byte_and_hits_the_prompt_cache(
-        tmp_path, sample_data_dir):
+    tmp_path, sample_data_dir
+):
     config = _config(tmp_path, sample_data_dir)
-    sim = await _run_recorded(config, sample_data_dir, SimulatorOptions(
-        reference=sample_data_dir / "conversations.reference.jsonl", prompt_cache=True, logprobs=False, seed=3))
+    sim = await _run_recorded(
+        config,
+        sample_data_dir,
+        SimulatorOptions(
+            reference=sample_data_dir / "conversations.reference.jsonl", prompt_cache=True, logprobs=False, seed=3
+        ),
+    )
     sent = {r.sample_id: _messages_text(r.body) for r in sim.received}
     later = [sid for sid in sent if _turn(sid)[1] > 1]
     assert len(later) >= 40  # 68 turns in 16 conversations, one conversation ends at its divergent call
@@ -93,9 +102,11 @@ async def test_each_later_turn_extends_its_parents_request_byte_for_byte_and_hit
         assert sent[sid].startswith(parent[:-1] + ","), sid  # the parent's list, its closing bracket reopened
     db = sqlite3.connect(config.run.database)
     try:
-        rows = db.execute("SELECT s.sample_id, s.turn, r.cached_tokens, r.prompt_tokens, r.completion_tokens, "
-                          "r.cost_usd FROM responses r JOIN samples s ON s.pk = r.sample_pk "
-                          "WHERE r.content IS NOT NULL").fetchall()
+        rows = db.execute(
+            "SELECT s.sample_id, s.turn, r.cached_tokens, r.prompt_tokens, r.completion_tokens, "
+            "r.cost_usd FROM responses r JOIN samples s ON s.pk = r.sample_pk "
+            "WHERE r.content IS NOT NULL"
+        ).fetchall()
     finally:
         db.close()
     assert {row[0] for row in rows if row[1] > 1} == set(later)
@@ -105,12 +116,20 @@ async def test_each_later_turn_extends_its_parents_request_byte_for_byte_and_hit
         else:
             assert cached == 0, sid
         # the cached prompt tokens are charged at the cached price
-        assert cost == pytest.approx(((prompt - cached) * PRICES["prompt_per_m"] + cached * PRICES["cached_prompt_per_m"]
-                                      + completion * PRICES["completion_per_m"]) / 1e6, rel=1e-9), sid
+        assert cost == pytest.approx(
+            (
+                (prompt - cached) * PRICES["prompt_per_m"]
+                + cached * PRICES["cached_prompt_per_m"]
+                + completion * PRICES["completion_per_m"]
+            )
+            / 1e6,
+            rel=1e-9,
+        ), sid
 
 
 async def test_the_endpoint_stays_at_its_limit_while_more_conversations_are_open_than_slots(
-        tmp_path, sample_data_dir, monkeypatch):
+    tmp_path, sample_data_dir, monkeypatch
+):
     from app.engine.flights import Flights
 
     started: list[tuple[str, int]] = []  # (turn, slots held with it) at each start, as the engine counted them
@@ -122,9 +141,17 @@ async def test_the_endpoint_stays_at_its_limit_while_more_conversations_are_open
 
     monkeypatch.setattr(Flights, "start", start)
     config = _config(tmp_path, sample_data_dir)
-    sim = await _run_recorded(config, sample_data_dir, SimulatorOptions(
-        reference=sample_data_dir / "conversations.reference.jsonl", logprobs=False, seed=3,
-        latency_median_ms=150.0, latency_p95_ms=300.0))
+    sim = await _run_recorded(
+        config,
+        sample_data_dir,
+        SimulatorOptions(
+            reference=sample_data_dir / "conversations.reference.jsonl",
+            logprobs=False,
+            seed=3,
+            latency_median_ms=150.0,
+            latency_p95_ms=300.0,
+        ),
+    )
     assert len({r.sample_id for r in sim.received}) == len(sim.received) == len(started)  # one request a turn
     assert max(r.in_flight for r in sim.received) <= LIMIT  # the provider never held more than the limit
     # at each start: the conversations that still have this turn or a later one to send; while more of them are

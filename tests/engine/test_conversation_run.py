@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from app.config import parse_config
-from app.engine.work.config_ingest import ingest_config
 from app.engine.run import Run
+from app.engine.work.config_ingest import ingest_config
 from app.store.queries import run_counts
 from app.store.run_store import RunStore
 from tests.engine.conftest import config_data
@@ -25,8 +25,12 @@ def _config(tmp_path: Path, sample_data: Path, *, policy: str = "stop", concurre
     data = config_data(tmp_path, sample_data, simulator={"prompt_cache": True})
     data["data"] = {
         "datasets": [
-            {"path": str(sample_data / "conversations.openai.jsonl"), "format": "openai-messages",
-             "regenerate": "all", "on_tool_divergence": policy},
+            {
+                "path": str(sample_data / "conversations.openai.jsonl"),
+                "format": "openai-messages",
+                "regenerate": "all",
+                "on_tool_divergence": policy,
+            },
             {"path": str(sample_data / "conversations.sharegpt.jsonl"), "format": "sharegpt", "regenerate": "all"},
         ],
         "reference": str(sample_data / "conversations.reference.jsonl"),
@@ -55,7 +59,8 @@ def _turns(db: Path) -> dict[str, list[dict]]:
     rows = conn.execute(
         "SELECT s.pk, s.sample_id, s.conversation_id, s.turn, s.turns, s.state, s.error_class, s.messages, "
         "s.segment, s.off_policy, r.content, r.tool_calls FROM samples s LEFT JOIN responses r "
-        "ON r.sample_pk = s.pk AND r.content IS NOT NULL ORDER BY s.conversation_id, s.turn").fetchall()
+        "ON r.sample_pk = s.pk AND r.content IS NOT NULL ORDER BY s.conversation_id, s.turn"
+    ).fetchall()
     out: dict[str, list[dict]] = {}
     for r in rows:
         out.setdefault(r["conversation_id"], []).append(dict(r))
@@ -77,8 +82,8 @@ async def test_every_turn_is_regenerated_on_the_models_own_history(tmp_path, sam
             messages = json.loads(t["messages"])
             segment = json.loads(t["segment"])
             # the request: the parent's request, the model's own answer to it, then this turn's new messages
-            assert messages[:len(json.loads(prev["messages"]))] == json.loads(prev["messages"])
-            added = messages[len(messages) - len(segment):]
+            assert messages[: len(json.loads(prev["messages"]))] == json.loads(prev["messages"])
+            added = messages[len(messages) - len(segment) :]
             answer = messages[len(json.loads(prev["messages"]))]
             assert answer["role"] == "assistant"
             # the recorded tool results answer the model's own calls (their ids rewritten to the model's)
@@ -146,7 +151,8 @@ async def test_no_turn_is_sent_before_its_parent_is_stored(tmp_path, sample_data
         rows = conn.execute(
             "SELECT c.sample_id, MIN(rc.created_at), MAX(rp.created_at) FROM samples c "
             "JOIN samples p ON p.pk = c.parent_pk JOIN responses rc ON rc.sample_pk = c.pk "
-            "JOIN responses rp ON rp.sample_pk = p.pk GROUP BY c.pk").fetchall()
+            "JOIN responses rp ON rp.sample_pk = p.pk GROUP BY c.pk"
+        ).fetchall()
         sent = conn.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
         samples = conn.execute("SELECT COUNT(*) FROM samples WHERE state = 'done'").fetchone()[0]
     finally:
@@ -175,12 +181,22 @@ async def test_a_sigkill_storm_mid_conversation_loses_no_turn_and_generates_none
     db_path = config.run.database
     done_before = 0
     for r in range(8):
-        data = config_data(tmp_path, sample_data_dir, faults={"500": 0.05},
-                           simulator={"latency_median_ms": 150.0, "latency_p95_ms": 250.0, "seed": 2000 + r},
-                           limits={"concurrency_initial": 8, "concurrency_max": 8})
-        data["data"] = {"datasets": [dict(path=str(d.path), format=d.format, regenerate=d.regenerate,
-                                          on_tool_divergence=d.on_tool_divergence) for d in config.data.datasets],
-                        "reference": str(config.data.reference)}
+        data = config_data(
+            tmp_path,
+            sample_data_dir,
+            faults={"500": 0.05},
+            simulator={"latency_median_ms": 150.0, "latency_p95_ms": 250.0, "seed": 2000 + r},
+            limits={"concurrency_initial": 8, "concurrency_max": 8},
+        )
+        data["data"] = {
+            "datasets": [
+                dict(
+                    path=str(d.path), format=d.format, regenerate=d.regenerate, on_tool_divergence=d.on_tool_divergence
+                )
+                for d in config.data.datasets
+            ],
+            "reference": str(config.data.reference),
+        }
         cfg_path.write_text(json.dumps(data))
         proc = _start(cfg_path)
         time.sleep(rng.uniform(0.1, 0.4))
@@ -204,22 +220,33 @@ async def test_a_sigkill_storm_mid_conversation_loses_no_turn_and_generates_none
         done = states["done"]
         # every done turn answered exactly once
         assert db.execute(f"SELECT COUNT(*), COUNT(DISTINCT sample_pk) FROM responses WHERE {OK}").fetchone() == (
-            done, done)
+            done,
+            done,
+        )
         # no turn done whose parent is not done, none answered before its parent's answer was stored
-        assert db.execute("SELECT COUNT(*) FROM samples c JOIN samples p ON p.pk = c.parent_pk "
-                          "WHERE c.state = 'done' AND p.state != 'done'").fetchone()[0] == 0
+        assert (
+            db.execute(
+                "SELECT COUNT(*) FROM samples c JOIN samples p ON p.pk = c.parent_pk "
+                "WHERE c.state = 'done' AND p.state != 'done'"
+            ).fetchone()[0]
+            == 0
+        )
         order = db.execute(
             f"SELECT COUNT(*) FROM samples c JOIN samples p ON p.pk = c.parent_pk "
-            "JOIN responses rc ON rc.sample_pk = c.pk JOIN responses rp ON rp.sample_pk = p.pk AND " f"rp.{OK.replace(' AND ', ' AND rp.')} "
-            f"WHERE rc.created_at < rp.created_at").fetchone()[0]
+            "JOIN responses rc ON rc.sample_pk = c.pk JOIN responses rp ON rp.sample_pk = p.pk AND "
+            f"rp.{OK.replace(' AND ', ' AND rp.')} "
+            f"WHERE rc.created_at < rp.created_at"
+        ).fetchone()[0]
         assert order == 0
         # each turn's request extends its parent's
-        for child, parent in db.execute("SELECT c.messages, p.messages FROM samples c JOIN samples p "
-                                        "ON p.pk = c.parent_pk WHERE c.state = 'done'"):
-            assert json.loads(child)[:len(json.loads(parent))] == json.loads(parent)
+        for child, parent in db.execute(
+            "SELECT c.messages, p.messages FROM samples c JOIN samples p ON p.pk = c.parent_pk WHERE c.state = 'done'"
+        ):
+            assert json.loads(child)[: len(json.loads(parent))] == json.loads(parent)
         ledger = db.execute("SELECT SUM(cost_usd) FROM responses").fetchone()[0]
-        priced = db.execute(f"SELECT SUM(prompt_tokens * 0.6 + completion_tokens * 2.5) / 1e6 FROM responses "
-                            f"WHERE {OK}").fetchone()[0]
+        priced = db.execute(
+            f"SELECT SUM(prompt_tokens * 0.6 + completion_tokens * 2.5) / 1e6 FROM responses WHERE {OK}"
+        ).fetchone()[0]
     finally:
         db.close()
     assert ledger == pytest.approx(priced, rel=1e-9)

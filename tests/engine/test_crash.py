@@ -24,18 +24,27 @@ WORKER = Path(__file__).with_name("engine_process.py")
 OK = "content IS NOT NULL AND error_class IS NULL"
 
 # (fault kind, streamed) for the storm's rounds: each round draws one mix and a new simulator seed
-FAULT_MIXES = [({"500": 0.05}, False), ({"429": 0.1}, False), ({"reset": 0.05}, False), ({"malformed": 0.05}, False),
-               ({"truncate": 0.05, "stream_error": 0.05}, True), ({"502": 0.05, "503": 0.05}, True)]
+FAULT_MIXES = [
+    ({"500": 0.05}, False),
+    ({"429": 0.1}, False),
+    ({"reset": 0.05}, False),
+    ({"malformed": 0.05}, False),
+    ({"truncate": 0.05, "stream_error": 0.05}, True),
+    ({"502": 0.05, "503": 0.05}, True),
+]
 
 
 def _start(cfg_path: Path, *extra: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, str(WORKER), str(cfg_path), *extra], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(WORKER), str(cfg_path), *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "started", proc.stderr.read()
     return proc
 
 
-async def test_sigkill_storm_with_new_faults_and_seeds_loses_nothing_committed_and_duplicates_nothing(tmp_path, sample_data):
+async def test_sigkill_storm_with_new_faults_and_seeds_loses_nothing_committed_and_duplicates_nothing(
+    tmp_path, sample_data
+):
     n, rounds = 300, 15
     store, _ = await open_ingested(make_config(tmp_path, sample_data), sample_data, n)
     await store.close()
@@ -47,9 +56,14 @@ async def test_sigkill_storm_with_new_faults_and_seeds_loses_nothing_committed_a
     for r in range(rounds):
         faults, stream = FAULT_MIXES[r % len(FAULT_MIXES)]
         kinds_seen.update(faults)
-        data = config_data(tmp_path, sample_data, stream=stream, faults=faults,
-                           simulator={"latency_median_ms": 300.0, "latency_p95_ms": 450.0, "seed": 1000 + r},
-                           limits={"concurrency_initial": 8, "concurrency_max": 8})
+        data = config_data(
+            tmp_path,
+            sample_data,
+            stream=stream,
+            faults=faults,
+            simulator={"latency_median_ms": 300.0, "latency_p95_ms": 450.0, "seed": 1000 + r},
+            limits={"concurrency_initial": 8, "concurrency_max": 8},
+        )
         cfg_path.write_text(json.dumps(data))
         proc = _start(cfg_path)
         time.sleep(rng.uniform(0.1, 0.5))
@@ -73,13 +87,17 @@ async def test_sigkill_storm_with_new_faults_and_seeds_loses_nothing_committed_a
     done = states["done"]
     assert done >= n - states.get("failed", 0) and done + states.get("failed", 0) == n
     # every done sample exactly once
-    assert db.execute(f"SELECT COUNT(*), COUNT(DISTINCT sample_pk) FROM responses WHERE {OK}").fetchone() == (done, done)
+    assert db.execute(f"SELECT COUNT(*), COUNT(DISTINCT sample_pk) FROM responses WHERE {OK}").fetchone() == (
+        done,
+        done,
+    )
     # tries never pass generation.attempts, whatever the kills did
     assert db.execute("SELECT MAX(tries) FROM samples").fetchone()[0] <= data["generation"]["attempts"]
     # the ledger: the run's total is the sum over stored responses, each priced from its own usage
     ledger = db.execute("SELECT SUM(cost_usd) FROM responses").fetchone()[0]
-    priced = db.execute(f"SELECT SUM(prompt_tokens * 0.6 + completion_tokens * 2.5) / 1e6 FROM responses WHERE {OK}"
-                        ).fetchone()[0]
+    priced = db.execute(
+        f"SELECT SUM(prompt_tokens * 0.6 + completion_tokens * 2.5) / 1e6 FROM responses WHERE {OK}"
+    ).fetchone()[0]
     assert ledger == pytest.approx(priced, rel=1e-9)
     assert engine_spent == pytest.approx(ledger, rel=1e-9)
 
@@ -89,24 +107,36 @@ async def test_sigkill_at_concurrency_256_loses_at_most_the_in_flight_bound(tmp_
     answer it gave; whatever was answered but not stored when the engine died is lost, and must be at most
     the in-flight limit, even with the reconstruction pool slower than the provider."""
     limit, n = 256, 4000
-    sim = SimulatorServer(SimulatorOptions(latency_median_ms=150.0, latency_p95_ms=200.0, seed=9),
-                          tokenizer_dir=sample_data / "tokenizer", reference=sample_data / "reference.jsonl")
+    sim = SimulatorServer(
+        SimulatorOptions(latency_median_ms=150.0, latency_p95_ms=200.0, seed=9),
+        tokenizer_dir=sample_data / "tokenizer",
+        reference=sample_data / "reference.jsonl",
+    )
     await sim.start()
     try:
-        data = config_data(tmp_path, sample_data, endpoints=[{"name": "sim", "base_url": sim.base_url, "timeout_s": 10,
-                                                              "max_concurrency": limit}],
-                           limits={"concurrency_initial": limit, "concurrency_min": limit, "concurrency_max": limit})
+        data = config_data(
+            tmp_path,
+            sample_data,
+            endpoints=[{"name": "sim", "base_url": sim.base_url, "timeout_s": 10, "max_concurrency": limit}],
+            limits={"concurrency_initial": limit, "concurrency_min": limit, "concurrency_max": limit},
+        )
         cfg_path = tmp_path / "config.json"
         cfg_path.write_text(json.dumps(data))
         config = make_config(tmp_path, sample_data)
         store = await RunStore.open(config.run.database)
         run_id = await store.ensure_run(config.run.name, config.redacted())
         base = sample_inputs(sample_data)
-        await store.ingest(run_id, [dataclasses.replace(base[i % len(base)], sample_id=f"{base[i % len(base)].sample_id}-{i}")
-                                    for i in range(n)])
+        await store.ingest(
+            run_id,
+            [
+                dataclasses.replace(base[i % len(base)], sample_id=f"{base[i % len(base)].sample_id}-{i}")
+                for i in range(n)
+            ],
+        )
         await store.close()
-        proc = await asyncio.create_subprocess_exec(sys.executable, str(WORKER), str(cfg_path), "--reconstruct",
-                                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(WORKER), str(cfg_path), "--reconstruct", stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
         assert (await proc.stdout.readline()).strip() == b"started"
         loop = asyncio.get_running_loop()
         end = loop.time() + 60

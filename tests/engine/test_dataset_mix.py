@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 
 from app.config import parse_config, weighted_shares
-from app.engine.work.config_ingest import ingest_config
 from app.engine.run import Run
+from app.engine.work.config_ingest import ingest_config
 from app.store.run_store import RunStore
-
 from tests.engine.conftest import config_data
 
 
@@ -76,7 +75,10 @@ async def test_a_three_dataset_mix_by_weight_is_what_is_generated(tmp_path: Path
     mix = {row.dataset: row for row in dataset_mix(conn, 1)}
     conn.close()
     assert {n: (r.category, r.prompts, r.answers) for n, r in mix.items()} == {
-        "code": ("code", 80, 80), "chat": ("chat", 60, 60), "tools": ("tools", 60, 60)}
+        "code": ("code", 80, 80),
+        "chat": ("chat", 60, 60),
+        "tools": ("tools", 60, 60),
+    }
     assert all(r.loss_tokens > r.answers for r in mix.values())
     assert all(sum(dict(r.languages).values()) == r.prompts for r in mix.values())
     assert 0 <= mix["code"].as_json()["tool_call_share"] <= 1

@@ -63,8 +63,12 @@ def test_the_book_says_when_every_endpoint_is_down_and_names_them():
 
 
 def _down_config(tmp_path, sample_data, base_url: str, **kw):
-    return make_config(tmp_path, sample_data, endpoints=[{"name": "local", "base_url": base_url, "timeout_s": 5.0}],
-                       limits={"concurrency_initial": 4, "concurrency_max": 4, **kw})
+    return make_config(
+        tmp_path,
+        sample_data,
+        endpoints=[{"name": "local", "base_url": base_url, "timeout_s": 5.0}],
+        limits={"concurrency_initial": 4, "concurrency_max": 4, **kw},
+    )
 
 
 def _states(db: Path) -> dict:
@@ -75,12 +79,16 @@ def _states(db: Path) -> dict:
         conn.close()
 
 
-@pytest.mark.parametrize(("base_url", "why"), [
-    (None, "refused"),  # a local server that is not running
-    ("http://api.eaglewatch-test.invalid/v1", "could not be resolved"),  # no network / no such host
-])
-async def test_an_endpoint_that_is_not_there_pauses_the_run_with_every_sample_pending(tmp_path, sample_data, base_url,
-                                                                                     why):
+@pytest.mark.parametrize(
+    ("base_url", "why"),
+    [
+        (None, "refused"),  # a local server that is not running
+        ("http://api.eaglewatch-test.invalid/v1", "could not be resolved"),  # no network / no such host
+    ],
+)
+async def test_an_endpoint_that_is_not_there_pauses_the_run_with_every_sample_pending(
+    tmp_path, sample_data, base_url, why
+):
     config = _down_config(tmp_path, sample_data, base_url or f"http://127.0.0.1:{free_port()}/v1")
     store, _ = await open_ingested(config, sample_data, 12)
     run = Run(config, store)
@@ -102,12 +110,18 @@ async def test_an_endpoint_that_is_not_there_pauses_the_run_with_every_sample_pe
 
 
 async def test_requests_go_to_the_other_endpoint_while_one_is_down(tmp_path, sample_data):
-    async with SimulatorServer(SimulatorOptions(seed=3), tokenizer_dir=sample_data / "tokenizer",
-                               reference=sample_data / "reference.jsonl") as sim:
-        config = make_config(tmp_path, sample_data, endpoints=[
-            {"name": "dead", "base_url": f"http://127.0.0.1:{free_port()}/v1", "timeout_s": 5.0},
-            {"name": "live", "base_url": sim.base_url, "timeout_s": 5.0}],
-            limits={"concurrency_initial": 8, "concurrency_max": 8})
+    async with SimulatorServer(
+        SimulatorOptions(seed=3), tokenizer_dir=sample_data / "tokenizer", reference=sample_data / "reference.jsonl"
+    ) as sim:
+        config = make_config(
+            tmp_path,
+            sample_data,
+            endpoints=[
+                {"name": "dead", "base_url": f"http://127.0.0.1:{free_port()}/v1", "timeout_s": 5.0},
+                {"name": "live", "base_url": sim.base_url, "timeout_s": 5.0},
+            ],
+            limits={"concurrency_initial": 8, "concurrency_max": 8},
+        )
         store, _ = await open_ingested(config, sample_data, 40)
         run = Run(config, store)
         try:
@@ -128,8 +142,12 @@ async def test_a_down_endpoint_that_comes_back_is_probed_up_and_the_paused_run_r
     config = _down_config(tmp_path, sample_data, f"http://127.0.0.1:{port}/v1")
     store, _ = await open_ingested(config, sample_data, 10)
     run = Run(config, store)
-    sim = SimulatorServer(SimulatorOptions(seed=3), tokenizer_dir=sample_data / "tokenizer",
-                          reference=sample_data / "reference.jsonl", port=port)
+    sim = SimulatorServer(
+        SimulatorOptions(seed=3),
+        tokenizer_dir=sample_data / "tokenizer",
+        reference=sample_data / "reference.jsonl",
+        port=port,
+    )
     try:
         await run.start()
         await until(lambda: run.state == "paused", 30)
@@ -154,12 +172,12 @@ name = "h"
 database = "{db}"
 
 [[data.datasets]]
-path = "{sample_data / 'prompts.openai.jsonl'}"
+path = "{sample_data / "prompts.openai.jsonl"}"
 limit = 20
 
 [model]
 name = "moonshotai/kimi-k2.5"
-tokenizer = "{sample_data / 'tokenizer'}"
+tokenizer = "{sample_data / "tokenizer"}"
 
 [[endpoints]]
 name = "local-vllm"
@@ -169,8 +187,9 @@ base_url = "http://127.0.0.1:{free_port()}/v1"
 prompt_per_m = 0.6
 completion_per_m = 2.5
 """)
-    p = subprocess.run([sys.executable, "-m", "app.cli", "run", "--headless", str(cfg)], capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "app.cli", "run", "--headless", str(cfg)], capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 1, p.stderr
     assert "run paused: every endpoint is down (local-vllm" in p.stderr and "refused" in p.stderr
     assert "20 samples pending" in p.stderr and "Traceback" not in p.stderr

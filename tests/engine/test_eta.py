@@ -31,7 +31,9 @@ def demo_samples() -> list[tuple[int, int]]:
     for line in (ROOT / "sample_data" / "reference.jsonl").read_text().splitlines():
         row = json.loads(line)
         ref[row["id"]] = (row["meta_info"]["prompt_tokens"], len(row["output_ids"]))
-    order = [json.loads(line)["id"] for line in (ROOT / "sample_data" / "prompts.openai.jsonl").read_text().splitlines()]
+    order = [
+        json.loads(line)["id"] for line in (ROOT / "sample_data" / "prompts.openai.jsonl").read_text().splitlines()
+    ]
     return [ref[i] for i in order]
 
 
@@ -42,8 +44,18 @@ def ramp(t: float) -> float:
     return DEMO_RAMP[-1][1]
 
 
-def fake_run(samples, concurrency, *, seed: int, tokens_per_s: float = 200.0, median_s: float = 0.3,
-             p95_s: float = 1.5, check_at: float = 0.25, stream: bool = True, max_tokens: int | None = MAX_TOKENS):
+def fake_run(
+    samples,
+    concurrency,
+    *,
+    seed: int,
+    tokens_per_s: float = 200.0,
+    median_s: float = 0.3,
+    p95_s: float = 1.5,
+    check_at: float = 0.25,
+    stream: bool = True,
+    max_tokens: int | None = MAX_TOKENS,
+):
     """Run `samples` on a fake clock (the demo simulator's latency: lognormal time to first token + output /
     tokens_per_s) at `concurrency` (a number, or a function of the clock: a growing limit, told to the projector
     as a ceiling of its last value). Streaming tells the projector each first
@@ -91,8 +103,6 @@ def errors(samples, concurrency, seeds=(1, 2, 3), **kw) -> list[tuple[float, flo
         (end, cost, _, _), (final_t, final_cost) = fake_run(samples, concurrency, seed=seed, **kw)
         out.append((end / final_t - 1, cost / final_cost - 1))
     return out
-
-
 
 
 @pytest.mark.parametrize("concurrency", [8, 12, 16])
@@ -186,8 +196,9 @@ def test_samples_in_flight_are_censored_as_kaplan_meier_counts_them():
     # the share left is log-uniform from the longest finished length to max_tokens: (cap - x) / ln(cap / x)
     assert curve.tail_mean(30) == pytest.approx((MAX_TOKENS - 30) / math.log(MAX_TOKENS / 30))
     assert curve.cond_mean(50) == pytest.approx((MAX_TOKENS - 50) / math.log(MAX_TOKENS / 50))
-    assert curve.mean() == pytest.approx(10 / 5 + 20 * (4 / 5 - 8 / 15) + 30 * (8 / 15 - 4 / 15)
-                                         + 4 / 15 * curve.tail_mean(30))
+    assert curve.mean() == pytest.approx(
+        10 / 5 + 20 * (4 / 5 - 8 / 15) + 30 * (8 / 15 - 4 / 15) + 4 / 15 * curve.tail_mean(30)
+    )
 
 
 def test_the_tail_never_runs_past_max_tokens_and_grows_with_the_tokens_so_far():
@@ -220,6 +231,7 @@ def test_one_sample_left_ends_when_its_length_says():
 def test_a_streamed_sample_counts_its_output_from_its_first_token():
     """Streaming, a sample in flight with no first token yet has produced nothing, however long it has waited
     (a slow queue, a hung request); without streaming its age stands in for its progress."""
+
     def projector(stream: bool) -> Projector:
         proj = Projector(PRICES, max_tokens=MAX_TOKENS, stream=stream)
         for i in range(20):
@@ -341,6 +353,7 @@ def test_streamed_survivors_move_the_tails_start_to_where_half_of_them_are():
 
 # ---- whole conversations ------------------------------------------------------------------------------
 
+
 def _learned(proj: Projector, n: int = 40, *, prompt: int = 1000, cached: int = 0) -> None:
     """`n` answered turns of "chat": 100 output tokens in 1 s, 0.2 s of it to the first token (a turn: 1 s)."""
     for i in range(n):
@@ -392,7 +405,8 @@ def test_turns_waiting_on_their_parents_are_work_and_cost_to_come():
     proj.started("t", "chat", 700, 1.0, waited=True)  # one of them sent: in flight now, no longer waiting
     proj.unneeded("chat", 4)  # the other four's conversations ended
     assert proj.project(1.0, 0.0, concurrency=8).output_tokens_left == pytest.approx(
-        before.output_tokens_left + 100, rel=0.01)
+        before.output_tokens_left + 100, rel=0.01
+    )
 
 
 def test_prompts_left_are_priced_at_the_share_the_prompt_cache_served():

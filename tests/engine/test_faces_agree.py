@@ -20,8 +20,8 @@ from pathlib import Path
 
 from app.commands.run import progress_line
 from app.config import load_config
-from app.engine.session import open_run
 from app.engine.record.snapshot import RunRecord, state_words
+from app.engine.session import open_run
 from app.records import VERDICTS
 from app.tui.db_source import AttachedSource, InProcessSource
 from app.tui.screens.dashboard import endpoint_rows, status_line
@@ -37,18 +37,18 @@ def _config(tmp_path: Path, sample_data: Path) -> Path:
     path.write_text(f"""
 [run]
 name = "faces"
-database = "{tmp_path / 'faces.db'}"
+database = "{tmp_path / "faces.db"}"
 
 [data]
-reference = "{sample_data / 'reference.jsonl'}"
+reference = "{sample_data / "reference.jsonl"}"
 
 [[data.datasets]]
-path = "{sample_data / 'prompts.openai.jsonl'}"
+path = "{sample_data / "prompts.openai.jsonl"}"
 limit = {N}
 
 [model]
 name = "moonshotai/kimi-k2.5"
-tokenizer = "{sample_data / 'tokenizer'}"
+tokenizer = "{sample_data / "tokenizer"}"
 
 [[endpoints]]
 name = "sim"
@@ -120,7 +120,8 @@ def assert_status_agrees(status: dict, rec: RunRecord) -> None:
     assert (run["truncated"], run["suspects"], run["answers"]) == (a.truncated, a.suspects, a.answers)
     assert run["measured"]["n"] == a.measured and run["measured"]["matched"] == a.measured_matched
     assert [(e["name"], e["completed"], e["failed"], e["retried"]) for e in run["endpoints"]] == [
-        (e.name, e.completed, e.failed, e.retried) for e in c.endpoints]
+        (e.name, e.completed, e.failed, e.retried) for e in c.endpoints
+    ]
     assert run["words"] == state_words(rec).text
 
 
@@ -136,10 +137,25 @@ def assert_fidelity_agrees(fidelity: dict, rec: RunRecord, status: dict | None =
     assert set(rows) == set(providers)
     for key, a in providers.items():
         r = rows[key]
-        assert (r["samples"], r["verification"], r["measured"], r["exact"], r["benign"], r["truncated"],
-                r["corrupt"], r["suspects"]) == (a.answers, a.verification(), a.measured, a.measured_exact,
-                                                 a.measured_benign, a.measured_truncated, dict(a.measured_corrupt),
-                                                 a.suspects), key
+        assert (
+            r["samples"],
+            r["verification"],
+            r["measured"],
+            r["exact"],
+            r["benign"],
+            r["truncated"],
+            r["corrupt"],
+            r["suspects"],
+        ) == (
+            a.answers,
+            a.verification(),
+            a.measured,
+            a.measured_exact,
+            a.measured_benign,
+            a.measured_truncated,
+            dict(a.measured_corrupt),
+            a.suspects,
+        ), key
     assert sum(r["samples"] for r in rows.values()) == rec.counts.answers.answers
 
 
@@ -151,11 +167,15 @@ def assert_faces_agree(in_process: RunRecord, attached: RunRecord) -> None:
     assert in_process.finished == attached.finished
     if in_process.finished is None:  # live: what only the engine knows is its own in both (the beat carries it)
         mine, theirs = in_process.live, attached.live
-        assert (mine.in_flight, mine.waiting, mine.concurrency_limit) == (theirs.in_flight, theirs.waiting,
-                                                                         theirs.concurrency_limit)
+        assert (mine.in_flight, mine.waiting, mine.concurrency_limit) == (
+            theirs.in_flight,
+            theirs.waiting,
+            theirs.concurrency_limit,
+        )
         keep = (0, 1, 2, 3, 7)  # the columns not measured over a moving window: name, done, failed, flight, cost
-        assert [[r[i] for i in keep] for r in endpoint_rows(in_process)] == \
-               [[r[i] for i in keep] for r in endpoint_rows(attached)]
+        assert [[r[i] for i in keep] for r in endpoint_rows(in_process)] == [
+            [r[i] for i in keep] for r in endpoint_rows(attached)
+        ]
     else:
         assert endpoint_rows(in_process) == endpoint_rows(attached)
         assert status_line(in_process).plain == status_line(attached).plain
@@ -176,8 +196,12 @@ async def test_every_face_reports_the_same_numbers_through_a_crash_a_restart_and
     db = tmp_path / "faces.db"
 
     # 1. a headless engine process, SIGKILLed mid-run: its answers and failures are the run's, not lost
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "run", "--headless", str(cfg_path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "run", "--headless", str(cfg_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while _done(db) < 15:
@@ -221,8 +245,12 @@ async def test_every_face_reports_the_same_numbers_through_a_crash_a_restart_and
 
             async def paused_everywhere():
                 mine, other = await records()
-                beat_caught_up = other.live is not None and other.live.state == "paused" and \
-                    other.live.in_flight == mine.live.in_flight == 0 and other.live.waiting == mine.live.waiting
+                beat_caught_up = (
+                    other.live is not None
+                    and other.live.state == "paused"
+                    and other.live.in_flight == mine.live.in_flight == 0
+                    and other.live.waiting == mine.live.waiting
+                )
                 return (mine, other) if beat_caught_up and other.counts == mine.counts else None
 
             mine, other = await _until(paused_everywhere, what="the attached face to show the pause")
@@ -249,7 +277,9 @@ async def test_every_face_reports_the_same_numbers_through_a_crash_a_restart_and
             own = progress_line(run.snapshot())  # the headless line of the engine's own record at the end
             assert own.startswith("avg ") and "in flight" not in own and f"failed {end.failed} · ⚠ FINISHED" in own
             a = end.counts.answers  # every kind the faces count happened, so no comparison is of zeros
-            assert min(a.verified, a.checked, a.measured, a.suspects, a.truncated, end.counts.retried, end.failed) > 0, a
+            assert (
+                min(a.verified, a.checked, a.measured, a.suspects, a.truncated, end.counts.retried, end.failed) > 0
+            ), a
         # 3. the engine has exited: the attached face shows the same finished record, no live figure
         gone = await asyncio.to_thread(attached.record, None)
         assert gone.engine == "stopped" and gone.live is None
@@ -267,16 +297,39 @@ async def test_every_face_reports_the_same_numbers_through_a_crash_a_restart_and
     # 4. the export summary: everything kept, every exported sample is a done one, with the record's
     # verification classes; only truncated answers dropped, the skipped count is the record's truncated
     a = end.counts.answers
-    kept = await asyncio.to_thread(_cli, "export", "--db", str(db), "--format", "sglang-raw", "--out",
-                                   str(tmp_path / "all"), "--json", "--keep-mismatches", "--keep-truncated",
-                                   "--keep-roundtrip-failed", "--keep-suspect")
+    kept = await asyncio.to_thread(
+        _cli,
+        "export",
+        "--db",
+        str(db),
+        "--format",
+        "sglang-raw",
+        "--out",
+        str(tmp_path / "all"),
+        "--json",
+        "--keep-mismatches",
+        "--keep-truncated",
+        "--keep-roundtrip-failed",
+        "--keep-suspect",
+    )
     assert kept["exported"] + sum(kept["skipped"].values()) == end.done == a.answers
     assert kept["skipped"] == {} and kept["verified"] == a.verified
     sources = kept["ids_sources"]
     assert sources.get("text", 0) + sources.get("reference", 0) == a.checked + a.unchecked
-    cut = await asyncio.to_thread(_cli, "export", "--db", str(db), "--format", "sglang-raw", "--out",
-                                  str(tmp_path / "cut"), "--json", "--keep-mismatches", "--keep-roundtrip-failed",
-                                  "--keep-suspect")
+    cut = await asyncio.to_thread(
+        _cli,
+        "export",
+        "--db",
+        str(db),
+        "--format",
+        "sglang-raw",
+        "--out",
+        str(tmp_path / "cut"),
+        "--json",
+        "--keep-mismatches",
+        "--keep-roundtrip-failed",
+        "--keep-suspect",
+    )
     assert sum(cut["skipped"].values()) == cut["skipped"].get("truncated", 0) == a.truncated
 
 

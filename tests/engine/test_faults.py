@@ -39,16 +39,38 @@ class RecordingClient:
         await self.inner.aclose()
 
 
-async def run_against(tmp_path, sample_data, n, *, faults, stream=False, timeout_s=5.0, retry_after_s=0.05,
-                      limits=None, policy=FAST_RETRY, api_key=None, server_key=None, record=False):
+async def run_against(
+    tmp_path,
+    sample_data,
+    n,
+    *,
+    faults,
+    stream=False,
+    timeout_s=5.0,
+    retry_after_s=0.05,
+    limits=None,
+    policy=FAST_RETRY,
+    api_key=None,
+    server_key=None,
+    record=False,
+):
     """Run n samples against a SimulatorServer with these faults; return (run, outcome, server, db, client)."""
-    sim = SimulatorServer(SimulatorOptions(faults=faults, seed=11), tokenizer_dir=sample_data / "tokenizer",
-                          reference=sample_data / "reference.jsonl", retry_after_s=retry_after_s,
-                          hang_s=30.0, api_key=server_key)
+    sim = SimulatorServer(
+        SimulatorOptions(faults=faults, seed=11),
+        tokenizer_dir=sample_data / "tokenizer",
+        reference=sample_data / "reference.jsonl",
+        retry_after_s=retry_after_s,
+        hang_s=30.0,
+        api_key=server_key,
+    )
     await sim.start()
-    config = make_config(tmp_path, sample_data, stream=stream, limits=limits,
-                         endpoints=[{"name": "sim", "base_url": sim.base_url, "timeout_s": timeout_s,
-                                     "max_concurrency": 64}])
+    config = make_config(
+        tmp_path,
+        sample_data,
+        stream=stream,
+        limits=limits,
+        endpoints=[{"name": "sim", "base_url": sim.base_url, "timeout_s": timeout_s, "max_concurrency": 64}],
+    )
     store, _ = await open_ingested(config, sample_data, n)
     client = ChatClient(config.endpoints[0], config.generation, api_key)
     wrapped = RecordingClient(client) if record else client
@@ -64,9 +86,18 @@ async def run_against(tmp_path, sample_data, n, *, faults, stream=False, timeout
     return run, outcome, sim, sqlite3.connect(config.run.database), wrapped
 
 
-RETRYABLE = [("429", False), ("500", False), ("502", False), ("503", False),
-             ("malformed", False), ("truncate", True), ("stream_error", True), ("malformed", True),
-             ("done_early", True), ("done_early", False)]
+RETRYABLE = [
+    ("429", False),
+    ("500", False),
+    ("502", False),
+    ("503", False),
+    ("malformed", False),
+    ("truncate", True),
+    ("stream_error", True),
+    ("malformed", True),
+    ("done_early", True),
+    ("done_early", False),
+]
 
 
 @pytest.mark.parametrize(("kind", "stream"), RETRYABLE)
@@ -134,7 +165,13 @@ async def test_exhausted_attempts_fail_the_sample(tmp_path, sample_data):
 async def test_retry_after_is_waited_out_before_the_next_attempt(tmp_path, sample_data):
     policy = RetryPolicy(attempts=8, base_s=0.001, cap_s=0.001)
     run, outcome, sim, db, client = await run_against(
-        tmp_path, sample_data, 4, faults={"429": 0.5}, retry_after_s=0.2, policy=policy, record=True,
+        tmp_path,
+        sample_data,
+        4,
+        faults={"429": 0.5},
+        retry_after_s=0.2,
+        policy=policy,
+        record=True,
         limits={"concurrency_initial": 1, "concurrency_max": 1},
     )
     assert outcome.state == "done"
@@ -156,7 +193,8 @@ async def test_out_of_credits_pauses_the_run_with_an_event(tmp_path, sample_data
 
 
 async def test_adaptive_limit_drops_under_a_429_storm_and_stays_within_bounds(tmp_path, sample_data, monkeypatch):
-    # The limiter re-probes its ceiling on a clock (failed probes double the gap, up to 8 s: app.engine.capacity.limiter,
+    # The limiter re-probes its ceiling on a clock (failed probes double the gap, up to 8 s:
+    # app.engine.capacity.limiter,
     # tested on a fake clock in test_limiter.py); the few hundred milliseconds this run lasts after the storm
     # must not depend on how many probes the storm happened to fail, so the gap is capped short here.
     import functools
@@ -183,11 +221,19 @@ async def test_adaptive_limit_drops_under_a_429_storm_and_stays_within_bounds(tm
 
     monkeypatch.setattr(endpoints, "AdaptiveLimit", functools.partial(Recording, max_probe_gap_s=0.25))
     limits = {"concurrency_initial": 16, "concurrency_min": 2, "concurrency_max": 24}
-    sim = SimulatorServer(SimulatorOptions(faults={"429": 0.6}, seed=5), tokenizer_dir=sample_data / "tokenizer",
-                          reference=sample_data / "reference.jsonl", retry_after_s=0.02)
+    sim = SimulatorServer(
+        SimulatorOptions(faults={"429": 0.6}, seed=5),
+        tokenizer_dir=sample_data / "tokenizer",
+        reference=sample_data / "reference.jsonl",
+        retry_after_s=0.02,
+    )
     await sim.start()
-    config = make_config(tmp_path, sample_data, limits=limits,
-                         endpoints=[{"name": "sim", "base_url": sim.base_url, "timeout_s": 5, "max_concurrency": 64}])
+    config = make_config(
+        tmp_path,
+        sample_data,
+        limits=limits,
+        endpoints=[{"name": "sim", "base_url": sim.base_url, "timeout_s": 5, "max_concurrency": 64}],
+    )
     store, _ = await open_ingested(config, sample_data, 200)
     run = Run(config, store, retry_policy=RetryPolicy(attempts=50, base_s=0.005, cap_s=0.02))
     seen = []
@@ -212,4 +258,4 @@ async def test_adaptive_limit_drops_under_a_429_storm_and_stays_within_bounds(tm
     assert all(2 <= s <= 24 for s in seen + history)
     low = min(during)
     assert low < 16
-    assert max(history[history.index(low):]) > low  # it grew again once the 429s stopped
+    assert max(history[history.index(low) :]) > low  # it grew again once the 429s stopped

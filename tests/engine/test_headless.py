@@ -13,24 +13,25 @@ from pathlib import Path
 from tests.engine.conftest import wait_for_beats
 
 
-def _config(tmp_path: Path, sample_data: Path, faults: str = "", latency_ms: float = 0.0, in_flight: int | None = None
-            ) -> Path:
+def _config(
+    tmp_path: Path, sample_data: Path, faults: str = "", latency_ms: float = 0.0, in_flight: int | None = None
+) -> Path:
     """A headless run's config over the built-in simulator; `in_flight` pins the concurrency (start and ceiling),
     so a run lasts long enough (samples x latency / in_flight) to be steered before it ends."""
     text = f"""
 [run]
 name = "h"
-database = "{tmp_path / 'h.db'}"
+database = "{tmp_path / "h.db"}"
 
 [data]
-reference = "{sample_data / 'reference.jsonl'}"
+reference = "{sample_data / "reference.jsonl"}"
 
 [[data.datasets]]
-path = "{sample_data / 'prompts.openai.jsonl'}"
+path = "{sample_data / "prompts.openai.jsonl"}"
 
 [model]
 name = "moonshotai/kimi-k2.5"
-tokenizer = "{sample_data / 'tokenizer'}"
+tokenizer = "{sample_data / "tokenizer"}"
 
 [[endpoints]]
 name = "sim"
@@ -58,8 +59,13 @@ completion_per_m = 2.5
 
 
 def _eaglewatch(*args: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "app.cli", "run", "--headless", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "run", "--headless", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 class _Lines:
@@ -80,8 +86,9 @@ class _Lines:
     def wait_for(self, needle: str, deadline: float) -> bool:
         """Whether a line containing `needle` arrives before `deadline` (time.monotonic())."""
         with self._cond:
-            return self._cond.wait_for(lambda: any(needle in line for line in self._lines),
-                                       max(0.0, deadline - time.monotonic()))
+            return self._cond.wait_for(
+                lambda: any(needle in line for line in self._lines), max(0.0, deadline - time.monotonic())
+            )
 
     def text(self, *, until_end_s: float = 0.0) -> str:
         """Everything read so far; waiting up to `until_end_s` for the end of the stream (the process exited)."""
@@ -156,8 +163,11 @@ def _command(tmp_path: Path, verb: str, args: str = "{}") -> None:
     """What an attached viewer does: one row in the commands table (app.tui.db_source.AttachedControl)."""
     db = sqlite3.connect(tmp_path / "h.db")
     with db:
-        db.execute("INSERT INTO commands (run_id, verb, args, created_at) VALUES ((SELECT id FROM runs WHERE name = 'h'), "
-                   "?, ?, ?)", (verb, args, time.time()))
+        db.execute(
+            "INSERT INTO commands (run_id, verb, args, created_at) VALUES ((SELECT id FROM runs WHERE name = 'h'), "
+            "?, ?, ?)",
+            (verb, args, time.time()),
+        )
     db.close()
 
 
@@ -186,8 +196,9 @@ def test_pause_now_from_an_attached_viewer_keeps_the_headless_engine_alive_for_i
             assert time.monotonic() < deadline
             time.sleep(0.1)
         # the engine says it waits (where it would otherwise have exited), then goes on beating while it waits
-        assert stderr.wait_for("waiting for its resume", deadline), \
+        assert stderr.wait_for("waiting for its resume", deadline), (
             f"the engine did not wait for the viewer's resume: {stderr.text()}"
+        )
 
         def alive() -> None:
             assert proc.poll() is None, f"the engine exited on a viewer's pause: {stderr.text()}"

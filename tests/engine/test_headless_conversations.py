@@ -24,19 +24,19 @@ def _config(tmp_path: Path, sample_data: Path) -> Path:
     text = f"""
 [run]
 name = "conv"
-database = "{tmp_path / 'conv.db'}"
+database = "{tmp_path / "conv.db"}"
 
 [data]
-reference = "{sample_data / 'conversations.reference.jsonl'}"
+reference = "{sample_data / "conversations.reference.jsonl"}"
 
 [[data.datasets]]
-path = "{sample_data / 'conversations.openai.jsonl'}"
+path = "{sample_data / "conversations.openai.jsonl"}"
 regenerate = "all"
 on_tool_divergence = "stop"
 
 [model]
 name = "moonshotai/kimi-k2.5"
-tokenizer = "{sample_data / 'tokenizer'}"
+tokenizer = "{sample_data / "tokenizer"}"
 
 [[endpoints]]
 name = "sim"
@@ -91,8 +91,11 @@ def test_the_headless_progress_line_counts_conversations(headless) -> None:
     assert lines, done.stderr
     # the last line: samples ended of all, then the conversations done of all and the diverged one
     ended = samples.done + samples.failed + samples.skipped
-    assert re.search(rf" progress +{ended}/{samples.total} conv {conv.done}/{conv.total} done · {conv.diverged} "
-                     rf"diverged · avg ", lines[-1]), lines[-1]
+    assert re.search(
+        rf" progress +{ended}/{samples.total} conv {conv.done}/{conv.total} done · {conv.diverged} "
+        rf"diverged · avg ",
+        lines[-1],
+    ), lines[-1]
 
 
 def test_status_prints_the_conversations_and_their_turns(headless) -> None:
@@ -102,10 +105,14 @@ def test_status_prints_the_conversations_and_their_turns(headless) -> None:
     assert shown.returncode == 0, shown.stderr
     text = " ".join(shown.stdout.split())  # rich wraps long lines between words
     t = conv.turns
-    assert (f"conversations: {conv.done}/{conv.total} done · {conv.open} open · {conv.diverged} diverged · "
-            f"{conv.failed} failed · {conv.truncated} truncated · {conv.off_policy_turns} off-policy turns") in text
-    assert (f"turns: {t['done']} done · {t['leased']} in flight · {t['pending']} pending · {t['waiting']} waiting on "
-            f"parent · {t['failed']} failed · {t['skipped']} skipped") in text
+    assert (
+        f"conversations: {conv.done}/{conv.total} done · {conv.open} open · {conv.diverged} diverged · "
+        f"{conv.failed} failed · {conv.truncated} truncated · {conv.off_policy_turns} off-policy turns"
+    ) in text
+    assert (
+        f"turns: {t['done']} done · {t['leased']} in flight · {t['pending']} pending · {t['waiting']} waiting on "
+        f"parent · {t['failed']} failed · {t['skipped']} skipped"
+    ) in text
     assert (t["done"], t["skipped"]) == (36, 4)
 
 
@@ -115,11 +122,20 @@ def test_status_json_gains_a_conversations_object(headless) -> None:
     shown = _cli("status", "--db", str(database), "--json")
     assert shown.returncode == 0, shown.stderr
     got = json.loads(shown.stdout)["runs"][0]["conversations"]
-    assert got == {"total": conv.total, "done": conv.done, "open": conv.open, "diverged": conv.diverged,
-                   "failed": conv.failed, "truncated": conv.truncated, "ended_skipped": conv.ended_skipped,
-                   "not_started": conv.not_started, "in_flight": conv.in_flight,
-                   "waiting_on_parent": conv.waiting_on_parent, "turns": conv.turns,
-                   "off_policy_turns": conv.off_policy_turns}
+    assert got == {
+        "total": conv.total,
+        "done": conv.done,
+        "open": conv.open,
+        "diverged": conv.diverged,
+        "failed": conv.failed,
+        "truncated": conv.truncated,
+        "ended_skipped": conv.ended_skipped,
+        "not_started": conv.not_started,
+        "in_flight": conv.in_flight,
+        "waiting_on_parent": conv.waiting_on_parent,
+        "turns": conv.turns,
+        "off_policy_turns": conv.off_policy_turns,
+    }
     assert (got["total"], got["done"], got["diverged"], got["turns"]["done"]) == (10, 9, 1, 36)
 
 
@@ -128,8 +144,9 @@ async def test_a_run_without_conversations_has_no_conversations_in_status(tmp_pa
     store = await RunStore.open(database)
     try:
         run_id = await store.ensure_run("single")
-        await store.ingest(run_id, [SampleInput(f"s{i}", "chat", [{"role": "user", "content": "hi"}], None, None)
-                                    for i in range(3)])
+        await store.ingest(
+            run_id, [SampleInput(f"s{i}", "chat", [{"role": "user", "content": "hi"}], None, None) for i in range(3)]
+        )
     finally:
         await store.close()
     text = _cli("status", "--db", str(database))

@@ -28,8 +28,12 @@ def _config(tmp_path: Path, sample_data: Path) -> Path:
 
 
 def _engine(cfg: Path, limit: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "app.cli", "run", "--headless", str(cfg), "--limit", str(limit)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "run", "--headless", str(cfg), "--limit", str(limit)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _until(pred, timeout: float, what: str, source: list) -> object:
@@ -55,8 +59,12 @@ def test_attached_viewer_sees_the_live_engine_its_crash_and_its_rerun_to_done(tm
     n = 120
     proc = _engine(cfg, n)
     try:
-        rec = _until(lambda s: s.engine == "running" and s.live is not None and s.live.in_flight > 0 and s.done >= 3,
-                     60, "a running engine with requests in flight", src)
+        rec = _until(
+            lambda s: s.engine == "running" and s.live is not None and s.live.in_flight > 0 and s.done >= 3,
+            60,
+            "a running engine with requests in flight",
+            src,
+        )
         # what only the engine knows comes from its heartbeat: in flight and the limits, per endpoint too
         live = rec.live
         assert 0 < live.in_flight <= live.concurrency_limit <= 8
@@ -75,11 +83,16 @@ def test_attached_viewer_sees_the_live_engine_its_crash_and_its_rerun_to_done(tm
         line = status_line(gone).plain
         assert "ENGINE GONE (last seen" in line and "RUNNING" not in line and "ETA" not in line
         assert gone.live is None and gone.finished is not None  # nothing is on the wire any more: figures frozen
-        out = subprocess.run([sys.executable, "-m", "app.cli", "status", "--db", str(db), "--json"],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-m", "app.cli", "status", "--db", str(db), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert json.loads(out.stdout)["runs"][0]["engine"]["state"] == "gone", out.stderr
-        text = subprocess.run([sys.executable, "-m", "app.cli", "status", "--db", str(db)],
-                              capture_output=True, text=True, timeout=60).stdout
+        text = subprocess.run(
+            [sys.executable, "-m", "app.cli", "status", "--db", str(db)], capture_output=True, text=True, timeout=60
+        ).stdout
         assert "ENGINE GONE (last seen" in text
         proc = _engine(cfg, n)
         _until(lambda s: s.engine == "running" and s.state == "running", 60, "the rerun engine running", src)

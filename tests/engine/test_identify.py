@@ -36,25 +36,32 @@ def _url(runner: web.AppRunner) -> str:
 
 
 async def test_servers_say_what_they_are_or_stay_unknown() -> None:
-    vllm = await _serve({"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "vllm",
-                                                     "max_model_len": 4096}]})
+    vllm = await _serve(
+        {"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "vllm", "max_model_len": 4096}]}
+    )
     quiet = await _serve({"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "me"}]})
     broken = await _serve({"error": "no"}, status=500)
     try:
-        found = await identify([
-            _Live(Endpoint(name="a", base_url=_url(vllm))),
-            _Live(Endpoint(name="b", base_url=_url(quiet))),
-            _Live(Endpoint(name="c", base_url=_url(broken))),
-            _Live(Endpoint(name="d", base_url=_url(quiet), server="sglang")),
-            _Live(Endpoint(name="e", simulator=SimulatorOptions(personality="transformers-serve"))),
-            _Live(Endpoint(name="f", base_url="https://openrouter.ai/api/v1")),
-            _Live(Endpoint(name="g", base_url=_url(vllm)), owned=False),
-        ])
+        found = await identify(
+            [
+                _Live(Endpoint(name="a", base_url=_url(vllm))),
+                _Live(Endpoint(name="b", base_url=_url(quiet))),
+                _Live(Endpoint(name="c", base_url=_url(broken))),
+                _Live(Endpoint(name="d", base_url=_url(quiet), server="sglang")),
+                _Live(Endpoint(name="e", simulator=SimulatorOptions(personality="transformers-serve"))),
+                _Live(Endpoint(name="f", base_url="https://openrouter.ai/api/v1")),
+                _Live(Endpoint(name="g", base_url=_url(vllm)), owned=False),
+            ]
+        )
     finally:
         for runner in (vllm, quiet, broken):
             await runner.cleanup()
     assert [(i.kind, i.how) for i in found] == [
-        ("vllm", "GET /models"), (None, "GET /models did not say"), (None, "GET /models answered 500"),
-        ("sglang", "config"), ("transformers-serve", "personality"), ("openrouter", "host"),
+        ("vllm", "GET /models"),
+        (None, "GET /models did not say"),
+        (None, "GET /models answered 500"),
+        ("sglang", "config"),
+        ("transformers-serve", "personality"),
+        ("openrouter", "host"),
         (None, "not asked (no base_url of its own)"),
     ]

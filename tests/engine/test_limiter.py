@@ -175,8 +175,9 @@ def test_the_engine_starts_at_the_maximum_unless_an_initial_limit_is_configured(
     from tests.engine.conftest import make_config
 
     two = [{"name": "a", "simulator": {}, "weight": 3.0}, {"name": "b", "simulator": {}, "weight": 1.0}]
-    config = make_config(tmp_path, sample_data, endpoints=two, limits={"concurrency_initial": None,
-                                                                       "concurrency_max": 64})
+    config = make_config(
+        tmp_path, sample_data, endpoints=two, limits={"concurrency_initial": None, "concurrency_max": 64}
+    )
     assert [lim.limit for lim in share_limits(config)] == [48, 16]  # concurrency_max split by weight
     config = make_config(tmp_path, sample_data, endpoints=two, limits={"concurrency_initial": 8})
     assert [lim.limit for lim in share_limits(config)] == [6, 2]
@@ -264,7 +265,6 @@ def test_a_slot_held_while_its_answer_is_stored_is_left_out_of_the_next_requests
     lim.release(answered=True)  # stored: its slot is free
     lim.release()  # an unanswered one ended (a failure to retry)
     assert lim.take(0.0).level == 3 and lim.in_flight == 3
-
 
 
 def test_an_answered_request_being_stored_frees_its_place_on_the_wire_but_not_past_the_maximum():

@@ -25,9 +25,14 @@ async def test_projected_cost_at_a_quarter_done_is_within_15_percent_of_the_fina
     #   slows the streams to 100-200 tokens/s.
     # The endpoint's timeout_s is the whole request's deadline: the longest answer streams for ~10.5 s at 400
     # tokens/s, so the helper's 5 s would fail it (and the run would end cheaper than any projection of it).
-    data = config_data(tmp_path, sample_data, stream=True, limits={"concurrency_initial": 16, "concurrency_max": 16},
-                       generation={"max_tokens": 8192},
-                       simulator={"latency_median_ms": 200.0, "latency_p95_ms": 300.0, "tokens_per_s": 400.0})
+    data = config_data(
+        tmp_path,
+        sample_data,
+        stream=True,
+        limits={"concurrency_initial": 16, "concurrency_max": 16},
+        generation={"max_tokens": 8192},
+        simulator={"latency_median_ms": 200.0, "latency_p95_ms": 300.0, "tokens_per_s": 400.0},
+    )
     data["endpoints"][0]["timeout_s"] = 60.0
     config = parse_config(data, base_dir=tmp_path)
     n = 200
@@ -51,13 +56,19 @@ async def test_projected_cost_at_a_quarter_done_is_within_15_percent_of_the_fina
     assert final.live.projected_cost_usd == pytest.approx(final.cost_usd)  # the engine's spend is the store's ledger
     assert early.eta_s is not None and early.eta_s > 0
     assert abs(early.live.projected_cost_usd - final.cost_usd) <= 0.15 * final.cost_usd, (
-        early.live.projected_cost_usd, final.cost_usd)
+        early.live.projected_cost_usd,
+        final.cost_usd,
+    )
     assert final.live.in_flight == 0 and final.live.waiting == 0
 
 
 async def test_endpoint_rows_carry_the_limit_reason_and_an_operator_limit_is_pinned(tmp_path, sample_data):
-    config = make_config(tmp_path, sample_data, limits={"concurrency_initial": 2, "concurrency_max": 32},
-                         simulator={"latency_median_ms": 50.0, "latency_p95_ms": 80.0})
+    config = make_config(
+        tmp_path,
+        sample_data,
+        limits={"concurrency_initial": 2, "concurrency_max": 32},
+        simulator={"latency_median_ms": 50.0, "latency_p95_ms": 80.0},
+    )
     store, _ = await open_ingested(config, sample_data, 300)
     run = Run(config, store)
     try:

@@ -40,7 +40,9 @@ def test_a_cost_that_is_not_believed_is_charged_at_the_list_price_or_zero_withou
     unpriced = charge(u, None)
     assert unpriced.usd == 0.0 and unpriced.priced is None
     notes = CostNotes()
-    assert "list price" in notes.note(priced, "s1", "ep") and "no list price is known" in notes.note(unpriced, "s2", "ep")
+    assert "list price" in notes.note(priced, "s1", "ep") and "no list price is known" in notes.note(
+        unpriced, "s2", "ep"
+    )
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0])
@@ -86,17 +88,22 @@ class CostServer:
         await request.read()
         cost = self.cost_texts[self.requests % len(self.cost_texts)]
         self.requests += 1
-        body = ('{"id":"g","choices":[{"index":0,"message":{"role":"assistant","content":"An answer."},'
-                '"finish_reason":"stop"}],"usage":{"prompt_tokens":1000,"completion_tokens":2000,"cost":' + cost + "}}")
+        body = (
+            '{"id":"g","choices":[{"index":0,"message":{"role":"assistant","content":"An answer."},'
+            '"finish_reason":"stop"}],"usage":{"prompt_tokens":1000,"completion_tokens":2000,"cost":' + cost + "}}"
+        )
         return web.Response(body=body.encode(), content_type="application/json")
 
 
 async def test_a_budget_run_against_negative_and_nan_costs_stops_at_its_budget(tmp_path, sample_data):
     priced = (1000 * 0.6 + 2000 * 2.5) / 1e6  # $0.0056 a response at [pricing]
     async with CostServer(["-1.0", "NaN"]) as srv:
-        config = make_config(tmp_path, sample_data, endpoints=[{"name": "cheat", "base_url": srv.base_url,
-                                                                  "timeout_s": 5.0}],
-                             limits={"concurrency_initial": 2, "concurrency_max": 2, "budget_usd": 0.05})
+        config = make_config(
+            tmp_path,
+            sample_data,
+            endpoints=[{"name": "cheat", "base_url": srv.base_url, "timeout_s": 5.0}],
+            limits={"concurrency_initial": 2, "concurrency_max": 2, "budget_usd": 0.05},
+        )
         store, _ = await open_ingested(config, sample_data, 60)
         run = Run(config, store)
         try:
@@ -135,17 +142,24 @@ class UnstorableClient:
 
 
 async def test_an_outcome_the_store_cannot_record_is_retried_then_failed_with_the_reason_and_never_left_leased(
-        tmp_path, sample_data):
+    tmp_path, sample_data
+):
     from app.providers.client import ChatClient
 
-    async with SimulatorServer(SimulatorOptions(seed=3), tokenizer_dir=sample_data / "tokenizer",
-                               reference=sample_data / "reference.jsonl") as sim:
-        config = make_config(tmp_path, sample_data, endpoints=[{"name": "sim", "base_url": sim.base_url,
-                                                                  "timeout_s": 5.0}])
+    async with SimulatorServer(
+        SimulatorOptions(seed=3), tokenizer_dir=sample_data / "tokenizer", reference=sample_data / "reference.jsonl"
+    ) as sim:
+        config = make_config(
+            tmp_path, sample_data, endpoints=[{"name": "sim", "base_url": sim.base_url, "timeout_s": 5.0}]
+        )
         store, _ = await open_ingested(config, sample_data, 5)
         client = ChatClient(config.endpoints[0], config.generation, None)
-        run = Run(config, store, clients={"sim": UnstorableClient(client)},
-                  retry_policy=RetryPolicy(attempts=2, base_s=0.01, cap_s=0.02))
+        run = Run(
+            config,
+            store,
+            clients={"sim": UnstorableClient(client)},
+            retry_policy=RetryPolicy(attempts=2, base_s=0.01, cap_s=0.02),
+        )
         try:
             await run.start()
             outcome = await asyncio.wait_for(run.wait(), 60)
@@ -192,4 +206,6 @@ async def test_retry_failed_puts_failed_samples_back_with_a_fresh_allowance_and_
     assert attempts == [1, 2, 3, 4]  # numbering goes on; nothing was forgotten
     tallies = dict(conn.execute("SELECT state, SUM(n) FROM sample_tallies GROUP BY state").fetchall())
     assert tallies.get("failed") == 6 and not tallies.get("pending")
-    assert conn.execute("SELECT COUNT(*) FROM events WHERE message LIKE '6 failed samples put back%'").fetchone()[0] == 1
+    assert (
+        conn.execute("SELECT COUNT(*) FROM events WHERE message LIKE '6 failed samples put back%'").fetchone()[0] == 1
+    )

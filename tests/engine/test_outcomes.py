@@ -12,7 +12,6 @@ import pytest
 from app.config import parse_config
 from app.engine.control import RunControl
 from app.engine.fidelity.pool import build_reconstructor
-from app.config import parse_config
 from app.engine.run import Run
 from app.errors import InputError
 from app.providers.retry import RetryPolicy
@@ -22,7 +21,9 @@ from tests.engine.conftest import config_data, make_config, open_ingested, run_t
 from tests.engine.conftest import until as _until
 
 
-async def test_a_reference_id_beyond_the_vocabulary_fails_that_sample_and_keeps_its_paid_response(tmp_path, sample_data):
+async def test_a_reference_id_beyond_the_vocabulary_fails_that_sample_and_keeps_its_paid_response(
+    tmp_path, sample_data
+):
     config = make_config(tmp_path, sample_data)
     store = await RunStore.open(config.run.database)
     run_id = await store.ensure_run(config.run.name, config.redacted())
@@ -38,24 +39,33 @@ async def test_a_reference_id_beyond_the_vocabulary_fails_that_sample_and_keeps_
         await store.close()
     assert outcome.state == "done"
     db = sqlite3.connect(config.run.database)
-    row = db.execute("SELECT state, error_class, last_error FROM samples WHERE sample_id = ?", (bad.sample_id,)).fetchone()
+    row = db.execute(
+        "SELECT state, error_class, last_error FROM samples WHERE sample_id = ?", (bad.sample_id,)
+    ).fetchone()
     assert row[0] == "failed" and row[1] == "reconstruct" and "outside the vocabulary" in row[2]
     # the paid response is stored, priced, once
-    paid = db.execute("SELECT COUNT(*), SUM(cost_usd) FROM responses r JOIN samples s ON s.pk = r.sample_pk "
-                      "WHERE s.sample_id = ? AND r.content IS NOT NULL", (bad.sample_id,)).fetchone()
+    paid = db.execute(
+        "SELECT COUNT(*), SUM(cost_usd) FROM responses r JOIN samples s ON s.pk = r.sample_pk "
+        "WHERE s.sample_id = ? AND r.content IS NOT NULL",
+        (bad.sample_id,),
+    ).fetchone()
     assert paid[0] == 1 and paid[1] > 0
     assert db.execute("SELECT COUNT(*) FROM samples WHERE state = 'done'").fetchone()[0] == 5
     errors = [r[0] for r in db.execute("SELECT message FROM events WHERE level = 'error' AND kind = 'sample'")]
     assert len(errors) == 1 and bad.sample_id in errors[0] and "outside the vocabulary" in errors[0]
-    assert db.execute("SELECT ledger.spent FROM (SELECT SUM(cost_usd) AS spent FROM responses) AS ledger").fetchone()[0] \
-        == pytest.approx(run.snapshot().cost_usd)
+    assert db.execute("SELECT ledger.spent FROM (SELECT SUM(cost_usd) AS spent FROM responses) AS ledger").fetchone()[
+        0
+    ] == pytest.approx(run.snapshot().cost_usd)
 
 
 async def test_credentials_in_a_base_url_built_in_code_are_refused_before_anything_is_leased(tmp_path, sample_data):
     # the config refuses such a URL at load (tests/config/test_url_secrets.py); an endpoint built in code, past
     # the loader, is refused by the engine before a request is made
-    config = make_config(tmp_path, sample_data, endpoints=[
-        {"name": "api", "base_url": "https://openrouter.example/api/v1", "timeout_s": 5}])
+    config = make_config(
+        tmp_path,
+        sample_data,
+        endpoints=[{"name": "api", "base_url": "https://openrouter.example/api/v1", "timeout_s": 5}],
+    )
     endpoint = config.endpoints[0].model_copy(update={"base_url": "https://user:sk-secret@openrouter.example/api/v1"})
     config = config.model_copy(update={"endpoints": [endpoint]})
     store, _ = await open_ingested(config, sample_data, 3)
@@ -107,8 +117,12 @@ async def test_a_budget_without_config_prices_takes_the_endpoints_models_prices(
 
 
 async def test_attempts_are_counted_per_sample_across_restarts(tmp_path, sample_data):
-    config = make_config(tmp_path, sample_data, simulator={"faults": {"500": 1.0}},
-                         limits={"concurrency_initial": 4, "concurrency_max": 4})
+    config = make_config(
+        tmp_path,
+        sample_data,
+        simulator={"faults": {"500": 1.0}},
+        limits={"concurrency_initial": 4, "concurrency_max": 4},
+    )
     store, run_id = await open_ingested(config, sample_data, 4)
     db = sqlite3.connect(config.run.database)
     slow = RetryPolicy(attempts=3, base_s=5.0, cap_s=5.0)  # the first failure waits long: the kill comes then
@@ -130,13 +144,19 @@ async def test_attempts_are_counted_per_sample_across_restarts(tmp_path, sample_
     assert len(rows) == 4
     # three requests per sample in all (not three per lease), numbered by the sample's real request count
     assert all(sorted(int(a) for a in attempts.split(",")) == [1, 2, 3] for _, attempts in rows)
-    assert db.execute("SELECT state, tries, COUNT(*) FROM samples GROUP BY state, tries").fetchall() == [("failed", 3, 4)]
+    assert db.execute("SELECT state, tries, COUNT(*) FROM samples GROUP BY state, tries").fetchall() == [
+        ("failed", 3, 4)
+    ]
 
 
 async def test_leases_expire_while_the_engine_runs_and_its_own_are_renewed(tmp_path, sample_data):
     # lease_s shorter than one request: the engine's own leases must be extended, another holder's must expire
-    config = make_config(tmp_path, sample_data, simulator={"latency_median_ms": 700.0, "latency_p95_ms": 700.0},
-                         limits={"concurrency_initial": 2, "concurrency_max": 2, "lease_s": 0.5})
+    config = make_config(
+        tmp_path,
+        sample_data,
+        simulator={"latency_median_ms": 700.0, "latency_p95_ms": 700.0},
+        limits={"concurrency_initial": 2, "concurrency_max": 2, "lease_s": 0.5},
+    )
     store, run_id = await open_ingested(config, sample_data, 6)
     run = Run(config, store, lease_batch=1)
     try:
@@ -151,8 +171,9 @@ async def test_leases_expire_while_the_engine_runs_and_its_own_are_renewed(tmp_p
     db = sqlite3.connect(config.run.database)
     assert db.execute("SELECT COUNT(*), COUNT(DISTINCT sample_pk) FROM responses").fetchone() == (6, 6)
     expired = [r[0] for r in db.execute("SELECT message FROM events WHERE message LIKE '%leases expired%'")]
-    assert expired == ["2 leases expired (held longer than lease_s = 0.5s by an engine that stopped); their samples "
-                       "return to pending"]
+    assert expired == [
+        "2 leases expired (held longer than lease_s = 0.5s by an engine that stopped); their samples return to pending"
+    ]
 
 
 async def test_a_start_returns_this_hosts_dead_leases_and_leaves_another_hosts_live_ones(tmp_path, sample_data):
@@ -191,8 +212,12 @@ async def test_without_keep_raw_no_body_is_stored(tmp_path, sample_data):
 
 async def test_the_engine_is_the_run_control_and_set_concurrency_sticks(tmp_path, sample_data):
     # 8 at a time for 100 ms each: 4 s of work, several of the engine's command polls (once a second)
-    config = make_config(tmp_path, sample_data, simulator={"latency_median_ms": 100.0, "latency_p95_ms": 100.0},
-                         limits={"concurrency_initial": 8, "concurrency_max": 8})
+    config = make_config(
+        tmp_path,
+        sample_data,
+        simulator={"latency_median_ms": 100.0, "latency_p95_ms": 100.0},
+        limits={"concurrency_initial": 8, "concurrency_max": 8},
+    )
     store, run_id = await open_ingested(config, sample_data, 300)
     run = Run(config, store)
     assert isinstance(run, RunControl)
@@ -218,7 +243,9 @@ async def test_the_engine_is_the_run_control_and_set_concurrency_sticks(tmp_path
         await run.close()
         await store.close()
     db = sqlite3.connect(config.run.database)
-    assert db.execute("SELECT COUNT(*) FROM events WHERE message LIKE 'set_concurrency needs a limit%'").fetchone()[0] == 1
+    assert (
+        db.execute("SELECT COUNT(*) FROM events WHERE message LIKE 'set_concurrency needs a limit%'").fetchone()[0] == 1
+    )
 
 
 async def test_prices_below_the_bill_are_reported_as_an_overshoot_not_as_reached(tmp_path, sample_data):
@@ -226,14 +253,23 @@ async def test_prices_below_the_bill_are_reported_as_an_overshoot_not_as_reached
     from app.simulator.server import SimulatorServer
 
     billed = make_config(tmp_path, sample_data).pricing["moonshotai/kimi-k2.5"]  # what the provider charges
-    sim = SimulatorServer(SimulatorOptions(seed=2), tokenizer_dir=sample_data / "tokenizer",
-                          reference=sample_data / "reference.jsonl", pricing=billed)
+    sim = SimulatorServer(
+        SimulatorOptions(seed=2),
+        tokenizer_dir=sample_data / "tokenizer",
+        reference=sample_data / "reference.jsonl",
+        pricing=billed,
+    )
     await sim.start()
     try:
         # the config's prices are 10x too low, so each reservation is 10x too small
-        config = make_config(tmp_path, sample_data, limits={"budget_usd": 0.01}, generation={"max_tokens": 512},
-                             pricing={"moonshotai/kimi-k2.5": {"prompt_per_m": 0.06, "completion_per_m": 0.25}},
-                             endpoints=[{"name": "sim", "base_url": sim.base_url, "timeout_s": 5}])
+        config = make_config(
+            tmp_path,
+            sample_data,
+            limits={"budget_usd": 0.01},
+            generation={"max_tokens": 512},
+            pricing={"moonshotai/kimi-k2.5": {"prompt_per_m": 0.06, "completion_per_m": 0.25}},
+            endpoints=[{"name": "sim", "base_url": sim.base_url, "timeout_s": 5}],
+        )
         run, outcome = await run_to_end(config, sample_data, 300)
     finally:
         await sim.close()
@@ -246,7 +282,9 @@ async def test_prices_below_the_bill_are_reported_as_an_overshoot_not_as_reached
 
 
 async def test_a_model_variant_is_billed_at_its_base_models_config_price(tmp_path, sample_data):
-    data = config_data(tmp_path, sample_data, pricing={"moonshotai/kimi-k2.5": {"prompt_per_m": 0.6, "completion_per_m": 2.5}})
+    data = config_data(
+        tmp_path, sample_data, pricing={"moonshotai/kimi-k2.5": {"prompt_per_m": 0.6, "completion_per_m": 2.5}}
+    )
     data["model"]["name"] = "moonshotai/kimi-k2.5:floor"
     config = parse_config(data, base_dir=tmp_path)
     store, _ = await open_ingested(config, sample_data, 3)
@@ -259,6 +297,8 @@ async def test_a_model_variant_is_billed_at_its_base_models_config_price(tmp_pat
         await run.close()
         await store.close()
     db = sqlite3.connect(config.run.database)
-    tokens, cost = db.execute("SELECT SUM(prompt_tokens), SUM(cost_usd) FROM responses WHERE error_class IS NULL").fetchone()
+    tokens, cost = db.execute(
+        "SELECT SUM(prompt_tokens), SUM(cost_usd) FROM responses WHERE error_class IS NULL"
+    ).fetchone()
     completion = db.execute("SELECT SUM(completion_tokens) FROM responses WHERE error_class IS NULL").fetchone()[0]
     assert cost == pytest.approx((tokens * 0.6 + completion * 2.5) / 1e6, rel=1e-6)

@@ -11,16 +11,16 @@ import pytest
 
 from app.engine.attempt import Flight, Outcome
 from app.engine.capacity.endpoints import close_endpoints, open_endpoints
-from app.engine.health.events import EventLog
-from app.engine.money.forecast import Forecast
-from app.engine.money.ledger import Ledger
 from app.engine.capacity.limiter import AdaptiveLimit
-from app.engine.work.run_state import RunState
-from app.engine.scheduler import Scheduler
-from app.engine.settle import Settler
 from app.engine.capacity.slots import EndpointSlots
 from app.engine.fidelity.verify import Verifier
+from app.engine.health.events import EventLog
 from app.engine.health.writes import StoreGate
+from app.engine.money.forecast import Forecast
+from app.engine.money.ledger import Ledger
+from app.engine.scheduler import Scheduler
+from app.engine.settle import Settler
+from app.engine.work.run_state import RunState
 from app.store.run_store import RunStore
 from app.store.store_records import LeasedSample
 from tests.engine.conftest import make_config, open_ingested
@@ -47,8 +47,10 @@ class ChainSource:
         ready = sorted((t for t in self.turns.values() if self._ready(t)), key=lambda t: (-t.chain_left, t.pk))[:n]
         for t in ready:
             t.state = "leased"
-        return [LeasedSample(t.pk, f"s{t.pk}", "chains", [{"role": "user", "content": f"turn {t.pk}"}], None, 1, None)
-                for t in ready]
+        return [
+            LeasedSample(t.pk, f"s{t.pk}", "chains", [{"role": "user", "content": f"turn {t.pk}"}], None, 1, None)
+            for t in ready
+        ]
 
     async def release(self, pks) -> None:
         for pk in pks:
@@ -113,9 +115,20 @@ async def test_the_scheduler_starts_work_in_the_sources_order_and_as_it_becomes_
         async def no_pause(reason: str) -> None:
             raise AssertionError(f"nothing should pause this run: {reason}")
 
-        scheduler = Scheduler(config=config, source=source, flights=flights, slots=slots, ledger=ledger,
-                              forecast=Forecast(prices=None, max_tokens=64, stream=False), state=state, gate=gate,
-                              events=events, wake=wake, pause=no_pause, lease_batch=2)
+        scheduler = Scheduler(
+            config=config,
+            source=source,
+            flights=flights,
+            slots=slots,
+            ledger=ledger,
+            forecast=Forecast(prices=None, max_tokens=64, stream=False),
+            state=state,
+            gate=gate,
+            events=events,
+            wake=wake,
+            pause=no_pause,
+            lease_batch=2,
+        )
         task = asyncio.create_task(scheduler.run())
         try:
             await asyncio.wait_for(state.finished.wait(), 20)
@@ -140,10 +153,19 @@ async def test_the_settler_takes_every_collaborator_by_name_at_construction(tmp_
         ledger = Ledger(config=config, started_m=0.0)
         await ledger.load(store, run_id)
         decided = []
-        parts = dict(config=config, store=store, run_id=run_id, gate=gate, events=events, ledger=ledger,
-                     endpoints=endpoints.items, slots=EndpointSlots([e.limit for e in endpoints.items], [1.0]),
-                     verifier=Verifier.of(config), attempts=config.generation.attempts,
-                     on_decision=decided.append)
+        parts = dict(
+            config=config,
+            store=store,
+            run_id=run_id,
+            gate=gate,
+            events=events,
+            ledger=ledger,
+            endpoints=endpoints.items,
+            slots=EndpointSlots([e.limit for e in endpoints.items], [1.0]),
+            verifier=Verifier.of(config),
+            attempts=config.generation.attempts,
+            on_decision=decided.append,
+        )
         with pytest.raises(TypeError):
             Settler(*parts.values())  # positional: refused, so no argument lands in the wrong place
         settler = Settler(**parts)
@@ -158,6 +180,8 @@ async def test_the_settler_takes_every_collaborator_by_name_at_construction(tmp_
         await store.close()
     assert (ledger.counts["failed"], ledger.counts["leased"], ledger.counts["pending"]) == (1, 0, 1)
     db = sqlite3.connect(config.run.database)
-    assert db.execute("SELECT state, error_class FROM samples WHERE pk = ?", (sample.pk,)).fetchone() == \
-        ("failed", "attempts_exhausted")
+    assert db.execute("SELECT state, error_class FROM samples WHERE pk = ?", (sample.pk,)).fetchone() == (
+        "failed",
+        "attempts_exhausted",
+    )
     assert decided == []

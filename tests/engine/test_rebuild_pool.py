@@ -14,8 +14,15 @@ from pathlib import Path
 import pytest
 
 import app
-from app.engine.fidelity.pool import (RebuildPool, RebuildRecipe, build_reconstructor, open_rebuilder, worker_cores,
-                                    worker_count)
+from app.config import parse_config
+from app.engine.fidelity.pool import (
+    RebuildPool,
+    RebuildRecipe,
+    build_reconstructor,
+    open_rebuilder,
+    worker_cores,
+    worker_count,
+)
 from app.engine.fidelity.verify import LOGPROB_PROBE_FIELDS, Rebuilder
 from app.providers.client import ChatClient
 from app.simulator.server import SimulatorServer
@@ -26,8 +33,15 @@ N = 12
 
 
 def _endpoint(name: str, personality: str, **sim) -> dict:
-    options = {"latency_median_ms": 0.0, "latency_p95_ms": 0.0, "tokens_per_s": 0.0, "seed": 5,
-               "personality": personality, "quirks": ["think_spaces"], **sim}
+    options = {
+        "latency_median_ms": 0.0,
+        "latency_p95_ms": 0.0,
+        "tokens_per_s": 0.0,
+        "seed": 5,
+        "personality": personality,
+        "quirks": ["think_spaces"],
+        **sim,
+    }
     return {"name": name, "simulator": options, "timeout_s": 5.0, "max_concurrency": 8}
 
 
@@ -37,14 +51,20 @@ async def _completions(config, sample_data, stream: bool) -> list[tuple[object, 
     samples = sample_inputs(sample_data, N)
     out = []
     for ep in config.endpoints:
-        async with SimulatorServer(ep.simulator, tokenizer_dir=sample_data / "tokenizer",
-                                   reference=sample_data / "reference.jsonl") as sim:
-            client = ChatClient(ep, config.generation.model_copy(update={"stream": stream}), None, base_url=sim.base_url)
+        async with SimulatorServer(
+            ep.simulator, tokenizer_dir=sample_data / "tokenizer", reference=sample_data / "reference.jsonl"
+        ) as sim:
+            client = ChatClient(
+                ep, config.generation.model_copy(update={"stream": stream}), None, base_url=sim.base_url
+            )
             try:
                 for s in samples:
-                    c = await client.complete(list(s.messages), list(s.tools) if s.tools else None,
-                                              model=config.model.name,
-                                              extra=LOGPROB_PROBE_FIELDS if ep.simulator.logprobs else None)
+                    c = await client.complete(
+                        list(s.messages),
+                        list(s.tools) if s.tools else None,
+                        model=config.model.name,
+                        extra=LOGPROB_PROBE_FIELDS if ep.simulator.logprobs else None,
+                    )
                     out.append((c, s, ep.name))
             finally:
                 await client.aclose()
@@ -53,9 +73,15 @@ async def _completions(config, sample_data, stream: bool) -> list[tuple[object, 
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_processes_rebuild_exactly_what_threads_rebuild(tmp_path, sample_data, stream) -> None:
-    config = make_config(tmp_path, sample_data, endpoints=[
-        _endpoint("vllm", "vllm"), _endpoint("or-logprobs", "openrouter", logprobs=True),
-        _endpoint("or-text", "openrouter", logprobs=False)])
+    config = make_config(
+        tmp_path,
+        sample_data,
+        endpoints=[
+            _endpoint("vllm", "vllm"),
+            _endpoint("or-logprobs", "openrouter", logprobs=True),
+            _endpoint("or-text", "openrouter", logprobs=False),
+        ],
+    )
     got = await _completions(config, sample_data, stream)
     assert any(c.token_ids for c, _, _ in got) and any(c.content_logprobs for c, _, _ in got)
     assert any(c.prompt_token_ids for c, _, _ in got), "no prompt ids: the prompt check would go untested"
@@ -101,8 +127,9 @@ def test_a_recipe_builds_the_rebuilder_it_was_taken_from(tmp_path, sample_data) 
     s = sample_inputs(sample_data, 1)[0]
     c = Completion(content="hello", reasoning="", finish_reason="stop")
     for endpoint in ("sim", "other"):
-        assert built.rebuild(c, s.reference_ids, s.messages, s.tools, endpoint=endpoint, measure=False) == \
-            rebuilder.rebuild(c, s.reference_ids, s.messages, s.tools, endpoint=endpoint, measure=False)
+        assert built.rebuild(
+            c, s.reference_ids, s.messages, s.tools, endpoint=endpoint, measure=False
+        ) == rebuilder.rebuild(c, s.reference_ids, s.messages, s.tools, endpoint=endpoint, measure=False)
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2 or not hasattr(os, "sched_setaffinity"), reason="needs 2 cores")
@@ -133,8 +160,12 @@ async def test_a_worker_killed_mid_run_loses_no_result(tmp_path, sample_data) ->
     from app.engine.run import Run
 
     n = 40
-    data = config_data(tmp_path, sample_data, simulator={"latency_median_ms": 15.0, "latency_p95_ms": 30.0},
-                       limits={"concurrency_initial": 4, "concurrency_max": 4})
+    data = config_data(
+        tmp_path,
+        sample_data,
+        simulator={"latency_median_ms": 15.0, "latency_p95_ms": 30.0},
+        limits={"concurrency_initial": 4, "concurrency_max": 4},
+    )
     data["run"]["rebuild_workers"] = 1
     config = parse_config(data, base_dir=tmp_path)
     store, _ = await open_ingested(config, sample_data, n)
@@ -158,8 +189,10 @@ async def test_a_worker_killed_mid_run_loses_no_result(tmp_path, sample_data) ->
         await asyncio.wait_for(run.close(), 10)  # shutdown does not hang on a broken pool
         await store.close()
     with sqlite3.connect(config.run.database) as conn:
-        per_sample = conn.execute("SELECT s.pk, COUNT(r.response_id) FROM samples s LEFT JOIN reconstructions r "
-                                  "ON r.sample_pk = s.pk GROUP BY s.pk").fetchall()
+        per_sample = conn.execute(
+            "SELECT s.pk, COUNT(r.response_id) FROM samples s LEFT JOIN reconstructions r "
+            "ON r.sample_pk = s.pk GROUP BY s.pk"
+        ).fetchall()
         states = dict(conn.execute("SELECT state, COUNT(*) FROM samples GROUP BY state").fetchall())
     assert len(per_sample) == n and all(k == 1 for _, k in per_sample), per_sample
     assert states == {"done": n}, states
@@ -187,9 +220,15 @@ async def test_a_killed_engines_workers_exit_and_free_its_pipes(tmp_path, sample
     keep the engine's stdout open (a supervisor reading it would wait forever)."""
     import sys
 
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _HOLDER, str(sample_data), cwd=tmp_path,
-                                                stdout=asyncio.subprocess.PIPE,
-                                                env={**os.environ, "PYTHONPATH": str(Path(app.__file__).parents[1])})
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _HOLDER,
+        str(sample_data),
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(Path(app.__file__).parents[1])},
+    )
     worker = int((await asyncio.wait_for(proc.stdout.readline(), 60)).strip())
     os.kill(worker, 0)  # alive while the engine is
     proc.kill()
@@ -228,8 +267,9 @@ async def test_workers_that_cannot_start_leave_the_rebuilds_to_threads(tmp_path,
         from app.records import Completion
 
         c = Completion(content="hello", reasoning="think", finish_reason="stop")
-        assert await pool.rebuild(c, s, "sim", False) == rebuilder.rebuild(c, s.reference_ids, s.messages, s.tools,
-                                                                          endpoint="sim", measure=False)
+        assert await pool.rebuild(c, s, "sim", False) == rebuilder.rebuild(
+            c, s.reference_ids, s.messages, s.tools, endpoint="sim", measure=False
+        )
     finally:
         pool.close()
 
@@ -245,8 +285,9 @@ async def test_a_closed_pools_workers_exit_while_the_engine_lives(tmp_path, samp
     from app.records import Completion
 
     c = Completion(content="hello", reasoning="think", finish_reason="stop")
-    assert await pool.rebuild(c, s, "sim", False) == rebuilder.rebuild(c, s.reference_ids, s.messages, s.tools,
-                                                                      endpoint="sim", measure=False)
+    assert await pool.rebuild(c, s, "sim", False) == rebuilder.rebuild(
+        c, s.reference_ids, s.messages, s.tools, endpoint="sim", measure=False
+    )
     pids = pool.pids
     pool.close()
     loop = asyncio.get_running_loop()
@@ -293,11 +334,16 @@ async def test_a_script_without_a_main_guard_runs_once_and_gets_its_workers(tmp_
     script.write_text(_NO_GUARD)
     # every process the script starts (the fork server, its worker) inherits this tag: the test waits for them all
     tag = {"EAGLEWATCH_TEST_PROCESS_TAG": str(marker)}
-    proc = await asyncio.create_subprocess_exec(sys.executable, str(script), str(sample_data), str(marker),
-                                                cwd=tmp_path, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.PIPE,
-                                                env={**os.environ, "PYTHONPATH": str(Path(app.__file__).parents[1]),
-                                                     **tag})
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(script),
+        str(sample_data),
+        str(marker),
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(Path(app.__file__).parents[1]), **tag},
+    )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()[-2000:]
     assert out.decode().split() == ["1", "0"], (out, err.decode()[-2000:])  # one worker process, no fallback
@@ -314,7 +360,7 @@ def _tagged_processes(tag: dict[str, str]) -> list[int]:
     """Pids of the processes whose environment holds `tag` (one name and value)."""
     import psutil
 
-    (name, value), = tag.items()
+    ((name, value),) = tag.items()
     found = []
     for p in psutil.process_iter():
         try:

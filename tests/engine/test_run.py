@@ -47,7 +47,9 @@ async def test_streamed_reasoning_and_tool_calls_are_stored(tmp_path, sample_dat
     outcome, _ = await _run_to_end(config, sample_data, 120)
     assert outcome.state == "done"
     db = _db(config)
-    with_reasoning = db.execute("SELECT COUNT(*) FROM responses WHERE reasoning IS NOT NULL AND reasoning != ''").fetchone()[0]
+    with_reasoning = db.execute(
+        "SELECT COUNT(*) FROM responses WHERE reasoning IS NOT NULL AND reasoning != ''"
+    ).fetchone()[0]
     calls = [json.loads(r[0]) for r in db.execute("SELECT tool_calls FROM responses WHERE tool_calls IS NOT NULL")]
     calls = [c for c in calls if c]
     assert with_reasoning > 0
@@ -69,11 +71,15 @@ async def test_requests_are_spread_over_endpoints_by_weight(tmp_path, sample_dat
     sim = {"latency_median_ms": 5.0, "latency_p95_ms": 5.0, "seed": 1}
     # the total pinned at 8 (min too): a loaded machine slows the in-process simulator, and the adaptive limit
     # would take that for a server slowing down and cut the total
-    config = make_config(tmp_path, sample_data, limits={"concurrency_initial": 8, "concurrency_min": 8,
-                                                        "concurrency_max": 8}, endpoints=[
-        {"name": "big", "simulator": sim, "weight": 3.0, "max_concurrency": 64},
-        {"name": "small", "simulator": sim, "weight": 1.0, "max_concurrency": 64},
-    ])
+    config = make_config(
+        tmp_path,
+        sample_data,
+        limits={"concurrency_initial": 8, "concurrency_min": 8, "concurrency_max": 8},
+        endpoints=[
+            {"name": "big", "simulator": sim, "weight": 3.0, "max_concurrency": 64},
+            {"name": "small", "simulator": sim, "weight": 1.0, "max_concurrency": 64},
+        ],
+    )
     outcome, snap = await _run_to_end(config, sample_data, 200)
     assert outcome.state == "done"
     per = dict(_db(config).execute("SELECT endpoint, COUNT(*) FROM responses GROUP BY endpoint").fetchall())

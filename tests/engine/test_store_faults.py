@@ -42,11 +42,18 @@ class BillingClient:
 
 
 async def _setup(tmp_path, sample_data, db_path: Path, n: int, *, busy_timeout_s: float = 10.0):
-    sim = SimulatorServer(SimulatorOptions(latency_median_ms=60.0, latency_p95_ms=80.0, seed=4),
-                          tokenizer_dir=sample_data / "tokenizer", reference=sample_data / "reference.jsonl")
+    sim = SimulatorServer(
+        SimulatorOptions(latency_median_ms=60.0, latency_p95_ms=80.0, seed=4),
+        tokenizer_dir=sample_data / "tokenizer",
+        reference=sample_data / "reference.jsonl",
+    )
     await sim.start()
-    config = make_config(tmp_path, sample_data, limits={"concurrency_initial": 8, "concurrency_max": 8},
-                         endpoints=[{"name": "sim", "base_url": sim.base_url, "timeout_s": 5}])
+    config = make_config(
+        tmp_path,
+        sample_data,
+        limits={"concurrency_initial": 8, "concurrency_max": 8},
+        endpoints=[{"name": "sim", "base_url": sim.base_url, "timeout_s": 5}],
+    )
     config = config.model_copy(update={"run": config.run.model_copy(update={"database": db_path})})
     store = await RunStore.open(db_path, busy_timeout_s=busy_timeout_s)
     run_id = await store.ensure_run(config.run.name, config.redacted())
@@ -59,8 +66,9 @@ def _ledger(db_path: Path) -> tuple[float, int, int]:
     db = sqlite3.connect(db_path)
     try:
         spent = db.execute("SELECT COALESCE(SUM(cost_usd), 0) FROM responses").fetchone()[0]
-        ok, distinct = db.execute("SELECT COUNT(*), COUNT(DISTINCT sample_pk) FROM responses "
-                                  "WHERE content IS NOT NULL").fetchone()
+        ok, distinct = db.execute(
+            "SELECT COUNT(*), COUNT(DISTINCT sample_pk) FROM responses WHERE content IS NOT NULL"
+        ).fetchone()
         return spent, ok, distinct
     finally:
         db.close()
@@ -86,8 +94,9 @@ async def test_a_write_lock_held_past_the_busy_timeout_holds_results_until_it_is
     try:
         await run.start()
         await _until(lambda: run.snapshot().done >= 10)
-        holder = await asyncio.create_subprocess_exec(sys.executable, "-c", HOLD_LOCK, str(db_path), "4",
-                                                      stdout=subprocess.PIPE)
+        holder = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", HOLD_LOCK, str(db_path), "4", stdout=subprocess.PIPE
+        )
         assert (await holder.stdout.readline()).strip() == b"locked"
         await _until(lambda: run._gate.blocked is not None, 10)
         peak = 0
@@ -158,8 +167,9 @@ def small_tmpfs(tmp_path):
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-async def test_a_full_disk_pauses_the_run_says_what_to_free_and_loses_nothing_billed(tmp_path, sample_data, small_tmpfs,
-                                                                                   capfd):
+async def test_a_full_disk_pauses_the_run_says_what_to_free_and_loses_nothing_billed(
+    tmp_path, sample_data, small_tmpfs, capfd
+):
     db_path = small_tmpfs / "run.db"
     sim, config, store, client = await _setup(tmp_path, sample_data, db_path, 150)
     run = Run(config, store, clients={"sim": client})

@@ -25,7 +25,7 @@ ONE = {"concurrency_initial": 1, "concurrency_max": 1}
 
 
 def _measured(row: dict) -> str:
-    return next(f for f in row["flags"] if f.startswith("text_path:"))[len("text_path:"):]
+    return next(f for f in row["flags"] if f.startswith("text_path:"))[len("text_path:") :]
 
 
 def _learned(report: dict, endpoint: str) -> set[str]:
@@ -44,7 +44,8 @@ def _stored(db: Path) -> list[dict]:
         rows = conn.execute(
             "SELECT s.sample_id, r.output_ids, r.ids_source, r.strategy, r.roundtrip, r.notes, r.flags, r.category, "
             "p.token_ids FROM reconstructions r JOIN responses p ON p.id = r.response_id "
-            "JOIN samples s ON s.pk = r.sample_pk ORDER BY r.sample_pk").fetchall()
+            "JOIN samples s ON s.pk = r.sample_pk ORDER BY r.sample_pk"
+        ).fetchall()
     keys = ("id", "ids", "source", "strategy", "roundtrip", "notes", "flags", "category", "server_ids")
     out = []
     for row in rows:
@@ -83,11 +84,16 @@ def _corrupt_counted(report: dict, endpoint: str) -> tuple[int, int]:
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_server_ids_are_stored_and_exported_while_the_text_path_counts_its_mismatch(
-        tmp_path, sample_data, capsys, stream) -> None:
-    config = make_config(tmp_path, sample_data, stream=stream, endpoints=[
-        {"name": "vllm", "simulator": _sim(personality="vllm", logprobs=False), "timeout_s": 5.0}], limits=ONE)
-    run, outcome = await run_to_end(config, sample_data, N, references=False,
-                                    reconstructor=build_reconstructor(config))
+    tmp_path, sample_data, capsys, stream
+) -> None:
+    config = make_config(
+        tmp_path,
+        sample_data,
+        stream=stream,
+        endpoints=[{"name": "vllm", "simulator": _sim(personality="vllm", logprobs=False), "timeout_s": 5.0}],
+        limits=ONE,
+    )
+    run, outcome = await run_to_end(config, sample_data, N, references=False, reconstructor=build_reconstructor(config))
     assert outcome.state == "done", outcome
     rows = _stored(config.run.database)
     assert len(rows) == N
@@ -119,12 +125,16 @@ async def test_server_ids_are_stored_and_exported_while_the_text_path_counts_its
 
 
 async def test_logprob_ids_are_stored_and_exported_while_the_text_path_counts_its_mismatch(
-        tmp_path, sample_data, capsys) -> None:
+    tmp_path, sample_data, capsys
+) -> None:
     # OpenRouter-style: every request a probe asks for logprobs (with bytes); the text has ' ' around the tags
-    config = make_config(tmp_path, sample_data, endpoints=[
-        {"name": "or", "simulator": _sim(logprobs=True), "timeout_s": 5.0, "probe_fraction": 1.0}], limits=ONE)
-    run, outcome = await run_to_end(config, sample_data, N, references=False,
-                                    reconstructor=build_reconstructor(config))
+    config = make_config(
+        tmp_path,
+        sample_data,
+        endpoints=[{"name": "or", "simulator": _sim(logprobs=True), "timeout_s": 5.0, "probe_fraction": 1.0}],
+        limits=ONE,
+    )
+    run, outcome = await run_to_end(config, sample_data, N, references=False, reconstructor=build_reconstructor(config))
     assert outcome.state == "done", outcome
     rows = _stored(config.run.database)
     refs = {s.sample_id: s.reference_ids for s in sample_inputs(sample_data, N)}

@@ -6,11 +6,10 @@ from collections import Counter
 
 import pytest
 
-from app.engine.money.budget import BudgetGuard, Prices, projected_total
-from app.token_bucket import TokenBucket
-from app.engine.record.metrics import EndpointMetrics, Observations, RateWindow
 from app.engine.capacity.weights import WeightedRoundRobin
-
+from app.engine.money.budget import BudgetGuard, Prices, projected_total
+from app.engine.record.metrics import EndpointMetrics, Observations, RateWindow
+from app.token_bucket import TokenBucket
 
 # the adaptive limit's specification: tests/engine/test_limiter.py (it replaced an AIMD rule)
 
@@ -41,7 +40,7 @@ def test_round_robin_follows_weights_smoothly():
     rr = WeightedRoundRobin([3, 1])
     picks = [rr.pick() for _ in range(400)]
     assert Counter(picks) == {0: 300, 1: 100}
-    assert all(picks[i:i + 4].count(1) == 1 for i in range(0, 400, 4))
+    assert all(picks[i : i + 4].count(1) == 1 for i in range(0, 400, 4))
 
 
 def test_round_robin_skips_ineligible_endpoints():

@@ -26,7 +26,8 @@ def _rows(db: Path) -> list[tuple]:
         return conn.execute(
             "SELECT r.ids_source, r.flags, r.prompt_check, r.prompt_first_diff, p.prompt_ids IS NOT NULL, s.sample_id "
             "FROM reconstructions r JOIN responses p ON p.id = r.response_id JOIN samples s ON s.pk = r.sample_pk "
-            "ORDER BY r.sample_pk").fetchall()
+            "ORDER BY r.sample_pk"
+        ).fetchall()
 
 
 def test_probes_are_spread_evenly() -> None:
@@ -38,9 +39,12 @@ def test_probes_are_spread_evenly() -> None:
 async def test_provenance_is_stored_and_read_by_fidelity_and_export(tmp_path, sample_data, capsys) -> None:
     # every request is a probe (logprobs asked) until 4 are verified, then half of them: the probes' rows are
     # verified with a text_path flag, the rest are text rebuilds; `fidelity` and `export` read the columns back
-    config = make_config(tmp_path, sample_data, endpoints=[
-        {"name": "sim", "simulator": _sim(), "timeout_s": 5.0, "probe_fraction": 0.5}],
-        limits={"min_verified_samples": 4, "concurrency_initial": 1, "concurrency_max": 1})
+    config = make_config(
+        tmp_path,
+        sample_data,
+        endpoints=[{"name": "sim", "simulator": _sim(), "timeout_s": 5.0, "probe_fraction": 0.5}],
+        limits={"min_verified_samples": 4, "concurrency_initial": 1, "concurrency_max": 1},
+    )
     run, outcome = await run_to_end(config, sample_data, 12, reconstructor=build_reconstructor(config))
     assert outcome.state == "done"
     rows = _rows(config.run.database)
@@ -53,7 +57,9 @@ async def test_provenance_is_stored_and_read_by_fidelity_and_export(tmp_path, sa
         measured = [f for f in flags if f.startswith("text_path:")]
         assert bool(measured) == (source == "logprobs"), (source, flags)
     a = run.snapshot().counts.answers
-    assert a.measured == 8 and a.measured_exact + a.measured_benign + a.measured_truncated + a.measured_corrupt_total == 8
+    assert (
+        a.measured == 8 and a.measured_exact + a.measured_benign + a.measured_truncated + a.measured_corrupt_total == 8
+    )
     assert (a.verified, a.checked) == (8, 4)  # the logprob rows have true ids; a reference judged the text ones
 
     capsys.readouterr()
@@ -63,7 +69,10 @@ async def test_provenance_is_stored_and_read_by_fidelity_and_export(tmp_path, sa
     assert '"probes": 8' in text and '"measured": 8' in text and '"state": "verified"' in text, report
 
     out = tmp_path / "export"
-    assert main(["export", "--db", str(config.run.database), "--format", "eagle3-shards", "--out", str(out), "--json"]) == 0
+    assert (
+        main(["export", "--db", str(config.run.database), "--format", "eagle3-shards", "--out", str(out), "--json"])
+        == 0
+    )
     exported = json.loads(capsys.readouterr().out)
     counts = exported.get("counts") or exported
     assert counts.get("skipped", {}).get("suspect", 0) == 0, exported  # text_path flags are not suspect
@@ -76,8 +85,11 @@ async def test_prompt_mismatch_is_stored_and_reported_once(tmp_path, sample_data
 
     from app.tokens import Reconstructor
 
-    config = make_config(tmp_path, sample_data, endpoints=[
-        {"name": "vllm", "simulator": _sim(personality="vllm", logprobs=False), "timeout_s": 5.0}])
+    config = make_config(
+        tmp_path,
+        sample_data,
+        endpoints=[{"name": "vllm", "simulator": _sim(personality="vllm", logprobs=False), "timeout_s": 5.0}],
+    )
     base = build_reconstructor(config)
     wrong = replace(base.profile, **_wrong_template(base.profile))
     run, outcome = await run_to_end(config, sample_data, 6, reconstructor=Reconstructor(wrong, base.tokenizer))
@@ -90,15 +102,29 @@ async def test_prompt_mismatch_is_stored_and_reported_once(tmp_path, sample_data
     prompt_events = [e for e in run.events_since(0) if e.kind == "prompt"]
     assert len(prompt_events) == 1, prompt_events
     first = next(r for r in rows)
-    assert first[5] in prompt_events[0].message and "differ from the rendered prompt at position" in prompt_events[0].message
+    assert (
+        first[5] in prompt_events[0].message
+        and "differ from the rendered prompt at position" in prompt_events[0].message
+    )
     assert dict(run.snapshot().counts.answers.prompt_checks) == {"differ": 6}
     # vllm returns ids anyway: every request is a probe by default, so all six are measured
     assert run.snapshot().counts.answers.measured == 6
 
     capsys.readouterr()
     out = tmp_path / "export"
-    assert main(["export", "--db", str(config.run.database), "--format", "eagle3-shards", "--out", str(out), "--json",
-                 "--require-prompt-agreement"]) in (0, 1)
+    assert main(
+        [
+            "export",
+            "--db",
+            str(config.run.database),
+            "--format",
+            "eagle3-shards",
+            "--out",
+            str(out),
+            "--json",
+            "--require-prompt-agreement",
+        ]
+    ) in (0, 1)
     report = json.loads(capsys.readouterr().out)
     assert report["skipped"].get("prompt_unverified") == 6, report
 
@@ -106,8 +132,12 @@ async def test_prompt_mismatch_is_stored_and_reported_once(tmp_path, sample_data
 @pytest.mark.parametrize(("personality", "stream"), [("vllm", False), ("vllm", True), ("sglang", False)])
 async def test_prompt_ids_agree_with_the_right_template(tmp_path, sample_data, personality, stream) -> None:
     # vLLM: prompt_token_ids on the response (first chunk when streaming); SGLang: choices[].prompt_token_ids
-    config = make_config(tmp_path, sample_data, stream=stream, endpoints=[
-        {"name": "srv", "simulator": _sim(personality=personality, logprobs=False), "timeout_s": 5.0}])
+    config = make_config(
+        tmp_path,
+        sample_data,
+        stream=stream,
+        endpoints=[{"name": "srv", "simulator": _sim(personality=personality, logprobs=False), "timeout_s": 5.0}],
+    )
     run, outcome = await run_to_end(config, sample_data, 4, reconstructor=build_reconstructor(config))
     rows = _rows(config.run.database)
     assert {r[2] for r in rows} == {"agree"} and all(r[4] for r in rows) and {r[0] for r in rows} == {"server"}
@@ -128,11 +158,19 @@ async def test_quality_gate_pauses_a_corrupting_endpoint(tmp_path, sample_data) 
     # min_verified_samples verified samples. (replacement_char / json_reserialised do not show here: the
     # sample data has no split UTF-8 and logprobs do not cover tool sections, which are text on both sides.)
     config = make_config(
-        tmp_path, sample_data,
-        endpoints=[{"name": "bad", "simulator": _sim(quirks=["think_spaces"]), "timeout_s": 5.0,
-                    "probe_fraction": 1.0, "max_concurrency": 1}],
-        limits={"max_corrupt_rate": 0.2, "min_verified_samples": 4, "concurrency_initial": 1,
-                "concurrency_max": 1})
+        tmp_path,
+        sample_data,
+        endpoints=[
+            {
+                "name": "bad",
+                "simulator": _sim(quirks=["think_spaces"]),
+                "timeout_s": 5.0,
+                "probe_fraction": 1.0,
+                "max_concurrency": 1,
+            }
+        ],
+        limits={"max_corrupt_rate": 0.2, "min_verified_samples": 4, "concurrency_initial": 1, "concurrency_max": 1},
+    )
     run, outcome = await run_to_end(config, sample_data, 30, reconstructor=build_reconstructor(config))
     assert outcome.state == "paused" and "quality gate" in (outcome.reason or ""), outcome
     events = [e.message for e in run.events_since(0) if e.kind == "quality"]
@@ -147,8 +185,9 @@ async def test_quality_gate_pauses_a_corrupting_endpoint(tmp_path, sample_data) 
 def test_route_around_adds_the_provider_to_ignore() -> None:
     from app.config import Endpoint
 
-    ep = Endpoint(name="or", base_url="https://openrouter.ai/api/v1", extra={"provider": {"sort": "price"}},
-                  probe_fraction=0.0)
+    ep = Endpoint(
+        name="or", base_url="https://openrouter.ai/api/v1", extra={"provider": {"sort": "price"}}, probe_fraction=0.0
+    )
     v = Verifier([ep], max_corrupt_rate=0.1, min_verified=2, on_corrupt="route_around", kinds=["openrouter"])
     assert v.request_extra(0) == ({"provider": {"sort": "price"}}, False)  # probes turned off
     for pk in (1, 2):
@@ -164,14 +203,16 @@ def test_dashboard_match_tile_shows_the_measured_rate_with_its_count() -> None:
     from app.store.count_records import AnswerCounts, RunCounts
     from app.tui.screens.dashboard import reconstruction_lines
 
-    answers = AnswerCounts(answers=40, measured=40, measured_exact=30, measured_benign=6,
-                           measured_corrupt=(("text_mismatch", 4),))
+    answers = AnswerCounts(
+        answers=40, measured=40, measured_exact=30, measured_benign=6, measured_corrupt=(("text_mismatch", 4),)
+    )
     assert reconstruction_lines(RunRecord("r", "running", RunCounts(answers=answers)))[-1] == "match 90.0% n=40"
     assert reconstruction_lines(RunRecord("r", "running"))[-1] == "measured 0"  # no probes yet
 
 
 def _toml(data: dict) -> str:
     """A TOML text of the simple config dicts these tests use (tables, arrays of tables, scalars, lists)."""
+
     def value(v):
         if isinstance(v, bool):
             return "true" if v else "false"
@@ -204,9 +245,14 @@ async def test_a_calibrated_profile_is_loaded_and_keeps_the_gate_closed(tmp_path
 
     from tests.engine.conftest import config_data
 
-    data = config_data(tmp_path, sample_data, endpoints=[
-        {"name": "spaces", "simulator": _sim(quirks=["think_spaces"]), "timeout_s": 5.0, "probe_fraction": 1.0}],
-        limits={"max_corrupt_rate": 0.2, "min_verified_samples": 4})
+    data = config_data(
+        tmp_path,
+        sample_data,
+        endpoints=[
+            {"name": "spaces", "simulator": _sim(quirks=["think_spaces"]), "timeout_s": 5.0, "probe_fraction": 1.0}
+        ],
+        limits={"max_corrupt_rate": 0.2, "min_verified_samples": 4},
+    )
     path = tmp_path / "run.toml"
     path.write_text(_toml(data))
     assert await asyncio.to_thread(main, ["calibrate", str(path), "--samples", "12"]) == 0
@@ -224,8 +270,11 @@ async def test_a_restarted_engine_keeps_the_runs_measurements_and_prompt_event(t
 
     from app.tokens import Reconstructor
 
-    config = make_config(tmp_path, sample_data, endpoints=[
-        {"name": "vllm", "simulator": _sim(personality="vllm", logprobs=False), "timeout_s": 5.0}])
+    config = make_config(
+        tmp_path,
+        sample_data,
+        endpoints=[{"name": "vllm", "simulator": _sim(personality="vllm", logprobs=False), "timeout_s": 5.0}],
+    )
     base = build_reconstructor(config)
     wrong = Reconstructor(replace(base.profile, **_wrong_template(base.profile)), base.tokenizer)
     first, _ = await run_to_end(config, sample_data, 4, reconstructor=wrong)
@@ -252,17 +301,32 @@ async def test_route_around_ignores_the_corrupting_provider_in_later_requests(tm
             return body
 
     config = make_config(
-        tmp_path, sample_data,
-        endpoints=[{"name": "or", "simulator": _sim(quirks=["think_spaces"]), "timeout_s": 5.0,
-                    "probe_fraction": 1.0, "extra": {"provider": {"sort": "price"}}}],
-        limits={"max_corrupt_rate": 0.2, "min_verified_samples": 3, "on_corrupt": "route_around",
-                "concurrency_initial": 1, "concurrency_max": 1})
+        tmp_path,
+        sample_data,
+        endpoints=[
+            {
+                "name": "or",
+                "simulator": _sim(quirks=["think_spaces"]),
+                "timeout_s": 5.0,
+                "probe_fraction": 1.0,
+                "extra": {"provider": {"sort": "price"}},
+            }
+        ],
+        limits={
+            "max_corrupt_rate": 0.2,
+            "min_verified_samples": 3,
+            "on_corrupt": "route_around",
+            "concurrency_initial": 1,
+            "concurrency_max": 1,
+        },
+    )
     server = await _start_simulator(config, config.endpoints[0])
     ep = config.endpoints[0].model_copy(update={"base_url": server.base_url, "simulator": None, "server": "openrouter"})
     client = Recording(ep, config.generation, None)
     try:
-        run, outcome = await run_to_end(config, sample_data, 10, reconstructor=build_reconstructor(config),
-                                        clients={"or": client})
+        run, outcome = await run_to_end(
+            config, sample_data, 10, reconstructor=build_reconstructor(config), clients={"or": client}
+        )
     finally:
         await client.aclose()
         await server.close()
@@ -272,7 +336,9 @@ async def test_route_around_ignores_the_corrupting_provider_in_later_requests(tm
     bodies = Recording.bodies
     assert len(bodies) == 10 and all(b["logprobs"] is True and b["top_logprobs"] == 0 for b in bodies)
     assert [b["provider"] for b in bodies[:3]] == [{"sort": "price"}] * 3
-    assert all(b["provider"] == {"sort": "price", "ignore": ["eaglewatch-simulator"]} for b in bodies[3:])  # the slot is held until the decision
+    assert all(
+        b["provider"] == {"sort": "price", "ignore": ["eaglewatch-simulator"]} for b in bodies[3:]
+    )  # the slot is held until the decision
 
 
 def test_probe_fields_respect_generation_logprobs() -> None:
@@ -327,16 +393,20 @@ async def test_a_profile_learned_during_the_run_reaches_the_rebuild_workers(tmp_
     # the samples after them are rebuilt from text in a worker process with the learned inverse: most come out as
     # the reference's ids, and any that four probes could not teach (a tool section's spaces) is flagged
     config = make_config(
-        tmp_path, sample_data,
-        endpoints=[{"name": "sim", "simulator": _sim(quirks=["think_spaces"]), "timeout_s": 5.0,
-                    "probe_fraction": 0.01}],
-        limits={"min_verified_samples": 4, "concurrency_initial": 1, "concurrency_max": 1})
+        tmp_path,
+        sample_data,
+        endpoints=[
+            {"name": "sim", "simulator": _sim(quirks=["think_spaces"]), "timeout_s": 5.0, "probe_fraction": 0.01}
+        ],
+        limits={"min_verified_samples": 4, "concurrency_initial": 1, "concurrency_max": 1},
+    )
     config = config.model_copy(update={"run": config.run.model_copy(update={"rebuild_workers": 1})})
     run, outcome = await run_to_end(config, sample_data, 14, reconstructor=build_reconstructor(config))
     assert outcome.state == "done"
     with sqlite3.connect(config.run.database) as conn:
-        rows = conn.execute("SELECT ids_source, repair, category, flags FROM reconstructions ORDER BY sample_pk"
-                            ).fetchall()
+        rows = conn.execute(
+            "SELECT ids_source, repair, category, flags FROM reconstructions ORDER BY sample_pk"
+        ).fetchall()
         stored = conn.execute("SELECT probes, body FROM fidelity_profiles WHERE endpoint = 'sim'").fetchall()
     assert [r[0] for r in rows[:4]] == ["logprobs"] * 4
     text = [r for r in rows if r[0] == "text"]
@@ -356,16 +426,27 @@ async def test_a_trusted_twin_teaches_an_endpoint_without_ground_truth(tmp_path,
     # "plain" returns no logprobs and puts ' ' around the think tags; "mine" is a vLLM of the same model that
     # returns ids: probes to "plain" go greedy to both, and the comparison teaches and measures plain's steps
     config = make_config(
-        tmp_path, sample_data,
-        endpoints=[{"name": "plain", "simulator": _sim(quirks=["think_spaces"], logprobs=False), "timeout_s": 5.0},
-                   {"name": "mine", "simulator": _sim(personality="vllm", logprobs=False, seed=4), "timeout_s": 5.0,
-                    "trusted": True, "weight": 0.2}],
-        limits={"min_verified_samples": 3, "concurrency_initial": 2, "concurrency_max": 2})
+        tmp_path,
+        sample_data,
+        endpoints=[
+            {"name": "plain", "simulator": _sim(quirks=["think_spaces"], logprobs=False), "timeout_s": 5.0},
+            {
+                "name": "mine",
+                "simulator": _sim(personality="vllm", logprobs=False, seed=4),
+                "timeout_s": 5.0,
+                "trusted": True,
+                "weight": 0.2,
+            },
+        ],
+        limits={"min_verified_samples": 3, "concurrency_initial": 2, "concurrency_max": 2},
+    )
     run, outcome = await run_to_end(config, sample_data, 24, reconstructor=build_reconstructor(config))
     assert outcome.state == "done"
     with sqlite3.connect(config.run.database) as conn:
-        rows = conn.execute("SELECT p.endpoint, r.ids_source, r.flags, r.repair FROM reconstructions r JOIN responses p "
-                            "ON p.id = r.response_id ORDER BY r.sample_pk").fetchall()
+        rows = conn.execute(
+            "SELECT p.endpoint, r.ids_source, r.flags, r.repair FROM reconstructions r JOIN responses p "
+            "ON p.id = r.response_id ORDER BY r.sample_pk"
+        ).fetchall()
     plain = [r for r in rows if r[0] == "plain"]
     measured = [r for r in plain if "text_path:" in (r[2] or "")]
     assert plain and all(r[1] == "text" for r in plain)  # its own answers carry no ids
@@ -381,15 +462,22 @@ async def test_the_export_refuses_unverified_text_rebuilds_unless_accepted(tmp_p
     from app.engine.capacity.endpoints import _start_simulator
     from app.providers.client import ChatClient
 
-    config = make_config(tmp_path, sample_data, endpoints=[
-        {"name": "anon", "base_url": "http://127.0.0.1:9/v1", "timeout_s": 5.0}])
+    config = make_config(
+        tmp_path, sample_data, endpoints=[{"name": "anon", "base_url": "http://127.0.0.1:9/v1", "timeout_s": 5.0}]
+    )
     sim_cfg = make_config(tmp_path, sample_data, endpoints=[{"name": "s", "simulator": _sim(), "timeout_s": 5.0}])
     server = await _start_simulator(sim_cfg, sim_cfg.endpoints[0])
     ep = config.endpoints[0].model_copy(update={"base_url": server.base_url})
     client = ChatClient(ep, config.generation, None)
     try:
-        run, outcome = await run_to_end(config, sample_data, 6, references=False,
-                                        reconstructor=build_reconstructor(config), clients={"anon": client})
+        run, outcome = await run_to_end(
+            config,
+            sample_data,
+            6,
+            references=False,
+            reconstructor=build_reconstructor(config),
+            clients={"anon": client},
+        )
     finally:
         await client.aclose()
         await server.close()
@@ -397,13 +485,30 @@ async def test_the_export_refuses_unverified_text_rebuilds_unless_accepted(tmp_p
     assert any("the server is unknown" in e.message for e in run.events_since(0))
     capsys.readouterr()
     out = tmp_path / "export"
-    assert main(["export", "--db", str(config.run.database), "--format", "sglang-raw", "--out", str(out), "--json"]) == 0
+    assert (
+        main(["export", "--db", str(config.run.database), "--format", "sglang-raw", "--out", str(out), "--json"]) == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["exported"] == 0 and report["skipped"].get("unverified") == 6, report
     assert any("--accept-unverified" in w for w in report["warnings"]), report
     assert any("anon" in w and "server =" in w for w in report["warnings"]), report  # what would verify it
-    assert main(["export", "--db", str(config.run.database), "--format", "sglang-raw", "--out", str(out), "--json",
-                 "--overwrite", "--accept-unverified"]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--db",
+                str(config.run.database),
+                "--format",
+                "sglang-raw",
+                "--out",
+                str(out),
+                "--json",
+                "--overwrite",
+                "--accept-unverified",
+            ]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     manifest = json.loads((out / "manifest.json").read_text())
     assert report["exported"] == manifest["verification"]["unverified"]["accepted"] > 0

@@ -25,8 +25,17 @@ class BuiltRun:
     exported_ids: dict[str, list[int]]  # what an export writes: the reference (true ids) for exact/bpe_equivalent
 
 
-def build_run_db(db: Path, reference: Path, tokenizer_dir: Path, cases: dict, *, name: str = "demo",
-                 limit: int | None = None, mismatches: int = 3, fingerprint: str | None = None) -> BuiltRun:
+def build_run_db(
+    db: Path,
+    reference: Path,
+    tokenizer_dir: Path,
+    cases: dict,
+    *,
+    name: str = "demo",
+    limit: int | None = None,
+    mismatches: int = 3,
+    fingerprint: str | None = None,
+) -> BuiltRun:
     """Write a finished run: every reference sample done, with a reconstruction as the engine records it.
 
     Canonical samples are `exact`, non-canonical ones `bpe_equivalent` (the stored ids are the canonical
@@ -40,8 +49,11 @@ def build_run_db(db: Path, reference: Path, tokenizer_dir: Path, cases: dict, *,
     conn = sqlite3.connect(db, isolation_level=None)
     configure(conn)
     now = time.time()
-    config = {"run": {"name": name}, "model": {"name": "m", "tokenizer": str(tokenizer_dir), "profile": "kimi-k2.5"},
-              "endpoints": [{"name": "simulator", "extra": {}}]}
+    config = {
+        "run": {"name": name},
+        "model": {"name": "m", "tokenizer": str(tokenizer_dir), "profile": "kimi-k2.5"},
+        "endpoints": [{"name": "simulator", "extra": {}}],
+    }
     conn.execute("BEGIN")
     run_id = conn.execute(
         "INSERT INTO runs (name, config, state, created_at, updated_at) VALUES (?, ?, 'done', ?, ?)",
@@ -69,8 +81,15 @@ def build_run_db(db: Path, reference: Path, tokenizer_dir: Path, cases: dict, *,
         pk = conn.execute(
             "INSERT INTO samples (run_id, sample_id, dataset, messages, tools, reference_ids, reference_finish, "
             "state, attempts, updated_at) VALUES (?, ?, 'prompts', ?, ?, ?, ?, 'done', 1, ?)",
-            (run_id, sid, json.dumps(rec["messages"]), json.dumps(rec["tools"]) if "tools" in rec else None,
-             pack_ids(ref), finish, now),
+            (
+                run_id,
+                sid,
+                json.dumps(rec["messages"]),
+                json.dumps(rec["tools"]) if "tools" in rec else None,
+                pack_ids(ref),
+                finish,
+                now,
+            ),
         ).lastrowid
         response_id = conn.execute(
             "INSERT INTO responses (run_id, sample_pk, attempt, endpoint, finish_reason, content, created_at) "
@@ -81,8 +100,18 @@ def build_run_db(db: Path, reference: Path, tokenizer_dir: Path, cases: dict, *,
             "INSERT INTO reconstructions (run_id, sample_pk, response_id, profile, tokenizer, strategy, output_ids, "
             "reference_ids, category, n_tokens, ref_len, created_at) VALUES (?, ?, ?, 'kimi-k2.5', ?, 'canonical', "
             "?, ?, ?, ?, ?, ?)",
-            (run_id, pk, response_id, fingerprint if fingerprint is not None else tok.fingerprint, pack_ids(out),
-             pack_ids(ref), category, len(out), len(ref), now),
+            (
+                run_id,
+                pk,
+                response_id,
+                fingerprint if fingerprint is not None else tok.fingerprint,
+                pack_ids(out),
+                pack_ids(ref),
+                category,
+                len(out),
+                len(ref),
+                now,
+            ),
         )
         records[sid], categories[sid], outputs[sid] = rec, category, out
         exported[sid] = list(ref) if category in ("exact", "bpe_equivalent") else out
@@ -124,9 +153,9 @@ def run_conversations(tmp: Path, sample_data: Path, *, policy: str = "stop") -> 
     rebuilt as a run rebuilds them (the engine's own Reconstructor); the run database's path."""
     import asyncio
 
-    from app.engine.work.config_ingest import ingest_config
     from app.engine.fidelity.pool import build_reconstructor
     from app.engine.run import Run
+    from app.engine.work.config_ingest import ingest_config
     from app.store.run_store import RunStore
     from tests.engine.test_conversation_run import _config
 

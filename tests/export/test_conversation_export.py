@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from app.errors import InputError
-from app.export import ExportPolicy, TrainingRow, Export, ExportOptions
+from app.export import Export, ExportOptions, ExportPolicy, TrainingRow
 from app.export.conversation_rows import merged_row, prefix_break
 from app.export.report import summary_line
 from app.extract.manifest import read_manifest, read_shard
@@ -23,8 +23,9 @@ PRESERVE = {"preserve_thinking": True}  # the sample K2.5 template then renders 
 
 
 def _rows(out: Path) -> dict[str, tuple[list[int], list[int]]]:
-    return {s.sample_id: (list(s.input_ids), list(s.loss_mask))
-            for e in read_manifest(out).shards for s in read_shard(e)}
+    return {
+        s.sample_id: (list(s.input_ids), list(s.loss_mask)) for e in read_manifest(out).shards for s in read_shard(e)
+    }
 
 
 def _spans(mask: list[int]) -> list[tuple[int, int]]:
@@ -42,8 +43,10 @@ def _turns(db: Path) -> dict[str, dict]:
     conn = sqlite3.connect(db)
     conn.row_factory = sqlite3.Row
     try:
-        rows = conn.execute("SELECT sample_id, conversation_id, turn, turns, state, messages, tools, off_policy "
-                            "FROM samples ORDER BY pk").fetchall()
+        rows = conn.execute(
+            "SELECT sample_id, conversation_id, turn, turns, state, messages, tools, off_policy "
+            "FROM samples ORDER BY pk"
+        ).fetchall()
     finally:
         conn.close()
     return {r["sample_id"]: dict(r) for r in rows}
@@ -68,7 +71,8 @@ def per_turn(conversation_run, tmp_path_factory):
 
 
 def test_each_turn_is_a_row_of_its_requests_prompt_by_transformers_and_its_answer(
-        per_turn, conversation_run, hf_sample_tokenizer, references):
+    per_turn, conversation_run, hf_sample_tokenizer, references
+):
     out, report = per_turn
     rows = _rows(out)
     turns = _turns(conversation_run)
@@ -89,7 +93,12 @@ def test_each_turn_is_a_row_of_its_requests_prompt_by_transformers_and_its_answe
     assert later >= 40
     c = report.conversations
     assert (c["mode"], c["conversations"], c["turns"], c["exported_turns"], c["merged"]) == (
-        "per-turn", 16, len(done), len(done), 0)
+        "per-turn",
+        16,
+        len(done),
+        len(done),
+        0,
+    )
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["conversations"] == c
     with (out / "samples.tsv").open(encoding="utf-8") as fh:
@@ -114,7 +123,12 @@ def merged_pair(conversation_run, tmp_path_factory):
     """The per-turn and the merged export with earlier reasoning kept in the history (every conversation merges)."""
     tmp = tmp_path_factory.mktemp("merged")
     Export(conversation_run, tmp / "turns", "eagle3-shards", ExportOptions(template_kwargs=PRESERVE)).run()
-    report = Export(conversation_run, tmp / "merged", "eagle3-shards", ExportOptions(template_kwargs=PRESERVE, conversations="merged")).run()
+    report = Export(
+        conversation_run,
+        tmp / "merged",
+        "eagle3-shards",
+        ExportOptions(template_kwargs=PRESERVE, conversations="merged"),
+    ).run()
     return _rows(tmp / "turns"), _rows(tmp / "merged"), report
 
 
@@ -123,8 +137,9 @@ def test_a_merged_row_is_the_concatenation_of_its_turns_rows(merged_pair, conver
     turns = _turns(conversation_run)
     assert set(merged) == {t["conversation_id"] for t in turns.values()}
     for cid, (ids, mask) in merged.items():
-        done = sorted((t["turn"], sid) for sid, t in turns.items()
-                      if t["conversation_id"] == cid and t["state"] == "done")
+        done = sorted(
+            (t["turn"], sid) for sid, t in turns.items() if t["conversation_id"] == cid and t["state"] == "done"
+        )
         spans = _spans(mask)
         assert len(spans) == len(done), cid
         for (start, end), (_, sid) in zip(spans, done, strict=True):
@@ -178,7 +193,12 @@ def test_off_policy_turns_are_exported_counted_and_marked_or_dropped(conversatio
     with (tmp_path / "all" / "samples.tsv").open(encoding="utf-8") as fh:
         marked = {r["id"] for r in csv.DictReader(fh, delimiter="\t") if r["off_policy"] == "1"}
     assert marked == off
-    dropped = Export(conversation_run_replay, tmp_path / "on", "eagle3-shards", ExportOptions(policy=ExportPolicy(keep_off_policy=False))).run()
+    dropped = Export(
+        conversation_run_replay,
+        tmp_path / "on",
+        "eagle3-shards",
+        ExportOptions(policy=ExportPolicy(keep_off_policy=False)),
+    ).run()
     assert dropped.skipped == {"off_policy": len(off)} and not set(_rows(tmp_path / "on")) & off
 
 
@@ -198,7 +218,8 @@ def test_rendering_in_worker_processes_writes_the_same_conversation_rows(convers
 
 @pytest.mark.kimi
 def test_kimi_per_turn_prompts_equal_transformers_rendering_encoded_by_tiktoken(
-        conversation_run, kimi_tokenizer_dir, sample_tokenizer_dir, tmp_path):
+    conversation_run, kimi_tokenizer_dir, sample_tokenizer_dir, tmp_path
+):
     """The same conversations with the real Kimi K2.5 vocabulary (the answers re-encoded with it; the files ship
     no template, so the sample's K2.5 template is given): each turn's prompt ids are what transformers' own
     renderer (`render_jinja_template`, behind apply_chat_template) gives for its request, encoded by tiktoken's
@@ -218,37 +239,52 @@ def test_kimi_per_turn_prompts_equal_transformers_rendering_encoded_by_tiktoken(
     configure(conn)
     config = {"model": {"tokenizer": str(kimi_tokenizer_dir), "profile": "kimi-k2.5"}, "endpoints": []}
     conn.execute("BEGIN")
-    run_id = conn.execute("INSERT INTO runs (name, config, state, created_at, updated_at) "
-                          "VALUES ('k', ?, 'done', 0, 0)", (json.dumps(config),)).lastrowid
+    run_id = conn.execute(
+        "INSERT INTO runs (name, config, state, created_at, updated_at) VALUES ('k', ?, 'done', 0, 0)",
+        (json.dumps(config),),
+    ).lastrowid
     for sid, messages, tools, cid, turn, turns, ids in src.execute(
-            "SELECT s.sample_id, s.messages, s.tools, s.conversation_id, s.turn, s.turns, r.output_ids FROM samples s "
-            "JOIN reconstructions r ON r.sample_pk = s.pk WHERE s.state = 'done' ORDER BY s.pk"):
+        "SELECT s.sample_id, s.messages, s.tools, s.conversation_id, s.turn, s.turns, r.output_ids FROM samples s "
+        "JOIN reconstructions r ON r.sample_pk = s.pk WHERE s.state = 'done' ORDER BY s.pk"
+    ):
         output = kimi.encode(small.decode(unpack_ids(ids)))
-        pk = conn.execute("INSERT INTO samples (run_id, sample_id, dataset, messages, tools, conversation_id, turn, "
-                          "turns, state, attempts, updated_at) VALUES (?, ?, 'c', ?, ?, ?, ?, ?, 'done', 1, 0)",
-                          (run_id, sid, messages, tools, cid, turn, turns)).lastrowid
-        rid = conn.execute("INSERT INTO responses (run_id, sample_pk, attempt, endpoint, finish_reason, created_at) "
-                           "VALUES (?, ?, 1, 'sim', 'stop', 0)", (run_id, pk)).lastrowid
-        conn.execute("INSERT INTO reconstructions (run_id, sample_pk, response_id, tokenizer, strategy, output_ids, "
-                     "category, n_tokens, created_at) VALUES (?, ?, ?, ?, 'canonical', ?, 'exact', ?, 0)",
-                     (run_id, pk, rid, kimi.fingerprint, pack_ids(output), len(output)))
+        pk = conn.execute(
+            "INSERT INTO samples (run_id, sample_id, dataset, messages, tools, conversation_id, turn, "
+            "turns, state, attempts, updated_at) VALUES (?, ?, 'c', ?, ?, ?, ?, ?, 'done', 1, 0)",
+            (run_id, sid, messages, tools, cid, turn, turns),
+        ).lastrowid
+        rid = conn.execute(
+            "INSERT INTO responses (run_id, sample_pk, attempt, endpoint, finish_reason, created_at) "
+            "VALUES (?, ?, 1, 'sim', 'stop', 0)",
+            (run_id, pk),
+        ).lastrowid
+        conn.execute(
+            "INSERT INTO reconstructions (run_id, sample_pk, response_id, tokenizer, strategy, output_ids, "
+            "category, n_tokens, created_at) VALUES (?, ?, ?, ?, 'canonical', ?, 'exact', ?, 0)",
+            (run_id, pk, rid, kimi.fingerprint, pack_ids(output), len(output)),
+        )
     conn.execute("COMMIT")
     conn.close()
     src.close()
     template = tmp_path / "k25.jinja"
     template.write_text(load_chat_template(sample_tokenizer_dir).text, encoding="utf-8")
     report = Export(db, tmp_path / "out", "eagle3-shards", ExportOptions(chat_template=template)).run()
-    merged = Export(db, tmp_path / "merged", "eagle3-shards", ExportOptions(chat_template=template, conversations="merged")).run()
+    merged = Export(
+        db, tmp_path / "merged", "eagle3-shards", ExportOptions(chat_template=template, conversations="merged")
+    ).run()
     specials = load_chat_template(sample_tokenizer_dir).special_tokens
     stored = _turns(db)
     rows = _rows(tmp_path / "out")
     assert len(rows) == report.seen > 40
     for sid, (ids, mask) in rows.items():
         t = stored[sid]
-        [text], _ = render_jinja_template(conversations=[json.loads(t["messages"])],
-                                          tools=json.loads(t["tools"]) if t["tools"] else None,
-                                          chat_template=template.read_text(encoding="utf-8"),
-                                          add_generation_prompt=True, **specials)
+        [text], _ = render_jinja_template(
+            conversations=[json.loads(t["messages"])],
+            tools=json.loads(t["tools"]) if t["tools"] else None,
+            chat_template=template.read_text(encoding="utf-8"),
+            add_generation_prompt=True,
+            **specials,
+        )
         [(start, _)] = _spans(mask)
         assert ids[:start] == kimi.encoding.encode(text, allowed_special="all"), sid
     c = merged.conversations

@@ -45,9 +45,14 @@ def test_coverage_table_is_the_share_of_the_loss_the_top_n_hold():
     assert coverage_table(counts, [1, 2, 8]) == [(1, 6, 0.6), (2, 9, 0.9), (8, 10, 1.0)]
 
 
-@pytest.mark.parametrize(("size", "target", "error"), [
-    (0, 10, "at least one token"), (11, 10, "exceeds the target vocabulary"), (2, 5, "token id 9 is in the loss"),
-])
+@pytest.mark.parametrize(
+    ("size", "target", "error"),
+    [
+        (0, 10, "at least one token"),
+        (11, 10, "exceeds the target vocabulary"),
+        (2, 5, "token id 9 is in the loss"),
+    ],
+)
 def test_impossible_sizes_are_refused(size, target, error):
     with pytest.raises(InputError, match=error):
         choose(_counts([1, 9]).counts, size, target)
@@ -112,8 +117,13 @@ def _vocab_without_torch(tmp_path, *args):
 
     from tests.torchless import torchless_env
 
-    return subprocess.run([sys.executable, "-m", "app.cli", "vocab", *args], capture_output=True, text=True,
-                          env=torchless_env(tmp_path / "no-torch"), timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", "vocab", *args],
+        capture_output=True,
+        text=True,
+        env=torchless_env(tmp_path / "no-torch"),
+        timeout=300,
+    )
 
 
 def test_vocab_without_torch_writes_what_needs_none_and_says_what_it_skipped(built_run, tmp_path):
@@ -121,15 +131,18 @@ def test_vocab_without_torch_writes_what_needs_none_and_says_what_it_skipped(bui
     proc = _vocab_without_torch(tmp_path, "--db", str(built_run.db), "--size", "512", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in out.iterdir()) == ["d2t-512.npy", "t2d-512.npy", "vocab.json"]
-    assert ("skipped token_freq.pt (speculators), vocab_mapping-512.pt (specforge), d2t-512.pt (modelopt): torch is "
-            "not installed; pip install -e '.[extract]' brings it") in proc.stdout
+    assert (
+        "skipped token_freq.pt (speculators), vocab_mapping-512.pt (specforge), d2t-512.pt (modelopt): torch is "
+        "not installed; pip install -e '.[extract]' brings it"
+    ) in proc.stdout
     assert "Traceback" not in proc.stderr
 
 
 def test_vocab_without_torch_for_speculators_needs_no_torch(built_run, tmp_path):
     out = tmp_path / "vocab"
-    proc = _vocab_without_torch(tmp_path, "--db", str(built_run.db), "--size", "512", "--out", str(out),
-                                "--trainer", "speculators")
+    proc = _vocab_without_torch(
+        tmp_path, "--db", str(built_run.db), "--size", "512", "--out", str(out), "--trainer", "speculators"
+    )
     assert proc.returncode == 0, proc.stderr
     assert (out / "d2t-512.npy").exists() and "skipped token_freq.pt (speculators)" in proc.stdout
 
@@ -137,8 +150,9 @@ def test_vocab_without_torch_for_speculators_needs_no_torch(built_run, tmp_path)
 @pytest.mark.parametrize("trainer, reads", [("specforge", "vocab_mapping-512.pt"), ("modelopt", "d2t-512.pt")])
 def test_vocab_without_torch_fails_for_a_trainer_that_reads_a_pt_file(built_run, tmp_path, trainer, reads):
     out = tmp_path / "vocab"
-    proc = _vocab_without_torch(tmp_path, "--db", str(built_run.db), "--size", "512", "--out", str(out),
-                                "--trainer", trainer)
+    proc = _vocab_without_torch(
+        tmp_path, "--db", str(built_run.db), "--size", "512", "--out", str(out), "--trainer", trainer
+    )
     assert proc.returncode != 0
     assert f"but {trainer} read(s) {reads}, which need torch: pip install -e '.[extract]'" in proc.stderr
     assert (out / "d2t-512.npy").exists() and "Traceback" not in proc.stderr

@@ -29,8 +29,9 @@ def _respaced(text: str) -> str:
 
 def _as_sharegpt(sid: str, messages: list[dict]) -> str:
     who = {"system": "system", "user": "human"}
-    return json.dumps({"id": sid, "conversations": [{"from": who[m["role"]], "value": _respaced(m["content"])}
-                                                    for m in messages]})
+    return json.dumps(
+        {"id": sid, "conversations": [{"from": who[m["role"]], "value": _respaced(m["content"])} for m in messages]}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +42,10 @@ def overlap_case(built_run, tmp_path_factory):
     Export(built_run.db, tmp / "plain", "eagle3-shards").run()
     exported = [sid for sid in _ids(tmp / "plain") if _plain(built_run.records[sid]["messages"])]
     exact = exported[::10]
-    words = {sid: " ".join(m["content"] for m in built_run.records[sid]["messages"] if m["role"] == "user").split()
-             for sid in exported}
+    words = {
+        sid: " ".join(m["content"] for m in built_run.records[sid]["messages"] if m["role"] == "user").split()
+        for sid in exported
+    }
     near = [sid for sid in exported if sid not in exact and len(words[sid]) >= 24][:4]
     assert len(exact) >= 20 and len(near) == 4
     lines = [_as_sharegpt(f"eval-{sid}", built_run.records[sid]["messages"]) for sid in exact]
@@ -50,7 +53,7 @@ def overlap_case(built_run, tmp_path_factory):
         text = " ".join(words[sid][:-1] + ["different"])
         lines.append(json.dumps({"id": f"near-{sid}", "messages": [{"role": "user", "content": text}]}))
     (tmp / "eval.sharegpt.jsonl").write_text("\n".join(lines[: len(exact)]) + "\n", encoding="utf-8")
-    (tmp / "eval.messages.jsonl").write_text("\n".join(lines[len(exact):]) + "\n", encoding="utf-8")
+    (tmp / "eval.messages.jsonl").write_text("\n".join(lines[len(exact) :]) + "\n", encoding="utf-8")
     return [tmp / "eval.sharegpt.jsonl", tmp / "eval.messages.jsonl"], set(exact), set(near), set(_ids(tmp / "plain"))
 
 
@@ -71,7 +74,9 @@ def test_training_prompts_equal_to_eval_prompts_are_counted_and_left_out(built_r
     assert report.skipped["eval_overlap"] == len(exact) and report.exported == len(everything) - len(exact)
     assert {e["sample_id"] for e in tally["exact_examples"]} <= exact
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    assert manifest["eval_overlap"]["exact"] == len(exact) and manifest["counts"]["skipped"]["eval_overlap"] == len(exact)
+    assert manifest["eval_overlap"]["exact"] == len(exact) and manifest["counts"]["skipped"]["eval_overlap"] == len(
+        exact
+    )
 
 
 def test_near_duplicates_are_reported_with_their_ids_but_kept(built_run, overlap_case, tmp_path):
@@ -86,7 +91,12 @@ def test_near_duplicates_are_reported_with_their_ids_but_kept(built_run, overlap
 
 def test_keep_eval_overlap_counts_but_keeps_them(built_run, overlap_case, tmp_path):
     files, exact, near, everything = overlap_case
-    report = Export(built_run.db, tmp_path / "out", "eagle3-shards", ExportOptions(eval_prompts=tuple(files), keep_eval_overlap=True)).run()
+    report = Export(
+        built_run.db,
+        tmp_path / "out",
+        "eagle3-shards",
+        ExportOptions(eval_prompts=tuple(files), keep_eval_overlap=True),
+    ).run()
     assert set(_ids(tmp_path / "out")) == everything
     assert (report.eval_overlap["exact"], report.eval_overlap["removed"]) == (len(exact), 0)
 
@@ -95,8 +105,22 @@ def test_the_cli_takes_eval_prompts_and_says_what_it_found(built_run, overlap_ca
     from app.cli import main
 
     files, exact, near, _ = overlap_case
-    assert main(["export", "--db", str(built_run.db), "--format", "specforge", "--out", str(tmp_path / "o"),
-                 "--eval-prompts", *map(str, files)]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--db",
+                str(built_run.db),
+                "--format",
+                "specforge",
+                "--out",
+                str(tmp_path / "o"),
+                "--eval-prompts",
+                *map(str, files),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert f"{len(exact)} training prompt(s) equal one, left out; {len(near)} near-duplicate(s)" in out
 
@@ -109,14 +133,17 @@ def test_an_eval_file_of_no_known_format_is_refused_with_its_name(built_run, tmp
     assert not (tmp_path / "out").exists()
 
 
-def test_the_eval_split_never_shares_a_prompt_with_the_train_split(tmp_path, sample_reference, sample_tokenizer_dir,
-                                                                     sample_cases):
+def test_the_eval_split_never_shares_a_prompt_with_the_train_split(
+    tmp_path, sample_reference, sample_tokenizer_dir, sample_cases
+):
     from tests.export.conftest import build_run_db
 
     records = [json.loads(line) for line in sample_reference.read_text(encoding="utf-8").splitlines()]
     for i in range(1, len(records), 3):  # every third sample repeats the prompt before it, re-spaced
-        records[i]["messages"] = [dict(m, content=_respaced(m["content"])) if isinstance(m.get("content"), str)
-                                  else m for m in records[i - 1]["messages"]]
+        records[i]["messages"] = [
+            dict(m, content=_respaced(m["content"])) if isinstance(m.get("content"), str) else m
+            for m in records[i - 1]["messages"]
+        ]
     reference = tmp_path / "reference.jsonl"
     reference.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     built = build_run_db(tmp_path / "run.db", reference, sample_tokenizer_dir, sample_cases)

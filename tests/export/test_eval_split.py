@@ -33,8 +33,11 @@ def test_every_format_holds_out_the_same_ids_in_an_export_folder_of_their_own(bu
     report = Export(built_run.db, tmp_path / "split", fmt, ExportOptions(eval_fraction=0.2)).run()
     train, evals = _ids(tmp_path / "split"), _ids(tmp_path / "split" / EVAL_DIR)
     assert not train & evals and train | evals == _ids(tmp_path / "whole")
-    assert evals == {sid for sid in _ids(tmp_path / "whole")
-                     if held_out(split_key(built_run.records[sid]["messages"]), 0.2)} and evals
+    assert (
+        evals
+        == {sid for sid in _ids(tmp_path / "whole") if held_out(split_key(built_run.records[sid]["messages"]), 0.2)}
+        and evals
+    )
     assert (report.exported, report.eval_exported, report.skipped) == (whole.exported, len(evals), whole.skipped)
     main = json.loads((tmp_path / "split" / "manifest.json").read_text())
     held = json.loads((tmp_path / "split" / EVAL_DIR / "manifest.json").read_text())
@@ -46,8 +49,9 @@ def test_every_format_holds_out_the_same_ids_in_an_export_folder_of_their_own(bu
     assert f"{EVAL_DIR}/manifest.json" in report.files
 
 
-def test_a_later_export_with_more_samples_holds_out_the_same_ids(tmp_path, sample_reference, sample_tokenizer_dir,
-                                                                 sample_cases):
+def test_a_later_export_with_more_samples_holds_out_the_same_ids(
+    tmp_path, sample_reference, sample_tokenizer_dir, sample_cases
+):
     from tests.export.conftest import build_run_db
 
     early = build_run_db(tmp_path / "early.db", sample_reference, sample_tokenizer_dir, sample_cases, limit=120)
@@ -56,8 +60,11 @@ def test_a_later_export_with_more_samples_holds_out_the_same_ids(tmp_path, sampl
     Export(late.db, tmp_path / "b", "speculators", ExportOptions(eval_fraction=0.1)).run()
     first, second = _ids(tmp_path / "a" / EVAL_DIR), _ids(tmp_path / "b" / EVAL_DIR)
     assert first and first <= second
-    assert second - first == {sid for sid in _ids(tmp_path / "b") | second
-                              if held_out(split_key(late.records[sid]["messages"]), 0.1)} - first
+    assert (
+        second - first
+        == {sid for sid in _ids(tmp_path / "b") | second if held_out(split_key(late.records[sid]["messages"]), 0.1)}
+        - first
+    )
 
 
 @pytest.mark.parametrize("fraction", [-0.1, 1.0, 1.5])
@@ -70,8 +77,22 @@ def test_a_fraction_outside_zero_to_one_is_refused(built_run, tmp_path, fraction
 def test_the_cli_says_how_many_rows_went_where(built_run, tmp_path, capsys):
     from app.cli import main
 
-    assert main(["export", "--db", str(built_run.db), "--format", "specforge", "--out", str(tmp_path / "o"),
-                 "--eval-fraction", "0.25"]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--db",
+                str(built_run.db),
+                "--format",
+                "specforge",
+                "--out",
+                str(tmp_path / "o"),
+                "--eval-fraction",
+                "0.25",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     held = len(_ids(tmp_path / "o" / EVAL_DIR))
     assert f"{held} eval in {tmp_path / 'o'}/eval" in out

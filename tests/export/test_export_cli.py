@@ -8,8 +8,21 @@ from app.cli import main
 
 
 def test_export_prints_a_json_report(built_run, tmp_path, capsys):
-    code = main(["export", "--db", str(built_run.db), "--format", "eagle3-shards", "--out", str(tmp_path),
-                 "--shard-size", "100", "--drop-bpe-equivalent", "--json"])
+    code = main(
+        [
+            "export",
+            "--db",
+            str(built_run.db),
+            "--format",
+            "eagle3-shards",
+            "--out",
+            str(tmp_path),
+            "--shard-size",
+            "100",
+            "--drop-bpe-equivalent",
+            "--json",
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 0
     report = json.loads(captured.out)
@@ -20,8 +33,22 @@ def test_export_prints_a_json_report(built_run, tmp_path, capsys):
 
 
 def test_export_text_report_names_what_was_skipped(built_run, tmp_path, capsys):
-    code = main(["export", "--db", str(built_run.db), "--run", "demo", "--format", "specforge", "--out", str(tmp_path),
-                 "--keep-truncated", "--max-length", "100000"])
+    code = main(
+        [
+            "export",
+            "--db",
+            str(built_run.db),
+            "--run",
+            "demo",
+            "--format",
+            "specforge",
+            "--out",
+            str(tmp_path),
+            "--keep-truncated",
+            "--max-length",
+            "100000",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert "exported" in out and "3 corrupt" in out and "truncated" not in out.split("skipped:")[1]
@@ -39,8 +66,19 @@ def test_export_error_is_one_sentence_and_nonzero_exit(tmp_path, capsys):
 
 
 def test_bad_template_kwargs_are_reported(built_run, tmp_path, capsys):
-    code = main(["export", "--db", str(built_run.db), "--format", "sglang-raw", "--out", str(tmp_path),
-                 "--template-kwargs", "{thinking"])
+    code = main(
+        [
+            "export",
+            "--db",
+            str(built_run.db),
+            "--format",
+            "sglang-raw",
+            "--out",
+            str(tmp_path),
+            "--template-kwargs",
+            "{thinking",
+        ]
+    )
     assert code != 0
     assert "--template-kwargs: not valid JSON" in capsys.readouterr().err
 

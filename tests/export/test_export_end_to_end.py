@@ -7,15 +7,15 @@ from collections import Counter
 
 from app.export import Export, ExportOptions
 from app.extract.manifest import read_manifest, read_shard
-from app.store.store_records import SampleInput, ResultRecord
 from app.store.run_store import RunStore
-from app.store.store_records import SampleInput
+from app.store.store_records import ResultRecord, SampleInput
 from app.tokens import get_profile, load_tokenizer, split_output
 from app.tokens.reconstruct import Reconstructor
 
 
-async def test_a_run_written_by_the_engine_path_exports_its_reference_ids(tmp_path, sample_reference,
-                                                                          sample_tokenizer_dir, sample_cases):
+async def test_a_run_written_by_the_engine_path_exports_its_reference_ids(
+    tmp_path, sample_reference, sample_tokenizer_dir, sample_cases
+):
     tok = load_tokenizer(sample_tokenizer_dir)
     profile = get_profile("kimi-k2.5")
     reconstructor = Reconstructor(profile, tok)
@@ -25,17 +25,31 @@ async def test_a_run_written_by_the_engine_path_exports_its_reference_ids(tmp_pa
     store = await RunStore.open(db)
     try:
         run_id = await store.ensure_run("e2e", config)
-        await store.ingest(run_id, [
-            SampleInput(r["id"], "prompts", r["messages"], r.get("tools"), tuple(r["output_ids"])) for r in records
-        ])
+        await store.ingest(
+            run_id,
+            [SampleInput(r["id"], "prompts", r["messages"], r.get("tools"), tuple(r["output_ids"])) for r in records],
+        )
         leased = await store.lease(run_id, len(records), 600)
         assert len(leased) == len(records)
         for sample in leased:
             # what a clean server returns for these ids
             completion = split_output(sample.reference_ids, profile, tok).to_completion()
             rec, verdict = reconstructor.process(completion, sample.reference_ids)
-            await store.record_result(ResultRecord(run_id, sample.pk, 1, "simulator", completion, 0.0, rec, verdict,
-                                      sample.reference_ids, profile=profile.name, tokenizer=tok.fingerprint))
+            await store.record_result(
+                ResultRecord(
+                    run_id,
+                    sample.pk,
+                    1,
+                    "simulator",
+                    completion,
+                    0.0,
+                    rec,
+                    verdict,
+                    sample.reference_ids,
+                    profile=profile.name,
+                    tokenizer=tok.fingerprint,
+                )
+            )
     finally:
         await store.close()
 
@@ -48,7 +62,7 @@ async def test_a_run_written_by_the_engine_path_exports_its_reference_ids(tmp_pa
     expected = {sid for sid in by_id if "truncated" not in kinds[sid]}
     assert set(samples) == expected, Counter(report.skipped)
     for sid, sample in samples.items():
-        completion = list(sample.input_ids[sample.loss_mask.index(1):])
+        completion = list(sample.input_ids[sample.loss_mask.index(1) :])
         # true ids first: a bpe_equivalent sample exports the reference's (non-canonical) ids, not the re-encoding
         assert completion == by_id[sid]["output_ids"], sid
     written = json.loads((tmp_path / "out" / "manifest.json").read_text())

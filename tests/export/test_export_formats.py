@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from app.export import assistant_turn, Export, ExportOptions, iter_rows
+from app.export import Export, ExportOptions, assistant_turn, iter_rows
 from app.extract.manifest import read_manifest, read_shard
 from app.tokens import get_profile, load_tokenizer, split_output
 
@@ -48,15 +48,19 @@ def test_prompt_part_is_the_template_with_generation_prompt(shards, built_run, h
     _, samples = _read_all_shards(out)
     for sid in list(samples)[:80]:
         rec = built_run.records[sid]
-        text = hf_sample_tokenizer.apply_chat_template(rec["messages"], tools=rec.get("tools"),
-                                                       add_generation_prompt=True, tokenize=False)
+        text = hf_sample_tokenizer.apply_chat_template(
+            rec["messages"], tools=rec.get("tools"), add_generation_prompt=True, tokenize=False
+        )
         prompt = hf_sample_tokenizer.encode(text, add_special_tokens=False)
         assert list(samples[sid].input_ids[: len(prompt)]) == prompt, sid
-        assert samples[sid].loss_mask[len(prompt) - 1] == 0 and prompt[-1] == hf_sample_tokenizer.convert_tokens_to_ids("<think>")
+        assert samples[sid].loss_mask[len(prompt) - 1] == 0 and prompt[-1] == hf_sample_tokenizer.convert_tokens_to_ids(
+            "<think>"
+        )
 
 
-def test_input_ids_equal_the_server_rendering_of_the_whole_conversation(shards, built_run, hf_sample_tokenizer,
-                                                                       sample_tokenizer_dir):
+def test_input_ids_equal_the_server_rendering_of_the_whole_conversation(
+    shards, built_run, hf_sample_tokenizer, sample_tokenizer_dir
+):
     """Render prompt + assistant turn (from the reference text) the way a server would, tokenize, compare."""
     out, _ = shards
     _, samples = _read_all_shards(out)
@@ -66,11 +70,14 @@ def test_input_ids_equal_the_server_rendering_of_the_whole_conversation(shards, 
         rec = built_run.records[sid]
         view = split_output(rec["output_ids"], profile, tok)
         conversation = [*rec["messages"], assistant_turn(view)]
-        text = hf_sample_tokenizer.apply_chat_template(conversation, tools=rec.get("tools"), tokenize=False,
-                                                       preserve_thinking=True)
+        text = hf_sample_tokenizer.apply_chat_template(
+            conversation, tools=rec.get("tools"), tokenize=False, preserve_thinking=True
+        )
         rendered = hf_sample_tokenizer.encode(text, add_special_tokens=False)
         if built_run.categories[sid] == "bpe_equivalent":  # true (non-canonical) ids: same text, other split
-            assert rendered != list(sample.input_ids) and hf_sample_tokenizer.decode(rendered) == hf_sample_tokenizer.decode(list(sample.input_ids))
+            assert rendered != list(sample.input_ids) and hf_sample_tokenizer.decode(
+                rendered
+            ) == hf_sample_tokenizer.decode(list(sample.input_ids))
         else:
             assert rendered == list(sample.input_ids), sid
 
@@ -112,17 +119,21 @@ def test_specforge_rows_are_the_shard_rows_in_one_file(built_run, shards, tmp_pa
     _, samples = _read_all_shards(shards[0])
     assert [f for f in report.files if f.startswith("data/")] == ["data/specforge.jsonl"]
     assert {r["id"]: (r["input_ids"], r["loss_mask"]) for r in rows} == {
-        sid: (list(s.input_ids), list(s.loss_mask)) for sid, s in samples.items()}
+        sid: (list(s.input_ids), list(s.loss_mask)) for sid, s in samples.items()
+    }
     train = json.loads((tmp_path / "manifest.json").read_text())["train"]
     longest = max(len(r["input_ids"]) for r in rows)
     assert train["max_length"] == report.max_length == longest
-    assert train["settings"]["specforge"] == {"data.prompts_path": str(tmp_path / "data" / "specforge.jsonl"),
-                                             "data.max_length": longest}
+    assert train["settings"]["specforge"] == {
+        "data.prompts_path": str(tmp_path / "data" / "specforge.jsonl"),
+        "data.max_length": longest,
+    }
     assert any(f"data.max_length={longest}" in c and "data.prompts_path=" in c for c in train["commands"])
 
 
-def test_modelopt_rows_give_the_ids_and_masks_back_through_apply_chat_template(built_run, shards, tmp_path,
-                                                                               hf_sample_tokenizer):
+def test_modelopt_rows_give_the_ids_and_masks_back_through_apply_chat_template(
+    built_run, shards, tmp_path, hf_sample_tokenizer
+):
     """transformers' own apply_chat_template over a row's `messages` with the exported chat_template.jinja (what
     Model-Optimizer calls, return_assistant_tokens_mask included) gives the shard's ids and loss mask; a
     non-canonical (bpe_equivalent) split cannot come back from text and is skipped as not_reproducible."""
@@ -135,8 +146,9 @@ def test_modelopt_rows_give_the_ids_and_masks_back_through_apply_chat_template(b
     template = (tmp_path / "chat_template.jinja").read_text()
     for row in rows:
         assert [m["role"] for m in row["messages"]] == ["user", "assistant"] and "conversations" not in row
-        out = hf_sample_tokenizer.apply_chat_template(row["messages"], chat_template=template, tokenize=True,
-                                                      return_dict=True, return_assistant_tokens_mask=True)
+        out = hf_sample_tokenizer.apply_chat_template(
+            row["messages"], chat_template=template, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
         sample = samples[row["conversation_id"]]
         assert out["input_ids"] == list(sample.input_ids), row["conversation_id"]
         assert out["assistant_masks"] == list(sample.loss_mask), row["conversation_id"]
@@ -144,8 +156,9 @@ def test_modelopt_rows_give_the_ids_and_masks_back_through_apply_chat_template(b
     assert modelopt["training.training_seq_len"] == report.max_length and modelopt["training.answer_only_loss"]
 
 
-def test_modelopt_refuses_a_tiktoken_tokenizer_and_names_the_exact_route(tmp_path, sample_reference, sample_cases,
-                                                                         kimi_tokenizer_dir):
+def test_modelopt_refuses_a_tiktoken_tokenizer_and_names_the_exact_route(
+    tmp_path, sample_reference, sample_cases, kimi_tokenizer_dir
+):
     """Model-Optimizer loads a tiktoken tokenizer (Kimi K2.5's) as a slow one and masks it by its own recovery,
     ignoring the template's generation tags: the format is refused, naming the route that is exact."""
     from app.errors import InputError

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from app.export import assistant_turn, Export, ExportOptions, load_chat_template
+from app.export import Export, ExportOptions, assistant_turn, load_chat_template
 from app.extract.manifest import read_manifest, read_shard
 from app.tokens import get_profile, load_tokenizer, split_output
 from tests.export.conftest import build_run_db
@@ -23,8 +23,39 @@ WEATHER_OUTPUT = (
     'functions.get_weather:0<|tool_call_argument_begin|>{"city": "Beijing"}<|tool_call_end|>'
     "<|tool_calls_section_end|><|im_end|>"
 )
-WEATHER_IDS = [9413, 1019, 2598, 276, 10666, 13, 163607, 65447, 1799, 483, 979, 13, 163595, 163597, 41937, 1150,
-               21055, 2800, 25, 15, 163598, 8264, 37666, 1289, 414, 4396, 39556, 16934, 163599, 163596, 163586]
+WEATHER_IDS = [
+    9413,
+    1019,
+    2598,
+    276,
+    10666,
+    13,
+    163607,
+    65447,
+    1799,
+    483,
+    979,
+    13,
+    163595,
+    163597,
+    41937,
+    1150,
+    21055,
+    2800,
+    25,
+    15,
+    163598,
+    8264,
+    37666,
+    1289,
+    414,
+    4396,
+    39556,
+    16934,
+    163599,
+    163596,
+    163586,
+]
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +65,15 @@ def kimi_export(kimi_tokenizer_dir, sample_tokenizer_dir, sample_reference, tmp_
     small = load_tokenizer(sample_tokenizer_dir)
     rows, cases = [], {"samples": {}}
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
-    rows.append({"id": "weather", "messages": [{"role": "user", "content": "What's the weather in Beijing?"}],
-                 "tools": tools, "output_ids": WEATHER_IDS, "meta_info": {"finish_reason": {"type": "stop"}}})
+    rows.append(
+        {
+            "id": "weather",
+            "messages": [{"role": "user", "content": "What's the weather in Beijing?"}],
+            "tools": tools,
+            "output_ids": WEATHER_IDS,
+            "meta_info": {"finish_reason": {"type": "stop"}},
+        }
+    )
     for line in sample_reference.read_text(encoding="utf-8").splitlines()[:40]:
         rec = json.loads(line)
         if rec["meta_info"]["finish_reason"]["type"] != "stop":
@@ -79,6 +117,10 @@ def test_kimi_input_ids_equal_the_server_rendering_of_the_whole_conversation(kim
     for sid, sample in samples.items():
         rec = records[sid]
         view = split_output(rec["output_ids"], profile, kimi)
-        text = template.render([*rec["messages"], assistant_turn(view)], rec.get("tools"), add_generation_prompt=False,
-                               preserve_thinking=True)
+        text = template.render(
+            [*rec["messages"], assistant_turn(view)],
+            rec.get("tools"),
+            add_generation_prompt=False,
+            preserve_thinking=True,
+        )
         assert kimi.encode(text) == list(sample.input_ids), sid

@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 
 from app.errors import InputError
-from app.export import ExportPolicy, Export, ExportOptions
+from app.export import Export, ExportOptions, ExportPolicy
 from tests.export.conftest import build_run_db
 
 
@@ -27,34 +27,49 @@ def test_default_keeps_exact_and_bpe_equivalent_only(built_run, tmp_path):
 
 
 def test_drop_bpe_equivalent(built_run, tmp_path):
-    report = Export(built_run.db, tmp_path, "sglang-raw", ExportOptions(policy=ExportPolicy(keep_bpe_equivalent=False))).run()
+    report = Export(
+        built_run.db, tmp_path, "sglang-raw", ExportOptions(policy=ExportPolicy(keep_bpe_equivalent=False))
+    ).run()
     assert _ids(tmp_path) == _with(built_run, "exact")
     assert report.skipped["bpe_equivalent"] == len(_with(built_run, "bpe_equivalent")) > 0
 
 
 def test_keep_mismatches_and_truncated(built_run, tmp_path):
-    Export(built_run.db, tmp_path, "sglang-raw", ExportOptions(policy=ExportPolicy(keep_mismatches=True, keep_truncated=True))).run()
+    Export(
+        built_run.db,
+        tmp_path,
+        "sglang-raw",
+        ExportOptions(policy=ExportPolicy(keep_mismatches=True, keep_truncated=True)),
+    ).run()
     assert _ids(tmp_path) == set(built_run.records)
 
 
 def test_truncated_shards_have_no_end_of_turn(built_run, tmp_path, hf_sample_tokenizer):
     Export(built_run.db, tmp_path, "eagle3-shards", ExportOptions(policy=ExportPolicy(keep_truncated=True))).run()
     im_end = hf_sample_tokenizer.convert_tokens_to_ids("<|im_end|>")
-    rows = [json.loads(line) for p in sorted((tmp_path / "data").glob("shard_*.jsonl")) for line in p.read_text().splitlines()]
+    rows = [
+        json.loads(line)
+        for p in sorted((tmp_path / "data").glob("shard_*.jsonl"))
+        for line in p.read_text().splitlines()
+    ]
     truncated = [r for r in rows if built_run.categories[r["id"]] == "truncated"]
     assert truncated
     for r in truncated:
         assert r["input_ids"][-1] != im_end
-        assert r["input_ids"][-len(built_run.exported_ids[r["id"]]):] == built_run.exported_ids[r["id"]]
+        assert r["input_ids"][-len(built_run.exported_ids[r["id"]]) :] == built_run.exported_ids[r["id"]]
 
 
 def test_max_length_skips_long_samples_without_cutting(built_run, tmp_path):
     report = Export(built_run.db, tmp_path, "eagle3-shards", ExportOptions(policy=ExportPolicy(max_length=600))).run()
-    rows = [json.loads(line) for p in sorted((tmp_path / "data").glob("shard_*.jsonl")) for line in p.read_text().splitlines()]
+    rows = [
+        json.loads(line)
+        for p in sorted((tmp_path / "data").glob("shard_*.jsonl"))
+        for line in p.read_text().splitlines()
+    ]
     assert rows and all(len(r["input_ids"]) <= 600 for r in rows)
     assert report.skipped["too_long"] > 0
     for r in rows:
-        assert r["input_ids"][-len(built_run.exported_ids[r["id"]]):] == built_run.exported_ids[r["id"]]
+        assert r["input_ids"][-len(built_run.exported_ids[r["id"]]) :] == built_run.exported_ids[r["id"]]
 
 
 def test_an_existing_export_is_not_overwritten_without_asking(built_run, tmp_path):
@@ -150,8 +165,9 @@ def test_a_template_that_rejects_a_prompt_names_the_sample(built_run, tmp_path):
         Export(built_run.db, tmp_path / "out", "eagle3-shards", ExportOptions(chat_template=bad)).run()
 
 
-def test_each_skipped_sample_is_counted_once_under_what_it_is(tmp_path, sample_reference, sample_tokenizer_dir,
-                                                              sample_cases):
+def test_each_skipped_sample_is_counted_once_under_what_it_is(
+    tmp_path, sample_reference, sample_tokenizer_dir, sample_cases
+):
     """One label per skipped sample, by precedence: corrupt > truncated > suspect > round-trip failed. A corrupt
     sample whose round-trip also failed is corrupt (the earlier export said "roundtrip"); a truncated one also
     flagged suspect is truncated (the earlier export said "suspect", so its truncated count fell short of the
@@ -175,8 +191,12 @@ def test_each_skipped_sample_is_counted_once_under_what_it_is(tmp_path, sample_r
     set_(exact[2], "UPDATE responses SET finish_reason = 'length'")
     conn.close()
     report = Export(built.db, tmp_path / "out", "eagle3-shards").run()
-    assert report.skipped == {"corrupt": len(corrupt), "truncated": len(truncated) + 1, "suspect": 1,
-                              "roundtrip_failed": 1}
+    assert report.skipped == {
+        "corrupt": len(corrupt),
+        "truncated": len(truncated) + 1,
+        "suspect": 1,
+        "roundtrip_failed": 1,
+    }
     counts = summary_counts(report)
     assert counts["seen"] == 60 == counts["exported"] + sum(counts["skipped"].values())
     assert list(report.skipped) == [k for k in counts["skipped"] if counts["skipped"][k]]  # precedence order

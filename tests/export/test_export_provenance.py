@@ -10,7 +10,7 @@ import sqlite3
 import pytest
 
 from app.errors import InputError
-from app.export import ExportPolicy, Export, ExportOptions
+from app.export import Export, ExportOptions, ExportPolicy
 from app.store.ids import pack_ids
 from tests.export.conftest import build_run_db
 
@@ -28,7 +28,9 @@ def run_db(tmp_path, sample_reference, sample_tokenizer_dir, sample_cases):
         return conn.execute("SELECT pk FROM samples WHERE sample_id = ?", (sid,)).fetchone()[0]
 
     conn.execute("UPDATE reconstructions SET roundtrip = 0 WHERE sample_pk = ?", (pk(roles["roundtrip"]),))
-    conn.execute("UPDATE reconstructions SET flags = ? WHERE sample_pk = ?", ('["replacement_char"]', pk(roles["suspect"])))
+    conn.execute(
+        "UPDATE reconstructions SET flags = ? WHERE sample_pk = ?", ('["replacement_char"]', pk(roles["suspect"]))
+    )
     conn.execute("UPDATE reconstructions SET flags = '[]' WHERE sample_pk = ?", (pk(roles["empty_flags"]),))
     server_ids = [*built.output_ids[roles["server"]][:-1], 7, built.output_ids[roles["server"]][-1]]
     conn.execute("UPDATE responses SET token_ids = ? WHERE sample_pk = ?", (pack_ids(server_ids), pk(roles["server"])))
@@ -37,8 +39,11 @@ def run_db(tmp_path, sample_reference, sample_tokenizer_dir, sample_cases):
 
 
 def _rows(out):
-    return {json.loads(line)["id"]: json.loads(line) for p in sorted((out / "data").glob("shard_*.jsonl"))
-            for line in p.read_text().splitlines()}
+    return {
+        json.loads(line)["id"]: json.loads(line)
+        for p in sorted((out / "data").glob("shard_*.jsonl"))
+        for line in p.read_text().splitlines()
+    }
 
 
 def _sources(out):
@@ -53,7 +58,12 @@ def test_failed_round_trips_and_suspect_samples_are_dropped_by_default(run_db, t
     assert roles["roundtrip"] not in rows and roles["suspect"] not in rows
     assert roles["empty_flags"] in rows  # [] = not suspect
     assert report.skipped["roundtrip_failed"] == 1 and report.skipped["suspect"] == 1
-    kept = Export(built.db, tmp_path / "all", "eagle3-shards", ExportOptions(policy=ExportPolicy(keep_roundtrip_failed=True, keep_suspect=True))).run()
+    kept = Export(
+        built.db,
+        tmp_path / "all",
+        "eagle3-shards",
+        ExportOptions(policy=ExportPolicy(keep_roundtrip_failed=True, keep_suspect=True)),
+    ).run()
     assert {roles["roundtrip"], roles["suspect"]} <= set(_rows(tmp_path / "all"))
     assert "roundtrip_failed" not in kept.skipped and "suspect" not in kept.skipped
     policy = json.loads((tmp_path / "all" / "manifest.json").read_text())["policy"]
@@ -65,10 +75,10 @@ def test_true_ids_are_exported_and_their_source_recorded(run_db, tmp_path):
     Export(built.db, tmp_path / "out", "eagle3-shards").run()
     rows, sources = _rows(tmp_path / "out"), _sources(tmp_path / "out")
     server = rows[roles["server"]]
-    assert server["input_ids"][server["loss_mask"].index(1):] == server_ids
+    assert server["input_ids"][server["loss_mask"].index(1) :] == server_ids
     assert server["ids_source"] == sources[roles["server"]] == "server"
     for sid, row in rows.items():
-        completion = row["input_ids"][row["loss_mask"].index(1):]
+        completion = row["input_ids"][row["loss_mask"].index(1) :]
         if built.categories[sid] == "bpe_equivalent":  # the reference, not the re-encoded text
             assert completion == built.records[sid]["output_ids"] != built.output_ids[sid]
             assert sources[sid] == row["ids_source"] == "reference"
@@ -127,8 +137,23 @@ def test_the_cli_keeps_suspect_and_failed_samples_when_asked(run_db, tmp_path, c
 
     built, roles, _ = run_db
     out = tmp_path / "cli"
-    assert main(["export", "--db", str(built.db), "--format", "speculators", "--out", str(out), "--keep-suspect",
-                 "--keep-roundtrip-failed", "--json"]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--db",
+                str(built.db),
+                "--format",
+                "speculators",
+                "--out",
+                str(out),
+                "--keep-suspect",
+                "--keep-roundtrip-failed",
+                "--json",
+            ]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["ids_sources"]["server"] == 1 and "suspect" not in report["skipped"]
     assert {roles["suspect"], roles["roundtrip"]} <= set(_sources(out))
@@ -138,8 +163,9 @@ def test_the_cli_keeps_suspect_and_failed_samples_when_asked(run_db, tmp_path, c
     assert "ids from: " in line and "1 suspect" in line and "1 round-trip failed" in line
 
 
-def test_a_server_that_leaves_out_the_end_token_is_exported_with_it(tmp_path, sample_reference, sample_tokenizer_dir,
-                                                                    sample_cases):
+def test_a_server_that_leaves_out_the_end_token_is_exported_with_it(
+    tmp_path, sample_reference, sample_tokenizer_dir, sample_cases
+):
     """Stored true ids (ids_source = server) carry the end token the rebuild appended where the server's own
     `token_ids` stopped short of it; the export takes the stored ids, not the raw response column."""
     built = build_run_db(tmp_path / "run.db", sample_reference, sample_tokenizer_dir, sample_cases, limit=20)
@@ -152,5 +178,5 @@ def test_a_server_that_leaves_out_the_end_token_is_exported_with_it(tmp_path, sa
     conn.close()
     Export(built.db, tmp_path / "out", "eagle3-shards").run()
     row = _rows(tmp_path / "out")[sid]
-    assert row["input_ids"][row["loss_mask"].index(1):] == list(full)
+    assert row["input_ids"][row["loss_mask"].index(1) :] == list(full)
     assert row["ids_source"] == _sources(tmp_path / "out")[sid] == "server"

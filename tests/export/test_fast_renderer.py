@@ -15,12 +15,23 @@ from app.tokens import get_profile, load_tokenizer, render_export
 
 # history shapes the sample prompts lack: the older reasoning names transformers aliases, empty and None fields
 EXTRA = [
-    [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "reasoning": "r1"},
-     {"role": "user", "content": "c"}],
-    [{"role": "user", "content": "a"}, {"role": "assistant", "content": "", "thinking": "r2",
-                                        "tool_calls": [{"id": "functions.f:0", "type": "function",
-                                                        "function": {"name": "f", "arguments": {"x": 1}}}]},
-     {"role": "tool", "tool_call_id": "functions.f:0", "content": "42"}],
+    [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b", "reasoning": "r1"},
+        {"role": "user", "content": "c"},
+    ],
+    [
+        {"role": "user", "content": "a"},
+        {
+            "role": "assistant",
+            "content": "",
+            "thinking": "r2",
+            "tool_calls": [
+                {"id": "functions.f:0", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "functions.f:0", "content": "42"},
+    ],
     [{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "parts"}]}],
 ]
 
@@ -64,13 +75,15 @@ def _check(tokenizer_dir, profile, kwargs_list, conversations):
 
 def test_kimi_template_renders_as_apply_chat_template(sample_tokenizer_dir, sample_reference):
     conversations = _conversations(sample_reference)
-    assert _check(sample_tokenizer_dir, "kimi-k2.5", [{}, {"thinking": False}, {"preserve_thinking": True}],
-                  conversations) == 3 * len(conversations)
+    assert _check(
+        sample_tokenizer_dir, "kimi-k2.5", [{}, {"thinking": False}, {"preserve_thinking": True}], conversations
+    ) == 3 * len(conversations)
 
 
 def test_qwen3_template_renders_as_apply_chat_template(qwen3_dir, sample_reference):
-    conversations = [(m, t) for m, t in _conversations(sample_reference)
-                     if all(isinstance(x.get("content"), str) for x in m)]  # that template concatenates strings
+    conversations = [
+        (m, t) for m, t in _conversations(sample_reference) if all(isinstance(x.get("content"), str) for x in m)
+    ]  # that template concatenates strings
     assert len(conversations) > 300
     assert _check(qwen3_dir, "qwen3", [{}, {"enable_thinking": False}], conversations) == 2 * len(conversations)
 
@@ -78,8 +91,12 @@ def test_qwen3_template_renders_as_apply_chat_template(qwen3_dir, sample_referen
 def test_a_template_error_names_the_sample(sample_tokenizer_dir, tmp_path):
     bad = tmp_path / "bad.jinja"
     bad.write_text("{{ raise_exception('no system turns here') }}", encoding="utf-8")
-    renderer = PromptRenderer(load_tokenizer(sample_tokenizer_dir), get_profile("kimi-k2.5"),
-                              load_chat_template(sample_tokenizer_dir, bad), {})
+    renderer = PromptRenderer(
+        load_tokenizer(sample_tokenizer_dir),
+        get_profile("kimi-k2.5"),
+        load_chat_template(sample_tokenizer_dir, bad),
+        {},
+    )
     from app.errors import InputError
 
     with pytest.raises(InputError, match=r"sample 's1'.*bad\.jinja.*TemplateError: no system turns here"):
@@ -101,8 +118,9 @@ def test_plain_data_takes_the_fast_path_and_the_rest_transformers_own(sample_tok
         """
         return city
 
-    want = hf.apply_chat_template(messages, tools=[get_weather], add_generation_prompt=True, tokenize=False,
-                                  extra_list=[1, 2])
+    want = hf.apply_chat_template(
+        messages, tools=[get_weather], add_generation_prompt=True, tokenize=False, extra_list=[1, 2]
+    )
     assert '"name":"get_weather"' in want
     # a tool given as a function and a non-scalar kwarg: transformers converts them, so its own entry point renders
     assert template.render(messages, [get_weather], add_generation_prompt=True, extra_list=[1, 2]) == want
@@ -113,12 +131,14 @@ def test_plain_data_takes_the_fast_path_and_the_rest_transformers_own(sample_tok
     monkeypatch.setattr(render_export, "_jinja_renderer", lambda: refuse)
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
     assert template.render(messages, tools, add_generation_prompt=True) == hf.apply_chat_template(
-        messages, tools=tools, add_generation_prompt=True, tokenize=False)
+        messages, tools=tools, add_generation_prompt=True, tokenize=False
+    )
 
 
 @pytest.mark.kimi
-def test_kimi_files_special_tokens_render_as_transformers_renders(kimi_tokenizer_dir, sample_tokenizer_dir,
-                                                                   sample_reference, tmp_path):
+def test_kimi_files_special_tokens_render_as_transformers_renders(
+    kimi_tokenizer_dir, sample_tokenizer_dir, sample_reference, tmp_path
+):
     """With the real Kimi K2.5 files (no template of their own: the K2.5-style one given as --chat-template), the
     fast path equals transformers' `render_jinja_template` given the same special tokens: what
     apply_chat_template calls, which cannot be built here (the Kimi tokenizer class is remote code)."""
@@ -129,6 +149,11 @@ def test_kimi_files_special_tokens_render_as_transformers_renders(kimi_tokenizer
     template = load_chat_template(kimi_tokenizer_dir, override)
     assert template.special_tokens["eos_token"] == "[EOS]"
     for messages, tools in _conversations(sample_reference):
-        [want], _ = render_jinja_template(conversations=[messages], tools=tools, chat_template=template.text,
-                                          add_generation_prompt=True, **template.special_tokens)
+        [want], _ = render_jinja_template(
+            conversations=[messages],
+            tools=tools,
+            chat_template=template.text,
+            add_generation_prompt=True,
+            **template.special_tokens,
+        )
         assert template.render(messages, tools, add_generation_prompt=True) == want

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from app.export import ExportPolicy, Export, ExportOptions
+from app.export import Export, ExportOptions, ExportPolicy
 from app.extract.manifest import read_manifest, read_shard
 from tests.export.trainers.env import proven, run_consumer, run_trainer_cli, trainer_site
 
@@ -38,8 +38,12 @@ SMOKE_MAX_LENGTH = 1024  # rows up to this many tokens (CPU memory: logits are r
 
 def _extract(manifest: Path, out: Path, model: Path, layout: str) -> None:
     shards = [e.index for e in read_manifest(manifest).shards]
-    run_extraction(manifest, shards, ExtractOptions(model_path=model, out_dir=out, batch_tokens=4096, device="cpu",
-                                                    layout=layout), ProgressLog(io.StringIO()))
+    run_extraction(
+        manifest,
+        shards,
+        ExtractOptions(model_path=model, out_dir=out, batch_tokens=4096, device="cpu", layout=layout),
+        ProgressLog(io.StringIO()),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +55,16 @@ def target(tmp_path_factory, sample_tokenizer_dir) -> Path:
 
     path = tmp_path_factory.mktemp("tiny-target")
     vocab = len(AutoTokenizer.from_pretrained(str(sample_tokenizer_dir)))
-    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(path)
     for f in sample_tokenizer_dir.iterdir():
@@ -65,8 +76,14 @@ def target(tmp_path_factory, sample_tokenizer_dir) -> Path:
 def run_db(tmp_path_factory, sample_reference, sample_tokenizer_dir, sample_cases):
     from tests.export.conftest import build_run_db
 
-    return build_run_db(tmp_path_factory.mktemp("smoke-run") / "run.db", sample_reference, sample_tokenizer_dir,
-                        sample_cases, limit=40, mismatches=2)
+    return build_run_db(
+        tmp_path_factory.mktemp("smoke-run") / "run.db",
+        sample_reference,
+        sample_tokenizer_dir,
+        sample_cases,
+        limit=40,
+        mismatches=2,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +93,9 @@ def shards(run_db, target, tmp_path_factory):
     from app.cli import main
 
     out = tmp_path_factory.mktemp("smoke") / "shards"
-    Export(run_db.db, out, "eagle3-shards", ExportOptions(shard_size=8, policy=ExportPolicy(max_length=SMOKE_MAX_LENGTH))).run()
+    Export(
+        run_db.db, out, "eagle3-shards", ExportOptions(shard_size=8, policy=ExportPolicy(max_length=SMOKE_MAX_LENGTH))
+    ).run()
     assert main(["vocab", str(out), "--size", str(DRAFT_VOCAB), "--model", str(target)]) == 0
     packed = out.parent / "packed"
     _extract(out, packed, target, "packed")
@@ -96,11 +115,26 @@ def speculators_route(run_db, target, shards, tmp_path_factory):
     """`--format speculators`, the real `speculators prepare-data` into OUT/prepared with the manifest's
     --seq-length, then the built-in extractor with layout speculators (it reads OUT/prepared)."""
     out = tmp_path_factory.mktemp("smoke-spec") / "spec"
-    Export(run_db.db, out, "speculators", ExportOptions(shard_size=8, policy=ExportPolicy(max_length=SMOKE_MAX_LENGTH))).run()
+    Export(
+        run_db.db, out, "speculators", ExportOptions(shard_size=8, policy=ExportPolicy(max_length=SMOKE_MAX_LENGTH))
+    ).run()
     settings = json.loads((out / "manifest.json").read_text())["train"]["settings"]["speculators"]
-    proc = run_trainer_cli("speculators", "prepare-data", "--model", target, "--data", out / "data", "--output",
-                           out / "prepared", "--seq-length", settings["prepare-data --seq-length"],
-                           "--no-skip-token-freq", "--num-preprocessing-workers", "1", scratch=out.parent)
+    proc = run_trainer_cli(
+        "speculators",
+        "prepare-data",
+        "--model",
+        target,
+        "--data",
+        out / "data",
+        "--output",
+        out / "prepared",
+        "--seq-length",
+        settings["prepare-data --seq-length"],
+        "--no-skip-token-freq",
+        "--num-preprocessing-workers",
+        "1",
+        scratch=out.parent,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     hs = out.parent / "hidden"
     _extract(out, hs, target, "speculators")
@@ -126,14 +160,18 @@ def test_speculators_loads_every_shuffled_sample_with_its_hidden_states(speculat
         assert torch.equal(item["loss_mask"], want["loss_mask"]), k
         assert torch.equal(item["hidden_states"], want["aux_hidden_states"]), k
         with torch.no_grad():
-            torch.testing.assert_close(norm(item["verifier_last_hidden_states"]), want["hidden_states"],
-                                       rtol=1e-4, atol=1e-5)
-    proven(f"speculators (prepare-data CLI shuffled, ArrowDataset + FileTransfer, on_missing=raise): {len(got)}/"
-           f"{len(ours)} samples loaded, 0 SampleUnavailable, ids, masks and hidden states equal")
+            torch.testing.assert_close(
+                norm(item["verifier_last_hidden_states"]), want["hidden_states"], rtol=1e-4, atol=1e-5
+            )
+    proven(
+        f"speculators (prepare-data CLI shuffled, ArrowDataset + FileTransfer, on_missing=raise): {len(got)}/"
+        f"{len(ours)} samples loaded, 0 SampleUnavailable, ids, masks and hidden states equal"
+    )
 
 
-def test_speculators_train_applies_the_draft_vocabulary_and_feeds_eaglewatchs_first_batch(speculators_route, shards,
-                                                                                         target, tmp_path):
+def test_speculators_train_applies_the_draft_vocabulary_and_feeds_eaglewatchs_first_batch(
+    speculators_route, shards, target, tmp_path
+):
     """What `speculators train` builds before its first step: eaglewatch's d2t-N/t2d-N files load at the size
     asked (and equal what it regenerates from eaglewatch's token_freq.pt), and every document of the first packed
     batch of its train loader (eagle3 `shift_batch`) is an eaglewatch sample, shifted: ids, mask, states."""
@@ -141,8 +179,16 @@ def test_speculators_train_applies_the_draft_vocabulary_and_feeds_eaglewatchs_fi
 
     out, hs, settings = speculators_route
     vocab_dir = shards[0] / "vocab"
-    run_consumer("speculators-train-batch", out / "prepared", hs, vocab_dir, DRAFT_VOCAB, target,
-                 settings["train --total-seq-len"], result=tmp_path / "r.pt")
+    run_consumer(
+        "speculators-train-batch",
+        out / "prepared",
+        hs,
+        vocab_dir,
+        DRAFT_VOCAB,
+        target,
+        settings["train --total-seq-len"],
+        result=tmp_path / "r.pt",
+    )
     got = torch.load(tmp_path / "r.pt")
     d2t, t2d = np.load(vocab_dir / f"d2t-{DRAFT_VOCAB}.npy"), np.load(vocab_dir / f"t2d-{DRAFT_VOCAB}.npy")
     assert got["size"] == DRAFT_VOCAB == len(d2t) and int(t2d.sum()) == DRAFT_VOCAB
@@ -160,8 +206,10 @@ def test_speculators_train_applies_the_draft_vocabulary_and_feeds_eaglewatchs_fi
         assert torch.equal(batch["hidden_states"][0, where], want["aux_hidden_states"][:-1])
         checked += 1
     assert checked >= 1
-    proven(f"speculators train setup: draft vocabulary {DRAFT_VOCAB} from eaglewatch's d2t/t2d (and from its "
-           f"token_freq.pt), first packed batch: {checked} documents equal eaglewatch's samples")
+    proven(
+        f"speculators train setup: draft vocabulary {DRAFT_VOCAB} from eaglewatch's d2t/t2d (and from its "
+        f"token_freq.pt), first packed batch: {checked} documents equal eaglewatch's samples"
+    )
 
 
 def test_speculators_training_steps(speculators_route, shards, target, tmp_path):
@@ -169,12 +217,35 @@ def test_speculators_training_steps(speculators_route, shards, target, tmp_path)
     the trainer's own error, measured here, never assumed."""
     out, hs, settings = speculators_route
     vocab_dir = shards[0] / "vocab"
-    proc = run_trainer_cli("speculators", "train", "--verifier-name-or-path", target, "--data-path", out / "prepared",
-                           "--hidden-states-path", hs / "hidden_states", "--save-path", tmp_path / "ckpt",
-                           "--on-missing", "raise", "--total-seq-len", settings["train --total-seq-len"],
-                           "--draft-vocab-size", DRAFT_VOCAB, "--d2t-path", vocab_dir / f"d2t-{DRAFT_VOCAB}.npy",
-                           "--t2d-path", vocab_dir / f"t2d-{DRAFT_VOCAB}.npy", "--epochs", "1", "--max-steps", "4",
-                           "--num-workers", "0", scratch=tmp_path)
+    proc = run_trainer_cli(
+        "speculators",
+        "train",
+        "--verifier-name-or-path",
+        target,
+        "--data-path",
+        out / "prepared",
+        "--hidden-states-path",
+        hs / "hidden_states",
+        "--save-path",
+        tmp_path / "ckpt",
+        "--on-missing",
+        "raise",
+        "--total-seq-len",
+        settings["train --total-seq-len"],
+        "--draft-vocab-size",
+        DRAFT_VOCAB,
+        "--d2t-path",
+        vocab_dir / f"d2t-{DRAFT_VOCAB}.npy",
+        "--t2d-path",
+        vocab_dir / f"t2d-{DRAFT_VOCAB}.npy",
+        "--epochs",
+        "1",
+        "--max-steps",
+        "4",
+        "--num-workers",
+        "0",
+        scratch=tmp_path,
+    )
     lines = [x for x in (proc.stderr + proc.stdout).splitlines() if x.strip()]
     if proc.returncode != 0 and any("accelerator" in x for x in lines):
         reason = next(x for x in lines if "accelerator" in x).strip(" │")
@@ -199,8 +270,9 @@ def test_specforge_offline_batch_vocab_and_draft(specforge_route, shards, tmp_pa
 
     out, states = shards
     length = json.loads((out / "manifest.json").read_text())["train"]["settings"]["specforge"]["data.max_length"]
-    run_consumer("specforge-offline-batch", specforge_route, out / "vocab", DRAFT_VOCAB, length,
-                 result=tmp_path / "r.pt")
+    run_consumer(
+        "specforge-offline-batch", specforge_route, out / "vocab", DRAFT_VOCAB, length, result=tmp_path / "r.pt"
+    )
     got = torch.load(tmp_path / "r.pt")
     assert len(got["files"]) == len(states)
     batch = got["batch"]
@@ -221,9 +293,11 @@ def test_specforge_offline_batch_vocab_and_draft(specforge_route, shards, tmp_pa
     theirs = set((torch.arange(DRAFT_VOCAB) + got["their_d2t"]).tolist())
     boundary = sorted(freq.values(), reverse=True)[DRAFT_VOCAB - 1] if len(freq) >= DRAFT_VOCAB else 0
     assert {t for t in ours_ids if freq.get(t, 0) > boundary} == {t for t in theirs if freq.get(t, 0) > boundary}
-    proven(f"specforge offline (data.hidden_states_path, data.max_length={length}): {len(got['files'])}/{len(states)} "
-           "files listed, first batch equal (last position zeroed by SpecForge), vocabulary counts equal, draft "
-           f"loads eaglewatch's mapping at {DRAFT_VOCAB}")
+    proven(
+        f"specforge offline (data.hidden_states_path, data.max_length={length}): {len(got['files'])}/{len(states)} "
+        "files listed, first batch equal (last position zeroed by SpecForge), vocabulary counts equal, draft "
+        f"loads eaglewatch's mapping at {DRAFT_VOCAB}"
+    )
 
 
 def test_specforge_training_steps(tmp_path):
@@ -255,8 +329,17 @@ def test_modelopt_trains_a_tiny_drafter_on_cpu_and_its_loss_decreases(modelopt_r
     settings = json.loads((out / "manifest.json").read_text())["train"]["settings"]["modelopt"]
     length = settings["training.training_seq_len"]
     steps = 6
-    run_consumer("modelopt-train", target, modelopt_route, out / "vocab", DRAFT_VOCAB, length, steps,
-                 result=tmp_path / "r.pt", overlay="modelopt-train")
+    run_consumer(
+        "modelopt-train",
+        target,
+        modelopt_route,
+        out / "vocab",
+        DRAFT_VOCAB,
+        length,
+        steps,
+        result=tmp_path / "r.pt",
+        overlay="modelopt-train",
+    )
     got = torch.load(tmp_path / "r.pt")
     assert got["mode"] == "offline" and got["answer_only_loss"] is True
     losses = got["losses"]
@@ -266,20 +349,24 @@ def test_modelopt_trains_a_tiny_drafter_on_cpu_and_its_loss_decreases(modelopt_r
     ours = {tuple(s["input_ids"].tolist()): s for s in states.values()}
     for row in range(batch["input_ids"].shape[0]):
         ids = batch["input_ids"][row].tolist()
-        want = next(s for key, s in ours.items() if tuple(ids[: len(key)]) == key and not any(ids[len(key):]))
+        want = next(s for key, s in ours.items() if tuple(ids[: len(key)]) == key and not any(ids[len(key) :]))
         n = len(want["input_ids"])
         assert batch["loss_mask"][row, :n].tolist() == want["loss_mask"].tolist()
         assert torch.equal(batch["base_model_hidden_states"][row, :n], want["hidden_states"])
         assert torch.equal(batch["aux_hidden_states"][row, :n], want["aux_hidden_states"])
-    proven(f"modelopt offline training (CPU, transformers {got['transformers']}): {steps} steps, loss "
-           f"{losses[0]:.3f} -> {losses[-1]:.3f}, draft vocab cache d2t-{DRAFT_VOCAB}.pt applied, first batch equal")
+    proven(
+        f"modelopt offline training (CPU, transformers {got['transformers']}): {steps} steps, loss "
+        f"{losses[0]:.3f} -> {losses[-1]:.3f}, draft vocab cache d2t-{DRAFT_VOCAB}.pt applied, first batch equal"
+    )
 
 
 def test_the_eval_split_extracts_to_its_own_folder(run_db, target, tmp_path):
     """`--eval-fraction`: OUT/eval is an export of its own; extracted with layout specforge into a second folder it
     is what SpecForge's data.eval_hidden_states_path lists: the held-out samples only, none of the training ones."""
     out = tmp_path / "split"
-    report = Export(run_db.db, out, "eagle3-shards", ExportOptions(eval_fraction=0.3, policy=ExportPolicy(max_length=600))).run()
+    report = Export(
+        run_db.db, out, "eagle3-shards", ExportOptions(eval_fraction=0.3, policy=ExportPolicy(max_length=600))
+    ).run()
     assert 0 < report.eval_exported < report.exported
     train_ids = {s.sample_id for e in read_manifest(out).shards for s in read_shard(e)}
     eval_ids = {s.sample_id for e in read_manifest(out / "eval").shards for s in read_shard(e)}
@@ -288,4 +375,5 @@ def test_the_eval_split_extracts_to_its_own_folder(run_db, target, tmp_path):
     files = sorted((tmp_path / "hidden-eval").rglob("*.ckpt"))
     assert len(files) == len(eval_ids)
     assert {torch.load(f, weights_only=True)["input_ids"].shape[0] for f in files} == {
-        len(s.input_ids) for e in read_manifest(out / "eval").shards for s in read_shard(e)}
+        len(s.input_ids) for e in read_manifest(out / "eval").shards for s in read_shard(e)
+    }

@@ -46,13 +46,16 @@ def test_specforge_single_file_prompts_give_every_row_exactly(truth, built_run, 
     rows = got["rows"]
     assert {sid: (r["input_ids"], r["loss_mask"]) for sid, r in rows.items()} == want
     assert report.max_length > 2048 and got["default_loss_tokens"] < report.loss_tokens
-    proven(f"specforge data.prompts_path (one file): {len(rows)}/{len(want)} rows, 0 dropped, ids and masks equal, "
-           f"{report.loss_tokens} loss tokens with data.max_length={report.max_length} (the default 2048 keeps "
-           f"{got['default_loss_tokens']})")
+    proven(
+        f"specforge data.prompts_path (one file): {len(rows)}/{len(want)} rows, 0 dropped, ids and masks equal, "
+        f"{report.loss_tokens} loss tokens with data.max_length={report.max_length} (the default 2048 keeps "
+        f"{got['default_loss_tokens']})"
+    )
 
 
-def test_specforge_preformatted_text_gives_the_shard_ids(truth, built_run, specforge_text, sample_tokenizer_dir,
-                                                         tmp_path):
+def test_specforge_preformatted_text_gives_the_shard_ids(
+    truth, built_run, specforge_text, sample_tokenizer_dir, tmp_path
+):
     """SpecForge's pre-formatted route gives eaglewatch's ids for every sample; its mask adds K2.5's prefilled
     `<think>` (the last prompt token) to the loss of every sample, and the export says so, measured."""
     _, want, _ = truth
@@ -79,11 +82,18 @@ def test_specforge_preformatted_text_gives_the_shard_ids(truth, built_run, specf
     assert manifest["specforge"]["exact_route"].startswith("--format specforge")
     [warning] = report.warnings
     assert manifest["warnings"] == [warning]
-    for part in (f"masks {extra} tokens in {extra} of {len(got)} samples", "'<think>'", "kimi-k2-thinking",
-                 "--format specforge", "data.prompts_path"):
+    for part in (
+        f"masks {extra} tokens in {extra} of {len(got)} samples",
+        "'<think>'",
+        "kimi-k2-thinking",
+        "--format specforge",
+        "data.prompts_path",
+    ):
         assert part in warning, part
-    proven(f"specforge-text (is_preformatted): {len(got)}/{len(want)} rows ({len(bpe)} non-canonical skipped), ids "
-           f"equal, masks differ by {extra} tokens ('<think>' prefill): warned, the exact route named")
+    proven(
+        f"specforge-text (is_preformatted): {len(got)}/{len(want)} rows ({len(bpe)} non-canonical skipped), ids "
+        f"equal, masks differ by {extra} tokens ('<think>' prefill): warned, the exact route named"
+    )
 
 
 def test_no_specforge_template_masks_k25_text_exactly(truth, specforge_text, sample_tokenizer_dir, tmp_path):
@@ -139,20 +149,36 @@ def test_speculators_prepare_data_cli_passes_every_row_through(truth, built_run,
     assert not list((out / "data").rglob("*.json"))  # speculators loads every *.json below --data
     settings = json.loads((out / "manifest.json").read_text())["train"]["settings"]["speculators"]
     prepared = tmp_path / "prepared"
-    proc = run_trainer_cli("speculators", "prepare-data", "--model", sample_tokenizer_dir, "--data", out / "data",
-                           "--output", prepared, "--seq-length", settings["prepare-data --seq-length"],
-                           "--no-skip-token-freq", "--num-preprocessing-workers", "1", scratch=tmp_path)
+    proc = run_trainer_cli(
+        "speculators",
+        "prepare-data",
+        "--model",
+        sample_tokenizer_dir,
+        "--data",
+        out / "data",
+        "--output",
+        prepared,
+        "--seq-length",
+        settings["prepare-data --seq-length"],
+        "--no-skip-token-freq",
+        "--num-preprocessing-workers",
+        "1",
+        scratch=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ids, masks = _arrow_rows(prepared, "input_ids"), _arrow_rows(prepared, "loss_mask")
     assert Counter(map(tuple, zip(map(tuple, ids), map(tuple, masks), strict=True))) == Counter(
-        (tuple(i), tuple(m)) for i, m in want.values())
+        (tuple(i), tuple(m)) for i, m in want.values()
+    )
     assert [i for i in ids] != [want[sid][0] for sid in order]  # shuffled: export order is not prepared order
     counts = LossTokenCounts()
     for i, m in want.values():
         counts.add(i, m)
     assert torch.load(prepared / "token_freq.pt", weights_only=True) == counts.as_dict()
-    proven(f"speculators prepare-data (CLI, --seq-length {settings['prepare-data --seq-length']}): {len(ids)}/"
-           f"{len(want)} rows, 0 dropped, ids and masks equal (shuffled), token_freq.pt equal to eaglewatch's")
+    proven(
+        f"speculators prepare-data (CLI, --seq-length {settings['prepare-data --seq-length']}): {len(ids)}/"
+        f"{len(want)} rows, 0 dropped, ids and masks equal (shuffled), token_freq.pt equal to eaglewatch's"
+    )
 
 
 def test_modelopt_readers_give_every_row_its_ids_and_mask(truth, built_run, sample_tokenizer_dir, tmp_path):
@@ -181,9 +207,11 @@ def test_modelopt_readers_give_every_row_its_ids_and_mask(truth, built_run, samp
         assert row["online_ids"][:n] == ids
         assert [x != -100 for x in row["online_labels"][: n - 1]] == [bool(m) for m in mask[1:]], sid
     assert with_tools
-    proven(f"modelopt messages + generation-tag template (answer_only_loss, training_seq_len={report.max_length}): "
-           f"{len(got)}/{len(want)} rows ({len(bpe)} non-canonical skipped, counted), ids and masks equal in its "
-           f"3 readers, {len(with_tools)} rows with tools")
+    proven(
+        f"modelopt messages + generation-tag template (answer_only_loss, training_seq_len={report.max_length}): "
+        f"{len(got)}/{len(want)} rows ({len(bpe)} non-canonical skipped, counted), ids and masks equal in its "
+        f"3 readers, {len(with_tools)} rows with tools"
+    )
 
 
 def test_specforge_text_masks_qwen3_exactly_and_says_nothing(tmp_path):
@@ -196,15 +224,26 @@ def test_specforge_text_masks_qwen3_exactly_and_says_nothing(tmp_path):
     trainer_site()
     tok_dir = tmp_path / "qwen3"
     hf = build_tokenizer(tok_dir)
-    rows = [{"id": f"q{i}", "messages": m, **({"tools": t} if t else {}), "meta_info": {"finish_reason": {"type": "stop"}},
-             "output_ids": hf.encode(target, add_special_tokens=False)} for i, (m, t, target) in enumerate(CASES)]
+    rows = [
+        {
+            "id": f"q{i}",
+            "messages": m,
+            **({"tools": t} if t else {}),
+            "meta_info": {"finish_reason": {"type": "stop"}},
+            "output_ids": hf.encode(target, add_special_tokens=False),
+        }
+        for i, (m, t, target) in enumerate(CASES)
+    ]
     reference = tmp_path / "reference.jsonl"
     reference.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     db = tmp_path / "run.db"
     build_run_db(db, reference, tok_dir, {"samples": {r["id"]: {"kinds": ["short"]} for r in rows}}, mismatches=0)
     Export(db, tmp_path / "shards", "eagle3-shards", ExportOptions(profile_name="qwen3")).run()
-    want = {s.sample_id: (list(s.input_ids), list(s.loss_mask))
-            for e in read_manifest(tmp_path / "shards").shards for s in read_shard(e)}
+    want = {
+        s.sample_id: (list(s.input_ids), list(s.loss_mask))
+        for e in read_manifest(tmp_path / "shards").shards
+        for s in read_shard(e)
+    }
     report = Export(db, tmp_path / "sf", "specforge-text", ExportOptions(profile_name="qwen3")).run()
     manifest = json.loads((tmp_path / "sf" / "manifest.json").read_text())
     assert report.exported == len(rows) and report.warnings == () and manifest["warnings"] == []
@@ -214,7 +253,12 @@ def test_specforge_text_masks_qwen3_exactly_and_says_nothing(tmp_path):
     got = torch.load(tmp_path / "r.pt")
     assert {sid: (r["input_ids"], r["loss_mask"]) for sid, r in got.items()} == want
     # the same prompts with thinking switched off end `<think>\n\n</think>\n\n` after the header: measured, warned
-    off = Export(db, tmp_path / "sf-off", "specforge-text", ExportOptions(profile_name="qwen3", template_kwargs={"enable_thinking": False})).run()
+    off = Export(
+        db,
+        tmp_path / "sf-off",
+        "specforge-text",
+        ExportOptions(profile_name="qwen3", template_kwargs={"enable_thinking": False}),
+    ).run()
     differs = json.loads((tmp_path / "sf-off" / "manifest.json").read_text())["specforge"]["loss_mask_differs"]
     assert differs["prompt_text_in_loss"] == {"<think>\n\n</think>\n\n": len(rows)} and len(off.warnings) == 1
 
@@ -232,8 +276,9 @@ def conversation_truth(request, conversation_run, tmp_path_factory):
     mode = request.param
     out = tmp_path_factory.mktemp(f"conv-{mode}") / "shards"
     Export(conversation_run, out, "eagle3-shards", ExportOptions(conversations=mode, **MULTI_TURN[mode])).run()
-    rows = {s.sample_id: (list(s.input_ids), list(s.loss_mask))
-            for e in read_manifest(out).shards for s in read_shard(e)}
+    rows = {
+        s.sample_id: (list(s.input_ids), list(s.loss_mask)) for e in read_manifest(out).shards for s in read_shard(e)
+    }
     spans = sum(sum(1 for a, b in zip([0, *mask], mask) if b and not a) for _, mask in rows.values())
     assert spans > len(rows) if mode == "merged" else spans == len(rows)
     return mode, rows
@@ -252,21 +297,31 @@ def test_specforge_prompts_take_multi_turn_rows(conversation_truth, conversation
     proven(f"specforge data.prompts_path, conversations {mode}: {len(rows)}/{len(want)} rows, ids and masks equal")
 
 
-def test_speculators_prepare_data_takes_multi_turn_rows(conversation_truth, conversation_run, sample_tokenizer_dir,
-                                                        tmp_path):
+def test_speculators_prepare_data_takes_multi_turn_rows(
+    conversation_truth, conversation_run, sample_tokenizer_dir, tmp_path
+):
     mode, want = conversation_truth
     _export(conversation_run, tmp_path / "spec", "speculators", mode)
-    run_consumer("speculators-data", tmp_path / "spec" / "data", sample_tokenizer_dir, tmp_path / "prepared",
-                 result=tmp_path / "r.pt")
+    run_consumer(
+        "speculators-data",
+        tmp_path / "spec" / "data",
+        sample_tokenizer_dir,
+        tmp_path / "prepared",
+        result=tmp_path / "r.pt",
+    )
     rows = torch.load(tmp_path / "r.pt")["rows"]
     assert Counter((tuple(r["input_ids"]), tuple(r["loss_mask"])) for r in rows) == Counter(
-        (tuple(i), tuple(m)) for i, m in want.values())
-    proven(f"speculators load_and_preprocess_dataset, conversations {mode}: {len(rows)}/{len(want)} rows, ids and "
-           "masks equal")
+        (tuple(i), tuple(m)) for i, m in want.values()
+    )
+    proven(
+        f"speculators load_and_preprocess_dataset, conversations {mode}: {len(rows)}/{len(want)} rows, ids and "
+        "masks equal"
+    )
 
 
-def test_modelopt_generation_blocks_mask_every_turn_of_a_multi_turn_row(conversation_truth, conversation_run,
-                                                                        sample_tokenizer_dir, tmp_path):
+def test_modelopt_generation_blocks_mask_every_turn_of_a_multi_turn_row(
+    conversation_truth, conversation_run, sample_tokenizer_dir, tmp_path
+):
     """Model-Optimizer's readers mask each assistant message's `{% generation %}` block: a merged row's several
     generated spans come back as several masked runs, equal to eaglewatch's mask, in all three readers."""
     mode, want = conversation_truth
@@ -280,5 +335,7 @@ def test_modelopt_generation_blocks_mask_every_turn_of_a_multi_turn_row(conversa
         assert row["loss_mask"] == row["stream_mask"] == mask, sid
         n = len(ids)
         assert [x != -100 for x in row["online_labels"][: n - 1]] == [bool(m) for m in mask[1:]], sid
-    proven(f"modelopt generation-tag template, conversations {mode}: {len(got)}/{len(want)} rows, ids and masks "
-           "equal in its 3 readers")
+    proven(
+        f"modelopt generation-tag template, conversations {mode}: {len(got)}/{len(want)} rows, ids and masks "
+        "equal in its 3 readers"
+    )

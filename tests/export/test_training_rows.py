@@ -64,9 +64,13 @@ def test_modelopt_rows_carry_each_span_as_an_assistant_message(two_turns, tmp_pa
     writer.close()
     [record] = [json.loads(line) for line in (tmp_path / "data" / "modelopt.jsonl").read_text().splitlines()]
     assert [m["role"] for m in record["messages"]] == ["user", "assistant", "user", "assistant"]
-    out = hf_sample_tokenizer.apply_chat_template(record["messages"], chat_template=(tmp_path / "chat_template.jinja")
-                                                  .read_text(), tokenize=True, return_dict=True,
-                                                  return_assistant_tokens_mask=True)
+    out = hf_sample_tokenizer.apply_chat_template(
+        record["messages"],
+        chat_template=(tmp_path / "chat_template.jinja").read_text(),
+        tokenize=True,
+        return_dict=True,
+        return_assistant_tokens_mask=True,
+    )
     assert (out["input_ids"], out["assistant_masks"]) == (row.input_ids, row.loss_mask)
 
 

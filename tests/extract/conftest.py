@@ -45,7 +45,7 @@ def extraction_config(tmp_path: Path, model: Path, **extraction: object) -> Path
     cfg.write_text(f"""
 [run]
 name = "t"
-database = "{tmp_path / 'run.db'}"
+database = "{tmp_path / "run.db"}"
 [data]
 [[data.datasets]]
 path = "prompts.jsonl"
@@ -57,7 +57,7 @@ name = "e"
 base_url = "http://127.0.0.1:9"
 [extraction]
 model_path = "{model}"
-output_dir = "{tmp_path / 'hidden'}"
+output_dir = "{tmp_path / "hidden"}"
 {keys}
 """)
     return cfg

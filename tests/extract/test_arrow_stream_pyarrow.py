@@ -61,5 +61,7 @@ def test_junk_is_not_an_arrow_stream(tmp_path: Path) -> None:
 
 
 def test_prepared_files_follow_state_json(tmp_path: Path) -> None:
-    (tmp_path / "state.json").write_text(json.dumps({"_data_files": [{"filename": "b.arrow"}, {"filename": "a.arrow"}]}))
+    (tmp_path / "state.json").write_text(
+        json.dumps({"_data_files": [{"filename": "b.arrow"}, {"filename": "a.arrow"}]})
+    )
     assert [p.name for p in prepared_files(tmp_path)] == ["b.arrow", "a.arrow"]

@@ -104,9 +104,30 @@ def test_cli_prints_contract_progress_lines_and_exit_1_for_a_failed_shard(tmp_pa
     manifest = write_shards(tmp_path / "export", [clean, bad])
     out = tmp_path / "hs"
     proc = subprocess.run(
-        [sys.executable, "-m", "app.extract", "--manifest", str(manifest), "--shard", "0", "--shard", "1",
-         "--model", str(model_dir), "--out", str(out), "--device", "cpu", "--batch-tokens", "96"],
-        capture_output=True, text=True, timeout=240, cwd=repo_root, env={**os.environ, "PYTHONPATH": str(repo_root)},
+        [
+            sys.executable,
+            "-m",
+            "app.extract",
+            "--manifest",
+            str(manifest),
+            "--shard",
+            "0",
+            "--shard",
+            "1",
+            "--model",
+            str(model_dir),
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+            "--batch-tokens",
+            "96",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=repo_root,
+        env={**os.environ, "PYTHONPATH": str(repo_root)},
     )
     assert proc.returncode == 1
     assert "error: shard 1, sample 'x'" in proc.stderr and "Traceback" not in proc.stderr
@@ -212,8 +233,9 @@ def test_a_run_that_cannot_fit_is_refused_before_the_model_loads(tmp_path):
 
 
 def test_help_shows_an_example(repo_root):
-    proc = subprocess.run([sys.executable, "-m", "app.extract", "--help"], cwd=repo_root, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "app.extract", "--help"], cwd=repo_root, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0
     assert "Example:" in proc.stdout and "--layer-convention" in proc.stdout and "--aux-layers 1,17,32" in proc.stdout
 

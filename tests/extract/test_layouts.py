@@ -25,15 +25,17 @@ from app.extract.runner import ExtractOptions, run_extraction  # noqa: E402
 
 
 def _extract(manifest: Path, out: Path, model: Path, layout: str, prepared: Path | None = None) -> None:
-    options = ExtractOptions(model_path=model, out_dir=out, batch_tokens=96, device="cpu", layout=layout,
-                             speculators_prepared=prepared)
+    options = ExtractOptions(
+        model_path=model, out_dir=out, batch_tokens=96, device="cpu", layout=layout, speculators_prepared=prepared
+    )
     run_extraction(manifest, [0, 1], options, ProgressLog(io.StringIO()))
 
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Path:
-    return write_shards(tmp_path_factory.mktemp("layouts") / "export",
-                        [make_samples(6, seed=11), make_samples(4, seed=12)])
+    return write_shards(
+        tmp_path_factory.mktemp("layouts") / "export", [make_samples(6, seed=11), make_samples(4, seed=12)]
+    )
 
 
 def _prepare(manifest: Path, rows: Path, prepared: Path, tokenizer_dir: Path, skip: int = 0) -> Path:
@@ -42,7 +44,7 @@ def _prepare(manifest: Path, rows: Path, prepared: Path, tokenizer_dir: Path, sk
     rows.mkdir(parents=True, exist_ok=True)
     for entry in read_manifest(manifest).shards:
         lines = entry.path.read_text().splitlines(keepends=True)
-        (rows / entry.path.name).write_text("".join(lines[skip if entry.index == 0 else 0:]))
+        (rows / entry.path.name).write_text("".join(lines[skip if entry.index == 0 else 0 :]))
     run_consumer("speculators-data", rows, tokenizer_dir, prepared, result=prepared.parent / "prepared-rows.pt")
     return prepared
 
@@ -83,8 +85,7 @@ def test_specforge_offline_dataset_loads_the_ckpt_files(shards, packed, tiny_mod
     assert record["last_hidden_state"] == "post_norm"
     run_consumer("specforge-hs", out, result=tmp_path / "r.pt")
     got = torch.load(tmp_path / "r.pt")
-    assert sorted(got) == sorted(f"rows_{a}-{b}/data_{k}.ckpt" for a, b in ((0, 6), (6, 10))
-                                 for k in range(a, b))
+    assert sorted(got) == sorted(f"rows_{a}-{b}/data_{k}.ckpt" for a, b in ((0, 6), (6, 10)) for k in range(a, b))
     for k, want in enumerate(packed):
         name = f"rows_{0 if k < 6 else 6}-{6 if k < 6 else 10}/data_{k}.ckpt"
         raw, item = got[name]["raw"], got[name]["item"]
@@ -109,7 +110,9 @@ def test_speculators_trainer_dataset_loads_the_hs_files(shards, packed, prepared
     assert got.pop("unavailable") == []
     assert sorted(got) == list(range(len(packed)))
     by_ids = {tuple(p["input_ids"].tolist()): p for p in packed}
-    assert [tuple(got[k]["input_ids"].tolist()) for k in sorted(got)] != [tuple(p["input_ids"].tolist()) for p in packed]
+    assert [tuple(got[k]["input_ids"].tolist()) for k in sorted(got)] != [
+        tuple(p["input_ids"].tolist()) for p in packed
+    ]
     for k in sorted(got):
         item = got[k]
         want = by_ids[tuple(item["input_ids"].tolist())]
@@ -138,8 +141,9 @@ def test_modelopt_offline_dataset_loads_the_pt_files(shards, packed, tiny_model,
         _lm_head_argmax_is_the_models(tiny_reference, want["input_ids"], item["base_model_hidden_states"])
 
 
-def test_speculators_last_slot_normalised_gives_the_models_own_next_token(shards, prepared, tiny_model, tiny_reference,
-                                                                         tmp_path):
+def test_speculators_last_slot_normalised_gives_the_models_own_next_token(
+    shards, prepared, tiny_model, tiny_reference, tmp_path
+):
     """The norm test: speculators applies the verifier's norm and LM head to the last slot itself, so the
     slot must be pre-norm; norm + LM head over it must give the model's own argmax on every token."""
     from safetensors.torch import load_file
@@ -153,7 +157,10 @@ def test_speculators_last_slot_normalised_gives_the_models_own_next_token(shards
     for path in files:
         saved = load_file(str(path))
         sample = samples[tuple(saved["token_ids"].tolist())]
-        assert saved["hidden_states"].shape == (len(sample.input_ids), 4, 64) and saved["hidden_states"].dtype == torch.float32
+        assert (
+            saved["hidden_states"].shape == (len(sample.input_ids), 4, 64)
+            and saved["hidden_states"].dtype == torch.float32
+        )
         with torch.no_grad():
             own = tiny_reference(torch.tensor([sample.input_ids])).logits[0].argmax(-1)
             ours = head(norm(saved["hidden_states"][:, -1])).argmax(-1)
@@ -164,21 +171,40 @@ def test_a_folder_holds_one_layout(shards, tiny_model, tmp_path):
     out = tmp_path / "hs"
     _extract(shards, out, tiny_model, "specforge")
     with pytest.raises(InputError, match=r"done in layout .specforge., not .packed."):
-        run_extraction(shards, [0, 1], ExtractOptions(model_path=tiny_model, out_dir=out, device="cpu",
-                                                      layout="packed", batch_tokens=96, aux_layers=(1, 3, 4)),
-                       ProgressLog(io.StringIO()))
+        run_extraction(
+            shards,
+            [0, 1],
+            ExtractOptions(
+                model_path=tiny_model, out_dir=out, device="cpu", layout="packed", batch_tokens=96, aux_layers=(1, 3, 4)
+            ),
+            ProgressLog(io.StringIO()),
+        )
     with pytest.raises(InputError, match=r"done with aux layers \[1, 3, 4\]"):
-        run_extraction(shards, [0], ExtractOptions(model_path=tiny_model, out_dir=out, device="cpu",
-                                                   layout="specforge", aux_layers=(1, 2, 5)), ProgressLog(io.StringIO()))
+        run_extraction(
+            shards,
+            [0],
+            ExtractOptions(model_path=tiny_model, out_dir=out, device="cpu", layout="specforge", aux_layers=(1, 2, 5)),
+            ProgressLog(io.StringIO()),
+        )
     (out / "shard_1.done").unlink()  # shard 1 to do again: the folder record refuses other layers
-    with pytest.raises(InputError, match=r"another kind \(aux_layers_output_convention: folder \[1, 3, 4\] vs now \[1, 2, 5\]"):
-        run_extraction(shards, [1], ExtractOptions(model_path=tiny_model, out_dir=out, device="cpu",
-                                                   layout="specforge", aux_layers=(1, 2, 5)), ProgressLog(io.StringIO()))
+    with pytest.raises(
+        InputError, match=r"another kind \(aux_layers_output_convention: folder \[1, 3, 4\] vs now \[1, 2, 5\]"
+    ):
+        run_extraction(
+            shards,
+            [1],
+            ExtractOptions(model_path=tiny_model, out_dir=out, device="cpu", layout="specforge", aux_layers=(1, 2, 5)),
+            ProgressLog(io.StringIO()),
+        )
     (out / LAYOUT_FILE).unlink()  # files of a layout without the record are refused too
     (out / "shard_0.done").unlink()
     with pytest.raises(InputError, match="holds hidden-state files without"):
-        run_extraction(shards, [0, 1], ExtractOptions(model_path=tiny_model, out_dir=out, device="cpu",
-                                                      layout="modelopt", batch_tokens=96), ProgressLog(io.StringIO()))
+        run_extraction(
+            shards,
+            [0, 1],
+            ExtractOptions(model_path=tiny_model, out_dir=out, device="cpu", layout="modelopt", batch_tokens=96),
+            ProgressLog(io.StringIO()),
+        )
 
 
 @pytest.mark.parametrize("layout", ["specforge", "speculators", "modelopt"])
@@ -195,8 +221,11 @@ def test_the_disk_estimate_covers_each_layout(shards, tiny_model, tmp_path, layo
 def test_the_speculators_layout_needs_the_prepared_dataset(shards, tiny_model, tmp_path):
     """Without speculators' prepared dataset there is no telling which `hs_<k>` a sample is (prepare-data
     shuffles): refused before the model loads, with the command that makes it."""
-    with pytest.raises(InputError, match=r"no speculators prepared dataset.*speculators prepare-data .*--output "
-                                         r".*prepared --seq-length"):
+    with pytest.raises(
+        InputError,
+        match=r"no speculators prepared dataset.*speculators prepare-data .*--output "
+        r".*prepared --seq-length",
+    ):
         _extract(shards, tmp_path / "hs", tiny_model, "speculators")
     assert not (tmp_path / "hs" / "hidden_states").exists()
 

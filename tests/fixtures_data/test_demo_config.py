@@ -9,9 +9,11 @@ def test_demo_config_loads_and_points_at_the_sample_files(sample_data_dir):
     config = load_config(sample_data_dir / "demo.toml")
     assert config.run.name == "demo"
     assert not config.run.database.is_relative_to(sample_data_dir)
-    assert [d.path for d in config.data.datasets] == [sample_data_dir / "prompts.openai.jsonl",
-                                                      sample_data_dir / "conversations.openai.jsonl",
-                                                      sample_data_dir / "conversations.sharegpt.jsonl"]
+    assert [d.path for d in config.data.datasets] == [
+        sample_data_dir / "prompts.openai.jsonl",
+        sample_data_dir / "conversations.openai.jsonl",
+        sample_data_dir / "conversations.sharegpt.jsonl",
+    ]
     assert [d.regenerate for d in config.data.datasets] == ["last", "all", "all"]
     assert config.data.reference == sample_data_dir / "reference.jsonl"
     assert (config.model.tokenizer / "tokenizer.json").exists()

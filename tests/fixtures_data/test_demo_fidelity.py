@@ -15,19 +15,21 @@ from app.engine.fidelity.pool import build_reconstructor
 
 
 async def test_every_demo_endpoint_is_verified_and_the_clean_one_has_no_mismatch(sample_data_dir, tmp_path):
-    from app.engine.work.config_ingest import ingest_config
     from app.engine.run import Run
+    from app.engine.work.config_ingest import ingest_config
     from app.store.run_store import RunStore
 
     config = load_config(sample_data_dir / "demo.toml")
     fast = []
     for ep in config.endpoints:
         faults = {k: v for k, v in ep.simulator.faults.items() if k != "hang"}
-        sim = ep.simulator.model_copy(update={"latency_median_ms": 0.0, "latency_p95_ms": 0.0, "tokens_per_s": 0.0,
-                                              "faults": faults})
+        sim = ep.simulator.model_copy(
+            update={"latency_median_ms": 0.0, "latency_p95_ms": 0.0, "tokens_per_s": 0.0, "faults": faults}
+        )
         fast.append(ep.model_copy(update={"simulator": sim, "timeout_s": 10.0}))
-    config = config.model_copy(update={
-        "endpoints": fast, "run": config.run.model_copy(update={"database": tmp_path / "demo.db"})})
+    config = config.model_copy(
+        update={"endpoints": fast, "run": config.run.model_copy(update={"database": tmp_path / "demo.db"})}
+    )
     store = await RunStore.open(config.run.database)
     first_rate_at = None
     try:

@@ -41,8 +41,13 @@ def test_script_reproduces_the_committed_files(repo_root, sample_data_dir, tmp_p
         capture_output=True,
         timeout=120,
     )
-    for name in ("reference.jsonl", "reference_cases.json", "prompts.openai.jsonl", "prompts.sharegpt.jsonl",
-                 "prompts.specforge.jsonl"):
+    for name in (
+        "reference.jsonl",
+        "reference_cases.json",
+        "prompts.openai.jsonl",
+        "prompts.sharegpt.jsonl",
+        "prompts.specforge.jsonl",
+    ):
         assert (tmp_path / name).read_bytes() == (sample_data_dir / name).read_bytes(), name
 
 
@@ -101,7 +106,10 @@ def test_tool_ids_count_across_the_conversation(records, cases, tok):
             continue
         earlier = sum(len(m.get("tool_calls") or []) for m in r["messages"])
         text = _decode(tok, r["output_ids"])
-        found = re.findall(r"<\|tool_call_begin\|>functions\.([a-z_]+):(\d+)<\|tool_call_argument_begin\|>(.*?)<\|tool_call_end\|>", text)
+        found = re.findall(
+            r"<\|tool_call_begin\|>functions\.([a-z_]+):(\d+)<\|tool_call_argument_begin\|>(.*?)<\|tool_call_end\|>",
+            text,
+        )
         assert [int(i) for _, i, _ in found] == list(range(earlier, earlier + len(found))), r["id"]
         declared = {t["function"]["name"] for t in r["tools"]}
         for name, _, args in found:

@@ -104,7 +104,13 @@ def test_encode_adds_no_bos_or_eos(hf_tokenizer):
 
 @pytest.mark.parametrize(
     "text",
-    ["The draft model accepts 3 tokens.", "def f(x):\n    return x * 2\n", '{"city":"北京"}', "天气很好 😀🎉", "  \n\n x"],
+    [
+        "The draft model accepts 3 tokens.",
+        "def f(x):\n    return x * 2\n",
+        '{"city":"北京"}',
+        "天气很好 😀🎉",
+        "  \n\n x",
+    ],
 )
 def test_text_round_trips_byte_exact(hf_tokenizer, text):
     assert hf_tokenizer.decode(hf_tokenizer.encode(text, add_special_tokens=False)) == text
@@ -145,8 +151,11 @@ def test_tools_are_declared_and_tool_turns_render_kimi_style(hf_tokenizer):
             "content": "",
             "reasoning_content": "Check it.",
             "tool_calls": [
-                {"id": "functions.get_weather:0", "type": "function",
-                 "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}
+                {
+                    "id": "functions.get_weather:0",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'},
+                }
             ],
         },
         {"role": "tool", "tool_call_id": "functions.get_weather:0", "name": "get_weather", "content": "5C"},

@@ -49,5 +49,8 @@ def poll_until(executor, job_id: int, predicate, timeout: float = 30.0, **poll_k
         if predicate(status):
             return status
         if time.monotonic() > end:
-            pytest.fail(f"timed out waiting; last status: {status.summary()} " f"{[(s.shard, s.state, s.error) for s in status.shards]}")
+            pytest.fail(
+                f"timed out waiting; last status: {status.summary()} "
+                f"{[(s.shard, s.state, s.error) for s in status.shards]}"
+            )
         time.sleep(0.03)

@@ -24,6 +24,9 @@ def test_extract_runs_the_builtin_extractor_per_shard(tmp_path, capsys):
     job = json.loads(capsys.readouterr().out)
     assert [s["state"] for s in job["shards"]] == ["done"]
     assert (job["done_items"], job["total_items"]) == (3, 3)
-    assert job["tokens"] == sum(json.loads(line)["input_ids"].__len__() for f in sorted((tmp_path / "export").glob("shard_*.jsonl"))
-                                for line in f.read_text().splitlines())
+    assert job["tokens"] == sum(
+        json.loads(line)["input_ids"].__len__()
+        for f in sorted((tmp_path / "export").glob("shard_*.jsonl"))
+        for line in f.read_text().splitlines()
+    )
     assert all((tmp_path / "hidden" / f"shard_{i}.done").exists() for i in range(1))

@@ -14,10 +14,15 @@ from .conftest import FAKE
 def _setup(tmp_path: Path, ctl: Path, extra: str = "") -> Path:
     shards = tmp_path / "shards"
     shards.mkdir()
-    (shards / "manifest.json").write_text(json.dumps({
-        "format": "eagle3-shards", "version": 1,
-        "shards": [{"index": i, "path": f"shard_{i:05d}.jsonl", "samples": 2, "tokens": 40} for i in range(3)],
-    }))
+    (shards / "manifest.json").write_text(
+        json.dumps(
+            {
+                "format": "eagle3-shards",
+                "version": 1,
+                "shards": [{"index": i, "path": f"shard_{i:05d}.jsonl", "samples": 2, "tokens": 40} for i in range(3)],
+            }
+        )
+    )
     command = [sys.executable, str(FAKE), "--shard", "{shard}", "--out", "{out}", "--ctl", str(ctl)]
     if extra:
         command += extra.split()
@@ -25,7 +30,7 @@ def _setup(tmp_path: Path, ctl: Path, extra: str = "") -> Path:
     cfg.write_text(f"""
 [run]
 name = "t"
-database = "{tmp_path / 'run.db'}"
+database = "{tmp_path / "run.db"}"
 output_dir = "{tmp_path}"
 
 [data]
@@ -44,7 +49,7 @@ base_url = "http://127.0.0.1:9"
 executor = "local"
 extractor = "command"
 command = {json.dumps(command)}
-output_dir = "{tmp_path / 'hidden'}"
+output_dir = "{tmp_path / "hidden"}"
 gpus = 0
 """)
     return cfg

@@ -38,8 +38,9 @@ def test_runs_every_shard_one_per_slot_and_sums_progress(store, ctl, tmp_path):
     job_id = ex.submit(fake_spec(tmp_path, ctl))
     seen_running = []
 
-    status = ex.wait(job_id, interval=0.02, on_status=lambda s: seen_running.append(s.counts.get("running", 0)),
-                     timeout=60)
+    status = ex.wait(
+        job_id, interval=0.02, on_status=lambda s: seen_running.append(s.counts.get("running", 0)), timeout=60
+    )
 
     assert status.job.state == "done"
     assert [s.state for s in status.shards] == ["done"] * 4
@@ -256,8 +257,14 @@ def test_slots_group_gpus_per_shard():
 
 
 def test_spec_substitutes_placeholders_and_round_trips(tmp_path):
-    spec = JobSpec(name="j", argv=("x", "--shard={shard}", "{out}/s{shard}", "{model}", "{{literal}}"), shards=(3, 4),
-                   output_dir=tmp_path, workdir=tmp_path, params=(("model", "/m"),))
+    spec = JobSpec(
+        name="j",
+        argv=("x", "--shard={shard}", "{out}/s{shard}", "{model}", "{{literal}}"),
+        shards=(3, 4),
+        output_dir=tmp_path,
+        workdir=tmp_path,
+        params=(("model", "/m"),),
+    )
     assert spec.argv_for(4) == ["x", "--shard=4", f"{tmp_path}/s4", "/m", "{literal}"]
     assert JobSpec.from_json(spec.to_json()) == spec
 

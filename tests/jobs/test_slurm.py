@@ -43,10 +43,14 @@ def _check_cluster() -> None:
     try:
         out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=15)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"EAGLEWATCH_SLURM=1 but `sinfo` did not answer in 15 s (SLURM_CONF={os.environ.get('SLURM_CONF')!r})")
+        pytest.fail(
+            f"EAGLEWATCH_SLURM=1 but `sinfo` did not answer in 15 s (SLURM_CONF={os.environ.get('SLURM_CONF')!r})"
+        )
     if not any(s.strip() in ("idle", "mixed", "allocated") for s in out.stdout.splitlines()):
-        pytest.fail(f"EAGLEWATCH_SLURM=1 but no usable Slurm node (SLURM_CONF={os.environ.get('SLURM_CONF')!r}; "
-                    f"sinfo: {(out.stdout + out.stderr).strip()!r})")
+        pytest.fail(
+            f"EAGLEWATCH_SLURM=1 but no usable Slurm node (SLURM_CONF={os.environ.get('SLURM_CONF')!r}; "
+            f"sinfo: {(out.stdout + out.stderr).strip()!r})"
+        )
 
 
 CPU = Resources(gpus=0, cpus=1, mem="200M", time="00:05:00")

@@ -11,8 +11,8 @@ from typing import Any
 OUTPUTS = {
     "plain": "Let me think.\nThe answer is simple.</think>Hello! ünï 中文 here.<|im_end|>",
     "tools": "I should call two tools.</think>Checking.<|tool_calls_section_begin|>"
-    "<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Paris\"}<|tool_call_end|>"
-    "<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{\"tz\": \"Europe/Paris\", \"fmt\": 24}"
+    '<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|>'
+    '<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{"tz": "Europe/Paris", "fmt": 24}'
     "<|tool_call_end|><|tool_calls_section_end|><|im_end|>",
     "length": "I keep thinking and thinking about this and never stop",
     "ws": "\nThinking hard.\n</think>\n\nAnswer.\n<|im_end|>",
@@ -20,9 +20,9 @@ OUTPUTS = {
     "nocontent": "Need a tool.</think>(no content)<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0"
     "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|><|im_end|>",
     "toolws": "Call.</think><|tool_calls_section_begin|><|tool_call_begin|> functions.f:0 "
-    "<|tool_call_argument_begin|> {\"a\": 1} \n<|tool_call_end|><|tool_calls_section_end|><|im_end|>",
+    '<|tool_call_argument_begin|> {"a": 1} \n<|tool_call_end|><|tool_calls_section_end|><|im_end|>',
     "json": "Call.</think><|tool_calls_section_begin|><|tool_call_begin|>functions.f:7"
-    "<|tool_call_argument_begin|>{\"a\":1,  \"b\":\"\\u00e9\"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>",
+    '<|tool_call_argument_begin|>{"a":1,  "b":"\\u00e9"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>',
     "utf8": "Umlaut.</think>über<|im_end|>",
 }
 
@@ -37,8 +37,12 @@ def write_reference(path: Path, tokenizer: Any, outputs: dict[str, str] = OUTPUT
     with open(path, "w", encoding="utf-8") as handle:
         for prompt, text in outputs.items():
             ids[prompt] = tokenizer.encode(text)
-            row = {"id": prompt, "messages": user(prompt), "output_ids": ids[prompt],
-                   "meta_info": {"prompt_tokens": 100, "cached_tokens": 40}}
+            row = {
+                "id": prompt,
+                "messages": user(prompt),
+                "output_ids": ids[prompt],
+                "meta_info": {"prompt_tokens": 100, "cached_tokens": 40},
+            }
             handle.write(json.dumps(row) + "\n")
     return ids
 
@@ -73,8 +77,9 @@ class BodyServer:
     one write or in `pieces` separated by `pause_s` (a slow drip); GET /models answers 200 (a probe's answer).
     `then`: the bytes every request after the first gets (a fault that clears on the retry)."""
 
-    def __init__(self, body: bytes, *, stream: bool, pieces: int = 1, pause_s: float = 0.0,
-                 then: bytes | None = None) -> None:
+    def __init__(
+        self, body: bytes, *, stream: bool, pieces: int = 1, pause_s: float = 0.0, then: bytes | None = None
+    ) -> None:
         self.body, self.stream, self.pieces, self.pause_s = body, stream, pieces, pause_s
         self.then = then
         self.last_body: dict = {}  # the latest request's JSON body and headers
@@ -121,7 +126,7 @@ class BodyServer:
             for i in range(0, len(body), step):
                 if i and self.pause_s:
                     await asyncio.sleep(self.pause_s)
-                await response.write(body[i:i + step])
+                await response.write(body[i : i + step])
             await response.write_eof()
         except (ConnectionError, RuntimeError):
             pass  # the client gave up on a drip: what the test is about

@@ -18,8 +18,9 @@ KEY = "sk-or-v1-THIS-KEY-MUST-NEVER-LEAK-0123456789"
 
 
 def sim_for(tok, reference, **kwargs) -> SimulatorServer:
-    options = SimulatorOptions(faults=kwargs.pop("faults", {}), quirks=kwargs.pop("quirks", []),
-                               seed=kwargs.pop("seed", 0))
+    options = SimulatorOptions(
+        faults=kwargs.pop("faults", {}), quirks=kwargs.pop("quirks", []), seed=kwargs.pop("seed", 0)
+    )
     kwargs.setdefault("retry_after_s", 0)
     return SimulatorServer(options, tokenizer=tok, reference=reference[0], **kwargs)
 
@@ -216,8 +217,9 @@ async def test_models_pricing_matches_computed_cost(tok, reference):
 
 
 def test_request_body_merges_generation_and_extras(tok):
-    endpoint = Endpoint(base_url="http://127.0.0.1:1/v1", extra={"reasoning": {"effort": "high"},
-                                                                  "provider": {"order": ["moonshotai"]}})
+    endpoint = Endpoint(
+        base_url="http://127.0.0.1:1/v1", extra={"reasoning": {"effort": "high"}, "provider": {"order": ["moonshotai"]}}
+    )
     client = ChatClient(endpoint, Generation(stream=True, logprobs=True, top_logprobs=3), KEY)
     body = client.build_request(user("x"), [{"type": "function"}], model="m", extra={"seed": 1})
     assert body["model"] == "m" and body["tools"] == [{"type": "function"}]
@@ -250,11 +252,14 @@ async def test_the_first_token_is_reported_once_as_it_arrives(tok, reference, st
     once, when it arrives (here 1 s before the paced stream ends), and never for a plain answer."""
     options = SimulatorOptions(faults={}, quirks=[], seed=0, tokens_per_s=len(reference[1]["plain"]) / 1.0)
     calls: list[float] = []
-    async with SimulatorServer(options, tokenizer=tok, reference=reference[0], retry_after_s=0) as sim, \
-            client_for(sim, stream=stream) as client:
+    async with (
+        SimulatorServer(options, tokenizer=tok, reference=reference[0], retry_after_s=0) as sim,
+        client_for(sim, stream=stream) as client,
+    ):
         started = time.perf_counter()
-        completion = await client.complete(user("plain"), model="kimi",
-                                           on_first_token=lambda: calls.append(time.perf_counter() - started))
+        completion = await client.complete(
+            user("plain"), model="kimi", on_first_token=lambda: calls.append(time.perf_counter() - started)
+        )
     if not stream:
         assert calls == []
         return

@@ -9,8 +9,14 @@ import httpx
 
 from app.engine.settle import OVERLOAD_CLASSES
 from app.providers.client import _transport_error_class
-from app.providers.exceptions import (EndpointUnreachable, MalformedResponse, ProviderError, RetryableError,
-                                      RunStoppingError, SampleFatalError)
+from app.providers.exceptions import (
+    EndpointUnreachable,
+    MalformedResponse,
+    ProviderError,
+    RetryableError,
+    RunStoppingError,
+    SampleFatalError,
+)
 from app.providers.parse import classify_status
 from app.records import ErrorClass, http_error_class
 
@@ -19,9 +25,14 @@ MODERATED = {"error": {"message": "flagged", "metadata": {"flagged_input": "x"}}
 
 
 def _exception_defaults() -> set[str]:
-    return {ProviderError("x").error_class, RetryableError("x").error_class, SampleFatalError("x").error_class,
-            RunStoppingError("x").error_class, MalformedResponse("f", "bad").error_class,
-            EndpointUnreachable("x").error_class}
+    return {
+        ProviderError("x").error_class,
+        RetryableError("x").error_class,
+        SampleFatalError("x").error_class,
+        RunStoppingError("x").error_class,
+        MalformedResponse("f", "bad").error_class,
+        EndpointUnreachable("x").error_class,
+    }
 
 
 def _status_classes() -> set[str]:
@@ -32,8 +43,11 @@ def _status_classes() -> set[str]:
 
 
 def _transport_classes() -> set[str]:
-    return {_transport_error_class(TimeoutError()), _transport_error_class(httpx.ReadTimeout("slow")),
-            _transport_error_class(ConnectionResetError())}
+    return {
+        _transport_error_class(TimeoutError()),
+        _transport_error_class(httpx.ReadTimeout("slow")),
+        _transport_error_class(ConnectionResetError()),
+    }
 
 
 def _engine_members() -> set[str]:
@@ -60,8 +74,22 @@ def test_a_status_the_vocabulary_names_is_its_member_and_any_other_its_number() 
 
 
 def test_members_keep_the_strings_databases_hold() -> None:
-    assert {m.value for m in ErrorClass} >= {"429", "5xx", "timeout", "network", "stream", "malformed", "unreachable",
-                                            "auth", "credits", "forbidden", "not_found", "filtered", "408", "409"}
+    assert {m.value for m in ErrorClass} >= {
+        "429",
+        "5xx",
+        "timeout",
+        "network",
+        "stream",
+        "malformed",
+        "unreachable",
+        "auth",
+        "credits",
+        "forbidden",
+        "not_found",
+        "filtered",
+        "408",
+        "409",
+    }
     assert ErrorClass.RATE_LIMITED == "429" and f"{ErrorClass.SERVER}" == "5xx"
 
 

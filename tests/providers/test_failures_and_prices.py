@@ -30,8 +30,10 @@ async def _reset_after_reading(reader: asyncio.StreamReader, writer: asyncio.Str
 async def _reset_mid_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     await reader.readuntil(b"\r\n\r\n")
     writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-    event = (b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
-             b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"cost":0.0042}}\n\n')
+    event = (
+        b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
+        b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"cost":0.0042}}\n\n'
+    )
     writer.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
     await writer.drain()
     await asyncio.sleep(0.05)
@@ -43,8 +45,9 @@ async def _reset_mid_stream(reader: asyncio.StreamReader, writer: asyncio.Stream
 async def test_a_connection_reset_is_reported_as_a_reset_not_a_connect_timeout(transport):
     server, port = await _start(_reset_after_reading)
     async with server:
-        async with ChatClient(Endpoint(), Generation(), None, base_url=f"http://127.0.0.1:{port}/v1",
-                              transport=transport) as client:
+        async with ChatClient(
+            Endpoint(), Generation(), None, base_url=f"http://127.0.0.1:{port}/v1", transport=transport
+        ) as client:
             with pytest.raises(RetryableError) as caught:
                 await client.complete(user("x"), model="m")
     text = str(caught.value)
@@ -67,8 +70,9 @@ async def test_a_refused_connection_says_refused():
 async def test_a_stream_reset_after_a_costed_usage_chunk_keeps_the_cost():
     server, port = await _start(_reset_mid_stream)
     async with server:
-        async with ChatClient(Endpoint(), Generation(stream=True), None,
-                              base_url=f"http://127.0.0.1:{port}/v1") as client:
+        async with ChatClient(
+            Endpoint(), Generation(stream=True), None, base_url=f"http://127.0.0.1:{port}/v1"
+        ) as client:
             with pytest.raises(RetryableError) as caught:
                 await client.complete(user("x"), model="m")
     assert caught.value.error_class == "stream"
@@ -90,8 +94,9 @@ def test_variants_resolve_to_their_base_price_unless_priced_themselves():
 
 async def test_prices_at_start_take_the_config_then_models_then_say_there_are_none(tok, reference):
     listed = ModelPricing(1.0, 4.0, 0.25)
-    async with SimulatorServer(SimulatorOptions(), tokenizer=tok, reference=reference[0], model="vendor/m",
-                               pricing=listed) as sim:
+    async with SimulatorServer(
+        SimulatorOptions(), tokenizer=tok, reference=reference[0], model="vendor/m", pricing=listed
+    ) as sim:
         async with ChatClient(Endpoint(name="sim"), Generation(), None, base_url=sim.base_url) as client:
             configured = await prices_at_start("vendor/m:nitro", {"vendor/m": ModelPricing(9, 9)}, {"sim": client})
             fetched = await prices_at_start("vendor/m:floor", {}, {"sim": client})
@@ -102,15 +107,18 @@ async def test_prices_at_start_take_the_config_then_models_then_say_there_are_no
     assert missing.source == "none" and missing.pricing is None and "no price" in missing.describe()
 
 
-@pytest.mark.parametrize(("server", "stream", "asked"), [
-    ("vllm", False, {"return_token_ids": True}),
-    ("vllm", True, {"return_token_ids": True}),
-    ("sglang", False, {"return_token_ids": True, "return_prompt_token_ids": True}),
-    ("sglang", True, {}),  # SGLang answers 400 to either with stream=true
-    ("openrouter", False, {}),
-    ("transformers-serve", True, {}),  # transformers serve answers 422 to unknown fields
-    (None, False, {}),
-])
+@pytest.mark.parametrize(
+    ("server", "stream", "asked"),
+    [
+        ("vllm", False, {"return_token_ids": True}),
+        ("vllm", True, {"return_token_ids": True}),
+        ("sglang", False, {"return_token_ids": True, "return_prompt_token_ids": True}),
+        ("sglang", True, {}),  # SGLang answers 400 to either with stream=true
+        ("openrouter", False, {}),
+        ("transformers-serve", True, {}),  # transformers serve answers 422 to unknown fields
+        (None, False, {}),
+    ],
+)
 def test_the_client_asks_each_server_for_ids_it_can_return(server, stream, asked):
     client = ChatClient(Endpoint(server=server), Generation(stream=stream), None, base_url="http://127.0.0.1:9/v1")
     body = client.build_request(user("x"), model="m")
@@ -119,8 +127,9 @@ def test_the_client_asks_each_server_for_ids_it_can_return(server, stream, asked
 
 
 def test_endpoint_extra_still_overrides_what_the_server_kind_asks():
-    client = ChatClient(Endpoint(server="vllm", extra={"return_token_ids": False}), Generation(), None,
-                        base_url="http://127.0.0.1:9/v1")
+    client = ChatClient(
+        Endpoint(server="vllm", extra={"return_token_ids": False}), Generation(), None, base_url="http://127.0.0.1:9/v1"
+    )
     assert client.build_request(user("x"), model="m")["return_token_ids"] is False
 
 
@@ -132,7 +141,7 @@ def _config(tmp_path, model: str, pricing: str = ""):
     path.write_text(f"""
 [run]
 name = "r"
-database = "{tmp_path / 'r.db'}"
+database = "{tmp_path / "r.db"}"
 [[data.datasets]]
 path = "p.jsonl"
 format = "openai-messages"
@@ -150,10 +159,15 @@ server = "openrouter"
 def test_config_check_prints_the_variant_price_or_warns_there_is_none(tmp_path):
     from app.commands.config import price_lines
 
-    priced = _config(tmp_path, "moonshotai/kimi-k2.5:floor",
-                     '[pricing."moonshotai/kimi-k2.5"]\nprompt_per_m = 0.6\ncompletion_per_m = 2.5')
+    priced = _config(
+        tmp_path,
+        "moonshotai/kimi-k2.5:floor",
+        '[pricing."moonshotai/kimi-k2.5"]\nprompt_per_m = 0.6\ncompletion_per_m = 2.5',
+    )
     [line] = price_lines(priced)
-    assert line.startswith("# prices: moonshotai/kimi-k2.5:floor: $0.6/M prompt") and \
-        '[pricing."moonshotai/kimi-k2.5"]' in line
+    assert (
+        line.startswith("# prices: moonshotai/kimi-k2.5:floor: $0.6/M prompt")
+        and '[pricing."moonshotai/kimi-k2.5"]' in line
+    )
     [warning] = price_lines(_config(tmp_path, "vendor/unpriced:nitro"))
     assert warning.startswith("# warning: no [pricing.") and "GET /models" in warning

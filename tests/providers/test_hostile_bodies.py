@@ -48,8 +48,9 @@ async def _complete(name: str, *, limits: WireLimits = WireLimits(vocab_size=616
     """The saved body `name` served by a loopback server, through the client (streamed for .sse)."""
     stream = name.endswith(".sse")
     async with BodyServer(saved_body(name), stream=stream) as srv:
-        async with ChatClient(Endpoint(), Generation(stream=stream), None, base_url=srv.base_url,
-                              limits=limits) as client:
+        async with ChatClient(
+            Endpoint(), Generation(stream=stream), None, base_url=srv.base_url, limits=limits
+        ) as client:
             return await client.complete(user("x"), model="m")
 
 
@@ -62,8 +63,16 @@ async def test_a_body_that_breaks_the_boundary_is_a_retryable_malformed_response
     assert field in str(caught.value)
 
 
-@pytest.mark.parametrize("name", ["lone_surrogate_escape.json", "lone_surrogate_raw_bytes.json", "invalid_utf8.json",
-                                  "stream_lone_surrogate_escape.sse", "stream_invalid_utf8.sse"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "lone_surrogate_escape.json",
+        "lone_surrogate_raw_bytes.json",
+        "invalid_utf8.json",
+        "stream_lone_surrogate_escape.sse",
+        "stream_invalid_utf8.sse",
+    ],
+)
 async def test_text_that_is_not_unicode_is_replaced_and_flagged_and_the_store_can_encode_it(name):
     completion = await _complete(name)
     assert "\ufffd" in completion.content and TEXT_REPLACED in completion.wire_flags
@@ -71,9 +80,16 @@ async def test_text_that_is_not_unicode_is_replaced_and_flagged_and_the_store_ca
     encode_response(1, 1, 1, "e", completion, 0.0)  # the row codec takes it
 
 
-@pytest.mark.parametrize(("name", "why"), [("cost_nan.json", "NaN"), ("cost_infinity.json", "+inf"),
-                                           ("cost_negative.json", "negative"), ("cost_9e18.json", "past the cap"),
-                                           ("stream_cost_nan.sse", "NaN")])
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("cost_nan.json", "NaN"),
+        ("cost_infinity.json", "+inf"),
+        ("cost_negative.json", "negative"),
+        ("cost_9e18.json", "past the cap"),
+        ("stream_cost_nan.sse", "NaN"),
+    ],
+)
 async def test_a_cost_that_cannot_be_believed_is_left_out_with_the_reason_and_the_answer_kept(name, why):
     completion = await _complete(name)
     assert completion.usage.cost_usd is None and why in completion.usage.cost_problem
@@ -89,10 +105,15 @@ async def test_an_answer_without_a_finish_reason_is_a_retryable_fault_never_a_tr
 
 async def test_a_stream_cut_before_its_finish_reason_is_asked_again_and_the_second_answer_kept():
     cut, clean = saved_body("stream_done_without_finish.sse"), saved_body("stream_clean.sse")
-    async with BodyServer(cut, stream=True, then=clean) as srv, \
-            ChatClient(Endpoint(), Generation(stream=True), None, base_url=srv.base_url) as client:
-        completion = await with_retries(lambda: client.complete(user("x"), model="m"),
-                                        RetryPolicy(attempts=3, base_s=0.0), sleep=lambda _s: asyncio.sleep(0))
+    async with (
+        BodyServer(cut, stream=True, then=clean) as srv,
+        ChatClient(Endpoint(), Generation(stream=True), None, base_url=srv.base_url) as client,
+    ):
+        completion = await with_retries(
+            lambda: client.complete(user("x"), model="m"),
+            RetryPolicy(attempts=3, base_s=0.0),
+            sleep=lambda _s: asyncio.sleep(0),
+        )
     assert srv.requests == 2
     assert completion.finish_reason == "stop" and completion.content == "Hello, world"
     assert FINISH_MISSING not in completion.wire_flags
@@ -142,16 +163,24 @@ async def test_a_body_past_max_response_bytes_is_refused(stream):
 
 @pytest.mark.parametrize(("allow", "sent"), [(False, []), (True, None)])
 async def test_openrouter_is_asked_for_its_routing_metadata_and_not_to_compress_the_prompt(allow, sent):
-    async with BodyServer(saved_body("stream_clean.sse"), stream=True) as srv, \
-            ChatClient(Endpoint(server="openrouter", allow_prompt_transforms=allow), Generation(stream=True), None,
-                       base_url=srv.base_url) as client:
+    async with (
+        BodyServer(saved_body("stream_clean.sse"), stream=True) as srv,
+        ChatClient(
+            Endpoint(server="openrouter", allow_prompt_transforms=allow),
+            Generation(stream=True),
+            None,
+            base_url=srv.base_url,
+        ) as client,
+    ):
         await client.complete(user("x"), model="m")
     assert srv.last_headers.get("X-OpenRouter-Metadata") == "enabled"
     assert srv.last_body.get("transforms") == sent
 
 
 async def test_a_server_that_is_not_openrouter_gets_neither_the_metadata_header_nor_transforms():
-    async with BodyServer(saved_body("stream_clean.sse"), stream=True) as srv, \
-            ChatClient(Endpoint(server="vllm"), Generation(stream=True), None, base_url=srv.base_url) as client:
+    async with (
+        BodyServer(saved_body("stream_clean.sse"), stream=True) as srv,
+        ChatClient(Endpoint(server="vllm"), Generation(stream=True), None, base_url=srv.base_url) as client,
+    ):
         await client.complete(user("x"), model="m")
     assert "X-OpenRouter-Metadata" not in srv.last_headers and "transforms" not in srv.last_body

@@ -25,8 +25,9 @@ def body(**message):
 
 def test_malformed_field_is_named():
     with pytest.raises(RetryableError) as info:
-        parse_body(json.dumps({"choices": [{"message": {"content": "x"}}], "usage": {"prompt_tokens": "12"}}),
-                   total_s=0.1)
+        parse_body(
+            json.dumps({"choices": [{"message": {"content": "x"}}], "usage": {"prompt_tokens": "12"}}), total_s=0.1
+        )
     assert info.value.error_class == "malformed"
     assert "usage.prompt_tokens" in str(info.value)
 
@@ -43,8 +44,15 @@ def test_reasoning_content_alias_and_details():
 
 
 def test_choice_error_under_200_is_retryable():
-    raw = {"choices": [{"finish_reason": "error", "message": {"content": "part"},
-                        "error": {"code": 502, "message": "upstream died"}}]}
+    raw = {
+        "choices": [
+            {
+                "finish_reason": "error",
+                "message": {"content": "part"},
+                "error": {"code": 502, "message": "upstream died"},
+            }
+        ]
+    }
     with pytest.raises(RetryableError, match="upstream died") as info:
         parse_body(json.dumps(raw), total_s=0)
     assert info.value.error_class == "stream"
@@ -58,22 +66,35 @@ def test_content_filter_is_fatal_for_the_sample():
 
 def test_sglang_chat_ids_and_prompt_ids_live_on_the_choice():
     # protocol.py ChatCompletionResponseChoice: token_ids / prompt_token_ids / meta_info on the choice
-    raw = {"choices": [{"finish_reason": "stop", "message": {"content": "x", "reasoning_content": "r"},
-                        "token_ids": [1, 2], "prompt_token_ids": [7, 8, 9], "meta_info": {"id": "a"}}]}
+    raw = {
+        "choices": [
+            {
+                "finish_reason": "stop",
+                "message": {"content": "x", "reasoning_content": "r"},
+                "token_ids": [1, 2],
+                "prompt_token_ids": [7, 8, 9],
+                "meta_info": {"id": "a"},
+            }
+        ]
+    }
     completion = parse_body(json.dumps(raw), total_s=0)
     assert (completion.token_ids, completion.prompt_token_ids, completion.reasoning) == ((1, 2), (7, 8, 9), "r")
 
 
 def test_native_generate_output_ids_are_not_read_from_a_chat_body():
     # `output_ids` + `meta_info` is SGLang's native /generate shape; its chat API has no such field
-    raw = {"choices": [{"finish_reason": "stop", "message": {"content": "x"}, "output_ids": [1]}],
-           "meta_info": {"output_ids": [1, 2]}}
+    raw = {
+        "choices": [{"finish_reason": "stop", "message": {"content": "x"}, "output_ids": [1]}],
+        "meta_info": {"output_ids": [1, 2]},
+    }
     assert parse_body(json.dumps(raw), total_s=0).token_ids is None
 
 
 def test_vllm_prompt_token_ids_on_the_body_and_the_first_chunk():
-    raw = {"prompt_token_ids": [3, 4], "choices": [{"finish_reason": "stop", "message": {"content": "x"},
-                                                     "token_ids": [5]}]}
+    raw = {
+        "prompt_token_ids": [3, 4],
+        "choices": [{"finish_reason": "stop", "message": {"content": "x"}, "token_ids": [5]}],
+    }
     assert parse_body(json.dumps(raw), total_s=0).prompt_token_ids == (3, 4)
     asm = StreamAssembler(0.0)
     asm.feed(json.dumps({"prompt_token_ids": [3, 4], "choices": [{"delta": {"role": "assistant", "content": ""}}]}))
@@ -83,8 +104,15 @@ def test_vllm_prompt_token_ids_on_the_body_and_the_first_chunk():
 
 
 def test_byok_upstream_cost_is_counted_beside_the_fee():
-    usage = parse_usage({"prompt_tokens": 10, "completion_tokens": 5, "cost": 0.0001, "is_byok": True,
-                         "cost_details": {"upstream_inference_cost": 0.0042}})
+    usage = parse_usage(
+        {
+            "prompt_tokens": 10,
+            "completion_tokens": 5,
+            "cost": 0.0001,
+            "is_byok": True,
+            "cost_details": {"upstream_inference_cost": 0.0042},
+        }
+    )
     assert usage.cost_usd == pytest.approx(0.0043)
     plain = parse_usage({"cost": 0.0001, "cost_details": {"upstream_inference_cost": None}})
     assert plain.cost_usd == pytest.approx(0.0001)
@@ -110,13 +138,14 @@ def test_transformers_serve_error_chunks_json_or_not_name_the_failure():
 
 def test_sse_comments_multiline_data_and_crlf():
     buffer = bytearray()
-    events = iter_sse_events(buffer, b": OPENROUTER PROCESSING\n\ndata: {\"a\":\r\ndata: 1}\r\n\r\ndata: [DO")
+    events = iter_sse_events(buffer, b': OPENROUTER PROCESSING\n\ndata: {"a":\r\ndata: 1}\r\n\r\ndata: [DO')
     assert events == [b'{"a":\n1}']
     assert iter_sse_events(buffer, b"NE]\n\n") == [b"[DONE]"]
 
 
 def test_stream_tool_call_arguments_concatenate_exactly_by_index():
     asm = StreamAssembler(0.0)
+
     def first(index, call_id, name, args):
         return {"index": index, "id": call_id, "function": {"name": name, "arguments": args}}
 
@@ -134,7 +163,9 @@ def test_stream_tool_call_arguments_concatenate_exactly_by_index():
     asm.feed("[DONE]")
     completion = asm.finish_completion(1.0)
     assert [(c.index, c.id, c.name, c.arguments) for c in completion.tool_calls] == [
-        (0, "a", "f", "{ }"), (1, "b", "g", "[1,  2]")]
+        (0, "a", "f", "{ }"),
+        (1, "b", "g", "[1,  2]"),
+    ]
     assert completion.usage.cost_usd == 0.5 and completion.usage.completion_tokens == 4
 
 
@@ -142,8 +173,14 @@ def test_stream_error_chunk_is_retryable():
     asm = StreamAssembler(0.0)
     asm.feed(json.dumps({"choices": [{"delta": {"content": "hal"}}]}))
     with pytest.raises(RetryableError, match="overloaded") as info:
-        asm.feed(json.dumps({"error": {"code": 502, "message": "overloaded"},
-                             "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}]}))
+        asm.feed(
+            json.dumps(
+                {
+                    "error": {"code": 502, "message": "overloaded"},
+                    "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}],
+                }
+            )
+        )
     assert info.value.error_class == "stream"
 
 
@@ -162,12 +199,23 @@ def test_retry_after_sources():
     assert parse_retry_after({}, availability) == 9.0
 
 
-@pytest.mark.parametrize(("status", "kind", "error_class"), [
-    (408, RetryableError, "408"), (429, RetryableError, "429"), (500, RetryableError, "5xx"),
-    (524, RetryableError, "5xx"), (529, RetryableError, "5xx"), (400, SampleFatalError, "400"),
-    (413, SampleFatalError, "413"), (422, SampleFatalError, "422"), (401, RunStoppingError, "auth"),
-    (402, RunStoppingError, "credits"), (403, RunStoppingError, "forbidden"), (404, RunStoppingError, "not_found"),
-])
+@pytest.mark.parametrize(
+    ("status", "kind", "error_class"),
+    [
+        (408, RetryableError, "408"),
+        (429, RetryableError, "429"),
+        (500, RetryableError, "5xx"),
+        (524, RetryableError, "5xx"),
+        (529, RetryableError, "5xx"),
+        (400, SampleFatalError, "400"),
+        (413, SampleFatalError, "413"),
+        (422, SampleFatalError, "422"),
+        (401, RunStoppingError, "auth"),
+        (402, RunStoppingError, "credits"),
+        (403, RunStoppingError, "forbidden"),
+        (404, RunStoppingError, "not_found"),
+    ],
+)
 def test_status_classification(status, kind, error_class):
     error = classify_status(status, {}, {"error": {"code": status, "message": "m"}})
     assert type(error) is kind and error.error_class == error_class and error.status == status

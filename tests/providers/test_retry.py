@@ -41,8 +41,9 @@ async def test_retries_until_success_and_reports_each_retry():
     async def fake_sleep(s):
         slept.append(s)
 
-    result = await with_retries(attempt, RetryPolicy(attempts=5), sleep=fake_sleep,
-                                on_retry=lambda n, e, d: seen.append((n, e.error_class, d)))
+    result = await with_retries(
+        attempt, RetryPolicy(attempts=5), sleep=fake_sleep, on_retry=lambda n, e, d: seen.append((n, e.error_class, d))
+    )
     assert result == "ok"
     assert [s[:2] for s in seen] == [(1, "429"), (2, "retryable")]
     assert slept[0] == 2.0 and seen[0][2] == 2.0
@@ -84,11 +85,13 @@ async def test_against_a_flaky_simulator_only_the_success_is_counted(tok, refere
         async with ChatClient(Endpoint(), Generation(), "k", base_url=sim.base_url) as client:
             completions = []
             for _i in range(10):
-                completions.append(await with_retries(
-                    lambda: client.complete(user("plain"), model="kimi"),
-                    RetryPolicy(attempts=20, base_s=0.001, cap_s=0.002),
-                    on_retry=lambda n, e, d: retries.append(e.error_class),
-                ))
+                completions.append(
+                    await with_retries(
+                        lambda: client.complete(user("plain"), model="kimi"),
+                        RetryPolicy(attempts=20, base_s=0.001, cap_s=0.002),
+                        on_retry=lambda n, e, d: retries.append(e.error_class),
+                    )
+                )
         failures = sim.counters["429"] + sim.counters["500"]
         assert sim.counters["ok"] == 10
     assert len(retries) == failures > 0
@@ -102,13 +105,24 @@ async def test_mixed_fault_storm_at_concurrency_completes_every_request(tok, ref
     import asyncio
     import collections
 
-    faults = {"429": 0.05, "500": 0.05, "503": 0.05, "reset": 0.05, "malformed": 0.05, "truncate": 0.05,
-              "stream_error": 0.05, "keepalive": 0.2}
+    faults = {
+        "429": 0.05,
+        "500": 0.05,
+        "503": 0.05,
+        "reset": 0.05,
+        "malformed": 0.05,
+        "truncate": 0.05,
+        "stream_error": 0.05,
+        "keepalive": 0.2,
+    }
     classes = collections.Counter()
-    async with SimulatorServer(SimulatorOptions(faults=faults, seed=9), tokenizer=tok, reference=reference[0],
-                               retry_after_s=0) as sim:
-        async with ChatClient(Endpoint(max_concurrency=64), Generation(stream=stream), "k",
-                              base_url=sim.base_url) as client:
+    async with SimulatorServer(
+        SimulatorOptions(faults=faults, seed=9), tokenizer=tok, reference=reference[0], retry_after_s=0
+    ) as sim:
+        async with ChatClient(
+            Endpoint(max_concurrency=64), Generation(stream=stream), "k", base_url=sim.base_url
+        ) as client:
+
             async def one(i):
                 return await with_retries(
                     lambda: client.complete(user("tools" if i % 2 else "plain"), model="kimi"),
@@ -117,8 +131,10 @@ async def test_mixed_fault_storm_at_concurrency_completes_every_request(tok, ref
                 )
 
             completions = await asyncio.gather(*(one(i) for i in range(200)))
-        assert sim.counters["ok"] + sim.counters["malformed"] + sim.counters["truncate"] \
-            + sim.counters["stream_error"] >= 200
+        assert (
+            sim.counters["ok"] + sim.counters["malformed"] + sim.counters["truncate"] + sim.counters["stream_error"]
+            >= 200
+        )
     assert all(c.finish_reason in ("stop", "tool_calls") for c in completions)
     assert {c.content for c in completions} == {"Hello! ünï 中文 here.", "Checking."}
     assert set(classes) <= {"429", "5xx", "unreachable", "malformed", "stream"}

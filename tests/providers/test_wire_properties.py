@@ -18,37 +18,75 @@ LIMITS = WireLimits(vocab_size=1000, max_cost_usd=5.0)
 
 # JSON values a hostile server can send: the odd numbers and text included
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([1e999, -1e999, 9.2e18, -1.0, 0.5]),
-    st.text(max_size=20), st.sampled_from(["\ud83d", "a\udc00b", "\ufffd", ""]),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([1e999, -1e999, 9.2e18, -1.0, 0.5]),
+    st.text(max_size=20),
+    st.sampled_from(["\ud83d", "a\udc00b", "\ufffd", ""]),
 )
-values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                       st.dictionaries(st.text(max_size=8), inner, max_size=4)),
-                      max_leaves=12)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    max_leaves=12,
+)
 
 
 def _plain() -> dict:
-    return {"id": "g", "model": "m", "choices": [{"index": 0, "finish_reason": "stop", "token_ids": [1, 2, 3],
-                                                  "message": {"role": "assistant", "content": "hi", "reasoning": "r",
-                                                              "tool_calls": [{"index": 0, "id": "c", "type": "function",
-                                                                              "function": {"name": "f",
-                                                                                           "arguments": "{}"}}]},
-                                                  "logprobs": {"content": [{"token": "hi", "bytes": [104, 105],
-                                                                            "logprob": -0.1}]}}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "cost": 0.001,
-                      "completion_tokens_details": {"reasoning_tokens": 1},
-                      "prompt_tokens_details": {"cached_tokens": 1}}}
+    return {
+        "id": "g",
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "token_ids": [1, 2, 3],
+                "message": {
+                    "role": "assistant",
+                    "content": "hi",
+                    "reasoning": "r",
+                    "tool_calls": [
+                        {"index": 0, "id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                    ],
+                },
+                "logprobs": {"content": [{"token": "hi", "bytes": [104, 105], "logprob": -0.1}]},
+            }
+        ],
+        "usage": {
+            "prompt_tokens": 3,
+            "completion_tokens": 2,
+            "cost": 0.001,
+            "completion_tokens_details": {"reasoning_tokens": 1},
+            "prompt_tokens_details": {"cached_tokens": 1},
+        },
+    }
 
 
 PATHS = [
-    ("choices",), ("choices", 0), ("choices", 0, "index"), ("choices", 0, "finish_reason"), ("choices", 0, "token_ids"),
-    ("choices", 0, "message"), ("choices", 0, "message", "content"), ("choices", 0, "message", "reasoning"),
-    ("choices", 0, "message", "tool_calls"), ("choices", 0, "message", "tool_calls", 0, "index"),
+    ("choices",),
+    ("choices", 0),
+    ("choices", 0, "index"),
+    ("choices", 0, "finish_reason"),
+    ("choices", 0, "token_ids"),
+    ("choices", 0, "message"),
+    ("choices", 0, "message", "content"),
+    ("choices", 0, "message", "reasoning"),
+    ("choices", 0, "message", "tool_calls"),
+    ("choices", 0, "message", "tool_calls", 0, "index"),
     ("choices", 0, "message", "tool_calls", 0, "function"),
-    ("choices", 0, "message", "tool_calls", 0, "function", "arguments"), ("choices", 0, "logprobs"),
-    ("choices", 0, "logprobs", "content", 0, "logprob"), ("choices", 0, "logprobs", "content", 0, "bytes"),
-    ("usage",), ("usage", "prompt_tokens"), ("usage", "completion_tokens"), ("usage", "cost"),
-    ("usage", "completion_tokens_details"), ("usage", "prompt_tokens_details", "cached_tokens"), ("id",), ("model",),
+    ("choices", 0, "message", "tool_calls", 0, "function", "arguments"),
+    ("choices", 0, "logprobs"),
+    ("choices", 0, "logprobs", "content", 0, "logprob"),
+    ("choices", 0, "logprobs", "content", 0, "bytes"),
+    ("usage",),
+    ("usage", "prompt_tokens"),
+    ("usage", "completion_tokens"),
+    ("usage", "cost"),
+    ("usage", "completion_tokens_details"),
+    ("usage", "prompt_tokens_details", "cached_tokens"),
+    ("id",),
+    ("model",),
 ]
 
 
@@ -83,18 +121,35 @@ def test_any_value_in_any_field_of_a_body_is_refused_as_a_provider_error_or_stor
     _check(completion)
 
 
-STREAM_PATHS = [(0, "choices"), (0, "choices", 0, "delta"), (0, "choices", 0, "delta", "content"),
-                (0, "choices", 0, "index"), (0, "choices", 0, "token_ids"),
-                (1, "choices", 0, "delta", "tool_calls"), (1, "choices", 0, "delta", "tool_calls", 0, "index"),
-                (2, "choices", 0, "finish_reason"), (3, "usage"), (3, "usage", "prompt_tokens"), (3, "usage", "cost")]
+STREAM_PATHS = [
+    (0, "choices"),
+    (0, "choices", 0, "delta"),
+    (0, "choices", 0, "delta", "content"),
+    (0, "choices", 0, "index"),
+    (0, "choices", 0, "token_ids"),
+    (1, "choices", 0, "delta", "tool_calls"),
+    (1, "choices", 0, "delta", "tool_calls", 0, "index"),
+    (2, "choices", 0, "finish_reason"),
+    (3, "usage"),
+    (3, "usage", "prompt_tokens"),
+    (3, "usage", "cost"),
+]
 
 
 def _chunks() -> list[dict]:
-    return [{"id": "g", "choices": [{"index": 0, "delta": {"content": "hi"}, "token_ids": [1]}]},
-            {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f",
-                                                                                                    "arguments": "{}"}}]}}]},
-            {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
-            {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "cost": 0.001}}]
+    return [
+        {"id": "g", "choices": [{"index": 0, "delta": {"content": "hi"}, "token_ids": [1]}]},
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f", "arguments": "{}"}}]},
+                }
+            ]
+        },
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "cost": 0.001}},
+    ]
 
 
 @settings(max_examples=300, deadline=None)

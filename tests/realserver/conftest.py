@@ -25,6 +25,8 @@ import httpx
 import pytest
 
 HERE = Path(__file__).resolve().parent
+
+
 def _missing(names: tuple[str, ...]) -> list[str]:
     out = []
     for name in names:
@@ -37,8 +39,10 @@ def _missing(names: tuple[str, ...]) -> list[str]:
 
 
 MISSING = _missing(("fastapi", "uvicorn", "torch"))
-SKIP_REASON = (f"REAL-SERVER TESTS NOT RUN: transformers' serving extra is missing ({', '.join(MISSING)}); "
-               'install it with pip install -e ".[serving]" (scripts/test does)')
+SKIP_REASON = (
+    f"REAL-SERVER TESTS NOT RUN: transformers' serving extra is missing ({', '.join(MISSING)}); "
+    'install it with pip install -e ".[serving]" (scripts/test does)'
+)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -75,11 +79,32 @@ def real_server(tiny_model_dir, tmp_path_factory):
 def transformers_serve(model_dir: Path, log: Path):
     """Start `transformers serve` over `model_dir` on loopback; yield (base_url, model name: the folder); stop it."""
     port = _free_port()
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", CUDA_VISIBLE_DEVICES="")
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        CUDA_VISIBLE_DEVICES="",
+    )
     exe = shutil.which("transformers", path=os.path.dirname(sys.executable)) or shutil.which("transformers")
-    command = [exe, "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
-               "--log-level", "warning"] if exe else None
+    command = (
+        [
+            exe,
+            "serve",
+            str(model_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+            "--log-level",
+            "warning",
+        ]
+        if exe
+        else None
+    )
     if command is None:
         pytest.skip("REAL-SERVER TESTS NOT RUN: the `transformers` command is not on PATH")
     with open(log, "wb") as out:
@@ -122,11 +147,12 @@ def _truth_of(model_dir: Path):
     def generate(messages, tools, max_new_tokens: int) -> list[int]:
         key = (repr(messages), repr(tools), max_new_tokens)
         if key not in cache:
-            ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
-                                                return_dict=True, return_tensors="pt")
+            ids = tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+            )
             with torch.no_grad():
                 out = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False)
-            cache[key] = out[0, ids["input_ids"].shape[1]:].tolist()
+            cache[key] = out[0, ids["input_ids"].shape[1] :].tolist()
         return cache[key]
 
     return generate
@@ -184,28 +210,61 @@ def vllm_server(vllm_model_dir):
         return
     python = vllm_python()
     if python is None or not os.path.exists(python):
-        message = ("VLLM TESTS NOT RUN: no vLLM environment (build it with scripts/vllm_venv.sh and set "
-                   "EAGLEWATCH_VLLM_PYTHON to its bin/python; scripts/test does both)")
+        message = (
+            "VLLM TESTS NOT RUN: no vLLM environment (build it with scripts/vllm_venv.sh and set "
+            "EAGLEWATCH_VLLM_PYTHON to its bin/python; scripts/test does both)"
+        )
         if os.environ.get("EAGLEWATCH_REQUIRE_VLLM"):
             pytest.fail(message.replace("NOT RUN", "REQUIRED but missing"))
         pytest.skip(message)
     scratch = Path(tempfile.mkdtemp(prefix="ew-vllm-", dir="/tmp"))  # short: ZMQ ipc paths are capped at 107 bytes
     port = _free_port()
     log = scratch / "vllm.log"
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               VLLM_CPU_KVCACHE_SPACE="1", VLLM_NO_USAGE_STATS="1", VLLM_DO_NOT_TRACK="1",
-               VLLM_CACHE_ROOT=str(scratch / "cache"), VLLM_RPC_BASE_PATH=str(scratch), TMPDIR=str(scratch),
-               TOKENIZERS_PARALLELISM="false", CUDA_VISIBLE_DEVICES="")
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        VLLM_CPU_KVCACHE_SPACE="1",
+        VLLM_NO_USAGE_STATS="1",
+        VLLM_DO_NOT_TRACK="1",
+        VLLM_CACHE_ROOT=str(scratch / "cache"),
+        VLLM_RPC_BASE_PATH=str(scratch),
+        TMPDIR=str(scratch),
+        TOKENIZERS_PARALLELISM="false",
+        CUDA_VISIBLE_DEVICES="",
+    )
     env.pop("PYTHONPATH", None)  # the project's own packages must not shadow the venv's
-    command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(vllm_model_dir),
-               "--served-model-name", str(vllm_model_dir), "--host", "127.0.0.1", "--port", str(port),
-               "--dtype", "float32", "--enforce-eager", "--max-model-len", str(VLLM_MAX_MODEL_LEN),
-               "--max-num-seqs", str(VLLM_MAX_NUM_SEQS), "--reasoning-parser", "qwen3",
-               "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    command = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(vllm_model_dir),
+        "--served-model-name",
+        str(vllm_model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        str(VLLM_MAX_MODEL_LEN),
+        "--max-num-seqs",
+        str(VLLM_MAX_NUM_SEQS),
+        "--reasoning-parser",
+        "qwen3",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+    ]
     started = time.monotonic()
     with open(log, "wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=scratch,
-                                   start_new_session=True)  # its own process group: the engine core and workers
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=scratch, start_new_session=True
+        )  # its own process group: the engine core and workers
     base = f"http://127.0.0.1:{port}"
     try:
         while True:
@@ -217,8 +276,9 @@ def vllm_server(vllm_model_dir):
             except httpx.HTTPError:
                 pass
             if time.monotonic() - started > VLLM_START_S:
-                pytest.fail(f"vLLM did not answer /v1/models in {VLLM_START_S} s:\n"
-                            f"{log.read_text(errors='replace')[-4000:]}")
+                pytest.fail(
+                    f"vLLM did not answer /v1/models in {VLLM_START_S} s:\n{log.read_text(errors='replace')[-4000:]}"
+                )
             time.sleep(0.5)
         print(f"\nvLLM started in {time.monotonic() - started:.1f} s")
         # served as its folder, the name `transformers serve` answers to for the same model (the trusted-twin test)
@@ -251,5 +311,8 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"!! {SKIP_REASON}", yellow=True, bold=True)
     skipped = [r for r in terminalreporter.stats.get("skipped", []) if "VLLM TESTS NOT RUN" in str(r.longrepr)]
     if skipped:
-        terminalreporter.write_line(f"!! {len(skipped)} vLLM tests skipped: no vLLM environment "
-                                    "(scripts/vllm_venv.sh; scripts/test builds it)", yellow=True, bold=True)
+        terminalreporter.write_line(
+            f"!! {len(skipped)} vLLM tests skipped: no vLLM environment (scripts/vllm_venv.sh; scripts/test builds it)",
+            yellow=True,
+            bold=True,
+        )

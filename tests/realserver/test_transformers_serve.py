@@ -36,8 +36,12 @@ BROKEN = [case for case in CASES if "not json" in case[2]]
 
 
 def _client(base_url: str, stream: bool, max_tokens: int = MAX_TOKENS, **endpoint) -> ChatClient:
-    return ChatClient(Endpoint(name="serve", timeout_s=120, server="transformers-serve", **endpoint),
-                      Generation(stream=stream, temperature=0.0, max_tokens=max_tokens), None, base_url=base_url)
+    return ChatClient(
+        Endpoint(name="serve", timeout_s=120, server="transformers-serve", **endpoint),
+        Generation(stream=stream, temperature=0.0, max_tokens=max_tokens),
+        None,
+        base_url=base_url,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +71,15 @@ async def test_every_verdict_agrees_with_generate_truth(real_server, truth, rec,
         # are generate()'s ids; bpe_equivalent only for other ids of the same text
         assert (verdict.category in ("exact", "truncated")) == right, (messages, verdict)
         production, _ = rec.process(completion, None)  # no reference: what a real run rebuilds
-        report.append((messages[-1]["content"], completion.finish_reason, verdict.category, reconstruction.repair,
-                       tuple(production.output_ids) == tuple(ids)))
+        report.append(
+            (
+                messages[-1]["content"],
+                completion.finish_reason,
+                verdict.category,
+                reconstruction.repair,
+                tuple(production.output_ids) == tuple(ids),
+            )
+        )
         if ids[-1:] != [rec.tokenizer.special_id("<|im_end|>")]:
             assert completion.finish_reason == "length"
     print("\n".join(map(str, report)))
@@ -80,8 +91,10 @@ def _shape(completion) -> dict:
     return {
         "content": completion.content,
         "reasoning": completion.reasoning,
-        "calls": [(c.name, c.arguments, c.id.replace(completion.generation_id or "", "{id}"), c.index)
-                  for c in completion.tool_calls],
+        "calls": [
+            (c.name, c.arguments, c.id.replace(completion.generation_id or "", "{id}"), c.index)
+            for c in completion.tool_calls
+        ],
         "finish": completion.finish_reason,
         "completion_tokens": completion.usage.completion_tokens,
     }
@@ -90,17 +103,21 @@ def _shape(completion) -> dict:
 def _raw_shape(completion) -> dict:
     """The wire: which fields the message (or the stream's chunks) carried, and how the stream ended."""
     if isinstance(completion.raw, list):
-        keys = sorted({k for chunk in completion.raw for choice in chunk.get("choices") or []
-                       for k in (choice.get("delta") or {})})
-        return {"delta_keys": keys, "usage_on_finish": any(c.get("usage") and c.get("choices")
-                                                           for c in completion.raw)}
+        keys = sorted(
+            {
+                k
+                for chunk in completion.raw
+                for choice in chunk.get("choices") or []
+                for k in (choice.get("delta") or {})
+            }
+        )
+        return {"delta_keys": keys, "usage_on_finish": any(c.get("usage") and c.get("choices") for c in completion.raw)}
     message = completion.raw["choices"][0]["message"]
     return {"message_keys": sorted(k for k, v in message.items() if v is not None)}
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-async def test_the_simulator_personality_mirrors_the_real_server(real_server, truth, tiny_model_dir, tmp_path,
-                                                                  stream):
+async def test_the_simulator_personality_mirrors_the_real_server(real_server, truth, tiny_model_dir, tmp_path, stream):
     base_url, model = real_server
     cases = [(m, t, MAX_TOKENS) for m, t, _ in GOOD] + [(m, t, CUT) for m, t, _ in GOOD[:2]]
     tok = load_tokenizer(tiny_model_dir)
@@ -115,8 +132,9 @@ async def test_the_simulator_personality_mirrors_the_real_server(real_server, tr
         with open(path, "w", encoding="utf-8") as handle:
             for messages, tools, budget in cases:
                 if budget == max_tokens:
-                    handle.write(json.dumps({"messages": messages, "output_ids": truth(messages, tools, budget)})
-                                 + "\n")
+                    handle.write(
+                        json.dumps({"messages": messages, "output_ids": truth(messages, tools, budget)}) + "\n"
+                    )
         options = SimulatorOptions(personality="transformers-serve")
         async with SimulatorServer(options, tokenizer=tok, reference=path, profile="qwen3", model=model) as sim:
             async with _client(sim.base_url, stream, max_tokens) as client:
@@ -138,8 +156,13 @@ async def test_real_server_and_mirror_fail_alike(real_server, truth, tiny_model_
     messages, tools, _ = BROKEN[0]
     path = tmp_path / "broken.jsonl"
     path.write_text(json.dumps({"messages": messages, "output_ids": truth(messages, tools, MAX_TOKENS)}) + "\n")
-    sim = SimulatorServer(SimulatorOptions(personality="transformers-serve"), tokenizer=load_tokenizer(tiny_model_dir),
-                          reference=path, profile="qwen3", model=model)
+    sim = SimulatorServer(
+        SimulatorOptions(personality="transformers-serve"),
+        tokenizer=load_tokenizer(tiny_model_dir),
+        reference=path,
+        profile="qwen3",
+        model=model,
+    )
     async with sim:
         for url in (base_url, sim.base_url):
             # a tool-call region that is not JSON: HTTP 400 (sample-fatal), non-streaming
@@ -157,13 +180,25 @@ async def test_real_server_and_mirror_fail_alike(real_server, truth, tiny_model_
 # prompts the model was not trained on, two with a CJK compatibility ideograph that Qwen3's NFC normaliser turns
 # into U+5973 on the prompt side (what the server feeds the model), while the output side keeps raw bytes
 NORMALISED = "\uf981"
-EXTRA = [([{"role": "user", "content": f"Translate {NORMALISED} into English."}], None, ""),
-         ([{"role": "user", "content": f"Say hello to {NORMALISED}."}], None, ""),
-         ([{"role": "user", "content": "What is two plus three?"}], None, "")]
+EXTRA = [
+    ([{"role": "user", "content": f"Translate {NORMALISED} into English."}], None, ""),
+    ([{"role": "user", "content": f"Say hello to {NORMALISED}."}], None, ""),
+    ([{"role": "user", "content": "What is two plus three?"}], None, ""),
+]
 
 
-def _write_run(tmp_path, base_url, model_dir, truth, stream: bool, *, cases=GOOD, reference: bool = True,
-               server: bool = True, name: str = "run") -> Path:
+def _write_run(
+    tmp_path,
+    base_url,
+    model_dir,
+    truth,
+    stream: bool,
+    *,
+    cases=GOOD,
+    reference: bool = True,
+    server: bool = True,
+    name: str = "run",
+) -> Path:
     """A run config over the real server: the cases as a dataset, generate()'s ids as the reference (unless
     `reference` is False, as in production); `server` False leaves `server =` out (the default config: the
     engine identifies the server from its GET /v1/models)."""
@@ -174,17 +209,19 @@ def _write_run(tmp_path, base_url, model_dir, truth, stream: bool, *, cases=GOOD
             if tools:
                 row["tools"] = tools
             d.write(json.dumps(row) + "\n")
-            r.write(json.dumps({"id": f"case-{k}", "messages": messages,
-                                "output_ids": truth(messages, tools, MAX_TOKENS)}) + "\n")
+            r.write(
+                json.dumps({"id": f"case-{k}", "messages": messages, "output_ids": truth(messages, tools, MAX_TOKENS)})
+                + "\n"
+            )
     config = tmp_path / f"{name}.toml"
     config.write_text(f"""
 [run]
 name = "realserver"
-database = "{tmp_path / f'{name}.db'}"
-output_dir = "{tmp_path / 'out'}"
+database = "{tmp_path / f"{name}.db"}"
+output_dir = "{tmp_path / "out"}"
 
 [data]
-{f'reference = "{ref}"' if reference else ''}
+{f'reference = "{ref}"' if reference else ""}
 
 [[data.datasets]]
 path = "{data}"
@@ -198,7 +235,7 @@ profile = "qwen3"
 [[endpoints]]
 name = "serve"
 base_url = "{base_url}"
-{'server = "transformers-serve"' if server else ''}
+{'server = "transformers-serve"' if server else ""}
 max_concurrency = 2
 timeout_s = 120.0
 
@@ -221,10 +258,16 @@ completion_per_m = 0.0
 
 
 def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp")}
-    done = subprocess.run([sys.executable, "-m", "app.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    env = {
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "PATH": os.environ["PATH"],
+        "HOME": os.environ.get("HOME", "/tmp"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert done.returncode == 0, (args, done.stderr[-3000:])
     return done
 
@@ -256,8 +299,7 @@ def template_ids(tiny_model_dir):
     hf = AutoTokenizer.from_pretrained(tiny_model_dir)
 
     def ids(messages, tools) -> list[int]:
-        out = hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
-                                     return_dict=True)
+        out = hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=True)
         return list(out["input_ids"])
 
     return ids
@@ -282,8 +324,9 @@ def test_the_engine_end_to_end_against_the_real_server(real_server, truth, tiny_
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-def test_default_config_without_a_reference_exports_no_wrong_bytes(real_server, truth, tiny_model_dir, tmp_path,
-                                                                   template_ids, stream):
+def test_default_config_without_a_reference_exports_no_wrong_bytes(
+    real_server, truth, tiny_model_dir, tmp_path, template_ids, stream
+):
     """Production as a new user runs it: no `server =`, no reference, no calibrate, the default export. The engine
     identifies transformers serve, rebuilds on its known text steps (prior only: it returns neither ids nor
     logprobs), and the export writes no wrong byte: it keeps at least 60 % of the samples whose text can carry
@@ -295,8 +338,9 @@ def test_default_config_without_a_reference_exports_no_wrong_bytes(real_server, 
 
     base_url, model = real_server
     cases = GOOD + EXTRA
-    config = _write_run(tmp_path, base_url, model, truth, stream, cases=cases, reference=False, server=False,
-                        name="prod")
+    config = _write_run(
+        tmp_path, base_url, model, truth, stream, cases=cases, reference=False, server=False, name="prod"
+    )
     _cli("run", "--headless", str(config))
     db = tmp_path / "prod.db"
     with sqlite3.connect(db) as conn:
@@ -319,17 +363,26 @@ def test_default_config_without_a_reference_exports_no_wrong_bytes(real_server, 
     kept = carry & set(rows)
     advice = " ".join(manifest["warnings"])
     states = {e["endpoint"]: e["state"] for e in manifest["verification"]["endpoints"]}
-    print(f"\nproduction ({'stream' if stream else 'plain'}, default config): {len(rows)} exported, "
-          f"{len(rows) - len(wrong)} with generate()'s ids, wrong: {wrong}; kept {len(kept)} of the {len(carry)} "
-          f"samples whose text can carry their ids; states {states}; warnings: {manifest['warnings']}")
+    print(
+        f"\nproduction ({'stream' if stream else 'plain'}, default config): {len(rows)} exported, "
+        f"{len(rows) - len(wrong)} with generate()'s ids, wrong: {wrong}; kept {len(kept)} of the {len(carry)} "
+        f"samples whose text can carry their ids; states {states}; warnings: {manifest['warnings']}"
+    )
     assert wrong == []  # never a wrong byte by default
     assert states == {"serve": "prior only"}
     assert len(kept) >= 0.6 * len(carry) or "stream" in advice, advice
     for sid, (prompt, _) in rows.items():
         assert prompt == template_ids(*case_of[sid]), sid
     # the prompt side of every stored sample, the held-back ones too (the normaliser-changing prompts among them)
-    every, _ = _shards(tmp_path, db, "--keep-truncated", "--keep-suspect", "--keep-roundtrip-failed",
-                       "--keep-mismatches", "--accept-unverified")
+    every, _ = _shards(
+        tmp_path,
+        db,
+        "--keep-truncated",
+        "--keep-suspect",
+        "--keep-roundtrip-failed",
+        "--keep-mismatches",
+        "--accept-unverified",
+    )
     assert {sid for sid in every if NORMALISED in json.dumps(case_of[sid], ensure_ascii=False)}
     for sid, (prompt, _) in every.items():
         assert prompt == template_ids(*case_of[sid]), sid

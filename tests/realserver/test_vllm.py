@@ -42,8 +42,19 @@ def _sid(k: int, repeat: int = 0) -> str:
     return f"case-{k}" if not repeat else f"case-{k}-again{repeat}"
 
 
-def _write(tmp_path: Path, name: str, cases, endpoints: str, *, stream: bool, model: str, model_dir: Path,
-           repeat: int = 1, extra: str = "", limits: str = "") -> Path:
+def _write(
+    tmp_path: Path,
+    name: str,
+    cases,
+    endpoints: str,
+    *,
+    stream: bool,
+    model: str,
+    model_dir: Path,
+    repeat: int = 1,
+    extra: str = "",
+    limits: str = "",
+) -> Path:
     """A run config over `cases` (each `repeat` times, the repeats after all the first answers: a probe learns
     before the next pass is measured), with these [[endpoints]] tables and no reference (production)."""
     data = tmp_path / f"{name}-prompts.jsonl"
@@ -58,8 +69,8 @@ def _write(tmp_path: Path, name: str, cases, endpoints: str, *, stream: bool, mo
     config.write_text(f"""
 [run]
 name = "{name}"
-database = "{tmp_path / f'{name}.db'}"
-output_dir = "{tmp_path / f'{name}-out'}"
+database = "{tmp_path / f"{name}.db"}"
+output_dir = "{tmp_path / f"{name}-out"}"
 
 [[data.datasets]]
 path = "{data}"
@@ -80,9 +91,12 @@ attempts = 2
 {extra}
 
 [limits]
-{limits or '''concurrency_initial = 1
+{
+        limits
+        or '''concurrency_initial = 1
 concurrency_min = 1
-concurrency_max = 1'''}
+concurrency_max = 1'''
+    }
 
 [pricing."{model}"]
 prompt_per_m = 0.0
@@ -107,12 +121,21 @@ def _stored(db: Path) -> dict[str, dict]:
         rows = conn.execute(
             "SELECT s.sample_id, s.state, p.token_ids, p.prompt_ids, p.finish_reason, p.endpoint, "
             "r.ids_source, r.flags, r.prompt_check FROM samples s "
-            "JOIN reconstructions r ON r.sample_pk = s.pk JOIN responses p ON p.id = r.response_id").fetchall()
-    return {r["sample_id"]: {"state": r["state"], "token_ids": unpack_ids(r["token_ids"]),
-                             "prompt_ids": unpack_ids(r["prompt_ids"]), "finish": r["finish_reason"],
-                             "endpoint": r["endpoint"], "ids_source": r["ids_source"],
-                             "flags": json.loads(r["flags"] or "[]"), "prompt_check": r["prompt_check"]}
-            for r in rows}
+            "JOIN reconstructions r ON r.sample_pk = s.pk JOIN responses p ON p.id = r.response_id"
+        ).fetchall()
+    return {
+        r["sample_id"]: {
+            "state": r["state"],
+            "token_ids": unpack_ids(r["token_ids"]),
+            "prompt_ids": unpack_ids(r["prompt_ids"]),
+            "finish": r["finish_reason"],
+            "endpoint": r["endpoint"],
+            "ids_source": r["ids_source"],
+            "flags": json.loads(r["flags"] or "[]"),
+            "prompt_check": r["prompt_check"],
+        }
+        for r in rows
+    }
 
 
 @pytest.fixture(scope="module")
@@ -126,17 +149,27 @@ def vllm_answer(vllm_server):
         key = (json.dumps(messages), json.dumps(tools), stream)
         if key in cache:
             return cache[key]
-        body = {"model": model, "messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0,
-                "return_token_ids": True}
+        body = {
+            "model": model,
+            "messages": messages,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0,
+            "return_token_ids": True,
+        }
         if tools:
             body["tools"] = tools
         if not stream:
             answer = httpx.post(base_url + "/chat/completions", json=body, timeout=120).json()
             choice = answer["choices"][0]
-            out = {"token_ids": choice["token_ids"], "prompt_token_ids": answer["prompt_token_ids"],
-                   "reasoning": choice["message"].get("reasoning"), "content": choice["message"].get("content"),
-                   "tool_calls": choice["message"].get("tool_calls") or [], "finish_reason": choice["finish_reason"],
-                   "usage": answer["usage"]}
+            out = {
+                "token_ids": choice["token_ids"],
+                "prompt_token_ids": answer["prompt_token_ids"],
+                "reasoning": choice["message"].get("reasoning"),
+                "content": choice["message"].get("content"),
+                "tool_calls": choice["message"].get("tool_calls") or [],
+                "finish_reason": choice["finish_reason"],
+                "usage": answer["usage"],
+            }
         else:
             chunks = _stream(base_url, dict(body, stream=True, stream_options={"include_usage": True}))
             deltas = [c["choices"][0] for c in chunks if c.get("choices")]
@@ -147,13 +180,15 @@ def vllm_answer(vllm_server):
                     fn = call.get("function") or {}
                     slot["name"] += fn.get("name") or ""
                     slot["arguments"] += fn.get("arguments") or ""
-            out = {"token_ids": [i for d in deltas for i in d.get("token_ids") or []],
-                   "prompt_token_ids": chunks[0]["prompt_token_ids"],
-                   "reasoning": "".join((d.get("delta") or {}).get("reasoning") or "" for d in deltas) or None,
-                   "content": "".join((d.get("delta") or {}).get("content") or "" for d in deltas) or None,
-                   "tool_calls": [{"function": calls[i]} for i in sorted(calls)],
-                   "finish_reason": next(d["finish_reason"] for d in deltas if d.get("finish_reason")),
-                   "usage": next(c["usage"] for c in chunks if c.get("usage"))}
+            out = {
+                "token_ids": [i for d in deltas for i in d.get("token_ids") or []],
+                "prompt_token_ids": chunks[0]["prompt_token_ids"],
+                "reasoning": "".join((d.get("delta") or {}).get("reasoning") or "" for d in deltas) or None,
+                "content": "".join((d.get("delta") or {}).get("content") or "" for d in deltas) or None,
+                "tool_calls": [{"function": calls[i]} for i in sorted(calls)],
+                "finish_reason": next(d["finish_reason"] for d in deltas if d.get("finish_reason")),
+                "usage": next(c["usage"] for c in chunks if c.get("usage")),
+            }
         cache[key] = out
         return out
 
@@ -184,8 +219,11 @@ def template_ids(vllm_model_dir):
     hf = AutoTokenizer.from_pretrained(vllm_model_dir)
 
     def ids(messages, tools) -> list[int]:
-        return list(hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
-                                           return_dict=True)["input_ids"])
+        return list(
+            hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=True)[
+                "input_ids"
+            ]
+        )
 
     return ids
 
@@ -194,16 +232,18 @@ def template_ids(vllm_model_dir):
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-def test_a_default_config_asks_vllm_for_ids_and_exports_them(vllm_server, vllm_model_dir, vllm_truth, vllm_answer,
-                                                              template_ids, tmp_path, stream):
+def test_a_default_config_asks_vllm_for_ids_and_exports_them(
+    vllm_server, vllm_model_dir, vllm_truth, vllm_answer, template_ids, tmp_path, stream
+):
     """Production as a new user runs it: no `server =`, no reference. eaglewatch identifies vLLM from GET /models,
     asks for `return_token_ids`, stores every answer's ids as verified, and the default export writes every
     finished answer: output ids equal to vLLM's own `token_ids` and to transformers' greedy `generate`, prompt
     ids equal to vLLM's `prompt_token_ids` (the normaliser-changing prompts included) and to apply_chat_template."""
     base_url, model = vllm_server
     cases = TRAINED + BROKEN + EXTRA
-    config = _write(tmp_path, "ids", cases, _endpoint("vllm", base_url), stream=stream, model=model,
-                    model_dir=vllm_model_dir)
+    config = _write(
+        tmp_path, "ids", cases, _endpoint("vllm", base_url), stream=stream, model=model, model_dir=vllm_model_dir
+    )
     started = time.monotonic()
     _cli("run", "--headless", str(config))
     took = time.monotonic() - started
@@ -232,38 +272,52 @@ def test_a_default_config_asks_vllm_for_ids_and_exports_them(vllm_server, vllm_m
     measured = {sid: next((f for f in row["flags"] if f.startswith("text_path:")), None) for sid, row in stored.items()}
     assert all(measured.values()), measured  # every answer with ids is a probe: its text path measured
     trained = {_sid(k) for k in range(len(TRAINED))}
-    print(f"\nvLLM ids path ({'stream' if stream else 'plain'}, default config): {len(stored)} answers in {took:.1f} s, "
-          f"{len(rows)} exported, all with generate()'s ids; text path measured: "
-          f"{sorted((sid, m) for sid, m in measured.items() if m != 'text_path:exact')} not exact "
-          f"({sum(measured[s] == 'text_path:exact' for s in trained)} of {len(trained)} trained exact)")
+    print(
+        f"\nvLLM ids path ({'stream' if stream else 'plain'}, default config): {len(stored)} answers in {took:.1f} s, "
+        f"{len(rows)} exported, all with generate()'s ids; text path measured: "
+        f"{sorted((sid, m) for sid, m in measured.items() if m != 'text_path:exact')} not exact "
+        f"({sum(measured[s] == 'text_path:exact' for s in trained)} of {len(trained)} trained exact)"
+    )
 
 
 # ---- the text path ------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-def test_the_text_path_learns_vllms_steps_from_logprob_probes(vllm_server, vllm_model_dir, vllm_truth, tmp_path,
-                                                              stream):
+def test_the_text_path_learns_vllms_steps_from_logprob_probes(
+    vllm_server, vllm_model_dir, vllm_truth, tmp_path, stream
+):
     """vLLM configured as a plain OpenAI-compatible server (ids not asked for): every request is a probe that asks
     for logprobs, whose tokens are the ground truth the text path is measured against and learns from. After one
     pass over the trained outputs (reasoning, think-less answers, tool calls with re-serialised arguments), the
     profile learned from vLLM's own text rebuilds every answer of the second pass exactly, and every exported row
     has generate()'s ids."""
     base_url, model = vllm_server
-    config = _write(tmp_path, "text", TRAINED, _endpoint("vllm", base_url, 'server = "openai"'), stream=stream,
-                    model=model, model_dir=vllm_model_dir, repeat=2)
+    config = _write(
+        tmp_path,
+        "text",
+        TRAINED,
+        _endpoint("vllm", base_url, 'server = "openai"'),
+        stream=stream,
+        model=model,
+        model_dir=vllm_model_dir,
+        repeat=2,
+    )
     _cli("run", "--headless", str(config))
     db = tmp_path / "text.db"
     stored = _stored(db)
     assert len(stored) == 2 * len(TRAINED)
     assert all(row["ids_source"] == "logprobs" and not row["token_ids"] for row in stored.values()), stored
-    measured = {sid: next((f[10:] for f in row["flags"] if f.startswith("text_path:")), None)
-                for sid, row in stored.items()}
+    measured = {
+        sid: next((f[10:] for f in row["flags"] if f.startswith("text_path:")), None) for sid, row in stored.items()
+    }
     second = {sid: m for sid, m in measured.items() if "-again" in sid}
     fidelity = _cli("fidelity", "--db", str(db)).stdout
-    print(f"\nvLLM text path ({'stream' if stream else 'plain'}, logprob probes): first pass "
-          f"{sorted(m for s, m in measured.items() if '-again' not in s)}; second pass {sorted(second.values())}\n"
-          f"{fidelity}")
+    print(
+        f"\nvLLM text path ({'stream' if stream else 'plain'}, logprob probes): first pass "
+        f"{sorted(m for s, m in measured.items() if '-again' not in s)}; second pass {sorted(second.values())}\n"
+        f"{fidelity}"
+    )
     assert set(second.values()) == {"exact"}, second
     case_of = {_sid(k, r): (m, t) for r in (0, 1) for k, (m, t, _) in enumerate(TRAINED)}
     rows = _exported(tmp_path, db, "--keep-mismatches", "--keep-roundtrip-failed", "--keep-suspect")
@@ -285,8 +339,9 @@ def text_only_server(vllm_model_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-def test_vllm_as_trusted_twin_verifies_a_text_only_endpoint(vllm_server, text_only_server, vllm_model_dir, vllm_truth,
-                                                           tmp_path, stream):
+def test_vllm_as_trusted_twin_verifies_a_text_only_endpoint(
+    vllm_server, text_only_server, vllm_model_dir, vllm_truth, tmp_path, stream
+):
     """A text-only endpoint of the same model (`transformers serve`: neither ids nor logprobs) beside a vLLM marked
     `trusted`: every probe to it is sent greedily and also asked of vLLM, whose ids measure and teach the text
     endpoint's steps. The figures say so: the text endpoint is *verified* with its measured answers (it would be
@@ -294,24 +349,36 @@ def test_vllm_as_trusted_twin_verifies_a_text_only_endpoint(vllm_server, text_on
     vllm_url, model = vllm_server
     serve_url, serve_model = text_only_server
     assert serve_model == model  # one model name for both endpoints
-    endpoints = (_endpoint("vllm", vllm_url, 'server = "vllm"', "trusted = true", "weight = 0.001")
-                 + _endpoint("serve", serve_url, 'server = "transformers-serve"'))
+    endpoints = _endpoint("vllm", vllm_url, 'server = "vllm"', "trusted = true", "weight = 0.001") + _endpoint(
+        "serve", serve_url, 'server = "transformers-serve"'
+    )
     # room for every sample at once on the text endpoint, so the weights alone decide: (almost) all go there
-    config = _write(tmp_path, "twin", TRAINED, endpoints, stream=stream, model=model, model_dir=vllm_model_dir,
-                    limits=f"concurrency_initial = {len(TRAINED)}\nconcurrency_min = 1\nconcurrency_max = {len(TRAINED)}")
+    config = _write(
+        tmp_path,
+        "twin",
+        TRAINED,
+        endpoints,
+        stream=stream,
+        model=model,
+        model_dir=vllm_model_dir,
+        limits=f"concurrency_initial = {len(TRAINED)}\nconcurrency_min = 1\nconcurrency_max = {len(TRAINED)}",
+    )
     _cli("run", "--headless", str(config))
     db = tmp_path / "twin.db"
     stored = _stored(db)
     on_serve = {sid for sid, row in stored.items() if row["endpoint"] == "serve"}
     assert len(on_serve) >= len(TRAINED) - 1, {sid: row["endpoint"] for sid, row in stored.items()}
-    measured = {sid: next((f[10:] for f in stored[sid]["flags"] if f.startswith("text_path:")), None)
-                for sid in on_serve}
+    measured = {
+        sid: next((f[10:] for f in stored[sid]["flags"] if f.startswith("text_path:")), None) for sid in on_serve
+    }
     assert all(measured.values()), measured  # every probe to the text endpoint was measured against the twin
     fidelity = _cli("fidelity", "--db", str(db)).stdout
     rows, manifest = _shards(tmp_path, db)
     states = {e["endpoint"]: e["state"] for e in manifest["verification"]["endpoints"]}
-    print(f"\ntrusted twin ({'stream' if stream else 'plain'}): serve measured {sorted(measured.values())}; "
-          f"states {states}\n{fidelity}")
+    print(
+        f"\ntrusted twin ({'stream' if stream else 'plain'}): serve measured {sorted(measured.values())}; "
+        f"states {states}\n{fidelity}"
+    )
     assert states["serve"].startswith("verified"), states
     assert f"serve: verified ({len(on_serve)} probes" in fidelity, fidelity
     case_of = {_sid(k): (m, t) for k, (m, t, _) in enumerate(TRAINED)}
@@ -324,8 +391,9 @@ def test_vllm_as_trusted_twin_verifies_a_text_only_endpoint(vllm_server, text_on
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-def test_conversations_on_vllm_export_the_prompt_ids_vllm_saw(vllm_server, vllm_model_dir, template_ids, tmp_path,
-                                                              stream):
+def test_conversations_on_vllm_export_the_prompt_ids_vllm_saw(
+    vllm_server, vllm_model_dir, template_ids, tmp_path, stream
+):
     """Whole conversations regenerated on vLLM (default config): every turn's request carries the model's own
     earlier answers (tool calls included), and the export's per-turn rows hold, id for id, the prompt ids vLLM
     returned for that turn's request and the output ids it returned for the answer."""
@@ -334,19 +402,34 @@ def test_conversations_on_vllm_export_the_prompt_ids_vllm_saw(vllm_server, vllm_
     base_url, model = vllm_server
     data = tmp_path / "conversations.jsonl"
     data.write_text("".join(json.dumps(c) + "\n" for c in CONVERSATIONS), encoding="utf-8")
-    config = _write(tmp_path, "conv", [], _endpoint("vllm", base_url), stream=stream, model=model,
-                    model_dir=vllm_model_dir, limits="concurrency_initial = 2\nconcurrency_min = 1\nconcurrency_max = 2")
-    config.write_text(config.read_text().replace(
-        f'path = "{tmp_path / "conv-prompts.jsonl"}"\nformat = "openai-messages"',
-        f'path = "{data}"\nformat = "openai-messages"\nregenerate = "all"\non_tool_divergence = "replay"'))
+    config = _write(
+        tmp_path,
+        "conv",
+        [],
+        _endpoint("vllm", base_url),
+        stream=stream,
+        model=model,
+        model_dir=vllm_model_dir,
+        limits="concurrency_initial = 2\nconcurrency_min = 1\nconcurrency_max = 2",
+    )
+    config.write_text(
+        config.read_text().replace(
+            f'path = "{tmp_path / "conv-prompts.jsonl"}"\nformat = "openai-messages"',
+            f'path = "{data}"\nformat = "openai-messages"\nregenerate = "all"\non_tool_divergence = "replay"',
+        )
+    )
     _cli("run", "--headless", str(config))
     db = tmp_path / "conv.db"
     stored = _stored(db)
     with sqlite3.connect(db) as conn:
-        turns = {sid: (json.loads(m), json.loads(t) if t else None, turn) for sid, m, t, turn in conn.execute(
-            "SELECT sample_id, messages, tools, turn FROM samples WHERE state = 'done'")}
+        turns = {
+            sid: (json.loads(m), json.loads(t) if t else None, turn)
+            for sid, m, t, turn in conn.execute(
+                "SELECT sample_id, messages, tools, turn FROM samples WHERE state = 'done'"
+            )
+        }
     assert len(turns) >= 6 and any(turn > 1 for _, _, turn in turns.values()), turns
-    for sid, (messages, tools, turn) in turns.items():
+    for sid, (messages, tools, _turn) in turns.items():
         assert DATASET not in json.dumps(messages), sid  # the model's own history, never the dataset's answers
         assert stored[sid]["ids_source"] == "server" and stored[sid]["prompt_check"] == "agree", sid
         assert list(stored[sid]["prompt_ids"]) == template_ids(messages, tools), sid
@@ -362,20 +445,31 @@ def test_conversations_on_vllm_export_the_prompt_ids_vllm_saw(vllm_server, vllm_
         start = row["loss_mask"].index(1)
         assert row["input_ids"][:start] == list(stored[sid]["prompt_ids"]), sid  # what vLLM saw, id for id
         assert row["input_ids"][start:] == list(stored[sid]["token_ids"]), sid  # what it generated
-    print(f"\nvLLM conversations ({'stream' if stream else 'plain'}): {len(turns)} turns done, every exported "
-          f"prompt equal to vLLM's prompt_token_ids")
+    print(
+        f"\nvLLM conversations ({'stream' if stream else 'plain'}): {len(turns)} turns done, every exported "
+        f"prompt equal to vLLM's prompt_token_ids"
+    )
 
 
 # ---- the limiter against vLLM's queue -----------------------------------------------------------------------------
 
 
-def _limiter_run(tmp_path: Path, name: str, base_url: str, model: str, model_dir: Path, limits: str, n: int,
-                 max_tokens: int) -> dict:
+def _limiter_run(
+    tmp_path: Path, name: str, base_url: str, model: str, model_dir: Path, limits: str, n: int, max_tokens: int
+) -> dict:
     """One streamed run of `n` copies of a prompt: the engine's last word on the endpoint (limit, reason, TTFT
     percentiles), answers per second over the run, and its concurrency events."""
     cases = [([{"role": "user", "content": "Write a long story."}], None, "")] * n
-    config = _write(tmp_path, name, cases, _endpoint("vllm", base_url, 'server = "vllm"', "max_concurrency = 64"),
-                    stream=True, model=model, model_dir=model_dir, limits=limits)
+    config = _write(
+        tmp_path,
+        name,
+        cases,
+        _endpoint("vllm", base_url, 'server = "vllm"', "max_concurrency = 64"),
+        stream=True,
+        model=model,
+        model_dir=model_dir,
+        limits=limits,
+    )
     config.write_text(config.read_text().replace(f"max_tokens = {MAX_TOKENS}", f"max_tokens = {max_tokens}"))
     _cli("run", "--headless", str(config))
     db = tmp_path / f"{name}.db"
@@ -383,11 +477,18 @@ def _limiter_run(tmp_path: Path, name: str, base_url: str, model: str, model_dir
         snapshot = json.loads(conn.execute("SELECT snapshot FROM engine_heartbeats").fetchone()[0])
         first, last, answers, failed = conn.execute(
             "SELECT MIN(created_at - latency_ms / 1000.0), MAX(created_at), COUNT(*), "
-            "SUM(error_class IS NOT NULL) FROM responses").fetchone()
+            "SUM(error_class IS NOT NULL) FROM responses"
+        ).fetchone()
     endpoint = snapshot["endpoints"][0]
-    return {"limit": endpoint["concurrency_limit"], "reason": endpoint["limit_reason"], "failed": failed,
-            "answers": answers, "req_s": answers / (last - first), "ttft_p50_ms": endpoint["ttft_p50_ms"],
-            "events": [e for e in _events(db) if "concurrency" in e]}
+    return {
+        "limit": endpoint["concurrency_limit"],
+        "reason": endpoint["limit_reason"],
+        "failed": failed,
+        "answers": answers,
+        "req_s": answers / (last - first),
+        "ttft_p50_ms": endpoint["ttft_p50_ms"],
+        "events": [e for e in _events(db) if "concurrency" in e],
+    }
 
 
 def test_the_limiter_meets_vllms_queue_without_failures_and_keeps_its_batch_full(vllm_server, vllm_model_dir, tmp_path):
@@ -400,15 +501,33 @@ def test_the_limiter_meets_vllms_queue_without_failures_and_keeps_its_batch_full
 
     base_url, model = vllm_server
     n, max_tokens = 120, 24
-    adaptive = _limiter_run(tmp_path, "adaptive", base_url, model, vllm_model_dir,
-                            "concurrency_initial = 2\nconcurrency_min = 1\nconcurrency_max = 32", n, max_tokens)
-    naive = _limiter_run(tmp_path, "naive", base_url, model, vllm_model_dir,
-                         "concurrency_initial = 32\nconcurrency_min = 32\nconcurrency_max = 32", n, max_tokens)
-    print(f"\nlimiter against vLLM (--max-num-seqs {VLLM_MAX_NUM_SEQS}, {n} answers of {max_tokens} tokens): "
-          f"adaptive limit {adaptive['limit']} ({adaptive['reason']}), {adaptive['req_s']:.1f} answers/s, TTFT p50 "
-          f"{adaptive['ttft_p50_ms']:.0f} ms; naive 32: {naive['req_s']:.1f} answers/s, TTFT p50 "
-          f"{naive['ttft_p50_ms']:.0f} ms; ratio {adaptive['req_s'] / naive['req_s']:.2f}x answers/s, "
-          f"{adaptive['ttft_p50_ms'] / naive['ttft_p50_ms']:.2f}x TTFT; events {adaptive['events']}")
+    adaptive = _limiter_run(
+        tmp_path,
+        "adaptive",
+        base_url,
+        model,
+        vllm_model_dir,
+        "concurrency_initial = 2\nconcurrency_min = 1\nconcurrency_max = 32",
+        n,
+        max_tokens,
+    )
+    naive = _limiter_run(
+        tmp_path,
+        "naive",
+        base_url,
+        model,
+        vllm_model_dir,
+        "concurrency_initial = 32\nconcurrency_min = 32\nconcurrency_max = 32",
+        n,
+        max_tokens,
+    )
+    print(
+        f"\nlimiter against vLLM (--max-num-seqs {VLLM_MAX_NUM_SEQS}, {n} answers of {max_tokens} tokens): "
+        f"adaptive limit {adaptive['limit']} ({adaptive['reason']}), {adaptive['req_s']:.1f} answers/s, TTFT p50 "
+        f"{adaptive['ttft_p50_ms']:.0f} ms; naive 32: {naive['req_s']:.1f} answers/s, TTFT p50 "
+        f"{naive['ttft_p50_ms']:.0f} ms; ratio {adaptive['req_s'] / naive['req_s']:.2f}x answers/s, "
+        f"{adaptive['ttft_p50_ms'] / naive['ttft_p50_ms']:.2f}x TTFT; events {adaptive['events']}"
+    )
     assert adaptive["answers"] == naive["answers"] == n and not adaptive["failed"] and not naive["failed"]
     assert adaptive["reason"] in ("latency rising", "at ceiling", "growing"), adaptive  # never a 429 cooldown
     assert adaptive["limit"] >= VLLM_MAX_NUM_SEQS, adaptive
@@ -448,14 +567,20 @@ def _outline(chunks: list) -> list[str]:
 
 
 def _diff(real: dict[str, str], sim: dict[str, str]) -> list[str]:
-    return [f"{k}: vLLM {real.get(k, 'absent')}, simulator {sim.get(k, 'absent')}"
-            for k in sorted(set(real) | set(sim)) if real.get(k) != sim.get(k)]
+    return [
+        f"{k}: vLLM {real.get(k, 'absent')}, simulator {sim.get(k, 'absent')}"
+        for k in sorted(set(real) | set(sim))
+        if real.get(k) != sim.get(k)
+    ]
 
 
 def _texts(message: dict) -> tuple:
     """A message's reasoning, content and tool calls (name, arguments): the text the server's parsers made."""
-    return (message.get("reasoning"), message.get("content"),
-            [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []])
+    return (
+        message.get("reasoning"),
+        message.get("content"),
+        [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []],
+    )
 
 
 def _streamed(chunks: list) -> dict:
@@ -506,23 +631,53 @@ async def test_the_simulators_vllm_personality_answers_field_for_field_as_vllm(v
     answers = []
     with open(reference, "w", encoding="utf-8") as out:
         for messages, tools, budget in cases:
-            body = {"model": model, "messages": messages, "max_tokens": budget, "temperature": 0,
-                    "return_token_ids": True, **({"tools": tools} if tools else {})}
+            body = {
+                "model": model,
+                "messages": messages,
+                "max_tokens": budget,
+                "temperature": 0,
+                "return_token_ids": True,
+                **({"tools": tools} if tools else {}),
+            }
             answer = await asyncio.to_thread(_raw, base_url, body)
             answers.append(answer)
-            out.write(json.dumps({"id": f"case-{len(answers)}", "messages": messages,
-                                  "output_ids": answer["choices"][0]["token_ids"],
-                                  "meta_info": {"prompt_tokens": answer["usage"]["prompt_tokens"]}}) + "\n")
+            out.write(
+                json.dumps(
+                    {
+                        "id": f"case-{len(answers)}",
+                        "messages": messages,
+                        "output_ids": answer["choices"][0]["token_ids"],
+                        "meta_info": {"prompt_tokens": answer["usage"]["prompt_tokens"]},
+                    }
+                )
+                + "\n"
+            )
     differences, compared = [], 0
-    sim = SimulatorServer(SimulatorOptions(personality="vllm"), tokenizer=load_tokenizer(vllm_model_dir),
-                          reference=reference, profile="qwen3", model=model, stream_chunk_tokens=1)
+    sim = SimulatorServer(
+        SimulatorOptions(personality="vllm"),
+        tokenizer=load_tokenizer(vllm_model_dir),
+        reference=reference,
+        profile="qwen3",
+        model=model,
+        stream_chunk_tokens=1,
+    )
     async with sim:
         for k, (messages, tools, budget) in enumerate(cases):
             for stream in (False, True):
-                for asks in ({}, {"return_token_ids": True}, {"return_token_ids": True, "logprobs": True,
-                                                                "top_logprobs": 2}):
-                    body = {"model": model, "messages": messages, "max_tokens": budget, "temperature": 0, **asks,
-                            **({"tools": tools} if tools else {}), "metadata": {"sample_id": f"case-{k + 1}"}}
+                for asks in (
+                    {},
+                    {"return_token_ids": True},
+                    {"return_token_ids": True, "logprobs": True, "top_logprobs": 2},
+                ):
+                    body = {
+                        "model": model,
+                        "messages": messages,
+                        "max_tokens": budget,
+                        "temperature": 0,
+                        **asks,
+                        **({"tools": tools} if tools else {}),
+                        "metadata": {"sample_id": f"case-{k + 1}"},
+                    }
                     if stream:
                         body.update(stream=True, stream_options={"include_usage": True})
                     real = await asyncio.to_thread(_raw, base_url, {k: v for k, v in body.items() if k != "metadata"})
@@ -531,8 +686,10 @@ async def test_the_simulators_vllm_personality_answers_field_for_field_as_vllm(v
                     compared += 1
                     if not stream:
                         differences += [f"{where}: {d}" for d in _diff(_fields(real), _fields(mine))]
-                        got = [(b["choices"][0]["finish_reason"], b["choices"][0]["token_ids"], b["usage"]) for b in
-                               (real, mine)]
+                        got = [
+                            (b["choices"][0]["finish_reason"], b["choices"][0]["token_ids"], b["usage"])
+                            for b in (real, mine)
+                        ]
                         if got[0][:2] != got[1][:2] or got[0][2]["completion_tokens"] != got[1][2]["completion_tokens"]:
                             differences.append(f"{where}: finish/ids/count {got[0][:2]} vs {got[1][:2]}")
                         texts = [_texts(b["choices"][0]["message"]) for b in (real, mine)]
@@ -541,12 +698,30 @@ async def test_the_simulators_vllm_personality_answers_field_for_field_as_vllm(v
                         continue
                     a, b = _outline(real), _outline(mine)
                     if a != b:
-                        differences.append(f"{where}: the kinds of chunk differ (- vLLM, + simulator):\n" + "\n".join(
-                            difflib.unified_diff(a, b, lineterm="", n=0)))
-                    ids = [[i for c in chunks if isinstance(c, dict) for ch in c["choices"]
-                            for i in ch.get("token_ids") or []] for chunks in (real, mine)]
-                    finish = [[ch["finish_reason"] for c in chunks if isinstance(c, dict) for ch in c["choices"]
-                               if ch.get("finish_reason")] for chunks in (real, mine)]
+                        differences.append(
+                            f"{where}: the kinds of chunk differ (- vLLM, + simulator):\n"
+                            + "\n".join(difflib.unified_diff(a, b, lineterm="", n=0))
+                        )
+                    ids = [
+                        [
+                            i
+                            for c in chunks
+                            if isinstance(c, dict)
+                            for ch in c["choices"]
+                            for i in ch.get("token_ids") or []
+                        ]
+                        for chunks in (real, mine)
+                    ]
+                    finish = [
+                        [
+                            ch["finish_reason"]
+                            for c in chunks
+                            if isinstance(c, dict)
+                            for ch in c["choices"]
+                            if ch.get("finish_reason")
+                        ]
+                        for chunks in (real, mine)
+                    ]
                     if ids[0] != ids[1] or finish[0] != finish[1]:
                         differences.append(f"{where}: streamed ids/finish differ: {ids} {finish}")
                     texts = [_texts(_streamed(chunks)) for chunks in (real, mine)]

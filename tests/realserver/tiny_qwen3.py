@@ -20,31 +20,61 @@ import os
 import shutil
 from pathlib import Path
 
-MARKERS = [("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True), ("<tool_call>", False),
-           ("</tool_call>", False), ("<think>", False), ("</think>", False)]
+MARKERS = [
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<think>", False),
+    ("</think>", False),
+]
 
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "Weather of a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather of a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 # (messages, tools, the output the model is trained to emit). Tool arguments in json.dumps style, as Qwen3.
 CASES = [
-    ([{"role": "user", "content": "Say hello."}], None,
-     "<think>\nThe user greets me. I answer briefly.\n</think>\n\nHello! How can I help you today?<|im_end|>"),
-    ([{"role": "user", "content": "What is two plus two?"}], None,
-     "<think>\nTwo plus two is four.\n</think>\n\n2 + 2 = 4.<|im_end|>"),
-    ([{"role": "user", "content": "Weather in Paris?"}], [WEATHER_TOOL],
-     "<think>\nI should call the tool.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
-     "{\"city\": \"Paris\"}}\n</tool_call><|im_end|>"),
-    ([{"role": "user", "content": "Weather in Beijing, briefly?"}], [WEATHER_TOOL],
-     "<think>\nCall the tool for Beijing.\n</think>\n\nLet me check.\n<tool_call>\n{\"name\": \"get_weather\", "
-     "\"arguments\": {\"city\": \"Beijing\"}}\n</tool_call><|im_end|>"),
+    (
+        [{"role": "user", "content": "Say hello."}],
+        None,
+        "<think>\nThe user greets me. I answer briefly.\n</think>\n\nHello! How can I help you today?<|im_end|>",
+    ),
+    (
+        [{"role": "user", "content": "What is two plus two?"}],
+        None,
+        "<think>\nTwo plus two is four.\n</think>\n\n2 + 2 = 4.<|im_end|>",
+    ),
+    (
+        [{"role": "user", "content": "Weather in Paris?"}],
+        [WEATHER_TOOL],
+        '<think>\nI should call the tool.\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": '
+        '{"city": "Paris"}}\n</tool_call><|im_end|>',
+    ),
+    (
+        [{"role": "user", "content": "Weather in Beijing, briefly?"}],
+        [WEATHER_TOOL],
+        '<think>\nCall the tool for Beijing.\n</think>\n\nLet me check.\n<tool_call>\n{"name": "get_weather", '
+        '"arguments": {"city": "Beijing"}}\n</tool_call><|im_end|>',
+    ),
     # a tool-call region that is not JSON: transformers serve answers 500 to it (non-streaming)
-    ([{"role": "user", "content": "Break the tool."}], [WEATHER_TOOL],
-     "<think>\nI will break it.\n</think>\n\n<tool_call>\nnot json at all\n</tool_call><|im_end|>"),
-    ([{"role": "user", "content": "Write a long story."}], None,
-     "<think>\nA long story about a fox who walks to the city and back again, slowly.\n</think>\n\nOnce upon a "
-     "time a quick brown fox jumped over the lazy dog, and then it ran to Paris.<|im_end|>"),
+    (
+        [{"role": "user", "content": "Break the tool."}],
+        [WEATHER_TOOL],
+        "<think>\nI will break it.\n</think>\n\n<tool_call>\nnot json at all\n</tool_call><|im_end|>",
+    ),
+    (
+        [{"role": "user", "content": "Write a long story."}],
+        None,
+        "<think>\nA long story about a fox who walks to the city and back again, slowly.\n</think>\n\nOnce upon a "
+        "time a quick brown fox jumped over the lazy dog, and then it ran to Paris.<|im_end|>",
+    ),
 ]
 
 # What only the vLLM variant (head_dim 32) is trained on besides CASES: the outputs where vLLM's parsers change
@@ -53,11 +83,17 @@ CASES = [
 # ensure_ascii=False), which turns the model's `\u00fc` escape into `ü`.
 VLLM_CASES = [
     ([{"role": "user", "content": "Answer at once: ok?"}], None, "Ok, at once.<|im_end|>"),
-    ([{"role": "user", "content": "Weather in Z\u00fcrich?"}], [WEATHER_TOOL],
-     "<think>\nCall the tool for Zurich.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
-     "{\"city\": \"Z\\u00fcrich\"}}\n</tool_call><|im_end|>"),
-    ([{"role": "user", "content": "Weather in Oslo, no thinking?"}], [WEATHER_TOOL],
-     "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call><|im_end|>"),
+    (
+        [{"role": "user", "content": "Weather in Z\u00fcrich?"}],
+        [WEATHER_TOOL],
+        '<think>\nCall the tool for Zurich.\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": '
+        '{"city": "Z\\u00fcrich"}}\n</tool_call><|im_end|>',
+    ),
+    (
+        [{"role": "user", "content": "Weather in Oslo, no thinking?"}],
+        [WEATHER_TOOL],
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call><|im_end|>',
+    ),
 ]
 
 # The Qwen3 layout as a Jinja chat template (tokenization.md §2), written for this test.
@@ -68,7 +104,7 @@ CHAT_TEMPLATE = (
     "with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
     "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
     "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
-    "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": "
+    '<tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, "arguments": '
     "<args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
     "{%- elif messages[0].role == 'system' %}"
     "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}{%- endif %}"
@@ -91,7 +127,7 @@ CHAT_TEMPLATE = (
     "{%- for tc in message.tool_calls or [] %}"
     "{%- if (loop.first and content) or not loop.first %}{{- '\\n' }}{%- endif %}"
     "{%- set f = tc.function if tc.function else tc %}"
-    "{{- '<tool_call>\\n{\"name\": \"' + f.name + '\", \"arguments\": ' }}"
+    '{{- \'<tool_call>\\n{"name": "\' + f.name + \'", "arguments": \' }}'
     "{%- if f.arguments is string %}{{- f.arguments }}{%- else %}{{- f.arguments | tojson }}{%- endif %}"
     "{{- '}\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
     "{%- elif message.role == 'tool' %}"  # consecutive tool results share one user turn, as in Qwen3's template
@@ -123,8 +159,9 @@ def build_tokenizer(directory: Path):
     tok.normalizer = normalizers.NFC()  # Qwen3's tokenizer.json normaliser (tokenization.md §2)
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=700, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=700, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
     tok.train_from_iterator(CORPUS, trainer)
     tok.add_tokens([AddedToken(t, special=s, normalized=False) for t, s in MARKERS])
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
@@ -147,9 +184,20 @@ def build(directory: Path, steps: int = 400, seed: int = 0, head_dim: int = 16, 
     hf = build_tokenizer(directory)
     torch.manual_seed(seed)
     eos = hf.convert_tokens_to_ids("<|im_end|>")
-    config = Qwen3Config(vocab_size=len(hf), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim, max_position_embeddings=1024,
-                         eos_token_id=eos, pad_token_id=hf.pad_token_id, bos_token_id=None, tie_word_embeddings=True)
+    config = Qwen3Config(
+        vocab_size=len(hf),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=head_dim,
+        max_position_embeddings=1024,
+        eos_token_id=eos,
+        pad_token_id=hf.pad_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=True,
+    )
     model = Qwen3ForCausalLM(config)
     rows = []
     for messages, tools, target in CASES if cases is None else cases:
@@ -175,15 +223,19 @@ def build(directory: Path, steps: int = 400, seed: int = 0, head_dim: int = 16, 
     model.generation_config.pad_token_id = hf.pad_token_id
     model.generation_config.do_sample = False
     model.save_pretrained(directory)
-    (directory / "eaglewatch-build.json").write_text(json.dumps({"steps": steps, "seed": seed, "head_dim": head_dim, "cases": len(rows),
-                                                                  "final_loss": float(loss.detach())}))
+    (directory / "eaglewatch-build.json").write_text(
+        json.dumps(
+            {"steps": steps, "seed": seed, "head_dim": head_dim, "cases": len(rows), "final_loss": float(loss.detach())}
+        )
+    )
     return directory
 
 
 def cache_root() -> Path:
     """Where the tests cache what is expensive to build: $EAGLEWATCH_TEST_CACHE, else ~/.cache/eaglewatch-tests."""
     base = os.environ.get("EAGLEWATCH_TEST_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "eaglewatch-tests")
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "eaglewatch-tests"
+    )
     return Path(base)
 
 

@@ -126,8 +126,12 @@ async def test_without_capacity_options_random_429s_are_as_before(tok, reference
 
 def test_simulate_command_takes_capacity_flags(tmp_path):
     # bad capacity flags are reported before anything binds
-    proc = subprocess.run([sys.executable, "-m", "app.cli", "simulate", "--port", "0", "--cap-changes", "x"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "app.cli", "simulate", "--port", "0", "--cap-changes", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "--cap-changes" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -135,8 +139,11 @@ def test_config_capacity_fields_reach_the_server(tmp_path, tok, reference):
     from app.config import load_config
 
     sample = Path(__file__).resolve().parents[2] / "sample_data"
-    demo = (sample / "demo.toml").read_text(encoding="utf-8").replace(
-        "seed = 7 ", "seed = 7\nconcurrency_cap = 24\ncap_changes = [[30.0, 16]]\nbatch_slots = 8\n#")
+    demo = (
+        (sample / "demo.toml")
+        .read_text(encoding="utf-8")
+        .replace("seed = 7 ", "seed = 7\nconcurrency_cap = 24\ncap_changes = [[30.0, 16]]\nbatch_slots = 8\n#")
+    )
     # the copy lives elsewhere: every file the demo names, the conversations' per-turn reference included
     for name in ("tokenizer", "reference.jsonl", "prompts.openai.jsonl", "conversations.reference.jsonl"):
         demo = demo.replace(f'"{name}"', f'"{(sample / name).as_posix()}"', 1)

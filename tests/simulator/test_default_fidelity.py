@@ -70,20 +70,23 @@ def _config(tmp_path: Path, data: Path, profile: str, endpoint: dict, stream: bo
     dataset = {"path": str(data / "prompts.openai.jsonl")}
     if n is not None:
         dataset["limit"] = n
-    return parse_config({
-        "run": {"name": "defaults", "database": str(tmp_path / "run.db"), "output_dir": str(tmp_path / "out")},
-        "data": {"datasets": [dataset]},
-        "model": {"name": "m", "tokenizer": str(data / "tokenizer"), "profile": profile},
-        "endpoints": [endpoint],
-        "generation": {"max_tokens": 4096, "stream": stream, "attempts": 2},
-        "limits": {"concurrency_initial": 8, "concurrency_min": 1, "concurrency_max": 16},
-        "pricing": {"m": {"prompt_per_m": 0.0, "completion_per_m": 0.0}},
-    }, base_dir=tmp_path)
+    return parse_config(
+        {
+            "run": {"name": "defaults", "database": str(tmp_path / "run.db"), "output_dir": str(tmp_path / "out")},
+            "data": {"datasets": [dataset]},
+            "model": {"name": "m", "tokenizer": str(data / "tokenizer"), "profile": profile},
+            "endpoints": [endpoint],
+            "generation": {"max_tokens": 4096, "stream": stream, "attempts": 2},
+            "limits": {"concurrency_initial": 8, "concurrency_min": 1, "concurrency_max": 16},
+            "pricing": {"m": {"prompt_per_m": 0.0, "completion_per_m": 0.0}},
+        },
+        base_dir=tmp_path,
+    )
 
 
 async def _run(config) -> None:
-    from app.engine.work.config_ingest import ingest_config
     from app.engine.run import Run
+    from app.engine.work.config_ingest import ingest_config
     from app.store.run_store import RunStore
 
     store = await RunStore.open(config.run.database)
@@ -120,41 +123,70 @@ def _can_carry(rec: Reconstructor, ids: list[int]) -> bool:
     """A finished answer whose ids are the canonical encoding of what an ideal server returns for them."""
     view = split_output(ids, rec.profile, rec.tokenizer)
     return view.finish_reason != "length" and rec.encode_fields(
-        Fields(view.reasoning, view.content, view.tool_calls, view.finish_reason)) == list(ids)
+        Fields(view.reasoning, view.content, view.tool_calls, view.finish_reason)
+    ) == list(ids)
 
 
 MIXES = [
-    ("kimi-k2.5", "openrouter", []), ("kimi-k2.5", "openrouter", ["think_spaces"]),
-    ("kimi-k2.5", "openrouter", ["strip_whitespace"]), ("kimi-k2.5", "openrouter", ["json_reserialised", "replacement_char"]),
+    ("kimi-k2.5", "openrouter", []),
+    ("kimi-k2.5", "openrouter", ["think_spaces"]),
+    ("kimi-k2.5", "openrouter", ["strip_whitespace"]),
+    ("kimi-k2.5", "openrouter", ["json_reserialised", "replacement_char"]),
     ("kimi-k2.5", "openrouter", ["tool_whitespace", "no_content", "tool_ids_reindexed"]),
-    ("kimi-k2.5", "vllm", []), ("kimi-k2.5", "vllm", ["think_spaces", "json_reserialised"]),
-    ("kimi-k2.5", "sglang", []), ("kimi-k2.5", "sglang", ["strip_whitespace"]),
-    ("qwen3", "transformers-serve", []), ("qwen3", "openrouter", []), ("qwen3", "vllm", ["strip_whitespace"]),
+    ("kimi-k2.5", "vllm", []),
+    ("kimi-k2.5", "vllm", ["think_spaces", "json_reserialised"]),
+    ("kimi-k2.5", "sglang", []),
+    ("kimi-k2.5", "sglang", ["strip_whitespace"]),
+    ("qwen3", "transformers-serve", []),
+    ("qwen3", "openrouter", []),
+    ("qwen3", "vllm", ["strip_whitespace"]),
 ]
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-@pytest.mark.parametrize(("profile", "personality", "quirks"), MIXES,
-                         ids=[f"{p}-{s}-{'+'.join(q) or 'clean'}" for p, s, q in MIXES])
-async def test_defaults_export_no_wrong_ids(tmp_path, sample_data_dir, qwen_data, capsys, profile, personality, quirks,
-                                           stream):
+@pytest.mark.parametrize(
+    ("profile", "personality", "quirks"), MIXES, ids=[f"{p}-{s}-{'+'.join(q) or 'clean'}" for p, s, q in MIXES]
+)
+async def test_defaults_export_no_wrong_ids(
+    tmp_path, sample_data_dir, qwen_data, capsys, profile, personality, quirks, stream
+):
     data = sample_data_dir if profile == "kimi-k2.5" else qwen_data
-    sim = {"latency_median_ms": 0.0, "latency_p95_ms": 0.0, "tokens_per_s": 0.0, "seed": 5, "logprobs": True,
-           "personality": personality, "quirks": quirks, "reference": str(data / "reference.jsonl")}
-    config = _config(tmp_path, data, profile, {"name": "sim", "simulator": sim, "timeout_s": 10.0}, stream,
-                     KIMI_N if profile == "kimi-k2.5" else None)
+    sim = {
+        "latency_median_ms": 0.0,
+        "latency_p95_ms": 0.0,
+        "tokens_per_s": 0.0,
+        "seed": 5,
+        "logprobs": True,
+        "personality": personality,
+        "quirks": quirks,
+        "reference": str(data / "reference.jsonl"),
+    }
+    config = _config(
+        tmp_path,
+        data,
+        profile,
+        {"name": "sim", "simulator": sim, "timeout_s": 10.0},
+        stream,
+        KIMI_N if profile == "kimi-k2.5" else None,
+    )
     await _run(config)
     rows, report = await asyncio.to_thread(_export, tmp_path, config.run.database, capsys)
     truth = _truth(data)
     rec = Reconstructor(get_profile(profile), load_tokenizer(data / "tokenizer"))
-    asked = {json.loads(line)["id"] for line in (data / "prompts.openai.jsonl").read_text().splitlines()[
-        :KIMI_N if profile == "kimi-k2.5" else None]}
+    asked = {
+        json.loads(line)["id"]
+        for line in (data / "prompts.openai.jsonl")
+        .read_text()
+        .splitlines()[: KIMI_N if profile == "kimi-k2.5" else None]
+    }
     carry = {sid for sid in asked if _can_carry(rec, truth[sid])}
     wrong = sorted(sid for sid, ids in rows.items() if ids != truth[sid])
     kept = len(carry & set(rows))
-    line = (f"{profile:9} {personality:18} {'+'.join(quirks) or 'clean':45} {'stream' if stream else 'plain':6} "
-            f"exported {len(rows):3} of {len(asked):3}, kept {kept:3} of {len(carry):3} that can carry "
-            f"({kept / max(1, len(carry)):.0%}); ids {report['ids_sources']}; wrong {len(wrong)}")
+    line = (
+        f"{profile:9} {personality:18} {'+'.join(quirks) or 'clean':45} {'stream' if stream else 'plain':6} "
+        f"exported {len(rows):3} of {len(asked):3}, kept {kept:3} of {len(carry):3} that can carry "
+        f"({kept / max(1, len(carry)):.0%}); ids {report['ids_sources']}; wrong {len(wrong)}"
+    )
     YIELDS.append(line)
     print("\n" + line + (f"\n  warnings: {report['warnings']}" if report["warnings"] else ""))
     assert wrong == [], (wrong, report)

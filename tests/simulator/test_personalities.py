@@ -18,10 +18,10 @@ from tests.providers.support import Endpoint, Generation, user
 from tests.realserver.tiny_qwen3 import WEATHER_TOOL, build_tokenizer
 
 QWEN_OUTPUTS = {
-    "weather": "<think>\nI should call the tool.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
-    "{\"city\": \"Paris\"}}\n</tool_call><|im_end|>",
-    "two": "<think>\nTwo calls.\n</think>\n\nChecking both.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
-    "{\"city\": \"Zürich\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"CET\"}}"
+    "weather": '<think>\nI should call the tool.\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": '
+    '{"city": "Paris"}}\n</tool_call><|im_end|>',
+    "two": '<think>\nTwo calls.\n</think>\n\nChecking both.\n<tool_call>\n{"name": "get_weather", "arguments": '
+    '{"city": "Zürich"}}\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}'
     "\n</tool_call><|im_end|>",
     "plain": "<think>\nThe user greets me.\n</think>\n\nHello! How can I help you today?<|im_end|>",
     "broken": "<think>\nOops.\n</think>\n\n<tool_call>\nnot json at all\n</tool_call><|im_end|>",
@@ -40,19 +40,33 @@ def qwen(tmp_path_factory):
     with open(path, "w", encoding="utf-8") as handle:
         for prompt, text in QWEN_OUTPUTS.items():
             ids[prompt] = tok.encode(text)
-            handle.write(json.dumps({"id": prompt, "messages": user(prompt), "output_ids": ids[prompt],
-                                     "meta_info": {"prompt_tokens": 30}}) + "\n")
+            handle.write(
+                json.dumps(
+                    {
+                        "id": prompt,
+                        "messages": user(prompt),
+                        "output_ids": ids[prompt],
+                        "meta_info": {"prompt_tokens": 30},
+                    }
+                )
+                + "\n"
+            )
     return tok, path, ids
 
 
 def _sim(tok, path, personality="openrouter", profile="qwen3", **kw):
-    return SimulatorServer(SimulatorOptions(personality=personality), tokenizer=tok, reference=path, profile=profile,
-                           **kw)
+    return SimulatorServer(
+        SimulatorOptions(personality=personality), tokenizer=tok, reference=path, profile=profile, **kw
+    )
 
 
 def _client(sim, stream=False, server=None):
-    return ChatClient(Endpoint(server=server), Generation(stream=stream, temperature=None, max_tokens=256), None,
-                      base_url=sim.base_url)
+    return ChatClient(
+        Endpoint(server=server),
+        Generation(stream=stream, temperature=None, max_tokens=256),
+        None,
+        base_url=sim.base_url,
+    )
 
 
 @pytest.mark.parametrize("personality", ["openrouter", "vllm", "sglang", "transformers-serve"])
@@ -83,8 +97,10 @@ async def test_qwen3_tool_calls_carry_the_real_function_name_and_rebuild_exactly
 
 
 async def test_kimi_tool_id_with_surrounding_whitespace_names_the_tool_and_rebuilds(tok, tmp_path):
-    text = "Call.</think><|tool_calls_section_begin|><|tool_call_begin|> functions.f:7 <|tool_call_argument_begin|>" \
-           "{\"a\": 1}<|tool_call_end|><|tool_calls_section_end|><|im_end|>"
+    text = (
+        "Call.</think><|tool_calls_section_begin|><|tool_call_begin|> functions.f:7 <|tool_call_argument_begin|>"
+        '{"a": 1}<|tool_call_end|><|tool_calls_section_end|><|im_end|>'
+    )
     ids = tok.encode(text)
     view = parse_output(tok.decode(ids[:-1]), get_profile("kimi-k2.5"), True)
     assert [(c.id, c.name) for c in view.tool_calls] == [(" functions.f:7 ", "f")]
@@ -123,10 +139,14 @@ async def test_openrouter_answers_with_reasoning_details_provider_and_cost(qwen)
 async def test_vllm_personality_returns_token_ids_and_prompt_ids_where_vllm_does(qwen):
     tok, path, ids = qwen
     async with _sim(tok, path, "vllm") as sim:
-        body = (await _raw(sim, {"messages": user("weather"), "tools": [WEATHER_TOOL],
-                                 "return_token_ids": True})).json()
-        stream = (await _raw(sim, {"messages": user("weather"), "tools": [WEATHER_TOOL], "stream": True,
-                                   "return_token_ids": True})).text
+        body = (
+            await _raw(sim, {"messages": user("weather"), "tools": [WEATHER_TOOL], "return_token_ids": True})
+        ).json()
+        stream = (
+            await _raw(
+                sim, {"messages": user("weather"), "tools": [WEATHER_TOOL], "stream": True, "return_token_ids": True}
+            )
+        ).text
         async with _client(sim, server="vllm") as client:
             completion = await client.complete(user("weather"), [WEATHER_TOOL], model="m")
     choice = body["choices"][0]
@@ -145,15 +165,17 @@ async def test_vllm_personality_returns_token_ids_and_prompt_ids_where_vllm_does
 async def test_sglang_personality_gives_ids_only_without_streaming_and_refuses_them_streaming(qwen):
     tok, path, ids = qwen
     async with _sim(tok, path, "sglang") as sim:
-        body = (await _raw(sim, {"messages": user("plain"), "return_token_ids": True,
-                                 "return_prompt_token_ids": True})).json()
+        body = (
+            await _raw(sim, {"messages": user("plain"), "return_token_ids": True, "return_prompt_token_ids": True})
+        ).json()
         refused = await _raw(sim, {"messages": user("plain"), "stream": True, "return_prompt_token_ids": True})
         async with _client(sim, server="sglang") as client:
             plain = await client.complete(user("plain"), model="m")
         async with _client(sim, stream=True, server="sglang") as client:
             streamed = await client.complete(user("plain"), model="m")  # the client does not ask: no 400
-        async with ChatClient(Endpoint(extra={"return_prompt_token_ids": True}), Generation(stream=True), None,
-                              base_url=sim.base_url) as client:
+        async with ChatClient(
+            Endpoint(extra={"return_prompt_token_ids": True}), Generation(stream=True), None, base_url=sim.base_url
+        ) as client:
             with pytest.raises(SampleFatalError, match="not supported with streaming"):
                 await client.complete(user("plain"), model="m")
     choice = body["choices"][0]
@@ -219,14 +241,19 @@ async def test_prompt_check_agrees_with_the_right_template_and_finds_a_wrong_one
 async def test_simulate_cli_answers_as_the_personality_it_is_given(sample_tokenizer_dir, reference):
     from tests.simulator.test_server import _start_cli
 
-    proc, line = await _start_cli("--tokenizer", str(sample_tokenizer_dir), "--reference", str(reference[0]),
-                                  "--personality", "vllm")
+    proc, line = await _start_cli(
+        "--tokenizer", str(sample_tokenizer_dir), "--reference", str(reference[0]), "--personality", "vllm"
+    )
     try:
         assert "personality: vllm" in line
         base_url = line.split("listening on ")[1].split()[0]
         async with httpx.AsyncClient() as http:
-            body = (await http.post(base_url + "/chat/completions", json={
-                "model": "m", "messages": user("plain"), "return_token_ids": True})).json()
+            body = (
+                await http.post(
+                    base_url + "/chat/completions",
+                    json={"model": "m", "messages": user("plain"), "return_token_ids": True},
+                )
+            ).json()
         assert "provider" not in body and body["choices"][0]["token_ids"]
     finally:
         proc.terminate()
@@ -280,8 +307,9 @@ async def test_vllms_logprobs_hold_every_token_and_its_known_steps_rebuild_its_t
     async with _sim(tok, path, "vllm") as sim, _client(sim, stream) as client:
         for prompt in ("plain", "weather", "two", "thinkless"):
             tools = [WEATHER_TOOL] if prompt in ("weather", "two") else None
-            completion = await client.complete(user(prompt), tools, model="qwen3",
-                                               extra={"logprobs": True, "top_logprobs": 0})
+            completion = await client.complete(
+                user(prompt), tools, model="qwen3", extra={"logprobs": True, "top_logprobs": 0}
+            )
             if prompt == "thinkless":
                 assert completion.reasoning == "Ok, at once." and not completion.content
             assert rec.ground_truth(completion) == (tuple(ids[prompt]), "logprobs"), prompt

@@ -20,9 +20,20 @@ SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 def plain_reference(tmp_path, tok):
     """A reference whose samples report no cached tokens of their own."""
     path = tmp_path / "reference.jsonl"
-    path.write_text("".join(json.dumps({"id": f"s{k}", "messages": [{"role": "user", "content": f"q{k}"}],
-                                        "output_ids": tok.encode(f"Thinking {k}.</think>Answer {k}.<|im_end|>"),
-                                        "meta_info": {"prompt_tokens": 100 + k}}) + "\n" for k in range(3)))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"s{k}",
+                    "messages": [{"role": "user", "content": f"q{k}"}],
+                    "output_ids": tok.encode(f"Thinking {k}.</think>Answer {k}.<|im_end|>"),
+                    "meta_info": {"prompt_tokens": 100 + k},
+                }
+            )
+            + "\n"
+            for k in range(3)
+        )
+    )
     return path
 
 
@@ -35,8 +46,10 @@ async def _usage(http: httpx.AsyncClient, url: str, messages: list) -> dict:
 
 async def test_a_later_turn_is_served_its_earlier_turns_prompt_from_the_cache(tok, plain_reference):
     turn1 = [SYSTEM, {"role": "user", "content": "What is a prompt cache?"}]
-    turn2 = turn1 + [{"role": "assistant", "content": "A store of prompt prefixes."},
-                     {"role": "user", "content": "And when does it hit?"}]
+    turn2 = turn1 + [
+        {"role": "assistant", "content": "A store of prompt prefixes."},
+        {"role": "user", "content": "And when does it hit?"},
+    ]
     edited = [dict(SYSTEM, content="You are a helpful assistant!")] + turn2[1:]  # one byte differs up front
     async with SimulatorServer(SimulatorOptions(prompt_cache=True), tokenizer=tok, reference=plain_reference) as sim:
         async with httpx.AsyncClient() as http:

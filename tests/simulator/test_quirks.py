@@ -62,9 +62,14 @@ async def test_tool_ids_reindexed_from_history(tok, reference):
     quirked = await ask(tok, reference, "json", ["tool_ids_reindexed"])
     assert quirked.tool_calls[0].id == "functions.f:0"
     history = user("earlier") + [
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "functions.f:0", "type": "function", "function": {"name": "f", "arguments": "{}"}},
-            {"id": "functions.f:1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "functions.f:0", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+                {"id": "functions.f:1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+            ],
+        },
         {"role": "tool", "tool_call_id": "functions.f:0", "content": "ok"},
     ]
     later = await ask(tok, reference, "", ["tool_ids_reindexed"], messages=history)
@@ -83,5 +88,9 @@ async def test_replacement_char_for_partial_utf8(tok, reference, stream):
 async def test_stream_and_plain_answers_agree_under_all_quirks(tok, reference, prompt):
     a = await ask(tok, reference, prompt, QUIRKS, stream=False)
     b = await ask(tok, reference, prompt, QUIRKS, stream=True)
-    assert (a.reasoning, a.content, a.tool_calls, a.finish_reason) == (b.reasoning, b.content, b.tool_calls,
-                                                                       b.finish_reason)
+    assert (a.reasoning, a.content, a.tool_calls, a.finish_reason) == (
+        b.reasoning,
+        b.content,
+        b.tool_calls,
+        b.finish_reason,
+    )

@@ -27,17 +27,20 @@ async def test_every_sample_comes_back_as_split_output_says(tok, sample_referenc
         gen = Generation(stream=stream, logprobs=True, max_tokens=None)
         async with ChatClient(Endpoint(), gen, None, base_url=sim.base_url) as client:
             for sample in chosen:
-                completion = await client.complete(sample["messages"], model="kimi",
-                                                   extra={"return_token_ids": True})
+                completion = await client.complete(sample["messages"], model="kimi", extra={"return_token_ids": True})
                 view = split_output(sample["output_ids"], profile, tok)
                 assert completion.token_ids == tuple(sample["output_ids"]), sample["id"]
                 reasoning = completion.reasoning
                 if stream and reasoning is None and view.reasoning == "":
                     reasoning = ""  # a stream has no delta for empty reasoning: "" and None look alike
                 assert (reasoning, completion.content, completion.finish_reason) == (
-                    view.reasoning, view.content or "", view.finish_reason), sample["id"]
+                    view.reasoning,
+                    view.content or "",
+                    view.finish_reason,
+                ), sample["id"]
                 assert [(c.id, c.arguments) for c in completion.tool_calls] == [
-                    (c.id, c.arguments) for c in view.tool_calls], sample["id"]
+                    (c.id, c.arguments) for c in view.tool_calls
+                ], sample["id"]
                 content_bytes = b"".join(bytes(lp.bytes) for lp in completion.content_logprobs or ())
                 assert content_bytes == completion.content.encode(), sample["id"]
 
@@ -45,12 +48,17 @@ async def test_every_sample_comes_back_as_split_output_says(tok, sample_referenc
 async def test_all_quirks_stream_and_plain_agree_on_every_kind(tok, sample_reference, samples):
     from app.simulator import QUIRKS
 
-    async with SimulatorServer(SimulatorOptions(quirks=list(QUIRKS)), tokenizer=tok,
-                               reference=sample_reference) as sim:
-        async with ChatClient(Endpoint(), Generation(), None, base_url=sim.base_url) as plain_client, \
-                ChatClient(Endpoint(), Generation(stream=True), None, base_url=sim.base_url) as stream_client:
+    async with SimulatorServer(SimulatorOptions(quirks=list(QUIRKS)), tokenizer=tok, reference=sample_reference) as sim:
+        async with (
+            ChatClient(Endpoint(), Generation(), None, base_url=sim.base_url) as plain_client,
+            ChatClient(Endpoint(), Generation(stream=True), None, base_url=sim.base_url) as stream_client,
+        ):
             for sample in samples[::4]:
                 a = await plain_client.complete(sample["messages"], model="kimi")
                 b = await stream_client.complete(sample["messages"], model="kimi")
                 assert (a.reasoning or "", a.content, a.tool_calls, a.finish_reason) == (
-                    b.reasoning or "", b.content, b.tool_calls, b.finish_reason), sample["id"]
+                    b.reasoning or "",
+                    b.content,
+                    b.tool_calls,
+                    b.finish_reason,
+                ), sample["id"]

@@ -38,16 +38,24 @@ async def test_samples_that_share_a_prompt_each_replay_their_own_reference(tok, 
 
     texts = [f"Answer {k}.</think>Reply number {k}.<|im_end|>" for k in range(4)]
     path = tmp_path / "reference.jsonl"
-    path.write_text("".join(json.dumps({"id": f"s{k}", "messages": user("same prompt"),
-                                        "output_ids": tok.encode(t)}) + "\n" for k, t in enumerate(texts)))
+    path.write_text(
+        "".join(
+            json.dumps({"id": f"s{k}", "messages": user("same prompt"), "output_ids": tok.encode(t)}) + "\n"
+            for k, t in enumerate(texts)
+        )
+    )
     async with SimulatorServer(SimulatorOptions(), tokenizer=tok, reference=path) as sim:
         async with ChatClient(Endpoint(), Generation(), None, base_url=sim.base_url) as client:
-            by_id = [await client.complete(user("same prompt"), model="m",
-                                           extra={"return_token_ids": True, "metadata": {"sample_id": f"s{k}"}})
-                     for k in (2, 0, 3, 1)]
+            by_id = [
+                await client.complete(
+                    user("same prompt"), model="m", extra={"return_token_ids": True, "metadata": {"sample_id": f"s{k}"}}
+                )
+                for k in (2, 0, 3, 1)
+            ]
             by_prompt = await client.complete(user("same prompt"), model="m", extra={"return_token_ids": True})
-            unknown = await client.complete(user("same prompt"), model="m",
-                                            extra={"return_token_ids": True, "metadata": {"sample_id": "nope"}})
+            unknown = await client.complete(
+                user("same prompt"), model="m", extra={"return_token_ids": True, "metadata": {"sample_id": "nope"}}
+            )
     assert [c.token_ids for c in by_id] == [tuple(tok.encode(texts[k])) for k in (2, 0, 3, 1)]
     assert by_prompt.token_ids == unknown.token_ids == tuple(tok.encode(texts[0]))  # the prompt's first sample
 
@@ -57,8 +65,10 @@ async def test_counters_follow_seeded_fault_rates(tok, reference):
     async with SimulatorServer(options, tokenizer=tok, reference=reference[0], retry_after_s=0) as sim:
         async with httpx.AsyncClient() as http:
             statuses = [
-                (await http.post(sim.base_url + "/chat/completions", json={"model": "m", "messages": user("x")}))
-                .status_code for _ in range(200)
+                (
+                    await http.post(sim.base_url + "/chat/completions", json={"model": "m", "messages": user("x")})
+                ).status_code
+                for _ in range(200)
             ]
         counters = dict(sim.counters)
     assert counters["429"] == statuses.count(429) and counters["502"] == statuses.count(502)
@@ -68,8 +78,9 @@ async def test_counters_follow_seeded_fault_rates(tok, reference):
 
 
 def test_latency_is_lognormal_with_the_configured_median_and_p95(tok, reference):
-    server = SimulatorServer(SimulatorOptions(latency_median_ms=200, latency_p95_ms=800, seed=5), tokenizer=tok,
-                             reference=reference[0])
+    server = SimulatorServer(
+        SimulatorOptions(latency_median_ms=200, latency_p95_ms=800, seed=5), tokenizer=tok, reference=reference[0]
+    )
     draws = sorted(server._latency_s() for _ in range(20000))
     assert statistics.median(draws) == pytest.approx(0.200, rel=0.05)
     assert draws[int(0.95 * len(draws))] == pytest.approx(0.800, rel=0.08)
@@ -80,13 +91,16 @@ def test_zero_latency_draws_nothing(tok, reference):
     assert server._latency_s() == 0.0
 
 
-@pytest.mark.parametrize(("options", "needle"), [
-    (SimulatorOptions(faults={"418x": 0.1}), "unknown fault kind '418x'"),
-    (SimulatorOptions(faults={"429": 1.5}), "between 0 and 1"),
-    (SimulatorOptions(faults={"429": 0.6, "500": 0.6}), "add up"),
-    (SimulatorOptions(quirks=["lowercase"]), "unknown quirk 'lowercase'"),
-    (SimulatorOptions(latency_median_ms=100, latency_p95_ms=50), "p95"),
-])
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        (SimulatorOptions(faults={"418x": 0.1}), "unknown fault kind '418x'"),
+        (SimulatorOptions(faults={"429": 1.5}), "between 0 and 1"),
+        (SimulatorOptions(faults={"429": 0.6, "500": 0.6}), "add up"),
+        (SimulatorOptions(quirks=["lowercase"]), "unknown quirk 'lowercase'"),
+        (SimulatorOptions(latency_median_ms=100, latency_p95_ms=50), "p95"),
+    ],
+)
 def test_bad_options_are_named(options, needle):
     with pytest.raises(InputError, match=needle):
         check_options(options)
@@ -123,16 +137,32 @@ async def test_paced_stream_still_assembles(tok, reference):
 
 async def _start_cli(*argv: str) -> tuple[asyncio.subprocess.Process, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "app.cli", "simulate", "--port", "0", *argv,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        sys.executable,
+        "-m",
+        "app.cli",
+        "simulate",
+        "--port",
+        "0",
+        *argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
     )
     line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
     return proc, line
 
 
 async def test_cli_starts_and_serves_models(sample_tokenizer_dir, reference):
-    proc, line = await _start_cli("--tokenizer", str(sample_tokenizer_dir), "--reference", str(reference[0]),
-                                  "--faults", "429=0.1", "--quirks", "strip_whitespace")
+    proc, line = await _start_cli(
+        "--tokenizer",
+        str(sample_tokenizer_dir),
+        "--reference",
+        str(reference[0]),
+        "--faults",
+        "429=0.1",
+        "--quirks",
+        "strip_whitespace",
+    )
     try:
         assert "listening on http://127.0.0.1:" in line and f"{len(OUTPUTS)} samples" in line
         assert "faults: 429=0.1" in line and "quirks: strip_whitespace" in line
@@ -166,8 +196,9 @@ async def test_fault_aliases_count_under_their_status(tok, reference):
 async def test_accepts_the_config_simulator_options(tok, reference):
     from app.config import SimulatorOptions as ConfigSimulatorOptions
 
-    options = ConfigSimulatorOptions(latency_median_ms=0, latency_p95_ms=0, faults={"500": 1.0},
-                                     quirks=["strip_whitespace"], seed=2)
+    options = ConfigSimulatorOptions(
+        latency_median_ms=0, latency_p95_ms=0, faults={"500": 1.0}, quirks=["strip_whitespace"], seed=2
+    )
     async with SimulatorServer(options, tokenizer=tok, reference=reference[0]) as sim:
         async with httpx.AsyncClient() as http:
             response = await http.post(sim.base_url + "/chat/completions", json={"model": "m", "messages": user("x")})

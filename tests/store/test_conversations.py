@@ -19,7 +19,7 @@ from app.store.conversation_ops import restore_children_of
 from app.store.db import migrate
 from app.store.run_store import RunStore, StoreWriteError
 from app.store.schema import MIGRATIONS
-from app.store.store_records import SampleInput, ResultRecord
+from app.store.store_records import ResultRecord, SampleInput
 
 
 def call(call_id: str, name: str, arguments: str) -> dict:
@@ -41,8 +41,12 @@ def conv(cid: str, messages=AGENT, policy: str = "stop") -> ConversationInput:
 
 
 def tool_answer(city: str = "Paris") -> Completion:
-    return Completion("", "I call the tool.", (ToolCall("functions.get_weather:0", "get_weather",
-                                                       json.dumps({"city": city})),), "tool_calls")
+    return Completion(
+        "",
+        "I call the tool.",
+        (ToolCall("functions.get_weather:0", "get_weather", json.dumps({"city": city})),),
+        "tool_calls",
+    )
 
 
 async def opened(tmp_path: Path) -> tuple[RunStore, int, sqlite3.Connection]:
@@ -72,12 +76,25 @@ def test_conversation_files_read_in_every_format_with_bad_lines_named(tmp_path: 
     assert [c.conversation_id for c in got][0] == "a" and got[1].conversation_id.startswith("c-")
     assert [len(c.turns) for c in got] == [3, 1] and got[0].on_tool_divergence == "replay"
     assert stats.bad == 2
-    assert stats.examples[0] == f"{path}:2: messages[1] is a tool result, but the assistant message before it has no " \
-                                "tool_calls; regenerating whole conversations needs structured tool calls (openai-messages)"
+    assert (
+        stats.examples[0] == f"{path}:2: messages[1] is a tool result, but the assistant message before it has no "
+        "tool_calls; regenerating whole conversations needs structured tool calls (openai-messages)"
+    )
     assert "holds '#'" in stats.examples[1] and stats.examples[1].startswith(f"{path}:3:")
     share = tmp_path / "s.jsonl"
-    share.write_text(json.dumps({"id": "s", "conversations": [
-        {"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}, {"from": "human", "value": "bye"}]}) + "\n")
+    share.write_text(
+        json.dumps(
+            {
+                "id": "s",
+                "conversations": [
+                    {"from": "human", "value": "hi"},
+                    {"from": "gpt", "value": "hello"},
+                    {"from": "human", "value": "bye"},
+                ],
+            }
+        )
+        + "\n"
+    )
     (only,) = iter_conversations(share, "sharegpt")
     assert [t.recorded for t in only.turns] == [{"role": "assistant", "content": "hello"}, None]
 
@@ -90,14 +107,24 @@ async def test_ingest_writes_turn_one_pending_and_later_turns_waiting_with_their
     try:
         report = await store.ingest_conversations(run_id, [conv("a"), conv("b")])
         assert (report.added, report.already_present, report.conflicts) == (2, 0, 0)
-        rows = conn.execute("SELECT sample_id, state, turn, turns, parent_pk, messages, pk FROM samples ORDER BY pk"
-                            ).fetchall()
-        assert [(r[0], r[1], r[2], r[3]) for r in rows[:3]] == [("a#1", "pending", 1, 3), ("a#2", "waiting", 2, 3),
-                                                                ("a#3", "waiting", 3, 3)]
+        rows = conn.execute(
+            "SELECT sample_id, state, turn, turns, parent_pk, messages, pk FROM samples ORDER BY pk"
+        ).fetchall()
+        assert [(r[0], r[1], r[2], r[3]) for r in rows[:3]] == [
+            ("a#1", "pending", 1, 3),
+            ("a#2", "waiting", 2, 3),
+            ("a#3", "waiting", 3, 3),
+        ]
         assert rows[1][4] == rows[0][6] and rows[2][4] == rows[1][6] and rows[0][4] is None
         assert json.loads(rows[0][5]) == AGENT[:1] and rows[1][5] == "[]"
-        assert queries.state_counts(conn, run_id) == {"pending": 2, "waiting": 4, "leased": 0, "done": 0, "failed": 0,
-                                                     "skipped": 0}
+        assert queries.state_counts(conn, run_id) == {
+            "pending": 2,
+            "waiting": 4,
+            "leased": 0,
+            "done": 0,
+            "failed": 0,
+            "skipped": 0,
+        }
         again = await store.ingest_conversations(run_id, [conv("a"), conv("b", AGENT[:4])])
         assert (again.added, again.already_present, again.conflicts) == (0, 1, 1)
         assert "conversation 'b' is already held with other turns or content" in again.conflict_examples[0]
@@ -112,12 +139,15 @@ async def test_ingest_writes_turn_one_pending_and_later_turns_waiting_with_their
 async def test_ingest_config_reads_a_regenerate_all_dataset_as_conversations(tmp_path: Path, sample_data_dir: Path):
     data = tmp_path / "conv.jsonl"
     data.write_text(json.dumps({"id": "a", "messages": AGENT}) + "\n")
-    config = parse_config({
-        "run": {"name": "c", "database": str(tmp_path / "run.db")},
-        "data": {"datasets": [{"path": str(data), "regenerate": "all", "on_tool_divergence": "replay"}]},
-        "model": {"name": "m", "tokenizer": str(sample_data_dir / "tokenizer")},
-        "endpoints": [{"base_url": "http://127.0.0.1:9/v1"}],
-    }, base_dir=tmp_path)
+    config = parse_config(
+        {
+            "run": {"name": "c", "database": str(tmp_path / "run.db")},
+            "data": {"datasets": [{"path": str(data), "regenerate": "all", "on_tool_divergence": "replay"}]},
+            "model": {"name": "m", "tokenizer": str(sample_data_dir / "tokenizer")},
+            "endpoints": [{"base_url": "http://127.0.0.1:9/v1"}],
+        },
+        base_dir=tmp_path,
+    )
     store = await RunStore.open(config.run.database)
     try:
         report = await ingest_config(store, config)
@@ -128,7 +158,10 @@ async def test_ingest_config_reads_a_regenerate_all_dataset_as_conversations(tmp
         await store.close()
     conn = sqlite3.connect(tmp_path / "run.db")
     assert conn.execute("SELECT sample_id, divergence FROM samples ORDER BY pk").fetchall() == [
-        ("a#1", "replay"), ("a#2", "replay"), ("a#3", "replay")]
+        ("a#1", "replay"),
+        ("a#2", "replay"),
+        ("a#3", "replay"),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------- a turn's end
@@ -144,11 +177,19 @@ async def test_a_stored_answer_makes_the_next_turn_ready_with_the_models_own_his
         await store.record_result(ResultRecord(run_id, t1.pk, 1, "ep", tool_answer(), 0.0, profile="kimi-k2.5"))
         (t2,) = await store.lease(run_id, 10, 60)
         assert t2.sample_id == "a#2"
-        assert t2.messages == [AGENT[0], {"role": "assistant", "content": "", "reasoning_content": "I call the tool.",
-                                          "tool_calls": [call("functions.get_weather:0", "get_weather", '{"city": "Paris"}')]},
-                               {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "sunny"}]
-        await store.record_result(ResultRecord(run_id, t2.pk, 1, "ep", Completion("Sunny!", "It says sunny."), 0.0,
-                                  profile="kimi-k2.5"))
+        assert t2.messages == [
+            AGENT[0],
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": "I call the tool.",
+                "tool_calls": [call("functions.get_weather:0", "get_weather", '{"city": "Paris"}')],
+            },
+            {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "sunny"},
+        ]
+        await store.record_result(
+            ResultRecord(run_id, t2.pk, 1, "ep", Completion("Sunny!", "It says sunny."), 0.0, profile="kimi-k2.5")
+        )
         (t3,) = await store.lease(run_id, 10, 60)
         assert t3.messages[3] == {"role": "assistant", "content": "Sunny!", "reasoning_content": "It says sunny."}
         assert t3.messages[4] == AGENT[4] and AGENT[3] not in t3.messages and AGENT[1] not in t3.messages
@@ -177,9 +218,20 @@ async def test_the_child_is_made_ready_in_the_parents_transaction_or_not_at_all(
         (t1,) = await store.lease(run_id, 10, 60)
         from app.records import Reconstruction, Verdict
 
-        with pytest.raises(Exception):  # a bad verdict fails the whole result: no response, no ready child
-            await store.record_result(ResultRecord(run_id, t1.pk, 1, "ep", tool_answer(), 0.1, Reconstruction((1,), "canonical"),
-                                      Verdict("bogus"), None))
+        with pytest.raises(StoreWriteError):  # a bad verdict fails the whole result: no response, no ready child
+            await store.record_result(
+                ResultRecord(
+                    run_id,
+                    t1.pk,
+                    1,
+                    "ep",
+                    tool_answer(),
+                    0.1,
+                    Reconstruction((1,), "canonical"),
+                    Verdict("bogus"),
+                    None,
+                )
+            )
         assert states(conn)["a#2"] == ("waiting", None)
         assert conn.execute("SELECT COUNT(*) FROM responses").fetchone()[0] == 0
     finally:
@@ -195,8 +247,11 @@ async def test_a_divergent_tool_call_stops_or_replays_marked_off_policy(tmp_path
         await store.record_result(ResultRecord(run_id, t1.pk, 1, "ep", tool_answer("Lyon"), 0.0, profile="kimi-k2.5"))
         counts = queries.conversation_counts(conn, run_id)
         if policy == "stop":
-            assert states(conn) == {"a#1": ("done", None), "a#2": ("skipped", "diverged"),
-                                    "a#3": ("skipped", "parent_skipped")}
+            assert states(conn) == {
+                "a#1": ("done", None),
+                "a#2": ("skipped", "diverged"),
+                "a#3": ("skipped", "parent_skipped"),
+            }
             assert counts.diverged == 1 and counts.open == 0
             assert "Lyon" in conn.execute("SELECT last_error FROM samples WHERE sample_id = 'a#2'").fetchone()[0]
         else:
@@ -216,8 +271,11 @@ async def test_a_turn_failed_for_good_ends_its_conversation_and_retrying_restore
         await store.ingest_conversations(run_id, [conv("a")])
         (t1,) = await store.lease(run_id, 10, 60)
         await store.record_failure(run_id, t1.pk, "500", "server error", final=True, endpoint="ep", attempt=1)
-        assert states(conn) == {"a#1": ("failed", "500"), "a#2": ("skipped", "parent_failed"),
-                                "a#3": ("skipped", "parent_skipped")}
+        assert states(conn) == {
+            "a#1": ("failed", "500"),
+            "a#2": ("skipped", "parent_failed"),
+            "a#3": ("skipped", "parent_skipped"),
+        }
         assert queries.conversation_counts(conn, run_id).failed == 1
         conn.execute("BEGIN")  # what --retry-failed does in its transaction: the turn pending, its children waiting
         conn.execute("UPDATE samples SET state = 'pending', error_class = NULL WHERE pk = ?", (t1.pk,))
@@ -268,13 +326,20 @@ async def test_the_conversation_view_reads_each_conversation_and_its_turns(tmp_p
         await store.record_result(ResultRecord(run_id, t1a.pk, 1, "ep", tool_answer(), 0.0))
         page = queries.conversation_page(conn, run_id)
         assert [(c.conversation_id, c.status, c.at_turn, c.done_turns) for c in page] == [
-            ("a", "ready", 2, 1), ("b", "running", 1, 0)]
+            ("a", "ready", 2, 1),
+            ("b", "running", 1, 0),
+        ]
         assert queries.conversation_page(conn, run_id, after_pk=page[0].pk)[0].conversation_id == "b"
         turns = queries.conversation_turns(conn, run_id, "a")
         assert [(t.sample_id, t.state) for t in turns] == [("a#1", "done"), ("a#2", "pending"), ("a#3", "waiting")]
         counts = queries.conversation_counts(conn, run_id)
         assert (counts.total, counts.open, counts.in_flight, counts.waiting_on_parent, counts.in_progress) == (
-            2, 2, 1, 1, 2)
+            2,
+            2,
+            1,
+            1,
+            2,
+        )
     finally:
         await store.close()
 
@@ -284,20 +349,28 @@ def test_a_v6_database_migrates_with_its_rows_and_accepts_waiting_turns(tmp_path
     migrate(path, migrations=MIGRATIONS[:6])
     conn = sqlite3.connect(path)
     conn.execute("INSERT INTO runs (name, created_at, updated_at) VALUES ('r', 0, 0)")
-    conn.executemany("INSERT INTO samples (run_id, sample_id, dataset, messages, state) VALUES (1, ?, 'd', '[]', ?)",
-                     [("a", "pending"), ("b", "done")])
+    conn.executemany(
+        "INSERT INTO samples (run_id, sample_id, dataset, messages, state) VALUES (1, ?, 'd', '[]', ?)",
+        [("a", "pending"), ("b", "done")],
+    )
     conn.commit()
     with pytest.raises(sqlite3.IntegrityError):
-        conn.execute("INSERT INTO samples (run_id, sample_id, dataset, messages, state) VALUES (1, 'w', 'd', '[]', "
-                     "'waiting')")
+        conn.execute(
+            "INSERT INTO samples (run_id, sample_id, dataset, messages, state) VALUES (1, 'w', 'd', '[]', 'waiting')"
+        )
     conn.close()
     assert migrate(path) == len(MIGRATIONS)
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
-    conn.execute("INSERT INTO samples (run_id, sample_id, dataset, messages, state) VALUES (1, 'w', 'd', '[]', "
-                 "'waiting')")
+    conn.execute(
+        "INSERT INTO samples (run_id, sample_id, dataset, messages, state) VALUES (1, 'w', 'd', '[]', 'waiting')"
+    )
     with pytest.raises(sqlite3.IntegrityError):
-        conn.execute("INSERT INTO samples (run_id, sample_id, dataset, messages, state) VALUES (1, 'x', 'd', '[]', "
-                     "'bogus')")
+        conn.execute(
+            "INSERT INTO samples (run_id, sample_id, dataset, messages, state) VALUES (1, 'x', 'd', '[]', 'bogus')"
+        )
     assert conn.execute("SELECT sample_id, state FROM samples ORDER BY pk").fetchall() == [
-        ("a", "pending"), ("b", "done"), ("w", "waiting")]
+        ("a", "pending"),
+        ("b", "done"),
+        ("w", "waiting"),
+    ]

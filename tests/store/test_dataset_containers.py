@@ -19,7 +19,6 @@ import zstandard
 
 from app.config import load_config
 from app.datasets import ReadStats, container_of, file_fingerprint, iter_prompts
-
 from tests.store.test_ingest import TOKENIZER, _db_counts, _progress_of, ingest_config
 
 CONFIG = """\
@@ -47,8 +46,14 @@ def _config(tmp_path: Path, path: str, fmt: str = "auto") -> Path:
 
 
 def _sharegpt(i: int) -> dict:
-    return {"id": f"s{i}", "conversations": [{"from": "system", "value": "be brief"},
-                                             {"from": "human", "value": f"q {i}"}, {"from": "gpt", "value": "a"}]}
+    return {
+        "id": f"s{i}",
+        "conversations": [
+            {"from": "system", "value": "be brief"},
+            {"from": "human", "value": f"q {i}"},
+            {"from": "gpt", "value": "a"},
+        ],
+    }
 
 
 def _messages(i: int) -> dict:
@@ -83,8 +88,10 @@ def test_a_sharegpt_json_array_is_read_row_by_row_with_bad_rows_named(tmp_path: 
     assert len(got) == 48 and stats.bad == 2 and stats.lines == 50
     assert got[0].messages == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "q 0"}]
     assert got[10].line == 12  # the row index, from 1
-    assert stats.examples == [f"{path}:11: conversations[0].from is 'robot'; expected human, gpt, system or tool",
-                              f"{path}:21: expected a JSON object, got int"]
+    assert stats.examples == [
+        f"{path}:11: conversations[0].from is 'robot'; expected human, gpt, system or tool",
+        f"{path}:21: expected a JSON object, got int",
+    ]
 
 
 def test_a_parquet_file_with_messages_is_read_by_row_group(tmp_path: Path) -> None:
@@ -97,9 +104,16 @@ def test_a_parquet_file_with_messages_is_read_by_row_group(tmp_path: Path) -> No
 
 
 def test_arrow_nulls_of_a_struct_column_do_not_reach_the_messages(tmp_path: Path) -> None:
-    rows = [{"id": "a", "messages": [{"role": "user", "content": "q"},
-                                     {"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]},
-                                     {"role": "tool", "content": "r"}]}]
+    rows = [
+        {
+            "id": "a",
+            "messages": [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]},
+                {"role": "tool", "content": "r"},
+            ],
+        }
+    ]
     path = tmp_path / "t.arrow"
     table = pa.Table.from_pylist(rows)
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
@@ -162,12 +176,19 @@ def test_a_json_array_is_streamed_not_loaded_whole(tmp_path: Path) -> None:
 
 async def test_a_save_to_disk_ingest_killed_midway_is_finished_on_restart(tmp_path: Path) -> None:
     n = 200_000
-    _save_to_disk(tmp_path / "ds", [{"id": f"s{i}", "messages": [{"role": "user", "content": f"q {i}"}]}
-                                    for i in range(n)], shards=4)
+    _save_to_disk(
+        tmp_path / "ds",
+        [{"id": f"s{i}", "messages": [{"role": "user", "content": f"q {i}"}]} for i in range(n)],
+        shards=4,
+    )
     cfg = _config(tmp_path, "ds")
     db = tmp_path / "runs.db"
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "ingest", str(cfg)], cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "ingest", str(cfg)],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 120
         while _progress_of(db, "dataset") == 0:
@@ -188,12 +209,17 @@ async def test_a_save_to_disk_ingest_killed_midway_is_finished_on_restart(tmp_pa
 async def test_mapped_columns_and_categories_reach_the_store(tmp_path: Path) -> None:
     import sqlite3
 
-    rows = [{"uid": f"c{i}", "chat": [{"role": "user", "content": f"q {i}"}], "topic": ["code", "math"][i % 2]}
-            for i in range(10)]
+    rows = [
+        {"uid": f"c{i}", "chat": [{"role": "user", "content": f"q {i}"}], "topic": ["code", "math"][i % 2]}
+        for i in range(10)
+    ]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
     cfg = _config(tmp_path, "d.parquet")
-    cfg.write_text(cfg.read_text().replace('format = "auto"',
-                                           'format = "auto"\ncolumns = {messages = "chat", id = "uid", category = "topic"}'))
+    cfg.write_text(
+        cfg.read_text().replace(
+            'format = "auto"', 'format = "auto"\ncolumns = {messages = "chat", id = "uid", category = "topic"}'
+        )
+    )
     report = await ingest_config(load_config(cfg))
     assert report.files[0].added == 10
     conn = sqlite3.connect(tmp_path / "runs.db")
@@ -215,9 +241,16 @@ def test_sample_fraction_keeps_the_same_seeded_share_every_time(tmp_path: Path) 
     assert len(list(iter_prompts(path, "auto", limit=100, choice=RowChoice(fraction=0.25)))) == 100
 
 
-@pytest.mark.parametrize(("text", "script"), [("Explain sqlite indexes", "Latin"), ("解释一下索引 ok", "CJK"),
-                                              ("Объясни индексы", "Cyrillic"), ("اشرح الفهارس", "Arabic"),
-                                              ("12345 !!", "other")])
+@pytest.mark.parametrize(
+    ("text", "script"),
+    [
+        ("Explain sqlite indexes", "Latin"),
+        ("解释一下索引 ok", "CJK"),
+        ("Объясни индексы", "Cyrillic"),
+        ("اشرح الفهارس", "Arabic"),
+        ("12345 !!", "other"),
+    ],
+)
 def test_a_prompts_script_is_guessed_from_most_of_its_letters(text: str, script: str) -> None:
     from app.datasets import script_of
 

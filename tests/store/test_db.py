@@ -73,7 +73,9 @@ def test_newer_schema_is_refused_and_left_untouched(tmp_path: Path) -> None:
     conn.commit()
     conn.close()
     before = db.read_bytes()
-    with pytest.raises(InputError, match=rf"future\.db: was written by a newer eaglewatch \(schema version {SCHEMA_VERSION + 5}"):
+    with pytest.raises(
+        InputError, match=rf"future\.db: was written by a newer eaglewatch \(schema version {SCHEMA_VERSION + 5}"
+    ):
         migrate(db)
     with pytest.raises(InputError, match="newer eaglewatch"):
         connect_readonly(db)
@@ -175,8 +177,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def eaglewatch(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=120, env=env
+    )
 
 
 def digest(path: Path) -> str:
@@ -195,8 +198,10 @@ def foreign_db(path: Path) -> Path:
 def test_another_programs_sqlite_file_is_left_untouched_by_every_verb(tmp_path: Path) -> None:
     db = foreign_db(tmp_path / "other.sqlite")
     before = digest(db)
-    for args in (["status", "--db", str(db)], ["export", "--db", str(db), "--format", "specforge", "--out",
-                                                  str(tmp_path / "out")]):
+    for args in (
+        ["status", "--db", str(db)],
+        ["export", "--db", str(db), "--format", "specforge", "--out", str(tmp_path / "out")],
+    ):
         out = eaglewatch(*args, cwd=tmp_path)
         assert out.returncode == 2, out.stderr
         assert "is an SQLite database but not an eaglewatch run database (it holds tables notes)" in out.stderr
@@ -229,10 +234,12 @@ def test_a_database_corrupted_mid_file_fails_status_run_and_export_with_a_senten
     with db.open("r+b") as fh:  # garbage over a few pages in the middle of the file
         fh.seek(size // 2)
         fh.write(os.urandom(4096 * 3))
-    for args in (["status", "--db", str(db)],
-                 ["run", "--headless", str(cfg)],
-                 ["ingest", str(cfg)],
-                 ["export", "--db", str(db), "--format", "specforge", "--out", str(tmp_path / "out")]):
+    for args in (
+        ["status", "--db", str(db)],
+        ["run", "--headless", str(cfg)],
+        ["ingest", str(cfg)],
+        ["export", "--db", str(db), "--format", "specforge", "--out", str(tmp_path / "out")],
+    ):
         out = eaglewatch(*args, cwd=tmp_path)
         assert out.returncode == 2, (args, out.stderr)
         assert "Traceback" not in out.stderr, out.stderr
@@ -277,7 +284,8 @@ def test_a_read_only_folder_has_its_own_message_and_read_verbs_work_there(tmp_pa
 
 
 def test_a_new_database_in_a_read_only_folder_is_refused_before_anything_with_advice_that_fits(
-        tmp_path: Path, readonly_folder) -> None:
+    tmp_path: Path, readonly_folder
+) -> None:
     _, ro = readonly_folder
     cfg = _run_config(tmp_path, ro / "new.db", n=5)
     for verb in (["config", "check"], ["ingest"], ["run", "--headless"]):
@@ -313,8 +321,10 @@ def test_checking_a_file_beside_a_live_connection_keeps_its_wal_for_everyone(tmp
     assert (tmp_path / "live.db-wal").exists()
     check_file(db)  # what every read verb and viewer open does, in this same process
     connect_readonly(db, check=False).close()
-    other = ("import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('SELECT COUNT(*) FROM runs').fetchone(); "
-             "c.close()")
+    other = (
+        "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute('SELECT COUNT(*) FROM runs').fetchone(); "
+        "c.close()"
+    )
     subprocess.run([sys.executable, "-c", other, str(db)], check=True)  # another process opens and closes
     assert (tmp_path / "live.db-wal").exists(), "another process deleted the WAL of a live connection"
     live.execute("INSERT INTO runs (name, created_at, updated_at) VALUES ('s', 0, 0)")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.record.snapshot import EndpointLive, LiveFigures, Rate, RunRecord
 from app.engine.record.codec import live_from_json, snapshot_to_json
+from app.engine.record.snapshot import EndpointLive, LiveFigures, Rate, RunRecord
 from app.store.count_records import RunCounts, SampleStates
 from app.store.db import migrate
 from app.store.heartbeat import Heartbeat, beat_op, liveness, process_alive, read_heartbeat, stop_op, this_host
@@ -89,9 +89,19 @@ def test_a_sigkilled_engine_on_this_host_is_gone_before_its_beats_go_stale(db: s
 
 def test_the_live_figures_survive_the_json_round_trip_and_the_counts_stay_home() -> None:
     live = LiveFigures(
-        state="running", state_reason=None, started_at=99.0, in_flight=9, waiting=2, concurrency_limit=24,
-        rate=Rate(req_s_10s=3.5, tok_s_10s=900.0), latency_p95_ms=6400.0, eta_s=120.0, projected_cost_usd=2.5,
-        endpoints=(EndpointLive(name="sim", in_flight=9, concurrency_limit=24, limit_reason="at ceiling", capacity=24),),
+        state="running",
+        state_reason=None,
+        started_at=99.0,
+        in_flight=9,
+        waiting=2,
+        concurrency_limit=24,
+        rate=Rate(req_s_10s=3.5, tok_s_10s=900.0),
+        latency_p95_ms=6400.0,
+        eta_s=120.0,
+        projected_cost_usd=2.5,
+        endpoints=(
+            EndpointLive(name="sim", in_flight=9, concurrency_limit=24, limit_reason="at ceiling", capacity=24),
+        ),
     )
     record = RunRecord("demo", "running", RunCounts(samples=SampleStates(pending=288, done=12)), live=live)
     text = snapshot_to_json(record)

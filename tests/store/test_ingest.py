@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from app.engine.work.config_ingest import ingest_config as _ingest_config
 from app.config import load_config
 from app.datasets import ReadStats, content_id, iter_prompts, iter_references
-from app.engine.config_ingest import ingest_config as _ingest_config
+from app.engine.work.config_ingest import ingest_config as _ingest_config
 from app.errors import InputError
 from app.store import queries
 from app.store.run_store import RunStore
@@ -62,7 +61,9 @@ base_url = "http://127.0.0.1:1/v1"
 
 def config_file(tmp_path: Path, fmt: str = "openai-messages", reference: bool = False) -> Path:
     path = tmp_path / "run.toml"
-    path.write_text(CONFIG.format(fmt=fmt, reference='reference = "ref.jsonl"' if reference else "", tokenizer=TOKENIZER))
+    path.write_text(
+        CONFIG.format(fmt=fmt, reference='reference = "ref.jsonl"' if reference else "", tokenizer=TOKENIZER)
+    )
     return path
 
 
@@ -70,15 +71,20 @@ def config_file(tmp_path: Path, fmt: str = "openai-messages", reference: bool = 
 
 
 def test_openai_messages_prompt_drops_the_final_assistant_turn(tmp_path: Path) -> None:
-    path = write_lines(tmp_path / "p.jsonl", [{
-        "id": "a",
-        "messages": [
-            {"role": "system", "content": "sys"},
-            {"role": "user", "content": "q"},
-            {"role": "assistant", "content": "answer"},
+    path = write_lines(
+        tmp_path / "p.jsonl",
+        [
+            {
+                "id": "a",
+                "messages": [
+                    {"role": "system", "content": "sys"},
+                    {"role": "user", "content": "q"},
+                    {"role": "assistant", "content": "answer"},
+                ],
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+            }
         ],
-        "tools": [{"type": "function", "function": {"name": "f"}}],
-    }])
+    )
     (s,) = list(iter_prompts(path, "openai-messages"))
     assert s.sample_id == "a" and s.dataset == "p"
     assert s.messages == [{"role": "system", "content": "sys"}, {"role": "user", "content": "q"}]
@@ -86,19 +92,34 @@ def test_openai_messages_prompt_drops_the_final_assistant_turn(tmp_path: Path) -
 
 
 def test_sharegpt_roles_are_mapped(tmp_path: Path) -> None:
-    path = write_lines(tmp_path / "p.jsonl", [{
-        "id": 7,
-        "conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}],
-    }])
+    path = write_lines(
+        tmp_path / "p.jsonl",
+        [
+            {
+                "id": 7,
+                "conversations": [
+                    {"from": "system", "value": "s"},
+                    {"from": "human", "value": "q"},
+                    {"from": "gpt", "value": "a"},
+                ],
+            }
+        ],
+    )
     (s,) = list(iter_prompts(path, "sharegpt", dataset="share"))
     assert s.sample_id == "7" and s.dataset == "share"
     assert s.messages == [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
 
 
 def test_specforge_conversations(tmp_path: Path) -> None:
-    path = write_lines(tmp_path / "p.jsonl", [{
-        "id": "x", "conversations": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
-    }])
+    path = write_lines(
+        tmp_path / "p.jsonl",
+        [
+            {
+                "id": "x",
+                "conversations": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+            }
+        ],
+    )
     (s,) = list(iter_prompts(path, "specforge-conversations"))
     assert s.messages == [{"role": "user", "content": "q"}]
 
@@ -109,23 +130,30 @@ def test_sample_without_id_gets_a_stable_content_hash(tmp_path: Path) -> None:
     b = list(iter_prompts(write_lines(tmp_path / "b.jsonl", [line]), "openai-messages"))
     assert a[0].sample_id == b[0].sample_id == content_id(line["messages"], None)
     assert a[0].sample_id.startswith("h-") and len(a[0].sample_id) == 18
-    other = list(iter_prompts(write_lines(tmp_path / "c.jsonl", [{"messages": [{"role": "user", "content": "x"}]}]), "openai-messages"))
+    other = list(
+        iter_prompts(
+            write_lines(tmp_path / "c.jsonl", [{"messages": [{"role": "user", "content": "x"}]}]), "openai-messages"
+        )
+    )
     assert other[0].sample_id != a[0].sample_id
 
 
 def test_bad_lines_are_counted_reported_and_skipped(tmp_path: Path) -> None:
     good = {"id": "g", "messages": [{"role": "user", "content": "q"}]}
-    path = write_lines(tmp_path / "p.jsonl", [
-        good,
-        "{not json",
-        "",
-        [1, 2],
-        {"id": "r", "messages": [{"role": "robot", "content": "q"}]},
-        {"id": "e", "messages": []},
-        {"id": "a", "messages": [{"role": "assistant", "content": "only an answer"}]},
-        {"id": ["x"], "messages": [{"role": "user", "content": "q"}]},
-        {"id": "g2", "messages": [{"role": "user", "content": "q2"}]},
-    ])
+    path = write_lines(
+        tmp_path / "p.jsonl",
+        [
+            good,
+            "{not json",
+            "",
+            [1, 2],
+            {"id": "r", "messages": [{"role": "robot", "content": "q"}]},
+            {"id": "e", "messages": []},
+            {"id": "a", "messages": [{"role": "assistant", "content": "only an answer"}]},
+            {"id": ["x"], "messages": [{"role": "user", "content": "q"}]},
+            {"id": "g2", "messages": [{"role": "user", "content": "q2"}]},
+        ],
+    )
     stats = ReadStats()
     got = [s.sample_id for s in iter_prompts(path, "openai-messages", stats=stats)]
     assert got == ["g", "g2"]
@@ -153,20 +181,33 @@ def test_non_utf8_line_is_a_bad_line(tmp_path: Path) -> None:
 
 
 def test_limit_counts_good_samples(tmp_path: Path) -> None:
-    path = write_lines(tmp_path / "p.jsonl", ["bad"] + [{"id": i, "messages": [{"role": "user", "content": "q"}]} for i in range(10)])
+    path = write_lines(
+        tmp_path / "p.jsonl", ["bad"] + [{"id": i, "messages": [{"role": "user", "content": "q"}]} for i in range(10)]
+    )
     assert [s.sample_id for s in iter_prompts(path, "openai-messages", limit=3, stats=ReadStats())] == ["0", "1", "2"]
 
 
 def test_reference_reader_sglang_style(tmp_path: Path) -> None:
-    path = write_lines(tmp_path / "ref.jsonl", [
-        {"id": "a", "messages": [{"role": "user", "content": "q"}], "output_ids": [1, 2], "meta_info": {"finish_reason": {"type": "length"}}},
-        {"id": "b", "output_ids": [3], "meta_info": {"finish_reason": "stop"}},
-        {"id": "c", "output_ids": [1, -1]},
-        {"messages": [{"role": "user", "content": "q"}], "output_ids": [9]},
-    ])
+    path = write_lines(
+        tmp_path / "ref.jsonl",
+        [
+            {
+                "id": "a",
+                "messages": [{"role": "user", "content": "q"}],
+                "output_ids": [1, 2],
+                "meta_info": {"finish_reason": {"type": "length"}},
+            },
+            {"id": "b", "output_ids": [3], "meta_info": {"finish_reason": "stop"}},
+            {"id": "c", "output_ids": [1, -1]},
+            {"messages": [{"role": "user", "content": "q"}], "output_ids": [9]},
+        ],
+    )
     stats = ReadStats()
     refs = list(iter_references(path, stats=stats))
-    assert [(r.sample_id, r.output_ids, r.finish_reason) for r in refs[:2]] == [("a", (1, 2), "length"), ("b", (3,), "stop")]
+    assert [(r.sample_id, r.output_ids, r.finish_reason) for r in refs[:2]] == [
+        ("a", (1, 2), "length"),
+        ("b", (3,), "stop"),
+    ]
     assert refs[2].sample_id == content_id([{"role": "user", "content": "q"}], None)
     assert stats.bad == 1 and "output_ids" in stats.examples[0] and ":3:" in stats.examples[0]
 
@@ -180,7 +221,11 @@ def test_sample_reference_file_reads_cleanly(sample_reference: Path) -> None:
 
 @pytest.mark.parametrize(
     ("name", "fmt"),
-    [("prompts.openai.jsonl", "openai-messages"), ("prompts.sharegpt.jsonl", "sharegpt"), ("prompts.specforge.jsonl", "specforge-conversations")],
+    [
+        ("prompts.openai.jsonl", "openai-messages"),
+        ("prompts.sharegpt.jsonl", "sharegpt"),
+        ("prompts.specforge.jsonl", "specforge-conversations"),
+    ],
 )
 def test_sample_prompt_files_read_cleanly(sample_data_dir: Path, name: str, fmt: str) -> None:
     stats = ReadStats()
@@ -193,8 +238,14 @@ def test_sample_prompt_files_read_cleanly(sample_data_dir: Path, name: str, fmt:
 
 
 async def test_ingest_config_is_idempotent_and_attaches_references(tmp_path: Path) -> None:
-    write_lines(tmp_path / "prompts.jsonl", [{"id": f"s{i}", "messages": [{"role": "user", "content": f"q{i}"}]} for i in range(20)] + ["oops"])
-    write_lines(tmp_path / "ref.jsonl", [{"id": f"s{i}", "output_ids": [i, i + 1]} for i in range(0, 20, 2)] + [{"id": "zz", "output_ids": [1]}])
+    write_lines(
+        tmp_path / "prompts.jsonl",
+        [{"id": f"s{i}", "messages": [{"role": "user", "content": f"q{i}"}]} for i in range(20)] + ["oops"],
+    )
+    write_lines(
+        tmp_path / "ref.jsonl",
+        [{"id": f"s{i}", "output_ids": [i, i + 1]} for i in range(0, 20, 2)] + [{"id": "zz", "output_ids": [1]}],
+    )
     config = load_config(config_file(tmp_path, reference=True))
     first = await ingest_config(config)
     unchanged = await ingest_config(config)  # nothing changed: no file is read again
@@ -344,6 +395,7 @@ def test_ingest_into_a_locked_database_fails_clearly(tmp_path: Path) -> None:
     holder = sqlite3.connect(tmp_path / "runs.db", isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")
     try:
+
         async def go() -> None:
             store = await RunStore.open(tmp_path / "runs.db", busy_timeout_s=0.1)
             await store.close()
@@ -410,8 +462,12 @@ async def test_sigkill_during_the_first_ingest_is_finished_on_restart(tmp_path: 
     _ref_file(tmp_path / "ref.jsonl", n)
     cfg = config_file(tmp_path, reference=True)
     db = tmp_path / "runs.db"
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "ingest", str(cfg)], cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "ingest", str(cfg)],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 120
         while _progress_of(db, phase) == 0:  # at least one chunk of that file committed
@@ -480,14 +536,17 @@ async def test_duplicate_ids_with_other_content_are_reported_per_line(tmp_path: 
             obj["tools"] = tools
         return obj
 
-    path = write_lines(tmp_path / "prompts.jsonl", [
-        line(7, "first"),
-        line("7", "second"),         # line 2: the same id as a string, other content
-        line("a", "same"),
-        line("a", "same"),           # line 4: an identical duplicate: already present
-        line("b", "x"),
-        line("b", "x", tools=[]),    # line 6: same prompt, other tools
-    ])
+    path = write_lines(
+        tmp_path / "prompts.jsonl",
+        [
+            line(7, "first"),
+            line("7", "second"),  # line 2: the same id as a string, other content
+            line("a", "same"),
+            line("a", "same"),  # line 4: an identical duplicate: already present
+            line("b", "x"),
+            line("b", "x", tools=[]),  # line 6: same prompt, other tools
+        ],
+    )
     report = await ingest_config(load_config(config_file(tmp_path)))
     d = report.datasets[0]
     assert (d.added, d.already_present, d.conflicts) == (3, 1, 2)
@@ -499,8 +558,10 @@ async def test_duplicate_ids_with_other_content_are_reported_per_line(tmp_path: 
     again = (await ingest_config(load_config(config_file(tmp_path)), force=True)).datasets[0]
     assert (again.added, again.already_present, again.conflicts) == (0, 4, 2)
     conn = queries.connect_readonly(tmp_path / "runs.db")
-    assert conn.execute("SELECT messages FROM samples WHERE sample_id = '7'").fetchone()[0] == \
-        '[{"role":"user","content":"first"}]'
+    assert (
+        conn.execute("SELECT messages FROM samples WHERE sample_id = '7'").fetchone()[0]
+        == '[{"role":"user","content":"first"}]'
+    )
     conn.close()
 
 
@@ -508,10 +569,12 @@ async def test_a_second_dataset_holding_an_id_is_a_conflict_by_line(tmp_path: Pa
     a = write_lines(tmp_path / "a.jsonl", [{"id": "x", "messages": [{"role": "user", "content": "q"}]}])
     b = write_lines(tmp_path / "b.jsonl", ["bad", {"id": "x", "messages": [{"role": "user", "content": "q"}]}])
     cfg = config_file(tmp_path)
-    cfg.write_text(cfg.read_text().replace(
-        'path = "prompts.jsonl"\nformat = "openai-messages"\n',
-        'path = "a.jsonl"\n\n[[data.datasets]]\npath = "b.jsonl"\n',
-    ))
+    cfg.write_text(
+        cfg.read_text().replace(
+            'path = "prompts.jsonl"\nformat = "openai-messages"\n',
+            'path = "a.jsonl"\n\n[[data.datasets]]\npath = "b.jsonl"\n',
+        )
+    )
     report = await ingest_config(load_config(cfg))
     assert a.exists()
     (_, second) = report.datasets
@@ -520,12 +583,15 @@ async def test_a_second_dataset_holding_an_id_is_a_conflict_by_line(tmp_path: Pa
 
 async def test_bad_reference_rows_are_refused_at_ingest_by_file_and_line(tmp_path: Path) -> None:
     _quick_file(tmp_path / "prompts.jsonl", 4)
-    ref = write_lines(tmp_path / "ref.jsonl", [
-        {"id": "s0", "output_ids": [1, 2]},
-        {"id": "s1", "output_ids": [1, 99_999_999]},   # beyond the sample tokenizer's vocabulary
-        {"id": "s2", "output_ids": [1, "2"]},          # not an integer
-        {"id": "s3", "output_ids": {"ids": [1]}},      # wrong shape
-    ])
+    ref = write_lines(
+        tmp_path / "ref.jsonl",
+        [
+            {"id": "s0", "output_ids": [1, 2]},
+            {"id": "s1", "output_ids": [1, 99_999_999]},  # beyond the sample tokenizer's vocabulary
+            {"id": "s2", "output_ids": [1, "2"]},  # not an integer
+            {"id": "s3", "output_ids": {"ids": [1]}},  # wrong shape
+        ],
+    )
     report = await ingest_config(load_config(config_file(tmp_path, reference=True)))
     r = report.reference
     assert r is not None and (r.attached, r.bad_lines) == (1, 3)
@@ -546,8 +612,10 @@ def test_the_conflict_check_walks_the_unique_index(tmp_path: Path) -> None:
     migrate(db)
     conn = sqlite3.connect(db)
     conn.execute("INSERT INTO runs (name, created_at, updated_at) VALUES ('t', 0, 0)")
-    conn.executemany("INSERT INTO samples (run_id, sample_id, dataset, messages) VALUES (1, ?, 'd', '[]')",
-                     [(f"s{i}",) for i in range(2000)])
+    conn.executemany(
+        "INSERT INTO samples (run_id, sample_id, dataset, messages) VALUES (1, ?, 'd', '[]')",
+        [(f"s{i}",) for i in range(2000)],
+    )
     conn.execute("ANALYZE")
     plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + _CONFLICTS, (1, '[["s1","d",[],null,1]]'))]
     conn.close()
@@ -588,8 +656,10 @@ async def test_a_writer_in_another_connection_gets_the_lock_during_a_re_ingest(t
             while not stop.is_set():
                 try:
                     conn.execute("BEGIN IMMEDIATE")
-                    conn.execute("INSERT INTO events (run_id, ts, level, kind, message) VALUES (1, ?, 'info', 'x', 'y')",
-                                 (time.time(),))
+                    conn.execute(
+                        "INSERT INTO events (run_id, ts, level, kind, message) VALUES (1, ?, 'info', 'x', 'y')",
+                        (time.time(),),
+                    )
                     conn.execute("COMMIT")
                     written.append(time.monotonic())
                 except sqlite3.OperationalError as exc:

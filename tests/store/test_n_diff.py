@@ -10,9 +10,8 @@ from app.records import DiffSpan, Reconstruction, Verdict
 from app.store.db import migrate
 from app.store.rows import ReconstructionRow
 from app.store.run_store import RunStore
-from app.store.store_records import SampleInput, ResultRecord
 from app.store.schema import MIGRATIONS, SCHEMA_VERSION
-from app.store.store_records import SampleInput
+from app.store.store_records import ResultRecord, SampleInput
 from tests.store.test_run_store import completion
 
 # (detail as stored, tokens differing: the longer side of each span, 0 without spans or JSON)
@@ -47,11 +46,13 @@ def test_v3_database_gets_n_diff_filled_from_detail(tmp_path: Path) -> None:
     for pk, (detail, _) in enumerate(DETAILS, start=1):
         conn.execute(
             "INSERT INTO samples (pk, run_id, sample_id, dataset, messages, state, updated_at) "
-            "VALUES (?, 1, ?, 'd', '[]', 'done', 0)", (pk, f"s{pk}"),
+            "VALUES (?, 1, ?, 'd', '[]', 'done', 0)",
+            (pk, f"s{pk}"),
         )
         conn.execute(
             "INSERT INTO reconstructions (run_id, sample_pk, strategy, output_ids, category, n_tokens, detail, "
-            "created_at) VALUES (1, ?, 'canonical', x'01000000', 'text_mismatch', 1, ?, 0)", (pk, detail),
+            "created_at) VALUES (1, ?, 'canonical', x'01000000', 'text_mismatch', 1, ?, 0)",
+            (pk, detail),
         )
     conn.commit()
     conn.close()
@@ -77,16 +78,27 @@ async def test_writers_set_n_diff(tmp_path: Path) -> None:
     rec = Reconstruction(output_ids=(1, 2, 3, 4), strategy="canonical")
     spans = (DiffSpan(0, 1, 0, 3), DiffSpan(3, 7, 3, 4))  # 3 + 4 tokens differing
     verdict = Verdict("text_mismatch", first_diff=0, ref_len=7, rec_len=4, spans=spans)
-    await store.record_result(ResultRecord(run_id, leased[0].pk, 1, "sim", completion(), 0.0, rec, verdict, (9,) * 7,
-                              profile="p", tokenizer="t"))
-    await store.record_result(ResultRecord(
-        run_id, leased[1].pk, 1, "sim", completion(), 0.0, rec, None, None, profile="p", tokenizer="t"
-    ))
+    await store.record_result(
+        ResultRecord(
+            run_id, leased[0].pk, 1, "sim", completion(), 0.0, rec, verdict, (9,) * 7, profile="p", tokenizer="t"
+        )
+    )
+    await store.record_result(
+        ResultRecord(run_id, leased[1].pk, 1, "sim", completion(), 0.0, rec, None, None, profile="p", tokenizer="t")
+    )
 
     # a reprocess rewrites the first one with one span and adds the third
     rows = [
-        ReconstructionRow(run_id=run_id, sample_pk=pk, profile="p", tokenizer="t", strategy="canonical",
-                          output_ids=(1,), category="text_mismatch", spans=spans)
+        ReconstructionRow(
+            run_id=run_id,
+            sample_pk=pk,
+            profile="p",
+            tokenizer="t",
+            strategy="canonical",
+            output_ids=(1,),
+            category="text_mismatch",
+            spans=spans,
+        )
         for pk, spans in ((leased[0].pk, ((1, 2, 1, 6),)), (leased[2].pk, ()))
     ]
     before = _n_diffs(tmp_path / "runs.db")

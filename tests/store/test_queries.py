@@ -77,7 +77,9 @@ def _plans(reader: sqlite3.Connection, run) -> list[str]:
 @pytest.mark.parametrize("verdicts", [MISMATCH, ("exact",), None])
 def test_mismatch_page_never_scans_the_whole_table(reader: sqlite3.Connection, order: str, verdicts, text) -> None:
     pages: list[queries.MismatchPage] = []
-    plan = _plans(reader, lambda: pages.append(queries.mismatch_page(reader, 1, verdicts, text, order, offset=50, limit=10)))
+    plan = _plans(
+        reader, lambda: pages.append(queries.mismatch_page(reader, 1, verdicts, text, order, offset=50, limit=10))
+    )
     assert len(pages[0].rows) == (10 if text is None else max(0, min(10, pages[0].total - 50)))
     assert not any(step.startswith(("SCAN r", "SCAN s")) for step in plan), plan
 
@@ -85,11 +87,15 @@ def test_mismatch_page_never_scans_the_whole_table(reader: sqlite3.Connection, o
 @pytest.mark.parametrize("order", ["sample", "recent", "verdict", "longest"])
 def test_keyset_pages_read_an_index_range_whatever_the_depth(reader: sqlite3.Connection, order: str) -> None:
     deep = queries.mismatch_page(reader, 1, MISMATCH, None, order, offset=2000, limit=10)
-    plan = _plans(reader, lambda: queries.mismatch_page(reader, 1, MISMATCH, None, order, 2010, 10, after=deep.rows[-1]))
+    plan = _plans(
+        reader, lambda: queries.mismatch_page(reader, 1, MISMATCH, None, order, 2010, 10, after=deep.rows[-1])
+    )
     assert not any(step.startswith(("SCAN r", "SCAN s")) for step in plan), plan
     # the page starts at its key inside the index (nothing before it is read), not at an OFFSET
-    assert any(step.startswith("SEARCH r") and ("sample_pk>?" in step or "sample_pk<?" in step or "category>?" in step)
-               for step in plan), plan
+    assert any(
+        step.startswith("SEARCH r") and ("sample_pk>?" in step or "sample_pk<?" in step or "category>?" in step)
+        for step in plan
+    ), plan
 
 
 def test_pages_cover_every_mismatch_once_in_order(reader: sqlite3.Connection) -> None:
@@ -108,11 +114,19 @@ def test_pages_cover_every_mismatch_once_in_order(reader: sqlite3.Connection) ->
 
 
 def test_longest_first_by_key_matches_a_full_sort_ties_included(reader: sqlite3.Connection) -> None:
-    want = [pk for (pk,) in reader.execute(
-        "SELECT sample_pk FROM reconstructions WHERE category IN ('text_mismatch', 'structure_mismatch') "
-        "ORDER BY n_tokens DESC, sample_pk")]
-    lengths = [n for (n,) in reader.execute(
-        "SELECT n_tokens FROM reconstructions WHERE category IN ('text_mismatch', 'structure_mismatch')")]
+    want = [
+        pk
+        for (pk,) in reader.execute(
+            "SELECT sample_pk FROM reconstructions WHERE category IN ('text_mismatch', 'structure_mismatch') "
+            "ORDER BY n_tokens DESC, sample_pk"
+        )
+    ]
+    lengths = [
+        n
+        for (n,) in reader.execute(
+            "SELECT n_tokens FROM reconstructions WHERE category IN ('text_mismatch', 'structure_mismatch')"
+        )
+    ]
     assert len(set(lengths)) < len(lengths)  # ties exist, so the key must include the sample
     got: list[int] = []
     page = queries.mismatch_page(reader, 1, MISMATCH, None, "longest", 0, 97)
@@ -120,8 +134,16 @@ def test_longest_first_by_key_matches_a_full_sort_ties_included(reader: sqlite3.
         got += [r.pk for r in page.rows]
         page = queries.mismatch_page(reader, 1, MISMATCH, None, "longest", page.offset + 97, 97, after=page.rows[-1])
     assert got == want
-    back = queries.mismatch_page(reader, 1, MISMATCH, None, "longest", 97, 97,
-                                 before=queries.mismatch_page(reader, 1, MISMATCH, None, "longest", 194, 1).rows[0])
+    back = queries.mismatch_page(
+        reader,
+        1,
+        MISMATCH,
+        None,
+        "longest",
+        97,
+        97,
+        before=queries.mismatch_page(reader, 1, MISMATCH, None, "longest", 194, 1).rows[0],
+    )
     assert [r.pk for r in back.rows] == want[97:194]
 
 
@@ -195,8 +217,10 @@ def test_run_reader_chooses_the_run_once_and_reads_keep_raw(tmp_path: Path) -> N
     db = tmp_path / "runs.db"
     migrate(db)
     conn = sqlite3.connect(db)
-    conn.execute("INSERT INTO runs (id, name, config, created_at, updated_at) "
-                 "VALUES (1, 'only', '{\"run\": {\"keep_raw\": true}}', 0, 0)")
+    conn.execute(
+        "INSERT INTO runs (id, name, config, created_at, updated_at) "
+        "VALUES (1, 'only', '{\"run\": {\"keep_raw\": true}}', 0, 0)"
+    )
     conn.commit()
     conn.close()
     reader = queries.RunReader(db)
@@ -212,10 +236,15 @@ def test_run_reader_chooses_the_run_once_and_reads_keep_raw(tmp_path: Path) -> N
 @pytest.mark.parametrize("text", ["marker as", "MARKER", "s00004", "r a", 'say "hi"', "100%_"])
 def test_the_indexed_text_filter_finds_what_a_like_scan_finds(reader: sqlite3.Connection, text: str) -> None:
     pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-    expected = [pk for (pk,) in reader.execute(
-        "SELECT r.sample_pk FROM reconstructions r JOIN samples s ON s.pk = r.sample_pk WHERE r.run_id = 1 AND "
-        "(s.sample_id LIKE ?1 ESCAPE '\\' OR s.dataset LIKE ?1 ESCAPE '\\' OR r.explanation LIKE ?1 ESCAPE '\\') "
-        "ORDER BY r.sample_pk", (pattern,))]
+    expected = [
+        pk
+        for (pk,) in reader.execute(
+            "SELECT r.sample_pk FROM reconstructions r JOIN samples s ON s.pk = r.sample_pk WHERE r.run_id = 1 AND "
+            "(s.sample_id LIKE ?1 ESCAPE '\\' OR s.dataset LIKE ?1 ESCAPE '\\' OR r.explanation LIKE ?1 ESCAPE '\\') "
+            "ORDER BY r.sample_pk",
+            (pattern,),
+        )
+    ]
     page = queries.mismatch_page(reader, 1, None, text, "sample", 0, 100_000)
     assert [r.pk for r in page.rows] == expected and page.total == len(expected)
     plan = _plans(reader, lambda: queries.mismatch_page(reader, 1, None, text, "sample", 0, 10))
@@ -228,8 +257,10 @@ def test_the_text_index_follows_a_reprocessed_explanation(tmp_path: Path) -> Non
     conn = sqlite3.connect(db, isolation_level=None)
     conn.execute("INSERT INTO runs (id, name, created_at, updated_at) VALUES (1, 'r', 0, 0)")
     conn.execute("INSERT INTO samples (pk, run_id, sample_id, dataset, messages) VALUES (7, 1, 'abc-7', 'chat', '[]')")
-    conn.execute("INSERT INTO reconstructions (run_id, sample_pk, strategy, output_ids, category, n_tokens, explanation, "
-                 "created_at) VALUES (1, 7, 'canonical', x'01000000', 'text_mismatch', 1, 'old words', 0)")
+    conn.execute(
+        "INSERT INTO reconstructions (run_id, sample_pk, strategy, output_ids, category, n_tokens, explanation, "
+        "created_at) VALUES (1, 7, 'canonical', x'01000000', 'text_mismatch', 1, 'old words', 0)"
+    )
     assert queries.mismatch_count(conn, 1, None, "old words") == 1
     conn.execute("UPDATE reconstructions SET explanation = 'new words' WHERE sample_pk = 7")
     assert queries.mismatch_count(conn, 1, None, "old words") == 0
@@ -240,10 +271,15 @@ def test_the_text_index_follows_a_reprocessed_explanation(tmp_path: Path) -> Non
 
 def _like_pks(conn: sqlite3.Connection, text: str) -> list[int]:
     pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-    return [pk for (pk,) in conn.execute(
-        "SELECT r.sample_pk FROM reconstructions r JOIN samples s ON s.pk = r.sample_pk WHERE "
-        "s.sample_id LIKE ?1 ESCAPE '\\' OR s.dataset LIKE ?1 ESCAPE '\\' OR r.explanation LIKE ?1 ESCAPE '\\' "
-        "ORDER BY r.sample_pk", (pattern,))]
+    return [
+        pk
+        for (pk,) in conn.execute(
+            "SELECT r.sample_pk FROM reconstructions r JOIN samples s ON s.pk = r.sample_pk WHERE "
+            "s.sample_id LIKE ?1 ESCAPE '\\' OR s.dataset LIKE ?1 ESCAPE '\\' OR r.explanation LIKE ?1 ESCAPE '\\' "
+            "ORDER BY r.sample_pk",
+            (pattern,),
+        )
+    ]
 
 
 def test_rows_queued_for_the_text_index_are_found_as_indexed_ones(tmp_path: Path) -> None:
@@ -251,15 +287,18 @@ def test_rows_queued_for_the_text_index_are_found_as_indexed_ones(tmp_path: Path
     migrate(db)
     conn = sqlite3.connect(db, isolation_level=None)
     conn.execute("INSERT INTO runs (id, name, created_at, updated_at) VALUES (1, 'r', 0, 0)")
-    conn.executemany("INSERT INTO samples (pk, run_id, sample_id, dataset, messages) VALUES (?, 1, ?, ?, '[]')",
-                     [(i, f"id-{i:03d}", "chat" if i % 2 else "Code") for i in range(1, 41)])
+    conn.executemany(
+        "INSERT INTO samples (pk, run_id, sample_id, dataset, messages) VALUES (?, 1, ?, ?, '[]')",
+        [(i, f"id-{i:03d}", "chat" if i % 2 else "Code") for i in range(1, 41)],
+    )
     texts = ["id-01", "CHAT", "code", "drift at", "at token 1", "100%_", "nothing like it"]
 
     def write(first: int, last: int, words: str) -> None:
         conn.executemany(
             "INSERT INTO reconstructions (run_id, sample_pk, strategy, output_ids, category, n_tokens, explanation, "
             "created_at) VALUES (1, ?, 'canonical', x'01000000', 'text_mismatch', 1, ?, 0)",
-            [(i, f"{words} token {i}" + (" 100%_" if i % 7 == 0 else "")) for i in range(first, last + 1)])
+            [(i, f"{words} token {i}" + (" 100%_" if i % 7 == 0 else "")) for i in range(first, last + 1)],
+        )
 
     def found() -> dict[str, list[int]]:
         return {t: [r.pk for r in queries.mismatch_page(conn, 1, None, t, "sample", 0, 1000).rows] for t in texts}
@@ -302,8 +341,10 @@ async def test_the_run_store_indexes_reconstruction_text_in_bulk(tmp_path: Path,
     def counts() -> tuple[int, int]:
         raw = sqlite3.connect(tmp_path / "r.db")
         try:
-            return tuple(raw.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
-                         for t in ("mismatch_text", "mismatch_text_pending"))
+            return tuple(
+                raw.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
+                for t in ("mismatch_text", "mismatch_text_pending")
+            )
         finally:
             raw.close()
 
@@ -331,16 +372,22 @@ def test_a_v5_database_keeps_its_text_index_and_queues_new_rows(tmp_path: Path) 
     migrate(db, migrations=MIGRATIONS[:5])
     conn = sqlite3.connect(db, isolation_level=None)
     conn.execute("INSERT INTO runs (id, name, created_at, updated_at) VALUES (1, 'r', 0, 0)")
-    conn.executemany("INSERT INTO samples (pk, run_id, sample_id, dataset, messages) VALUES (?, 1, ?, 'd', '[]')",
-                     [(i, f"s{i}") for i in (1, 2)])
-    conn.execute("INSERT INTO reconstructions (run_id, sample_pk, strategy, output_ids, category, n_tokens, "
-                 "explanation, created_at) VALUES (1, 1, 'canonical', x'01000000', 'text_mismatch', 1, 'old row', 0)")
+    conn.executemany(
+        "INSERT INTO samples (pk, run_id, sample_id, dataset, messages) VALUES (?, 1, ?, 'd', '[]')",
+        [(i, f"s{i}") for i in (1, 2)],
+    )
+    conn.execute(
+        "INSERT INTO reconstructions (run_id, sample_pk, strategy, output_ids, category, n_tokens, "
+        "explanation, created_at) VALUES (1, 1, 'canonical', x'01000000', 'text_mismatch', 1, 'old row', 0)"
+    )
     conn.close()
     assert migrate(db) == len(MIGRATIONS)
     conn = sqlite3.connect(db, isolation_level=None)
     assert conn.execute("SELECT COUNT(*) FROM mismatch_text").fetchone()[0] == 1  # indexed by v5's trigger
-    conn.execute("INSERT INTO reconstructions (run_id, sample_pk, strategy, output_ids, category, n_tokens, "
-                 "explanation, created_at) VALUES (1, 2, 'canonical', x'01000000', 'text_mismatch', 1, 'new row', 0)")
+    conn.execute(
+        "INSERT INTO reconstructions (run_id, sample_pk, strategy, output_ids, category, n_tokens, "
+        "explanation, created_at) VALUES (1, 2, 'canonical', x'01000000', 'text_mismatch', 1, 'new row', 0)"
+    )
     assert conn.execute("SELECT sample_pk FROM mismatch_text_pending").fetchall() == [(2,)]
     assert [queries.mismatch_count(conn, 1, None, t) for t in ("old row", "new row", " row")] == [1, 1, 2]
     conn.close()

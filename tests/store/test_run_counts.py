@@ -14,37 +14,76 @@ from app.store import queries, tallies
 from app.store.count_records import AnswerCounts, fold_answers, merge_answers
 from app.store.rows import ReconstructionRow
 from app.store.run_store import RunStore
-from app.store.store_records import SampleInput, ResultRecord
+from app.store.store_records import ResultRecord, SampleInput
 from app.tokens.flags import SUSPECT_FLAGS, TEXT_PATH, is_suspect, text_path_flag
 
 
 def _completion(provider: str, finish: str = "stop") -> Completion:
-    return Completion(content="hi", finish_reason=finish, usage=Usage(prompt_tokens=3, completion_tokens=4),
-                      total_s=0.5, ttft_s=0.1, provider=provider)
+    return Completion(
+        content="hi",
+        finish_reason=finish,
+        usage=Usage(prompt_tokens=3, completion_tokens=4),
+        total_s=0.5,
+        ttft_s=0.1,
+        provider=provider,
+    )
 
 
 async def _run_db(path: Path) -> tuple[int, dict[str, int]]:
     """One run: seven answers, one of each kind, over two endpoints and providers; one failed sample."""
     store = await RunStore.open(path)
     run = await store.ensure_run("r", {})
-    await store.ingest(run, [SampleInput(f"s{i}", "d", [{"role": "user", "content": str(i)}], None, None)
-                             for i in range(8)])
+    await store.ingest(
+        run, [SampleInput(f"s{i}", "d", [{"role": "user", "content": str(i)}], None, None) for i in range(8)]
+    )
     leased = {s.sample_id: s for s in await store.lease(run, 8, 60.0)}
     kinds = [  # sample, endpoint, provider, finish, reconstruction, verdict, prompt check
-        ("s0", "ep-a", "P1", "stop", Reconstruction((1,), "server_ids", ids_source="server",
-                                                    flags=(text_path_flag("text_mismatch"),)), "unchecked", "agree"),
+        (
+            "s0",
+            "ep-a",
+            "P1",
+            "stop",
+            Reconstruction((1,), "server_ids", ids_source="server", flags=(text_path_flag("text_mismatch"),)),
+            "unchecked",
+            "agree",
+        ),
         ("s1", "ep-a", "P1", "stop", Reconstruction((1,), "canonical", ids_source="text"), "exact", None),
         ("s2", "ep-a", "P2", "stop", Reconstruction((1,), "canonical", ids_source="text"), "text_mismatch", None),
-        ("s3", "ep-b", "", "stop", Reconstruction((1,), "canonical", ids_source="text",
-                                                  flags=("replacement_char",)), "unchecked", None),
+        (
+            "s3",
+            "ep-b",
+            "",
+            "stop",
+            Reconstruction((1,), "canonical", ids_source="text", flags=("replacement_char",)),
+            "unchecked",
+            None,
+        ),
         ("s4", "ep-b", "", "length", Reconstruction((1,), "canonical", ids_source="text"), "truncated", None),
-        ("s5", "ep-b", "", "stop", Reconstruction((1,), "logprobs", ids_source="logprobs",
-                                                  flags=(text_path_flag("exact"),)), "bpe_equivalent", "differ"),
+        (
+            "s5",
+            "ep-b",
+            "",
+            "stop",
+            Reconstruction((1,), "logprobs", ids_source="logprobs", flags=(text_path_flag("exact"),)),
+            "bpe_equivalent",
+            "differ",
+        ),
         ("s6", "ep-b", "", "length", Reconstruction((1,), "canonical", ids_source="text"), "unchecked", None),
     ]
     for sid, endpoint, provider, finish, rec, category, check in kinds:
-        await store.record_result(ResultRecord(run, leased[sid].pk, 1, endpoint, _completion(provider or None, finish), 0.1, rec,
-                                  Verdict(category, rec_len=1), prompt_check=check))
+        await store.record_result(
+            ResultRecord(
+                run,
+                leased[sid].pk,
+                1,
+                endpoint,
+                _completion(provider or None, finish),
+                0.1,
+                rec,
+                Verdict(category, rec_len=1),
+                prompt_check=check,
+            )
+        )
     await store.record_failure(run, leased["s7"].pk, "5xx", "503", final=True, endpoint="ep-a", attempt=1)
     await store.close()
     return run, {sid: leased[sid].pk for sid in leased}
@@ -70,8 +109,14 @@ async def test_every_answer_is_counted_as_what_it_is(tmp_path: Path) -> None:
         conn.close()
     a = c.answers
     assert (c.samples.done, c.samples.failed, c.samples.pending, c.samples.total) == (7, 1, 0, 8)
-    assert a.answers == 7 and dict(a.verdicts) == {"exact": 1, "bpe_equivalent": 1, "text_mismatch": 1,
-                                                   "structure_mismatch": 0, "truncated": 1, "unchecked": 3}
+    assert a.answers == 7 and dict(a.verdicts) == {
+        "exact": 1,
+        "bpe_equivalent": 1,
+        "text_mismatch": 1,
+        "structure_mismatch": 0,
+        "truncated": 1,
+        "unchecked": 3,
+    }
     # verified: s0 (server ids), s5 (logprobs); checked against a reference: s1 (exact), s2 (corrupt), s4
     # (truncated); unchecked: s3, s6 (text, no reference)
     assert a.verification() == {"verified": 2, "checked_against_reference": 3, "unchecked": 2}
@@ -96,9 +141,20 @@ async def test_a_reprocess_moves_an_answer_to_its_new_class_and_a_recount_agrees
     store = await RunStore.open(db)
     # s2 rebuilt again (e.g. with a fixed profile): now exact, still a text rebuild a reference checked; its
     # response (and endpoint) kept
-    await store.upsert_reconstructions([ReconstructionRow(run_id=run, sample_pk=pks["s2"], strategy="canonical",
-                                                          output_ids=(1,), category="exact", response_id=response,
-                                                          ids_source="text", created_at=time.time())])
+    await store.upsert_reconstructions(
+        [
+            ReconstructionRow(
+                run_id=run,
+                sample_pk=pks["s2"],
+                strategy="canonical",
+                output_ids=(1,),
+                category="exact",
+                response_id=response,
+                ids_source="text",
+                created_at=time.time(),
+            )
+        ]
+    )
     await store.close()
     conn = queries.connect_readonly(db)
     try:
@@ -118,15 +174,18 @@ def test_the_tally_calls_suspect_what_the_export_calls_suspect() -> None:
     assert all(is_suspect([f]) for f in SUSPECT_FLAGS) and not is_suspect([text_path_flag("exact")])
 
 
-@pytest.mark.parametrize(("source", "category", "expected"), [
-    ("server", "text_mismatch", Verification.VERIFIED),  # true ids, whatever the reference says
-    ("logprobs", "unchecked", Verification.VERIFIED),
-    ("text", "bpe_equivalent", Verification.CHECKED),  # a reference judged it: the same text
-    ("text", "truncated", Verification.CHECKED),
-    ("text", "structure_mismatch", Verification.CHECKED),
-    ("text", "unchecked", Verification.UNCHECKED),
-    (None, "unchecked", Verification.UNCHECKED),
-])
+@pytest.mark.parametrize(
+    ("source", "category", "expected"),
+    [
+        ("server", "text_mismatch", Verification.VERIFIED),  # true ids, whatever the reference says
+        ("logprobs", "unchecked", Verification.VERIFIED),
+        ("text", "bpe_equivalent", Verification.CHECKED),  # a reference judged it: the same text
+        ("text", "truncated", Verification.CHECKED),
+        ("text", "structure_mismatch", Verification.CHECKED),
+        ("text", "unchecked", Verification.UNCHECKED),
+        (None, "unchecked", Verification.UNCHECKED),
+    ],
+)
 def test_verification_classes(source, category, expected) -> None:
     assert verification_of(source, category) == expected
 

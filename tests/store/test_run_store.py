@@ -14,7 +14,7 @@ from app.errors import EaglewatchError
 from app.records import Completion, DiffSpan, Reconstruction, TokenLogprob, ToolCall, Usage, Verdict
 from app.store import queries
 from app.store.run_store import RunStore
-from app.store.store_records import ReferenceRecord, SampleInput, ResultRecord
+from app.store.store_records import ReferenceRecord, ResultRecord, SampleInput
 
 
 def samples(n: int, dataset: str = "d", start: int = 0) -> list[SampleInput]:
@@ -133,10 +133,24 @@ async def test_record_result_stores_response_reconstruction_cost_and_state_toget
     store, run_id = await open_with(tmp_path, 1)
     (leased,) = await store.lease(run_id, 1, 60)
     rec = Reconstruction(output_ids=(1, 2, 3), strategy="logprobs", repair="strip_whitespace", roundtrip=True)
-    verdict = Verdict("text_mismatch", first_diff=1, ref_len=3, rec_len=3, spans=(DiffSpan(1, 2, 1, 2),), explanation="x")
-    response_id = await store.record_result(ResultRecord(
-        run_id, leased.pk, 1, "sim", completion(), 0.25, rec, verdict, (1, 9, 3), profile="kimi-k2.5", tokenizer="fp1"
-    ))
+    verdict = Verdict(
+        "text_mismatch", first_diff=1, ref_len=3, rec_len=3, spans=(DiffSpan(1, 2, 1, 2),), explanation="x"
+    )
+    response_id = await store.record_result(
+        ResultRecord(
+            run_id,
+            leased.pk,
+            1,
+            "sim",
+            completion(),
+            0.25,
+            rec,
+            verdict,
+            (1, 9, 3),
+            profile="kimi-k2.5",
+            tokenizer="fp1",
+        )
+    )
     assert await store.spent_usd(run_id) == pytest.approx(0.25)
     assert (await store.counts(run_id))["done"] == 1
     await store.close()
@@ -152,11 +166,18 @@ async def test_record_result_stores_response_reconstruction_cost_and_state_toget
     assert rec_row.spans == ((1, 2, 1, 2),)
     assert (rec_row.profile, rec_row.tokenizer) == ("kimi-k2.5", "fp1")
     # the Reconstruction gave no ids_source and no flags: stored as such (engine tests cover filled ones)
-    assert (rec_row.repair, rec_row.roundtrip, rec_row.ids_source, rec_row.flags) == ("strip_whitespace", True, None, ())
+    assert (rec_row.repair, rec_row.roundtrip, rec_row.ids_source, rec_row.flags) == (
+        "strip_whitespace",
+        True,
+        None,
+        (),
+    )
     assert queries.verdict_counts(conn, run_id)["text_mismatch"] == 1
     assert queries.strategy_counts(conn, run_id) == {"logprobs": 1}
     raw = sqlite3.connect(tmp_path / "runs.db")
-    assert raw.execute("SELECT token_ids, logprobs FROM responses").fetchone()[1].startswith('{"content":[["he",[104,101]')
+    assert (
+        raw.execute("SELECT token_ids, logprobs FROM responses").fetchone()[1].startswith('{"content":[["he",[104,101]')
+    )
     conn.close()
     raw.close()
 
@@ -169,7 +190,11 @@ async def test_a_failing_result_leaves_no_partial_rows(tmp_path: Path) -> None:
         await store.record_result(ResultRecord(run_id, leased.pk, 1, "sim", completion(), 0.1, bad, None, None))
 
     def boom(conn: sqlite3.Connection) -> None:
-        conn.execute("INSERT INTO responses (run_id, sample_pk, attempt, endpoint, cost_usd, created_at) VALUES (?, ?, 1, " "'x', 9, 0)", (run_id, leased.pk))
+        conn.execute(
+            "INSERT INTO responses (run_id, sample_pk, attempt, endpoint, cost_usd, created_at) VALUES (?, ?, 1, "
+            "'x', 9, 0)",
+            (run_id, leased.pk),
+        )
         conn.execute("INSERT INTO no_such_table VALUES (1)")
 
     with pytest.raises(EaglewatchError, match="a database write failed"):
@@ -185,7 +210,9 @@ async def test_record_result_is_all_or_nothing(tmp_path: Path) -> None:
     rec = Reconstruction(output_ids=(1, 2), strategy="canonical")
     # the response row goes in first; the reconstruction row then violates the verdict CHECK
     with pytest.raises(EaglewatchError, match="a database write failed"):
-        await store.record_result(ResultRecord(run_id, leased.pk, 1, "sim", completion(), 0.5, rec, Verdict("bogus"), None))
+        await store.record_result(
+            ResultRecord(run_id, leased.pk, 1, "sim", completion(), 0.5, rec, Verdict("bogus"), None)
+        )
     assert await store.spent_usd(run_id) == 0
     assert (await store.counts(run_id))["leased"] == 1
     with pytest.raises(EaglewatchError, match="FOREIGN KEY"):
@@ -229,7 +256,9 @@ async def test_record_failure_retry_then_final(tmp_path: Path) -> None:
     await store.record_failure(run_id, leased.pk, "RetryableError", "HTTP 429 from sim", final=False, endpoint="sim")
     assert (await store.counts(run_id))["pending"] == 1
     (leased,) = await store.lease(run_id, 1, 60)
-    await store.record_failure(run_id, leased.pk, "SampleFatalError", "prompt too long", final=True, cost_usd=0.02, endpoint="sim")
+    await store.record_failure(
+        run_id, leased.pk, "SampleFatalError", "prompt too long", final=True, cost_usd=0.02, endpoint="sim"
+    )
     assert (await store.counts(run_id))["failed"] == 1
     assert await store.spent_usd(run_id) == pytest.approx(0.02)
     await store.close()

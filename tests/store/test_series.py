@@ -20,22 +20,34 @@ def db(tmp_path: Path) -> Path:
     migrate(path)
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("INSERT INTO runs (id, name, created_at, updated_at) VALUES (1, 'a', 0, 0), (2, 'b', 0, 0)")
-    conn.executemany("INSERT INTO samples (pk, run_id, sample_id, dataset, messages, state) VALUES (?, ?, ?, 'd', '[]', 'done')",
-                     [(i, 1 if i <= 30 else 2, f"s{i}") for i in range(1, 32)])
+    conn.executemany(
+        "INSERT INTO samples (pk, run_id, sample_id, dataset, messages, state) VALUES (?, ?, ?, 'd', '[]', 'done')",
+        [(i, 1 if i <= 30 else 2, f"s{i}") for i in range(1, 32)],
+    )
     rows = []
     for i in range(1, 31):
         failed = i % 5 == 0
         rows.append((i, 1, i, 100 * i, 0.01, "Timeout" if failed else None, T0 + (i - 1)))  # 1 s apart: 3 buckets
         if i == 15:
             rows.append((100, 2, 31, 999_999, 5.0, None, T0 + 14.5))  # the other run's, amid run 1's rows
-    conn.executemany("INSERT INTO responses (id, run_id, sample_pk, attempt, endpoint, completion_tokens, cost_usd, "
-                     "error_class, created_at) VALUES (?, ?, ?, 1, 'e', ?, ?, ?, ?)", rows)
+    conn.executemany(
+        "INSERT INTO responses (id, run_id, sample_pk, attempt, endpoint, completion_tokens, cost_usd, "
+        "error_class, created_at) VALUES (?, ?, ?, 1, 'e', ?, ?, ?, ?)",
+        rows,
+    )
     recs = []
     for i in range(1, 31):
-        flags = ('["text_path:text_mismatch"]' if i % 6 == 0 else '["marker_in_text", "text_path:exact"]') if i % 2 == 0 else None
+        flags = (
+            ('["text_path:text_mismatch"]' if i % 6 == 0 else '["marker_in_text", "text_path:exact"]')
+            if i % 2 == 0
+            else None
+        )
         recs.append((1, i, i, flags, T0 + (i - 1)))
-    conn.executemany("INSERT INTO reconstructions (run_id, sample_pk, response_id, strategy, output_ids, category, n_tokens, "
-                     "flags, created_at) VALUES (?, ?, ?, 'canonical', x'01000000', 'exact', 1, ?, ?)", recs)
+    conn.executemany(
+        "INSERT INTO reconstructions (run_id, sample_pk, response_id, strategy, output_ids, category, n_tokens, "
+        "flags, created_at) VALUES (?, ?, ?, 'canonical', x'01000000', 'exact', 1, ?, ?)",
+        recs,
+    )
     conn.close()
     return path
 
@@ -61,8 +73,13 @@ def test_buckets_sum_tokens_of_successes_cost_of_every_attempt_and_measured_samp
         ids = range(10 * k + 1, 10 * k + 11)
         ok = [i for i in ids if i % 5]
         measured = [i for i in ids if i % 2 == 0]
-        expected[b0 + k] = (sum(100 * i for i in ok), len(ok), round(0.01 * 10, 6), len(measured),
-                            sum(1 for i in measured if i % 6))
+        expected[b0 + k] = (
+            sum(100 * i for i in ok),
+            len(ok),
+            round(0.01 * 10, 6),
+            len(measured),
+            sum(1 for i in measured if i % 6),
+        )
     assert totals([chunk]) == expected  # run 2's 999,999 tokens and $5 are not run 1's
 
 
@@ -89,8 +106,12 @@ def test_series_since_reads_rowid_ranges_never_a_scan(db: Path) -> None:
     conn.set_trace_callback(statements.append)
     queries.series_since(conn, 1, 3, 2)
     conn.set_trace_callback(None)
-    plan = [row[3] for sql in statements if sql.lstrip().upper().startswith("SELECT")
-            for row in conn.execute("EXPLAIN QUERY PLAN " + sql)]
+    plan = [
+        row[3]
+        for sql in statements
+        if sql.lstrip().upper().startswith("SELECT")
+        for row in conn.execute("EXPLAIN QUERY PLAN " + sql)
+    ]
     conn.close()
     assert any("INTEGER PRIMARY KEY (rowid>? AND rowid<?)" in step for step in plan), plan
     assert not any(step.startswith(("SCAN responses", "SCAN reconstructions")) for step in plan), plan

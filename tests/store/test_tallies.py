@@ -12,21 +12,27 @@ from app.store import queries, tallies
 from app.store.db import migrate
 from app.store.rows import ReconstructionRow
 from app.store.run_store import RunStore
-from app.store.store_records import SampleInput, ResultRecord
 from app.store.schema import MIGRATIONS
-from app.store.store_records import SampleInput
+from app.store.store_records import ResultRecord, SampleInput
 
 TALLY_TABLES = ("sample_tallies", "response_tallies", "reconstruction_tallies", "quality_tallies", "tally_marks")
 
 
 def samples(n: int, start: int = 0) -> list[SampleInput]:
-    return [SampleInput(f"s{i}", "d", [{"role": "user", "content": f"q {i}"}], None, None) for i in range(start, start + n)]
+    return [
+        SampleInput(f"s{i}", "d", [{"role": "user", "content": f"q {i}"}], None, None) for i in range(start, start + n)
+    ]
 
 
 def completion(finish: str = "stop", tokens: int = 5, cost: float = 0.25) -> Completion:
     return Completion(
-        content="hello", finish_reason=finish, usage=Usage(prompt_tokens=10, completion_tokens=tokens, cost_usd=cost),
-        total_s=0.4, ttft_s=0.05, provider="sim", model="m",
+        content="hello",
+        finish_reason=finish,
+        usage=Usage(prompt_tokens=10, completion_tokens=tokens, cost_usd=cost),
+        total_s=0.4,
+        ttft_s=0.05,
+        provider="sim",
+        model="m",
     )
 
 
@@ -65,14 +71,26 @@ async def test_tallies_equal_a_recount_after_every_kind_of_write(tmp_path: Path)
 
     leased = await store.lease(run, 30, 60.0)
     a, b, c, d, e, f = leased[:6]
-    await store.record_result(ResultRecord(
-        run, a.pk, 1, "ep-a", completion(), 0.25, Reconstruction((1, 2), "canonical"), Verdict("exact", rec_len=2)
-    ))
-    await store.record_result(ResultRecord(
-        run, b.pk, 1, "ep-b", completion("length", 9, 0.5), 0.5, Reconstruction((1, 3), "logprobs"),
-        Verdict("text_mismatch", first_diff=1, ref_len=2, rec_len=2),
-    ))
-    await store.record_failure(run, c.pk, "RetryableError", "503", final=False, cost_usd=0.01, endpoint="ep-a", attempt=1)
+    await store.record_result(
+        ResultRecord(
+            run, a.pk, 1, "ep-a", completion(), 0.25, Reconstruction((1, 2), "canonical"), Verdict("exact", rec_len=2)
+        )
+    )
+    await store.record_result(
+        ResultRecord(
+            run,
+            b.pk,
+            1,
+            "ep-b",
+            completion("length", 9, 0.5),
+            0.5,
+            Reconstruction((1, 3), "logprobs"),
+            Verdict("text_mismatch", first_diff=1, ref_len=2, rec_len=2),
+        )
+    )
+    await store.record_failure(
+        run, c.pk, "RetryableError", "503", final=False, cost_usd=0.01, endpoint="ep-a", attempt=1
+    )
     await store.record_failure(run, d.pk, "AuthError", "401", final=True, endpoint="ep-b", attempt=1)
     await store.record_failure(run, e.pk, "ContentError", "bad", final=True)  # no endpoint: no response row
     await store.skip(run, [f.pk], "prompt too long")
@@ -84,10 +102,21 @@ async def test_tallies_equal_a_recount_after_every_kind_of_write(tmp_path: Path)
     # reprocess: the same samples get new verdicts and strategies, plus one reconstruction that is new
     now = time.time()
     rows = [
-        ReconstructionRow(run_id=run, sample_pk=pk, profile="p", tokenizer="t", strategy=strategy, output_ids=(1,),
-                          category=category, created_at=now)
-        for pk, category, strategy in ((a.pk, "bpe_equivalent", "server_ids"), (b.pk, "exact", "logprobs"),
-                                       (c.pk, "unchecked", "canonical"))
+        ReconstructionRow(
+            run_id=run,
+            sample_pk=pk,
+            profile="p",
+            tokenizer="t",
+            strategy=strategy,
+            output_ids=(1,),
+            category=category,
+            created_at=now,
+        )
+        for pk, category, strategy in (
+            (a.pk, "bpe_equivalent", "server_ids"),
+            (b.pk, "exact", "logprobs"),
+            (c.pk, "unchecked", "canonical"),
+        )
     ]
     assert await store.upsert_reconstructions(rows) == 3
     await store.close()
@@ -100,7 +129,9 @@ async def test_tallies_equal_a_recount_after_every_kind_of_write(tmp_path: Path)
         assert tallies.samples_current(conn)
         counts = queries.state_counts(conn, run)
         assert sum(counts.values()) == 45
-        direct = dict(conn.execute("SELECT state, COUNT(*) FROM samples WHERE run_id = ? GROUP BY state", (run,)).fetchall())
+        direct = dict(
+            conn.execute("SELECT state, COUNT(*) FROM samples WHERE run_id = ? GROUP BY state", (run,)).fetchall()
+        )
         assert {k: v for k, v in counts.items() if v} == direct
         assert queries.verdict_counts(conn, run)["bpe_equivalent"] == 1
         assert queries.verdict_counts(conn, run)["text_mismatch"] == 0
@@ -117,7 +148,9 @@ async def test_tallies_equal_a_recount_after_every_kind_of_write(tmp_path: Path)
         assert dict(c.errors_by_class) == {"AuthError": 1, "RetryableError": 1}  # failed requests, by class
         assert dict(c.failed_by_class) == {"AuthError": 1, "ContentError": 1}  # failed samples, by class
         assert [(e.name, e.completed, e.failed, e.retried, e.cost_usd) for e in c.endpoints] == [
-            ("ep-a", 1, 0, 1, 0.25 + 0.01), ("ep-b", 1, 1, 0, 0.5)]
+            ("ep-a", 1, 0, 1, 0.25 + 0.01),
+            ("ep-b", 1, 1, 0, 0.5),
+        ]
         assert read_record(conn, "other").counts.samples.pending == 7
         conn.row_factory = sqlite3.Row  # a viewer's connection may hand out Rows: the same record
         assert read_record(conn, "r", now=at) == rec
@@ -166,7 +199,8 @@ def test_migration_fills_the_tallies_from_a_version_2_database(tmp_path: Path) -
     conn = sqlite3.connect(db, isolation_level=None)
     conn.execute("INSERT INTO runs (id, name, created_at, updated_at) VALUES (1, 'r', 0, 0)")
     conn.executemany(
-        "INSERT INTO samples (pk, run_id, sample_id, dataset, messages, state, error_class) VALUES (?, 1, ?, " "'d', '[]', ?, ?)",
+        "INSERT INTO samples (pk, run_id, sample_id, dataset, messages, state, error_class) VALUES (?, 1, ?, "
+        "'d', '[]', ?, ?)",
         [(1, "a", "done", None), (2, "b", "failed", "AuthError"), (3, "c", "failed", None), (4, "d", "pending", None)],
     )
     conn.executemany(
@@ -182,12 +216,23 @@ def test_migration_fills_the_tallies_from_a_version_2_database(tmp_path: Path) -
     migrate(db)
     migrated = table_rows(db)
     assert migrated["response_tallies"] == [(1, "ep", 0, "AuthError", 1, 0, 0.25, 7), (1, "ep", 1, "", 1, 1, 0.5, 7)]
-    assert migrated["sample_tallies"] == [(1, "done", "", 1), (1, "failed", "", 1), (1, "failed", "AuthError", 1),
-                                          (1, "pending", "", 1)]
+    assert migrated["sample_tallies"] == [
+        (1, "done", "", 1),
+        (1, "failed", "", 1),
+        (1, "failed", "AuthError", 1),
+        (1, "pending", "", 1),
+    ]
     assert migrated == recounted(db)
     conn = queries.connect_readonly(db)
     assert tallies.failed_by_class(conn, 1) == {"AuthError": 1}
-    assert queries.state_counts(conn, 1) == {"pending": 1, "waiting": 0, "leased": 0, "done": 1, "failed": 2, "skipped": 0}
+    assert queries.state_counts(conn, 1) == {
+        "pending": 1,
+        "waiting": 0,
+        "leased": 0,
+        "done": 1,
+        "failed": 2,
+        "skipped": 0,
+    }
     conn.close()
 
 
@@ -202,7 +247,8 @@ def test_the_first_difference_order_walks_an_index(tmp_path: Path) -> None:
     )
     cats = ("exact", "text_mismatch", "structure_mismatch", "bpe_equivalent")
     conn.executemany(
-        "INSERT INTO reconstructions (run_id, sample_pk, strategy, output_ids, category, first_diff, n_tokens, " "created_at) "
+        "INSERT INTO reconstructions (run_id, sample_pk, strategy, output_ids, category, first_diff, n_tokens, "
+        "created_at) "
         "VALUES (1, ?, 'canonical', x'01000000', ?, ?, 1, 0)",
         [(i, cats[i % 4], None if i % 4 == 0 or i % 7 == 0 else (i * 37) % 50) for i in range(1, 201)],
     )

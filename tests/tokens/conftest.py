@@ -19,7 +19,9 @@ CORPUS = [
 ] * 20
 
 
-def build_hf_tokenizer(directory: Path, added: list[tuple[str, bool]], vocab_size: int = 600, nfc: bool = False) -> Path:
+def build_hf_tokenizer(
+    directory: Path, added: list[tuple[str, bool]], vocab_size: int = 600, nfc: bool = False
+) -> Path:
     """Train a tiny byte-level BPE `tokenizer.json` with these added tokens (text, special) into `directory`."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -53,14 +55,40 @@ def build_tiktoken_dir(directory: Path, names: dict[int, str] | None = None) -> 
     return directory
 
 
-QWEN_MARKERS = [("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True), ("<tool_call>", False),
-                ("</tool_call>", False), ("<think>", False), ("</think>", False)]
-DEEPSEEK_MARKERS = [("<｜begin▁of▁sentence｜>", True), ("<｜end▁of▁sentence｜>", True), ("<think>", False),
-                    ("</think>", False), ("<｜tool▁calls▁begin｜>", False), ("<｜tool▁calls▁end｜>", False),
-                    ("<｜tool▁call▁begin｜>", False), ("<｜tool▁call▁end｜>", False), ("<｜tool▁sep｜>", False)]
-GLM_MARKERS = [("<|endoftext|>", True), ("<|user|>", True), ("<|assistant|>", True), ("<|observation|>", True),
-               ("<think>", False), ("</think>", False), ("<tool_call>", False), ("</tool_call>", False),
-               ("<arg_key>", False), ("</arg_key>", False), ("<arg_value>", False), ("</arg_value>", False)]
+QWEN_MARKERS = [
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<think>", False),
+    ("</think>", False),
+]
+DEEPSEEK_MARKERS = [
+    ("<｜begin▁of▁sentence｜>", True),
+    ("<｜end▁of▁sentence｜>", True),
+    ("<think>", False),
+    ("</think>", False),
+    ("<｜tool▁calls▁begin｜>", False),
+    ("<｜tool▁calls▁end｜>", False),
+    ("<｜tool▁call▁begin｜>", False),
+    ("<｜tool▁call▁end｜>", False),
+    ("<｜tool▁sep｜>", False),
+]
+GLM_MARKERS = [
+    ("<|endoftext|>", True),
+    ("<|user|>", True),
+    ("<|assistant|>", True),
+    ("<|observation|>", True),
+    ("<think>", False),
+    ("</think>", False),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<arg_key>", False),
+    ("</arg_key>", False),
+    ("<arg_value>", False),
+    ("</arg_value>", False),
+]
 PROFILE_MARKERS = {"qwen3": QWEN_MARKERS, "deepseek-v3.1": DEEPSEEK_MARKERS, "glm-4.5": GLM_MARKERS}
 
 

@@ -21,14 +21,14 @@ def _config(tmp_path, sample_data_dir, quirks, logprobs=True) -> str:
     text = f"""
 [run]
 name = "calib"
-database = "{tmp_path / 'run.db'}"
+database = "{tmp_path / "run.db"}"
 [data]
-reference = "{d / 'reference.jsonl'}"
+reference = "{d / "reference.jsonl"}"
 [[data.datasets]]
-path = "{d / 'prompts.openai.jsonl'}"
+path = "{d / "prompts.openai.jsonl"}"
 [model]
 name = "moonshotai/kimi-k2.5"
-tokenizer = "{d / 'tokenizer'}"
+tokenizer = "{d / "tokenizer"}"
 profile = "kimi-k2.5"
 [[endpoints]]
 name = "sim"
@@ -86,13 +86,19 @@ def _db(tmp_path):
     ids = struct.pack("<3I", 1, 2, 3)
 
     def add(k, provider, source, flags):
-        pk = conn.execute("INSERT INTO samples (run_id, sample_id, dataset, messages) VALUES (1, ?, 'd', '[]')",
-                          (f"s{k}",)).lastrowid
-        rid = conn.execute("INSERT INTO responses (run_id, sample_pk, attempt, endpoint, provider, created_at) "
-                           "VALUES (1, ?, 1, 'openrouter', ?, ?)", (pk, provider, now)).lastrowid
-        conn.execute("INSERT INTO reconstructions (run_id, sample_pk, response_id, strategy, output_ids, category, "
-                     "n_tokens, created_at, ids_source, flags) VALUES (1, ?, ?, 'canonical', ?, 'unchecked', 3, ?, ?, ?)",
-                     (pk, rid, ids, now, source, json.dumps(flags)))
+        pk = conn.execute(
+            "INSERT INTO samples (run_id, sample_id, dataset, messages) VALUES (1, ?, 'd', '[]')", (f"s{k}",)
+        ).lastrowid
+        rid = conn.execute(
+            "INSERT INTO responses (run_id, sample_pk, attempt, endpoint, provider, created_at) "
+            "VALUES (1, ?, 1, 'openrouter', ?, ?)",
+            (pk, provider, now),
+        ).lastrowid
+        conn.execute(
+            "INSERT INTO reconstructions (run_id, sample_pk, response_id, strategy, output_ids, category, "
+            "n_tokens, created_at, ids_source, flags) VALUES (1, ?, ?, 'canonical', ?, 'unchecked', 3, ?, ?, ?)",
+            (pk, rid, ids, now, source, json.dumps(flags)),
+        )
         return pk
 
     k = 0
@@ -107,8 +113,7 @@ def _db(tmp_path):
         k += 1
         add(k, "Good", "text", ["replacement_char"] if i < 3 else [])
     conn.close()
-    save_profile(path, FidelityProfile("openrouter", "Bad", "kimi-k2.5", 25,
-                                       {"edge:content.lead": {"-\n": 3, "": 22}}))
+    save_profile(path, FidelityProfile("openrouter", "Bad", "kimi-k2.5", 25, {"edge:content.lead": {"-\n": 3, "": 22}}))
     return path, bad_pks[0]
 
 
@@ -122,7 +127,12 @@ def test_fidelity_reports_per_provider_with_advice(tmp_path, capsys):
     # the logprob answers are verified (true ids); the ten text rebuilds had no reference: unchecked
     assert good["verification"] == {"verified": 25, "checked_against_reference": 0, "unchecked": 10}
     bad = rows["Bad"]
-    assert (bad["measured"], bad["benign"], bad["corrupt"], bad["example_corrupt_pk"]) == (25, 19, {"text_mismatch": 6}, first_bad)
+    assert (bad["measured"], bad["benign"], bad["corrupt"], bad["example_corrupt_pk"]) == (
+        25,
+        19,
+        {"text_mismatch": 6},
+        first_bad,
+    )
     assert bad["steps"][0]["name"] == "strip_whitespace" and not bad["steps"][0]["invertible"]
     advice = " | ".join(report["advice"])
     assert "ignore provider 'Bad'" in advice and "pin provider 'Good'" in advice and "24.0%" in advice

@@ -74,7 +74,7 @@ def test_diff_spans_match_an_lcs(sample_tok):
             for j in range(len(b)):
                 lcs[i + 1][j + 1] = lcs[i][j] + 1 if a[i] == b[j] else max(lcs[i][j + 1], lcs[i + 1][j])
         assert sum(s for _, _, s in runs) == lcs[-1][-1]
-        assert all(a[x:x + s] == b[y:y + s] for x, y, s in runs)
+        assert all(a[x : x + s] == b[y : y + s] for x, y, s in runs)
 
 
 def test_align_covers_both_sequences_in_order(sample_tok):
@@ -107,11 +107,11 @@ def test_diff_of_32k_tokens_with_many_edits_stays_correct():
     b = list(a)
     for _ in range(150):
         p = rng.randrange(len(b))
-        b[p:p + 1] = [rng.randint(0, 60000), rng.randint(0, 60000)]
+        b[p : p + 1] = [rng.randint(0, 60000), rng.randint(0, 60000)]
     spans = diff_spans(a, b)
     assert 0 < len(spans) <= 150
     i = j = 0
     for s in spans:
-        assert a[i:s.ref_start] == b[j:s.rec_start]
+        assert a[i : s.ref_start] == b[j : s.rec_start]
         i, j = s.ref_end, s.rec_end
     assert a[i:] == b[j:]

@@ -48,9 +48,43 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 
 # text pieces that stress the special search: every marker, spelled halves of markers, other specials,
 # the characters specials start with, unicode, whitespace
-PIECES = [*KIMI.markers, "<|reserved_token_163600|>", "[BOS]", "<|im_user|>", "<|im_", "end|>", "<|", "|>", "<", "[",
-          "]", "|", "<think", "/think>", "</", "[EOS", "EOS]", "hello", " world", "chas", "a", " ", "  ", "\n", "\n\n",
-          "\t", "世界", "北京", "🙂", "é", "e\u0301", "ß", "{\"city\": \"Paris\"}", "\ufffd", "0123"]
+PIECES = [
+    *KIMI.markers,
+    "<|reserved_token_163600|>",
+    "[BOS]",
+    "<|im_user|>",
+    "<|im_",
+    "end|>",
+    "<|",
+    "|>",
+    "<",
+    "[",
+    "]",
+    "|",
+    "<think",
+    "/think>",
+    "</",
+    "[EOS",
+    "EOS]",
+    "hello",
+    " world",
+    "chas",
+    "a",
+    " ",
+    "  ",
+    "\n",
+    "\n\n",
+    "\t",
+    "世界",
+    "北京",
+    "🙂",
+    "é",
+    "e\u0301",
+    "ß",
+    '{"city": "Paris"}',
+    "\ufffd",
+    "0123",
+]
 TEXT = st.lists(st.sampled_from(PIECES), max_size=25).map("".join)
 
 
@@ -69,7 +103,6 @@ def _tokenizers(request) -> list:
     except pytest.skip.Exception:
         pass  # the real files are not here: the tiny vocabulary still checks the same code
     return toks
-
 
 
 # ---- tiktoken encode -------------------------------------------------------------------------------------
@@ -98,7 +131,7 @@ def test_kimi_pattern_covers_every_code_point(tiny_kimi):
     assert tiny_kimi.encode_known("x")[1]
     points = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
     for k in range(0, len(points), 997):
-        text = "".join(map(chr, points[k:k + 997]))
+        text = "".join(map(chr, points[k : k + 997]))
         assert tiny_kimi.decode_bytes(tiny_kimi.encoding.encode_ordinary(text)) == text.encode("utf-8"), hex(points[k])
 
 
@@ -108,11 +141,14 @@ def test_other_patterns_and_vocabularies_never_claim_to_know(tmp_path):
     # HF: a pre-tokeniser that removes whitespace, a prefix space, an added token that strips: not known
     base = json.loads((build_hf_tokenizer(tmp_path / "h", [("<|im_end|>", True)]) / "tokenizer.json").read_text())
     assert load_tokenizer(tmp_path / "h").encode_known("a b")[1] is True
-    for k, change in enumerate((
+    for k, change in enumerate(
+        (
             {"pre_tokenizer": {"type": "Whitespace"}},
             {"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}},
             {"added_tokens": [dict(t, lstrip=True) for t in base["added_tokens"]]},
-            {"normalizer": {"type": "Lowercase"}})):
+            {"normalizer": {"type": "Lowercase"}},
+        )
+    ):
         d = tmp_path / f"h{k}"
         d.mkdir()
         (d / "tokenizer.json").write_text(json.dumps(dict(base, **change)))
@@ -137,12 +173,20 @@ FIELD_TEXT = st.lists(st.sampled_from(PIECES), max_size=12).map("".join)
 @st.composite
 def completions(draw):
     calls = tuple(
-        ToolCall(draw(st.sampled_from([f"functions.{n}:{i}", f" functions.{n}:{i}", n, "", "functions.other:0"])), n,
-                 draw(st.sampled_from(['{"a": 1}', ' {"a": 1}', '{"a":1}\n', "", "<|im_end|>"])), i)
+        ToolCall(
+            draw(st.sampled_from([f"functions.{n}:{i}", f" functions.{n}:{i}", n, "", "functions.other:0"])),
+            n,
+            draw(st.sampled_from(['{"a": 1}', ' {"a": 1}', '{"a":1}\n', "", "<|im_end|>"])),
+            i,
+        )
         for i, n in enumerate(draw(st.lists(st.sampled_from(["f", "get_weather"]), max_size=2)))
     )
-    return Completion(content=draw(FIELD_TEXT), reasoning=draw(st.one_of(st.none(), FIELD_TEXT)), tool_calls=calls,
-                      finish_reason=draw(st.sampled_from(["stop", "length", "tool_calls"])))
+    return Completion(
+        content=draw(FIELD_TEXT),
+        reasoning=draw(st.one_of(st.none(), FIELD_TEXT)),
+        tool_calls=calls,
+        finish_reason=draw(st.sampled_from(["stop", "length", "tool_calls"])),
+    )
 
 
 class _Unknowing:
@@ -185,12 +229,22 @@ def test_round_trip_by_shape_is_the_parsed_round_trip(request, c):
         # one Reconstructor for every example: its shapes' answers are reused, as in a run
         r = _SHAPED.setdefault(id(tok), (tok, Reconstructor(KIMI, tok)))[1]
         f0 = Fields.of(c)
-        for f in (f0, replace(f0, tool_calls=()), *(replace(f0, tool_calls=(), finish_reason=end, close_think=close)
-                                                    for end in ("stop", "length") for close in (None, True, False))):
+        for f in (
+            f0,
+            replace(f0, tool_calls=()),
+            *(
+                replace(f0, tool_calls=(), finish_reason=end, close_think=close)
+                for end in ("stop", "length")
+                for close in (None, True, False)
+            ),
+        ):
             text, ids, known, split = r._encoded(f)
             assert ids == r.encode_fields(f) and known
-            assert r._roundtrip_fields(ids, f, text, split) == r._roundtrip_fields(ids, f) == \
-                Reconstructor(KIMI, _Unknowing(tok))._roundtrip_fields(ids, f), (f, split)
+            assert (
+                r._roundtrip_fields(ids, f, text, split)
+                == r._roundtrip_fields(ids, f)
+                == Reconstructor(KIMI, _Unknowing(tok))._roundtrip_fields(ids, f)
+            ), (f, split)
 
 
 def test_round_trip_by_shape_is_taken(tiny_kimi):
@@ -207,7 +261,9 @@ def test_round_trip_by_shape_is_taken(tiny_kimi):
     # tool calls read back where the name is the one the id spells; another name is parsed (and fails)
     call = Fields("x", "", (ToolCall("functions.get_weather:0", "get_weather", '{"city": "Paris"}', 0),), "tool_calls")
     text, ids, known, split = r._encoded(call)
-    assert split and r._roundtrip_fields(ids, call, text, split) and r._shape_ok[(False, False, True, False, None, False)]
+    assert (
+        split and r._roundtrip_fields(ids, call, text, split) and r._shape_ok[(False, False, True, False, None, False)]
+    )
     renamed = replace(call, tool_calls=(replace(call.tool_calls[0], name="lookup"),))
     text, ids, known, split = r._encoded(renamed)
     assert split and not r._roundtrip_fields(ids, renamed, text, split)
@@ -261,8 +317,17 @@ def test_category_only_compare_is_compares_category(request, sample_tok, ref_tex
     for tok in (*_tokenizers(request), sample_tok):
         end = [tok.special_id("<|im_end|>")]
         ref = tok.encode(ref_text) + data.draw(st.sampled_from([end, []]))
-        rec = data.draw(st.sampled_from([list(ref), tok.encode(rec_text) + end, ref[:len(ref) - cut], ref + end,
-                                          [i for k, i in enumerate(ref) if k != cut]]))
+        rec = data.draw(
+            st.sampled_from(
+                [
+                    list(ref),
+                    tok.encode(rec_text) + end,
+                    ref[: len(ref) - cut],
+                    ref + end,
+                    [i for k, i in enumerate(ref) if k != cut],
+                ]
+            )
+        )
         assert compare_category(rec, ref, tok, KIMI) == compare(rec, ref, tok, KIMI).category, (rec, ref)
 
 
@@ -274,9 +339,13 @@ def test_category_only_compare_covers_every_category(tiny_kimi):
     hello = tok.encode("hello world")
     split = [tok.id_of_bytes(bytes([b])) for b in b"hello world"]  # the same bytes, a byte a token
     assert split != hello
-    pairs = {"exact": (hello + [end], hello + [end]), "truncated": (hello + [end], hello),
-             "bpe_equivalent": (split + [end], hello + [end]), "structure_mismatch": ([close] + hello + [end], hello + [end]),
-             "text_mismatch": (tok.encode("hello there") + [end], hello + [end])}
+    pairs = {
+        "exact": (hello + [end], hello + [end]),
+        "truncated": (hello + [end], hello),
+        "bpe_equivalent": (split + [end], hello + [end]),
+        "structure_mismatch": ([close] + hello + [end], hello + [end]),
+        "text_mismatch": (tok.encode("hello there") + [end], hello + [end]),
+    }
     for want, (rec, ref) in pairs.items():
         assert compare(rec, ref, tok, KIMI).category == want
         assert compare_category(rec, ref, tok, KIMI) == want
@@ -292,20 +361,36 @@ def test_round_trip_shortcut_on_the_other_families(family_tokenizers, nfc_qwen_t
 
 # ---- the fidelity profile's plan ---------------------------------------------------------------------------
 
-EDGE_KEYS = ["reasoning.blank", "reasoning.lead", "reasoning.trail", "reasoning.trail@cut", "content.lead",
-             "content.lead@noreason", "content.trail", "content.trail@tools", "content.trail@cut",
-             *("content.blank" + _blank_ctx(r, t) for r in (True, False) for t in (True, False)),
-             "tool.arguments.lead", "tool.arguments.trail", "tool.id.lead", "tool.id.trail"]
-CHANGES = st.dictionaries(st.sampled_from(["", "~", "=", "+ ", "-\n", "+  ", "- ", "+\n", "-*"]), st.integers(1, 3), min_size=1,
-                          max_size=2)
+EDGE_KEYS = [
+    "reasoning.blank",
+    "reasoning.lead",
+    "reasoning.trail",
+    "reasoning.trail@cut",
+    "content.lead",
+    "content.lead@noreason",
+    "content.trail",
+    "content.trail@tools",
+    "content.trail@cut",
+    *("content.blank" + _blank_ctx(r, t) for r in (True, False) for t in (True, False)),
+    "tool.arguments.lead",
+    "tool.arguments.trail",
+    "tool.id.lead",
+    "tool.id.trail",
+]
+CHANGES = st.dictionaries(
+    st.sampled_from(["", "~", "=", "+ ", "-\n", "+  ", "- ", "+\n", "-*"]), st.integers(1, 3), min_size=1, max_size=2
+)
 
 
 @st.composite
 def profiles(draw):
     obs = {f"edge:{k}": draw(CHANGES) for k in draw(st.lists(st.sampled_from(EDGE_KEYS), max_size=6, unique=True))}
-    for key, values in (("empty_reasoning", ["dropped", "kept", "absent"]), ("no_content", ["deleted", "kept", "absent"]),
-                        ("json", ["same", "irregular", *JSON_STYLES]), ("tool_ids", ["same", "other", "offset:0",
-                                                                                      "offset:2", "offset:-1"])):
+    for key, values in (
+        ("empty_reasoning", ["dropped", "kept", "absent"]),
+        ("no_content", ["deleted", "kept", "absent"]),
+        ("json", ["same", "irregular", *JSON_STYLES]),
+        ("tool_ids", ["same", "other", "offset:0", "offset:2", "offset:-1"]),
+    ):
         if draw(st.booleans()):
             obs[key] = draw(st.dictionaries(st.sampled_from(values), st.integers(1, 3), min_size=1, max_size=2))
     return FidelityProfile("e", None, KIMI.name, 5, obs)
@@ -316,18 +401,30 @@ WS_TEXT = st.lists(st.sampled_from(["", " ", "\n", "  ", "x", "Hello", " y ", "\
 
 @st.composite
 def fields(draw):
-    calls = tuple(ToolCall(draw(st.sampled_from(["functions.f:0", " functions.f:1\n", "f", "", " "])), "f",
-                           draw(st.sampled_from(['{"a": 1}', ' {"a":1} ', '{"b": [1, 2]}\n', "", "  ", "{bad"])), i)
-                  for i in range(draw(st.integers(0, 2))))
-    return Fields(draw(st.one_of(st.none(), WS_TEXT)), draw(st.one_of(WS_TEXT, st.just(NO_CONTENT))), calls,
-                  draw(st.sampled_from(["stop", "length", "tool_calls"])))
+    calls = tuple(
+        ToolCall(
+            draw(st.sampled_from(["functions.f:0", " functions.f:1\n", "f", "", " "])),
+            "f",
+            draw(st.sampled_from(['{"a": 1}', ' {"a":1} ', '{"b": [1, 2]}\n', "", "  ", "{bad"])),
+            i,
+        )
+        for i in range(draw(st.integers(0, 2)))
+    )
+    return Fields(
+        draw(st.one_of(st.none(), WS_TEXT)),
+        draw(st.one_of(WS_TEXT, st.just(NO_CONTENT))),
+        calls,
+        draw(st.sampled_from(["stop", "length", "tool_calls"])),
+    )
 
 
 @settings(max_examples=400, deadline=None)
 @given(fp=profiles(), f=fields())
 def test_the_per_profile_plan_applies_what_the_released_apply_did(fp, f):
     assert apply(fp, f, KIMI) == _reference_apply(fp, f, KIMI)
-    assert apply(fp, f, replace(KIMI, tool_id_in_stream=False)) == _reference_apply(fp, f, replace(KIMI, tool_id_in_stream=False))
+    assert apply(fp, f, replace(KIMI, tool_id_in_stream=False)) == _reference_apply(
+        fp, f, replace(KIMI, tool_id_in_stream=False)
+    )
 
 
 # ---- the oracle: app.tokens.fidelity_profile.apply as released ------------------------------------------------------
@@ -365,7 +462,7 @@ def _reference_apply(fp: FidelityProfile, f: Fields, profile) -> Applied:
             flags.append(TEMPLATE_WHITESPACE_MISSING if name == "template_whitespace_kept" else UNINVERTIBLE + name)
             return text
         used.append(name)
-        return text[len(ws):] if side == "lead" else text[: len(text) - len(ws)]
+        return text[len(ws) :] if side == "lead" else text[: len(text) - len(ws)]
 
     truncated = f.finish_reason == "length"
     reasoning, content, calls = f.reasoning, f.content, list(f.tool_calls)
@@ -427,8 +524,12 @@ def _reference_apply(fp: FidelityProfile, f: Fields, profile) -> Applied:
             calls[k] = replace(call, id=call_id, arguments=args)
     if (reasoning, content) != (f.reasoning, f.content) or any(a is not b for a, b in zip(calls, f.tool_calls)):
         f = replace(f, reasoning=reasoning, content=content, tool_calls=tuple(calls))
-    return Applied(f, tuple(dict.fromkeys(used)) if used else (), tuple(dict.fromkeys(flags)) if flags else (),
-                   tuple(dict.fromkeys(strips)) if strips else ())
+    return Applied(
+        f,
+        tuple(dict.fromkeys(used)) if used else (),
+        tuple(dict.fromkeys(flags)) if flags else (),
+        tuple(dict.fromkeys(strips)) if strips else (),
+    )
 
 
 def _reference_edge_plan(fp: FidelityProfile) -> tuple[dict[str, tuple[str, str | None]], set[str]]:
@@ -491,9 +592,13 @@ _KIMI_CALL = ToolCall("functions.get_weather:0", "get_weather", '{"city": "Paris
 def test_one_pass_is_taken_and_refused_where_it_must_be(tiny_kimi):
     # taken on the common samples (so the test above compares something); refused where the full path decides
     r = Reconstructor(KIMI, tiny_kimi, measure=False)
-    for c in (Completion("Paris.", "Let me think."), Completion("", "x", (_KIMI_CALL,), "tool_calls"),
-              Completion("Paris.", None), Completion("cut", "r", finish_reason="length"),
-              Completion("Paris.", "Let me think.", usage=Usage(completion_tokens=3))):
+    for c in (
+        Completion("Paris.", "Let me think."),
+        Completion("", "x", (_KIMI_CALL,), "tool_calls"),
+        Completion("Paris.", None),
+        Completion("cut", "r", finish_reason="length"),
+        Completion("Paris.", "Let me think.", usage=Usage(completion_tokens=3)),
+    ):
         assert r._one_pass(c) is not None and r._one_pass(c) == r._canonical(c, None, False), c
     spelled = Completion("a <|im_end|> b", "r")  # a run that spells a special: the joined text is encoded
     renamed = Completion("", "x", (replace(_KIMI_CALL, name="lookup"),), "tool_calls")  # its id names another tool
@@ -519,7 +624,9 @@ def test_layout_by_shape_is_the_rendered_layout(tiny_kimi, family_tokenizers, f,
             laid = r._layout(g.reasoning, g.content, g.tool_calls, g.finish_reason == "length")
             want = r._between_markers(r._pieces(g))
             if laid is None:  # only tool calls of another format, or ones whose names do not read back
-                assert g.tool_calls and (profile.tool_format != "kimi" or not tool_calls_read_back(profile, g.tool_calls))
+                assert g.tool_calls and (
+                    profile.tool_format != "kimi" or not tool_calls_read_back(profile, g.tool_calls)
+                )
             else:
                 assert laid == want, (profile.name, g)
 
@@ -527,8 +634,10 @@ def test_layout_by_shape_is_the_rendered_layout(tiny_kimi, family_tokenizers, f,
 _LAYOUTS: dict[str, Reconstructor] = {}
 
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-10**20, 10**20) | st.floats(allow_nan=True) | st.text(max_size=6),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=8)
+    st.none() | st.booleans() | st.integers(-(10**20), 10**20) | st.floats(allow_nan=True) | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=8,
+)
 
 
 @st.composite
@@ -536,8 +645,11 @@ def json_texts(draw):
     """JSON texts in every style, with whitespace around them, spoiled ones, and text that is no JSON."""
     value = draw(JSON_VALUES)
     text = json.dumps(value, **draw(st.sampled_from(list(JSON_STYLES.values()))))
-    return draw(st.sampled_from(["", " ", "\n", "\ufeff"])) + draw(st.sampled_from([text, text[:-1], text + "x", "{bad"])) \
+    return (
+        draw(st.sampled_from(["", " ", "\n", "\ufeff"]))
+        + draw(st.sampled_from([text, text[:-1], text + "x", "{bad"]))
         + draw(st.sampled_from(["", " ", "\n"]))
+    )
 
 
 @settings(max_examples=300, deadline=None)
@@ -553,9 +665,17 @@ def test_redump_is_json_dumps_of_json_loads(text, style):
 
 
 @settings(max_examples=100, deadline=None)
-@given(values=st.tuples(st.tuples(st.integers(0, 9)), st.text(max_size=3), st.none() | st.text(max_size=3),
-                        st.none() | st.booleans(), st.tuples(st.text(max_size=3)), st.none() | st.text(max_size=3),
-                        st.tuples(st.text(max_size=3))))
+@given(
+    values=st.tuples(
+        st.tuples(st.integers(0, 9)),
+        st.text(max_size=3),
+        st.none() | st.text(max_size=3),
+        st.none() | st.booleans(),
+        st.tuples(st.text(max_size=3)),
+        st.none() | st.text(max_size=3),
+        st.tuples(st.text(max_size=3)),
+    )
+)
 def test_positional_builder_builds_what_the_constructor_builds(values):
     from dataclasses import FrozenInstanceError
 
@@ -570,7 +690,8 @@ def test_positional_builder_builds_what_the_constructor_builds(values):
     assert positional_builder(Rebuilt)(built, None, "exact", None, None) == Rebuilt(built, None, "exact", None, None)
     call = positional_builder(ToolCall)("i", "n", values[1], 2, "function")
     assert call == ToolCall("i", "n", values[1], 2)
-    assert _unchecked_verdict(len(values[0]), values[1]) == Verdict("unchecked", rec_len=len(values[0]),
-                                                                     explanation=values[1])
+    assert _unchecked_verdict(len(values[0]), values[1]) == Verdict(
+        "unchecked", rec_len=len(values[0]), explanation=values[1]
+    )
     with pytest.raises(TypeError):
         positional_builder(FidelityProfile)  # not a slots dataclass

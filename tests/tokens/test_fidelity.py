@@ -89,8 +89,12 @@ def test_a_step_the_probes_saw_vary_is_flagged_not_guessed(sample_tok, renderer,
     assert "strip_whitespace" in fp.uninvertible()
     out, _ = Reconstructor(KIMI, sample_tok, fp).process(_served(renderer, refs[1][1], MIXES["sglang-old"]))
     assert "uninvertible:strip_whitespace" in out.flags and out.repair is None
-    assert "suspect: uninvertible:strip_whitespace" in Reconstructor(KIMI, sample_tok, fp).process(
-        _served(renderer, refs[1][1], MIXES["sglang-old"]))[1].explanation
+    assert (
+        "suspect: uninvertible:strip_whitespace"
+        in Reconstructor(KIMI, sample_tok, fp)
+        .process(_served(renderer, refs[1][1], MIXES["sglang-old"]))[1]
+        .explanation
+    )
 
 
 def test_empty_thinking_dropped_is_learned(sample_tok):
@@ -115,8 +119,9 @@ def test_profile_round_trips_through_json(sample_tok, renderer, refs):
 def test_a_sample_with_true_ids_gets_its_text_path_measured(sample_tok, renderer, refs):
     _, ids = refs[3]
     served = _served(renderer, ids, MIXES["vllm-kimi"])
-    with_ids = Completion(**{**{f: getattr(served, f) for f in ("content", "reasoning", "tool_calls", "finish_reason")},
-                             "token_ids": ids})
+    with_ids = Completion(
+        **{**{f: getattr(served, f) for f in ("content", "reasoning", "tool_calls", "finish_reason")}, "token_ids": ids}
+    )
     out, verdict = Reconstructor(KIMI, sample_tok).process(with_ids)
     assert out.ids_source == "server" and text_path_of(out.flags) == "text_mismatch"
     assert not is_suspect(out.flags) and any(f.startswith(TEXT_PATH) for f in out.flags)
@@ -169,15 +174,21 @@ def test_transformers_serve_non_streaming_steps_are_learned(family_tokenizers):
     qwen = get_profile("qwen3")
 
     def sample(word):
-        ids = tok.encode('<think>\n\n</think>\n\n' + word + '\n<tool_call>\n{"name": "f", "arguments": {"a":1}}\n'
-                         '</tool_call><|im_end|>')
-        served = Completion(content=word, reasoning=None, finish_reason="tool_calls",
-                            tool_calls=(ToolCall("call_0", "f", '{"a": 1}'),))
+        ids = tok.encode(
+            "<think>\n\n</think>\n\n" + word + '\n<tool_call>\n{"name": "f", "arguments": {"a":1}}\n'
+            "</tool_call><|im_end|>"
+        )
+        served = Completion(
+            content=word, reasoning=None, finish_reason="tool_calls", tool_calls=(ToolCall("call_0", "f", '{"a": 1}'),)
+        )
         return served, ids
 
     probes = [sample(w) for w in ("Ok.", "Sure.", "Fine.")]
     fp = learn(probes, qwen, tok, endpoint="tserve")
-    assert {(s.name, s.invertible) for s in fp.steps()} == {("empty_reasoning_dropped", True), ("json_reserialised", True)}
+    assert {(s.name, s.invertible) for s in fp.steps()} == {
+        ("empty_reasoning_dropped", True),
+        ("json_reserialised", True),
+    }
     served, ids = sample("Right.")
     out, verdict = Reconstructor(qwen, tok, fp).process(served, ids)
     assert verdict.category == "exact", verdict.explanation
@@ -194,10 +205,17 @@ def test_vllms_thinkless_answers_and_re_dumped_arguments_are_learned(family_toke
     served_thinkless = Completion(content="", reasoning="Ok, at once.", finish_reason="stop")
 
     def call(city: str, raw: str) -> tuple[Completion, list[int]]:
-        ids = tok.encode('<think>\nCall it.\n</think>\n\n<tool_call>\n{"name": "f", "arguments": {"city": "' + raw
-                         + '"}}\n</tool_call><|im_end|>')
-        return Completion(content="", reasoning="\nCall it.\n", finish_reason="tool_calls",
-                          tool_calls=(ToolCall("chatcmpl-tool-1", "f", '{"city": "' + city + '"}'),)), ids
+        ids = tok.encode(
+            '<think>\nCall it.\n</think>\n\n<tool_call>\n{"name": "f", "arguments": {"city": "'
+            + raw
+            + '"}}\n</tool_call><|im_end|>'
+        )
+        return Completion(
+            content="",
+            reasoning="\nCall it.\n",
+            finish_reason="tool_calls",
+            tool_calls=(ToolCall("chatcmpl-tool-1", "f", '{"city": "' + city + '"}'),),
+        ), ids
 
     probes = [(served_thinkless, thinkless), call("Paris", "Paris"), call("Zürich", "Z\\u00fcrich")]
     fp = learn(probes, qwen, tok, endpoint="vllm")

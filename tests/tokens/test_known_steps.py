@@ -26,14 +26,22 @@ def _truth(rec: Reconstructor, text: str) -> list[int]:
 def test_transformers_serve_streaming_raw_regions_rebuild_exactly_and_a_counted_end_is_proven(nfc_qwen_tokenizer):
     rec = _rec(nfc_qwen_tokenizer, "transformers-serve", True)
     truth = _truth(rec, "<think>\nThe user greets me.\n</think>\n\nHello! How can I help you today?<|im_end|>")
-    streamed = Completion(content="\n\nHello! How can I help you today?", reasoning="\nThe user greets me.\n",
-                          finish_reason="stop", usage=Usage(completion_tokens=len(truth)))
+    streamed = Completion(
+        content="\n\nHello! How can I help you today?",
+        reasoning="\nThe user greets me.\n",
+        finish_reason="stop",
+        usage=Usage(completion_tokens=len(truth)),
+    )
     out, _ = rec.process(streamed)
     assert list(out.output_ids) == truth
     assert "template_whitespace_kept" in (out.repair or "") and not out.flags  # the count rules out a lost "\n"
     # one token more than the rebuild: something was lost on the way (here a trailing newline)
-    lost = Completion(content=streamed.content, reasoning=streamed.reasoning, finish_reason="stop",
-                      usage=Usage(completion_tokens=len(truth) + 1))
+    lost = Completion(
+        content=streamed.content,
+        reasoning=streamed.reasoning,
+        finish_reason="stop",
+        usage=Usage(completion_tokens=len(truth) + 1),
+    )
     flags = rec.process(lost)[0].flags
     assert TOKEN_COUNT in flags and STRIP in flags
 
@@ -42,8 +50,12 @@ def test_a_leading_space_a_stripping_server_may_have_eaten_is_flagged_even_when_
     rec = _rec(nfc_qwen_tokenizer, "transformers-serve", False)
     for model_said in (" increasing values follow.", "increasing values follow."):
         truth = _truth(rec, f"<think>\nA number.\n</think>\n\n{model_said}<|im_end|>")
-        served = Completion(content="increasing values follow.", reasoning="A number.", finish_reason="stop",
-                            usage=Usage(completion_tokens=len(truth)))
+        served = Completion(
+            content="increasing values follow.",
+            reasoning="A number.",
+            finish_reason="stop",
+            usage=Usage(completion_tokens=len(truth)),
+        )
         out, _ = rec.process(served)
         # "\n\n" + " increasing" and "\n\n" + "increasing" can be as many tokens: text cannot tell, so flagged
         assert STRIP in out.flags, (model_said, out.flags)
@@ -59,8 +71,9 @@ def test_without_a_count_relation_every_strip_edge_is_flagged(nfc_qwen_tokenizer
 def test_probes_override_the_prior_where_they_saw_something():
     prior = {"edge:content.trail": {STRIPPED: 1}, "edge:content.lead": {STRIPPED: 1}}
     # the probes saw whitespace kept at the trailing edge ("="), and nothing either way at the leading one
-    fp = FidelityProfile("e", None, "qwen3", 3, {"edge:content.trail": {"=": 2, "": 1}, "edge:content.lead": {"": 3}},
-                         prior, "table")
+    fp = FidelityProfile(
+        "e", None, "qwen3", 3, {"edge:content.trail": {"=": 2, "": 1}, "edge:content.lead": {"": 3}}, prior, "table"
+    )
     steps = {s.where: s for s in fp.steps()}
     assert "content.trail" not in steps  # corrected by the probes
     assert steps["content.lead"].prior and not steps["content.lead"].invertible  # the prior stands
@@ -69,12 +82,18 @@ def test_probes_override_the_prior_where_they_saw_something():
 
 def test_json_arguments_are_restyled_as_the_model_writes_them(nfc_qwen_tokenizer):
     rec = _rec(nfc_qwen_tokenizer, "transformers-serve", True)
-    text = ('<think>\nZurich.\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}'
-            "\n</tool_call><|im_end|>")
+    text = (
+        '<think>\nZurich.\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich"}}'
+        "\n</tool_call><|im_end|>"
+    )
     truth = _truth(rec, text)
-    served = Completion(content="", reasoning="\nZurich.\n", finish_reason="tool_calls",
-                        tool_calls=(ToolCall("x", "get_weather", '{"city": "Z\\u00fcrich"}'),),
-                        usage=Usage(completion_tokens=len(truth)))
+    served = Completion(
+        content="",
+        reasoning="\nZurich.\n",
+        finish_reason="tool_calls",
+        tool_calls=(ToolCall("x", "get_weather", '{"city": "Z\\u00fcrich"}'),),
+        usage=Usage(completion_tokens=len(truth)),
+    )
     assert list(rec.process(served)[0].output_ids) == truth
 
 

@@ -11,8 +11,10 @@ from app.tokens.prompt_check import rendered_prompt_ids
 from app.tokens.render_export import ChatTemplate, PromptRenderer
 
 COMPAT = "\uf981"  # NFC -> U+5973
-TEMPLATE = ("{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}"
-            "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+TEMPLATE = (
+    "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 
 
 def _transformers_ids(tok_dir, messages) -> list[int]:
@@ -24,8 +26,9 @@ def _transformers_ids(tok_dir, messages) -> list[int]:
     return list(out["input_ids"])
 
 
-@pytest.mark.parametrize("text", [f"Translate {COMPAT} please.", "Translate this please."],
-                         ids=["normaliser-changing", "plain"])
+@pytest.mark.parametrize(
+    "text", [f"Translate {COMPAT} please.", "Translate this please."], ids=["normaliser-changing", "plain"]
+)
 def test_prompt_ids_equal_apply_chat_template_and_output_ids_keep_the_models_bytes(nfc_qwen_tokenizer, text):
     tok = nfc_qwen_tokenizer
     messages = [{"role": "user", "content": text}]

@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 from app.records import ToolCall
 from app.tokens import pieces_text, render_output, split_output
 
-ALPHABET = st.sampled_from(list("abcdefghij klmnopqrstuvwxyzABCXYZ 0123456789.,:;!?'\"{}[]()-_\n\t") +
-                           ["世", "界", "北京", "🙂", "🚀", "é", "ß", "  ", "\n\n"])
+ALPHABET = st.sampled_from(
+    list("abcdefghij klmnopqrstuvwxyzABCXYZ 0123456789.,:;!?'\"{}[]()-_\n\t")
+    + ["世", "界", "北京", "🙂", "🚀", "é", "ß", "  ", "\n\n"]
+)
 TEXT = st.lists(ALPHABET, max_size=30).map("".join)
 ARGS = st.dictionaries(st.sampled_from(["city", "n", "q", "名"]), st.one_of(st.integers(-5, 999), TEXT), max_size=3)
 CALLS = st.lists(st.tuples(st.sampled_from(["get_weather", "lookup", "f"]), ARGS), max_size=3)

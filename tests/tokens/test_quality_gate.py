@@ -46,8 +46,12 @@ def test_route_around_ignores_a_named_provider_and_pauses_without_one():
 
 
 def test_limits_fields_are_validated(tmp_path):
-    base = {"run": {"name": "r"}, "data": {"datasets": [{"path": "p.jsonl"}]}, "model": {"name": "m", "tokenizer": "t"},
-            "endpoints": [{"base_url": "http://127.0.0.1:1/v1"}]}
+    base = {
+        "run": {"name": "r"},
+        "data": {"datasets": [{"path": "p.jsonl"}]},
+        "model": {"name": "m", "tokenizer": "t"},
+        "endpoints": [{"base_url": "http://127.0.0.1:1/v1"}],
+    }
     cfg = parse_config({**base, "limits": {"max_corrupt_rate": 0.02, "min_verified_samples": 30}}, base_dir=tmp_path)
     assert (cfg.limits.max_corrupt_rate, cfg.limits.min_verified_samples, cfg.limits.on_corrupt) == (0.02, 30, "pause")
     with pytest.raises(InputError, match="max_corrupt_rate"):

@@ -38,8 +38,12 @@ def test_canonical_rebuild_of_a_tool_call_response_is_exact(sample_rec):
 
 @pytest.mark.kimi
 def test_kimi_tool_call_response_reconstructs_exactly(kimi_rec):
-    c = Completion(content="I'll look it up.", reasoning="Let me check the weather.", finish_reason="tool_calls",
-                   tool_calls=(ToolCall("functions.get_weather:0", "get_weather", '{"city": "Beijing"}', 0),))
+    c = Completion(
+        content="I'll look it up.",
+        reasoning="Let me check the weather.",
+        finish_reason="tool_calls",
+        tool_calls=(ToolCall("functions.get_weather:0", "get_weather", '{"city": "Beijing"}', 0),),
+    )
     out, verdict = kimi_rec.process(c, KIMI_WORKED_IDS)
     assert out.output_ids == tuple(KIMI_WORKED_IDS) and verdict.category == "exact"
 
@@ -135,14 +139,20 @@ def test_without_assistance_the_reference_only_judges(sample_rec):
 
 
 def test_repair_stripped_whitespace(sample_rec):
-    out, v = _repaired(sample_rec, "Think first.\n</think>\n\nAnswer here.<|im_end|>",
-                       lambda c: replace(c, reasoning=c.reasoning.strip(), content=c.content.strip()))
+    out, v = _repaired(
+        sample_rec,
+        "Think first.\n</think>\n\nAnswer here.<|im_end|>",
+        lambda c: replace(c, reasoning=c.reasoning.strip(), content=c.content.strip()),
+    )
     assert (v.category, out.repair) == ("exact", "strip_whitespace")
 
 
 def test_repair_spaces_around_added_tokens(sample_rec):
-    out, v = _repaired(sample_rec, "ok</think>1 Hi.<|im_end|>",
-                       lambda c: replace(c, reasoning=c.reasoning + " ", content=" " + c.content))
+    out, v = _repaired(
+        sample_rec,
+        "ok</think>1 Hi.<|im_end|>",
+        lambda c: replace(c, reasoning=c.reasoning + " ", content=" " + c.content),
+    )
     assert (v.category, out.repair) == ("exact", "think_spaces")
 
 
@@ -154,28 +164,40 @@ def test_repair_deleted_no_content_placeholder(sample_rec):
 
 def test_repair_trimmed_tool_call_whitespace(sample_rec):
     text = KIMI_WORKED.replace('{"city": "Beijing"}', '\n{"city": "Beijing"}\n')
-    out, v = _repaired(sample_rec, text, lambda c: replace(
-        c, tool_calls=tuple(replace(t, arguments=t.arguments.strip()) for t in c.tool_calls)))
+    out, v = _repaired(
+        sample_rec,
+        text,
+        lambda c: replace(c, tool_calls=tuple(replace(t, arguments=t.arguments.strip()) for t in c.tool_calls)),
+    )
     assert (v.category, out.repair) == ("exact", "tool_whitespace")
 
 
 def test_repair_reserialised_json(sample_rec):
     text = KIMI_WORKED.replace('{"city": "Beijing"}', '{"city":"Beijing"}')
-    out, v = _repaired(sample_rec, text, lambda c: replace(
-        c, tool_calls=tuple(replace(t, arguments='{"city": "Beijing"}') for t in c.tool_calls)))
+    out, v = _repaired(
+        sample_rec,
+        text,
+        lambda c: replace(c, tool_calls=tuple(replace(t, arguments='{"city": "Beijing"}') for t in c.tool_calls)),
+    )
     assert (v.category, out.repair) == ("exact", "json_reserialised")
 
 
 def test_repair_reindexed_tool_ids(sample_rec):
     text = KIMI_WORKED.replace("get_weather:0", "get_weather:5")
-    out, v = _repaired(sample_rec, text, lambda c: replace(
-        c, tool_calls=tuple(replace(t, id="functions.get_weather:0") for t in c.tool_calls)))
+    out, v = _repaired(
+        sample_rec,
+        text,
+        lambda c: replace(c, tool_calls=tuple(replace(t, id="functions.get_weather:0") for t in c.tool_calls)),
+    )
     assert (v.category, out.repair) == ("exact", "tool_ids_reindexed")
 
 
 def test_repair_stripped_whitespace_at_every_edge(sample_rec):
-    out, v = _repaired(sample_rec, "  Think first.\n\n</think>\n\nAnswer here.\n<|im_end|>",
-                       lambda c: replace(c, reasoning=c.reasoning.strip(), content=c.content.strip()))
+    out, v = _repaired(
+        sample_rec,
+        "  Think first.\n\n</think>\n\nAnswer here.\n<|im_end|>",
+        lambda c: replace(c, reasoning=c.reasoning.strip(), content=c.content.strip()),
+    )
     assert (v.category, out.repair) == ("exact", "strip_whitespace")
 
 
@@ -188,9 +210,16 @@ def test_stripped_whitespace_is_not_restored_over_different_text(sample_rec):
 
 def test_several_server_steps_at_once_are_inverted_together(sample_rec):
     text = KIMI_WORKED.replace("I'll look it up.", "(no content)").replace("get_weather:0", "get_weather:2")
-    out, v = _repaired(sample_rec, text, lambda c: replace(
-        c, reasoning=c.reasoning + " ", content="",
-        tool_calls=tuple(replace(t, id="functions.get_weather:0") for t in c.tool_calls)))
+    out, v = _repaired(
+        sample_rec,
+        text,
+        lambda c: replace(
+            c,
+            reasoning=c.reasoning + " ",
+            content="",
+            tool_calls=tuple(replace(t, id="functions.get_weather:0") for t in c.tool_calls),
+        ),
+    )
     assert v.category == "exact"
     assert out.repair == "think_spaces+no_content+tool_ids_reindexed"
 
@@ -236,8 +265,11 @@ def test_tool_arguments_are_kept_byte_exact(sample_rec):
 
 def test_several_tool_calls(sample_rec):
     call = '<|tool_call_begin|>functions.f:{i}<|tool_call_argument_begin|>{{"i": {i}}}<|tool_call_end|>'
-    text = "r</think><|tool_calls_section_begin|>" + "".join(call.format(i=i) for i in range(4)) + \
-        "<|tool_calls_section_end|><|im_end|>"
+    text = (
+        "r</think><|tool_calls_section_begin|>"
+        + "".join(call.format(i=i) for i in range(4))
+        + "<|tool_calls_section_end|><|im_end|>"
+    )
     out, v, ids = _check(sample_rec, text)
     assert v.category == "exact" and len(_view(sample_rec, ids).tool_calls) == 4
 

@@ -29,7 +29,9 @@ def _no_content(c: Completion) -> Completion:  # vLLM KimiK2ReasoningParser
 
 
 def _tool_ws(c: Completion) -> Completion:  # kimi_k2 tool parser regex \s*
-    return replace(c, tool_calls=tuple(replace(t, id=t.id.strip(), arguments=t.arguments.strip()) for t in c.tool_calls))
+    return replace(
+        c, tool_calls=tuple(replace(t, id=t.id.strip(), arguments=t.arguments.strip()) for t in c.tool_calls)
+    )
 
 
 def _json(c: Completion) -> Completion:  # hermes / glm parsers re-serialise arguments
@@ -43,11 +45,19 @@ def _json(c: Completion) -> Completion:  # hermes / glm parsers re-serialise arg
 
 
 def _reindex(c: Completion) -> Completion:  # SGLang / newer vLLM synthesise functions.NAME:{history + i}
-    return replace(c, tool_calls=tuple(replace(t, id=f"functions.{t.name}:{3 + i}") for i, t in enumerate(c.tool_calls)))
+    return replace(
+        c, tool_calls=tuple(replace(t, id=f"functions.{t.name}:{3 + i}") for i, t in enumerate(c.tool_calls))
+    )
 
 
-STEPS = {"strip_whitespace": _strip, "think_spaces": _spaces, "no_content": _no_content,
-         "tool_whitespace": _tool_ws, "json_reserialised": _json, "tool_ids_reindexed": _reindex}
+STEPS = {
+    "strip_whitespace": _strip,
+    "think_spaces": _spaces,
+    "no_content": _no_content,
+    "tool_whitespace": _tool_ws,
+    "json_reserialised": _json,
+    "tool_ids_reindexed": _reindex,
+}
 
 
 @pytest.fixture(scope="module")

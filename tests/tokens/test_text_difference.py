@@ -9,8 +9,32 @@ from app.tokens.compare import first_text_difference
 
 KIMI = get_profile("kimi-k2.5")
 # words, whitespace runs and multi-byte characters (2, 3 and 4 UTF-8 bytes); no special-token text
-PIECES = ["the", " cat", " sat", "on", " mat", "gate", "NOR", " ", "  ", "\n", "\n\n", "\t", "é", "ü", "北京", "天气",
-          "🙂", "🚀", ",", ".", "{\"a\": 1}", "0", "24830", "x"]
+PIECES = [
+    "the",
+    " cat",
+    " sat",
+    "on",
+    " mat",
+    "gate",
+    "NOR",
+    " ",
+    "  ",
+    "\n",
+    "\n\n",
+    "\t",
+    "é",
+    "ü",
+    "北京",
+    "天气",
+    "🙂",
+    "🚀",
+    ",",
+    ".",
+    '{"a": 1}',
+    "0",
+    "24830",
+    "x",
+]
 
 
 def _first_diff(a: bytes, b: bytes) -> int:
@@ -35,7 +59,7 @@ def _random_pair(rng: random.Random) -> tuple[str, str]:
         if kind == "insert" or pos >= len(chars):
             chars[pos:pos] = list(rng.choice(PIECES))
         elif kind == "delete":
-            del chars[pos:pos + rng.randint(1, 3)]
+            del chars[pos : pos + rng.randint(1, 3)]
         else:
             chars[pos] = rng.choice([c for c in alphabet if c != chars[pos]])
     rec = "".join(chars)
@@ -62,8 +86,8 @@ def test_random_edits_of_valid_text_quote_the_first_differing_byte():
         d = first_text_difference(a, b)
         _check(d, a, b)
         # whole characters: each quoted window is the text itself, cut at character boundaries
-        assert d.context + d.ref_text == a[d.start:d.ref_end].decode()
-        assert d.context + d.rec_text == b[d.start:d.rec_end].decode()
+        assert d.context + d.ref_text == a[d.start : d.ref_end].decode()
+        assert d.context + d.rec_text == b[d.start : d.rec_end].decode()
         assert (d.context + d.ref_text) in ref and (d.context + d.rec_text) in rec
 
 
@@ -106,7 +130,7 @@ def _resplit_first(tok, ids: list[int]) -> list[int]:
         for k in range(1, len(data)):
             x, y = tok.id_of_bytes(data[:k]), tok.id_of_bytes(data[k:])
             if x is not None and y is not None and not tok.is_special(t):
-                return ids[:i] + [x, y] + ids[i + 1:]
+                return ids[:i] + [x, y] + ids[i + 1 :]
     raise AssertionError("no token could be re-split")
 
 

@@ -17,8 +17,39 @@ KIMI_WORKED = (
     'functions.get_weather:0<|tool_call_argument_begin|>{"city": "Beijing"}<|tool_call_end|>'
     "<|tool_calls_section_end|><|im_end|>"
 )
-KIMI_WORKED_IDS = [9413, 1019, 2598, 276, 10666, 13, 163607, 65447, 1799, 483, 979, 13, 163595, 163597, 41937, 1150,
-                   21055, 2800, 25, 15, 163598, 8264, 37666, 1289, 414, 4396, 39556, 16934, 163599, 163596, 163586]
+KIMI_WORKED_IDS = [
+    9413,
+    1019,
+    2598,
+    276,
+    10666,
+    13,
+    163607,
+    65447,
+    1799,
+    483,
+    979,
+    13,
+    163595,
+    163597,
+    41937,
+    1150,
+    21055,
+    2800,
+    25,
+    15,
+    163598,
+    8264,
+    37666,
+    1289,
+    414,
+    4396,
+    39556,
+    16934,
+    163599,
+    163596,
+    163586,
+]
 
 
 def test_sample_tokenizer_encodes_markers_as_single_ids(sample_tok):
@@ -36,8 +67,15 @@ def test_sample_tokenizer_token_bytes_are_exact(sample_tok):
 
 def test_sample_tokenizer_encodes_as_the_tokenizers_library_does(sample_tok):
     # encode goes through encode_batch_fast (no offsets): the ids must be what Tokenizer.encode gives
-    texts = ["", "plain text", "héllo 世界 🙂</think>", "a<|im_end|>b  \n\n\tc", "e\u0301 decomposed", "x" * 3000,
-             "<think>\nstep 1: 2+2=4</think>The answer is 4.<|im_end|>"]
+    texts = [
+        "",
+        "plain text",
+        "héllo 世界 🙂</think>",
+        "a<|im_end|>b  \n\n\tc",
+        "e\u0301 decomposed",
+        "x" * 3000,
+        "<think>\nstep 1: 2+2=4</think>The answer is 4.<|im_end|>",
+    ]
     for text in texts:
         assert sample_tok.encode(text) == sample_tok.backend.encode(text, add_special_tokens=False).ids, text
 
@@ -103,9 +141,18 @@ def test_broken_tokenizer_json_names_the_file(tmp_path):
 
 @pytest.mark.kimi
 def test_kimi_special_ids(kimi_tok):
-    expected = {"<|im_end|>": 163586, "</think>": 163607, "<think>": 163606, "<|tool_calls_section_begin|>": 163595,
-                "<|tool_call_begin|>": 163597, "<|tool_call_argument_begin|>": 163598, "<|tool_call_end|>": 163599,
-                "<|tool_calls_section_end|>": 163596, "[BOS]": 163584, "[EOS]": 163585}
+    expected = {
+        "<|im_end|>": 163586,
+        "</think>": 163607,
+        "<think>": 163606,
+        "<|tool_calls_section_begin|>": 163595,
+        "<|tool_call_begin|>": 163597,
+        "<|tool_call_argument_begin|>": 163598,
+        "<|tool_call_end|>": 163599,
+        "<|tool_calls_section_end|>": 163596,
+        "[BOS]": 163584,
+        "[EOS]": 163585,
+    }
     assert {t: kimi_tok.special_id(t) for t in expected} == expected
     assert kimi_tok.vocab_size == 163840
 
@@ -130,8 +177,13 @@ def test_kimi_loads_without_importing_transformers(kimi_tokenizer_dir):
         f"t = load_tokenizer({str(kimi_tokenizer_dir)!r}); "
         "assert t.special_id('<|im_end|>') == 163586; print('transformers' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+    )
     assert out.stdout.strip() == "False"
 
 

@@ -51,8 +51,11 @@ def test_logprob_ids_are_kept_where_the_server_changed_the_text(sample_rec):
     tok = sample_rec.tokenizer
     reasoning, content = tok.encode("Think it through."), tok.encode("The answer.")
     ids = reasoning + [tok.special_id("</think>")] + content + [tok.special_id("<|im_end|>")]
-    c = replace(_spaced(_view(sample_rec, ids)), reasoning_logprobs=_logprobs(tok, reasoning),
-                content_logprobs=_logprobs(tok, content))
+    c = replace(
+        _spaced(_view(sample_rec, ids)),
+        reasoning_logprobs=_logprobs(tok, reasoning),
+        content_logprobs=_logprobs(tok, content),
+    )
     out, _ = sample_rec.process(c)
     assert out.output_ids == tuple(ids) and (out.strategy, out.ids_source) == ("logprobs", "logprobs")
     assert out.roundtrip is None and "content_text_differs" in out.notes

@@ -31,15 +31,25 @@ CONVERSATIONS = {
     "agent_loop": [
         {"role": "system", "content": "You are Kimi."},
         {"role": "user", "content": "Price of tea and the sum?"},
-        {"role": "assistant", "reasoning_content": "Two tools.", "content": "",
-         "tool_calls": [_call("functions.lookup_price:0", "lookup_price", '{"product":"tea"}'),
-                        _call("functions.run_python:1", "run_python", '{"code":"print(1+1)"}')]},
+        {
+            "role": "assistant",
+            "reasoning_content": "Two tools.",
+            "content": "",
+            "tool_calls": [
+                _call("functions.lookup_price:0", "lookup_price", '{"product":"tea"}'),
+                _call("functions.run_python:1", "run_python", '{"code":"print(1+1)"}'),
+            ],
+        },
         {"role": "tool", "tool_call_id": "functions.lookup_price:0", "name": "lookup_price", "content": "3 EUR"},
         {"role": "tool", "tool_call_id": "functions.run_python:1", "content": "2"},
         {"role": "assistant", "reasoning_content": "Done.", "content": "Tea costs 3 EUR; 1+1 is 2."},
         {"role": "user", "content": "Now in USD?"},
-        {"role": "assistant", "content": None, "reasoning": "convert",
-         "tool_calls": [_call("functions.lookup_price:2", "lookup_price", '{"product":"tea","currency":"USD"}')]},
+        {
+            "role": "assistant",
+            "content": None,
+            "reasoning": "convert",
+            "tool_calls": [_call("functions.lookup_price:2", "lookup_price", '{"product":"tea","currency":"USD"}')],
+        },
         {"role": "tool", "tool_call_id": "functions.lookup_price:2", "name": "lookup_price", "content": "3.3 USD"},
     ],
 }
@@ -64,8 +74,9 @@ def test_every_prefix_renders_as_the_sample_jinja_template_does(hf_sample, name,
     messages, kwargs = CONVERSATIONS[name], OPTIONS[option]
     for end in range(1, len(messages) + 1):
         for generation in (True, False):
-            expected = hf_sample.apply_chat_template(messages[:end], tokenize=False,
-                                                     add_generation_prompt=generation, **kwargs)
+            expected = hf_sample.apply_chat_template(
+                messages[:end], tokenize=False, add_generation_prompt=generation, **kwargs
+            )
             assert render_prompt("kimi-k2.5", messages[:end], add_generation_prompt=generation, **kwargs) == expected
 
 
@@ -84,8 +95,12 @@ def test_sample_references_prompt_ids_plus_output_ids_are_the_conversation_ids(s
         if "non_canonical" in kinds or row["meta_info"]["finish_reason"]["type"] != "stop":
             continue  # a non-canonical split or a cut-off response is not what encoding text gives back
         view = split_output(row["output_ids"], profile, tok)
-        turn = {"role": "assistant", "reasoning_content": view.reasoning, "content": view.content,
-                "tool_calls": [_call(c.id, c.name, c.arguments) for c in view.tool_calls]}
+        turn = {
+            "role": "assistant",
+            "reasoning_content": view.reasoning,
+            "content": view.content,
+            "tool_calls": [_call(c.id, c.name, c.arguments) for c in view.tool_calls],
+        }
         prompt_ids = tok.encode(render_prompt("kimi-k2.5", row["messages"], row.get("tools")))
         full_ids = tok.encode(render_conversation("kimi-k2.5", [*row["messages"], turn], row.get("tools")))
         assert full_ids == prompt_ids + row["output_ids"], row["id"]

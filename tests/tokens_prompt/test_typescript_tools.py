@@ -13,23 +13,53 @@ import json
 
 from app.tokens.prompt import encode_tools_typescript, render_prompt
 
-WEATHER = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather for a location.",
-    "parameters": {"type": "object", "properties": {
-        "location": {"type": "string", "description": "City and country, e.g. Paris, FR", "minLength": 1},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"], "description": "Temperature unit",
-                 "default": "celsius"},
-        "days": {"type": "integer", "minimum": 1, "maximum": 14},
-        "include": {"type": "array", "items": {"type": "string", "enum": ["wind", "rain", "uv"]},
-                    "description": "Extra fields"},
-        "options": {"type": "object", "description": "Advanced options", "properties": {
-            "lang": {"type": ["string", "null"]},
-            "units": {"type": "object", "properties": {"speed": {"type": "string", "enum": ["kmh", "mph"]}},
-                      "required": ["speed"]},
-            "hours": {"type": "array", "items": {"type": "integer", "description": "Hour of day", "minimum": 0,
-                                                 "maximum": 23}, "maxItems": 24}},
-            "required": ["lang"], "additionalProperties": False}},
-        "required": ["location"]}}}]
+WEATHER = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather for a location.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "location": {"type": "string", "description": "City and country, e.g. Paris, FR", "minLength": 1},
+                    "unit": {
+                        "type": "string",
+                        "enum": ["celsius", "fahrenheit"],
+                        "description": "Temperature unit",
+                        "default": "celsius",
+                    },
+                    "days": {"type": "integer", "minimum": 1, "maximum": 14},
+                    "include": {
+                        "type": "array",
+                        "items": {"type": "string", "enum": ["wind", "rain", "uv"]},
+                        "description": "Extra fields",
+                    },
+                    "options": {
+                        "type": "object",
+                        "description": "Advanced options",
+                        "properties": {
+                            "lang": {"type": ["string", "null"]},
+                            "units": {
+                                "type": "object",
+                                "properties": {"speed": {"type": "string", "enum": ["kmh", "mph"]}},
+                                "required": ["speed"],
+                            },
+                            "hours": {
+                                "type": "array",
+                                "items": {"type": "integer", "description": "Hour of day", "minimum": 0, "maximum": 23},
+                                "maxItems": 24,
+                            },
+                        },
+                        "required": ["lang"],
+                        "additionalProperties": False,
+                    },
+                },
+                "required": ["location"],
+            },
+        },
+    }
+]
 
 WEATHER_TS = (
     "# Tools\n\n## functions\nnamespace functions {\n"
@@ -64,13 +94,25 @@ WEATHER_TS = (
 )
 
 SEARCH = [
-    {"type": "function", "function": {
-        "name": "search_web", "description": "Search the web.\n\nReturns the top results.",
-        "parameters": {"type": "object", "properties": {
-            "query": {"type": "string"}, "limit": {"type": "integer", "default": 5},
-            "filters": {"anyOf": [{"type": "string"}, {"type": "object", "properties": {"site": {"type": "string"}}}]},
-            "meta": {"type": "object", "additionalProperties": {"type": "number"}}},
-            "required": ["query"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "search_web",
+            "description": "Search the web.\n\nReturns the top results.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string"},
+                    "limit": {"type": "integer", "default": 5},
+                    "filters": {
+                        "anyOf": [{"type": "string"}, {"type": "object", "properties": {"site": {"type": "string"}}}]
+                    },
+                    "meta": {"type": "object", "additionalProperties": {"type": "number"}},
+                },
+                "required": ["query"],
+            },
+        },
+    },
     {"type": "function", "function": {"name": "get_time"}},
     {"type": "retrieval", "retrieval": {"name": "kb"}},
 ]
@@ -95,13 +137,31 @@ SEARCH_TS = (
     "}\n"
 )
 
-TREE = [{"type": "function", "function": {
-    "name": "save_tree", "description": "Store a tree.",
-    "parameters": {"type": "object", "$defs": {
-        "Node": {"type": "object", "description": "A tree node", "properties": {
-            "value": {"type": "number"}, "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}}},
-            "required": ["value"]}},
-        "properties": {"root": {"$ref": "#/$defs/Node"}, "name": {"type": "string"}}, "required": ["root"]}}}]
+TREE = [
+    {
+        "type": "function",
+        "function": {
+            "name": "save_tree",
+            "description": "Store a tree.",
+            "parameters": {
+                "type": "object",
+                "$defs": {
+                    "Node": {
+                        "type": "object",
+                        "description": "A tree node",
+                        "properties": {
+                            "value": {"type": "number"},
+                            "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}},
+                        },
+                        "required": ["value"],
+                    }
+                },
+                "properties": {"root": {"$ref": "#/$defs/Node"}, "name": {"type": "string"}},
+                "required": ["root"],
+            },
+        },
+    }
+]
 
 TREE_TS = (
     "# Tools\n\n## functions\nnamespace functions {\n"
@@ -146,8 +206,10 @@ def test_no_function_tools_gives_an_empty_declaration():
 
 def test_the_prompt_declares_the_tools_typescript_style_before_the_first_turn():
     prompt = render_prompt("kimi-k2.5", [{"role": "user", "content": "Weather?"}], WEATHER)
-    assert prompt == (f"<|im_system|>tool_declare<|im_middle|>{WEATHER_TS}<|im_end|>"
-                      "<|im_user|>user<|im_middle|>Weather?<|im_end|><|im_assistant|>assistant<|im_middle|><think>")
+    assert prompt == (
+        f"<|im_system|>tool_declare<|im_middle|>{WEATHER_TS}<|im_end|>"
+        "<|im_user|>user<|im_middle|>Weather?<|im_end|><|im_assistant|>assistant<|im_middle|><think>"
+    )
 
 
 def test_the_declaration_does_not_depend_on_the_tools_key_order():
@@ -160,8 +222,15 @@ def test_the_declaration_does_not_depend_on_the_tools_key_order():
 
 
 def test_a_schema_the_reference_rejects_falls_back_to_compact_json_of_the_sorted_tools():
-    bad = [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"n": {"type": "integer", "enum": ["one"]}}}}}]
+    bad = [
+        {
+            "type": "function",
+            "function": {
+                "name": "f",
+                "parameters": {"type": "object", "properties": {"n": {"type": "integer", "enum": ["one"]}}},
+            },
+        }
+    ]
     prompt = render_prompt("kimi-k2.5", [{"role": "user", "content": "hi"}], bad)
     declared = prompt.split("<|im_middle|>", 1)[1].split("<|im_end|>", 1)[0]
     assert declared == json.dumps(_sorted(bad), separators=(",", ":"))
@@ -171,4 +240,6 @@ def test_a_schema_the_reference_rejects_falls_back_to_compact_json_of_the_sorted
 def test_tools_without_any_function_are_declared_as_json():
     tools = [{"type": "retrieval", "retrieval": {"name": "kb"}}]
     prompt = render_prompt("kimi-k2.5", [{"role": "user", "content": "hi"}], tools)
-    assert prompt.startswith('<|im_system|>tool_declare<|im_middle|>[{"retrieval":{"name":"kb"},"type":"retrieval"}]<|im_end|>')
+    assert prompt.startswith(
+        '<|im_system|>tool_declare<|im_middle|>[{"retrieval":{"name":"kb"},"type":"retrieval"}]<|im_end|>'
+    )

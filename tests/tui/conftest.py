@@ -11,9 +11,8 @@ import pytest
 
 from app.jobs.spec import JobSpec
 from app.records import Completion, Reconstruction, Usage, Verdict
-from app.store.store_records import ResultRecord, SampleInput
 from app.store.run_store import RunStore
-from app.store.store_records import SampleInput
+from app.store.store_records import ResultRecord, SampleInput
 from app.tokens import load_tokenizer
 from app.tokens.align import diff_spans
 
@@ -54,7 +53,13 @@ async def build_run_db(path: Path, tokenizer_dir: Path, tokenizer, *, run_state:
         await store.ingest(
             run_id,
             [
-                SampleInput(f"s{i:04d}", "chat" if i % 3 else "code", [{"role": "user", "content": f"question {i}"}], None, tuple(refs[i]))
+                SampleInput(
+                    f"s{i:04d}",
+                    "chat" if i % 3 else "code",
+                    [{"role": "user", "content": f"question {i}"}],
+                    None,
+                    tuple(refs[i]),
+                )
                 for i in range(N_SAMPLES)
             ],
         )
@@ -66,17 +71,35 @@ async def build_run_db(path: Path, tokenizer_dir: Path, tokenizer, *, run_state:
             rec = _rec_ids(ref, verdict, i)
             spans = diff_spans(ref, rec)
             completion = Completion(
-                content=tokenizer.decode(rec), reasoning="thinking about gates", finish_reason="stop",
-                usage=Usage(prompt_tokens=10, completion_tokens=len(rec)), total_s=1.5, ttft_s=0.2,
+                content=tokenizer.decode(rec),
+                reasoning="thinking about gates",
+                finish_reason="stop",
+                usage=Usage(prompt_tokens=10, completion_tokens=len(rec)),
+                total_s=1.5,
+                ttft_s=0.2,
                 raw={"id": f"gen-{i}"},
             )
-            await store.record_result(ResultRecord(
-                run_id, sample.pk, 1, "sim-a" if i % 2 else "sim-b", completion, 0.001,
-                Reconstruction(tuple(rec), "canonical"),
-                Verdict(verdict, spans[0].ref_start if spans else None, len(ref), len(rec), spans,
-                        "" if verdict == "exact" else f"{verdict} at token {spans[0].ref_start if spans else 0}"),
-                tuple(ref), keep_raw=True,
-            ))
+            await store.record_result(
+                ResultRecord(
+                    run_id,
+                    sample.pk,
+                    1,
+                    "sim-a" if i % 2 else "sim-b",
+                    completion,
+                    0.001,
+                    Reconstruction(tuple(rec), "canonical"),
+                    Verdict(
+                        verdict,
+                        spans[0].ref_start if spans else None,
+                        len(ref),
+                        len(rec),
+                        spans,
+                        "" if verdict == "exact" else f"{verdict} at token {spans[0].ref_start if spans else 0}",
+                    ),
+                    tuple(ref),
+                    keep_raw=True,
+                )
+            )
         await store.add_event(run_id, "info", "run", "engine started with 2 endpoints")
         await store.add_event(run_id, "warning", "endpoint", "sim-b: 429 rate limited")
         await store.set_run_state(run_id, run_state)
@@ -129,8 +152,12 @@ def conversation_config(directory: Path, sample_data_dir: Path):
     data = config_data(directory, sample_data_dir, simulator={"prompt_cache": True})
     data["data"] = {
         "datasets": [
-            {"path": str(sample_data_dir / "conversations.openai.jsonl"), "format": "openai-messages",
-             "regenerate": "all", "on_tool_divergence": "stop"},
+            {
+                "path": str(sample_data_dir / "conversations.openai.jsonl"),
+                "format": "openai-messages",
+                "regenerate": "all",
+                "on_tool_divergence": "stop",
+            },
             {"path": str(sample_data_dir / "conversations.sharegpt.jsonl"), "format": "sharegpt", "regenerate": "all"},
         ],
         "reference": str(sample_data_dir / "conversations.reference.jsonl"),

@@ -63,8 +63,10 @@ def cuts(screen: Screen) -> list[str]:
             if isinstance(parent, Footer):
                 sx = sy = False  # a footer key past the edge is a key the operator never sees
             if not _inside(parent.content_region, region, x=not sx, y=not sy):
-                problems.append(f"{_name(widget)} {region} is not inside its parent {_name(parent)}'s content "
-                                f"{parent.content_region}")
+                problems.append(
+                    f"{_name(widget)} {region} is not inside its parent {_name(parent)}'s content "
+                    f"{parent.content_region}"
+                )
         if isinstance(widget, Static) and not any(_scrolls(widget)):
             problems.extend(_text_cuts(widget))
     return problems

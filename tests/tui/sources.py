@@ -29,13 +29,30 @@ COUNTS = RunCounts(
     failed_by_class=(("attempts_exhausted", 12),),
     retried=31,
     answers=AnswerCounts(
-        answers=460, verdicts=(("exact", 431), ("bpe_equivalent", 17), ("text_mismatch", 3), ("structure_mismatch", 0),
-                               ("truncated", 9), ("unchecked", 0)),
-        verified=448, checked=12, unchecked=0, measured=80, measured_exact=76, measured_benign=2,
-        measured_corrupt=(("text_mismatch", 2),), suspects=1, truncated=9),
+        answers=460,
+        verdicts=(
+            ("exact", 431),
+            ("bpe_equivalent", 17),
+            ("text_mismatch", 3),
+            ("structure_mismatch", 0),
+            ("truncated", 9),
+            ("unchecked", 0),
+        ),
+        verified=448,
+        checked=12,
+        unchecked=0,
+        measured=80,
+        measured_exact=76,
+        measured_benign=2,
+        measured_corrupt=(("text_mismatch", 2),),
+        suspects=1,
+        truncated=9,
+    ),
     strategies=(("canonical", 380), ("logprobs", 80)),
-    endpoints=(EndpointCounts("sim-a", completed=300, failed=8, retried=20, cost_usd=0.84),
-               EndpointCounts("sim-b", completed=160, failed=4, retried=11, cost_usd=0.44)),
+    endpoints=(
+        EndpointCounts("sim-a", completed=300, failed=8, retried=20, cost_usd=0.84),
+        EndpointCounts("sim-b", completed=160, failed=4, retried=11, cost_usd=0.44),
+    ),
     first_at=1_700_000_000.0,
     last_at=1_700_000_754.0,
 )
@@ -53,15 +70,39 @@ LIVE = LiveFigures(
     eta_s=1210.0,
     projected_cost_usd=2.79,
     endpoints=(
-        EndpointLive(name="sim-a", in_flight=5, concurrency_limit=10, latency_p50_ms=2000.0, latency_p95_ms=6000.0,
-                     waiting=1, limit_reason="at ceiling", capacity=10),
-        EndpointLive(name="sim-b", in_flight=3, concurrency_limit=6, latency_p50_ms=2400.0, latency_p95_ms=7100.0,
-                     waiting=1, limit_reason="at ceiling", capacity=6),
+        EndpointLive(
+            name="sim-a",
+            in_flight=5,
+            concurrency_limit=10,
+            latency_p50_ms=2000.0,
+            latency_p95_ms=6000.0,
+            waiting=1,
+            limit_reason="at ceiling",
+            capacity=10,
+        ),
+        EndpointLive(
+            name="sim-b",
+            in_flight=3,
+            concurrency_limit=6,
+            latency_p50_ms=2400.0,
+            latency_p95_ms=7100.0,
+            waiting=1,
+            limit_reason="at ceiling",
+            capacity=6,
+        ),
     ),
 )
 # a fixed record: 754 s into the run (read_at), as an in-process engine would show it
-RECORD = RunRecord(run_name="demo", state="running", counts=COUNTS, engine="here", engine_text="engine in this process",
-                   live=LIVE, budget_usd=5.0, read_at=1_700_000_754.0)
+RECORD = RunRecord(
+    run_name="demo",
+    state="running",
+    counts=COUNTS,
+    engine="here",
+    engine_text="engine in this process",
+    live=LIVE,
+    budget_usd=5.0,
+    read_at=1_700_000_754.0,
+)
 
 
 def tok(i: int, text: str, special: bool = False) -> AlignedToken:
@@ -98,7 +139,9 @@ def make_rows(n: int) -> list[MismatchRow]:
 class MemorySource:
     """A DataSource over fixed in-memory data, and its own RunControl; records control calls in `commands`."""
 
-    def __init__(self, *, rows: int = 250, live: bool = False, can_control: bool = True, state: str = "running") -> None:
+    def __init__(
+        self, *, rows: int = 250, live: bool = False, can_control: bool = True, state: str = "running"
+    ) -> None:
         self._record = replace(RECORD, state=state, live=replace(LIVE, state=state))
         self.rows = make_rows(rows)
         self._live = live
@@ -129,14 +172,23 @@ class MemorySource:
     def record(self, live: LiveFigures | None) -> RunRecord:
         return self._record
 
-    def mismatch_page(self, verdicts: Sequence[str], text: str, order: str, offset: int, limit: int, **anchor) -> MismatchPage:
+    def mismatch_page(
+        self, verdicts: Sequence[str], text: str, order: str, offset: int, limit: int, **anchor
+    ) -> MismatchPage:
         # Pages by offset only (the anchors are an optimisation of the database source).
-        rows = [r for r in self.rows if r.category in verdicts and (not text or text in r.sample_id or text in r.dataset)]
-        key = {"sample": lambda r: r.sample_id, "recent": lambda r: [-ord(c) for c in r.sample_id],
-               "verdict": lambda r: (r.category, r.sample_id), "first_diff": lambda r: (r.first_diff, r.sample_id),
-               "n_diff": lambda r: (-r.n_diff, r.sample_id), "longest": lambda r: (-r.rec_len, r.sample_id)}[order]
+        rows = [
+            r for r in self.rows if r.category in verdicts and (not text or text in r.sample_id or text in r.dataset)
+        ]
+        key = {
+            "sample": lambda r: r.sample_id,
+            "recent": lambda r: [-ord(c) for c in r.sample_id],
+            "verdict": lambda r: (r.category, r.sample_id),
+            "first_diff": lambda r: (r.first_diff, r.sample_id),
+            "n_diff": lambda r: (-r.n_diff, r.sample_id),
+            "longest": lambda r: (-r.rec_len, r.sample_id),
+        }[order]
         rows.sort(key=key)
-        return MismatchPage(tuple(rows[offset:offset + limit]), len(rows), offset)
+        return MismatchPage(tuple(rows[offset : offset + limit]), len(rows), offset)
 
     def conversation_page(self, after_pk: int, limit: int) -> list[ConversationRow]:
         return []  # a single-turn run
@@ -145,15 +197,32 @@ class MemorySource:
         return []
 
     def sample_diff(self, sample_id: str) -> SampleDiff:
-        return SampleDiff(sample_id, "bpe_equivalent", "same text, different BPE split — '·NOR' vs '·N' + 'OR'", sample_alignment(3), "canonical")
+        return SampleDiff(
+            sample_id,
+            "bpe_equivalent",
+            "same text, different BPE split — '·NOR' vs '·N' + 'OR'",
+            sample_alignment(3),
+            "canonical",
+        )
 
     def sample_detail(self, sample_id: str) -> SampleDetail:
         return SampleDetail(
-            sample_id, "chat", "done", prompt=({"role": "user", "content": "Is NOR [functionally] complete?"},),
-            reasoning="NOR alone can build NOT, AND, OR.", content="Yes: NOR is functionally complete.",
+            sample_id,
+            "chat",
+            "done",
+            prompt=({"role": "user", "content": "Is NOR [functionally] complete?"},),
+            reasoning="NOR alone can build NOT, AND, OR.",
+            content="Yes: NOR is functionally complete.",
             tool_calls=({"id": "call_0", "name": "lookup", "arguments": '{"q": "NOR"}'},),
-            usage={"prompt_tokens": 12, "completion_tokens": 40}, cost_usd=0.00031, latency_ms=2150.0, ttft_ms=310.0,
-            endpoint="sim-a", finish_reason="stop", category="bpe_equivalent", strategy="canonical", raw='{"id": "gen-1"}',
+            usage={"prompt_tokens": 12, "completion_tokens": 40},
+            cost_usd=0.00031,
+            latency_ms=2150.0,
+            ttft_ms=310.0,
+            endpoint="sim-a",
+            finish_reason="stop",
+            category="bpe_equivalent",
+            strategy="canonical",
+            raw='{"id": "gen-1"}',
             keep_raw=True,
         )
 
@@ -218,8 +287,9 @@ CONVERSATIONS = (
     ConversationRow("conv-sg-05", "chats", 2, 0, "running", 1, False, 37),
     ConversationRow("conv-sg-06", "chats", 2, 2, "done", 2, False, 39),
 )
-DIVERGED_WHY = ('turn 1: tool call 0 (search) has arguments {"limit":9,"note":"a different call"} where the dataset '
-                'had {"limit":9}')
+DIVERGED_WHY = (
+    'turn 1: tool call 0 (search) has arguments {"limit":9,"note":"a different call"} where the dataset had {"limit":9}'
+)
 TURNS = {
     "conv-oa-02": (
         TurnRow(5, "conv-oa-02#1", 1, 5, "done", None, None, False, "exact", 88, None),
@@ -231,14 +301,26 @@ TURNS = {
     "conv-oa-03": (
         TurnRow(10, "conv-oa-03#1", 1, 5, "done", None, None, False, "exact", 101, None),
         TurnRow(11, "conv-oa-03#2", 2, 5, "skipped", "diverged", DIVERGED_WHY, False, None, None, None),
-        *(TurnRow(10 + k, f"conv-oa-03#{k}", k, 5, "skipped", "parent_skipped", DIVERGED_WHY, False, None, None, None)
-          for k in (3, 4, 5)),
+        *(
+            TurnRow(10 + k, f"conv-oa-03#{k}", k, 5, "skipped", "parent_skipped", DIVERGED_WHY, False, None, None, None)
+            for k in (3, 4, 5)
+        ),
     ),
 }
 CONVERSATION_COUNTS = ConversationCounts(
-    total=12, done=4, diverged=1, failed=1, truncated=1, ended_skipped=0, open=5, not_started=1, in_flight=2,
-    waiting_on_parent=2, turns={"pending": 2, "waiting": 11, "leased": 2, "done": 21, "failed": 1, "skipped": 3},
-    off_policy_turns=2)
+    total=12,
+    done=4,
+    diverged=1,
+    failed=1,
+    truncated=1,
+    ended_skipped=0,
+    open=5,
+    not_started=1,
+    in_flight=2,
+    waiting_on_parent=2,
+    turns={"pending": 2, "waiting": 11, "leased": 2, "done": 21, "failed": 1, "skipped": 3},
+    off_policy_turns=2,
+)
 
 
 class ConversationSource(MemorySource):

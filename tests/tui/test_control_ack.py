@@ -68,8 +68,12 @@ def _engine(tmp_path: Path, sample_data: Path, n: int = 120) -> tuple[subprocess
     """A headless engine over the built-in simulator, slow enough (1 s requests, at most 4 at once) to steer."""
     cfg = headless_config(tmp_path, sample_data, latency_ms=1000.0)
     cfg.write_text(cfg.read_text() + "\n[limits]\nconcurrency_initial = 4\nconcurrency_max = 4\n")
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "run", "--headless", str(cfg), "--limit", str(n)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "run", "--headless", str(cfg), "--limit", str(n)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     return proc, tmp_path / "h.db"
 
 
@@ -146,7 +150,9 @@ async def test_a_live_engine_acknowledges_every_control_sent_from_an_attached_vi
         assert rows == [("pause", 1), ("resume", 1), ("set_concurrency", 1), ("pause", 1)]
 
 
-async def test_a_frozen_engine_leaves_the_command_unacknowledged_and_the_viewer_warns(tmp_path, sample_data_dir) -> None:
+async def test_a_frozen_engine_leaves_the_command_unacknowledged_and_the_viewer_warns(
+    tmp_path, sample_data_dir
+) -> None:
     async with viewer_over_engine(tmp_path, sample_data_dir) as (proc, db, app, pilot):
         proc.send_signal(signal.SIGSTOP)  # alive but taking nothing, and no more beats
         await pilot.press("p")
@@ -178,8 +184,11 @@ async def test_in_process_controls_say_they_applied_directly() -> None:
 
 
 def test_the_pause_now_question_counts_requests_on_the_wire_not_leased() -> None:
-    rec = replace(RECORD, counts=replace(RECORD.counts, samples=replace(RECORD.counts.samples, leased=36)),
-                  live=replace(LIVE, in_flight=9, waiting=3))
+    rec = replace(
+        RECORD,
+        counts=replace(RECORD.counts, samples=replace(RECORD.counts.samples, leased=36)),
+        live=replace(LIVE, in_flight=9, waiting=3),
+    )
     question = pause_now_question(rec)
     assert "cancel the 9 requests on the wire" in question and "36" not in question
     assert "3 samples waiting" in question and question.endswith("providers may still bill them.")
@@ -200,8 +209,9 @@ async def test_the_pause_now_confirmation_fits_80_by_24_whole() -> None:
         box = app.screen.query_one("#confirm-box")
         assert box.region.right <= 80 and box.region.bottom <= 24
         assert label.region.right <= box.region.right and label.size.width <= 64
-        drawn = " ".join(" ".join(seg.text for seg in strip).strip()
-                         for strip in app.screen._compositor.render_strips()).replace("█", " ")
+        drawn = " ".join(
+            " ".join(seg.text for seg in strip).strip() for strip in app.screen._compositor.render_strips()
+        ).replace("█", " ")
         words = " ".join(drawn.split())
         assert pause_now_question(source._record) in words  # every word on screen, the billing warning too
 

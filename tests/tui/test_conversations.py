@@ -103,8 +103,9 @@ async def open_conversation(pilot, conversation_id: str) -> ConversationScreen:
 
 
 @pytest.mark.parametrize("face", FACES)
-async def test_the_dashboard_counts_the_conversations_as_the_store_does(face, conversation_db, tmp_path,
-                                                                         sample_data_dir) -> None:
+async def test_the_dashboard_counts_the_conversations_as_the_store_does(
+    face, conversation_db, tmp_path, sample_data_dir
+) -> None:
     async with monitor(face, conversation_db, tmp_path, sample_data_dir) as (app, pilot, database):
         screen = app.screen
         assert isinstance(screen, DashboardScreen)
@@ -113,15 +114,24 @@ async def test_the_dashboard_counts_the_conversations_as_the_store_does(face, co
         assert (counts.total, counts.done, counts.diverged, counts.open) == (16, 15, 1, 0)
         assert tile.display and tile._shown == conversation_lines(counts, tile.content_size.width)
         shown = "\n".join(screen_text(screen))
-        for item in ("done 15/16", "open 0", "diverged 1", "failed 0", "off-policy 0", f"turns done {counts.turns['done']}",
-                     "wait 0", f"skipped {counts.turns['skipped']}"):
+        for item in (
+            "done 15/16",
+            "open 0",
+            "diverged 1",
+            "failed 0",
+            "off-policy 0",
+            f"turns done {counts.turns['done']}",
+            "wait 0",
+            f"skipped {counts.turns['skipped']}",
+        ):
             assert item in shown, item
         assert cuts(screen) == []
 
 
 @pytest.mark.parametrize("face", FACES)
 async def test_the_conversation_view_lists_each_conversation_with_turn_k_of_t_and_its_status(
-        face, conversation_db, tmp_path, sample_data_dir) -> None:
+    face, conversation_db, tmp_path, sample_data_dir
+) -> None:
     async with monitor(face, conversation_db, tmp_path, sample_data_dir) as (app, pilot, database):
         await pilot.press("C")
         await settle(pilot)
@@ -140,8 +150,9 @@ async def test_the_conversation_view_lists_each_conversation_with_turn_k_of_t_an
         assert cuts(screen) == []
 
 
-async def test_enter_on_a_conversation_lists_its_turns_with_their_verdicts(conversation_db, tmp_path,
-                                                                           sample_data_dir) -> None:
+async def test_enter_on_a_conversation_lists_its_turns_with_their_verdicts(
+    conversation_db, tmp_path, sample_data_dir
+) -> None:
     async with monitor("attached", conversation_db, tmp_path, sample_data_dir) as (app, pilot, database):
         screen = await open_conversation(pilot, "conv-oa-01")
         conn = sqlite3.connect(database)
@@ -149,15 +160,17 @@ async def test_enter_on_a_conversation_lists_its_turns_with_their_verdicts(conve
         conn.close()
         lines = rows_of(screen)
         assert [line.split()[:4] for line in lines] == [
-            [f"{t.turn}/{t.turns}", t.sample_id, "✓", "done"] for t in turns]
+            [f"{t.turn}/{t.turns}", t.sample_id, "✓", "done"] for t in turns
+        ]
         assert all(f"{t.n_tokens:,}" in line and "exact" in line for t, line in zip(turns, lines))
         header = "\n".join(screen_text(screen)[:1])
         assert "conv-oa-01 · ✓ done at turn 4 of 4 · 4/4" in header
         assert cuts(screen) == []
 
 
-async def test_the_diverged_conversation_shows_as_diverged_at_its_turn(conversation_db, tmp_path,
-                                                                       sample_data_dir) -> None:
+async def test_the_diverged_conversation_shows_as_diverged_at_its_turn(
+    conversation_db, tmp_path, sample_data_dir
+) -> None:
     async with monitor("attached", conversation_db, tmp_path, sample_data_dir) as (app, pilot, _):
         screen = await open_conversation(pilot, "conv-oa-03")
         text = screen_text(screen)
@@ -174,8 +187,9 @@ async def test_the_diverged_conversation_shows_as_diverged_at_its_turn(conversat
 
 
 @pytest.mark.parametrize("face", FACES)
-async def test_enter_on_a_turn_opens_the_token_diff_of_its_sample(face, conversation_db, tmp_path,
-                                                                  sample_data_dir) -> None:
+async def test_enter_on_a_turn_opens_the_token_diff_of_its_sample(
+    face, conversation_db, tmp_path, sample_data_dir
+) -> None:
     async with monitor(face, conversation_db, tmp_path, sample_data_dir) as (app, pilot, _):
         screen = await open_conversation(pilot, "conv-oa-02")
         await pilot.press("home", "down", "enter")  # turn 2 (the cursor starts on the last turn: all done)
@@ -207,7 +221,8 @@ async def test_a_run_without_conversations_offers_no_conversation_view(run_db: P
 
 
 async def test_the_help_and_the_palette_offer_the_conversation_view_of_a_run_with_conversations(
-        conversation_db: Path) -> None:
+    conversation_db: Path,
+) -> None:
     app = EaglewatchApp(AttachedSource(conversation_db))
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
@@ -226,22 +241,65 @@ async def test_the_help_and_the_palette_offer_the_conversation_view_of_a_run_wit
             assert " ".join(f"{entry} {meaning}".split()) in help_text
 
 
-@pytest.mark.parametrize("counts", [
-    ConversationCounts(total=16, done=15, diverged=1, turns={"done": 64, "skipped": 4}),
-    ConversationCounts(total=1_250_000, done=812_345, diverged=12_345, failed=1_234, truncated=9_876, ended_skipped=321,
-                       open=413_879, off_policy_turns=98_765,
-                       turns={"done": 4_100_000, "leased": 64, "waiting": 1_900_000, "pending": 412_345,
-                              "failed": 1_234, "skipped": 45_678}),
-    ConversationCounts(total=9_999_999, done=8_888_888, diverged=7_777_777, failed=6_666_666, truncated=5_555_555,
-                       ended_skipped=4_444_444, open=3_333_333, off_policy_turns=2_222_222,
-                       turns={"done": 9_999_999, "leased": 9_999, "waiting": 8_888_888, "pending": 7_777_777,
-                              "failed": 6_666_666, "skipped": 5_555_555}),
-], ids=["sample", "a million", "every count at its widest"])
+@pytest.mark.parametrize(
+    "counts",
+    [
+        ConversationCounts(total=16, done=15, diverged=1, turns={"done": 64, "skipped": 4}),
+        ConversationCounts(
+            total=1_250_000,
+            done=812_345,
+            diverged=12_345,
+            failed=1_234,
+            truncated=9_876,
+            ended_skipped=321,
+            open=413_879,
+            off_policy_turns=98_765,
+            turns={
+                "done": 4_100_000,
+                "leased": 64,
+                "waiting": 1_900_000,
+                "pending": 412_345,
+                "failed": 1_234,
+                "skipped": 45_678,
+            },
+        ),
+        ConversationCounts(
+            total=9_999_999,
+            done=8_888_888,
+            diverged=7_777_777,
+            failed=6_666_666,
+            truncated=5_555_555,
+            ended_skipped=4_444_444,
+            open=3_333_333,
+            off_policy_turns=2_222_222,
+            turns={
+                "done": 9_999_999,
+                "leased": 9_999,
+                "waiting": 8_888_888,
+                "pending": 7_777_777,
+                "failed": 6_666_666,
+                "skipped": 5_555_555,
+            },
+        ),
+    ],
+    ids=["sample", "a million", "every count at its widest"],
+)
 def test_the_conversation_tile_shows_every_count_whole_in_its_width(counts) -> None:
     lines = conversation_lines(counts, CONVERSATION_WIDTH)
     assert len(lines) == 4 and all(cell_len(line) <= CONVERSATION_WIDTH for line in lines), lines
-    labels = [("done",), ("open",), ("diverged", "div"), ("failed",), ("trunc",), ("off-policy", "off-pol"),
-              ("turns done",), ("flight",), ("wait",), ("pending",), ("skipped",)]
+    labels = [
+        ("done",),
+        ("open",),
+        ("diverged", "div"),
+        ("failed",),
+        ("trunc",),
+        ("off-policy", "off-pol"),
+        ("turns done",),
+        ("flight",),
+        ("wait",),
+        ("pending",),
+        ("skipped",),
+    ]
     text = "  ".join(lines)
     for label in labels:
         assert any(re.search(rf"(^|\s){re.escape(word)} [0-9]", text) for word in label), label
@@ -253,13 +311,18 @@ async def _waiting_run(path: Path, conversations: int) -> None:
     waiting on it), the rest not started."""
     from app.conversation import ConversationInput, split_turns
 
-    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
-                {"role": "user", "content": "and?"}, {"role": "assistant", "content": "bye"}]
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "and?"},
+        {"role": "assistant", "content": "bye"},
+    ]
     store = await RunStore.open(path)
     try:
         run_id = await store.ensure_run("r")
-        await store.ingest_conversations(run_id, [ConversationInput(f"c{i:03d}", "chats", None, split_turns(messages))
-                                                  for i in range(conversations)])
+        await store.ingest_conversations(
+            run_id, [ConversationInput(f"c{i:03d}", "chats", None, split_turns(messages)) for i in range(conversations)]
+        )
         leased = await store.lease(run_id, 3, 600)
         assert len(leased) == 3
     finally:
@@ -305,8 +368,11 @@ async def test_pages_turn_by_key_and_live_states_read_in_words(tmp_path: Path) -
         assert cuts(app.screen) == []
 
 
-@pytest.mark.parametrize("size", [(80, 24), (120, 40), (100, 30), (80, 40), (120, 24), (160, 50)],
-                         ids=["80x24", "120x40", "100x30", "80x40", "120x24", "160x50"])
+@pytest.mark.parametrize(
+    "size",
+    [(80, 24), (120, 40), (100, 30), (80, 40), (120, 24), (160, 50)],
+    ids=["80x24", "120x40", "100x30", "80x40", "120x24", "160x50"],
+)
 async def test_a_run_with_conversations_fits_every_size(conversation_db: Path, size) -> None:
     from tests.tui.test_fit import assert_dashboard_fits
 

@@ -33,6 +33,7 @@ def test_pages_turned_by_key_match_pages_by_offset(run_db: Path, order: str) -> 
 
 def test_tokens_differing_order_by_index_matches_the_sorted_path(run_db: Path) -> None:
     reader = AttachedSource(run_db).reader
+
     # no text filter: the n_diff index; a filter every sample id matches ("s"): the Python sort
     def rows(text: str) -> list:
         pages = (reader.mismatch_page(MISMATCH_VERDICTS, text, "n_diff", offset, 30) for offset in range(0, 160, 30))

@@ -26,8 +26,18 @@ class Terminal:
         env = {"TERM": "xterm-256color", "TEXTUAL_ANIMATIONS": "none"}
         exports = " ".join(f"{k}={v}" for k, v in env.items())
         subprocess.run(
-            [TMUX, "new-session", "-d", "-s", name, "-x", str(width), "-y", str(height),
-             f"cd {REPO} && env {exports} {command}; echo EXITED $?; sleep 60"],
+            [
+                TMUX,
+                "new-session",
+                "-d",
+                "-s",
+                name,
+                "-x",
+                str(width),
+                "-y",
+                str(height),
+                f"cd {REPO} && env {exports} {command}; echo EXITED $?; sleep 60",
+            ],
             check=True,
         )
 

@@ -8,8 +8,8 @@ import sqlite3
 import time
 from pathlib import Path
 
-from app.engine.record.snapshot import EndpointLive, LiveFigures
 from app.engine.record.codec import snapshot_to_json
+from app.engine.record.snapshot import EndpointLive, LiveFigures
 from app.store.heartbeat import beat_op
 from app.tui.app import EaglewatchApp
 from app.tui.db_source import AttachedSource
@@ -23,8 +23,14 @@ def _beat(run_db: Path, *, age_s: float, snapshot: LiveFigures | None = None) ->
         assert state == "running"
         now = time.time() - age_s
         # another host, so only the beat's age tells (no pid check)
-        beat_op(run_id, pid=4242, host="gpu-elsewhere", started_at=now - 60, now=now,
-                snapshot_json=snapshot_to_json(snapshot) if snapshot else None)(conn)
+        beat_op(
+            run_id,
+            pid=4242,
+            host="gpu-elsewhere",
+            started_at=now - 60,
+            now=now,
+            snapshot_json=snapshot_to_json(snapshot) if snapshot else None,
+        )(conn)
     finally:
         conn.close()
 
@@ -47,9 +53,16 @@ async def test_a_stale_heartbeat_reads_engine_gone_and_the_run_keys_are_off(run_
 
 
 async def test_a_fresh_heartbeat_gives_the_engine_numbers_to_the_attached_face(run_db: Path) -> None:
-    live = LiveFigures("running", in_flight=7, waiting=2, concurrency_limit=9, eta_s=42.0,
-                       endpoints=(EndpointLive("sim", in_flight=7, waiting=2, concurrency_limit=9,
-                                               limit_reason="at ceiling", capacity=9),))
+    live = LiveFigures(
+        "running",
+        in_flight=7,
+        waiting=2,
+        concurrency_limit=9,
+        eta_s=42.0,
+        endpoints=(
+            EndpointLive("sim", in_flight=7, waiting=2, concurrency_limit=9, limit_reason="at ceiling", capacity=9),
+        ),
+    )
     _beat(run_db, age_s=0.0, snapshot=live)
     src = AttachedSource(run_db)
     try:

@@ -64,7 +64,6 @@ async def test_a_replaced_exclusive_fetch_posts_nothing() -> None:
     app = Host()
     release = threading.Event()
     async with app.run_test() as pilot:
-
         slow_thread: list[int] = []
 
         def slow() -> str:
@@ -75,7 +74,9 @@ async def test_a_replaced_exclusive_fetch_posts_nothing() -> None:
         first = fetch_in_thread(app, slow, Loaded, Failed, group="page", exclusive=True)
         while not slow_thread:  # the first read has started
             await pilot.pause()
-        second = fetch_in_thread(app, lambda: "fresh", Loaded, Failed, group="page", exclusive=True)  # cancels the first
+        second = fetch_in_thread(
+            app, lambda: "fresh", Loaded, Failed, group="page", exclusive=True
+        )  # cancels the first
         await second.wait()
         assert first.is_cancelled
         release.set()  # the first read now ends, after the fresh one: its stale page must not be posted

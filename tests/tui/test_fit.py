@@ -47,8 +47,10 @@ def with_probes(run_db: Path) -> Path:
     reconstruction measured, one in four of those corrupt."""
     conn = sqlite3.connect(run_db)
     with conn:
-        conn.execute("UPDATE reconstructions SET flags = CASE WHEN (id / 3) % 4 = 0 "
-                     "THEN '[\"text_path:text_mismatch\"]' ELSE '[\"text_path:exact\"]' END WHERE id % 3 = 0")
+        conn.execute(
+            "UPDATE reconstructions SET flags = CASE WHEN (id / 3) % 4 = 0 "
+            "THEN '[\"text_path:text_mismatch\"]' ELSE '[\"text_path:exact\"]' END WHERE id % 3 = 0"
+        )
     conn.close()
     return run_db
 
@@ -68,7 +70,9 @@ def assert_tiles_fit(screen: DashboardScreen) -> None:
 def assert_plots_fit(screen: DashboardScreen) -> None:
     shown = [p for p in screen.query(TimePlot) if p.display]
     assert len(shown) == (1 if screen.one_plot else len(PLOTS))
-    assert screen.one_plot == (screen.size.width < 120 or (screen.size.width < 160 and screen.has_class("-conversations")))
+    assert screen.one_plot == (
+        screen.size.width < 120 or (screen.size.width < 160 and screen.has_class("-conversations"))
+    )
     for plot in shown:
         width, height = plot.content_size
         lines = plot.lines(width, height)
@@ -93,8 +97,9 @@ def assert_dashboard_fits(screen: DashboardScreen) -> None:
         assert blank_rows(screen) <= 1, "\n".join(screen_text(screen))
 
 
-@pytest.mark.parametrize("size", SIZES + [(100, 30), (80, 40), (120, 24), (160, 50)],
-                         ids=IDS + ["100x30", "80x40", "120x24", "160x50"])
+@pytest.mark.parametrize(
+    "size", SIZES + [(100, 30), (80, 40), (120, 24), (160, 50)], ids=IDS + ["100x30", "80x40", "120x24", "160x50"]
+)
 async def test_attached_dashboard_fits(run_db: Path, size) -> None:
     app = EaglewatchApp(AttachedSource(with_probes(run_db)))
     async with app.run_test(size=size) as pilot:
@@ -151,8 +156,11 @@ async def start_engine(tmp_path: Path, sample_data_dir: Path, samples: int = 40)
     over the first `samples` prompts that have references."""
     overrides = {"run.database": str(tmp_path / "demo.db")}
     for n in (0, 1):  # no hangs (a hang waits out its 20 s timeout), a short latency tail, unpaced streams: quick
-        overrides |= {f"endpoints[{n}].simulator.faults.hang": 0.0, f"endpoints[{n}].simulator.latency_p95_ms": 600.0,
-                      f"endpoints[{n}].simulator.tokens_per_s": 0.0}
+        overrides |= {
+            f"endpoints[{n}].simulator.faults.hang": 0.0,
+            f"endpoints[{n}].simulator.latency_p95_ms": 600.0,
+            f"endpoints[{n}].simulator.tokens_per_s": 0.0,
+        }
     config = apply_overrides(load_config(sample_data_dir / "demo.toml"), overrides)
     references = {}
     for line in (sample_data_dir / "reference.jsonl").read_text().splitlines()[:samples]:
@@ -161,8 +169,14 @@ async def start_engine(tmp_path: Path, sample_data_dir: Path, samples: int = 40)
     prompts = [json.loads(line) for line in (sample_data_dir / "prompts.openai.jsonl").read_text().splitlines()]
     store = await RunStore.open(config.run.database)
     run_id = await store.ensure_run(config.run.name, config.redacted())
-    await store.ingest(run_id, [SampleInput(p["id"], "prompts", p["messages"], p.get("tools"), references[p["id"]])
-                                for p in prompts if p["id"] in references])
+    await store.ingest(
+        run_id,
+        [
+            SampleInput(p["id"], "prompts", p["messages"], p.get("tools"), references[p["id"]])
+            for p in prompts
+            if p["id"] in references
+        ],
+    )
     engine = Run(config, store, db_path=config.run.database)
     await engine.start()
     return config, store, engine

@@ -35,8 +35,11 @@ async def test_pause_and_resume_keys_reach_the_engine(tmp_path: Path, sample_dat
         run_id = await store.ensure_run(config.run.name, config.redacted())
         await store.ingest(
             run_id,
-            [SampleInput(p["id"], "prompts", p["messages"], p.get("tools"), references[p["id"]])
-             for p in prompts if p["id"] in references],
+            [
+                SampleInput(p["id"], "prompts", p["messages"], p.get("tools"), references[p["id"]])
+                for p in prompts
+                if p["id"] in references
+            ],
         )
         engine = Run(config, store, db_path=config.run.database)
         await engine.start()
@@ -74,7 +77,9 @@ async def test_set_concurrency_key_changes_the_engines_limit(tmp_path: Path, sam
     engine = None
     try:
         run_id = await store.ensure_run(config.run.name, config.redacted())
-        await store.ingest(run_id, [SampleInput(p["id"], "prompts", p["messages"], p.get("tools"), None) for p in prompts])
+        await store.ingest(
+            run_id, [SampleInput(p["id"], "prompts", p["messages"], p.get("tools"), None) for p in prompts]
+        )
         engine = Run(config, store, db_path=config.run.database)
         await engine.start()
         await engine.pause()  # nothing finishes meanwhile: the key stays available (running or paused)

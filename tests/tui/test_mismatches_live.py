@@ -9,9 +9,8 @@ from pathlib import Path
 from rich.cells import cell_len
 
 from app.records import Completion, Reconstruction, Usage, Verdict
-from app.store.store_records import SampleInput, ResultRecord
 from app.store.run_store import RunStore
-from app.store.store_records import SampleInput
+from app.store.store_records import ResultRecord, SampleInput
 from app.tokens.align import diff_spans
 from app.tui.app import EaglewatchApp
 from app.tui.db_source import AttachedSource
@@ -32,20 +31,40 @@ async def add_mismatches(db: Path, tokenizer, sample_ids: list[str]) -> None:
     try:
         run_id = await store.ensure_run("demo", {})
         refs = {sid: tokenizer.encode(f"The answer to {sid} is the NAND gate.") for sid in sample_ids}
-        await store.ingest(run_id, [SampleInput(sid, "chat", [{"role": "user", "content": sid}], None, tuple(refs[sid]))
-                                    for sid in sample_ids])
+        await store.ingest(
+            run_id,
+            [
+                SampleInput(sid, "chat", [{"role": "user", "content": sid}], None, tuple(refs[sid]))
+                for sid in sample_ids
+            ],
+        )
         for sample in await store.lease(run_id, len(sample_ids), 600):
             ref = refs[sample.sample_id]
             rec = list(ref)
             rec[3] = (rec[3] + 1) % 1000 + 10
             spans = diff_spans(ref, rec)
-            completion = Completion(content=tokenizer.decode(rec), reasoning="", finish_reason="stop",
-                                    usage=Usage(prompt_tokens=10, completion_tokens=len(rec)), total_s=1.0, ttft_s=0.1)
-            await store.record_result(ResultRecord(
-                run_id, sample.pk, 1, "sim-a", completion, 0.001, Reconstruction(tuple(rec), "canonical"),
-                Verdict("text_mismatch", spans[0].ref_start, len(ref), len(rec), spans, "corrupt: added live"),
-                tuple(ref), keep_raw=False,
-            ))
+            completion = Completion(
+                content=tokenizer.decode(rec),
+                reasoning="",
+                finish_reason="stop",
+                usage=Usage(prompt_tokens=10, completion_tokens=len(rec)),
+                total_s=1.0,
+                ttft_s=0.1,
+            )
+            await store.record_result(
+                ResultRecord(
+                    run_id,
+                    sample.pk,
+                    1,
+                    "sim-a",
+                    completion,
+                    0.001,
+                    Reconstruction(tuple(rec), "canonical"),
+                    Verdict("text_mismatch", spans[0].ref_start, len(ref), len(rec), spans, "corrupt: added live"),
+                    tuple(ref),
+                    keep_raw=False,
+                )
+            )
     finally:
         await store.close()
 
@@ -166,8 +185,10 @@ async def test_in_process_the_list_follows_a_running_engine(tmp_path: Path, samp
     from app.tui.db_source import InProcessSource
     from tests.engine.conftest import sample_inputs
 
-    config = apply_overrides(load_config(sample_data_dir / "demo.toml"), {
-        "run.database": str(tmp_path / "demo.db"), "limits.concurrency_initial": 4, "limits.concurrency_max": 4})
+    config = apply_overrides(
+        load_config(sample_data_dir / "demo.toml"),
+        {"run.database": str(tmp_path / "demo.db"), "limits.concurrency_initial": 4, "limits.concurrency_max": 4},
+    )
     store = await RunStore.open(config.run.database)
     engine = None
     try:

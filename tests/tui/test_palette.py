@@ -9,8 +9,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from app.engine.record.snapshot import LiveFigures
 from app.engine.record.codec import snapshot_to_json
+from app.engine.record.snapshot import LiveFigures
 from app.store.heartbeat import beat_op
 from app.tui.app import EaglewatchApp
 from app.tui.db_source import AttachedSource
@@ -35,8 +35,14 @@ def _live_engine(run_db: Path):
             run_id = conn.execute("SELECT id FROM runs").fetchone()[0]
             started = time.time() - 60
             while True:
-                beat_op(run_id, pid=4242, host="gpu-elsewhere", started_at=started, now=time.time(),
-                        snapshot_json=snapshot_to_json(LiveFigures("running")))(conn)
+                beat_op(
+                    run_id,
+                    pid=4242,
+                    host="gpu-elsewhere",
+                    started_at=started,
+                    now=time.time(),
+                    snapshot_json=snapshot_to_json(LiveFigures("running")),
+                )(conn)
                 if stop.wait(1.0):
                     return
         finally:
@@ -71,8 +77,9 @@ async def test_the_palette_offers_run_controls_only_while_they_would_act(run_db:
         assert "Mismatches" in _titles(app)
 
 
-async def test_a_screenshot_without_a_downloads_folder_goes_to_the_working_directory(run_db: Path, tmp_path: Path,
-                                                                                     monkeypatch) -> None:
+async def test_a_screenshot_without_a_downloads_folder_goes_to_the_working_directory(
+    run_db: Path, tmp_path: Path, monkeypatch
+) -> None:
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir()
     work.mkdir()

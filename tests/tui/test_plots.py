@@ -72,8 +72,10 @@ async def test_the_plots_end_at_what_the_tiles_show(run_db: Path) -> None:
         tile = screen.query_one("#tile-reconstruction")._shown[-1]
         measured, matched = screen.series.measured()
         conn = sqlite3.connect(run_db)
-        truth = conn.execute("SELECT COUNT(*), SUM(flags NOT LIKE '%text_mismatch%') FROM reconstructions "
-                             "WHERE flags LIKE '%text_path:%'").fetchone()
+        truth = conn.execute(
+            "SELECT COUNT(*), SUM(flags NOT LIKE '%text_mismatch%') FROM reconstructions "
+            "WHERE flags LIKE '%text_path:%'"
+        ).fetchone()
         conn.close()
         assert (measured, matched) == truth == (rec.counts.answers.measured, rec.counts.answers.measured_matched)
         assert measured > 0
@@ -84,8 +86,9 @@ async def test_the_plots_end_at_what_the_tiles_show(run_db: Path) -> None:
         assert rate.now_label == f"avg {rec.finished.tok_s:,.0f}"
         assert f"avg tok/s {rec.finished.tok_s:,.0f}" in screen.query_one("#tile-throughput")._shown
         total_tokens = sum(v for v in rate.values if v)
-        assert total_tokens == sum(b.tokens for b in queries.series_since(
-            sqlite3.connect(f"file:{run_db}?mode=ro", uri=True), 1).buckets)
+        assert total_tokens == sum(
+            b.tokens for b in queries.series_since(sqlite3.connect(f"file:{run_db}?mode=ro", uri=True), 1).buckets
+        )
 
 
 def test_the_series_freeze_at_done_and_grow_while_running(run_db: Path) -> None:
@@ -96,7 +99,9 @@ def test_the_series_freeze_at_done_and_grow_while_running(run_db: Path) -> None:
         running = dataclasses.replace(source.record(None), engine="running", live=LiveFigures("running"), finished=None)
         assert running.state == "running"
         now = time.time()
-        assert len(series.plots(running, now + 600)["throughput"].values) > len(series.plots(running, now)["throughput"].values)
+        assert len(series.plots(running, now + 600)["throughput"].values) > len(
+            series.plots(running, now)["throughput"].values
+        )
         done = dataclasses.replace(running, state="done", finished=FinishedFigures())
         assert series.plots(done, now) == series.plots(done, now + 3600)  # nothing moves after DONE
         gone = dataclasses.replace(running, engine="gone", live=None, finished=FinishedFigures())
@@ -123,7 +128,9 @@ async def test_both_faces_draw_the_same_plots(tmp_path: Path, sample_data_dir: P
                 app.screen.poll()
                 await settle(pilot)
             assert app.screen._last.state == "done" and not app.screen.series.empty
-            shown = {name: app.screen.query_one(f"#plot-{name}", TimePlot).series for name in ("throughput", "match", "cost")}
+            shown = {
+                name: app.screen.query_one(f"#plot-{name}", TimePlot).series for name in ("throughput", "match", "cost")
+            }
             attached = AttachedSource(Path(config.run.database))
             try:
                 theirs = read_all(attached).plots(attached.record(None))
@@ -150,10 +157,14 @@ def test_kept_buckets_give_the_same_plots_as_a_fresh_read(run_db: Path) -> None:
     def chunk(*buckets: queries.SeriesBucket) -> queries.SeriesChunk:
         return queries.SeriesChunk(tuple(buckets), 0, 0, True)
 
-    rows = [queries.SeriesBucket(b0 + k, 10 * k, k, 0.5 * k, k % 3, k % 2, T0 + 10 * k, T0 + 10 * k + 5)
-            for k in range(0, 40, 3)]
-    late = [queries.SeriesBucket(b0 + 4, 7, 1, 0.25, 2, 1, T0 + 41, T0 + 42),
-            queries.SeriesBucket(b0 + 60, 9, 1, 0.1, 1, 1, T0 + 601, T0 + 602)]
+    rows = [
+        queries.SeriesBucket(b0 + k, 10 * k, k, 0.5 * k, k % 3, k % 2, T0 + 10 * k, T0 + 10 * k + 5)
+        for k in range(0, 40, 3)
+    ]
+    late = [
+        queries.SeriesBucket(b0 + 4, 7, 1, 0.25, 2, 1, T0 + 41, T0 + 42),
+        queries.SeriesBucket(b0 + 60, 9, 1, 0.1, 1, 1, T0 + 601, T0 + 602),
+    ]
     kept = RunSeries()
     kept.add(chunk(*rows[:7]))
     kept.plots(snap, T0 + 300)

@@ -68,6 +68,10 @@ async def test_an_attached_viewers_retry_reaches_the_engine_through_the_commands
         await store.close()
     conn = sqlite3.connect(config.run.database)
     assert conn.execute("SELECT verb FROM commands").fetchall() == [("retry_failed",)]
-    assert conn.execute("SELECT COUNT(*) FROM events WHERE message LIKE '4 failed samples put back to pending%'"
-                        ).fetchone()[0] == 1
+    assert (
+        conn.execute(
+            "SELECT COUNT(*) FROM events WHERE message LIKE '4 failed samples put back to pending%'"
+        ).fetchone()[0]
+        == 1
+    )
     assert conn.execute("SELECT MIN(tries_forgiven) FROM samples").fetchone()[0] == 1  # the earlier try forgiven

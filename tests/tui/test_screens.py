@@ -354,8 +354,10 @@ def test_the_attached_control_implements_run_control_exactly() -> None:
         assert inspect.signature(mine) == inspect.signature(getattr(RunControl, name)), name
 
 
-@pytest.mark.parametrize(("keep_raw", "said"), [(False, "raw bodies are not kept: set [run] keep_raw = true"),
-                                                 (True, "no raw body was stored for this attempt")])
+@pytest.mark.parametrize(
+    ("keep_raw", "said"),
+    [(False, "raw bodies are not kept: set [run] keep_raw = true"), (True, "no raw body was stored for this attempt")],
+)
 async def test_sample_screen_says_why_a_raw_body_is_absent(run_db: Path, keep_raw: bool, said: str) -> None:
     conn = sqlite3.connect(run_db)
     conn.execute("UPDATE responses SET raw = NULL WHERE sample_pk = (SELECT pk FROM samples WHERE sample_id = 's0002')")

@@ -90,7 +90,10 @@ def test_only_loopback_hosts_count_as_private() -> None:
 
 def test_serve_refuses_a_missing_database(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "app.cli", "serve", str(tmp_path / "nope.db")], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "app.cli", "serve", str(tmp_path / "nope.db")],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2
     assert "no such run database" in proc.stderr and "Traceback" not in proc.stderr
@@ -98,14 +101,27 @@ def test_serve_refuses_a_missing_database(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (scripts/test installs it as root)")
 @pytest.mark.parametrize("control", [False, True], ids=["view-only", "control"])
-def test_a_browser_shows_the_dashboard_with_control_keys_only_when_asked(tmp_path: Path, run_db: Path, control: bool) -> None:
+def test_a_browser_shows_the_dashboard_with_control_keys_only_when_asked(
+    tmp_path: Path, run_db: Path, control: bool
+) -> None:
     playwright = pytest.importorskip("playwright.sync_api")
     pytest.importorskip("pyte")
     port = _free_port()
     env = dict(os.environ, TEXTUAL_ANIMATIONS="none")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", str(run_db), "--port", str(port), *(["--control"] if control else [])],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "serve",
+            str(run_db),
+            "--port",
+            str(port),
+            *(["--control"] if control else []),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
     )
     try:
         _wait_listening(port, proc)

@@ -100,9 +100,12 @@ def test_conversations(snap_compare) -> None:
 
 def test_conversation_turns_in_flight(snap_compare) -> None:
     # conv-oa-02: two turns done, the third in flight, the last two waiting on it
-    assert snap_compare(EaglewatchApp(ConversationSource()), terminal_size=(80, 24), run_before=keys("C", "down", "enter"))
+    assert snap_compare(
+        EaglewatchApp(ConversationSource()), terminal_size=(80, 24), run_before=keys("C", "down", "enter")
+    )
 
 
 def test_conversation_turns_diverged(snap_compare) -> None:
-    assert snap_compare(EaglewatchApp(ConversationSource()), terminal_size=(80, 24),
-                        run_before=keys("C", "down", "down", "enter"))
+    assert snap_compare(
+        EaglewatchApp(ConversationSource()), terminal_size=(80, 24), run_before=keys("C", "down", "down", "enter")
+    )

@@ -23,32 +23,90 @@ SIZES = [(80, 24), (120, 40), (120, 24), (80, 40)]
 IDS = ["80x24", "120x40", "120x24", "80x40"]
 
 ANSWERS = AnswerCounts(
-    answers=2_030, verdicts=(("exact", 1_804), ("bpe_equivalent", 75), ("text_mismatch", 23), ("structure_mismatch", 4),
-                             ("truncated", 16), ("unchecked", 108)),
-    verified=312, checked=1_610, unchecked=108, measured=312, measured_exact=300, measured_benign=8,
-    measured_corrupt=(("text_mismatch", 4),), suspects=7, truncated=16)
+    answers=2_030,
+    verdicts=(
+        ("exact", 1_804),
+        ("bpe_equivalent", 75),
+        ("text_mismatch", 23),
+        ("structure_mismatch", 4),
+        ("truncated", 16),
+        ("unchecked", 108),
+    ),
+    verified=312,
+    checked=1_610,
+    unchecked=108,
+    measured=312,
+    measured_exact=300,
+    measured_benign=8,
+    measured_corrupt=(("text_mismatch", 4),),
+    suspects=7,
+    truncated=16,
+)
 DEMANDING = replace(
     RECORD,
-    counts=replace(COUNTS, answers=ANSWERS, errors_by_class=(("429", 57), ("5xx", 12), ("stream", 3), ("timeout", 1)),
-                   retried=70, endpoints=(EndpointCounts("simulator", completed=1_900, failed=3, cost_usd=1.1),
-                                          EndpointCounts("quirky-upstream", completed=130, failed=2, cost_usd=0.1))),
-    live=replace(LIVE, in_flight=10, waiting=191, concurrency_limit=10, endpoints=(
-        EndpointLive("simulator", in_flight=8, waiting=150, concurrency_limit=8, limit_reason="growing"),
-        EndpointLive("quirky-upstream", in_flight=2, waiting=41, concurrency_limit=2, limit_reason="cooling down after 429",
-                     capacity=2))),
+    counts=replace(
+        COUNTS,
+        answers=ANSWERS,
+        errors_by_class=(("429", 57), ("5xx", 12), ("stream", 3), ("timeout", 1)),
+        retried=70,
+        endpoints=(
+            EndpointCounts("simulator", completed=1_900, failed=3, cost_usd=1.1),
+            EndpointCounts("quirky-upstream", completed=130, failed=2, cost_usd=0.1),
+        ),
+    ),
+    live=replace(
+        LIVE,
+        in_flight=10,
+        waiting=191,
+        concurrency_limit=10,
+        endpoints=(
+            EndpointLive("simulator", in_flight=8, waiting=150, concurrency_limit=8, limit_reason="growing"),
+            EndpointLive(
+                "quirky-upstream",
+                in_flight=2,
+                waiting=41,
+                concurrency_limit=2,
+                limit_reason="cooling down after 429",
+                capacity=2,
+            ),
+        ),
+    ),
 )
-FINISHED = replace(DEMANDING, state="done", live=None, engine="stopped", engine_text="engine exited 3 min ago",
-                   finished=FinishedFigures(elapsed_s=754.0, req_s=2.69, tok_s=546.4, cost_per_hour=6.13,
-                                            percentiles=Percentiles(2150.0, 6400.0, 310.0, 900.0)))
+FINISHED = replace(
+    DEMANDING,
+    state="done",
+    live=None,
+    engine="stopped",
+    engine_text="engine exited 3 min ago",
+    finished=FinishedFigures(
+        elapsed_s=754.0,
+        req_s=2.69,
+        tok_s=546.4,
+        cost_per_hour=6.13,
+        percentiles=Percentiles(2150.0, 6400.0, 310.0, 900.0),
+    ),
+)
 
 # what each tile must show whole: one of the alternatives (a full word, or its glossary abbreviation) per item
 LIVE_ITEMS = {
-    "throughput": [("tok/s 1,530",), ("p95 6.4s", "p95 6.4 s"), ("in flight 10/10", "flight 10/10"),
-                   ("waiting 191",), ("limit mixed",)],
+    "throughput": [
+        ("tok/s 1,530",),
+        ("p95 6.4s", "p95 6.4 s"),
+        ("in flight 10/10", "flight 10/10"),
+        ("waiting 191",),
+        ("limit mixed",),
+    ],
     "cost": [("spent $1.28",), ("$6.13/h",), ("proj. $2.79",), ("budget $5.00 26%",)],
-    "reconstruction": [("exact 1,804",), ("benign 75",), ("corrupt 27",), ("trunc 16", "truncated 16"),
-                       ("no ref 108", "no reference 108"), ("suspect 7",), ("verified 312",),
-                       ("match 98.7% n=312",)],
+    "reconstruction": [
+        ("exact 1,804",),
+        ("benign 75",),
+        ("corrupt 27",),
+        ("trunc 16", "truncated 16"),
+        ("no ref 108", "no reference 108"),
+        ("suspect 7",),
+        ("verified 312",),
+        ("match 98.7% n=312",),
+    ],
     "errors": [("429 57",), ("5xx 12",), ("stream 3",), ("timeout 1",), ("failed 12",), ("retried 70",)],
 }
 FINISHED_ITEMS = {
@@ -58,9 +116,41 @@ FINISHED_ITEMS = {
     "errors": LIVE_ITEMS["errors"],
 }
 # words a tile may use without explanation; anything else must be in the help's glossary
-PLAIN = {"spent", "budget", "none", "exact", "benign", "corrupt", "truncated", "reference", "suspect", "verified",
-         "unchecked", "measured", "match", "failed", "retried", "leased", "waiting", "in", "flight", "limit",
-         "capacity", "growing", "at", "ceiling", "mixed", "pinned", "n", "stream", "timeout", "s", "ms", "h", "of"}
+PLAIN = {
+    "spent",
+    "budget",
+    "none",
+    "exact",
+    "benign",
+    "corrupt",
+    "truncated",
+    "reference",
+    "suspect",
+    "verified",
+    "unchecked",
+    "measured",
+    "match",
+    "failed",
+    "retried",
+    "leased",
+    "waiting",
+    "in",
+    "flight",
+    "limit",
+    "capacity",
+    "growing",
+    "at",
+    "ceiling",
+    "mixed",
+    "pinned",
+    "n",
+    "stream",
+    "timeout",
+    "s",
+    "ms",
+    "h",
+    "of",
+}
 
 
 def _help_text(screen: HelpScreen) -> str:
@@ -78,7 +168,9 @@ def _tiles(screen: DashboardScreen) -> dict[str, str]:
 
 
 def _words(text: str) -> set[str]:
-    return {w.rstrip(".,") if w != "proj." else w for w in re.findall(r"(?<![0-9A-Za-z$])[A-Za-z][A-Za-z0-9/.\-]*", text)}
+    return {
+        w.rstrip(".,") if w != "proj." else w for w in re.findall(r"(?<![0-9A-Za-z$])[A-Za-z][A-Za-z0-9/.\-]*", text)
+    }
 
 
 async def _dashboard(pilot) -> DashboardScreen:
@@ -91,8 +183,9 @@ async def _dashboard(pilot) -> DashboardScreen:
 
 
 @pytest.mark.parametrize("size", SIZES, ids=IDS)
-@pytest.mark.parametrize(("record", "items"), [(DEMANDING, LIVE_ITEMS), (FINISHED, FINISHED_ITEMS)],
-                         ids=["live", "finished"])
+@pytest.mark.parametrize(
+    ("record", "items"), [(DEMANDING, LIVE_ITEMS), (FINISHED, FINISHED_ITEMS)], ids=["live", "finished"]
+)
 async def test_every_tile_shows_every_label_and_number_whole(size, record: RunRecord, items) -> None:
     source = MemorySource()
     source._record = record
@@ -121,8 +214,12 @@ async def test_every_tile_shows_every_label_and_number_whole(size, record: RunRe
 @pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
 async def test_endpoint_names_are_whole_or_an_alias_the_help_explains(size) -> None:
     long_name = "openrouter-moonshot-kimi-k2.5-floor-us-east"
-    record = replace(DEMANDING, counts=replace(DEMANDING.counts, endpoints=(
-        *DEMANDING.counts.endpoints, EndpointCounts(long_name, completed=5))))
+    record = replace(
+        DEMANDING,
+        counts=replace(
+            DEMANDING.counts, endpoints=(*DEMANDING.counts.endpoints, EndpointCounts(long_name, completed=5))
+        ),
+    )
     source = MemorySource()
     source._record = record
     app = EaglewatchApp(source)
@@ -152,9 +249,14 @@ async def test_each_endpoint_says_how_far_its_text_path_is_proven(size) -> None:
     def status(endpoint: str, provider: str | None, state: str) -> VerificationStatus:
         return VerificationStatus(endpoint, provider, state, 5 if state == VERIFIED else 0, 5, 0, 0, 9, 9, 0, None)
 
-    record = replace(DEMANDING, trust=(status("simulator", None, VERIFIED),
-                                       status("quirky-upstream", "a", VERIFIED),
-                                       status("quirky-upstream", "b", PRIOR_ONLY)))
+    record = replace(
+        DEMANDING,
+        trust=(
+            status("simulator", None, VERIFIED),
+            status("quirky-upstream", "a", VERIFIED),
+            status("quirky-upstream", "b", PRIOR_ONLY),
+        ),
+    )
     source = MemorySource()
     source._record = record
     app = EaglewatchApp(source)

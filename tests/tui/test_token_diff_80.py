@@ -13,19 +13,25 @@ from app.tui.source import SampleDiff
 from tests.tui.sources import MemorySource
 from widgets.token_diff import SEPARATOR, TokenDiffView, token_label
 
-REF_TEXT = ("The total is 24830 tokens, not 4830.\n北京的天气怎么样？🙂🚀 done.\n\t\tindented = {\"city\": \"Paris\"}\n"
-            "================================================================\n"
-            "                                spaces before; 1234567890123 digits<|im_end|>")
-REC_TEXT = ("The total is 24831 tokens, not 4830.\n北京的天气很好？🙂 done!\n\t indented = {\"city\": \"Pariss\"}\n"
-            "================================================================\n"
-            "                               spaces before; 1234567890123 digits<|im_end|>")
+REF_TEXT = (
+    'The total is 24830 tokens, not 4830.\n北京的天气怎么样？🙂🚀 done.\n\t\tindented = {"city": "Paris"}\n'
+    "================================================================\n"
+    "                                spaces before; 1234567890123 digits<|im_end|>"
+)
+REC_TEXT = (
+    'The total is 24831 tokens, not 4830.\n北京的天气很好？🙂 done!\n\t indented = {"city": "Pariss"}\n'
+    "================================================================\n"
+    "                               spaces before; 1234567890123 digits<|im_end|>"
+)
 
 
 def _alignment(tok) -> Alignment:
     """A real alignment of two edited texts, plus a differing token wider than any side (an id of 5 digits)."""
     ref, rec = tok.encode(REF_TEXT), tok.encode(REC_TEXT)
     al = align(ref, rec, tok)
-    long = AlignBlock(False, al.ref_len, al.rec_len, (AlignedToken(24830, "x" * 70),), (AlignedToken(163586, "y" * 45),))
+    long = AlignBlock(
+        False, al.ref_len, al.rec_len, (AlignedToken(24830, "x" * 70),), (AlignedToken(163586, "y" * 45),)
+    )
     return Alignment(al.blocks + (long,), al.ref_len + 1, al.rec_len + 1)
 
 
@@ -53,7 +59,7 @@ async def _rendered_rows(pilot, view: TokenDiffView) -> tuple[str, dict[int, str
     while True:
         view.scroll_to(y=y, animate=False)
         await pilot.pause()
-        lines = _screen_lines(pilot.app)[region.y:region.y + height]
+        lines = _screen_lines(pilot.app)[region.y : region.y + height]
         scroll = int(view.scroll_offset.y)
         header = lines[0]
         for k, line in enumerate(lines[1:]):
@@ -83,7 +89,7 @@ async def _check_layout(pilot, view: TokenDiffView, alignment: Alignment, stacke
     for index in range(view.row_count):
         line = rows[index]
         if stacked:
-            mark, text = line[view.index_gutter - 1], line[view.index_gutter + 1:]
+            mark, text = line[view.index_gutter - 1], line[view.index_gutter + 1 :]
             assert mark in " -+", line
             if mark in " -":
                 ref_cells.append(text)
@@ -92,8 +98,8 @@ async def _check_layout(pilot, view: TokenDiffView, alignment: Alignment, stacke
         else:
             assert SEPARATOR in line, line
             left, right = line.split(SEPARATOR, 1)
-            ref_cells.append(left[view.index_gutter:])
-            rec_cells.append(right[view.rec_index_gutter:])
+            ref_cells.append(left[view.index_gutter :])
+            rec_cells.append(right[view.rec_index_gutter :])
     want_ref = "".join(_expected(b.ref, not b.equal) for b in alignment.blocks)
     want_rec = "".join(_expected(b.rec, not b.equal) for b in alignment.blocks)
     assert "…" not in "".join(ref_cells + rec_cells)  # nothing clipped
@@ -105,9 +111,9 @@ async def _check_layout(pilot, view: TokenDiffView, alignment: Alignment, stacke
         line = rows[index]
         own = row.rec_position if row.role == "rec" else row.position
         if own is not None:
-            assert line[1:view.index_gutter - 1].strip() == str(own), line
+            assert line[1 : view.index_gutter - 1].strip() == str(own), line
         if not stacked and row.rec_position is not None:
-            assert line.split(SEPARATOR, 1)[1][:view.rec_index_gutter].strip() == str(row.rec_position), line
+            assert line.split(SEPARATOR, 1)[1][: view.rec_index_gutter].strip() == str(row.rec_position), line
 
 
 async def _open_diff(pilot) -> TokenDiffView:
@@ -142,11 +148,21 @@ async def test_every_kimi_token_is_drawn_whole_at_80_columns_in_both_layouts(kim
 
 async def test_indexes_past_five_digits_widen_the_gutter_and_cut_nothing() -> None:
     words = tuple(AlignedToken(900 + k, w) for k, w in enumerate(["·the", "·total", "·is", "·24830", "·again"] * 8))
-    alignment = Alignment((
-        AlignBlock(True, 123_400, 123_401, words, words),
-        AlignBlock(False, 123_440, 123_441, (AlignedToken(24830, "24830"),), (AlignedToken(24831, "24831"), AlignedToken(7, "·x"))),
-        AlignBlock(True, 123_441, 123_443, words, words),
-    ), 1_234_567, 1_234_568)
+    alignment = Alignment(
+        (
+            AlignBlock(True, 123_400, 123_401, words, words),
+            AlignBlock(
+                False,
+                123_440,
+                123_441,
+                (AlignedToken(24830, "24830"),),
+                (AlignedToken(24831, "24831"), AlignedToken(7, "·x")),
+            ),
+            AlignBlock(True, 123_441, 123_443, words, words),
+        ),
+        1_234_567,
+        1_234_568,
+    )
     await _check_at_80(alignment)
 
 
@@ -159,9 +175,8 @@ async def test_the_current_difference_keeps_its_marks_at_80_columns(tokenizer, s
         view.force_stacked = stacked
         await pilot.press("n")
         await pilot.pause()
-        lines = _screen_lines(app)[view.region.y + 1:view.region.bottom]
+        lines = _screen_lines(app)[view.region.y + 1 : view.region.bottom]
         current = [line for line in lines if line.startswith("▶")]
         assert current
         marks = {line[view.index_gutter - 1] for line in current}
         assert marks <= ({"-", "+"} if stacked else {"≠"}) and marks
-

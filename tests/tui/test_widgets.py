@@ -44,7 +44,7 @@ def test_stacked_rows_show_reference_then_reconstruction() -> None:
     rows, hunks = build_rows(sample_alignment(1), 60, stacked=True, show_ids=False)
     roles = [r.role for r in rows]
     first = hunks[0]
-    assert roles[first:first + 2] == ["ref", "rec"]
+    assert roles[first : first + 2] == ["ref", "rec"]
 
 
 class DiffHost(App):
@@ -58,7 +58,9 @@ async def test_diff_view_opens_32k_tokens_and_walks_every_difference() -> None:
     for _k in range(32):
         blocks.append(AlignBlock(True, pos, pos, equal, equal))
         pos += len(equal)
-        blocks.append(AlignBlock(False, pos, pos, (AlignedToken(7, "·NOR"),), (AlignedToken(8, "·N"), AlignedToken(9, "OR"))))
+        blocks.append(
+            AlignBlock(False, pos, pos, (AlignedToken(7, "·NOR"),), (AlignedToken(8, "·N"), AlignedToken(9, "OR")))
+        )
         pos += 1
     alignment = Alignment(tuple(blocks), pos, pos + 32)
     app = DiffHost()

@@ -25,8 +25,15 @@ from app.records import Completion
 class CompletionClient(Protocol):
     """What the engine needs of a client: one chat completion per call (`app.providers.client.ChatClient`)."""
 
-    async def complete(self, messages: list[dict], tools: list | None = None, *, model: str,
-                       extra: dict | None = None, on_first_token: Callable[[], None] | None = None) -> Completion: ...
+    async def complete(
+        self,
+        messages: list[dict],
+        tools: list | None = None,
+        *,
+        model: str,
+        extra: dict | None = None,
+        on_first_token: Callable[[], None] | None = None,
+    ) -> Completion: ...
 
 
 class Closable(Protocol):
@@ -82,7 +89,9 @@ def check_base_url(ep: EndpointConfig) -> None:
     try:
         urlsplit(ep.base_url).port  # noqa: B018 - raises ValueError on a malformed port
     except ValueError as exc:
-        raise InputError(f"endpoint {ep.name!r}: base_url is not a valid URL ({exc}); fix [[endpoints]] base_url") from None
+        raise InputError(
+            f"endpoint {ep.name!r}: base_url is not a valid URL ({exc}); fix [[endpoints]] base_url"
+        ) from None
     problem = url_secret_problem(ep.base_url)
     if problem is not None:
         raise InputError(f"endpoint {ep.name!r}: base_url {problem}")
@@ -117,8 +126,13 @@ async def open_endpoints(
                 server = await _start_simulator(config, ep)
                 out.simulators.append(server)
                 # the client asks for ids as the personality's server would be asked (app.providers.servers)
-                ep = ep.model_copy(update={"base_url": server.base_url, "simulator": None,
-                                           "server": ep.server or ep.simulator.personality})
+                ep = ep.model_copy(
+                    update={
+                        "base_url": server.base_url,
+                        "simulator": None,
+                        "server": ep.server or ep.simulator.personality,
+                    }
+                )
                 if on_event is not None:
                     await on_event("info", "endpoint", f"{ep.name}: built-in simulator listening on {server.base_url}")
             check_base_url(ep)
@@ -141,9 +155,12 @@ async def _start_simulator(config: RunConfig, ep: EndpointConfig):
     if pricing is not None:
         kwargs["pricing"] = pricing
     server = SimulatorServer(
-        sim, tokenizer_dir=config.model.tokenizer,
-        reference=sim.reference or config.data.reference, model=config.model.name,
-        profile=config.model.profile, **kwargs,
+        sim,
+        tokenizer_dir=config.model.tokenizer,
+        reference=sim.reference or config.data.reference,
+        model=config.model.name,
+        profile=config.model.profile,
+        **kwargs,
     )
     await server.start()
     return server
@@ -186,7 +203,9 @@ def total_limit(endpoints: Sequence[Endpoint]) -> int:
 def set_total_limit(endpoints: list[Endpoint], limit: int) -> int:
     """Spread an operator's total in-flight limit over the endpoints by weight (each clamped to its min/max);
     return the new total."""
-    return sum(ep.limit.set_limit(n) for ep, n in zip(endpoints, split_by_weight(limit, [e.config.weight for e in endpoints])))
+    return sum(
+        ep.limit.set_limit(n) for ep, n in zip(endpoints, split_by_weight(limit, [e.config.weight for e in endpoints]))
+    )
 
 
 def split_by_weight(total: int, weights: list[float]) -> list[int]:
@@ -198,6 +217,8 @@ def split_by_weight(total: int, weights: list[float]) -> list[int]:
     total_w = sum(weights) or 1.0
     exact = [spare * w / total_w for w in weights]
     parts = [1 + math.floor(x) for x in exact]
-    for i in sorted(range(n), key=lambda i: exact[i] - math.floor(exact[i]), reverse=True)[: spare - sum(p - 1 for p in parts)]:
+    for i in sorted(range(n), key=lambda i: exact[i] - math.floor(exact[i]), reverse=True)[
+        : spare - sum(p - 1 for p in parts)
+    ]:
         parts[i] += 1
     return parts

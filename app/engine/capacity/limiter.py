@@ -225,8 +225,14 @@ class AdaptiveLimit:
     def _level(self, ticket: Ticket | None) -> int:
         return ticket.level if ticket is not None else max(1, self.in_flight)
 
-    def on_success(self, saturated: bool = True, *, ticket: Ticket | None = None, latency_s: float | None = None,
-                   now: float | None = None) -> LimitChange | None:
+    def on_success(
+        self,
+        saturated: bool = True,
+        *,
+        ticket: Ticket | None = None,
+        latency_s: float | None = None,
+        now: float | None = None,
+    ) -> LimitChange | None:
         """Record a success (its ticket, latency — TTFT when streaming — and clock); may grow or, on a
         rising latency, cut the limit. `saturated`: the limit was the bottleneck (work was waiting)."""
         clocked = now is not None
@@ -263,8 +269,11 @@ class AdaptiveLimit:
                 if self.ceiling >= self.limit:  # the whole probe is proven: probe further, sooner
                     self._probe_step = min(self._probe_step * 2, 64)
                     self._probe_gap_s = self.min_probe_gap_s
-        if (not saturated or (clocked and now < self.cooldown_until)
-                or (ticket is not None and ticket.epoch < self._fresh_epoch)):
+        if (
+            not saturated
+            or (clocked and now < self.cooldown_until)
+            or (ticket is not None and ticket.epoch < self._fresh_epoch)
+        ):
             return None  # grow only on requests started since the last cut (TCP: ACKs of new data)
         cap = self._cap()
         if self._latency_held:
@@ -290,8 +299,7 @@ class AdaptiveLimit:
             return None  # started before the last cut: says nothing about the current limit
         if not self._round:  # a round's size is fixed when it starts (slow start would stretch the first one)
             # (in slow start short rounds, so a queue ends it within a round trip or two, as in HyStart)
-            self._round_size = (max(8, self.round_min // 2) if self.ceiling is None
-                                else max(self.round_min, self.limit))
+            self._round_size = max(8, self.round_min // 2) if self.ceiling is None else max(self.round_min, self.limit)
         self._round.append(latency_s)
         if len(self._round) < self._round_size:
             return None
@@ -334,8 +342,9 @@ class AdaptiveLimit:
         self._next_probe = now + self._probe_gap_s
         return LimitChange(old, self.limit, 0.0, "latency rising") if self.limit != old else None
 
-    def on_overload(self, now: float, retry_after_s: float | None = None, *,
-                    ticket: Ticket | None = None) -> LimitChange | None:
+    def on_overload(
+        self, now: float, retry_after_s: float | None = None, *, ticket: Ticket | None = None
+    ) -> LimitChange | None:
         """Record a 429/503/529: above the ceiling it ends slow start or a probe; at a proven level it is
         forgiven as noise unless such overloads are frequent, which cuts the limit and honours Retry-After."""
         self._now = max(self._now, now)
@@ -351,7 +360,7 @@ class AdaptiveLimit:
             if self.operator_cap is not None:
                 return None
         old = self.limit
-        window = list(self._outcomes)[-max(2 * self.limit, 50):]
+        window = list(self._outcomes)[-max(2 * self.limit, 50) :]
         bad = sum(window)
         at_proven = self.ceiling is not None and level <= self.ceiling
         if not stale and self.ceiling is not None and level == self.ceiling > self.minimum:
@@ -383,8 +392,12 @@ class AdaptiveLimit:
             # demonstrably admitted — one fewer than this request's level. Suspect until a request as deep
             # is served (then it was noise: forgotten, and the limiter goes back to where it was)
             before = (self.ceiling, self._probe_step, self.limit) if self._suspect is None else self._suspect[2:5]
-            self._suspect = (level, ticket.epoch if ticket is not None else self._epoch, *before,
-                             ticket.started if ticket is not None else now)
+            self._suspect = (
+                level,
+                ticket.epoch if ticket is not None else self._epoch,
+                *before,
+                ticket.started if ticket is not None else now,
+            )
             proven = level - 1 if self.ceiling is None else self.ceiling
             self._hold_at(max(self.minimum, min(proven, self.limit)), now)
             return LimitChange(old, self.limit, 0.0, "overloaded above capacity") if self.limit != old else None
@@ -439,9 +452,14 @@ class AdaptiveLimit:
         now = self._now if now is None else now
         floor = min((m for _, m in self._round_medians), default=None)
         return LimiterState(
-            limit=self.limit, in_flight=self.in_flight, reason=self.reason(now), capacity_estimate=self.ceiling,
+            limit=self.limit,
+            in_flight=self.in_flight,
+            reason=self.reason(now),
+            capacity_estimate=self.ceiling,
             cooldown_s=max(0.0, self.cooldown_until - now),
             latency_floor_ms=None if floor is None else floor * 1000.0,
             latency_recent_ms=None if self._recent_latency is None else self._recent_latency * 1000.0,
-            overloads=self.overloads, forgiven=self.forgiven, cuts=self.cuts,
+            overloads=self.overloads,
+            forgiven=self.forgiven,
+            cuts=self.cuts,
         )

@@ -2,7 +2,8 @@
 
 `EndpointSlots.acquire_ticket()` waits until some endpoint can start a request (a free slot, no cooldown)
 and returns its index with the limiter's `Ticket` (the request's level, start and epoch, which the outcome
-gives back to the limiter; `acquire()` returns the index alone); among the endpoints that can, the pick follows the weights (smooth weighted round
+gives back to the limiter; `acquire()` returns the index alone); among the endpoints that can, the pick follows the
+weights (smooth weighted round
 robin). An endpoint its health marks down (`app.engine.health.endpoint_health`) gets no request; when it comes back,
 `wake()` serves the waiters. Waiters are served first come, first served; a cooldown's end wakes them with a timer.
 """
@@ -20,8 +21,9 @@ from app.engine.capacity.weights import WeightedRoundRobin
 class EndpointSlots:
     """The in-flight slots of all endpoints of a run."""
 
-    def __init__(self, limits: list[AdaptiveLimit], weights: list[float],
-                 up: Callable[[int], bool] | None = None) -> None:
+    def __init__(
+        self, limits: list[AdaptiveLimit], weights: list[float], up: Callable[[int], bool] | None = None
+    ) -> None:
         self.limits = limits
         self._up = up  # endpoint index -> whether it may be sent requests (None: always)
         self._rr = WeightedRoundRobin(weights)

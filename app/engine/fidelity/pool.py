@@ -69,8 +69,11 @@ BIG_REBUILD_CHARS = 256 * 1024  # text of an answer past which it is rebuilt in 
 
 def rebuild_size(completion: Completion) -> int:
     """Characters of text a rebuild of `completion` encodes (reasoning, content, tool names and arguments)."""
-    return (len(completion.content) + len(completion.reasoning or "")
-            + sum(len(c.arguments) + len(c.name) for c in completion.tool_calls))
+    return (
+        len(completion.content)
+        + len(completion.reasoning or "")
+        + sum(len(c.arguments) + len(c.name) for c in completion.tool_calls)
+    )
 
 
 class RebuildSample(Protocol):
@@ -93,8 +96,9 @@ def build_reconstructor(config: RunConfig) -> CompletionReconstructor:
     return Reconstructor(profile, load_tokenizer(config.model.tokenizer, profile.pretokenizer_pattern))
 
 
-async def open_rebuilder(reconstructor: CompletionReconstructor, config: RunConfig,
-                         db_path: Path) -> tuple[Rebuilder, list[str]]:
+async def open_rebuilder(
+    reconstructor: CompletionReconstructor, config: RunConfig, db_path: Path
+) -> tuple[Rebuilder, list[str]]:
     """A Rebuilder over `reconstructor` with the stored fidelity profiles of the config's endpoints
     (app.store.profile_store), and one sentence per profile loaded: for rebuilds outside a run (benchmarks,
     tests); a run opens its own with priors and live learning (app.engine.fidelity.verify.open_verification)."""
@@ -103,20 +107,25 @@ async def open_rebuilder(reconstructor: CompletionReconstructor, config: RunConf
     names = {e.name for e in config.endpoints}
     stored = await asyncio.to_thread(load_profiles, db_path, config.model.profile) if db_path.exists() else []
     profiles = [p for p in stored if p.endpoint in names]
-    notes = [f"{p.endpoint}{f' / {p.provider}' if p.provider else ''}: applying the learned fidelity profile "
-             f"({p.probes} probes) to rebuilds from text" for p in profiles]
+    notes = [
+        f"{p.endpoint}{f' / {p.provider}' if p.provider else ''}: applying the learned fidelity profile "
+        f"({p.probes} probes) to rebuilds from text"
+        for p in profiles
+    ]
     return Rebuilder(reconstructor, profiles), notes
 
 
-async def open_rebuilding(rebuilder: Rebuilder | None, config: RunConfig,
-                          on_event: Callable[[str, str, str], Awaitable[None]]) -> RebuildPool | None:
+async def open_rebuilding(
+    rebuilder: Rebuilder | None, config: RunConfig, on_event: Callable[[str, str, str], Awaitable[None]]
+) -> RebuildPool | None:
     """Where a Run rebuilds ids: a RebuildPool (`[run] rebuild_workers`) over `rebuilder` (the run's, from
     `app.engine.fidelity.verify.open_verification`), its start told to the operator through `on_event(level, kind,
     message)`; None without one (no reconstructor: the text is stored as is)."""
     if rebuilder is None:
         return None
-    pool = await RebuildPool.open(rebuilder, config.run.rebuild_workers,
-                                  lambda level, message: on_event(level, "run", message))
+    pool = await RebuildPool.open(
+        rebuilder, config.run.rebuild_workers, lambda level, message: on_event(level, "run", message)
+    )
     await on_event("info", "run", f"token ids are rebuilt in {pool.describe()}")
     return pool
 
@@ -136,8 +145,12 @@ class RebuildRecipe:
     @classmethod
     def of(cls, rebuilder: Rebuilder) -> RebuildRecipe:
         """The recipe of the engine's Rebuilder (its tokenizer's folder, profile and fidelity profiles)."""
-        return cls(str(rebuilder.tokenizer.path), rebuilder.profile, rebuilder.tokenizer.fingerprint,
-                   rebuilder.fidelity_profiles)
+        return cls(
+            str(rebuilder.tokenizer.path),
+            rebuilder.profile,
+            rebuilder.tokenizer.fingerprint,
+            rebuilder.fidelity_profiles,
+        )
 
     def build(self) -> Rebuilder:
         """The Rebuilder this recipe describes (loads the tokenizer: once per worker)."""
@@ -150,8 +163,9 @@ class RebuildRecipe:
 
 # (completion without raw, reference ids, messages, tools, endpoint, measure, a trusted twin's answer or None):
 # one rebuild's inputs
-_Call = tuple[Completion, tuple[int, ...] | None, Sequence[dict[str, Any]], Sequence[Any] | None, str, bool,
-              Completion | None]
+_Call = tuple[
+    Completion, tuple[int, ...] | None, Sequence[dict[str, Any]], Sequence[Any] | None, str, bool, Completion | None
+]
 
 
 @overload
@@ -162,23 +176,36 @@ def _light(completion: Completion | None) -> Completion | None:
     return replace(completion, raw=None) if completion is not None and completion.raw is not None else completion
 
 
-def _call_of(completion: Completion, sample: RebuildSample, endpoint: str, measure: bool, *, light: bool,
-             twin: Completion | None = None) -> _Call:
+def _call_of(
+    completion: Completion,
+    sample: RebuildSample,
+    endpoint: str,
+    measure: bool,
+    *,
+    light: bool,
+    twin: Completion | None = None,
+) -> _Call:
     """One rebuild's inputs; `light` (crossing to a process) drops what the rebuild never reads: the raw
     bodies, and the messages and tools unless the server returned prompt ids to check them against."""
     if not light:
         return completion, sample.reference_ids, sample.messages, sample.tools, endpoint, measure, twin
     checks = completion.prompt_token_ids is not None
-    return (_light(completion), sample.reference_ids, sample.messages if checks else (),
-            sample.tools if checks else None, endpoint, measure, _light(twin))
+    return (
+        _light(completion),
+        sample.reference_ids,
+        sample.messages if checks else (),
+        sample.tools if checks else None,
+        endpoint,
+        measure,
+        _light(twin),
+    )
 
 
 def _run_call(rebuilder: Rebuilder, call: _Call) -> Rebuilt:
     """The rebuild itself, the same in a thread and in a worker process: the ids rebuilt, probes' text path
     measured (against a trusted twin's ids when the answer has none), prompt ids checked."""
     completion, reference_ids, messages, tools, endpoint, measure, twin = call
-    return rebuilder.rebuild(completion, reference_ids, messages, tools, endpoint=endpoint, measure=measure,
-                             twin=twin)
+    return rebuilder.rebuild(completion, reference_ids, messages, tools, endpoint=endpoint, measure=measure, twin=twin)
 
 
 def worker_cores() -> list[int]:
@@ -213,8 +240,9 @@ def _init_worker(recipe: RebuildRecipe, cores: Sequence[int], engine_pid: int) -
     # one rebuild at a time per worker: the tokenizers library's thread pool would only take turns on the
     # worker's cores with it (an operator's own setting is kept)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    threading.Thread(target=_watch_engine, args=(engine_pid, os.getppid()), name="eaglewatch-engine-watch",
-                     daemon=True).start()
+    threading.Thread(
+        target=_watch_engine, args=(engine_pid, os.getppid()), name="eaglewatch-engine-watch", daemon=True
+    ).start()
     # an error is kept for the hello, which carries it to the engine's event
     try:
         rebuilder = recipe.build()
@@ -298,8 +326,9 @@ def _dumps_exception(exc: BaseException) -> bytes:
         return pickle.dumps((False, RuntimeError(f"{type(exc).__name__}: {exc}")), pickle.HIGHEST_PROTOCOL)
 
 
-def _worker_batch(rebuilder: Rebuilder,
-                  batch: tuple[list[FidelityProfile], list[_Call]]) -> tuple[list[tuple[bool, Rebuilt | Exception]], float]:
+def _worker_batch(
+    rebuilder: Rebuilder, batch: tuple[list[FidelityProfile], list[_Call]]
+) -> tuple[list[tuple[bool, Rebuilt | Exception]], float]:
     """Take the batch's fidelity profiles (learned since the last batch: the Rebuilder uses them from now on),
     then rebuild each call: ([(ok, Rebuilt or the exception)], the rebuilds' CPU seconds). One call's error
     does not fail its neighbours."""
@@ -407,8 +436,12 @@ class RebuildPool:
         return sum(self._child_start_cpu.values())
 
     @classmethod
-    async def open(cls, rebuilder: Rebuilder, setting: int | Literal["auto"] = "auto",
-                   on_event: Callable[[str, str], Awaitable[None]] | None = None) -> RebuildPool:
+    async def open(
+        cls,
+        rebuilder: Rebuilder,
+        setting: int | Literal["auto"] = "auto",
+        on_event: Callable[[str, str], Awaitable[None]] | None = None,
+    ) -> RebuildPool:
         """A pool for `rebuilder` with `[run] rebuild_workers` = `setting`; worker processes are started
         (each builds the Rebuilder again from its `RebuildRecipe`) before it returns. When they fail to start,
         the pool uses threads (the failure is reported through `on_event`)."""
@@ -424,8 +457,12 @@ class RebuildPool:
             for _ in range(n):
                 mine, theirs = socket.socketpair()
                 try:
-                    proc = ctx.Process(target=_worker_main, args=(recipe, cores, os.getpid(), theirs), daemon=True,
-                                       name="eaglewatch-rebuild")
+                    proc = ctx.Process(
+                        target=_worker_main,
+                        args=(recipe, cores, os.getpid(), theirs),
+                        daemon=True,
+                        name="eaglewatch-rebuild",
+                    )
                     with _main_hidden():  # (the first start also starts the fork server)
                         await asyncio.to_thread(proc.start)
                 finally:
@@ -445,8 +482,11 @@ class RebuildPool:
                 exc = TimeoutError(f"no word from them in {START_TIMEOUT_S:g} s")
             elif isinstance(exc, asyncio.IncompleteReadError):
                 exc = BrokenProcessPool("a worker exited before it was ready (see its error above on stderr)")
-            await pool._tell("warning", f"token ids are rebuilt in threads: the {n} rebuild worker process(es) "
-                             f"did not start ({type(exc).__name__}: {exc})")
+            await pool._tell(
+                "warning",
+                f"token ids are rebuilt in threads: the {n} rebuild worker process(es) "
+                f"did not start ({type(exc).__name__}: {exc})",
+            )
             return pool
         pool._procs, pool.workers, pool.pids = started, n, tuple(sorted(w.pid for w in started))
         for w in started:
@@ -454,15 +494,22 @@ class RebuildPool:
         pool.start_s = time.monotonic() - t0
         return pool
 
-    async def rebuild(self, completion: Completion, sample: RebuildSample, endpoint: str, measure: bool,
-                      twin: Completion | None = None) -> Rebuilt:
+    async def rebuild(
+        self,
+        completion: Completion,
+        sample: RebuildSample,
+        endpoint: str,
+        measure: bool,
+        twin: Completion | None = None,
+    ) -> Rebuilt:
         """The Rebuilt of one result of `sample` from `endpoint` (`measure`: a probe; `twin`: a trusted server's
         greedy answer to compare it with)."""
         if rebuild_size(completion) > BIG_REBUILD_CHARS:
             if self._big is None:
                 self._big = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reconstruct-big")
-            return await self._in_threads(_call_of(completion, sample, endpoint, measure, light=False, twin=twin),
-                                          self._big)
+            return await self._in_threads(
+                _call_of(completion, sample, endpoint, measure, light=False, twin=twin), self._big
+            )
         if not self._procs:
             return await self._in_threads(_call_of(completion, sample, endpoint, measure, light=False, twin=twin))
         fut = asyncio.get_running_loop().create_future()
@@ -538,8 +585,9 @@ class RebuildPool:
             if w in self._procs:
                 await asyncio.to_thread(w.proc.join, 1.0)  # its exit code, for the operator
                 code = w.proc.exitcode
-                await self._give_up(BrokenProcessPool(f"worker {w.pid} ended (exit code {code}; "
-                                                      f"{type(exc).__name__}: {exc})"))
+                await self._give_up(
+                    BrokenProcessPool(f"worker {w.pid} ended (exit code {code}; {type(exc).__name__}: {exc})")
+                )
 
     async def _give_up(self, exc: BaseException) -> None:
         """A worker died: the rest of the run rebuilds in threads (told once; its calls are not lost)."""
@@ -550,8 +598,11 @@ class RebuildPool:
             while w.sent:
                 self._spawn(self._rebuild_here(w.sent.popleft()))
         self._kick()
-        await self._tell("warning", "a rebuild worker process died; token ids are rebuilt in threads of the "
-                         f"engine's process for the rest of this run (no result was lost): {self.broken}")
+        await self._tell(
+            "warning",
+            "a rebuild worker process died; token ids are rebuilt in threads of the "
+            f"engine's process for the rest of this run (no result was lost): {self.broken}",
+        )
 
     async def _rebuild_here(self, batch: list[tuple[_Call, asyncio.Future]]) -> None:
         for call, fut in batch:
@@ -627,4 +678,3 @@ def _stop(w: _Worker) -> None:
         w.writer.close()
     except Exception:
         pass  # already closed, or the loop is closing
-

@@ -61,8 +61,12 @@ def add(t: FidelityTally, category: str, pk: int) -> FidelityTally:
     if category == Category.EXACT:
         return replace(t, verified=t.verified + 1, exact=t.exact + 1)
     if category in CORRUPT_VERDICTS:
-        return replace(t, verified=t.verified + 1, corrupt={**t.corrupt, category: t.corrupt.get(category, 0) + 1},
-                       example_pk=t.example_pk if t.example_pk is not None else pk)
+        return replace(
+            t,
+            verified=t.verified + 1,
+            corrupt={**t.corrupt, category: t.corrupt.get(category, 0) + 1},
+            example_pk=t.example_pk if t.example_pk is not None else pk,
+        )
     if category == Category.TRUNCATED:
         return replace(t, verified=t.verified + 1, truncated=t.truncated + 1)
     return replace(t, verified=t.verified + 1, benign=t.benign + 1)
@@ -97,11 +101,22 @@ def judge(
         who = f"endpoint {t.endpoint!r}" + (f", upstream provider {t.provider!r}" if t.provider else "")
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(t.corrupt.items()))
         example = f"; example sample pk {t.example_pk}" if t.example_pk is not None else ""
-        then = (f"ignoring provider {t.provider!r} from now on (OpenRouter provider.ignore)"
-                if action == "route_around" else "pausing before spending more")
-        out.append(QualityDecision(
-            action, t.endpoint, t.provider, t.corrupt_rate, t.corrupt_total, t.verified, t.example_pk,
-            f"{who}: measured corrupt rate {t.corrupt_rate:.1%} ({t.corrupt_total} of {t.verified} verified "
-            f"samples: {kinds}) exceeds limits.max_corrupt_rate {max_corrupt_rate:.1%}{example}; {then}",
-        ))
+        then = (
+            f"ignoring provider {t.provider!r} from now on (OpenRouter provider.ignore)"
+            if action == "route_around"
+            else "pausing before spending more"
+        )
+        out.append(
+            QualityDecision(
+                action,
+                t.endpoint,
+                t.provider,
+                t.corrupt_rate,
+                t.corrupt_total,
+                t.verified,
+                t.example_pk,
+                f"{who}: measured corrupt rate {t.corrupt_rate:.1%} ({t.corrupt_total} of {t.verified} verified "
+                f"samples: {kinds}) exceeds limits.max_corrupt_rate {max_corrupt_rate:.1%}{example}; {then}",
+            )
+        )
     return tuple(out)

@@ -1,8 +1,10 @@
 """The engine's seam to the tokens package: what it needs of a reconstructor, and nothing it probes for.
 
 `CompletionReconstructor` is everything the engine calls on one: `process` (rebuild a response's ids and judge
-them), `measured_category` (the text-only rebuild's verdict category against true ids), and the `profile`, `tokenizer` and `fidelity`
-profile it was built with (the engine's `app.engine.fidelity.verify.Rebuilder` builds one more per learned fidelity profile
+them), `measured_category` (the text-only rebuild's verdict category against true ids), and the `profile`, `tokenizer`
+and `fidelity`
+profile it was built with (the engine's `app.engine.fidelity.verify.Rebuilder` builds one more per learned fidelity
+profile
 from them, and `app.engine.fidelity.pool.RebuildRecipe` rebuilds it in a worker process from the tokenizer's
 folder). `app.tokens.Reconstructor` is the implementation (`app.engine.fidelity.pool.build_reconstructor`); a Run
 given none stores text only.
@@ -26,8 +28,9 @@ class CompletionReconstructor(Protocol):
     tokenizer: Tokenizer
     fidelity: FidelityProfile | None  # the learned server-side text steps it inverts (None: none)
 
-    def process(self, completion: Completion,
-                reference_ids: Sequence[int] | None = None) -> tuple[Reconstruction, Verdict]:
+    def process(
+        self, completion: Completion, reference_ids: Sequence[int] | None = None
+    ) -> tuple[Reconstruction, Verdict]:
         """Rebuild `completion`'s output ids and compare them with `reference_ids` (None: unchecked)."""
         ...
 

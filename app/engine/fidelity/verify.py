@@ -38,16 +38,11 @@ from app.tokens import flags as fl
 
 if TYPE_CHECKING:  # types only: a rebuild worker process imports this module and needs none of them
     import asyncio
-
-    from app.engine.capacity.endpoints import Endpoint
-    from app.store.run_store import RunStore
-    from app.store.store_records import LeasedSample
-    from app.store.verification import VerificationStatus
-    from app.tokens.profile import Profile
     from pathlib import Path
 
     from app.config import Endpoint as EndpointConfig
     from app.config import RunConfig
+    from app.engine.capacity.endpoints import Endpoint
     from app.engine.fidelity.reconstructor import CompletionReconstructor
     from app.store.profile_store import Measurement
     from app.store.run_store import RunStore
@@ -112,15 +107,23 @@ class Rebuilder:
 
     def reconstructor_for(self, endpoint: str, provider: str | None) -> Reconstructor:
         """The Reconstructor for results of `endpoint` from upstream `provider` (its own profile first)."""
-        return (self._by_key.get((endpoint, provider or "")) or self._by_key.get((endpoint, ""))
-                or self._default)
+        return self._by_key.get((endpoint, provider or "")) or self._by_key.get((endpoint, "")) or self._default
 
     def process(self, completion: Completion, reference_ids: Sequence[int] | None) -> tuple[Reconstruction, Verdict]:
         """The plain rebuild (no endpoint profile, no measurement): the engine's CompletionReconstructor contract."""
         return self._default.process(completion, reference_ids)
 
-    def rebuild(self, completion: Completion, reference_ids: Sequence[int] | None, messages: Sequence[dict],
-                tools: Sequence[dict] | None, *, endpoint: str, measure: bool, twin: Completion | None = None) -> Rebuilt:
+    def rebuild(
+        self,
+        completion: Completion,
+        reference_ids: Sequence[int] | None,
+        messages: Sequence[dict],
+        tools: Sequence[dict] | None,
+        *,
+        endpoint: str,
+        measure: bool,
+        twin: Completion | None = None,
+    ) -> Rebuilt:
         """Rebuild `completion`. With `measure` (a probe) and true ids — its own, or those of `twin`, a trusted
         server's greedy answer to the same prompt — the text-only rebuild is measured against them and the
         server's steps observed (a twin whose answer is not the same text is not used). The server's prompt ids
@@ -146,13 +149,27 @@ class Rebuilder:
             found = r.truth_of(twin)
             truth, whole, from_twin = (found[0], found[2], True) if found else (None, False, True)
         if truth is not None:
-            seen = learn([(completion, truth)], self.profile, self.tokenizer, endpoint=endpoint,
-                         provider=completion.provider, whole=whole, view=r.decoded_view)
+            seen = learn(
+                [(completion, truth)],
+                self.profile,
+                self.tokenizer,
+                endpoint=endpoint,
+                provider=completion.provider,
+                whole=whole,
+                view=r.decoded_view,
+            )
             if not (from_twin and _diverged(seen)):
                 observed = seen
                 measured = r.measured_category(completion, truth)
-                rec = Reconstruction(rec.output_ids, rec.strategy, rec.repair, rec.roundtrip, rec.notes, rec.ids_source,
-                                     tuple(rec.flags) + (fl.text_path_flag(measured),))
+                rec = Reconstruction(
+                    rec.output_ids,
+                    rec.strategy,
+                    rec.repair,
+                    rec.roundtrip,
+                    rec.notes,
+                    rec.ids_source,
+                    tuple(rec.flags) + (fl.text_path_flag(measured),),
+                )
         return Rebuilt(rec, verdict, measured, check, observed)
 
 
@@ -232,16 +249,22 @@ class Verifier:
     first_differ: tuple[str, int | None, str] | None = None  # (sample id, first diff, describe())
     kinds: list[str | None] = field(default_factory=list)  # server kind per endpoint (None: unknown)
     truth: list[str] = field(default_factory=list)  # TRUTH_KINDS per endpoint
-    profiles: dict[tuple[str, str], FidelityProfile] = field(default_factory=dict)  # (endpoint, provider or "") -> profile
+    profiles: dict[tuple[str, str], FidelityProfile] = field(
+        default_factory=dict
+    )  # (endpoint, provider or "") -> profile
     priors: dict[str, FidelityProfile] = field(default_factory=dict)  # endpoint -> its server's prior profile
     twin: int | None = None  # the trusted endpoint greedy probes are compared with
-    on_profile: Callable[[FidelityProfile], None] | None = None  # a profile whose plan changed: to the rebuilds and the store
+    on_profile: Callable[[FidelityProfile], None] | None = (
+        None  # a profile whose plan changed: to the rebuilds and the store
+    )
     samples: Counter = field(default_factory=Counter)  # (endpoint, provider) -> answers rebuilt
     text_samples: Counter = field(default_factory=Counter)  # (endpoint, provider) -> of those, ids from text
     no_truth: Counter = field(default_factory=Counter)  # (endpoint, provider) -> probes answered without truth
     edges: dict[tuple[str, str | None], Counter] = field(default_factory=dict)  # population statistics
     _told: set[str] = field(default_factory=set)  # population-statistics sentences already reported
-    _twin_slots: asyncio.Semaphore | None = None  # asyncio.Semaphore over the twin's requests (made on the loop, when first used)
+    _twin_slots: asyncio.Semaphore | None = (
+        None  # asyncio.Semaphore over the twin's requests (made on the loop, when first used)
+    )
 
     def __post_init__(self) -> None:
         if not self.kinds:
@@ -270,8 +293,14 @@ class Verifier:
     def of(cls, config: RunConfig) -> Verifier:
         """The Verifier for a RunConfig's endpoints and limits."""
         lim = config.limits
-        return cls(list(config.endpoints), lim.max_corrupt_rate, lim.min_verified_samples, lim.on_corrupt,
-                   bool(config.generation.logprobs), bool(config.generation.stream))
+        return cls(
+            list(config.endpoints),
+            lim.max_corrupt_rate,
+            lim.min_verified_samples,
+            lim.on_corrupt,
+            bool(config.generation.logprobs),
+            bool(config.generation.stream),
+        )
 
     def _twin_for(self, index: int) -> bool:
         """Whether requests to endpoint `index` can be compared with a trusted twin."""
@@ -339,8 +368,13 @@ class Verifier:
     def wants_twin(self, index: int, probe: bool, completion: Completion) -> bool:
         """Whether a probe's answer from endpoint `index` should be compared with the trusted twin's: it carries
         no ground truth of its own."""
-        return (probe and self._twin_for(index) and not completion.token_ids and completion.content_logprobs is None
-                and completion.reasoning_logprobs is None)
+        return (
+            probe
+            and self._twin_for(index)
+            and not completion.token_ids
+            and completion.content_logprobs is None
+            and completion.reasoning_logprobs is None
+        )
 
     # ---- learning ---------------------------------------------------------------------------------
 
@@ -391,8 +425,15 @@ class Verifier:
 
     # ---- after the store --------------------------------------------------------------------------
 
-    def observe(self, endpoint: str, provider: str | None, pk: int, sample_id: str, measured: str | None,
-                check: PromptCheck | None = None) -> Observed:
+    def observe(
+        self,
+        endpoint: str,
+        provider: str | None,
+        pk: int,
+        sample_id: str,
+        measured: str | None,
+        check: PromptCheck | None = None,
+    ) -> Observed:
         """Count one stored result (its text-path verdict, its PromptCheck); returns the operator event of the
         run's first prompt mismatch and the gate's new decisions (each endpoint/provider decided once)."""
         prompt_event = None
@@ -403,12 +444,16 @@ class Verifier:
                 prompt_event = (
                     f"sample {sample_id!r} ({endpoint}): {check.describe()} — the exported prompt halves would not "
                     "be what the model saw; fix model.profile (or the template) before extracting. Later "
-                    "mismatches are counted in the snapshot (prompt_checks), not reported one by one")
+                    "mismatches are counted in the snapshot (prompt_checks), not reported one by one"
+                )
         if measured is None:
             return Observed((), prompt_event)
         t = self._count(endpoint, provider, measured, pk)
-        decisions = tuple(d for d in quality.judge((t,), self.max_corrupt_rate, self.min_verified, self.on_corrupt)
-                          if (d.endpoint, d.provider) not in self._decided)
+        decisions = tuple(
+            d
+            for d in quality.judge((t,), self.max_corrupt_rate, self.min_verified, self.on_corrupt)
+            if (d.endpoint, d.provider) not in self._decided
+        )
         for d in decisions:
             self._decided.add((d.endpoint, d.provider))
             if d.action == "route_around" and d.provider:
@@ -417,8 +462,9 @@ class Verifier:
 
     def _count(self, endpoint: str, provider: str | None, measured: str, pk: int) -> quality.FidelityTally:
         key = (endpoint, provider)
-        t = self.tallies[key] = quality.add(self.tallies.get(key) or quality.FidelityTally(endpoint, provider),
-                                            measured, pk)
+        t = self.tallies[key] = quality.add(
+            self.tallies.get(key) or quality.FidelityTally(endpoint, provider), measured, pk
+        )
         return t
 
     @property
@@ -439,9 +485,18 @@ class Verifier:
         counts = []
         for endpoint, provider in keys:
             t = self.tallies.get((endpoint, provider))
-            counts.append(Counts(endpoint, provider, self.samples[(endpoint, provider)],
-                                 self.text_samples[(endpoint, provider)], 0, t.verified if t else 0,
-                                 t.exact if t else 0, t.corrupt_total if t else 0))
+            counts.append(
+                Counts(
+                    endpoint,
+                    provider,
+                    self.samples[(endpoint, provider)],
+                    self.text_samples[(endpoint, provider)],
+                    0,
+                    t.verified if t else 0,
+                    t.exact if t else 0,
+                    t.corrupt_total if t else 0,
+                )
+            )
         priors: dict[tuple[str, str], Prior] = {}
         for i, e in enumerate(self.endpoints):
             fp = self.priors.get(e.name)
@@ -464,8 +519,10 @@ class Verifier:
         """Population statistics: edges one endpoint never returns whitespace at where another does."""
         from app.store.verification import EDGES, EdgeStats, edge_contrasts
 
-        stats = [EdgeStats(e, p, {k: c[k] for k in EDGES}, {k: c["ws:" + k] for k in EDGES})
-                 for (e, p), c in self.edges.items()]
+        stats = [
+            EdgeStats(e, p, {k: c[k] for k in EDGES}, {k: c["ws:" + k] for k in EDGES})
+            for (e, p), c in self.edges.items()
+        ]
         return edge_contrasts(stats)
 
 
@@ -487,9 +544,13 @@ def _edge_counts(c: Counter, completion: Completion) -> None:
                 c[f"ws:{name}.trail"] += 1
 
 
-async def open_verification(verifier: Verifier, reconstructor: CompletionReconstructor | None, config: RunConfig,
-                            db_path: Path, endpoints: Sequence[Endpoint],
-                            ) -> tuple[Rebuilder | CompletionReconstructor | None, list[tuple[str, str]]]:
+async def open_verification(
+    verifier: Verifier,
+    reconstructor: CompletionReconstructor | None,
+    config: RunConfig,
+    db_path: Path,
+    endpoints: Sequence[Endpoint],
+) -> tuple[Rebuilder | CompletionReconstructor | None, list[tuple[str, str]]]:
     """Identify the endpoints' servers, give each its prior profile, load the stored profiles learned on this
     path, seed the verifier with the run's stored measurements, and wrap `reconstructor` in a Rebuilder over
     those profiles. Returns it with the operator's (level, sentence) notes. A reconstructor that is not a tokens
@@ -528,9 +589,14 @@ async def open_verification(verifier: Verifier, reconstructor: CompletionReconst
         if fp.endpoint not in names:
             continue
         if fp.stream is not None and fp.stream != verifier.stream:
-            notes.append(("info", f"{fp.endpoint}{f' / {fp.provider}' if fp.provider else ''}: the stored fidelity "
-                          f"profile was learned {'streaming' if fp.stream else 'without streaming'}; this run "
-                          f"{'streams' if verifier.stream else 'does not stream'}, so it is learned afresh"))
+            notes.append(
+                (
+                    "info",
+                    f"{fp.endpoint}{f' / {fp.provider}' if fp.provider else ''}: the stored fidelity "
+                    f"profile was learned {'streaming' if fp.stream else 'without streaming'}; this run "
+                    f"{'streams' if verifier.stream else 'does not stream'}, so it is learned afresh",
+                )
+            )
             continue
         # a stored profile rests on today's table entry for its server, not on the one it was saved with
         fp = with_prior(replace(fp, prior={}, source=None, server=None), verifier.priors.get(fp.endpoint))
@@ -538,23 +604,43 @@ async def open_verification(verifier: Verifier, reconstructor: CompletionReconst
             continue
         verifier.profiles[(fp.endpoint, fp.provider or "")] = fp
         if fp.probes:
-            notes.append(("info", f"{fp.endpoint}{f' / {fp.provider}' if fp.provider else ''}: applying the "
-                          f"learned fidelity profile ({fp.probes} probes) to rebuilds from text"))
+            notes.append(
+                (
+                    "info",
+                    f"{fp.endpoint}{f' / {fp.provider}' if fp.provider else ''}: applying the "
+                    f"learned fidelity profile ({fp.probes} probes) to rebuilds from text",
+                )
+            )
     for name, fp in verifier.priors.items():
         learned = verifier.profiles.get((name, ""))
         if learned is fp:
-            notes.append(("info", f"{name}: {fp.source}: applying its known text steps (server table) until "
-                          "probes confirm or correct them"))
+            notes.append(
+                (
+                    "info",
+                    f"{name}: {fp.source}: applying its known text steps (server table) until "
+                    "probes confirm or correct them",
+                )
+            )
     for i, ep in enumerate(endpoints):
         if verifier.truth[i] == "unknown" and getattr(ep.config, "probe_fraction", None) is None:
-            notes.append(("warning", f"{ep.name}: the server is unknown ({identities[i].how}) and nothing verifies "
-                          "its text rebuilds: set `server =` on the endpoint (vllm / sglang return ids), a "
-                          "probe_fraction if it returns logprobs, or a trusted twin; the export refuses its "
-                          "rebuilds from text unless --accept-unverified"))
+            notes.append(
+                (
+                    "warning",
+                    f"{ep.name}: the server is unknown ({identities[i].how}) and nothing verifies "
+                    "its text rebuilds: set `server =` on the endpoint (vllm / sglang return ids), a "
+                    "probe_fraction if it returns logprobs, or a trusted twin; the export refuses its "
+                    "rebuilds from text unless --accept-unverified",
+                )
+            )
         elif verifier.truth[i] == "none" and not verifier._twin_for(i):
-            notes.append(("warning", f"{ep.name}: {ep.config.server or verifier.kinds[i]} returns neither ids nor "
-                          "logprobs: its text rebuilds rest on the server table alone (prior only); a trusted twin "
-                          "([[endpoints]] trusted = true) would verify them"))
+            notes.append(
+                (
+                    "warning",
+                    f"{ep.name}: {ep.config.server or verifier.kinds[i]} returns neither ids nor "
+                    "logprobs: its text rebuilds rest on the server table alone (prior only); a trusted twin "
+                    "([[endpoints]] trusted = true) would verify them",
+                )
+            )
     await seed_from_store(verifier, db_path, config.run.name)
     if not wrappable:
         verifier.stop_probes()  # nothing rebuilds the answers (a pass-through): no probe could be measured
@@ -563,7 +649,9 @@ async def open_verification(verifier: Verifier, reconstructor: CompletionReconst
     return Rebuilder(reconstructor, list(verifier.profiles.values())), notes
 
 
-async def ask_twin(verifier: Verifier, endpoints: Sequence[Endpoint], sample: LeasedSample, model: str) -> Completion | None:
+async def ask_twin(
+    verifier: Verifier, endpoints: Sequence[Endpoint], sample: LeasedSample, model: str
+) -> Completion | None:
     """The trusted twin's greedy answer to `sample` (None when it fails: the probe then goes unmeasured). At most
     TWIN_CONCURRENCY at once; not counted in the run's budget (a twin is the operator's own server)."""
     import asyncio

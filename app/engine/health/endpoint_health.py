@@ -102,8 +102,9 @@ class HealthBook:
         if self._wake is not None:
             self._wake.set()
 
-    async def watch(self, probe: Callable[[int], Awaitable[str | None]],
-                    on_up: Callable[[int], Awaitable[None]]) -> None:
+    async def watch(
+        self, probe: Callable[[int], Awaitable[str | None]], on_up: Callable[[int], Awaitable[None]]
+    ) -> None:
         """Probe down endpoints when their backoff ends, forever: `probe(index)` returns None when the endpoint
         answered (`on_up(index)` is then awaited) or the sentence saying what failed. Cancel to stop."""
         loop = asyncio.get_running_loop()
@@ -144,10 +145,19 @@ class EndpointGuard:
     metrics; `slots` is the run's EndpointSlots (a slot is given back while a sample waits); `event(level, message)`
     tells the operator; `all_down(reason)` and `back(index)` are the Run's: pause, and resume after such a pause."""
 
-    def __init__(self, book: HealthBook, names: list[str], clients: list[Any], slots: Any, *,
-                 note_error: Callable[[int], None], event: Callable[[str, str], Awaitable[None]],
-                 all_down: Callable[[str], None], back: Callable[[int], Awaitable[None]],
-                 rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        book: HealthBook,
+        names: list[str],
+        clients: list[Any],
+        slots: Any,
+        *,
+        note_error: Callable[[int], None],
+        event: Callable[[str, str], Awaitable[None]],
+        all_down: Callable[[str], None],
+        back: Callable[[int], Awaitable[None]],
+        rng: random.Random | None = None,
+    ) -> None:
         self.book, self._names, self._clients, self._slots = book, names, clients, slots
         self._note_error, self._event, self._all_down, self._back = note_error, event, all_down, back
         self._rng = rng or random.Random()
@@ -163,10 +173,13 @@ class EndpointGuard:
         flight.unreachable_seen[index] = health.answers
         if health.failed(str(exc), asyncio.get_running_loop().time()):
             self.book.poke()
-            await self._event("warning", f"endpoint {health.name} is down: {health.down_after} connection failures in a "
-                              f"row with no answer (last: {health.last_error}); its requests go to the other endpoints, "
-                              f"and it is probed again in {PROBE_FIRST_S:g} s, backing off to once every "
-                              f"{PROBE_CAP_S:g} s, until it answers")
+            await self._event(
+                "warning",
+                f"endpoint {health.name} is down: {health.down_after} connection failures in a "
+                f"row with no answer (last: {health.last_error}); its requests go to the other endpoints, "
+                f"and it is probed again in {PROBE_FIRST_S:g} s, backing off to once every "
+                f"{PROBE_CAP_S:g} s, until it answers",
+            )
             if self.book.all_down:
                 self._all_down(self.book.describe_down())
         if not free:

@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable
 
 from app.engine.health.events import EventLog
-from app.engine.record.snapshot import RunRecord
-from app.engine.record.codec import snapshot_to_json
 from app.engine.health.writes import StoreGate
+from app.engine.record.codec import snapshot_to_json
+from app.engine.record.snapshot import RunRecord
 from app.store.heartbeat import BEAT_INTERVAL_S, beat_op, stop_op, this_host
 from app.store.run_store import RunStore
 
@@ -27,8 +27,16 @@ LASTING_ERROR_PAUSE_S = 60.0  # after a write error that is not transient: one w
 class HeartbeatWriter:
     """Writes the run's heartbeat rows from `snapshot()` (the Run's live view)."""
 
-    def __init__(self, *, store: RunStore, gate: StoreGate, events: EventLog, run_id: int, started_at: float,
-                 snapshot: Callable[[], RunRecord]) -> None:
+    def __init__(
+        self,
+        *,
+        store: RunStore,
+        gate: StoreGate,
+        events: EventLog,
+        run_id: int,
+        started_at: float,
+        snapshot: Callable[[], RunRecord],
+    ) -> None:
         self._store = store
         self._gate = gate
         self._events = events
@@ -40,8 +48,14 @@ class HeartbeatWriter:
         snap = snapshot_to_json(self._snapshot())
         if final:
             return stop_op(self._run_id, pid=os.getpid(), now=time.time(), snapshot_json=snap)
-        return beat_op(self._run_id, pid=os.getpid(), host=this_host(), started_at=self._started_at,
-                       now=time.time(), snapshot_json=snap)
+        return beat_op(
+            self._run_id,
+            pid=os.getpid(),
+            host=this_host(),
+            started_at=self._started_at,
+            now=time.time(),
+            snapshot_json=snap,
+        )
 
     async def run(self) -> None:
         """Beat about once a second until cancelled."""

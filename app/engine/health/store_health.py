@@ -12,8 +12,8 @@ import asyncio
 from pathlib import Path
 
 from app.engine.health.events import EventLog
-from app.engine.work.run_state import RunState
 from app.engine.health.writes import disk_full_advice
+from app.engine.work.run_state import RunState
 from app.store.run_store import StoreWriteError
 
 
@@ -37,11 +37,18 @@ class StoreHealth:
             advice = disk_full_advice(self._db_path)
             if self._state.running:
                 self._state.hold("paused", f"disk full: {advice}"[:300])
-            self._events.note("error", "store", f"{advice}. The run is paused; finished results are held and "
-                              "stored as soon as the disk has room")
+            self._events.note(
+                "error",
+                "store",
+                f"{advice}. The run is paused; finished results are held and stored as soon as the disk has room",
+            )
         else:
-            self._events.note("warning", "store", f"the database refuses writes ({error}); leasing is paused and "
-                              "finished results are held until it writes again")
+            self._events.note(
+                "warning",
+                "store",
+                f"the database refuses writes ({error}); leasing is paused and "
+                "finished results are held until it writes again",
+            )
 
     async def _recovered(self) -> None:
         self._events.note("info", "store", "the database writes again; held results are being stored")

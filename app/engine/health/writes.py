@@ -28,15 +28,18 @@ def disk_full_advice(db_path: Path) -> str:
         left = f"{usage.free / 1e6:.1f} MB free of {usage.total / 1e6:.1f} MB"
     except OSError:
         left = "free space unknown"
-    return (f"the disk holding {db_path} is full ({left}); free space on that filesystem (old exports, "
-            f"job outputs, other runs' databases) or move the database, then resume")
+    return (
+        f"the disk holding {db_path} is full ({left}); free space on that filesystem (old exports, "
+        f"job outputs, other runs' databases) or move the database, then resume"
+    )
 
 
 class StoreGate:
     """Retries transient write failures; `on_change(error | None)` is called when writing stops or works again."""
 
-    def __init__(self, on_change: Callable[[StoreWriteError | None], None], *, base_s: float = 0.05,
-                 cap_s: float = 1.0) -> None:
+    def __init__(
+        self, on_change: Callable[[StoreWriteError | None], None], *, base_s: float = 0.05, cap_s: float = 1.0
+    ) -> None:
         self.blocked: StoreWriteError | None = None
         self.held = 0  # writes waiting to be retried now
         self._on_change = on_change

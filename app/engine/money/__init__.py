@@ -1,1 +1,2 @@
-"""What a run costs and when it ends: prices and the budget guard, the ledger of spend and tokens, the ETA projector, and the forecast it feeds."""
+"""What a run costs and when it ends: prices and the budget guard, the ledger of spend and tokens, the ETA projector,
+and the forecast it feeds."""

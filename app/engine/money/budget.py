@@ -70,12 +70,18 @@ class CostNotes:
         """The event text for charge `c` (which has a problem), or None when this one is only counted."""
         self.count += 1
         if self.count <= self.FULL:
-            what = (f"charged its tokens' list price ${c.usd:.6f}" if c.priced is not None else
-                    "charged $0 for it: no list price is known for the model ([pricing]); its tokens are counted")
-            return (f"{endpoint}: sample {sample_id!r}: {c.problem}, so the reported cost is not used; {what}"
-                    + (" (further such costs are summed, one line per 100)" if self.count == self.FULL else ""))
+            what = (
+                f"charged its tokens' list price ${c.usd:.6f}"
+                if c.priced is not None
+                else "charged $0 for it: no list price is known for the model ([pricing]); its tokens are counted"
+            )
+            return f"{endpoint}: sample {sample_id!r}: {c.problem}, so the reported cost is not used; {what}" + (
+                " (further such costs are summed, one line per 100)" if self.count == self.FULL else ""
+            )
         if self.count % 100 == 0:
-            return f"{endpoint}: {self.count} responses so far reported a cost that was not used (charged at list price)"
+            return (
+                f"{endpoint}: {self.count} responses so far reported a cost that was not used (charged at list price)"
+            )
         return None
 
 
@@ -90,7 +96,9 @@ def estimate_prompt_tokens(messages: list[dict], tools: list | None = None) -> i
 class BudgetGuard:
     """Tracks spent and reserved dollars against an optional budget."""
 
-    def __init__(self, budget_usd: float | None, prices: Prices | None, max_tokens: int, spent_usd: float = 0.0) -> None:
+    def __init__(
+        self, budget_usd: float | None, prices: Prices | None, max_tokens: int, spent_usd: float = 0.0
+    ) -> None:
         self.budget_usd = budget_usd
         self.prices = prices
         self.max_tokens = max_tokens

@@ -83,8 +83,7 @@ class Projection:
 
 
 class _Dataset:
-    __slots__ = ("pending", "pending_prompt", "waiting", "waiting_prompt", "waiting_outputs", "done", "bins",
-                 "longest")
+    __slots__ = ("pending", "pending_prompt", "waiting", "waiting_prompt", "waiting_outputs", "done", "bins", "longest")
 
     def __init__(self) -> None:
         self.pending = 0
@@ -110,8 +109,15 @@ class Survival:
     unresolved (samples that outlived the longest finished length g) log-uniform on [g, cap] (without a cap,
     16 x the longest length seen stands in for it)."""
 
-    def __init__(self, finished: Iterable[dict[int, list[float]]], longest: float, censored: list[float],
-                 cap: float | None, *, measured: bool = False) -> None:
+    def __init__(
+        self,
+        finished: Iterable[dict[int, list[float]]],
+        longest: float,
+        censored: list[float],
+        cap: float | None,
+        *,
+        measured: bool = False,
+    ) -> None:
         cells: dict[int, list[float]] = {}
         for bins in finished:
             for b, (n, tokens) in bins.items():
@@ -204,8 +210,14 @@ class Survival:
 class Projector:
     """Accumulates a run's samples and outcomes; `project(now, spent)` gives the ETA and projected cost."""
 
-    def __init__(self, prices: Prices | None = None, *, max_tokens: int | None = None, stream: bool = False,
-                 window_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        prices: Prices | None = None,
+        *,
+        max_tokens: int | None = None,
+        stream: bool = False,
+        window_s: float = 60.0,
+    ) -> None:
         self.prices = prices
         self.max_tokens = max_tokens
         self.stream = stream  # requests stream: one without a first token (`first_token`) has produced nothing
@@ -246,9 +258,19 @@ class Projector:
 
     # ---- events ----------------------------------------------------------------------------------
 
-    def seed(self, dataset: str, answered: int, output_tokens: int, gen_s: float, ttft_s: float,
-             prompt_tokens: int, longest: int, cost_usd: float = 0.0, *,
-             lengths: Iterable[tuple[int, int]] = ()) -> None:
+    def seed(
+        self,
+        dataset: str,
+        answered: int,
+        output_tokens: int,
+        gen_s: float,
+        ttft_s: float,
+        prompt_tokens: int,
+        longest: int,
+        cost_usd: float = 0.0,
+        *,
+        lengths: Iterable[tuple[int, int]] = (),
+    ) -> None:
         """Samples of `dataset` answered before this engine started (a resumed run): their count, output tokens,
         generation and first-token seconds, prompt tokens, longest output and cost, learned as if seen
         finishing (the cost only prices tokens when there is no price list: it is already in what was spent).
@@ -368,8 +390,18 @@ class Projector:
         self._tick(now)
         self._flight.pop(key, None)
 
-    def finished(self, key: Hashable, output_tokens: int, latency_s: float, ttft_s: float | None,
-                 cost_usd: float, now: float, *, prompt_tokens: int = 0, cached_tokens: int = 0) -> None:
+    def finished(
+        self,
+        key: Hashable,
+        output_tokens: int,
+        latency_s: float,
+        ttft_s: float | None,
+        cost_usd: float,
+        now: float,
+        *,
+        prompt_tokens: int = 0,
+        cached_tokens: int = 0,
+    ) -> None:
         """A sent sample was answered: its output tokens, latency, time to first token (None: unknown), cost, and
         the prompt tokens the provider reported with those its prompt cache served (the cost of the prompts
         left is priced at that mix)."""
@@ -408,8 +440,9 @@ class Projector:
             return 0.0
         return len(times) / max(now - times[0], 1e-3)
 
-    def project(self, now: float, spent_usd: float, *, concurrency: float | None = None,
-                ceiling: int | None = None) -> Projection:
+    def project(
+        self, now: float, spent_usd: float, *, concurrency: float | None = None, ceiling: int | None = None
+    ) -> Projection:
         """The ETA and the projected total cost now (`concurrency`: the caller's capacity figure, else measured;
         `ceiling`: where a limit still growing is headed; the limiter's rule adds a slot per success while it
         grows (slow start, recovery), so it is taken to get there one slot per answer at the recent pace)."""
@@ -461,8 +494,21 @@ class Projector:
             slots = max(1, round(held))
             pace = self.answer_rate(now) if ceiling is not None and ceiling > slots else 0.0
             extra = [now + (i + 1) / pace for i in range(int(ceiling) - slots)] if pace > 0 and ceiling else []
-            eta = self._expected_end(now, slots, extra, flight, ends, curves, waiting,
-                                     pending_s / pending if pending else 0.0, rate, ttft) - now
+            eta = (
+                self._expected_end(
+                    now,
+                    slots,
+                    extra,
+                    flight,
+                    ends,
+                    curves,
+                    waiting,
+                    pending_s / pending if pending else 0.0,
+                    rate,
+                    ttft,
+                )
+                - now
+            )
             if self._chains:  # the critical path: the longest conversation's turns after its current one, in turn
                 turn_s = ttft + curves[None].mean() / rate
                 eta = max(eta, (self.longest_chain - 1) * turn_s)
@@ -476,19 +522,36 @@ class Projector:
         for dataset, x, _ in flight:
             by_ds.setdefault(dataset, []).append(x)
         datasets = self._datasets
-        pooled = Survival((ds.bins for ds in datasets.values()), max((ds.longest for ds in datasets.values()), default=0),
-                          [x for xs in by_ds.values() for x in xs], cap, measured=self.stream)
+        pooled = Survival(
+            (ds.bins for ds in datasets.values()),
+            max((ds.longest for ds in datasets.values()), default=0),
+            [x for xs in by_ds.values() for x in xs],
+            cap,
+            measured=self.stream,
+        )
         curves: dict[str | None, Survival] = {None: pooled}
         for name in set(datasets) | set(by_ds):
             ds = datasets.get(name)
-            curves[name] = (Survival((ds.bins,), ds.longest, by_ds.get(name, []), cap, measured=self.stream)
-                            if ds is not None and ds.done else pooled)
+            curves[name] = (
+                Survival((ds.bins,), ds.longest, by_ds.get(name, []), cap, measured=self.stream)
+                if ds is not None and ds.done
+                else pooled
+            )
         return curves
 
     @staticmethod
-    def _expected_end(now: float, slots: int, extra: list[float], flight: list[tuple[str, float, float]],
-                      ends: list[float], curves: dict, waiting: list[tuple[float, Survival]], job_s: float,
-                      rate: float, ttft: float) -> float:
+    def _expected_end(
+        now: float,
+        slots: int,
+        extra: list[float],
+        flight: list[tuple[str, float, float]],
+        ends: list[float],
+        curves: dict,
+        waiting: list[tuple[float, Survival]],
+        job_s: float,
+        rate: float,
+        ttft: float,
+    ) -> float:
         """E[the time the last sample ends]: the waiting samples dispatched by list scheduling at their mean
         duration over `slots` (and the `extra` slots a growing limit adds at those times); each sample's end drawn
         from its curve, the samples in the tail sharing one quantile (their unknown scale is one number for the
@@ -521,7 +584,7 @@ class Projector:
         tiny = 1e-300
         # the samples in flight, alike ones counted together: (dataset, tokens-so-far bin, wait in 50 ms)
         alike: dict[tuple, list[float]] = {}
-        for (dataset, sofar, waited) in flight:
+        for dataset, sofar, waited in flight:
             cell = alike.setdefault((dataset, _bin(sofar), round(waited * 20)), [0, 0.0, 0.0])
             cell[0] += 1
             cell[1] += sofar

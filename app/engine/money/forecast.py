@@ -16,8 +16,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from app.engine.money.budget import Prices
 from app.engine.capacity.endpoints import Endpoint, total_limit
+from app.engine.money.budget import Prices
 from app.engine.money.eta import Projector
 from app.providers.pricing import ModelPricing, cost_of
 from app.store.run_store import RunStore
@@ -76,8 +76,13 @@ class Forecast:
 
     def started(self, sample: LeasedSample, prompt_est: int) -> None:
         """A sample was sent; `prompt_est` is the budget's worst-case prompt estimate (2 characters a token)."""
-        self.projector.started(sample.pk, sample.dataset, 2 * (prompt_est - 16) // CHARS_PER_TOKEN, time.monotonic(),
-                               waited=(sample.turn or 0) > 1)
+        self.projector.started(
+            sample.pk,
+            sample.dataset,
+            2 * (prompt_est - 16) // CHARS_PER_TOKEN,
+            time.monotonic(),
+            waited=(sample.turn or 0) > 1,
+        )
 
     def followed(self, sample: LeasedSample, ready: int, skipped: int) -> None:
         """A conversation's turn ended, making the next turn ready or ending the conversation (`skipped` turns
@@ -103,9 +108,16 @@ class Forecast:
         now = time.monotonic()
         c = o.completion
         if c is not None:
-            self.projector.finished(f.sample.pk, c.usage.completion_tokens, c.total_s, c.ttft_s,
-                                    cost_of(c.usage, pricing), now, prompt_tokens=c.usage.prompt_tokens,
-                                    cached_tokens=c.usage.cached_tokens)
+            self.projector.finished(
+                f.sample.pk,
+                c.usage.completion_tokens,
+                c.total_s,
+                c.ttft_s,
+                cost_of(c.usage, pricing),
+                now,
+                prompt_tokens=c.usage.prompt_tokens,
+                cached_tokens=c.usage.cached_tokens,
+            )
         elif o.kind == "failed":
             self.projector.dropped(f.sample.pk, now)
         else:
@@ -113,8 +125,9 @@ class Forecast:
 
     # ---- the projection ----------------------------------------------------------------------------
 
-    def eta_and_cost(self, now: float, spent: float, remaining: int,
-                     endpoints: Sequence[Endpoint]) -> tuple[float | None, float | None]:
+    def eta_and_cost(
+        self, now: float, spent: float, remaining: int, endpoints: Sequence[Endpoint]
+    ) -> tuple[float | None, float | None]:
         """ETA and projected total cost from the tokens still expected over the concurrency held (the limit
         while nothing is held); (0, spent) once nothing remains."""
         if not remaining:
@@ -124,8 +137,12 @@ class Forecast:
             eta = None if last[1] is None else max(0.0, last[1] - (now - last[0]))
             return eta, last[2]
         held = self.projector.concurrency(now)
-        p = self.projector.project(now, spent, concurrency=held if held >= 1.0 else float(total_limit(endpoints)),
-                                   ceiling=growth_ceiling(endpoints))
+        p = self.projector.project(
+            now,
+            spent,
+            concurrency=held if held >= 1.0 else float(total_limit(endpoints)),
+            ceiling=growth_ceiling(endpoints),
+        )
         self._last = (now, p.eta_s, p.projected_cost_usd)
         return p.eta_s, p.projected_cost_usd
 

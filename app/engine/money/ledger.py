@@ -13,10 +13,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from app.config import RunConfig
-from app.engine.money.budget import BudgetGuard, Prices
-from app.engine.work.counts import SampleCounts
 from app.engine.capacity.endpoints import Endpoint
+from app.engine.money.budget import BudgetGuard, Prices
 from app.engine.record.metrics import EndpointMetrics
+from app.engine.work.counts import SampleCounts
 from app.errors import InputError
 from app.providers.pricing import ModelPricing, prices_at_start, resolve_pricing
 from app.store.run_store import RunStore
@@ -40,9 +40,11 @@ class Ledger:
         # a variant (":floor", ":nitro", ...) takes its base model's price unless priced itself
         self.pricing: ModelPricing | None = resolve_pricing(config.model.name, config.pricing)[0]
         p = self.pricing
-        self.budget = BudgetGuard(config.limits.budget_usd,
-                                  Prices(p.prompt_per_m, p.completion_per_m, p.cached_prompt_per_m) if p else None,
-                                  config.generation.max_tokens)
+        self.budget = BudgetGuard(
+            config.limits.budget_usd,
+            Prices(p.prompt_per_m, p.completion_per_m, p.cached_prompt_per_m) if p else None,
+            config.generation.max_tokens,
+        )
         self.counts = SampleCounts()
         self.total_metrics = EndpointMetrics("all", started_m)  # every endpoint together
         self.verdicts: Counter[str] = Counter()
@@ -64,8 +66,9 @@ class Ledger:
         quote = await prices_at_start(config.model.name, config.pricing, quoting)
         if quote.pricing is not None and self.pricing is None:
             self.pricing = quote.pricing
-            self.budget.prices = Prices(quote.pricing.prompt_per_m, quote.pricing.completion_per_m,
-                                        quote.pricing.cached_prompt_per_m)
+            self.budget.prices = Prices(
+                quote.pricing.prompt_per_m, quote.pricing.completion_per_m, quote.pricing.cached_prompt_per_m
+            )
         if quote.source != "config":
             await on_event("info" if quote.pricing is not None else "warning", "budget", quote.describe())
         if config.limits.budget_usd is not None and self.budget.prices is None:
@@ -73,7 +76,7 @@ class Ledger:
                 f"limits.budget_usd is {config.limits.budget_usd:g} but no price is known for {config.model.name!r} "
                 "(no [pricing] entry for it or its base model, and no endpoint's GET /models lists it): the budget "
                 "guard cannot know what a request may cost before it is billed; add "
-                f"[pricing.\"{config.model.name}\"] prompt_per_m and completion_per_m (the worst case you accept), "
+                f'[pricing."{config.model.name}"] prompt_per_m and completion_per_m (the worst case you accept), '
                 "or drop the budget"
             )
 
@@ -82,8 +85,12 @@ class Ledger:
         responses that cost more than their reservations (then: correct the prices)."""
         budget, spent = self.budget.budget_usd or 0.0, self.budget.spent_usd
         if spent > budget + 1e-12:
-            return (f"budget ${budget:.4f} passed: spent ${spent:.4f}, ${self.budget.overshoot_usd:.4f} beyond what "
-                    f"was reserved (responses cost more than [pricing] predicts for {model!r}, or failed requests "
-                    "were billed); correct the prices, raise limits.budget_usd and resume")
-        return (f"budget ${budget:.4f} reached: spent ${spent:.4f}, the next request could cost up to ${worst:.4f}; "
-                "raise limits.budget_usd and resume to continue")
+            return (
+                f"budget ${budget:.4f} passed: spent ${spent:.4f}, ${self.budget.overshoot_usd:.4f} beyond what "
+                f"was reserved (responses cost more than [pricing] predicts for {model!r}, or failed requests "
+                "were billed); correct the prices, raise limits.budget_usd and resume"
+            )
+        return (
+            f"budget ${budget:.4f} reached: spent ${spent:.4f}, the next request could cost up to ${worst:.4f}; "
+            "raise limits.budget_usd and resume to continue"
+        )

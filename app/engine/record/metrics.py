@@ -56,8 +56,12 @@ class RateWindow:
             d = min(float(span), age)
             out.append((n / d, tok / d))
         return Rate(
-            req_s_10s=out[0][0], req_s_1m=out[1][0], req_s_5m=out[2][0],
-            tok_s_10s=out[0][1], tok_s_1m=out[1][1], tok_s_5m=out[2][1],
+            req_s_10s=out[0][0],
+            req_s_1m=out[1][0],
+            req_s_5m=out[2][0],
+            tok_s_10s=out[0][1],
+            tok_s_1m=out[1][1],
+            tok_s_5m=out[2][1],
         )
 
     def history(self, now: float, buckets: int = WINDOW_S // HISTORY_BUCKET_S) -> tuple[float, ...]:
@@ -107,8 +111,9 @@ class EndpointMetrics:
         self.latency_ms = Observations()
         self.ttft_ms = Observations()
 
-    def record_completion(self, now: float, output_tokens: int, latency_s: float, ttft_s: float | None,
-                          cost_usd: float, truncated: bool) -> None:
+    def record_completion(
+        self, now: float, output_tokens: int, latency_s: float, ttft_s: float | None, cost_usd: float, truncated: bool
+    ) -> None:
         """Count one stored response."""
         self.completed += 1
         if truncated:
@@ -127,14 +132,30 @@ class EndpointMetrics:
         if final:
             self.failed += 1
 
-    def snapshot(self, now: float, in_flight: int, limit: int, *, waiting: int = 0, limit_reason: str | None = None,
-                 capacity: int | None = None) -> EndpointLive:
+    def snapshot(
+        self,
+        now: float,
+        in_flight: int,
+        limit: int,
+        *,
+        waiting: int = 0,
+        limit_reason: str | None = None,
+        capacity: int | None = None,
+    ) -> EndpointLive:
         """This endpoint's live figures now (in_flight: requests on the wire; the limiter's state); its counts
         over the run are the store's (app.store.queries.run_counts)."""
         lat50, lat95 = self.latency_ms.quantiles(now)
         t50, t95 = self.ttft_ms.quantiles(now)
         return EndpointLive(
-            name=self.name, in_flight=in_flight, waiting=waiting, concurrency_limit=limit,
-            limit_reason=limit_reason, capacity=capacity, rate=self.rates.rate(now),
-            latency_p50_ms=lat50, latency_p95_ms=lat95, ttft_p50_ms=t50, ttft_p95_ms=t95,
+            name=self.name,
+            in_flight=in_flight,
+            waiting=waiting,
+            concurrency_limit=limit,
+            limit_reason=limit_reason,
+            capacity=capacity,
+            rate=self.rates.rate(now),
+            latency_p50_ms=lat50,
+            latency_p95_ms=lat95,
+            ttft_p50_ms=t50,
+            ttft_p95_ms=t95,
         )

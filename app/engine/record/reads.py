@@ -1,4 +1,5 @@
-"""Reading a run's record (app.engine.record.snapshot.RunRecord) from its database, for every face but the engine itself.
+"""Reading a run's record (app.engine.record.snapshot.RunRecord) from its database, for every face but the engine
+itself.
 
 The counts are the store's (`app.store.queries.run_counts`); the live figures are the ones given (this process
 hosts the engine) or the engine's heartbeat's while it beats (app.store.heartbeat, decoded by
@@ -11,8 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from app.engine.record.snapshot import IN_PROCESS, LIVE_STATES, LiveFigures, RunRecord, finished_figures
 from app.engine.record.codec import live_from_json
+from app.engine.record.snapshot import IN_PROCESS, LIVE_STATES, LiveFigures, RunRecord, finished_figures
 from app.store import queries
 from app.store.count_records import RunCounts, RunLatency
 from app.store.heartbeat import liveness, read_heartbeat
@@ -33,8 +34,14 @@ class LatencyCache:
         return self._value
 
 
-def read_record(conn: Any, run_name: str, *, live: LiveFigures | None = None, now: float | None = None,
-                latency: LatencyCache | None = None) -> RunRecord:
+def read_record(
+    conn: Any,
+    run_name: str,
+    *,
+    live: LiveFigures | None = None,
+    now: float | None = None,
+    latency: LatencyCache | None = None,
+) -> RunRecord:
     """The record of run `run_name` read through `conn` (a read-only sqlite3 connection; any thread).
 
     `live`: the engine's live figures when this process hosts it (taken on its loop); otherwise they come from
@@ -63,9 +70,19 @@ def read_record(conn: Any, run_name: str, *, live: LiveFigures | None = None, no
     if state == "done" or live is None:
         finished = finished_figures(counts, (latency or LatencyCache()).get(conn, run.id, counts))
     budget = (run.config.get("limits") or {}).get("budget_usd")
-    return RunRecord(run_name=run.name, state=state, counts=counts, state_reason=reason, engine=engine,
-                     engine_text=engine_text, live=live, finished=finished, budget_usd=budget, read_at=now,
-                     trust=tuple(trust_of(conn, counts.providers)))
+    return RunRecord(
+        run_name=run.name,
+        state=state,
+        counts=counts,
+        state_reason=reason,
+        engine=engine,
+        engine_text=engine_text,
+        live=live,
+        finished=finished,
+        budget_usd=budget,
+        read_at=now,
+        trust=tuple(trust_of(conn, counts.providers)),
+    )
 
 
 __all__ = ["LatencyCache", "read_record"]

@@ -244,11 +244,24 @@ def finished_figures(counts: RunCounts, latency: RunLatency) -> FinishedFigures:
         span = max(0.0, counts.last_at - counts.first_at)
     per_s = 1.0 / span if span > 0 else 0.0
     return FinishedFigures(
-        elapsed_s=span, req_s=counts.answered * per_s, tok_s=counts.completion_tokens * per_s,
-        cost_per_hour=counts.cost_usd * 3600.0 * per_s, percentiles=latency.overall,
+        elapsed_s=span,
+        req_s=counts.answered * per_s,
+        tok_s=counts.completion_tokens * per_s,
+        cost_per_hour=counts.cost_usd * 3600.0 * per_s,
+        percentiles=latency.overall,
         endpoints=tuple((e.name, e.completed * per_s, latency.of(e.name)) for e in counts.endpoints),
     )
 
 
-__all__ = ["IN_PROCESS", "LIVE_STATES", "Rate", "EndpointLive", "LiveFigures", "FinishedFigures", "RunRecord",
-           "StateWords", "state_words", "finished_figures"]
+__all__ = [
+    "IN_PROCESS",
+    "LIVE_STATES",
+    "Rate",
+    "EndpointLive",
+    "LiveFigures",
+    "FinishedFigures",
+    "RunRecord",
+    "StateWords",
+    "state_words",
+    "finished_figures",
+]

@@ -1,1 +1,2 @@
-"""The run's work items: leases, run state, the config ingest, and the counts of samples per state (live and as stored)."""
+"""The run's work items: leases, run state, the config ingest, and the counts of samples per state (live and as
+stored)."""

@@ -185,22 +185,49 @@ async def ingest_config(
         if whole:  # (only then: a regenerate = "last" file ingested before keeps its recorded options)
             read_options.update(regenerate=ds.regenerate, on_tool_divergence=ds.on_tool_divergence)
         options = json.dumps(read_options, sort_keys=True)
-        read = ((lambda stats, ds=ds: iter_dataset_conversations(ds, stats)) if whole
-                else (lambda stats, ds=ds: iter_dataset(ds, stats)))
-        report = await _one_file(store, run_id, "dataset", ds.name, Path(ds.path), ds.format, options, force,
-                                 allow_partial, progress, read, conversations=whole)
+        read = (
+            (lambda stats, ds=ds: iter_dataset_conversations(ds, stats))
+            if whole
+            else (lambda stats, ds=ds: iter_dataset(ds, stats))
+        )
+        report = await _one_file(
+            store,
+            run_id,
+            "dataset",
+            ds.name,
+            Path(ds.path),
+            ds.format,
+            options,
+            force,
+            allow_partial,
+            progress,
+            read,
+            conversations=whole,
+        )
         grew = grew or report.added > 0
         reports.append(report)
     if config.data.reference is not None:
         ref = Path(config.data.reference)
         options = json.dumps({"vocab_size": vocab_size}, sort_keys=True)
-        reports.append(await _one_file(
-            store, run_id, "reference", "reference", ref, "reference", options, force or grew, allow_partial, progress,
-            lambda stats: iter_references(ref, stats=stats, vocab_size=vocab_size),
-        ))
+        reports.append(
+            await _one_file(
+                store,
+                run_id,
+                "reference",
+                "reference",
+                ref,
+                "reference",
+                options,
+                force or grew,
+                allow_partial,
+                progress,
+                lambda stats: iter_references(ref, stats=stats, vocab_size=vocab_size),
+            )
+        )
     status: IngestStatus = await store.read(lambda conn: ingest_status(conn, run_id))
-    result = IngestConfigReport(config.run.name, run_id, str(config.run.database), tuple(reports), status.complete,
-                                tuple(warnings))
+    result = IngestConfigReport(
+        config.run.name, run_id, str(config.run.database), tuple(reports), status.complete, tuple(warnings)
+    )
     line = result.summary()
     if line is not None:
         await store.add_event(run_id, "info" if status.complete else "warning", "ingest", line)
@@ -209,8 +236,19 @@ async def ingest_config(
 
 
 async def _one_file(
-    store: RunStore, run_id: int, role: str, name: str, path: Path, fmt: str, options: str, force: bool,
-    allow_partial: bool, progress: Progress | None, read: Callable[[ReadStats], Any], *, conversations: bool = False,
+    store: RunStore,
+    run_id: int,
+    role: str,
+    name: str,
+    path: Path,
+    fmt: str,
+    options: str,
+    force: bool,
+    allow_partial: bool,
+    progress: Progress | None,
+    read: Callable[[ReadStats], Any],
+    *,
+    conversations: bool = False,
 ) -> FileReport:
     try:
         fingerprint = await asyncio.to_thread(file_fingerprint, path)
@@ -219,9 +257,16 @@ async def _one_file(
             raise
         return FileReport(role, name, str(path), fmt, "failed", error=str(exc))
     before = await store.read(lambda conn: file_record(conn, run_id, role, name))
-    if (before is not None and before.complete and before.fingerprint == fingerprint and before.options == options
-            and not force):
-        return FileReport(role, name, str(path), fmt, "unchanged", bad_lines=before.bad_lines, conflicts=before.conflicts)
+    if (
+        before is not None
+        and before.complete
+        and before.fingerprint == fingerprint
+        and before.options == options
+        and not force
+    ):
+        return FileReport(
+            role, name, str(path), fmt, "unchanged", bad_lines=before.bad_lines, conflicts=before.conflicts
+        )
     state = "resumed" if before is not None and not before.complete else "ingested"
     await begin_file(store, run_id, role, name, str(path), fingerprint, options)
     stats = ReadStats()
@@ -231,8 +276,12 @@ async def _one_file(
             if role == "dataset":
                 ingest = store.ingest_conversations if conversations else store.ingest
                 part = await ingest(run_id, read(stats), source=str(path), track=track)
-                counts: dict[str, Any] = dict(added=part.added, already_present=part.already_present, conflicts=part.conflicts,
-                              conflict_examples=part.conflict_examples)
+                counts: dict[str, Any] = dict(
+                    added=part.added,
+                    already_present=part.already_present,
+                    conflicts=part.conflicts,
+                    conflict_examples=part.conflict_examples,
+                )
             else:
                 attached, unmatched = await store.attach_references(run_id, read(stats), track=track)
                 counts = dict(attached=attached, unmatched=unmatched)
@@ -241,5 +290,14 @@ async def _one_file(
             raise
         return FileReport(role, name, str(path), fmt, "failed", read=stats.good, error=str(exc))
     await finish_file(store, run_id, role, name, stats.lines, bad_lines=stats.bad, conflicts=counts.get("conflicts", 0))
-    return FileReport(role, name, str(path), fmt, state, read=stats.good, bad_lines=stats.bad,
-                      bad_examples=tuple(stats.examples), **counts)
+    return FileReport(
+        role,
+        name,
+        str(path),
+        fmt,
+        state,
+        read=stats.good,
+        bad_lines=stats.bad,
+        bad_examples=tuple(stats.examples),
+        **counts,
+    )

@@ -75,7 +75,7 @@ class SampleCounts:
         return self["pending"] + self["leased"] + self["waiting"]
 
 
-_FOLLOWERS: "weakref.WeakKeyDictionary[Any, CountsFollower]" = weakref.WeakKeyDictionary()
+_FOLLOWERS: weakref.WeakKeyDictionary[Any, CountsFollower] = weakref.WeakKeyDictionary()
 
 
 class CountsFollower:

@@ -23,9 +23,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from app.engine.work.counts import SampleCounts
 from app.engine.health.events import EventLog
 from app.engine.health.writes import StoreGate
+from app.engine.work.counts import SampleCounts
 from app.store.conversation_ops import next_turn_state
 from app.store.run_store import RunStore, StoreWriteError
 from app.store.store_records import LeasedSample
@@ -95,8 +95,7 @@ class SampleLeases:
         conversation_id, turn = item.conversation_id, item.turn
         if conversation_id is None or turn is None:
             return TurnFollow()
-        state, skipped = await self._store.read(
-            lambda conn: next_turn_state(conn, self._run_id, conversation_id, turn))
+        state, skipped = await self._store.read(lambda conn: next_turn_state(conn, self._run_id, conversation_id, turn))
         return TurnFollow(ready=int(state not in ("", "waiting", "skipped")), skipped=skipped)
 
 
@@ -104,8 +103,17 @@ class LeaseKeeper:
     """The lease heartbeat of one engine (module doc). `held()` lists the items it holds (in flight and queued);
     `on_returned()` tells the scheduler that expired leases made work ready again."""
 
-    def __init__(self, *, source: WorkSource, lease_s: float, held: Callable[[], list[int]],
-                 on_returned: Callable[[], None], gate: StoreGate, counts: SampleCounts, events: EventLog) -> None:
+    def __init__(
+        self,
+        *,
+        source: WorkSource,
+        lease_s: float,
+        held: Callable[[], list[int]],
+        on_returned: Callable[[], None],
+        gate: StoreGate,
+        counts: SampleCounts,
+        events: EventLog,
+    ) -> None:
         self._source = source
         self._lease_s = lease_s
         self._held = held
@@ -133,5 +141,8 @@ class LeaseKeeper:
                 self._counts.released(expired)
                 self._on_returned()
                 await self._events.add(
-                    "warning", "run", f"{expired} leases expired (held longer than lease_s = {self._lease_s:g}s by "
-                    "an engine that stopped); their samples return to pending")
+                    "warning",
+                    "run",
+                    f"{expired} leases expired (held longer than lease_s = {self._lease_s:g}s by "
+                    "an engine that stopped); their samples return to pending",
+                )

@@ -55,7 +55,9 @@ class NumberScreen(ModalScreen[int | None]):
         with Vertical(id="confirm-box"):
             yield Label(self.question, id="number-question", markup=False)
             yield Input(value="" if self.initial is None else str(self.initial), type="integer", id="number-input")
-            yield Label(f"enter: set (a whole number >= {self.minimum})     esc: cancel", id="number-hint", markup=False)
+            yield Label(
+                f"enter: set (a whole number >= {self.minimum})     esc: cancel", id="number-hint", markup=False
+            )
 
     def on_mount(self) -> None:
         self.query_one(Input).focus()
@@ -67,7 +69,9 @@ class NumberScreen(ModalScreen[int | None]):
         except ValueError:
             value = None
         if value is None or value < self.minimum:
-            self.query_one("#number-hint", Label).update(f"{event.value.strip() or 'nothing'} is not a whole number >= {self.minimum}")
+            self.query_one("#number-hint", Label).update(
+                f"{event.value.strip() or 'nothing'} is not a whole number >= {self.minimum}"
+            )
             return
         self.dismiss(value)
 

@@ -71,8 +71,14 @@ def turn_words(row: ConversationRow) -> str:
 
 def list_cells(row: ConversationRow) -> tuple[str, ...]:
     """One conversation as the list shows it."""
-    return (row.conversation_id, row.dataset, turn_words(row), STATUS_LABELS.get(row.status, row.status),
-            f"{row.done_turns}/{row.turns}", "off-policy" if row.off_policy else "")
+    return (
+        row.conversation_id,
+        row.dataset,
+        turn_words(row),
+        STATUS_LABELS.get(row.status, row.status),
+        f"{row.done_turns}/{row.turns}",
+        "off-policy" if row.off_policy else "",
+    )
 
 
 def turn_cells(row: TurnRow) -> tuple[str, ...]:
@@ -81,8 +87,14 @@ def turn_cells(row: TurnRow) -> tuple[str, ...]:
     note = row.error_class or ""
     if row.off_policy:
         note = f"off-policy {note}".strip()
-    return (f"{row.turn}/{row.turns}", row.sample_id, TURN_STATE_LABELS.get(row.state, row.state), verdict,
-            "-" if row.n_tokens is None else f"{row.n_tokens:,}", note)
+    return (
+        f"{row.turn}/{row.turns}",
+        row.sample_id,
+        TURN_STATE_LABELS.get(row.state, row.state),
+        verdict,
+        "-" if row.n_tokens is None else f"{row.n_tokens:,}",
+        note,
+    )
 
 
 def _caption(candidates: tuple[str, ...], room: int) -> str:
@@ -208,7 +220,9 @@ class ConversationsScreen(Screen):
         self.rows, self.has_next = rows, has_next
         room = (table.scrollable_content_region.width or self.size.width) - 2
         cells = [list_cells(r) for r in rows]
-        wide = {i: max([w, *(cell_len(c[i]) for c in cells)]) for i, (_, w) in enumerate(LIST_COLUMNS) if i in (0, 1, 2, 5)}
+        wide = {
+            i: max([w, *(cell_len(c[i]) for c in cells)]) for i, (_, w) in enumerate(LIST_COLUMNS) if i in (0, 1, 2, 5)
+        }
         table.set_widths(stretch(LIST_COLUMNS, wide, room))
         table.show(cells, cursor=cursor, scroll_y=scroll_y)
         self._update_caption()
@@ -220,8 +234,13 @@ class ConversationsScreen(Screen):
     def _tick(self) -> None:
         """Once a second: re-read the page when it is due (while the run goes on), and say how old it is."""
         now = time.monotonic()
-        if (not self._loading and self._updated_at is not None and now - self._updated_at >= self.live_refresh_s
-                and now >= self._not_before and run_goes_on(self.app)):
+        if (
+            not self._loading
+            and self._updated_at is not None
+            and now - self._updated_at >= self.live_refresh_s
+            and now >= self._not_before
+            and run_goes_on(self.app)
+        ):
             self.load(cursor=self.selected or 0)
         self._update_caption()
 
@@ -239,10 +258,13 @@ class ConversationsScreen(Screen):
                 where = f"rows {first:,}–{first + len(self.rows) - 1:,}{'' if self.has_next else ' (the last)'}"
             ago = _age(self._updated_at)
             keys = " · [ ] pages" if self.has_next or self._previous else ""
-            candidates = (f"conversations · {where} · updated {ago} ago · r refresh{keys}" if ago else
-                          f"conversations · {where}{keys}",
-                          f"conversations · {where} · {ago} ago · r refresh" if ago else f"conversations · {where}",
-                          f"conversations · {where}")
+            candidates = (
+                f"conversations · {where} · updated {ago} ago · r refresh{keys}"
+                if ago
+                else f"conversations · {where}{keys}",
+                f"conversations · {where} · {ago} ago · r refresh" if ago else f"conversations · {where}",
+                f"conversations · {where}",
+            )
         caption = self.query_one("#conversations-caption", Static)
         caption.update(_caption(candidates, caption.content_region.width or self.size.width - 2), layout=False)
 
@@ -399,12 +421,16 @@ class ConversationScreen(Screen):
         header = self.query_one("#conversation-header", Static)
         room = header.content_region.width or self.size.width - 2
         if self._error is not None:
-            header.update(Text(f"conversation {self.conversation_id}: cannot read its turns: {self._error}",
-                               style="bold red"))
+            header.update(
+                Text(f"conversation {self.conversation_id}: cannot read its turns: {self._error}", style="bold red")
+            )
             return
         if not self.turns:
-            header.update(f"conversation {self.conversation_id}: this run has no such conversation"
-                          if not self._loading else f"conversation {self.conversation_id} · loading…")
+            header.update(
+                f"conversation {self.conversation_id}: this run has no such conversation"
+                if not self._loading
+                else f"conversation {self.conversation_id} · loading…"
+            )
             return
         status, at = conversation_status([(t.turn, t.state, t.error_class) for t in self.turns])
         words = STATUS_LABELS.get(status, status)
@@ -433,8 +459,13 @@ class ConversationScreen(Screen):
 
     def _tick(self) -> None:
         now = time.monotonic()
-        if (not self._loading and self._updated_at is not None and now - self._updated_at >= self.live_refresh_s
-                and now >= self._not_before and run_goes_on(self.app)):
+        if (
+            not self._loading
+            and self._updated_at is not None
+            and now - self._updated_at >= self.live_refresh_s
+            and now >= self._not_before
+            and run_goes_on(self.app)
+        ):
             self.load()
         elif self.turns:
             self._show_header()

@@ -35,9 +35,16 @@ if TYPE_CHECKING:
 REFRESH_S = 0.5
 EVENTS_FETCHED = 12  # the event box shows the newest that fit (up to 12 at 120x40)
 # the endpoints table: (key, label, width); the endpoint column's width follows the names (see _endpoint_width)
-ENDPOINT_COLUMNS = (("endpoint", "endpoint", 8), ("done", "done", 7), ("failed", "failed", 6),
-                    ("flight", "flight", 7), ("req/s", "req/s", 5), ("p50", "p50", 6), ("p95", "p95", 6),
-                    ("cost", "cost", 8))
+ENDPOINT_COLUMNS = (
+    ("endpoint", "endpoint", 8),
+    ("done", "done", 7),
+    ("failed", "failed", 6),
+    ("flight", "flight", 7),
+    ("req/s", "req/s", 5),
+    ("p50", "p50", 6),
+    ("p95", "p95", 6),
+    ("cost", "cost", 8),
+)
 # after an endpoint's name, how far its text path is proven (app.store.verification's states, `fidelity` per provider)
 TRUST_MARKS = {"verified": "✓", "prior only": "~", "unverified": "?"}
 ENDPOINT_NAME_MAX = 40  # an endpoint name longer than this (or than the room left) shows as its alias, e.g. `#2`
@@ -45,31 +52,48 @@ ENDPOINT_NAME_MAX = 40  # an endpoint name longer than this (or than the room le
 # Every abbreviation the dashboard uses, with its meaning: the help screen (`?`) lists them. A tile line uses a
 # word from here or a whole word; a test reads every tile and checks it.
 GLOSSARY: tuple[tuple[str, str], ...] = (
-    ("tok/s, req/s", "output tokens and answers per second: the engine's last 10 s (1m: its last minute); "
-                     "avg: over the whole run, once it is finished"),
-    ("p50, p95", "median and 95th percentile latency, request to last byte (the engine's last 5 minutes while "
-                 "it runs, every answer once finished)"),
+    (
+        "tok/s, req/s",
+        "output tokens and answers per second: the engine's last 10 s (1m: its last minute); "
+        "avg: over the whole run, once it is finished",
+    ),
+    (
+        "p50, p95",
+        "median and 95th percentile latency, request to last byte (the engine's last 5 minutes while "
+        "it runs, every answer once finished)",
+    ),
     ("ttft", "95th percentile time to the first token"),
     ("flight a/b", "requests on the wire / the concurrency limit"),
     ("waiting", "samples between requests (a retry's wait) or being rebuilt and stored"),
-    ("limit reasons", "growing · at ceiling · 429 cooldown (cooling down after 429) · latency up (latency "
-                      "rising) · pinned (set by the operator) · mixed (endpoints differ)"),
+    (
+        "limit reasons",
+        "growing · at ceiling · 429 cooldown (cooling down after 429) · latency up (latency "
+        "rising) · pinned (set by the operator) · mixed (endpoints differ)",
+    ),
     ("cap", "the capacity proven so far (shown once every endpoint has one)"),
     ("rate $/h, proj.", "what the engine spends per hour; the projected total cost"),
     ("avg $/h", "a finished run's cost per hour over its span"),
-    ("exact, benign, corrupt", "verdicts against the reference: the same ids; the same text with another BPE "
-                               "split; different text or layout"),
+    (
+        "exact, benign, corrupt",
+        "verdicts against the reference: the same ids; the same text with another BPE split; different text or layout",
+    ),
     ("trunc", "truncated: stopped at max_tokens (no end-of-turn; the export leaves it out unless asked)"),
     ("no ref", "no reference to judge the ids against"),
     ("suspect", "rebuilt from text with a sign it may not be the model's ids (left out of exports)"),
     ("verified", "true ids, the model's own: from the server or logprobs"),
     ("ref-checked", "checked against a reference: rebuilt from text and judged by a reference (its verdict above)"),
     ("unchecked", "rebuilt from text with neither true ids nor a reference"),
-    ("match N% n=M", "of M measured answers (true ids whose text-only rebuild was also compared), N% came out "
-                     "the same text: the text path's fidelity"),
-    ("✓ ~ ? after an endpoint", "its text path verified by probes with true ids / only a known server's steps, "
-                               "no probe yet / unverified (the least proven of its upstream providers; "
-                               "`eaglewatch fidelity` says each and what would verify it)"),
+    (
+        "match N% n=M",
+        "of M measured answers (true ids whose text-only rebuild was also compared), N% came out "
+        "the same text: the text path's fidelity",
+    ),
+    (
+        "✓ ~ ? after an endpoint",
+        "its text path verified by probes with true ids / only a known server's steps, "
+        "no probe yet / unverified (the least proven of its upstream providers; "
+        "`eaglewatch fidelity` says each and what would verify it)",
+    ),
     ("failed, retried", "samples that failed for good; failed requests that were tried again"),
     ("5xx, 429, …", "failed requests by error class"),
 )
@@ -77,12 +101,14 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
 CONVERSATION_GLOSSARY: tuple[tuple[str, str], ...] = (
     ("done a/b", "conversations: a of the b (the tile's title) ended with every turn done"),
     ("open", "conversations not ended: not started, a turn in flight, or a later turn ready"),
-    ("diverged, div", "conversations ended where the model's tool calls differed from the recorded ones (stop "
-                      "policy)"),
+    ("diverged, div", "conversations ended where the model's tool calls differed from the recorded ones (stop policy)"),
     ("failed (conv.)", "conversations ended by a turn that failed for good"),
     ("trunc (conv.)", "conversations ended by an answer cut at max_tokens before their last turn"),
     ("skipped (conv.)", "conversations ended by a skipped turn (e.g. its prompt too long)"),
-    ("off-policy, off-pol", "turns whose history holds recorded tool results replayed after a divergent call (replay policy)"),
+    (
+        "off-policy, off-pol",
+        "turns whose history holds recorded tool results replayed after a divergent call (replay policy)",
+    ),
     ("turns done, pending", "turns by state: answered; ready to be sent"),
     ("flight (turns)", "turns leased: on the wire or being stored"),
     ("wait", "turns waiting on their parent turn's answer (their request is not written yet)"),
@@ -135,9 +161,16 @@ def engine_gone(rec: RunRecord) -> bool:
     return rec.engine_gone
 
 
-# the limiter's reasons (app.engine.capacity.limiter.REASONS) in the glossary's words, for tiles narrower than the full ones
-COMPACT_REASONS = {"growing": "growing", "at ceiling": "at ceiling", "cooling down after 429": "429 cooldown",
-                   "latency rising": "latency up", "pinned": "pinned", "mixed": "mixed"}
+# the limiter's reasons (app.engine.capacity.limiter.REASONS) in the glossary's words, for tiles narrower than the full
+# ones
+COMPACT_REASONS = {
+    "growing": "growing",
+    "at ceiling": "at ceiling",
+    "cooling down after 429": "429 cooldown",
+    "latency rising": "latency up",
+    "pinned": "pinned",
+    "mixed": "mixed",
+}
 
 
 def _fit(width: int, *candidates: str) -> str:
@@ -186,35 +219,62 @@ def throughput_lines(rec: RunRecord, width: int = 40, compact: bool = False) -> 
     if fin is not None or live is None:
         fin = fin or FinishedFigures()
         p = fin.percentiles
-        latency = [f"p95 {ms(p.latency_p95_ms)} ttft {ms(p.ttft_p95_ms)}"] if compact else [
-            f"p50 {ms(p.latency_p50_ms)}  p95 {ms(p.latency_p95_ms)}",
-            _fit(width, f"ttft p50 {ms(p.ttft_p50_ms)} p95 {ms(p.ttft_p95_ms)}", f"ttft {ms(p.ttft_p95_ms)}")]
-        return _lines([f"avg tok/s {fin.tok_s:,.0f}", f"avg req/s {fin.req_s:,.1f}", *latency,
-                       f"leased {rec.counts.samples.leased:,}"], n)
+        latency = (
+            [f"p95 {ms(p.latency_p95_ms)} ttft {ms(p.ttft_p95_ms)}"]
+            if compact
+            else [
+                f"p50 {ms(p.latency_p50_ms)}  p95 {ms(p.latency_p95_ms)}",
+                _fit(width, f"ttft p50 {ms(p.ttft_p50_ms)} p95 {ms(p.ttft_p95_ms)}", f"ttft {ms(p.ttft_p95_ms)}"),
+            ]
+        )
+        return _lines(
+            [
+                f"avg tok/s {fin.tok_s:,.0f}",
+                f"avg req/s {fin.req_s:,.1f}",
+                *latency,
+                f"leased {rec.counts.samples.leased:,}",
+            ],
+            n,
+        )
     rate = live.rate
     reason, cap = limit_words(live.endpoints, False)
     short = COMPACT_REASONS.get(reason, reason)
     with_cap = f" · capacity {cap}" if cap is not None else ""
     short_cap = f" cap {cap}" if cap is not None else ""
-    limit = _fit(width, f"limit {reason}{with_cap}", f"limit {short}{with_cap}", f"limit {short}{short_cap}",
-                 f"{short}{short_cap}")
+    limit = _fit(
+        width,
+        f"limit {reason}{with_cap}",
+        f"limit {short}{with_cap}",
+        f"limit {short}{short_cap}",
+        f"{short}{short_cap}",
+    )
     flight = f"{live.in_flight}/{live.concurrency_limit}"
     if compact:
-        return _lines([
-            _fit(width, f"tok/s {rate.tok_s_10s:,.0f}", f"tok/s {fmt.count(round(rate.tok_s_10s))}"),
-            f"p95 {ms(live.latency_p95_ms)} ttft {ms(live.ttft_p95_ms)}",
-            _fit(width, f"in flight {flight}", f"flight {flight}"),
-            f"waiting {live.waiting:,}",
+        return _lines(
+            [
+                _fit(width, f"tok/s {rate.tok_s_10s:,.0f}", f"tok/s {fmt.count(round(rate.tok_s_10s))}"),
+                f"p95 {ms(live.latency_p95_ms)} ttft {ms(live.ttft_p95_ms)}",
+                _fit(width, f"in flight {flight}", f"flight {flight}"),
+                f"waiting {live.waiting:,}",
+                limit,
+            ],
+            n,
+        )
+    return _lines(
+        [
+            f"req/s {rate.req_s_10s:,.1f}  1m {rate.req_s_1m:,.1f}",
+            _fit(
+                width,
+                f"tok/s {rate.tok_s_10s:,.0f}  1m {rate.tok_s_1m:,.0f}",
+                f"tok/s {rate.tok_s_10s:,.0f} 1m {rate.tok_s_1m:,.0f}",
+            ),
+            f"p50 {ms(live.latency_p50_ms)}  p95 {ms(live.latency_p95_ms)}",
+            _fit(width, f"ttft p50 {ms(live.ttft_p50_ms)} p95 {ms(live.ttft_p95_ms)}", f"ttft {ms(live.ttft_p95_ms)}"),
+            _fit(width, f"in flight {flight}  waiting {live.waiting:,}", f"flight {flight} waiting {live.waiting:,}"),
             limit,
-        ], n)
-    return _lines([
-        f"req/s {rate.req_s_10s:,.1f}  1m {rate.req_s_1m:,.1f}",
-        _fit(width, f"tok/s {rate.tok_s_10s:,.0f}  1m {rate.tok_s_1m:,.0f}", f"tok/s {rate.tok_s_10s:,.0f} 1m {rate.tok_s_1m:,.0f}"),
-        f"p50 {ms(live.latency_p50_ms)}  p95 {ms(live.latency_p95_ms)}",
-        _fit(width, f"ttft p50 {ms(live.ttft_p50_ms)} p95 {ms(live.ttft_p95_ms)}", f"ttft {ms(live.ttft_p95_ms)}"),
-        _fit(width, f"in flight {flight}  waiting {live.waiting:,}", f"flight {flight} waiting {live.waiting:,}"),
-        limit,
-    ], n)
+        ],
+        n,
+    )
 
 
 def cost_lines(rec: RunRecord, width: int = 40, compact: bool = False) -> tuple[str, ...]:
@@ -224,15 +284,21 @@ def cost_lines(rec: RunRecord, width: int = 40, compact: bool = False) -> tuple[
         per_hour = rec.finished.cost_per_hour if rec.finished is not None else 0.0
         lines = [f"spent {fmt.money(spent)}", f"avg {fmt.money(per_hour)}/h"]
     else:
-        lines = [f"spent {fmt.money(spent)}", f"rate  {fmt.money(rec.live.cost_per_hour)}/h",
-                 f"proj. {fmt.money(rec.live.projected_cost_usd)}"]
+        lines = [
+            f"spent {fmt.money(spent)}",
+            f"rate  {fmt.money(rec.live.cost_per_hour)}/h",
+            f"proj. {fmt.money(rec.live.projected_cost_usd)}",
+        ]
     if rec.budget_usd:
         fraction = spent / rec.budget_usd
         share = f"{100 * fraction:.0f}%"
         if len(f"budget {fmt.money(rec.budget_usd)} {share}") <= width:
             lines += [f"budget {fmt.money(rec.budget_usd)} {share}", fmt.bar(fraction, min(16, width))]
         else:  # a large budget: its share goes before the bar
-            lines += [f"budget {fmt.money(rec.budget_usd)}", f"{share} " + fmt.bar(fraction, min(16, width) - len(share) - 1)]
+            lines += [
+                f"budget {fmt.money(rec.budget_usd)}",
+                f"{share} " + fmt.bar(fraction, min(16, width) - len(share) - 1),
+            ]
     else:
         lines.append("budget none")
     return _lines(lines, COMPACT_LINES if compact else FULL_LINES)
@@ -249,29 +315,43 @@ def reconstruction_lines(rec: RunRecord, width: int = 40, compact: bool = False)
     def pair(first: str, x: int, second: str, y: int, *shorter: str) -> str:
         """`first x · second y`, in fewer cells when narrow: shorter labels (GLOSSARY), then rounded counts."""
         labels = [(first, second), *((first, s) for s in shorter)]
-        return _fit(width, f"{first} {x:,} · {second} {y:,}",
-                    *(f"{a} {x:,} {b} {y:,}" for a, b in labels),
-                    *(f"{a} {fmt.count(x)} {b} {fmt.count(y)}" for a, b in labels))
+        return _fit(
+            width,
+            f"{first} {x:,} · {second} {y:,}",
+            *(f"{a} {x:,} {b} {y:,}" for a, b in labels),
+            *(f"{a} {fmt.count(x)} {b} {fmt.count(y)}" for a, b in labels),
+        )
 
-    verified = _fit(width, f"verified {a.verified:,} of {a.answers:,}", f"verified {a.verified:,}/{a.answers:,}",
-                    f"verified {fmt.count(a.verified)}/{fmt.count(a.answers)}")
+    verified = _fit(
+        width,
+        f"verified {a.verified:,} of {a.answers:,}",
+        f"verified {a.verified:,}/{a.answers:,}",
+        f"verified {fmt.count(a.verified)}/{fmt.count(a.answers)}",
+    )
     if compact:
-        return _lines([
+        return _lines(
+            [
+                pair("exact", exact, "benign", benign),
+                pair("corrupt", corrupt, "trunc", trunc),
+                pair("no ref", no_ref, "suspect", a.suspects),
+                verified,
+                match,
+            ],
+            COMPACT_LINES,
+        )
+    return _lines(
+        [
             pair("exact", exact, "benign", benign),
-            pair("corrupt", corrupt, "trunc", trunc),
-            pair("no ref", no_ref, "suspect", a.suspects),
+            pair("corrupt", corrupt, "truncated", trunc, "trunc"),
+            pair("no reference", no_ref, "suspect", a.suspects)
+            if len(f"no reference {no_ref:,} · suspect {a.suspects:,}") <= width
+            else pair("no ref", no_ref, "suspect", a.suspects),
             verified,
+            pair("ref-checked", a.checked, "unchecked", a.unchecked),
             match,
-        ], COMPACT_LINES)
-    return _lines([
-        pair("exact", exact, "benign", benign),
-        pair("corrupt", corrupt, "truncated", trunc, "trunc"),
-        pair("no reference", no_ref, "suspect", a.suspects) if len(f"no reference {no_ref:,} · suspect {a.suspects:,}")
-        <= width else pair("no ref", no_ref, "suspect", a.suspects),
-        verified,
-        pair("ref-checked", a.checked, "unchecked", a.unchecked),
-        match,
-    ], FULL_LINES)
+        ],
+        FULL_LINES,
+    )
 
 
 CONVERSATION_LINES = 4  # the conversations tile: two lines of conversations, two of turns (fits the plot row)
@@ -289,20 +369,36 @@ def conversation_lines(conv: ConversationCounts, width: int = CONVERSATION_WIDTH
         ended = [f"skipped {n(conv.ended_skipped)}"] if conv.ended_skipped else []
         done = f"done {n(conv.done)}/{n(conv.total)}" if of_total else f"done {n(conv.done)}"
         diverged, off_policy = ("div", "off-pol") if short else ("diverged", "off-policy")
-        conversations = [done, f"open {n(conv.open)}", f"{diverged} {n(conv.diverged)}", f"failed {n(conv.failed)}",
-                         f"trunc {n(conv.truncated)}", *ended, f"{off_policy} {n(conv.off_policy_turns)}"]
-        by_state = [f"turns done {n(turns.get('done', 0))}", f"flight {n(turns.get('leased', 0))}",
-                    f"wait {n(turns.get('waiting', 0))}", f"pending {n(turns.get('pending', 0))}",
-                    f"failed {n(turns.get('failed', 0))}", f"skipped {n(turns.get('skipped', 0))}"]
+        conversations = [
+            done,
+            f"open {n(conv.open)}",
+            f"{diverged} {n(conv.diverged)}",
+            f"failed {n(conv.failed)}",
+            f"trunc {n(conv.truncated)}",
+            *ended,
+            f"{off_policy} {n(conv.off_policy_turns)}",
+        ]
+        by_state = [
+            f"turns done {n(turns.get('done', 0))}",
+            f"flight {n(turns.get('leased', 0))}",
+            f"wait {n(turns.get('waiting', 0))}",
+            f"pending {n(turns.get('pending', 0))}",
+            f"failed {n(turns.get('failed', 0))}",
+            f"skipped {n(turns.get('skipped', 0))}",
+        ]
         return conversations, by_state
 
     def whole(v: int) -> str:
         return f"{v:,}"
 
     lines: list[str] = []
-    for n, of_total, sep, short in ((whole, True, " · ", False), (whole, True, "  ", False),
-                                    (fmt.count, True, "  ", False), (fmt.count, False, " ", False),
-                                    (fmt.count, False, " ", True)):
+    for n, of_total, sep, short in (
+        (whole, True, " · ", False),
+        (whole, True, "  ", False),
+        (fmt.count, True, "  ", False),
+        (fmt.count, False, " ", False),
+        (fmt.count, False, " ", True),
+    ):
         first, second = items(n, of_total, short)
         lines = _pack(first, width, 2, sep) + _pack(second, width, 2, sep)
         if all(len(line) <= width for line in lines):
@@ -320,8 +416,13 @@ def error_lines(rec: RunRecord, width: int = 40, compact: bool = False) -> tuple
     n = COMPACT_LINES if compact else FULL_LINES
     c = rec.counts
     failed, retried = f"failed {c.samples.failed:,}", f"retried {c.retried:,}"
-    tail = [f"{failed} · {retried}"] if len(f"{failed} · {retried}") <= width else \
-        [f"{failed} {retried}"] if len(f"{failed} {retried}") <= width else [failed, retried]
+    tail = (
+        [f"{failed} · {retried}"]
+        if len(f"{failed} · {retried}") <= width
+        else [f"{failed} {retried}"]
+        if len(f"{failed} {retried}") <= width
+        else [failed, retried]
+    )
     if not c.errors_by_class:
         return _lines(["none", *tail], n)
     ranked = sorted(c.errors_by_class, key=lambda item: (-item[1], item[0]))
@@ -437,8 +538,9 @@ class DashboardScreen(Screen):
         n_events = EVENTS_FETCHED
 
         def fetch() -> DashboardData:
-            return DashboardData(source.record(live), tuple(source.jobs()), tuple(source.events(n_events)),
-                                 read_chunk(source, cursor))
+            return DashboardData(
+                source.record(live), tuple(source.jobs()), tuple(source.events(n_events)), read_chunk(source, cursor)
+            )
 
         fetch_in_thread(self, fetch, self.Polled, self.PollFailed, group="dashboard-poll")
 
@@ -460,7 +562,9 @@ class DashboardScreen(Screen):
 
     def _poll_failed(self, exc: Exception) -> None:
         self._fetched()
-        self.query_one("#run-status", Static).update(Text(f"cannot read the run: {exc}", style="bold red"), layout=False)
+        self.query_one("#run-status", Static).update(
+            Text(f"cannot read the run: {exc}", style="bold red"), layout=False
+        )
 
     def apply(self, data: DashboardData) -> None:
         """Render one poll (called on the UI thread)."""
@@ -488,8 +592,12 @@ class DashboardScreen(Screen):
         if rec is None:
             return
         compact = self.compact
-        for tile_id, lines in (("throughput", throughput_lines), ("cost", cost_lines),
-                               ("reconstruction", reconstruction_lines), ("errors", error_lines)):
+        for tile_id, lines in (
+            ("throughput", throughput_lines),
+            ("cost", cost_lines),
+            ("reconstruction", reconstruction_lines),
+            ("errors", error_lines),
+        ):
             tile = self.query_one(f"#tile-{tile_id}", MetricTile)
             tile.show(*lines(rec, tile.content_size.width or 40, compact))
         conv, tile = rec.counts.conversations, self.query_one("#tile-conversations", MetricTile)
@@ -574,12 +682,27 @@ def endpoint_rows(rec: RunRecord) -> list[tuple[str, ...]]:
         done, failed, cost = (c.completed, c.failed, c.cost_usd) if c is not None else (0, 0, 0.0)
         if name in live:
             e = live[name]
-            flight, req_s, p50, p95 = f"{e.in_flight}/{e.concurrency_limit}", e.rate.req_s_10s, e.latency_p50_ms, e.latency_p95_ms
+            flight, req_s, p50, p95 = (
+                f"{e.in_flight}/{e.concurrency_limit}",
+                e.rate.req_s_10s,
+                e.latency_p50_ms,
+                e.latency_p95_ms,
+            )
         else:
             req_s, p = rec.finished.endpoint(name) if rec.finished is not None else (0.0, None)
             flight, p50, p95 = "-", p.latency_p50_ms if p else None, p.latency_p95_ms if p else None
-        out.append((name, f"{done:,}", f"{failed:,}", flight, f"{req_s:.1f}", fmt.short_ms(p50), fmt.short_ms(p95),
-                    fmt.money(cost)))
+        out.append(
+            (
+                name,
+                f"{done:,}",
+                f"{failed:,}",
+                flight,
+                f"{req_s:.1f}",
+                fmt.short_ms(p50),
+                fmt.short_ms(p95),
+                fmt.money(cost),
+            )
+        )
     return out
 
 

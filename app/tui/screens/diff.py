@@ -60,8 +60,14 @@ class DiffScreen(Screen):
 
     def _load(self, sample_id: str) -> None:
         source = self.app.source
-        fetch_in_thread(self, lambda: source.sample_diff(sample_id), self.DiffLoaded, self.DiffFailed,
-                        group="diff-align", exclusive=True)
+        fetch_in_thread(
+            self,
+            lambda: source.sample_diff(sample_id),
+            self.DiffLoaded,
+            self.DiffFailed,
+            group="diff-align",
+            exclusive=True,
+        )
 
     @on(DiffLoaded)
     def _diff_loaded(self, message: DiffLoaded) -> None:
@@ -80,8 +86,10 @@ class DiffScreen(Screen):
         self.diff = diff
         header = Text()
         header.append(f"sample {diff.sample_id}", style="bold")
-        header.append(f" · {VERDICT_LABELS.get(diff.category, diff.category)}",
-                      style="bold green" if diff.category == Category.EXACT else "bold yellow")
+        header.append(
+            f" · {VERDICT_LABELS.get(diff.category, diff.category)}",
+            style="bold green" if diff.category == Category.EXACT else "bold yellow",
+        )
         if diff.strategy:
             header.append(f" · strategy {diff.strategy}")
         header.append(f"\n{diff.headline}")

@@ -25,8 +25,9 @@ class HelpScreen(ModalScreen[None]):
 
     BINDINGS = [Binding("escape,question_mark,q", "app.pop_screen", "Close", id="help.close")]
 
-    def __init__(self, bindings: list[tuple[str, str]], screen_name: str,
-                 words: tuple[tuple[str, str], ...] = (), **kwargs) -> None:
+    def __init__(
+        self, bindings: list[tuple[str, str]], screen_name: str, words: tuple[tuple[str, str], ...] = (), **kwargs
+    ) -> None:
         super().__init__(**kwargs)
         self.bindings_shown = bindings
         self.screen_name = screen_name

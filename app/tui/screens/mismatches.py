@@ -116,7 +116,9 @@ class MismatchesScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield Static(id="mismatch-caption")
-        yield Input(placeholder="filter by sample id, dataset or text (enter to apply, esc to cancel)", id="mismatch-filter")
+        yield Input(
+            placeholder="filter by sample id, dataset or text (enter to apply, esc to cancel)", id="mismatch-filter"
+        )
         yield PageTable(COLUMNS, id="mismatch-table")
         yield Footer(compact=True, show_command_palette=False)
 
@@ -159,13 +161,22 @@ class MismatchesScreen(Screen):
         self._fetch(self.verdicts, self.text_filter, self.order, self.row_offset, after, before)
 
     def _fetch(
-        self, verdicts: tuple[str, ...], text: str, order: str, offset: int, after: MismatchRow | None, before: MismatchRow | None
+        self,
+        verdicts: tuple[str, ...],
+        text: str,
+        order: str,
+        offset: int,
+        after: MismatchRow | None,
+        before: MismatchRow | None,
     ) -> None:
         source = self.app.source
         fetch_in_thread(
             self,
             lambda: source.mismatch_page(verdicts, text, order, offset, PAGE_SIZE, after=after, before=before),
-            self.PageLoaded, self.PageFailed, group="mismatch-page", exclusive=True,
+            self.PageLoaded,
+            self.PageFailed,
+            group="mismatch-page",
+            exclusive=True,
         )
 
     @on(PageLoaded)
@@ -182,8 +193,12 @@ class MismatchesScreen(Screen):
     def _tick(self) -> None:
         """Once a second: re-read the page when it is due, and say how old the shown page is."""
         now = time.monotonic()
-        if (self.run_goes_on() and self._updated_at is not None and now - self._updated_at >= self.live_refresh_s
-                and now >= self._not_before):
+        if (
+            self.run_goes_on()
+            and self._updated_at is not None
+            and now - self._updated_at >= self.live_refresh_s
+            and now >= self._not_before
+        ):
             self.refresh_page()
         self._update_caption()
 
@@ -261,7 +276,8 @@ class MismatchesScreen(Screen):
                 )
                 for row in page.rows
             ],
-            cursor=cursor, scroll_y=scroll_y,
+            cursor=cursor,
+            scroll_y=scroll_y,
         )
         self._update_caption()
         # Re-render the footer only when a key's availability changed (it recomposes: not free).
@@ -278,7 +294,9 @@ class MismatchesScreen(Screen):
                 shown = "no samples match"
             else:
                 shown = f"rows {page.offset + 1:,}–{page.offset + len(page.rows):,} of {page.total:,}"
-        verdict = VERDICT_LABELS.get(self.verdict_filter, self.verdict_filter) if self.verdict_filter else "all non-exact"
+        verdict = (
+            VERDICT_LABELS.get(self.verdict_filter, self.verdict_filter) if self.verdict_filter else "all non-exact"
+        )
         text = f" · text: {self.text_filter!r}" if self.text_filter else ""
         order = MISMATCH_ORDERS[self.order]
         fresh, short = self._freshness()

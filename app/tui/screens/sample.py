@@ -45,7 +45,8 @@ def detail_text(detail: SampleDetail, raw: bool) -> Text:
     if detail.error:
         section("last error", detail.error)
     prompt = "\n".join(
-        f"[{m.get('role', '?')}] " f"{m.get('content') if isinstance(m.get('content'), str) else json.dumps(m.get('content'), ensure_ascii=False)}"
+        f"[{m.get('role', '?')}] "
+        f"{m.get('content') if isinstance(m.get('content'), str) else json.dumps(m.get('content'), ensure_ascii=False)}"
         for m in detail.prompt
     )
     section("prompt", prompt)
@@ -98,8 +99,14 @@ class SampleScreen(Screen):
 
     def _load(self, sample_id: str) -> None:
         source = self.app.source
-        fetch_in_thread(self, lambda: source.sample_detail(sample_id), self.DetailLoaded, self.DetailFailed,
-                        group="sample-detail", exclusive=True)
+        fetch_in_thread(
+            self,
+            lambda: source.sample_detail(sample_id),
+            self.DetailLoaded,
+            self.DetailFailed,
+            group="sample-detail",
+            exclusive=True,
+        )
 
     @on(DetailLoaded)
     def _detail_loaded(self, message: DetailLoaded) -> None:
@@ -108,7 +115,8 @@ class SampleScreen(Screen):
     @on(DetailFailed)
     def _detail_failed(self, message: DetailFailed) -> None:
         self.query_one("#sample-text", Static).update(
-            Text(f"sample {self.sample_id}: cannot read it: {message.error}", style="bold red"))
+            Text(f"sample {self.sample_id}: cannot read it: {message.error}", style="bold red")
+        )
 
     def show_detail(self, detail: SampleDetail) -> None:
         """Show a loaded sample (UI thread)."""

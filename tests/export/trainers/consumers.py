@@ -45,12 +45,19 @@ def specforge_text(export_dir: str, tokenizer_dir: str) -> dict:
     rows = _jsonl(Path(export_dir) / data["train_data_path"])
     tok = _hf_tokenizer(tokenizer_dir)
     template = TEMPLATE_REGISTRY.get(settings["data.chat_template"])
-    out = preprocess_conversations(tok, [r["text"] for r in rows], template, settings["data.max_length"],
-                                   is_preformatted=settings["data.is_preformatted"],
-                                   train_only_last_turn=settings["data.train_only_last_turn"],
-                                   tools=[[] for _ in rows])
-    return {r["id"]: {"input_ids": ids[0].tolist(), "loss_mask": mask[0].tolist()}
-            for r, ids, mask in zip(rows, out["input_ids"], out["loss_mask"], strict=True)}
+    out = preprocess_conversations(
+        tok,
+        [r["text"] for r in rows],
+        template,
+        settings["data.max_length"],
+        is_preformatted=settings["data.is_preformatted"],
+        train_only_last_turn=settings["data.train_only_last_turn"],
+        tools=[[] for _ in rows],
+    )
+    return {
+        r["id"]: {"input_ids": ids[0].tolist(), "loss_mask": mask[0].tolist()}
+        for r, ids, mask in zip(rows, out["input_ids"], out["loss_mask"], strict=True)
+    }
 
 
 def specforge_text_templates(export_dir: str, tokenizer_dir: str) -> dict:
@@ -72,10 +79,19 @@ def specforge_text_templates(export_dir: str, tokenizer_dir: str) -> dict:
         out[name] = {}
         for key, last in (("last", True), ("all", False)):
             try:
-                got = preprocess_conversations(tok, [r["text"] for r in rows], template, 10**6, is_preformatted=True,
-                                               train_only_last_turn=last, tools=[[] for _ in rows])
-                out[name][key] = {r["id"]: (ids[0].to(torch.int32), mask[0].to(torch.int8))
-                                  for r, ids, mask in zip(rows, got["input_ids"], got["loss_mask"], strict=True)}
+                got = preprocess_conversations(
+                    tok,
+                    [r["text"] for r in rows],
+                    template,
+                    10**6,
+                    is_preformatted=True,
+                    train_only_last_turn=last,
+                    tools=[[] for _ in rows],
+                )
+                out[name][key] = {
+                    r["id"]: (ids[0].to(torch.int32), mask[0].to(torch.int8))
+                    for r, ids, mask in zip(rows, got["input_ids"], got["loss_mask"], strict=True)
+                }
             except Exception as exc:  # a template this text cannot go through at all
                 out[name][key] = f"{type(exc).__name__}: {exc}"
     return out
@@ -92,15 +108,31 @@ def specforge_prompts(export_dir: str) -> dict:
     rows = _jsonl(Path(path))
 
     def prepare(max_length: int) -> list[dict]:
-        return [t["payload"] for t in prepare_prompt_tasks(
-            path, None, chat_template=None, max_length=max_length, is_preformatted=False, train_only_last_turn=False,
-            cache_dir=None, cache_key=None, num_proc=None)]
+        return [
+            t["payload"]
+            for t in prepare_prompt_tasks(
+                path,
+                None,
+                chat_template=None,
+                max_length=max_length,
+                is_preformatted=False,
+                train_only_last_turn=False,
+                cache_dir=None,
+                cache_key=None,
+                num_proc=None,
+            )
+        ]
 
     got = prepare(settings["data.max_length"])
     default = prepare(2048)  # DataConfig.max_length's default (specforge/config/schema.py)
-    return {"rows": {r["id"]: {"input_ids": list(p["input_ids"]), "loss_mask": list(p["loss_mask"])}
-                     for r, p in zip(rows, got, strict=True)},
-            "default_loss_tokens": sum(sum(p["loss_mask"]) for p in default), "default_rows": len(default)}
+    return {
+        "rows": {
+            r["id"]: {"input_ids": list(p["input_ids"]), "loss_mask": list(p["loss_mask"])}
+            for r, p in zip(rows, got, strict=True)
+        },
+        "default_loss_tokens": sum(sum(p["loss_mask"]) for p in default),
+        "default_rows": len(default),
+    }
 
 
 def specforge_hs(hs_dir: str) -> dict:
@@ -144,14 +176,27 @@ def specforge_offline_batch(hs_dir: str, vocab_dir: str, draft_vocab: str, max_l
     mapping = torch.load(Path(vocab_dir) / f"vocab_mapping-{n}.pt")
     target_vocab = int(mapping["t2d"].numel())
     d2t, t2d = process_token_dict_to_mappings(counts.copy(), n, target_vocab)
-    config = LlamaConfig(vocab_size=target_vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192)
+    config = LlamaConfig(
+        vocab_size=target_vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+    )
     config.draft_vocab_size = n
     draft = LlamaForCausalLMEagle3(config)
     draft.load_vocab_mapping(str(Path(vocab_dir) / f"vocab_mapping-{n}.pt"))
-    return {"files": [str(Path(p).relative_to(hs_dir)) for p in files], "batch": {k: v.clone() for k, v in batch.items()},
-            "counts": dict(counts), "their_d2t": d2t, "their_t2d": t2d,
-            "draft_d2t": draft.d2t.clone(), "draft_t2d": draft.t2d.clone()}
+    return {
+        "files": [str(Path(p).relative_to(hs_dir)) for p in files],
+        "batch": {k: v.clone() for k, v in batch.items()},
+        "counts": dict(counts),
+        "their_d2t": d2t,
+        "their_t2d": t2d,
+        "draft_d2t": draft.d2t.clone(),
+        "draft_t2d": draft.t2d.clone(),
+    }
 
 
 def specforge_train_step() -> dict:
@@ -170,11 +215,16 @@ def speculators_data(data_dir: str, tokenizer_dir: str, prepared: str) -> dict:
     *.json/*.jsonl, then build_speculator_training_dataset, shuffled with --seed) and saves it to `prepared`."""
     from speculators.data_generation.preprocessing import load_and_preprocess_dataset
 
-    shuffled, _ = load_and_preprocess_dataset(tokenizer_dir, [data_dir], seq_length=10**6, build_dataset_num_proc=1,
-                                              seed=0)
+    shuffled, _ = load_and_preprocess_dataset(
+        tokenizer_dir, [data_dir], seq_length=10**6, build_dataset_num_proc=1, seed=0
+    )
     shuffled.save_to_disk(prepared)
-    return {"rows": [{"input_ids": r["input_ids"].tolist(), "loss_mask": r["loss_mask"].tolist(),
-                      "seq_len": int(r["seq_len"])} for r in shuffled]}
+    return {
+        "rows": [
+            {"input_ids": r["input_ids"].tolist(), "loss_mask": r["loss_mask"].tolist(), "seq_len": int(r["seq_len"])}
+            for r in shuffled
+        ]
+    }
 
 
 def speculators_hs(prepared: str, hs_dir: str) -> dict:
@@ -184,8 +234,13 @@ def speculators_hs(prepared: str, hs_dir: str) -> dict:
     from hs_connectors import FileTransfer
     from speculators.train.data import ArrowDataset
 
-    dataset = ArrowDataset(max_len=10**6, datapath=prepared, transfer=FileTransfer(Path(hs_dir) / "hidden_states"),
-                           on_missing="raise", hidden_states_dtype=torch.float32)
+    dataset = ArrowDataset(
+        max_len=10**6,
+        datapath=prepared,
+        transfer=FileTransfer(Path(hs_dir) / "hidden_states"),
+        on_missing="raise",
+        hidden_states_dtype=torch.float32,
+    )
     out: dict = {"unavailable": []}
     for i in range(len(dataset)):
         item = dataset[i]
@@ -196,8 +251,9 @@ def speculators_hs(prepared: str, hs_dir: str) -> dict:
     return out
 
 
-def speculators_train_batch(prepared: str, hs_dir: str, vocab_dir: str, draft_vocab: str, target: str,
-                            total_seq_len: str) -> dict:
+def speculators_train_batch(
+    prepared: str, hs_dir: str, vocab_dir: str, draft_vocab: str, target: str, total_seq_len: str
+) -> dict:
     """What `speculators train --data-path PREPARED --hidden-states-path HS --on-missing raise --total-seq-len L
     --draft-vocab-size N --d2t-path ... --t2d-path ...` builds before its first step (speculators/train/cli.py
     `main`): the vocab mappings (`parse_vocab_mappings`: eaglewatch's d2t/t2d files, and the ones it regenerates
@@ -211,25 +267,50 @@ def speculators_train_batch(prepared: str, hs_dir: str, vocab_dir: str, draft_vo
     from speculators.train.dataloader import create_train_val_loaders
 
     n = int(draft_vocab)
-    args = argparse.Namespace(d2t_path=str(Path(vocab_dir) / f"d2t-{n}.npy"), t2d_path=str(Path(vocab_dir) / f"t2d-{n}.npy"),
-                              draft_vocab_size=n, data_path=prepared, token_freq_path=None,
-                              verifier_name_or_path=target, trust_remote_code=False)
+    args = argparse.Namespace(
+        d2t_path=str(Path(vocab_dir) / f"d2t-{n}.npy"),
+        t2d_path=str(Path(vocab_dir) / f"t2d-{n}.npy"),
+        draft_vocab_size=n,
+        data_path=prepared,
+        token_freq_path=None,
+        verifier_name_or_path=target,
+        trust_remote_code=False,
+    )
     d2t, t2d, size = parse_vocab_mappings(args)
-    regen = argparse.Namespace(**{**vars(args), "d2t_path": None, "t2d_path": None,
-                                  "token_freq_path": str(Path(vocab_dir) / "token_freq.pt")})
+    regen = argparse.Namespace(
+        **{**vars(args), "d2t_path": None, "t2d_path": None, "token_freq_path": str(Path(vocab_dir) / "token_freq.pt")}
+    )
     scratch = Path(hs_dir) / "vocab-regenerated"
     scratch.mkdir(exist_ok=True)
     regen_d2t, regen_t2d, _ = _generate_vocab_mappings(regen, scratch)
     hidden = 64
     train_loader, _ = create_train_val_loaders(
-        data_path=prepared, total_seq_len=int(total_seq_len), hidden_states_dtype=torch.float32,
-        transfer=FileTransfer(Path(hs_dir) / "hidden_states"), vllm_endpoint="http://127.0.0.1:9/v1",
-        on_missing="raise", verifier_name_or_path=target, request_timeout=1.0, max_retries=0,
-        generation_validation_retries=0, max_consecutive_generation_failures=1, hidden_size=hidden,
-        num_target_layers=3, num_workers=0, prefetch_factor=1, preprocess=shift_batch)
+        data_path=prepared,
+        total_seq_len=int(total_seq_len),
+        hidden_states_dtype=torch.float32,
+        transfer=FileTransfer(Path(hs_dir) / "hidden_states"),
+        vllm_endpoint="http://127.0.0.1:9/v1",
+        on_missing="raise",
+        verifier_name_or_path=target,
+        request_timeout=1.0,
+        max_retries=0,
+        generation_validation_retries=0,
+        max_consecutive_generation_failures=1,
+        hidden_size=hidden,
+        num_target_layers=3,
+        num_workers=0,
+        prefetch_factor=1,
+        preprocess=shift_batch,
+    )
     batch = next(iter(train_loader))
-    return {"d2t": d2t, "t2d": t2d, "size": size, "regen_d2t": regen_d2t, "regen_t2d": regen_t2d,
-            "batch": {k: (v.clone() if torch.is_tensor(v) else v) for k, v in batch.items()}}
+    return {
+        "d2t": d2t,
+        "t2d": t2d,
+        "size": size,
+        "regen_d2t": regen_d2t,
+        "regen_t2d": regen_t2d,
+        "batch": {k: (v.clone() if torch.is_tensor(v) else v) for k, v in batch.items()},
+    }
 
 
 def modelopt_hs(hs_dir: str) -> dict:
@@ -266,17 +347,26 @@ def modelopt_data(export_dir: str, tokenizer_dir: str) -> dict:
     tok.chat_template = template  # what their data.chat_template / --chat-template does
     entries = _jsonl(Path(settings["data.data_path"]))
     dataset = StreamingDataset(entries, tok, StreamingConfig(answer_only_loss=True, max_seq_len=length))
-    collator = LanguageDataCollator(tokenizer=_hf_tokenizer(tokenizer_dir), train_len=length, chat_template=template,
-                                    answer_only_loss=True, return_labels=True)
+    collator = LanguageDataCollator(
+        tokenizer=_hf_tokenizer(tokenizer_dir),
+        train_len=length,
+        chat_template=template,
+        answer_only_loss=True,
+        return_labels=True,
+    )
     out = {}
     for entry in entries:
         ids, mask = _tokenize_with_loss_mask(tok, entry["messages"], answer_only_loss=True, max_seq_len=length)
         sample = dataset._tokenize_entry(entry)
         collated = collator([entry])
         out[str(entry["conversation_id"])] = {
-            "input_ids": ids[0].tolist(), "loss_mask": mask.tolist(),
-            "stream_ids": sample["token_ids"], "stream_mask": sample["loss_mask"].tolist(), "stream_cid": sample["cid"],
-            "online_ids": collated["input_ids"][0].tolist(), "online_labels": collated["labels"][0].tolist(),
+            "input_ids": ids[0].tolist(),
+            "loss_mask": mask.tolist(),
+            "stream_ids": sample["token_ids"],
+            "stream_mask": sample["loss_mask"].tolist(),
+            "stream_cid": sample["cid"],
+            "online_ids": collated["input_ids"][0].tolist(),
+            "online_labels": collated["labels"][0].tolist(),
         }
     return out
 
@@ -303,34 +393,65 @@ def modelopt_train(model_dir: str, hs_dir: str, vocab_dir: str, draft_vocab: str
     torch.manual_seed(0)
     n, length = int(draft_vocab), int(train_len)
     recipe_path = importlib.resources.files("modelopt_recipes") / "general/speculative_decoding/eagle3.yaml"
-    recipe = load_recipe(str(recipe_path), overrides=[
-        f"model.model_name_or_path={model_dir}", f"data.offline_data_path={hs_dir}",
-        f"data.draft_vocab_cache={Path(vocab_dir) / f'd2t-{n}.pt'}", "training.answer_only_loss=true",
-        f"training.training_seq_len={length}", f"training.output_dir={Path(hs_dir).parent / 'modelopt-out'}",
-        "eagle.eagle_use_torch_compile=false", f"eagle.eagle_architecture_config.draft_vocab_size={n}",
-        "eagle.eagle_architecture_config.intermediate_size=128", "eagle.eagle_architecture_config.num_attention_heads=4",
-        "eagle.eagle_architecture_config.num_key_value_heads=2", "eagle.eagle_architecture_config.head_dim=16",
-    ])
-    model = load_vlm_or_llm(model_dir, use_offline_training=recipe.data.mode != "online", dtype=torch.float32,
-                            device_map="cpu")
+    recipe = load_recipe(
+        str(recipe_path),
+        overrides=[
+            f"model.model_name_or_path={model_dir}",
+            f"data.offline_data_path={hs_dir}",
+            f"data.draft_vocab_cache={Path(vocab_dir) / f'd2t-{n}.pt'}",
+            "training.answer_only_loss=true",
+            f"training.training_seq_len={length}",
+            f"training.output_dir={Path(hs_dir).parent / 'modelopt-out'}",
+            "eagle.eagle_use_torch_compile=false",
+            f"eagle.eagle_architecture_config.draft_vocab_size={n}",
+            "eagle.eagle_architecture_config.intermediate_size=128",
+            "eagle.eagle_architecture_config.num_attention_heads=4",
+            "eagle.eagle_architecture_config.num_key_value_heads=2",
+            "eagle.eagle_architecture_config.head_dim=16",
+        ],
+    )
+    model = load_vlm_or_llm(
+        model_dir, use_offline_training=recipe.data.mode != "online", dtype=torch.float32, device_map="cpu"
+    )
     mtsp.convert(model, [("eagle", recipe.eagle.model_dump())])
     mtsp.plugins.HFEagleModel.load_draft_vocab_cache(model, recipe.data.draft_vocab_cache)
     files = sorted(str(p) for p in Path(hs_dir).rglob("*.pt"))
     dataset = OfflineSupervisedDataset(files, answer_only_loss=recipe.training.answer_only_loss)
     args = transformers.TrainingArguments(
-        output_dir=recipe.training.output_dir, max_steps=int(steps), per_device_train_batch_size=2,
-        learning_rate=1e-3, warmup_steps=0, use_cpu=True, logging_steps=1, report_to=[], save_strategy="no",
-        remove_unused_columns=False, dataloader_drop_last=True, bf16=False, seed=0, disable_tqdm=True)
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=dataset,
-                                   data_collator=EagleOfflineDataCollator(train_len=length))
+        output_dir=recipe.training.output_dir,
+        max_steps=int(steps),
+        per_device_train_batch_size=2,
+        learning_rate=1e-3,
+        warmup_steps=0,
+        use_cpu=True,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        remove_unused_columns=False,
+        dataloader_drop_last=True,
+        bf16=False,
+        seed=0,
+        disable_tqdm=True,
+    )
+    trainer = transformers.Trainer(
+        model=model, args=args, train_dataset=dataset, data_collator=EagleOfflineDataCollator(train_len=length)
+    )
     first = next(iter(trainer.get_train_dataloader()))
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    return {"losses": losses, "draft_d2t": model.eagle_module.d2t.clone(), "mode": recipe.data.mode,
-            "answer_only_loss": recipe.training.answer_only_loss, "transformers": transformers.__version__,
-            "batch": {"input_ids": first["input_ids"].clone(), "loss_mask": first["loss_mask"].clone(),
-                      "base_model_hidden_states": first["base_model_outputs"]["base_model_hidden_states"].clone(),
-                      "aux_hidden_states": first["base_model_outputs"]["aux_hidden_states"].clone()}}
+    return {
+        "losses": losses,
+        "draft_d2t": model.eagle_module.d2t.clone(),
+        "mode": recipe.data.mode,
+        "answer_only_loss": recipe.training.answer_only_loss,
+        "transformers": transformers.__version__,
+        "batch": {
+            "input_ids": first["input_ids"].clone(),
+            "loss_mask": first["loss_mask"].clone(),
+            "base_model_hidden_states": first["base_model_outputs"]["base_model_hidden_states"].clone(),
+            "aux_hidden_states": first["base_model_outputs"]["aux_hidden_states"].clone(),
+        },
+    }
 
 
 def arrow_datasets(out_dir: str) -> dict:
@@ -341,39 +462,66 @@ def arrow_datasets(out_dir: str) -> dict:
     import pyarrow as pa
     from datasets import load_dataset, load_from_disk
 
-    rows = [{"input_ids": list(range(k, k + 1 + (k * 7) % 23)), "loss_mask": [1] * (1 + (k * 7) % 23), "seq_len": k}
-            for k in range(50)]
+    rows = [
+        {"input_ids": list(range(k, k + 1 + (k * 7) % 23)), "loss_mask": [1] * (1 + (k * 7) % 23), "seq_len": k}
+        for k in range(50)
+    ]
     source = Path(out_dir) / "rows.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
     datasets.config.DEFAULT_MAX_BATCH_SIZE = 7  # several record batches per file
     load_dataset("json", data_files=str(source), split="train").save_to_disk(str(Path(out_dir) / "ds"), num_shards=2)
-    table = pa.table({"seq_len": pa.array([1, 2], pa.int64()),
-                      "input_ids": pa.array([[5, 6, 7], [8]], pa.large_list(pa.int64()))})
+    table = pa.table(
+        {"seq_len": pa.array([1, 2], pa.int64()), "input_ids": pa.array([[5, 6, 7], [8]], pa.large_list(pa.int64()))}
+    )
     with pa.OSFile(str(Path(out_dir) / "large.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table, max_chunksize=1)
-    batches = [sum(1 for _ in pa.ipc.open_stream(pa.memory_map(str(p)))) for p in sorted((Path(out_dir) / "ds").glob("*.arrow"))]
+    batches = [
+        sum(1 for _ in pa.ipc.open_stream(pa.memory_map(str(p))))
+        for p in sorted((Path(out_dir) / "ds").glob("*.arrow"))
+    ]
     back = load_from_disk(str(Path(out_dir) / "ds")).with_format(None)
     return {"ds": [r["input_ids"] for r in back], "large": [[5, 6, 7], [8]], "batches": batches}
 
 
 CHECKS = {
-    "specforge-text": specforge_text, "specforge-text-templates": specforge_text_templates,
-    "specforge-prompts": specforge_prompts, "specforge-hs": specforge_hs,
-    "specforge-offline-batch": specforge_offline_batch, "specforge-train-step": specforge_train_step,
-    "speculators-data": speculators_data, "speculators-hs": speculators_hs,
-    "speculators-train-batch": speculators_train_batch, "modelopt-hs": modelopt_hs, "modelopt-data": modelopt_data,
-    "modelopt-train": modelopt_train, "arrow-datasets": arrow_datasets,
+    "specforge-text": specforge_text,
+    "specforge-text-templates": specforge_text_templates,
+    "specforge-prompts": specforge_prompts,
+    "specforge-hs": specforge_hs,
+    "specforge-offline-batch": specforge_offline_batch,
+    "specforge-train-step": specforge_train_step,
+    "speculators-data": speculators_data,
+    "speculators-hs": speculators_hs,
+    "speculators-train-batch": speculators_train_batch,
+    "modelopt-hs": modelopt_hs,
+    "modelopt-data": modelopt_data,
+    "modelopt-train": modelopt_train,
+    "arrow-datasets": arrow_datasets,
 }
 
 # What a warm process of each trainer imports once (`zygote`): the modules its checks import, the slow part of a
 # check (Model-Optimizer ~20 s, speculators ~18 s, SpecForge ~10 s on 2 cores)
 PRELOAD = {
-    "specforge": ("transformers", "specforge.data.preprocessing", "specforge.data.template",
-                  "specforge.data.prompt_builder"),
-    "speculators": ("transformers", "speculators.data_generation.preprocessing", "speculators.train.data",
-                    "speculators.train.dataloader", "speculators.models.eagle3.data", "hs_connectors"),
-    "modelopt": ("transformers", "modelopt.torch.speculative.plugins.hf_streaming_dataset",
-                 "modelopt.torch.utils.plugins.transformers_dataset", "modelopt.torch.speculative.eagle.utils"),
+    "specforge": (
+        "transformers",
+        "specforge.data.preprocessing",
+        "specforge.data.template",
+        "specforge.data.prompt_builder",
+    ),
+    "speculators": (
+        "transformers",
+        "speculators.data_generation.preprocessing",
+        "speculators.train.data",
+        "speculators.train.dataloader",
+        "speculators.models.eagle3.data",
+        "hs_connectors",
+    ),
+    "modelopt": (
+        "transformers",
+        "modelopt.torch.speculative.plugins.hf_streaming_dataset",
+        "modelopt.torch.utils.plugins.transformers_dataset",
+        "modelopt.torch.speculative.eagle.utils",
+    ),
 }
 
 

@@ -35,8 +35,10 @@ def trainer_site() -> Path:
     """The trainer folder, or skip (fail under EAGLEWATCH_REQUIRE_TRAINERS=1) when it was not built."""
     site = Path(os.environ.get("EAGLEWATCH_TRAINERS_SITE") or ROOT / ".trainers" / "site")
     if not (site / ".eaglewatch-stamp").exists():
-        reason = (f"TRAINER ENV ABSENT: {site} not built; run scripts/trainer_venv.sh to test eaglewatch's outputs "
-                  "through SpecForge, speculators and Model-Optimizer's own loaders")
+        reason = (
+            f"TRAINER ENV ABSENT: {site} not built; run scripts/trainer_venv.sh to test eaglewatch's outputs "
+            "through SpecForge, speculators and Model-Optimizer's own loaders"
+        )
         if os.environ.get("EAGLEWATCH_REQUIRE_TRAINERS"):
             pytest.fail(reason)
         pytest.skip(reason)
@@ -46,15 +48,23 @@ def trainer_site() -> Path:
 def _env(scratch: Path, overlay: str | None = None) -> dict[str, str]:
     site = trainer_site()
     if overlay and not (site / "overlays" / overlay).is_dir():
-        reason = (f"TRAINER ENV OUTDATED: {site} has no overlays/{overlay} (built by an older scripts/trainer_venv.sh); "
-                  "run scripts/trainer_venv.sh again")
+        reason = (
+            f"TRAINER ENV OUTDATED: {site} has no overlays/{overlay} (built by an older scripts/trainer_venv.sh); "
+            "run scripts/trainer_venv.sh again"
+        )
         if os.environ.get("EAGLEWATCH_REQUIRE_TRAINERS"):
             pytest.fail(reason)
         pytest.skip(reason)
     paths = ([str(site / "overlays" / overlay)] if overlay else []) + [str(site), str(ROOT)]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "TOKENIZERS_PARALLELISM": "false",
-            "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(scratch / "hf-cache"),
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(paths),
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_CACHE": str(scratch / "hf-cache"),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"),
+    }
 
 
 CONSUMERS = Path(__file__).with_name("consumers.py")
@@ -68,15 +78,22 @@ class _Zygote:
     def __init__(self, family: str) -> None:
         self._scratch = Path(tempfile.mkdtemp(prefix=f"eaglewatch-{family}-"))
         with open(self._scratch / "zygote.err", "w") as err:
-            self.proc = subprocess.Popen([sys.executable, str(CONSUMERS), "--zygote", family], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=err, text=True, env=_env(self._scratch),
-                                         cwd=self._scratch)
+            self.proc = subprocess.Popen(
+                [sys.executable, str(CONSUMERS), "--zygote", family],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                env=_env(self._scratch),
+                cwd=self._scratch,
+            )
         self._sel = selectors.DefaultSelector()
         self._sel.register(self.proc.stdout, selectors.EVENT_READ)
         ready = self._line(600)
         if "ready" not in ready:
-            raise AssertionError(f"the {family} trainer process did not start: "
-                                 f"{(self._scratch / 'zygote.err').read_text()[-6000:]}")
+            raise AssertionError(
+                f"the {family} trainer process did not start: {(self._scratch / 'zygote.err').read_text()[-6000:]}"
+            )
 
     def _line(self, timeout: float) -> dict:
         if not self._sel.select(timeout):
@@ -86,10 +103,22 @@ class _Zygote:
             raise AssertionError(f"the trainer process ended: {(self._scratch / 'zygote.err').read_text()[-6000:]}")
         return json.loads(line)
 
-    def run(self, argv: list[str], out: Path, err: Path, timeout: float, *, module: str | None = None,
-            cwd: Path | None = None) -> int:
-        self.proc.stdin.write(json.dumps({"argv": argv, "stdout": str(out), "stderr": str(err), "module": module,
-                                          "cwd": str(cwd or out.parent)}) + "\n")
+    def run(
+        self,
+        argv: list[str],
+        out: Path,
+        err: Path,
+        timeout: float,
+        *,
+        module: str | None = None,
+        cwd: Path | None = None,
+    ) -> int:
+        self.proc.stdin.write(
+            json.dumps(
+                {"argv": argv, "stdout": str(out), "stderr": str(err), "module": module, "cwd": str(cwd or out.parent)}
+            )
+            + "\n"
+        )
         self.proc.stdin.flush()
         pid = self._line(60)["pid"]
         try:
@@ -139,8 +168,9 @@ def run_consumer(check: str, *args: str | Path, result: Path, overlay: str | Non
         stdout, stderr = out.read_text(), err.read_text()
     else:
         env = _env(result.parent, overlay)
-        proc = subprocess.run([sys.executable, str(CONSUMERS), *argv], capture_output=True, text=True, env=env,
-                              timeout=900)
+        proc = subprocess.run(
+            [sys.executable, str(CONSUMERS), *argv], capture_output=True, text=True, env=env, timeout=900
+        )
         rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
     if rc != 0:
         raise AssertionError(f"consumer check {check} failed (exit {rc}):\n{stderr[-6000:]}")
@@ -158,7 +188,12 @@ def run_trainer_cli(module: str, *args: str | Path, scratch: Path) -> subprocess
         out = Path(tempfile.mkdtemp(prefix="cli-", dir=scratch))
         out, err = out / "stdout", out / "stderr"
         rc = _zygote(family).run(argv, out, err, timeout=900, module=module, cwd=scratch)
-        return subprocess.CompletedProcess([sys.executable, "-m", module, *argv], rc, out.read_text(),
-                                           err.read_text())
-    return subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True,
-                          env=_env(scratch), timeout=900, cwd=scratch)
+        return subprocess.CompletedProcess([sys.executable, "-m", module, *argv], rc, out.read_text(), err.read_text())
+    return subprocess.run(
+        [sys.executable, "-m", module, *argv],
+        capture_output=True,
+        text=True,
+        env=_env(scratch),
+        timeout=900,
+        cwd=scratch,
+    )
