@@ -154,7 +154,7 @@ def load_shard_output(path: str | Path) -> list[dict[str, Any]]:
         out = []
         for row in index["samples"]:
             with safe_open(str(path / row["file"]), framework="pt") as f:
-                sample = {key: f.get_tensor(key) for key in f}
+                sample = {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
                 sample["sample_id"] = f.metadata()["sample_id"]
             out.append(sample)
         return out
