@@ -62,8 +62,9 @@ def test_status_prints_the_mix_as_a_table_of_shares(mix_db: Path) -> None:
     shown = _status(mix_db)
     assert shown.returncode == 0, shown.stderr
     lines = [" ".join(line.split()) for line in shown.stdout.splitlines()]
-    assert "mix of 40 prompts, 30 answers, 2,800 loss tokens (reasoning and tool calls: shares of the row's answers)" in (
-        lines
+    assert (
+        "mix of 40 prompts, 30 answers, 2,800 loss tokens (reasoning and tool calls: shares of the row's answers)"
+        in (lines)
     )
     assert "dataset prompts answers loss tokens reasoning tool calls scripts" in lines
     assert "kimi-tool-use 30.0% 26.7% 14.3% 0.0% 62.5% CJK 67% · Latin 33%" in lines
