@@ -152,7 +152,8 @@ class Dataset(_Section):
         "openai-messages",
         description='Row format; "auto" tells each row\'s from its '
         "columns (messages; conversations from/value or role/content; prompt/response; "
-        "instruction/input/output).",
+        'instruction/input/output). With "auto" or none set, `config check`, `ingest` and `run` say the container '
+        "and the formats they read the file as.",
     )
     id_field: str = Field("id", min_length=1, description="Field holding the sample id (a content hash when absent).")
     limit: int | None = Field(
@@ -699,6 +700,11 @@ def apply_overrides(config: RunConfig, overrides: dict[str, Any], *, base_dir: P
         _set_key(data, key, value)
     label = "command-line override"
     new = parse_config(data, base_dir=base_dir or Path.cwd(), label=label, source=config.source)
+    # a dataset's `format` left to its default stays "not set" (the dump above set every field): ingest and run say
+    # what they read such a file as (app.datasets.reading_words)
+    for old, fresh in zip(config.data.datasets, new.data.datasets):
+        if "format" not in old.model_fields_set and fresh.format == old.format:
+            fresh.model_fields_set.discard("format")
     return new
 
 

@@ -64,6 +64,7 @@ class ReadStats:
     good: int = 0
     bad: int = 0
     examples: list[str] = field(default_factory=list)
+    formats: dict[str, int] = field(default_factory=dict)  # good rows per row format (what "auto" told apart)
 
     def reject(self, where: str, reason: str) -> None:
         """Count a bad line and keep its `file:line: reason` if among the first few."""
@@ -363,6 +364,58 @@ def row_format(obj: dict[str, Any]) -> str:
     )
 
 
+# each row format by the columns it is told from (what `format = "auto"` says it guessed)
+FORMAT_COLUMNS = {
+    "openai-messages": "messages",
+    "sharegpt": "conversations from/value",
+    "specforge-conversations": "conversations role/content",
+    "prompt-response": "prompt/response",
+    "alpaca": "instruction/input/output",
+}
+CONTAINER_WORDS = {
+    "jsonl": "JSON lines",
+    "jsonl.gz": "gzip JSON lines",
+    "jsonl.zst": "zstd JSON lines",
+    "json-array": "JSON array",
+    "parquet": "Parquet",
+    "arrow": "Arrow",
+    "arrow-dir": "datasets save_to_disk folder",
+}
+
+
+def reading_words(ds: Any, stats: ReadStats) -> str | None:
+    """What was guessed about a config `Dataset` whose `format` is "auto" or not set, from the rows `stats` read:
+    `prompts.parquet: Parquet, columns messages → openai-messages (2,000 rows checked)`; None when `format` is
+    set to a named format (nothing was guessed that the config does not say)."""
+    auto = ds.format == "auto"
+    if not auto and "format" in ds.model_fields_set:
+        return None
+    path = Path(ds.path)
+    head = f"{path.name}: {CONTAINER_WORDS.get(container_of(path), container_of(path))}"
+    if not auto:
+        return (
+            f'{head}, read as {ds.format} (`format` not set: the default); `format = "auto"` tells it from the columns'
+        )
+    if not stats.formats:
+        return f"{head}, no row read in any format (every checked row refused)"
+    mapped = dict(getattr(ds, "columns", None) or {})
+
+    def columns(fmt: str) -> str:
+        words = FORMAT_COLUMNS.get(fmt, fmt)
+        key = words.split()[0].split("/")[0]
+        return f"{words} (the file's {mapped[key]!r})" if key in mapped and mapped[key] != key else words
+
+    def rows(n: int) -> str:
+        return f"{n:,} row" + ("" if n == 1 else "s")
+
+    ranked = sorted(stats.formats.items(), key=lambda item: (-item[1], item[0]))
+    if len(ranked) == 1:
+        fmt, n = ranked[0]
+        return f"{head}, columns {columns(fmt)} → {fmt} ({rows(n)} checked); set `format` to override"
+    parts = ", ".join(f"columns {columns(fmt)} → {fmt} ({rows(n)})" for fmt, n in ranked)
+    return f"{head}, {parts}; set `format` to override"
+
+
 def _text_column(obj: dict[str, Any], key: str, required: bool = True) -> str:
     value = obj.get(key)
     if value is None and not required:
@@ -502,12 +555,16 @@ def iter_prompts(
 
     def sample(obj: dict[str, Any], number: int) -> SampleInput:
         key = _key_of(obj, fmt)
-        messages = _prompt(_messages_of(obj, fmt), key)
+        row_fmt = row_format(obj) if fmt == "auto" else fmt
+        messages = _prompt(_messages_of(obj, row_fmt), key)
         tools = _tools_of(obj)
         sid = _sample_id(obj, id_field) or content_id(messages, tools)
-        return SampleInput(
+        out = SampleInput(
             sid, name, messages, tools, line=number, category=_category_of(obj, choice), language=script_of(messages)
         )
+        if stats is not None:
+            stats.formats[row_fmt] = stats.formats.get(row_fmt, 0) + 1
+        return out
 
     return _good_lines(path, fmt, limit, stats, sample, choice)
 
@@ -718,6 +775,18 @@ def file_fingerprint(path: str | Path) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class DatasetReading:
+    """What was guessed about how to read dataset `index` of the config (`reading_words`)."""
+
+    index: int
+    name: str
+    text: str
+
+    def __str__(self) -> str:
+        return f"data.datasets[{self.index}] ({self.name}): {self.text}"
+
+
+@dataclass(frozen=True, slots=True)
 class InputsCheck:
     """What checking a config's input files found: errors (the run must not start), warnings, the vocab size,
     and how many reference and dataset lines were read."""
@@ -727,6 +796,8 @@ class InputsCheck:
     vocab_size: int | None = None
     references_checked: int = 0
     dataset_lines_checked: int = 0
+    # per dataset whose `format` is "auto" or not set: its container and the row formats its columns told
+    readings: tuple[DatasetReading, ...] = ()
 
 
 REFERENCE_SAMPLE = 2000
@@ -827,6 +898,7 @@ def check_inputs(
     label = str(config.source) if getattr(config, "source", None) else "config"
     errors: list[str] = []
     warnings: list[str] = []
+    readings: list[DatasetReading] = []
     lines_checked = 0
     for i, ds in enumerate(config.data.datasets):
         problem = _file_problem(Path(ds.path), "prompt file")
@@ -845,6 +917,9 @@ def check_inputs(
             continue
         seen = stats.good + stats.bad
         lines_checked += seen
+        reading = reading_words(ds, stats)
+        if reading is not None:
+            readings.append(DatasetReading(i, ds.name, reading))
         if stats.bad:
             scope = f"the first {seen}" if dataset_sample is not None and seen >= dataset_sample else f"all {seen}"
             examples = "; ".join(stats.examples[:3])
@@ -917,4 +992,4 @@ def check_inputs(
     else:
         warnings += [e.split(": ", 1)[1] for e in key_errors]
     warnings += key_warnings
-    return InputsCheck(tuple(errors), tuple(warnings), vocab_size, checked, lines_checked)
+    return InputsCheck(tuple(errors), tuple(warnings), vocab_size, checked, lines_checked, tuple(readings))

@@ -11,10 +11,13 @@ subprocess (so peak RSS is that job's own):
 Reports rows/s, the ratio to the baseline, and peak RSS (ru_maxrss). Targets: >= 50k rows/s, < 200 MB.
 Then each dataset reader (`iter_prompts`, no store) on the same rows written as a JSON array, Parquet, Arrow,
 `.jsonl.gz` and `.jsonl.zst`, in rows/s against the JSON-lines reader in the same run (target >= 0.8x for Parquet
-and Arrow). `--readers-only` skips the ingest rows.
+and Arrow). `--readers-only` skips the ingest rows. `--json-array-mb 1000` instead ingests one JSON array of about
+that size (prompts of ~4 KB, as long chats are) and reports its peak RSS against the file's size: the array is
+streamed, never loaded whole.
 Results go to bench/results/ingest.json; the last line is a markdown row for docs/performance.md.
 
     python bench/ingest.py [--lines 1000000] [--reader-lines 200000] [--readers-only] [--keep DIR]
+    python bench/ingest.py --json-array-mb 1000
 """
 
 from __future__ import annotations
@@ -133,6 +136,55 @@ def child_baseline(prompts: Path, db: Path) -> dict:
 
 
 TARGET_TABLE_READER_RATIO = 0.8
+TARGET_ARRAY_RSS_MB = 200  # a 1 GB JSON array ingests in this much, like the 1M-line JSON-lines file
+
+
+def generate_array(path: Path, megabytes: int) -> int:
+    """A JSON array of openai-messages rows of about `megabytes` MB (a ~4 KB user turn each); returns the rows."""
+    pad = " ".join(f"word{k}" for k in range(600))
+    n = 0
+    with path.open("w", encoding="utf-8") as fh:
+        fh.write("[")
+        while fh.tell() < megabytes * 1_000_000:
+            row = {
+                "id": f"array-{n:08d}",
+                "messages": [
+                    {"role": "user", "content": f"Question {n}: {pad}"},
+                    {"role": "assistant", "content": "An answer."},
+                ],
+            }
+            fh.write(("," if n else "") + "\n" + json.dumps(row))
+            n += 1
+        fh.write("]\n")
+    return n
+
+
+def json_array_row(megabytes: int, keep: str | None) -> int:
+    """Ingest one generated JSON array of about `megabytes` MB in a child process; print rows/s and peak RSS."""
+    with tempfile.TemporaryDirectory(prefix="eaglewatch-bench-") as tmp:
+        work = Path(keep) if keep else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        prompts = work / "array.json"
+        t = time.perf_counter()
+        rows = generate_array(prompts, megabytes)
+        size_mb = prompts.stat().st_size / 1e6
+        print(f"generated a JSON array of {rows:,} rows ({size_mb:,.0f} MB) in {time.perf_counter() - t:.1f} s")
+        db = work / "array.db"
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{db}{suffix}").unlink(missing_ok=True)
+        r = run_child("eaglewatch", prompts, db)
+    ok = r["rows"] == rows and r["peak_rss_mb"] < TARGET_ARRAY_RSS_MB
+    print(
+        f"json-array ingest: {r['rows']:,} rows in {r['seconds']:.1f} s ({r['rows'] / r['seconds']:,.0f} rows/s, "
+        f"{size_mb / r['seconds']:,.0f} MB/s), peak RSS {r['peak_rss_mb']:.0f} MB for a {size_mb:,.0f} MB file "
+        f"({r['peak_rss_mb'] / size_mb:.2f}x its size); every row stored and < {TARGET_ARRAY_RSS_MB} MB "
+        f"{'met' if ok else 'MISSED'}"
+    )
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {"file_mb": round(size_mb, 1), "rows": rows, "result": r, "target_rss_mb": TARGET_ARRAY_RSS_MB}
+    (out / "ingest_json_array.json").write_text(json.dumps(payload, indent=2) + "\n")
+    return 0 if ok else 1
 
 
 def reader_rates(work: Path, n: int) -> dict[str, dict]:
@@ -198,11 +250,16 @@ def main() -> int:
     ap.add_argument("--keep", metavar="DIR", help="work in DIR and keep the files")
     ap.add_argument("--reader-lines", type=int, default=200_000, help="rows per container in the readers table")
     ap.add_argument("--readers-only", action="store_true", help="only the readers table")
+    ap.add_argument("--json-array-mb", type=int, metavar="MB", help="only: ingest a JSON array of about MB megabytes")
     ap.add_argument("--child", nargs=3, metavar=("KIND", "PROMPTS", "DB"), help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args.child:
         kind, prompts, db = args.child
+        if kind == "readers":  # (PROMPTS: the rows, DB: the work folder) in a child, like the ingest rows, so the
+            # parent stays small: Linux keeps ru_maxrss across exec, and each ingest child's peak RSS starts there
+            print(json.dumps(reader_rates(Path(db), int(prompts))))
+            return 0
         before = resource.getrusage(resource.RUSAGE_SELF)
         if kind == "baseline":
             result = child_baseline(Path(prompts), Path(db))
@@ -213,11 +270,13 @@ def main() -> int:
         result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
         print(json.dumps(result))
         return 0
+    if args.json_array_mb:
+        return json_array_row(args.json_array_mb, args.keep)
 
     with tempfile.TemporaryDirectory(prefix="eaglewatch-bench-") as tmp:
         work = Path(args.keep) if args.keep else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        readers = reader_rates(work, args.reader_lines)
+        readers = run_child("readers", Path(str(args.reader_lines)), work)
     print(f"{'reader':12} {'rows':>10} {'file MB':>8} {'seconds':>8} {'rows/s':>10} {'vs jsonl':>9}")
     for kind, r in readers.items():
         print(

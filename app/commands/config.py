@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
             "references_checked": inputs.references_checked,
             "vocab_size": inputs.vocab_size,
             "dataset_lines_checked": inputs.dataset_lines_checked,
+            "readings": [str(r) for r in inputs.readings],
         }
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
         return 2 if inputs.errors else 0
@@ -72,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
         if env:
             out.append(f"# endpoint {name!r}: API key from ${env} ({_key_state(env)})")
     out.append(f"# datasets: all {inputs.dataset_lines_checked} lines checked")
+    for reading in inputs.readings:  # what was guessed (format "auto" or not set), so the config can say otherwise
+        out.append(f"# read {reading}")
     if inputs.vocab_size is not None:
         out.append(f"# model.tokenizer: loads, vocabulary of {inputs.vocab_size} tokens")
     if inputs.references_checked:

@@ -106,6 +106,8 @@ class _Progress:
 
 def _render(s: Any) -> str:
     out = [f"run {s.run!r} in {s.database}"]
+    for r in s.readings:  # what was guessed (format "auto" or not set), so the config can say otherwise
+        out.append(f"  read {r}")
     for w in s.warnings:
         out.append(f"  warning: {w}")
     for d in s.datasets:

@@ -97,7 +97,11 @@ async def run_headless(config, *, progress: bool = True, stream=None, retry_fail
 
     stream = stream or sys.stderr
     database = config.run.database
-    async with open_run(config, on_ingested=lambda summary: print(f"{summary} ({database})", file=stream)) as opened:
+    async with open_run(
+        config,
+        on_ingested=lambda summary: print(f"{summary} ({database})", file=stream),
+        on_readings=lambda readings: print("\n".join(f"read {r}" for r in readings), file=stream),
+    ) as opened:
         engine = opened.run
         if retry_failed:
             n = await engine.retry_failed()

@@ -213,9 +213,73 @@ def conversations_line(conv: dict[str, Any]) -> str:
     )
 
 
+MIX_HEADER = ("dataset", "prompts", "answers", "loss tokens", "reasoning", "tool calls", "scripts")
+
+
+def _share(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.1f}%" if whole else "-"
+
+
+def mix_rows(mix: list[dict[str, Any]]) -> list[Any]:
+    """`status --json`'s `mix` (MixRow.as_json) back as app.store.queries.MixRow."""
+    from app.store.queries import MixRow
+
+    return [
+        MixRow(
+            m["dataset"],
+            m["category"],
+            m["prompts"],
+            m["answers"],
+            m["loss_tokens"],
+            m["reasoning"],
+            m["tool_calls"],
+            tuple(m["languages"].items()),
+        )
+        for m in mix
+    ]
+
+
+def mix_headline(mix: list[dict[str, Any]]) -> str:
+    """`mix of 40 prompts, 30 answers, 2,800 loss tokens`: what the mix table's shares are shares of."""
+    from app.store.queries import mix_total
+
+    total = mix_total(mix_rows(mix))
+    return (
+        f"mix of {total.prompts:,} prompts, {total.answers:,} answers, {total.loss_tokens:,} loss tokens "
+        "(reasoning and tool calls: shares of the row's answers)"
+    )
+
+
+def mix_cells(mix: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    """The mix table's rows from `status --json`'s `mix`: per (dataset, category) its shares of the run's prompts,
+    answers and loss tokens, the shares of its own answers that reason and that call tools, and its prompts' top
+    three scripts; then the whole run's row when there is more than one."""
+    from app.store.queries import MixRow, mix_total
+
+    rows = mix_rows(mix)
+    total = mix_total(rows)
+
+    def cells(row: MixRow, label: str) -> tuple[str, ...]:
+        return (
+            label,
+            _share(row.prompts, total.prompts),
+            _share(row.answers, total.answers),
+            _share(row.loss_tokens, total.loss_tokens),
+            _share(row.reasoning, row.answers),
+            _share(row.tool_calls, row.answers),
+            " · ".join(f"{script} {100 * share:.0f}%" for script, share in row.top_languages(3)) or "-",
+        )
+
+    out = [cells(row, row.label) for row in rows]
+    if len(rows) > 1:
+        out.append(cells(total, "all"))
+    return out
+
+
 def _print(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from app.engine.money.budget import usd
     from app.records import VERDICT_LABELS, VERIFICATION_WORDS
@@ -253,6 +317,16 @@ def _print(report: dict[str, Any]) -> None:
         conv = r["conversations"]
         if conv is not None:
             console.print(conversations_line(conv), markup=False)
+        if r["mix"]:
+            console.print(mix_headline(r["mix"]), markup=False)
+            # names and scripts fold onto a second line when narrow, never cut; the shares never wrap
+            mix = Table(box=None, pad_edge=False, show_header=True)
+            for n, name in enumerate(MIX_HEADER):
+                text = n in (0, len(MIX_HEADER) - 1)
+                mix.add_column(name, justify="left" if text else "right", no_wrap=not text, overflow="fold")
+            for cells in mix_cells(r["mix"]):
+                mix.add_row(*(Text(c) for c in cells))  # a dataset's name is never read as markup
+            console.print(mix)
         # one line that wraps between items, never a table column cut to fit the terminal
         console.print(
             "verdicts: " + " · ".join(f"{VERDICT_LABELS.get(k, k)} {n}" for k, n in r["verdicts"].items()), markup=False

@@ -31,13 +31,17 @@ async def open_run(
     resume_paused: bool = True,
     reconstruct: bool = True,
     on_ingested: Callable[[str], None] | None = None,
+    on_readings: Callable[[tuple[str, ...]], None] | None = None,
 ) -> AsyncIterator[OpenRun]:
     """Open the config's database, ingest what the run lacks, build the Reconstructor (unless
-    reconstruct=False) and start the engine; yield it, then close engine and store."""
+    reconstruct=False) and start the engine; yield it, then close engine and store. `on_readings` gets how each
+    dataset whose `format` is "auto" or not set is read (its container, the formats its columns told)."""
     from app.engine.fidelity.pool import build_reconstructor
     from app.engine.work.config_ingest import ingest_config, preflight
 
     inputs = await preflight(config)  # before the database is opened: a refused config writes nothing
+    if inputs.readings and on_readings is not None:
+        on_readings(tuple(str(r) for r in inputs.readings))
     store = await RunStore.open(config.run.database)
     try:
         # finishes an interrupted ingest and refuses to start on a half-ingested run (app.engine.work.config_ingest)

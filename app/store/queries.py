@@ -1009,6 +1009,33 @@ class MixRow:
         out["tool_call_share"] = round(self.tool_calls / self.answers, 4) if self.answers else None
         return out
 
+    @property
+    def label(self) -> str:
+        """`dataset` when the row's category is the dataset's name (no category column), else `dataset · category`."""
+        return self.dataset if self.category == self.dataset else f"{self.dataset} · {self.category}"
+
+    def top_languages(self, n: int) -> tuple[tuple[str, float], ...]:
+        """The `n` scripts most of this row's prompts are in, each with its share of the row's prompts (0..1)."""
+        return tuple((script, count / self.prompts) for script, count in self.languages[:n] if self.prompts)
+
+
+def mix_total(rows: Sequence[MixRow]) -> MixRow:
+    """The whole run as one MixRow (dataset and category "all"): the sum of `rows`, its scripts merged, most first."""
+    languages: dict[str, int] = {}
+    for row in rows:
+        for script, count in row.languages:
+            languages[script] = languages.get(script, 0) + count
+    return MixRow(
+        "all",
+        "all",
+        sum(r.prompts for r in rows),
+        sum(r.answers for r in rows),
+        sum(r.loss_tokens for r in rows),
+        sum(r.reasoning for r in rows),
+        sum(r.tool_calls for r in rows),
+        tuple(sorted(languages.items(), key=lambda item: (-item[1], item[0]))),
+    )
+
 
 # a sample's answer is its latest response with content (a retried sample has failed attempts before it); loss
 # tokens are that answer's completion tokens
@@ -1027,7 +1054,7 @@ _MIX = (
 
 _LANGUAGES = (
     "SELECT dataset, COALESCE(category, dataset), COALESCE(language, 'unknown'), COUNT(*) FROM samples "
-    "WHERE run_id = ? GROUP BY 1, 2, 3 ORDER BY 4 DESC"
+    "WHERE run_id = ? GROUP BY 1, 2, 3 ORDER BY 4 DESC, 3"
 )
 
 
@@ -1042,3 +1069,6 @@ def dataset_mix(conn: sqlite3.Connection, run_id: int) -> tuple[MixRow, ...]:
         )
         for dataset, category, prompts, answers, loss, reasoning, tools in conn.execute(_MIX, (run_id,))
     )
+
+
+__all__ += ["MixRow", "dataset_mix", "mix_total"]

@@ -28,6 +28,7 @@ from app.tui.screens.diff import DiffScreen
 from app.tui.screens.help import HelpScreen
 from app.tui.screens.jobs import JobsScreen
 from app.tui.screens.mismatches import MismatchesScreen
+from app.tui.screens.mix import MixScreen
 from app.tui.screens.sample import SampleScreen
 from app.tui.source import DataSource
 from app.tui.steer import pause_now_question, steer
@@ -119,6 +120,11 @@ class EaglewatchApp(MonitorApp):
         """The run's whole conversations (offered only while the run has any)."""
         if self.check_action("show_conversations", ()) and not isinstance(self.screen, ConversationsScreen):
             self.push_screen(ConversationsScreen(id="conversations"))
+
+    def action_show_mix(self) -> None:
+        """The run's mix per dataset and category."""
+        if not isinstance(self.screen, MixScreen):
+            self.push_screen(MixScreen(id="mix"))
 
     def open_conversation(self, conversation_id: str) -> None:
         """Drill down from a conversation to its turns."""
@@ -277,6 +283,11 @@ class EaglewatchApp(MonitorApp):
         yield from super().get_system_commands(screen)
         yield SystemCommand("Mismatches", "Every non-exact sample, filterable", self.action_show_mismatches)
         yield SystemCommand("Jobs", "Extraction jobs: pause, resume, cancel, log", self.action_show_jobs)
+        yield SystemCommand(
+            "Dataset mix",
+            "Per dataset and category: shares of prompts, answers, loss tokens; reasoning, tool calls, scripts (x)",
+            self.action_show_mix,
+        )
         if self.check_action("show_conversations", ()):
             yield SystemCommand(
                 "Conversations",

@@ -150,6 +150,10 @@ class _DatabaseBackedSource:
         """`DataSource.conversation_turns`: the store's `conversation_turns` over this run."""
         return self.reader.call(queries.conversation_turns, self.reader.run_id, conversation_id)
 
+    def dataset_mix(self) -> Sequence[queries.MixRow]:
+        """`DataSource.dataset_mix`: the store's `dataset_mix` over this run."""
+        return self.reader.call(queries.dataset_mix, self.reader.run_id)
+
     def tokenizer_dir(self) -> Path:
         """The run's tokenizer directory, from the config stored with the run."""
         value = (self.reader.run.config.get("model") or {}).get("tokenizer")

@@ -18,7 +18,7 @@ from typing import Protocol
 from app.engine.control import RunControl
 from app.engine.record.snapshot import LiveFigures, RunRecord
 from app.records import VERDICT_CLASSES, Alignment, Category
-from app.store.queries import MISMATCH_ORDERS, MISMATCH_VERDICTS, SERIES_BUCKET_S, SeriesChunk
+from app.store.queries import MISMATCH_ORDERS, MISMATCH_VERDICTS, SERIES_BUCKET_S, MixRow, SeriesChunk, mix_total
 from app.store.rows import (
     CONVERSATION_STATUSES,
     ConversationCounts,
@@ -51,6 +51,8 @@ __all__ = [
     "TurnRow",
     "CONVERSATION_STATUSES",
     "conversation_status",
+    "MixRow",
+    "mix_total",
 ]
 
 VERDICT_WORDS: dict[str, str] = {
@@ -137,6 +139,10 @@ class DataSource(Protocol):
 
     def conversation_turns(self, conversation_id: str) -> Sequence[TurnRow]:
         """Every turn of one conversation in order, each with its state and verdict (empty when unknown)."""
+
+    def dataset_mix(self) -> Sequence[MixRow]:
+        """The run's mix per (dataset, category): prompts, answers, loss tokens, reasoning and tool-call answers,
+        its prompts' scripts (app.store.queries.dataset_mix, what `status` and the export manifest show)."""
 
     def sample_diff(self, sample_id: str) -> SampleDiff:
         """Reference vs reconstructed tokens for one sample, aligned (raises EaglewatchError if none)."""

@@ -128,6 +128,15 @@ def test_headless_run_ingests_and_exits_0_when_every_sample_has_ended(tmp_path, 
     assert p.returncode == 0
 
 
+def test_headless_run_says_how_it_reads_a_dataset_whose_format_is_not_set(tmp_path, sample_data):
+    cfg = _config(tmp_path, sample_data)
+    out, err = _eaglewatch(str(cfg), "--limit", "3").communicate(timeout=120)
+    assert (
+        "read data.datasets[0] (prompts.openai): prompts.openai.jsonl: JSON lines, read as openai-messages "
+        '(`format` not set: the default); `format = "auto"` tells it from the columns'
+    ) in err.splitlines(), err
+
+
 def test_ctrl_c_pauses_and_the_same_command_resumes(tmp_path, sample_data):
     # 4 at a time (slow start would double it each round trip) for 200 ms each: 3 s of work, Ctrl-C comes well before
     cfg = _config(tmp_path, sample_data, latency_ms=200.0, in_flight=4)

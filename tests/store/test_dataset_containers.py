@@ -255,3 +255,54 @@ def test_a_prompts_script_is_guessed_from_most_of_its_letters(text: str, script:
     from app.datasets import script_of
 
     assert script_of([{"role": "system", "content": "You are kind."}, {"role": "user", "content": text}]) == script
+
+
+async def test_the_four_shipped_containers_ingest_with_exact_counts_and_bad_rows_named(tmp_path: Path) -> None:
+    """A ShareGPT JSON array, a Parquet file with `messages`, a save_to_disk folder with `conversations` and a
+    .jsonl.zst, one bad row each, ingested into one run: every good row stored, each bad one named file:row."""
+    import sqlite3
+
+    share = [_sharegpt(i) for i in range(30)]
+    share[4] = {"id": "bad-share", "conversations": [{"from": "robot", "value": "x"}]}
+    (tmp_path / "share.json").write_text(json.dumps(share))
+    messages = [{**_messages(i), "id": f"pq{i}"} for i in range(40)]
+    messages[9] = {"id": "bad-pq", "messages": [{"role": "assistant", "content": "only an answer"}]}
+    pq.write_table(pa.Table.from_pylist(messages), tmp_path / "chat.parquet", row_group_size=16)
+    disk = [{**_sharegpt(i), "id": f"d{i}"} for i in range(25)]
+    disk[24] = {"id": "bad-disk", "conversations": [{"from": "gpt", "value": "an answer to nothing"}]}
+    _save_to_disk(tmp_path / "disk", disk, shards=2)
+    lines = [json.dumps({**_messages(i), "id": f"z{i}"}) for i in range(20)]
+    lines[0] = lines[0][:-1]  # cut short: not JSON
+    (tmp_path / "p.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(("\n".join(lines) + "\n").encode()))
+    cfg = tmp_path / "run.toml"
+    text = CONFIG.format(path="share.json", fmt="auto", tokenizer=TOKENIZER)
+    for path in ("chat.parquet", "disk", "p.jsonl.zst"):
+        text += f'\n[[data.datasets]]\npath = "{path}"\nformat = "auto"\nname = "{path.split(".")[0]}"\n'
+    cfg.write_text(text)
+    report = await ingest_config(load_config(cfg))
+    got = {f.name: (f.added, f.bad_lines, f.bad_examples) for f in report.datasets}
+    assert got == {
+        "share": (
+            29,
+            1,
+            (f"{tmp_path / 'share.json'}:5: conversations[0].from is 'robot'; expected human, gpt, system or tool",),
+        ),
+        "chat": (
+            39,
+            1,
+            (f"{tmp_path / 'chat.parquet'}:10: 'messages' holds no user turn before the final assistant turn",),
+        ),
+        "disk": (
+            24,
+            1,
+            (f"{tmp_path / 'disk'}:25: 'conversations' holds no user turn before the final assistant turn",),
+        ),
+        "p": (19, 1, got["p"][2]),
+    }
+    assert got["p"][2][0].startswith(f"{tmp_path / 'p.jsonl.zst'}:1:")
+    conn = sqlite3.connect(tmp_path / "runs.db")
+    try:
+        stored = dict(conn.execute("SELECT dataset, COUNT(*) FROM samples GROUP BY dataset"))
+    finally:
+        conn.close()
+    assert stored == {"share": 29, "chat": 39, "disk": 24, "p": 19}

@@ -298,16 +298,10 @@ def _big_file(path: Path, n: int) -> Path:
     return path
 
 
-async def test_100k_line_file_ingests_with_bounded_memory(tmp_path: Path) -> None:
-    psutil = pytest.importorskip("psutil")
-    n = 100_000
-    path = _big_file(tmp_path / "prompts.jsonl", n)
-    file_mb = path.stat().st_size / 1e6
-    config = load_config(config_file(tmp_path))
-    warm = tmp_path / "warm"  # a small ingest first, so one-time allocations are not counted
-    warm.mkdir()
-    _big_file(warm / "prompts.jsonl", 10_000)
-    await ingest_config(load_config(config_file(warm)))
+async def _rss_growth_mb(config) -> tuple[object, float]:
+    """Ingest `config`, sampling this process's RSS every 5 ms: (the report, peak growth in MB)."""
+    import psutil
+
     proc = psutil.Process()
     base = proc.memory_info().rss
     peak = base
@@ -326,11 +320,44 @@ async def test_100k_line_file_ingests_with_bounded_memory(tmp_path: Path) -> Non
     finally:
         done.set()
         sampler.join()
+    return summary, (peak - base) / 1e6
+
+
+async def test_100k_line_file_ingests_with_bounded_memory(tmp_path: Path) -> None:
+    pytest.importorskip("psutil")
+    n = 100_000
+    path = _big_file(tmp_path / "prompts.jsonl", n)
+    file_mb = path.stat().st_size / 1e6
+    config = load_config(config_file(tmp_path))
+    warm = tmp_path / "warm"  # a small ingest first, so one-time allocations are not counted
+    warm.mkdir()
+    _big_file(warm / "prompts.jsonl", 10_000)
+    await ingest_config(load_config(config_file(warm)))
+    summary, growth_mb = await _rss_growth_mb(config)
     assert summary.datasets[0].added == n
-    growth_mb = (peak - base) / 1e6
     # Holding the file's samples as Python objects at once would take several times its size (~44 MB here);
     # streaming in chunks grows the process by a few MB.
     assert growth_mb < min(40.0, file_mb), f"RSS grew {growth_mb:.1f} MB ingesting a {file_mb:.0f} MB file"
+
+
+async def test_long_prompts_are_ingested_in_chunks_of_bounded_bytes(tmp_path: Path) -> None:
+    """3,000 prompts of 20 KB (a 60 MB JSON array) fit one 5,000-row chunk: held at once (the samples, their JSON,
+    SQLite's copy) they grew the process by ~250 MB. Chunks cut at INGEST_CHUNK_BYTES keep it to ~15-30 MB."""
+    pytest.importorskip("psutil")
+    pad = "lorem ipsum dolor sit amet " * 740
+    rows = [{"id": f"long{i}", "messages": [{"role": "user", "content": f"{i} {pad}"}]} for i in range(3000)]
+    (tmp_path / "prompts.json").write_text(json.dumps(rows))
+    del rows
+    cfg = config_file(tmp_path)
+    cfg.write_text(cfg.read_text().replace('"prompts.jsonl"', '"prompts.json"'))
+    config = load_config(cfg)
+    warm = tmp_path / "warm"
+    warm.mkdir()
+    _big_file(warm / "prompts.jsonl", 10_000)
+    await ingest_config(load_config(config_file(warm)))
+    summary, growth_mb = await _rss_growth_mb(config)
+    assert summary.datasets[0].added == 3000
+    assert growth_mb < 60.0, f"RSS grew {growth_mb:.1f} MB ingesting 60 MB of long prompts"
 
 
 # ---------------------------------------------------------------------------------------------- the verb

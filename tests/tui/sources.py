@@ -13,12 +13,20 @@ from app.tui.source import (
     ConversationRow,
     MismatchPage,
     MismatchRow,
+    MixRow,
     SampleDetail,
     SampleDiff,
     TurnRow,
 )
 from widgets.event_tail import EventLine
 from widgets.jobs_table import JobRow
+
+# the run's mix: two datasets, one with a category column; 1,000 prompts like COUNTS
+MIX = (
+    MixRow("magpie-pro-300k-filtered", "magpie-pro-300k-filtered", 500, 230, 120_000, 40, 0, (("Latin", 500),)),
+    MixRow("openthoughts", "code", 300, 140, 210_000, 140, 0, (("Latin", 290), ("CJK", 10))),
+    MixRow("toolace", "toolace", 200, 90, 82_000, 0, 81, (("Latin", 150), ("CJK", 40), ("Cyrillic", 10))),
+)
 
 COUNTS = RunCounts(
     samples=SampleStates(pending=520, leased=8, done=460, failed=12),
@@ -195,6 +203,9 @@ class MemorySource:
 
     def conversation_turns(self, conversation_id: str) -> list[TurnRow]:
         return []
+
+    def dataset_mix(self) -> Sequence[MixRow]:
+        return MIX
 
     def sample_diff(self, sample_id: str) -> SampleDiff:
         return SampleDiff(

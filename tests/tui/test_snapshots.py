@@ -11,7 +11,7 @@ import time
 import pytest
 
 from app.tui.app import EaglewatchApp
-from app.tui.screens import conversations, mismatches
+from app.tui.screens import conversations, mismatches, mix
 from tests.tui.sources import ConversationSource, MemorySource
 
 SIZES = [(80, 24), (120, 40)]
@@ -31,7 +31,7 @@ class _FrozenClock:
 
 @pytest.fixture(autouse=True)
 def frozen_page_clock(monkeypatch):
-    for module in (conversations, mismatches):
+    for module in (conversations, mismatches, mix):
         monkeypatch.setattr(module, "time", _FrozenClock())
 
 
@@ -109,3 +109,8 @@ def test_conversation_turns_diverged(snap_compare) -> None:
     assert snap_compare(
         EaglewatchApp(ConversationSource()), terminal_size=(80, 24), run_before=keys("C", "down", "down", "enter")
     )
+
+
+@pytest.mark.parametrize("size", SIZES, ids=["80x24", "120x40"])
+def test_mix(snap_compare, size) -> None:
+    assert snap_compare(EaglewatchApp(MemorySource()), terminal_size=size, run_before=keys("x"))

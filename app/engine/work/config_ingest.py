@@ -28,6 +28,7 @@ from typing import Any
 
 from app.config import RunConfig
 from app.datasets import (
+    DatasetReading,
     InputsCheck,
     ReadStats,
     check_inputs,
@@ -88,6 +89,8 @@ class IngestConfigReport:
     files: tuple[FileReport, ...] = ()
     complete: bool = True
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    # how each dataset whose `format` is "auto" or not set was read: its container, the formats its columns told
+    readings: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def datasets(self) -> tuple[FileReport, ...]:
@@ -139,6 +142,7 @@ class IngestConfigReport:
             "added": self.added,
             "complete": self.complete,
             "warnings": list(self.warnings),
+            "readings": list(self.readings),
             "datasets": [_file_json(f) for f in self.datasets],
             "reference": None if ref is None else _file_json(ref),
         }
@@ -169,11 +173,12 @@ async def ingest_config(
     result of a `preflight` already run (the check is not run again).
     """
     warnings: tuple[str, ...] = ()
+    readings: tuple[DatasetReading, ...] = ()
     vocab_size = None
     if inputs is None and check:
         inputs = await preflight(config, require_keys=False)
     if inputs is not None:
-        warnings, vocab_size = inputs.warnings, inputs.vocab_size
+        warnings, vocab_size, readings = inputs.warnings, inputs.vocab_size, inputs.readings
     run_id = await store.ensure_run(config.run.name, config.redacted())
     reports: list[FileReport] = []
     grew = False
@@ -226,11 +231,21 @@ async def ingest_config(
         )
     status: IngestStatus = await store.read(lambda conn: ingest_status(conn, run_id))
     result = IngestConfigReport(
-        config.run.name, run_id, str(config.run.database), tuple(reports), status.complete, tuple(warnings)
+        config.run.name,
+        run_id,
+        str(config.run.database),
+        tuple(reports),
+        status.complete,
+        tuple(warnings),
+        tuple(str(r) for r in readings),
     )
     line = result.summary()
     if line is not None:
         await store.add_event(run_id, "info" if status.complete else "warning", "ingest", line)
+    datasets = result.datasets
+    for reading in readings:  # the operator's log says how a file read this time was read (the monitor shows it)
+        if reading.index < len(datasets) and datasets[reading.index].state != "unchanged":
+            await store.add_event(run_id, "info", "ingest", f"read {reading}")
     require_complete(status, allow_partial=allow_partial)
     return result
 

@@ -461,6 +461,8 @@ class DashboardScreen(Screen):
         Binding("m", "app.show_mismatches", "Mismatches", id="nav.mismatches"),
         Binding("j", "app.show_jobs", "Jobs", id="nav.jobs"),
         Binding("C", "app.show_conversations", "Conversations", id="nav.conversations"),
+        # off the footer (at most ~7 keys at 80 columns): the help and the palette list it
+        Binding("x", "app.show_mix", "Mix: datasets, categories, scripts", show=False, id="nav.mix"),
         Binding("t", "next_plot", "Next plot", id="dash.plot"),
     ]
 
