@@ -61,6 +61,16 @@ BUDGET_FIELD = "thinking_token_budget"
 TRUNCATE_FIELD = "truncate_prompt_tokens"
 
 
+def ledger_words(intervened: int, by_kind: Iterable[tuple[str, int]], *, short: bool = False) -> str:
+    """`intervened 5 (compressed 2 · think budget 3)` in the faces' words ("" with none); `short` drops the kinds."""
+    if not intervened:
+        return ""
+    if short:
+        return f"intervened {intervened}"
+    kinds = " · ".join(f"{KIND_LABELS.get(k, k)} {n}" for k, n in by_kind)
+    return f"intervened {intervened} ({kinds})"
+
+
 def flag_of(kind: str) -> str:
     """The reconstruction flag that marks a sample with an intervention of `kind`."""
     return FLAG_PREFIX + kind

@@ -765,6 +765,7 @@ def sample_detail(
         strategy=rec[1] if rec else None,
         keep_raw=keep_raw,
         reference_ids=unpack_ids(reference),
+        interventions=tuple((kind, detail) for _, kind, detail in sample_interventions(conn, pk)),
     )
     if response is None:
         return SampleDetail(**common, error=last_error)

@@ -80,6 +80,11 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
     ("trunc", "truncated: stopped at max_tokens (no end-of-turn; the export leaves it out unless asked)"),
     ("no ref", "no reference to judge the ids against"),
     ("suspect", "rebuilt from text with a sign it may not be the model's ids (left out of exports)"),
+    (
+        "interv",
+        "samples a server intervened on, by kind (cmp: prompt compressed, fb: another provider, healed, think: "
+        "a thinking budget closed the reasoning, prompt: the prompt cut or counted otherwise; left out of exports)",
+    ),
     ("verified", "true ids, the model's own: from the server or logprobs"),
     ("ref-checked", "checked against a reference: rebuilt from text and judged by a reference (its verdict above)"),
     ("unchecked", "rebuilt from text with neither true ids nor a reference"),
@@ -311,6 +316,7 @@ def reconstruction_lines(rec: RunRecord, width: int = 40, compact: bool = False)
     exact, benign = a.verdict(Category.EXACT), a.verdict(Category.BPE_EQUIVALENT)
     corrupt, trunc, no_ref = a.corrupt, a.truncated, a.verdict(Category.UNCHECKED)
     match = f"match {fmt.percent(a.measured_matched, a.measured)} n={a.measured:,}" if a.measured else "measured 0"
+    match = _with_interventions(match, rec.counts.intervened, rec.counts.interventions, width)
 
     def pair(first: str, x: int, second: str, y: int, *shorter: str) -> str:
         """`first x · second y`, in fewer cells when narrow: shorter labels (GLOSSARY), then rounded counts."""
@@ -351,6 +357,40 @@ def reconstruction_lines(rec: RunRecord, width: int = 40, compact: bool = False)
             match,
         ],
         FULL_LINES,
+    )
+
+
+# the tile's short words for the intervention kinds (app.engine.interventions.KINDS; GLOSSARY "interv")
+_KIND_SHORT = {
+    "context_compression": "cmp",
+    "provider_fallback": "fb",
+    "response_healing": "healed",
+    "thinking_budget": "think",
+    "prompt_truncated": "prompt",
+    "prompt_tokens_differ": "prompt",
+    "repetition_stop": "repeat",
+}
+
+
+def _with_interventions(line: str, intervened: int, by_kind: tuple[tuple[str, int], ...], width: int) -> str:
+    """`line` with the samples a server intervened on after it (by kind where that fits `width`); as it was
+    with none."""
+    if not intervened:
+        return line
+    kinds: dict[str, int] = {}
+    for kind, n in by_kind:
+        word = _KIND_SHORT.get(kind, "other")
+        kinds[word] = kinds.get(word, 0) + n
+    detail = " ".join(f"{k} {fmt.count(n)}" for k, n in kinds.items())
+    n = fmt.count(intervened)
+    return _fit(
+        width,
+        f"{line} · interv {n} ({detail})",
+        f"{line} interv {n} ({detail})",
+        f"{line} · interv {n}",
+        f"{line} interv {n}",
+        f"interv {n} ({detail})",
+        f"interv {n}",
     )
 
 
