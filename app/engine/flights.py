@@ -234,7 +234,10 @@ class Flights:
         assert self._pool is not None  # called after a rebuild
         if self._think_ids is None:
             r = self._pool.rebuilder
-            self._think_ids = (r.tokenizer.special_id(r.profile.think_open), r.tokenizer.special_id(r.profile.think_close))
+            self._think_ids = (
+                r.tokenizer.special_id(r.profile.think_open),
+                r.tokenizer.special_id(r.profile.think_close),
+            )
         rec, check = rebuilt.reconstruction, rebuilt.prompt_check
         found = interventions.ledger(
             completion.interventions,

@@ -66,7 +66,9 @@ def _fallback(meta: dict, where: str) -> list[Intervention]:
     if attempt is None:
         return []
     if type(attempt) is not int or attempt < 1:
-        return [Intervention(METADATA_UNREADABLE, f"{where}.attempt should be a positive integer, got {attempt!r}"[:200])]
+        return [
+            Intervention(METADATA_UNREADABLE, f"{where}.attempt should be a positive integer, got {attempt!r}"[:200])
+        ]
     if attempt == 1:
         return []
     tried: list[str] = []

@@ -328,9 +328,7 @@ class SimulatorServer:
         if "provider_fallback" in hit:
             meta["attempt"] = 2
             meta["attempts"] = [{"provider": "SimFirst", "status": 503}, {"provider": PROVIDER, "status": 200}]
-        meta["pipeline"] = [
-            {"stage": k} for k in ("context_compression", "response_healing") if k in hit
-        ]
+        meta["pipeline"] = [{"stage": k} for k in ("context_compression", "response_healing") if k in hit]
         return meta
 
     def _latency_s(self) -> float:

@@ -132,7 +132,9 @@ async def test_compressed_fallen_back_and_budget_stopped_samples_are_flagged_cou
     assert any(f"interv {len(flagged)}" in line for line in tile), tile
 
     out = tmp_path / "export"
-    assert main(["export", "--db", str(config.run.database), "--format", "sglang-raw", "--out", str(out), "--json"]) == 0
+    assert (
+        main(["export", "--db", str(config.run.database), "--format", "sglang-raw", "--out", str(out), "--json"]) == 0
+    )
     report = json.loads(capsys.readouterr().out)
     exported = {
         json.loads(line)["id"] for path in (out / "data").glob("*.jsonl") for line in path.read_text().splitlines()
