@@ -81,9 +81,10 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
     ("no ref", "no reference to judge the ids against"),
     ("suspect", "rebuilt from text with a sign it may not be the model's ids (left out of exports)"),
     (
-        "interv",
-        "samples a server intervened on, by kind (cmp: prompt compressed, fb: another provider, healed, think: "
-        "a thinking budget closed the reasoning, prompt: the prompt cut or counted otherwise; left out of exports)",
+        "interv (cmp fb healed think prompt repeat)",
+        "samples a server intervened on, by kind (cmp: prompt compressed, fb: another provider answered, healed: "
+        "the answer rewritten, think: a thinking budget closed the reasoning, prompt: the prompt cut or counted "
+        "otherwise, repeat: a repetition stop; left out of exports)",
     ),
     ("verified", "true ids, the model's own: from the server or logprobs"),
     ("ref-checked", "checked against a reference: rebuilt from text and judged by a reference (its verdict above)"),
@@ -316,7 +317,6 @@ def reconstruction_lines(rec: RunRecord, width: int = 40, compact: bool = False)
     exact, benign = a.verdict(Category.EXACT), a.verdict(Category.BPE_EQUIVALENT)
     corrupt, trunc, no_ref = a.corrupt, a.truncated, a.verdict(Category.UNCHECKED)
     match = f"match {fmt.percent(a.measured_matched, a.measured)} n={a.measured:,}" if a.measured else "measured 0"
-    match = _with_interventions(match, rec.counts.intervened, rec.counts.interventions, width)
 
     def pair(first: str, x: int, second: str, y: int, *shorter: str) -> str:
         """`first x · second y`, in fewer cells when narrow: shorter labels (GLOSSARY), then rounded counts."""
@@ -372,26 +372,24 @@ _KIND_SHORT = {
 }
 
 
-def _with_interventions(line: str, intervened: int, by_kind: tuple[tuple[str, int], ...], width: int) -> str:
-    """`line` with the samples a server intervened on after it (by kind where that fits `width`); as it was
-    with none."""
+def _intervention_items(intervened: int, by_kind: tuple[tuple[str, int], ...], width: int) -> list[str]:
+    """The errors tile's item for the samples a server intervened on: `interv 5 (cmp 2 think 3)`, or
+    `interv 5` where the kinds do not fit `width`; none with none."""
     if not intervened:
-        return line
+        return []
     kinds: dict[str, int] = {}
     for kind, n in by_kind:
         word = _KIND_SHORT.get(kind, "other")
         kinds[word] = kinds.get(word, 0) + n
     detail = " ".join(f"{k} {fmt.count(n)}" for k, n in kinds.items())
-    n = fmt.count(intervened)
-    return _fit(
-        width,
-        f"{line} · interv {n} ({detail})",
-        f"{line} interv {n} ({detail})",
-        f"{line} · interv {n}",
-        f"{line} interv {n}",
-        f"interv {n} ({detail})",
-        f"interv {n}",
-    )
+    return [
+        _fit(
+            width,
+            f"interv {intervened:,} ({detail})",
+            f"interv {fmt.count(intervened)} ({detail})",
+            f"interv {fmt.count(intervened)}",
+        )
+    ]
 
 
 CONVERSATION_LINES = 4  # the conversations tile: two lines of conversations, two of turns (fits the plot row)
@@ -452,17 +450,14 @@ def conversation_title(conv: ConversationCounts) -> str:
 
 
 def error_lines(rec: RunRecord, width: int = 40, compact: bool = False) -> tuple[str, ...]:
-    """Every class of failed request with its count, then failed samples and retried requests."""
+    """Every class of failed request with its count, then the samples a server intervened on (by kind where that
+    fits), failed samples and retried requests."""
     n = COMPACT_LINES if compact else FULL_LINES
     c = rec.counts
     failed, retried = f"failed {c.samples.failed:,}", f"retried {c.retried:,}"
-    tail = (
-        [f"{failed} · {retried}"]
-        if len(f"{failed} · {retried}") <= width
-        else [f"{failed} {retried}"]
-        if len(f"{failed} {retried}") <= width
-        else [failed, retried]
-    )
+    # failed samples, the samples a server intervened on and retried requests, in as few lines as they go
+    items = [failed, *_intervention_items(c.intervened, c.interventions, width), retried]
+    tail = min((_pack(items, width, len(items), sep) for sep in (" · ", " ")), key=len)
     if not c.errors_by_class:
         return _lines(["none", *tail], n)
     ranked = sorted(c.errors_by_class, key=lambda item: (-item[1], item[0]))
