@@ -247,7 +247,7 @@ class Flights:
                 output_ids=rec.output_ids if rec is not None else None,
                 think_open=self._think_ids[0],
                 think_close=self._think_ids[1],
-                rendered_prompt_len=check.rendered_len if check is not None and check.rendered_len else None,
+                prompt_check=check,
             ),
         )
         if not found:

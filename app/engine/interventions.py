@@ -6,12 +6,13 @@ Two sources, one list per answer (`Rebuilt.interventions`, stored in the `interv
   OpenRouter's context compression, provider fallback, response healing and other pipeline stages);
 - what the run measures against what it asked (`measured`): vLLM's `thinking_token_budget` stops the reasoning
   with a forced `</think>` and an ordinary finish_reason, so an answer whose reasoning holds exactly the budget
-  (or more: the forced close) is one it cut; a prompt-token count in `usage` that disagrees with the rendered
-  prompt's length (where the server returned prompt ids and the run rendered the prompt to check them) means the
-  server fed the model another prompt; `truncate_prompt_tokens` sent and the prompt counted at exactly that
-  many tokens means the server may have cut it (without the server's prompt ids a prompt of exactly that length
-  cannot be told apart: it is flagged, never kept silently); a finish or stop reason that names repetition
-  detection.
+  (or more: the forced close) is one it cut; where the server returned prompt ids (checked against the rendered
+  prompt: app.tokens.prompt_check), ids that are a shorter head or tail of the rendered ones mean the server cut
+  the prompt, and a `usage.prompt_tokens` that disagrees with them means it counted (fed) another one; ids that
+  differ otherwise are another chat template, which the prompt check reports as `differ` (not the server's
+  doing); without server prompt ids, `truncate_prompt_tokens` sent and the prompt counted at exactly that many
+  tokens means the server may have cut it (a prompt of exactly that length cannot be told apart: it is flagged,
+  never kept silently); a finish or stop reason that names repetition detection.
 
 Each kind becomes the reconstruction flag `intervened:<kind>`; the export leaves such samples out unless
 `--keep-intervened` (app.export.policy, skip reason `intervened`).
@@ -25,6 +26,7 @@ from typing import Any
 from app.providers import interventions as reported
 from app.records import Completion, Intervention
 from app.tokens.flags import INTERVENED
+from app.tokens.prompt_check import PromptCheck
 
 THINKING_BUDGET = "thinking_budget"  # vLLM thinking_token_budget forced </think>
 PROMPT_TRUNCATED = "prompt_truncated"  # the server cut the prompt (truncate_prompt_tokens)
@@ -106,11 +108,11 @@ def measured(
     output_ids: Sequence[int] | None,
     think_open: int | None,
     think_close: int | None,
-    rendered_prompt_len: int | None,
+    prompt_check: PromptCheck | None,
 ) -> tuple[Intervention, ...]:
     """The interventions the run can tell from `completion` and the fields it sent (`request_fields`: the
-    endpoint's and the call's extras), given the rebuilt output ids and, where the prompt was rendered, its
-    length."""
+    endpoint's and the call's extras), given the rebuilt output ids and, where the server returned prompt ids,
+    their check against the rendered prompt."""
     found: list[Intervention] = []
     budget = _field_int(request_fields, BUDGET_FIELD)
     if budget is not None:
@@ -127,15 +129,25 @@ def measured(
             )
     counted = completion.usage.prompt_tokens
     truncate = _field_int(request_fields, TRUNCATE_FIELD)
-    if rendered_prompt_len is not None and counted and counted != rendered_prompt_len:
-        kind = PROMPT_TRUNCATED if counted < rendered_prompt_len and truncate is not None else PROMPT_TOKENS_DIFFER
-        found.append(
-            Intervention(
-                kind,
-                f"usage.prompt_tokens is {counted}, the rendered prompt {rendered_prompt_len} tokens"
-                + (f" (truncate_prompt_tokens {truncate} sent)" if truncate is not None else ""),
+    asked = f" (truncate_prompt_tokens {truncate} sent)" if truncate is not None else ""
+    if prompt_check is not None and prompt_check.server_len is not None:
+        if prompt_check.cut:  # the server's prompt ids are a shorter head or tail of the rendered ones
+            found.append(
+                Intervention(
+                    PROMPT_TRUNCATED,
+                    f"the server's {prompt_check.server_len} prompt ids are a cut of the rendered prompt's "
+                    f"{prompt_check.rendered_len}{asked}",
+                )
             )
-        )
+        elif counted and counted != prompt_check.server_len:
+            found.append(
+                Intervention(
+                    PROMPT_TOKENS_DIFFER,
+                    f"usage.prompt_tokens is {counted}, the server's own prompt ids {prompt_check.server_len} "
+                    f"(the rendered prompt {prompt_check.rendered_len} tokens)",
+                )
+            )
+        # other differences are another template, which the prompt check reports (`differ`), not the server's doing
     elif truncate is not None and counted == truncate:
         found.append(
             Intervention(

@@ -1,7 +1,7 @@
 """The ledger of server interventions, end to end: the real engine against two loopback simulators — an OpenRouter
 that compresses some prompts and falls back for some samples (and says so in `openrouter_metadata`), a vLLM whose
 thinking budget closes long reasoning itself — ends with exactly those samples flagged, counted by kind in the
-store's counts, `status --json`, the headless line and the TUI tile, and absent from the default export."""
+store's counts, `status --json`, the headless line and the TUI's errors tile, and absent from the default export."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from app.simulator.options import SimulatorOptions
 from app.simulator.reference import messages_key
 from app.simulator.server import SimulatorServer, intervened
 from app.tokens import get_profile
-from app.tui.screens.dashboard import reconstruction_lines
+from app.tui.screens.dashboard import error_lines
 from tests.engine.conftest import make_config, run_to_end, sample_inputs
 
 N = 24
@@ -120,7 +120,7 @@ async def test_compressed_fallen_back_and_budget_stopped_samples_are_flagged_cou
     capsys.readouterr()
     assert main(["status", "--db", str(config.run.database), "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
-    ledger = status["runs"][0]["interventions"] if "runs" in status else status["interventions"]
+    ledger = status["runs"][0]["interventions"]
     assert ledger == {"samples": len(flagged), "by_kind": by_kind}
     assert main(["status", "--db", str(config.run.database)]) == 0
     human = capsys.readouterr().out
@@ -128,7 +128,7 @@ async def test_compressed_fallen_back_and_budget_stopped_samples_are_flagged_cou
 
     record = RunRecord("t", "done", counts)
     assert f"intervened {len(flagged)} (" in progress_line(record)
-    tile = reconstruction_lines(record, width=40, compact=True)
+    tile = error_lines(record, width=18, compact=True)  # the errors tile at 80x24
     assert any(f"interv {len(flagged)}" in line for line in tile), tile
 
     out = tmp_path / "export"

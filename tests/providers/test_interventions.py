@@ -12,6 +12,7 @@ import pytest
 from app.engine import interventions as measured
 from app.providers.parse import StreamAssembler, parse_body
 from app.records import Completion, Usage
+from app.tokens.prompt_check import compare_prompt_ids
 
 
 def _body(**top) -> str:
@@ -85,9 +86,9 @@ def _answer(ids_reasoning: int, *, prompt_tokens: int = 10, finish: str = "stop"
     return completion, (THINK_OPEN, *([7] * ids_reasoning), THINK_CLOSE, 8, 9)
 
 
-def _measured(completion, ids, fields, rendered=None) -> list[str]:
+def _measured(completion, ids, fields, check=None) -> list[str]:
     found = measured.measured(
-        completion, fields, output_ids=ids, think_open=THINK_OPEN, think_close=THINK_CLOSE, rendered_prompt_len=rendered
+        completion, fields, output_ids=ids, think_open=THINK_OPEN, think_close=THINK_CLOSE, prompt_check=check
     )
     return [i.kind for i in found]
 
@@ -98,12 +99,32 @@ def test_reasoning_at_the_thinking_budget_is_a_forced_close_and_under_it_is_not(
     assert _measured(*_answer(60), None) == []  # no budget sent: the model closed its own think block
 
 
-def test_a_prompt_count_that_disagrees_with_the_rendered_prompt_is_recorded() -> None:
-    assert _measured(*_answer(3, prompt_tokens=40), None, rendered=40) == []
-    assert _measured(*_answer(3, prompt_tokens=41), None, rendered=40) == ["prompt_tokens_differ"]
-    # cut by the truncation it was asked for
-    assert _measured(*_answer(3, prompt_tokens=32), {"truncate_prompt_tokens": 32}, rendered=40) == ["prompt_truncated"]
-    # not rendered: a count of exactly the truncation cannot be told from a prompt that long, and is flagged
+RENDERED = list(range(100, 140))  # 40 rendered prompt ids
+
+
+def test_server_prompt_ids_cut_from_the_rendered_prompt_are_a_truncation() -> None:
+    tail = compare_prompt_ids(RENDERED[-32:], RENDERED)  # vLLM's truncate_prompt_tokens keeps the tail
+    head = compare_prompt_ids(RENDERED[:32], RENDERED)
+    assert tail.cut and head.cut
+    sent = {"truncate_prompt_tokens": 32}
+    assert _measured(*_answer(3, prompt_tokens=32), sent, tail) == ["prompt_truncated"]
+    assert _measured(*_answer(3, prompt_tokens=32), None, head) == ["prompt_truncated"]
+
+
+def test_a_prompt_count_that_disagrees_with_the_servers_prompt_ids_is_recorded() -> None:
+    agree = compare_prompt_ids(RENDERED, RENDERED)
+    assert _measured(*_answer(3, prompt_tokens=40), None, agree) == []
+    assert _measured(*_answer(3, prompt_tokens=41), None, agree) == ["prompt_tokens_differ"]
+
+
+def test_another_template_is_the_prompt_checks_finding_not_an_intervention() -> None:
+    other = compare_prompt_ids([7, *RENDERED[1:], 8], RENDERED)  # differs inside, longer: not a cut
+    assert other.status == "differ" and not other.cut
+    assert _measured(*_answer(3, prompt_tokens=41), None, other) == []
+
+
+def test_without_server_prompt_ids_a_count_of_exactly_the_truncation_is_flagged() -> None:
+    # a count of exactly the truncation cannot be told from a prompt that long: flagged, never kept silently
     assert _measured(*_answer(3, prompt_tokens=32), {"truncate_prompt_tokens": 32}) == ["prompt_truncated"]
     assert _measured(*_answer(3, prompt_tokens=20), {"truncate_prompt_tokens": 32}) == []
 
