@@ -116,9 +116,12 @@ def measured(
     found: list[Intervention] = []
     budget = _field_int(request_fields, BUDGET_FIELD)
     if budget is not None:
-        n = reasoning_length(output_ids or (), think_open, think_close)
-        if n is None and completion.usage.reasoning_tokens:
-            n = completion.usage.reasoning_tokens
+        # the ids hold the forced close where the server forced one; only an answer without ids is judged by
+        # usage.reasoning_tokens (vLLM counts an answer with no think block, all of it parsed as reasoning, there)
+        if output_ids:
+            n = reasoning_length(output_ids, think_open, think_close)
+        else:
+            n = completion.usage.reasoning_tokens or None
         if n is not None and n >= budget:
             found.append(
                 Intervention(

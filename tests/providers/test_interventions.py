@@ -99,6 +99,14 @@ def test_reasoning_at_the_thinking_budget_is_a_forced_close_and_under_it_is_not(
     assert _measured(*_answer(60), None) == []  # no budget sent: the model closed its own think block
 
 
+def test_an_answer_without_a_think_close_was_not_stopped_by_the_budget() -> None:
+    # real vLLM 0.32: an answer with no think block is all `reasoning` (its qwen3 parser) and counted in
+    # usage.reasoning_tokens, though nothing was forced: the ids, which would hold the forced close, decide
+    completion = Completion(content="", finish_reason="stop", usage=Usage(prompt_tokens=9, reasoning_tokens=7))
+    assert _measured(completion, (5, 6, 7, 8, 9, 10, 11), {"thinking_token_budget": 4}) == []
+    assert _measured(completion, None, {"thinking_token_budget": 4}) == ["thinking_budget"]  # no ids: the count
+
+
 RENDERED = list(range(100, 140))  # 40 rendered prompt ids
 
 
