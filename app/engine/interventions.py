@@ -171,8 +171,8 @@ def _repetition_reason(completion: Completion) -> str | None:
         return f"finish_reason {completion.finish_reason!r}"
     raw = completion.raw
     choices: list = []
-    if isinstance(raw, dict):
-        choices = raw.get("choices") if isinstance(raw.get("choices"), list) else []
+    if isinstance(raw, dict) and isinstance(raw.get("choices"), list):
+        choices = raw["choices"]
     elif isinstance(raw, list):  # stream chunks: the finish chunk carries the reasons
         for chunk in raw[-4:]:
             if isinstance(chunk, dict) and isinstance(chunk.get("choices"), list):
