@@ -299,6 +299,12 @@ class SimulatorOptions(_Section):
         description="Fault kind -> rate in 0..1 (e.g. rate_limit = 0.02); an unknown kind is "
         "refused at load, naming the kinds the simulator knows.",
     )
+    interventions: dict[str, float] = Field(
+        default_factory=dict,
+        description="OpenRouter personality: per-sample rate of each intervention its metadata reports "
+        "(context_compression — only where the request allows prompt transforms —, provider_fallback, "
+        "response_healing).",
+    )
     quirks: list[str] = Field(default_factory=list, description="Server-side text steps to imitate.")
     logprobs: bool = Field(True, description="Return per-token logprobs when asked.")
     seed: int = Field(0, description="Random seed: the same seed gives the same faults and latencies.")

@@ -66,6 +66,16 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
+class Intervention:
+    """One thing the server did to a sample that the model did not: `kind` is one of
+    app.engine.interventions.KINDS (context_compression, provider_fallback, response_healing, thinking_budget, ...),
+    `detail` one sentence of what the server said or what eaglewatch measured."""
+
+    kind: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
 class Completion:
     """Everything one chat-completion call produced, streamed or not.
 
@@ -74,6 +84,8 @@ class Completion:
     `prompt_token_ids` the server's prompt ids when it returned them (vLLM, SGLang non-streaming).
     `wire_flags`: what the body boundary had to do to the answer (app.providers.wire: text replaced because it
     was not valid Unicode, an answer with no finish_reason kept as truncated).
+    `interventions`: what the server reported doing to the request or answer (OpenRouter's `openrouter_metadata`:
+    app.providers.interventions); the engine adds what it measures itself (app.engine.interventions).
     """
 
     content: str
@@ -92,6 +104,7 @@ class Completion:
     generation_id: str | None = None
     raw: Any = None  # parsed JSON body (non-streaming) or list of chunk dicts (streaming)
     wire_flags: tuple[str, ...] = ()
+    interventions: tuple[Intervention, ...] = ()
 
     @property
     def truncated(self) -> bool:

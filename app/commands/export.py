@@ -66,6 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also export samples flagged suspect by the reconstruction (dropped by default)",
     )
     parser.add_argument(
+        "--keep-intervened",
+        action="store_true",
+        help="also export samples a server intervened on: a compressed or cut prompt, a fallback to another "
+        "provider, a healed answer, a thinking-budget or repetition stop (dropped by default)",
+    )
+    parser.add_argument(
         "--accept-unverified",
         action="store_true",
         help="also export ids rebuilt from text by endpoints nothing verified (no probe, server "
@@ -224,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
         keep_truncated=args.keep_truncated,
         keep_roundtrip_failed=args.keep_roundtrip_failed,
         keep_suspect=args.keep_suspect,
+        keep_intervened=args.keep_intervened,
         require_prompt_agreement=args.require_prompt_agreement,
         max_length=args.max_length,
         accept_unverified=args.accept_unverified,

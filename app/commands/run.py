@@ -205,8 +205,10 @@ async def _watch(engine, stream, progress: bool):
 def progress_line(s) -> str:
     """One short line of a run's record (app.engine.record.snapshot.RunRecord), in the words every face uses: the
     engine's answers and tokens per second (a finished run's averages), what is spent, the ETA, requests in
-    flight / the limit and the samples waiting, failed samples, and the state's words once it is not running. A run
+    flight / the limit and the samples waiting, failed samples, the samples a server intervened on by kind, and the
+    state's words once it is not running. A run
     of whole conversations starts it with its conversations done (`conv 15/16 done`, and the diverged ones)."""
+    from app.engine.interventions import ledger_words
     from app.engine.money.budget import usd
     from app.engine.record.snapshot import finished_figures, state_words
     from app.store.count_records import RunLatency
@@ -223,6 +225,9 @@ def progress_line(s) -> str:
     if live is not None and fin is None:
         line += f" in flight {live.in_flight}/{live.concurrency_limit} waiting {live.waiting}"
     line += f" failed {s.failed}"
+    ledger = ledger_words(s.counts.intervened, s.counts.interventions)
+    if ledger:  # samples a server intervened on (left out of exports): counted by kind
+        line += f" {ledger}"
     if s.state != "running":
         line += f" · {state_words(s).text}"
     return line

@@ -91,6 +91,8 @@ def run_status(conn: Any, run: Any) -> dict[str, Any]:
             "matched": a.measured_matched,
         },
         "prompt_checks": dict(a.prompt_checks),
+        # samples a server intervened on (app.engine.interventions): in all, and per kind (a sample may have several)
+        "interventions": {"samples": c.intervened, "by_kind": dict(c.interventions)},
         "strategies": dict(c.strategies),
         "endpoints": [
             {
@@ -131,6 +133,14 @@ def conversations_status(conv: Any) -> dict[str, Any] | None:
         "turns": dict(conv.turns),
         "off_policy_turns": conv.off_policy_turns,
     }
+
+
+def interventions_line(ledger: dict[str, Any]) -> str:
+    """The status line of the intervention ledger: samples in all, then per kind in the faces' words."""
+    from app.engine.interventions import ledger_words
+
+    words = ledger_words(ledger["samples"], ledger["by_kind"].items())
+    return f"server {words}: left out of exports unless --keep-intervened"
 
 
 def _figures(rec: Any) -> dict[str, Any]:
@@ -337,6 +347,8 @@ def _print(report: dict[str, Any]) -> None:
             + f"  (truncated {r['truncated']}, suspect {r['suspects']})",
             markup=False,
         )
+        if r["interventions"]["samples"]:
+            console.print(interventions_line(r["interventions"]), markup=False)
         for t in r["trust"]:  # verified | prior only | unverified, the words `fidelity` and the export use
             console.print(
                 f"text path {t['endpoint']}" + (f" / {t['provider']}" if t["provider"] else "") + f": {t['text']}",

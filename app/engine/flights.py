@@ -16,8 +16,10 @@ the snapshot shows them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 
+from app.engine import interventions
 from app.engine.attempt import Flight, request_sample
 from app.engine.capacity.endpoints import Endpoint
 from app.engine.capacity.slots import EndpointSlots
@@ -66,6 +68,7 @@ class Flights:
         self._policy = policy
         self._model = model
         self._pool = pool  # None: the text is stored as is (no reconstructor)
+        self._think_ids: tuple[int | None, int | None] | None = None  # the profile's think tags' ids, once known
         self._guard = guard  # endpoint health: connection failures and answers
         self._verifier = verifier
         self._settler = settler
@@ -219,10 +222,40 @@ class Flights:
         if self._verifier.wants_twin(f.last, f.probe, completion):
             twin = await ask_twin(self._verifier, self._endpoints, f.sample, self._model)
         rebuilt = await self._pool.rebuild(completion, f.sample, endpoint, f.probe, twin)
+        rebuilt = self._with_interventions(completion, rebuilt, self._endpoints[f.last].config.extra)
         self._verifier.learn(endpoint, completion, rebuilt, f.probe)
         for note in self._verifier.pending_notes():
             await self._events.add("warning", "fidelity", note)
         return rebuilt
+
+    def _with_interventions(self, completion: Completion, rebuilt: Rebuilt, fields: dict | None) -> Rebuilt:
+        """`rebuilt` with the answer's ledger of server interventions, each one flagged on its reconstruction
+        (`intervened:<kind>`: the export leaves the sample out by default)."""
+        assert self._pool is not None  # called after a rebuild
+        if self._think_ids is None:
+            r = self._pool.rebuilder
+            self._think_ids = (
+                r.tokenizer.special_id(r.profile.think_open),
+                r.tokenizer.special_id(r.profile.think_close),
+            )
+        rec, check = rebuilt.reconstruction, rebuilt.prompt_check
+        found = interventions.ledger(
+            completion.interventions,
+            interventions.measured(
+                completion,
+                fields,
+                output_ids=rec.output_ids if rec is not None else None,
+                think_open=self._think_ids[0],
+                think_close=self._think_ids[1],
+                prompt_check=check,
+            ),
+        )
+        if not found:
+            return rebuilt
+        if rec is not None:
+            flags = tuple(dict.fromkeys(interventions.flag_of(i.kind) for i in found))
+            rec = dataclasses.replace(rec, flags=tuple(rec.flags) + flags)
+        return dataclasses.replace(rebuilt, reconstruction=rec, interventions=found)
 
     async def _on_retry(self, f: Flight, exc: RetryableError) -> None:
         self._forecast.resent(f)  # its output counts again from nothing

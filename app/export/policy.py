@@ -14,12 +14,12 @@ from typing import Any
 
 from app.records import CORRUPT_VERDICTS, Category
 from app.store.export_reads import ExportRow
-from app.tokens.flags import is_suspect
+from app.tokens.flags import INTERVENED, is_suspect
 
 
 @dataclass(frozen=True)
 class ExportPolicy:
-    """Which samples to export: bpe_equivalent kept by default; corrupt, truncated, round-trip-failed and
+    """Which samples to export: bpe_equivalent kept by default; intervened, corrupt, truncated, round-trip-failed and
     suspect samples (app.tokens.flags.is_suspect) dropped by default; with `require_prompt_agreement` only samples
     whose server prompt ids agreed with the rendered prompt are kept."""
 
@@ -28,6 +28,8 @@ class ExportPolicy:
     keep_truncated: bool = False
     keep_roundtrip_failed: bool = False
     keep_suspect: bool = False
+    # samples a server intervened on (app.engine.interventions: compressed prompt, fallback, forced </think>, ...)
+    keep_intervened: bool = False
     # only samples whose server prompt ids agreed with the rendered prompt (app.tokens.prompt_check)
     require_prompt_agreement: bool = False
     max_length: int | None = None  # prompt + completion tokens; longer samples are skipped, never cut
@@ -46,6 +48,7 @@ class ExportPolicy:
             "keep_truncated": self.keep_truncated,
             "keep_roundtrip_failed": self.keep_roundtrip_failed,
             "keep_suspect": self.keep_suspect,
+            "keep_intervened": self.keep_intervened,
             "require_prompt_agreement": self.require_prompt_agreement,
             "max_length": self.max_length,
             "accept_unverified": self.accept_unverified,
@@ -76,6 +79,14 @@ SKIP_RULES: tuple[SkipRule, ...] = (
         "not rebuilt",
         "no output ids were rebuilt for the sample (no reconstruction stored)",
         lambda row, p: not row.output_ids,
+    ),
+    SkipRule(
+        "intervened",
+        "server intervened",
+        "the server did something the model did not (a compressed or cut prompt, a fallback to another provider, "
+        "a healed answer, a thinking-budget or repetition stop: app.engine.interventions; the sample's "
+        "intervened:<kind> flags say which); first, as it explains any mismatch after it; kept with --keep-intervened",
+        lambda row, p: not p.keep_intervened and any(f.startswith(INTERVENED) for f in row.flags),
     ),
     SkipRule(
         "corrupt",

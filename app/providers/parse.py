@@ -25,6 +25,7 @@ from app.providers.exceptions import (
     RunStoppingError,
     SampleFatalError,
 )
+from app.providers.interventions import METADATA_FIELD, read_openrouter_metadata
 from app.providers.wire import DEFAULT_LIMITS, WireLimits, count, obj, opt_list, opt_obj, opt_str
 from app.records import Completion, ErrorClass, TokenLogprob, ToolCall, Usage, http_error_class
 
@@ -281,6 +282,7 @@ def _completion_of(
         generation_id=opt_str(body.get("id"), "id"),
         raw=body,
         wire_flags=flags,
+        interventions=read_openrouter_metadata(body.get(METADATA_FIELD), METADATA_FIELD),
     )
 
 
@@ -324,6 +326,7 @@ class StreamAssembler:
         self.model: str | None = None
         self.generation_id: str | None = None
         self.done = False
+        self.interventions: tuple = ()  # what an `openrouter_metadata` chunk reported (the final one's)
         self.replaced = False  # some text was not valid Unicode and was replaced (wire.TEXT_REPLACED)
         self.chunks: list[dict] = []
 
@@ -365,6 +368,8 @@ class StreamAssembler:
             self.usage = parse_usage(chunk["usage"], f"stream chunk {n}.usage", self._limits)
         if self._prompt_ids is None and chunk.get("prompt_token_ids") is not None:
             self._prompt_ids = _prompt_ids(chunk, f"stream chunk {n}", self._limits)
+        if chunk.get(METADATA_FIELD) is not None:  # OpenRouter: on the final chunk
+            self.interventions = read_openrouter_metadata(chunk[METADATA_FIELD], f"stream chunk {n}.{METADATA_FIELD}")
         if chunk.get("error") is not None:
             self._fail(chunk["error"], f"stream chunk {n}.error")
         choices = opt_list(chunk.get("choices"), f"stream chunk {n}.choices")
@@ -521,6 +526,7 @@ class StreamAssembler:
             generation_id=self.generation_id,
             raw=self.chunks,
             wire_flags=flags,
+            interventions=self.interventions,
         )
 
 

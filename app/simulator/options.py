@@ -39,6 +39,11 @@ FAULT_ALIASES = {
     "forbidden": "403",
     "bad_request": "400",
 }
+# what an OpenRouter personality reports doing to a request in `openrouter_metadata` (asked for with the
+# X-OpenRouter-Metadata header), drawn per sample at these rates: the prompt's middle compressed (only where the
+# request did not send `transforms: []`, as OpenRouter), a fallback to another provider, the answer's JSON healed
+INTERVENTION_KINDS = ("context_compression", "provider_fallback", "response_healing")
+
 # not a failure: OpenRouter keep-alive comments (stream) / leading whitespace (non-streaming body)
 KEEPALIVE = "keepalive"
 
@@ -66,7 +71,8 @@ class SimulatorOptions:
 
     latency: lognormal with this median and p95 (ms; 0 = no added latency); tokens_per_s paces
     generation (0 = unpaced, for benchmarks); faults: rate per kind in FAULT_KINDS plus "keepalive";
-    quirks: names from QUIRKS; logprobs: whether logprobs are returned when asked; concurrency_cap,
+    interventions: rate per sample of each INTERVENTION_KINDS (OpenRouter personality; app.simulator.server
+    `intervened`); quirks: names from QUIRKS; logprobs: whether logprobs are returned when asked; concurrency_cap,
     cap_changes, requests_per_min, tokens_per_min, batch_slots: capacity (app/simulator/capacity.py);
     extra_references: more reference files replayed beside `reference`; prompt_cache: cached_tokens reported for
     the longest earlier request whose messages begin this one's (app/simulator/server.py, `PromptCache`).
@@ -79,6 +85,7 @@ class SimulatorOptions:
     latency_p95_ms: float = 0.0
     tokens_per_s: float = 0.0
     faults: dict[str, float] = field(default_factory=dict)
+    interventions: dict[str, float] = field(default_factory=dict)  # kind of INTERVENTION_KINDS -> rate per sample
     quirks: list[str] = field(default_factory=list)
     logprobs: bool = True
     seed: int = 0
@@ -117,6 +124,13 @@ def check_options(options: object) -> None:
     total = sum(float(r) for k, r in faults.items() if k != KEEPALIVE)
     if total > 1.0 + 1e-9:
         raise InputError(f"simulator faults: the failure rates add up to {total:.3f}; they must add up to at most 1")
+    for kind, rate in (getattr(options, "interventions", None) or {}).items():
+        if kind not in INTERVENTION_KINDS:
+            raise InputError(
+                f"simulator interventions: unknown kind {kind!r}; use any of {', '.join(INTERVENTION_KINDS)}"
+            )
+        if not 0.0 <= float(rate) <= 1.0:
+            raise InputError(f"simulator interventions: rate for {kind!r} is {rate}; it must be between 0 and 1")
     for quirk in getattr(options, "quirks", None) or []:
         if quirk not in QUIRKS:
             raise InputError(f"simulator quirks: unknown quirk {quirk!r}; use any of {', '.join(QUIRKS)}")

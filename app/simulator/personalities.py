@@ -39,11 +39,17 @@ class Personality:
         frozenset()
     )  # tool formats whose parser json.dumps the arguments again (non-streaming)
     vllm_wire: bool = False  # vLLM's own body and chunk fields (null keys, a chunk per token, every token's logprobs)
+    # vLLM's `thinking_token_budget`: at that many reasoning tokens the server forces the think-close token and the
+    # answer goes on (an ordinary finish_reason); nothing in the response says so
+    thinking_budget: bool = False
+    router_metadata: bool = False  # OpenRouter's `openrouter_metadata` when asked (X-OpenRouter-Metadata: enabled)
 
 
 PERSONALITIES = {
     # OpenRouter: reasoning + reasoning_details, provider, usage.cost, [DONE] (openai-compatible-apis.md B.4-B.8).
-    "openrouter": Personality("openrouter", reasoning_details=True, provider_field=True, cost=True),
+    "openrouter": Personality(
+        "openrouter", reasoning_details=True, provider_field=True, cost=True, router_metadata=True
+    ),
     # vLLM: ChatMessage.reasoning, choices[].token_ids and prompt_token_ids with return_token_ids (deltas and
     # first chunk when streaming): vllm/entrypoints/openai/chat_completion/protocol.py; finish "tool_calls".
     # Its hermes and glm4_moe tool parsers re-serialise arguments with json.dumps(..., ensure_ascii=False)
@@ -60,6 +66,7 @@ PERSONALITIES = {
         stream_quirks=frozenset({"raw_regions", "reasoning_first", "tool_separator_kept"}),
         lean_deltas=True,
         vllm_wire=True,
+        thinking_budget=True,
     ),
     # SGLang: ChatMessage.reasoning_content; token_ids / prompt_token_ids only non-streaming, 400 when asked
     # with stream=true: python/sglang/srt/entrypoints/openai/protocol.py, serving_chat.py.

@@ -157,6 +157,29 @@ def sample_latency_s(seed: int, key: str, median_ms: float, p95_ms: float) -> fl
     return random.Random(int.from_bytes(digest[:8], "big")).lognormvariate(math.log(median_ms / 1000.0), sigma)
 
 
+def intervened(seed: int, kind: str, key: str, rate: float) -> bool:
+    """Whether the sample `key` (its requested id, else its messages' key) draws intervention `kind` at `rate`: a
+    draw from (`seed`, `kind`, `key`) alone, the same on every attempt, in any order and any process (a test
+    names the samples it expects flagged with it)."""
+    if rate <= 0:
+        return False
+    digest = hashlib.sha256(f"{seed}\x00{kind}\x00{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < rate
+
+
+def budget_cut(output_ids: tuple[int, ...], think_open: int | None, think_close: int | None, budget: int):
+    """`output_ids` as a server with a thinking budget of `budget` tokens produces them: reasoning longer than the
+    budget is cut there and the think-close token forced in, the answer after the model's own close kept (the
+    model goes on answering); unchanged where the reasoning fits or is never closed."""
+    if think_close is None or think_close not in output_ids:
+        return output_ids
+    close = output_ids.index(think_close)
+    start = 1 if output_ids and output_ids[0] == think_open else 0
+    if close - start <= budget:
+        return output_ids
+    return output_ids[: start + budget] + output_ids[close:]
+
+
 def requested_sample(body: dict) -> str | None:
     """The reference sample id a request names (`metadata.sample_id`), or None."""
     meta = body.get(SAMPLE_FIELD[0])
@@ -232,7 +255,10 @@ class SimulatorServer:
         self.tokens_per_s = float(getattr(self.options, "tokens_per_s", 0) or 0)
         self.logprobs_enabled = bool(getattr(self.options, "logprobs", True)) and self.personality.logprobs
         self.report_cost = self.report_cost and self.personality.cost
-        self._cache: dict[tuple[int, int, bool], RenderedOutput] = {}
+        self._cache: dict[tuple[int, int, bool, int], RenderedOutput] = {}
+        self._interventions = {
+            k: float(r) for k, r in (getattr(self.options, "interventions", None) or {}).items() if float(r) > 0
+        }
         self._stream_cache: dict[tuple[int, int, bool, int], tuple[list[tuple[bytes, int]], int]] = {}
         self._runner: web.AppRunner | None = None
         self._served = 0
@@ -288,39 +314,65 @@ class SimulatorServer:
                 return kind
         return None
 
+    def _router_metadata(self, request: web.Request, body: dict, key: str) -> dict | None:
+        """OpenRouter's `openrouter_metadata` for this request when asked for (X-OpenRouter-Metadata: enabled), with
+        the interventions this sample draws (`intervened`); None otherwise."""
+        if not self.personality.router_metadata or request.headers.get("X-OpenRouter-Metadata") != "enabled":
+            return None
+        seed = int(getattr(self.options, "seed", 0) or 0)
+        hit = {k for k, rate in self._interventions.items() if intervened(seed, k, key, rate)}
+        if body.get("transforms") == []:  # OpenRouter compresses only where transforms are not turned off
+            hit.discard("context_compression")
+        meta: dict[str, Any] = {"requested": body.get("model") or self.model, "strategy": "price", "attempt": 1}
+        meta["attempts"] = [{"provider": PROVIDER, "status": 200}]
+        if "provider_fallback" in hit:
+            meta["attempt"] = 2
+            meta["attempts"] = [{"provider": "SimFirst", "status": 503}, {"provider": PROVIDER, "status": 200}]
+        meta["pipeline"] = [{"stage": k} for k in ("context_compression", "response_healing") if k in hit]
+        return meta
+
     def _latency_s(self) -> float:
         if self._mu is None:
             return 0.0
         return self._rng.lognormvariate(self._mu, self._sigma)
 
-    def _rendered(self, index: int, history_calls: int, stream: bool = False) -> RenderedOutput:
-        key = (index, history_calls, stream)
+    def _rendered(self, index: int, history_calls: int, stream: bool = False, budget: int = 0) -> RenderedOutput:
+        key = (index, history_calls, stream, budget)
         out = self._cache.get(key)
         if out is None:
             p = self.personality
             quirks = self.quirks | (p.stream_quirks if stream else p.plain_quirks)
             if self.profile.tool_format in p.json_formats and not stream:  # streamed arguments: the model's text
                 quirks |= {"json_reserialised"}
-            out = self.renderer.render(self.book.samples[index].output_ids, quirks, history_calls)
+            ids = self.book.samples[index].output_ids
+            if budget:
+                tok = self.tokenizer
+                ids = budget_cut(
+                    ids, tok.special_id(self.profile.think_open), tok.special_id(self.profile.think_close), budget
+                )
+            out = self.renderer.render(ids, quirks, history_calls)
             if len(self._cache) >= CACHE_ENTRIES:
                 self._cache.clear()
             self._cache[key] = out
         return out
 
-    def _usage(self, index: int, out: RenderedOutput, cached: int = 0) -> dict:
+    def _usage(self, index: int, out: RenderedOutput, cached: int = 0, prompt_ids: list | None = None) -> dict:
+        """The answer's usage; a server that returns the prompt ids counts those (as vLLM and SGLang do), else the
+        reference's prompt count."""
         sample = self.book.samples[index]
         completion = len(out.output_ids)
         cached = max(cached, sample.cached_tokens)
+        prompt_tokens = len(prompt_ids) if prompt_ids is not None else sample.prompt_tokens
         usage: dict[str, Any] = {
-            "prompt_tokens": sample.prompt_tokens,
+            "prompt_tokens": prompt_tokens,
             "completion_tokens": completion,
-            "total_tokens": sample.prompt_tokens + completion,
+            "total_tokens": prompt_tokens + completion,
             "prompt_tokens_details": {"cached_tokens": cached},
             "completion_tokens_details": {"reasoning_tokens": len(out.reasoning_ids)},
         }
         if self.report_cost:
             usage["cost"] = round(
-                cost_of(Usage(sample.prompt_tokens, completion, len(out.reasoning_ids), cached), self.pricing), 10
+                cost_of(Usage(prompt_tokens, completion, len(out.reasoning_ids), cached), self.pricing), 10
             )
         return usage
 
@@ -554,7 +606,10 @@ class SimulatorServer:
             if self.prompt_cache is not None
             else 0
         )
-        out = self._rendered(index, history, bool(body.get("stream")))
+        budget = body.get("thinking_token_budget") if self.personality.thinking_budget else None
+        budget = budget if type(budget) is int and budget > 0 else 0
+        out = self._rendered(index, history, bool(body.get("stream")), budget)
+        metadata = self._router_metadata(request, body, requested_sample(body) or messages_key(messages))
         status = self.personality.non_json_tool_region
         if status is not None and self._tool_region_not_json(out):
             self.counters[str(status)] += 1
@@ -584,12 +639,15 @@ class SimulatorServer:
                 latency,
                 prompt_ids,
                 cached,
+                metadata,
             )
         if latency:
             await asyncio.sleep(latency)
         if self.tokens_per_s > 0:
             await asyncio.sleep(len(out.output_ids) / self.tokens_per_s)
-        return self._plain(index, out, gen_id, model, want_lp, top, ids_field, fault, keepalive, prompt_ids, cached)
+        return self._plain(
+            index, out, gen_id, model, want_lp, top, ids_field, fault, keepalive, prompt_ids, cached, metadata
+        )
 
     def _plain(
         self,
@@ -604,6 +662,7 @@ class SimulatorServer:
         keepalive,
         prompt_ids=None,
         cached: int = 0,
+        metadata: dict | None = None,
     ):
         p = self.personality
         content = out.content if out.content is not None or p.null_content else ""
@@ -662,7 +721,7 @@ class SimulatorServer:
             "model": model,
             "provider": PROVIDER,
             "choices": [choice],
-            "usage": self._usage(index, out, cached),
+            "usage": self._usage(index, out, cached, prompt_ids),
         }
         if not p.provider_field:
             del body["provider"]
@@ -673,6 +732,8 @@ class SimulatorServer:
                 body["usage"]["prompt_tokens_details"] = None
         if prompt_ids is not None and p.ids == "vllm":
             body["prompt_token_ids"] = prompt_ids
+        if metadata is not None:
+            body["openrouter_metadata"] = metadata
         if fault == "done_early":  # a whole body that simply lacks a finish_reason
             choice["finish_reason"] = None
         data = _json(body)
@@ -762,6 +823,7 @@ class SimulatorServer:
         latency,
         prompt_ids=None,
         cached: int = 0,
+        metadata: dict | None = None,
     ) -> web.StreamResponse:
         if latency:
             await asyncio.sleep(latency)
@@ -814,12 +876,14 @@ class SimulatorServer:
             finish = dict(
                 head,
                 choices=[{"index": 0, "delta": {}, "finish_reason": self._finish(out)}],
-                usage=self._usage(index, out, cached),
+                usage=self._usage(index, out, cached, prompt_ids),
             )
             events.append((b"data: " + _json(finish) + b"\n\n", 0))
         else:
             events.append((chunk({}, finish=self._finish(out), extra=extra), 0))
-            usage = dict(head, choices=[], usage=self._usage(index, out, cached))
+            usage = dict(head, choices=[], usage=self._usage(index, out, cached, prompt_ids))
+            if metadata is not None:  # OpenRouter: on the final chunk
+                usage["openrouter_metadata"] = metadata
             events.append((b"data: " + _json(usage) + b"\n\n", 0))
         if p.done_marker:
             events.append((b"data: [DONE]\n\n", 0))
@@ -949,7 +1013,7 @@ class SimulatorServer:
         ]
         events += [event(delta, ids) for delta, ids in steps[:-1]]
         events.append(event(*steps[-1], finish=self._finish(out)))
-        usage = self._usage(index, out, cached)
+        usage = self._usage(index, out, cached, prompt_ids)
         if not cached:
             usage.pop("prompt_tokens_details", None)
         events.append(

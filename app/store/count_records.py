@@ -159,6 +159,9 @@ class RunCounts:
     first_at: float | None = None
     last_at: float | None = None
     conversations: ConversationCounts | None = None  # a run of whole conversations: each counted by how it stands
+    # samples with a server intervention (app.engine.interventions), in all and per kind (a sample may have several)
+    intervened: int = 0
+    interventions: tuple[tuple[str, int], ...] = ()
 
     @property
     def answered(self) -> int:

@@ -231,7 +231,10 @@ def _run_counts(conn: sqlite3.Connection, run_id: int) -> RunCounts:
         groups.setdefault((row.endpoint, row.provider), []).append(row)
     first, last = tallies.response_span(conn, run_id)
     conversations = conversation_counts(conn, run_id)
+    intervened, by_kind = intervention_counts(conn, run_id)
     return RunCounts(
+        intervened=intervened,
+        interventions=by_kind,
         samples=SampleStates(**state_counts(conn, run_id)),
         conversations=conversations if conversations.total else None,
         cost_usd=sum(t.cost_usd for t in responses),
@@ -250,6 +253,29 @@ def _run_counts(conn: sqlite3.Connection, run_id: int) -> RunCounts:
         first_at=first,
         last_at=last,
     )
+
+
+def intervention_counts(conn: sqlite3.Connection, run_id: int) -> tuple[int, tuple[tuple[str, int], ...]]:
+    """(samples with any server intervention, samples per intervention kind, by kind): the ledger's rows are few
+    (one per intervened answer's kind), read through their (run_id, kind) index."""
+    by_kind = conn.execute(
+        "SELECT kind, COUNT(DISTINCT sample_pk) FROM interventions WHERE run_id = ? GROUP BY kind ORDER BY kind",
+        (run_id,),
+    ).fetchall()
+    if not by_kind:
+        return 0, ()
+    total = conn.execute("SELECT COUNT(DISTINCT sample_pk) FROM interventions WHERE run_id = ?", (run_id,)).fetchone()
+    return int(total[0]), tuple((str(k), int(n)) for k, n in by_kind)
+
+
+def sample_interventions(conn: sqlite3.Connection, sample_pk: int) -> list[tuple[int | None, str, str]]:
+    """A sample's ledger of server interventions: (response id, kind, detail) in the order they were stored."""
+    return [
+        (r[0], str(r[1]), str(r[2]))
+        for r in conn.execute(
+            "SELECT response_id, kind, detail FROM interventions WHERE sample_pk = ? ORDER BY id", (sample_pk,)
+        )
+    ]
 
 
 def data_version(conn: sqlite3.Connection) -> int:
@@ -739,6 +765,7 @@ def sample_detail(
         strategy=rec[1] if rec else None,
         keep_raw=keep_raw,
         reference_ids=unpack_ids(reference),
+        interventions=tuple((kind, detail) for _, kind, detail in sample_interventions(conn, pk)),
     )
     if response is None:
         return SampleDetail(**common, error=last_error)

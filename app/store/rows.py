@@ -535,6 +535,8 @@ class SampleDetail:
     reference_ids: tuple[int, ...] | None = None
     raw: str | None = None  # responses.raw, when the run keeps raw bodies
     keep_raw: bool = False  # the run's config asks for raw bodies ([run] keep_raw)
+    # what servers did to the sample's stored answers that the model did not: (kind, detail), app.engine.interventions
+    interventions: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

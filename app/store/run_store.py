@@ -421,6 +421,13 @@ class RunStore:
             assert response_id is not None  # an INSERT sets it
             if rec_row is not None:
                 conn.execute(rows.UPSERT_RECONSTRUCTION, rows.encode_reconstruction(rec_row, response_id=response_id))
+            if completion.interventions:
+                now = time.time()
+                conn.executemany(
+                    "INSERT INTO interventions (run_id, sample_pk, response_id, kind, detail, created_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    [(run_id, pk, response_id, i.kind, i.detail, now) for i in completion.interventions],
+                )
             turn = conn.execute(
                 "UPDATE samples SET state = ?, lease_expires = NULL, lease_owner = NULL, error_class = ?, "
                 "last_error = ?, tries = MAX(tries, ?), updated_at = ? WHERE pk = ? AND run_id = ? "

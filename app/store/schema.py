@@ -691,5 +691,24 @@ ALTER TABLE samples ADD COLUMN category TEXT;
 ALTER TABLE samples ADD COLUMN language TEXT;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9)
+# v10, the intervention ledger: one row per thing a server did to a stored answer that the model did not (issue 31:
+# OpenRouter's context compression, provider fallback and response healing as its metadata reports them; vLLM's
+# thinking-budget stop, a prompt cut or counted otherwise, a repetition stop, as measured: app.engine.interventions).
+# `kind` is one of app.engine.interventions.KINDS, `detail` a sentence; the sample's reconstruction carries the flag
+# `intervened:<kind>` too, which is what the export reads. Older databases hold no rows: nothing was recorded then.
+_V10 = """
+CREATE TABLE interventions (
+    id          INTEGER PRIMARY KEY,
+    run_id      INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    sample_pk   INTEGER NOT NULL REFERENCES samples(pk) ON DELETE CASCADE,
+    response_id INTEGER REFERENCES responses(id) ON DELETE CASCADE,
+    kind        TEXT NOT NULL,
+    detail      TEXT NOT NULL DEFAULT '',
+    created_at  REAL NOT NULL
+);
+CREATE INDEX interventions_sample ON interventions (sample_pk);
+CREATE INDEX interventions_run_kind ON interventions (run_id, kind);
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)
 SCHEMA_VERSION = len(MIGRATIONS)

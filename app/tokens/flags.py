@@ -65,6 +65,10 @@ SUSPECT_FLAGS = (
     *(UNINVERTIBLE + s for s in STEPS),
 )
 
+# ---- server interventions (app.engine.interventions) ------------------------------------------------------
+INTERVENED = "intervened:"  # + a kind of app.engine.interventions.KINDS: the server did something the model did not
+# (the export leaves such samples out unless --keep-intervened; they are not "suspect": the ids may be the server's)
+
 # ---- informational --------------------------------------------------------------------------------------
 TEXT_PATH = "text_path:"  # + the verdict of the text-only rebuild against the true ids of this sample
 

@@ -32,6 +32,9 @@ class PromptCheck:
     rendered_len: int = 0
     server_id: int | None = None
     rendered_id: int | None = None
+    # the server's ids are a shorter head or tail of the rendered ones: the server cut the prompt (vLLM's
+    # truncate_prompt_tokens keeps the tail), not another template (app.engine.interventions)
+    cut: bool = False
 
     @property
     def agrees(self) -> bool:
@@ -58,7 +61,8 @@ def compare_prompt_ids(server_ids: Sequence[int] | None, rendered_ids: Sequence[
     n = len(server_ids)
     for k in range(min(n, rendered_len)):
         if server_ids[k] != rendered_ids[k]:
-            return PromptCheck("differ", k, n, rendered_len, server_ids[k], rendered_ids[k])
+            tail = 0 < n < rendered_len and list(server_ids) == list(rendered_ids[rendered_len - n :])
+            return PromptCheck("differ", k, n, rendered_len, server_ids[k], rendered_ids[k], cut=tail)
     if n != rendered_len:
         k = min(n, rendered_len)
         return PromptCheck(
@@ -68,6 +72,7 @@ def compare_prompt_ids(server_ids: Sequence[int] | None, rendered_ids: Sequence[
             rendered_len,
             server_ids[k] if k < n else None,
             rendered_ids[k] if k < rendered_len else None,
+            cut=n < rendered_len,  # a head of the rendered ids
         )
     return PromptCheck("agree", None, n, rendered_len)
 

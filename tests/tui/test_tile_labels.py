@@ -47,6 +47,8 @@ DEMANDING = replace(
     counts=replace(
         COUNTS,
         answers=ANSWERS,
+        intervened=5,
+        interventions=(("context_compression", 2), ("provider_fallback", 1), ("thinking_budget", 2)),
         errors_by_class=(("429", 57), ("5xx", 12), ("stream", 3), ("timeout", 1)),
         retried=70,
         endpoints=(
@@ -107,7 +109,15 @@ LIVE_ITEMS = {
         ("verified 312",),
         ("match 98.7% n=312",),
     ],
-    "errors": [("429 57",), ("5xx 12",), ("stream 3",), ("timeout 1",), ("failed 12",), ("retried 70",)],
+    "errors": [
+        ("429 57",),
+        ("5xx 12",),
+        ("stream 3",),
+        ("timeout 1",),
+        ("interv 5",),  # samples a server intervened on (by kind where the tile is wide enough)
+        ("failed 12",),
+        ("retried 70",),
+    ],
 }
 FINISHED_ITEMS = {
     "throughput": [("avg tok/s 546",), ("avg req/s 2.7",), ("p95 6.4s", "p95 6.4 s"), ("leased 8",)],

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from app.engine.fidelity import quality
-from app.records import Completion, Reconstruction, Verdict, positional_builder
+from app.records import Completion, Intervention, Reconstruction, Verdict, positional_builder
 from app.tokens import Reconstructor
 from app.tokens import flags as fl
 
@@ -75,6 +75,8 @@ class Rebuilt:
     measured: str | None = None
     prompt_check: PromptCheck | None = None
     observed: FidelityProfile | None = None  # what this probe showed of the endpoint's text steps
+    # the answer's ledger of server interventions (app.engine.interventions): reported and measured
+    interventions: tuple[Intervention, ...] = ()
 
 
 class Rebuilder:
@@ -136,7 +138,7 @@ class Rebuilder:
 
             check = check_prompt(self.tokenizer, self.profile, messages, tools, completion.prompt_token_ids)
         if not measure:
-            return _rebuilt(rec, verdict, None, check, None)
+            return _rebuilt(rec, verdict, None, check, None, ())
         from app.tokens.fidelity_profile import learn
         from app.tokens.reconstruct import REGIONS_FROM_TEXT
 

@@ -80,6 +80,12 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
     ("trunc", "truncated: stopped at max_tokens (no end-of-turn; the export leaves it out unless asked)"),
     ("no ref", "no reference to judge the ids against"),
     ("suspect", "rebuilt from text with a sign it may not be the model's ids (left out of exports)"),
+    (
+        "interv (cmp fb healed think prompt repeat)",
+        "samples a server intervened on, by kind (cmp: prompt compressed, fb: another provider answered, healed: "
+        "the answer rewritten, think: a thinking budget closed the reasoning, prompt: the prompt cut or counted "
+        "otherwise, repeat: a repetition stop; left out of exports)",
+    ),
     ("verified", "true ids, the model's own: from the server or logprobs"),
     ("ref-checked", "checked against a reference: rebuilt from text and judged by a reference (its verdict above)"),
     ("unchecked", "rebuilt from text with neither true ids nor a reference"),
@@ -354,6 +360,38 @@ def reconstruction_lines(rec: RunRecord, width: int = 40, compact: bool = False)
     )
 
 
+# the tile's short words for the intervention kinds (app.engine.interventions.KINDS; GLOSSARY "interv")
+_KIND_SHORT = {
+    "context_compression": "cmp",
+    "provider_fallback": "fb",
+    "response_healing": "healed",
+    "thinking_budget": "think",
+    "prompt_truncated": "prompt",
+    "prompt_tokens_differ": "prompt",
+    "repetition_stop": "repeat",
+}
+
+
+def _intervention_items(intervened: int, by_kind: tuple[tuple[str, int], ...], width: int) -> list[str]:
+    """The errors tile's item for the samples a server intervened on: `interv 5 (cmp 2 think 3)`, or
+    `interv 5` where the kinds do not fit `width`; none with none."""
+    if not intervened:
+        return []
+    kinds: dict[str, int] = {}
+    for kind, n in by_kind:
+        word = _KIND_SHORT.get(kind, "other")
+        kinds[word] = kinds.get(word, 0) + n
+    detail = " ".join(f"{k} {fmt.count(n)}" for k, n in kinds.items())
+    return [
+        _fit(
+            width,
+            f"interv {intervened:,} ({detail})",
+            f"interv {fmt.count(intervened)} ({detail})",
+            f"interv {fmt.count(intervened)}",
+        )
+    ]
+
+
 CONVERSATION_LINES = 4  # the conversations tile: two lines of conversations, two of turns (fits the plot row)
 CONVERSATION_WIDTH = 42  # its lines' width (app.tcss gives the tile this much inside its border and padding)
 
@@ -412,17 +450,14 @@ def conversation_title(conv: ConversationCounts) -> str:
 
 
 def error_lines(rec: RunRecord, width: int = 40, compact: bool = False) -> tuple[str, ...]:
-    """Every class of failed request with its count, then failed samples and retried requests."""
+    """Every class of failed request with its count, then the samples a server intervened on (by kind where that
+    fits), failed samples and retried requests."""
     n = COMPACT_LINES if compact else FULL_LINES
     c = rec.counts
     failed, retried = f"failed {c.samples.failed:,}", f"retried {c.retried:,}"
-    tail = (
-        [f"{failed} · {retried}"]
-        if len(f"{failed} · {retried}") <= width
-        else [f"{failed} {retried}"]
-        if len(f"{failed} {retried}") <= width
-        else [failed, retried]
-    )
+    # failed samples, the samples a server intervened on and retried requests, in as few lines as they go
+    items = [failed, *_intervention_items(c.intervened, c.interventions, width), retried]
+    tail = min((_pack(items, width, len(items), sep) for sep in (" · ", " ")), key=len)
     if not c.errors_by_class:
         return _lines(["none", *tail], n)
     ranked = sorted(c.errors_by_class, key=lambda item: (-item[1], item[0]))

@@ -42,6 +42,12 @@ def detail_text(detail: SampleDetail, raw: bool) -> Text:
         f" · latency {fmt.ms(detail.latency_ms)} · ttft {fmt.ms(detail.ttft_ms)}"
     )
     section(f"sample {detail.sample_id}", summary)
+    if detail.interventions:  # tokens the model did not sample, or a prompt it did not see: left out of exports
+        section(
+            "server interventions",
+            "\n".join(f"{kind}: {text}" for kind, text in detail.interventions)
+            + "\n(left out of exports unless --keep-intervened)",
+        )
     if detail.error:
         section("last error", detail.error)
     prompt = "\n".join(
