@@ -120,7 +120,7 @@ class _Progress:
 
     def update(self, p) -> None:  # noqa: ANN001
         self._last = (p.done, p.failed, p.total)
-        if self._bar is not None:
+        if self._bar is not None and self._task is not None:
             self._bar.update(self._task, completed=p.done + p.failed, total=p.total, failed=p.failed)
 
     def say(self, message: str) -> None:
