@@ -167,3 +167,16 @@ async def _main(argv: list[str]) -> int:
     import asyncio
 
     return await asyncio.to_thread(main, argv)
+
+
+@pytest.mark.parametrize("spec_server", [(0.0, 0.0, 0.0)], indirect=True)
+async def test_status_shows_an_eval_runs_headline(spec_server, tmp_path, capsys) -> None:
+    config = write_config(tmp_path, spec_server.base_url)
+    assert await _main(["eval", "--headless", str(config)]) == 0
+    capsys.readouterr()
+    assert await _main(["status", "--db", str(tmp_path / "e.db"), "--json"]) == 0
+    (run,) = json.loads(capsys.readouterr().out)["runs"]
+    assert run["kind"] == "eval" and run["eval"]["drafter"] == "test/drafter-1"
+    assert run["eval"]["mean_acceptance_length"] == 1.0 and run["eval"]["verdicts"] == ["dead drafter"]
+    assert await _main(["status", "--db", str(tmp_path / "e.db")]) == 0
+    assert "eval of test/drafter-1: mean acceptance length 1.0" in capsys.readouterr().out
