@@ -36,6 +36,8 @@ VERBS: dict[str, str] = {
     "vocab": "the reduced draft vocabulary (d2t/t2d, token_freq.pt) from the loss tokens, with its coverage",
     "extract": "launch hidden-state extraction jobs on local GPUs or Slurm (--dry-run plans without a GPU)",
     "jobs": "list extraction jobs and their shards",
+    "eval": "evaluate a served drafter on a run config's prompts: acceptance as the server reports it, with guards",
+    "eval-report": "an eval run's report: acceptance lengths with intervals, per position, verdicts (--json)",
     "simulate": "run the OpenAI-compatible provider simulator on its own",
     "config": "validate a run config and print the effective configuration (secrets redacted)",
 }
@@ -67,7 +69,7 @@ def build_parser(verb: str | None) -> argparse.ArgumentParser:
         if name != verb:
             sub.add_parser(name, help=summary)
             continue
-        module = importlib.import_module(f"app.commands.{name}")
+        module = importlib.import_module(f"app.commands.{name.replace('-', '_')}")
         p = sub.add_parser(
             name,
             help=summary,

@@ -324,6 +324,11 @@ class SimulatorOptions(_Section):
     batch_slots: int = Field(
         0, ge=0, description="Queueing server: requests run at once, the rest wait (never 429; 0 = off)."
     )
+    spec_acceptance: list[Annotated[float, Field(ge=0, le=1)]] = Field(
+        default_factory=list,
+        description="Speculative decoding (vllm personality): the chance draft position k is accepted given k-1 "
+        "were; one entry per draft token. Each answer then carries `metrics.speculative_decoding` (empty: none).",
+    )
 
     @field_validator("faults")
     @classmethod
@@ -587,6 +592,43 @@ class ExportSection(_Section):
     keep_eval_overlap: bool = Field(False, description="Keep (but still count) training rows equal to an eval prompt.")
 
 
+class EvalSection(_Section):
+    """[eval]: what only `eaglewatch eval` needs (the prompts are the run's [data] datasets)."""
+
+    drafter: str = Field(
+        "", description="The drafter's identity (checkpoint name or path) recorded with the run; required for eval."
+    )
+    endpoints: list[Name] = Field(
+        default_factory=list,
+        description="Endpoints serving the target with the drafter (default: every endpoint but `baseline`).",
+    )
+    baseline: Name | None = Field(
+        None, description="An endpoint serving the target without a drafter, for speedup (optional; not averaged)."
+    )
+    num_draft_tokens: int = Field(
+        3, gt=0, description="Draft tokens per step the server was started with (per-position figures use it)."
+    )
+    temperature: float = Field(0.0, ge=0, le=2, description="Sampling temperature of the eval requests.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass of the eval requests.")
+    top_k: int | None = Field(None, gt=0, description="Top-k of the eval requests (None: the server's default).")
+    max_tokens: int = Field(256, gt=0, description="Completion token cap per eval request.")
+    thinking: bool | None = Field(
+        None, description="chat_template_kwargs.enable_thinking sent with each request (None: not sent)."
+    )
+    dead_below: float = Field(
+        1.1, gt=1, description="Mean acceptance length at or below which the drafter is called dead."
+    )
+    dead_after: int = Field(20, gt=0, description="Requests with acceptance figures before `dead drafter` is said.")
+    loop_min_repeat: int = Field(
+        8, ge=2, description="Fewest tokens repeating a cycle (period <= 64) before an output counts as a loop."
+    )
+    loop_share: float = Field(
+        0.5, gt=0, le=1, description="Share of an output that the repeated cycle must cover to make it a loop."
+    )
+    bootstrap: int = Field(1000, ge=100, description="Bootstrap resamples of the 95 % confidence intervals.")
+    seed: int = Field(0, description="Seed of the bootstrap.")
+
+
 class RunConfig(_Section):
     """A whole run, as one TOML file describes it."""
 
@@ -601,6 +643,7 @@ class RunConfig(_Section):
     pricing: dict[str, Pricing] = Field(default_factory=dict, description='[pricing."<model>"] tables.')
     extraction: Extraction = Field(default_factory=dict, description="[extraction] section.")  # type: ignore[assignment]
     export: ExportSection = Field(default_factory=dict, description="[export] section.")  # type: ignore[assignment]
+    eval: EvalSection | None = Field(None, description="[eval] section (only `eaglewatch eval` reads it).")
 
     _source: Path | None = PrivateAttr(default=None)
 
@@ -620,6 +663,35 @@ class RunConfig(_Section):
                 sim = ep.simulator.model_copy(update={"reference": self.data.reference})
                 object.__setattr__(ep, "simulator", sim)
         return self
+
+    @model_validator(mode="after")
+    def _eval_endpoints(self) -> RunConfig:
+        if self.eval is None:
+            return self
+        if not self.eval.drafter.strip():
+            raise ValueError("eval.drafter: name the drafter (its checkpoint name or path) so runs can be compared")
+        names = [ep.name for ep in self.endpoints]
+        for i, name in enumerate(self.eval.endpoints):
+            if name not in names:
+                raise ValueError(f"eval.endpoints[{i}]: no endpoint is called {name!r}; the endpoints are {names}")
+        if self.eval.baseline is not None:
+            if self.eval.baseline not in names:
+                raise ValueError(
+                    f"eval.baseline: no endpoint is called {self.eval.baseline!r}; the endpoints are {names}"
+                )
+            if self.eval.baseline in self.eval.endpoints:
+                raise ValueError(
+                    f"eval.baseline: {self.eval.baseline!r} is also in eval.endpoints; a baseline has no drafter"
+                )
+        if not self.eval_endpoints():
+            raise ValueError("eval: no endpoint serves a drafter; add an endpoint besides the baseline")
+        return self
+
+    def eval_endpoints(self) -> list[str]:
+        """The endpoints an eval measures the drafter on ([eval].endpoints, else all but the baseline)."""
+        if self.eval is None:
+            return []
+        return list(self.eval.endpoints) or [ep.name for ep in self.endpoints if ep.name != self.eval.baseline]
 
     @property
     def source(self) -> Path | None:

@@ -29,6 +29,8 @@ ALL_VERBS = (
     "vocab",
     "extract",
     "jobs",
+    "eval",
+    "eval-report",
     "simulate",
     "config",
 )

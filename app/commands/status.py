@@ -60,7 +60,7 @@ def run_status(conn: Any, run: Any) -> dict[str, Any]:
     beats, finished figures once nothing moves the run) as JSON-ready data, in the words every face uses."""
     from app.engine.record.reads import read_record
     from app.engine.record.snapshot import state_words
-    from app.store.queries import dataset_mix
+    from app.store.queries import dataset_mix, run_kind
 
     rec = read_record(conn, run.name)
     c, a = rec.counts, rec.counts.answers
@@ -110,8 +110,27 @@ def run_status(conn: Any, run: Any) -> dict[str, Any]:
         "engine": engine_status(conn, run, rec),
         "trust": [t.as_json() for t in rec.trust],
         "mix": [row.as_json() for row in dataset_mix(conn, run.id)],
+        "kind": run_kind(conn, run.id),
     }
+    if out["kind"] == "eval":
+        out["eval"] = eval_headline(conn, run)
     return out
+
+
+def eval_headline(conn: Any, run: Any) -> dict[str, Any]:
+    """An eval run's headline (`eaglewatch eval-report` has the whole report): the drafter, the overall mean
+    acceptance length (request-weighted, loops left out) with its interval, and the verdicts."""
+    from app.eval.report import stored_report
+
+    report = stored_report(conn, run)
+    fig = report["overall"]["figures"]
+    return {
+        "drafter": report["drafter"],
+        "requests": fig["requests"],
+        "mean_acceptance_length": fig["mean_acceptance_length"],
+        "mean_acceptance_length_ci95": fig["mean_acceptance_length_ci95"],
+        "verdicts": [v["verdict"] for v in report["verdicts"]],
+    }
 
 
 def conversations_status(conv: Any) -> dict[str, Any] | None:
@@ -303,6 +322,15 @@ def _print(report: dict[str, Any]) -> None:
         console.print(
             f"[b]{r['name']}[/b]  {r['words']}  {r['samples']} samples  {usd(r['cost_usd'])} spent", markup=True
         )
+        if r.get("eval"):
+            ev = r["eval"]
+            console.print(
+                f"eval of {ev['drafter']}: mean acceptance length {ev['mean_acceptance_length']} "
+                f"(95 % CI {ev['mean_acceptance_length_ci95']}) over {ev['requests']} requests"
+                + (f"; verdicts: {', '.join(ev['verdicts'])}" if ev["verdicts"] else "")
+                + "  (eaglewatch eval-report for the whole report)",
+                markup=False,
+            )
         if engine["state"] == "running":
             eta = "" if engine.get("eta_s") is None else f"  ETA {engine['eta_s']:.0f} s"
             console.print(

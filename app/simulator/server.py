@@ -255,6 +255,8 @@ class SimulatorServer:
         self.tokens_per_s = float(getattr(self.options, "tokens_per_s", 0) or 0)
         self.logprobs_enabled = bool(getattr(self.options, "logprobs", True)) and self.personality.logprobs
         self.report_cost = self.report_cost and self.personality.cost
+        self.spec_acceptance = tuple(float(x) for x in (getattr(self.options, "spec_acceptance", None) or ()))
+        self.spec_totals: collections.Counter[str] = collections.Counter()  # what /metrics would count
         self._cache: dict[tuple[int, int, bool, int], RenderedOutput] = {}
         self._interventions = {
             k: float(r) for k, r in (getattr(self.options, "interventions", None) or {}).items() if float(r) > 0
@@ -355,6 +357,45 @@ class SimulatorServer:
                 self._cache.clear()
             self._cache[key] = out
         return out
+
+    def _spec_metrics(self, index: int, out: RenderedOutput) -> dict | None:
+        """vLLM's per-request `metrics.speculative_decoding` (--per-request-spec-decode-metrics detailed) for an
+        answer of `out`'s length, drawn per sample from `spec_acceptance` (position k accepted with its chance
+        given k-1 were); None when the options give no acceptance (a server with drafting off). The same sample
+        always draws the same steps; the totals are kept in `spec_totals` like vLLM's Prometheus counters."""
+        if not self.spec_acceptance or not self.personality.vllm_wire:
+            return None
+        k = len(self.spec_acceptance)
+        rng = random.Random(hash((int(getattr(self.options, "seed", 0) or 0), index)) & 0xFFFFFFFF)
+        left = len(out.output_ids)
+        accepted_steps: list[int] = []
+        while left > 0:
+            n = 0
+            while n < k and rng.random() < self.spec_acceptance[n]:
+                n += 1
+            n = min(n, left - 1)  # each step emits its accepted drafts plus one token of the target's own
+            accepted_steps.append(n)
+            left -= n + 1
+        steps = len(accepted_steps)
+        accepted = sum(accepted_steps)
+        histogram = [0] * (k + 1)
+        for n in accepted_steps:
+            histogram[n] += 1
+        per_pos = [sum(1 for n in accepted_steps if n > j) for j in range(k)]
+        self.spec_totals.update(drafts=steps, draft_tokens=steps * k, accepted=accepted)
+        for j, c in enumerate(per_pos):
+            self.spec_totals[f"pos{j}"] += c
+        return {
+            "mean_acceptance_length": (1 + accepted / steps) if steps else 0.0,
+            "draft_acceptance_rate": accepted / (steps * k) if steps else 0.0,
+            "acceptance_histogram": histogram,
+            "num_spec_steps": steps,
+            "num_accepted_draft_tokens": accepted,
+            "num_draft_tokens": steps * k,
+            "num_spec_tokens": k,
+            "per_step_accepted": accepted_steps,
+            "per_step_drafted": [k] * steps,
+        }
 
     def _usage(self, index: int, out: RenderedOutput, cached: int = 0, prompt_ids: list | None = None) -> dict:
         """The answer's usage; a server that returns the prompt ids counts those (as vLLM and SGLang do), else the
@@ -734,6 +775,9 @@ class SimulatorServer:
             body["prompt_token_ids"] = prompt_ids
         if metadata is not None:
             body["openrouter_metadata"] = metadata
+        spec = self._spec_metrics(index, out)
+        if spec is not None:
+            body["metrics"] = {"speculative_decoding": spec}
         if fault == "done_early":  # a whole body that simply lacks a finish_reason
             choice["finish_reason"] = None
         data = _json(body)
@@ -1016,9 +1060,11 @@ class SimulatorServer:
         usage = self._usage(index, out, cached, prompt_ids)
         if not cached:
             usage.pop("prompt_tokens_details", None)
-        events.append(
-            (b"data: " + _json(dict(head, choices=[], system_fingerprint=VLLM_FINGERPRINT, usage=usage)) + b"\n\n", 0)
-        )
+        tail = dict(head, choices=[], system_fingerprint=VLLM_FINGERPRINT, usage=usage)
+        spec = self._spec_metrics(index, out)
+        if spec is not None:
+            tail["metrics"] = {"speculative_decoding": spec}
+        events.append((b"data: " + _json(tail) + b"\n\n", 0))
         events.append((b"data: [DONE]\n\n", 0))
         if fault in ("truncate", "stream_error", "malformed"):
             events = events[: max(1, (len(events) - 2) // 2)]

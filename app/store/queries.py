@@ -48,10 +48,12 @@ from app.store.count_records import (
 from app.store.db import connect_readonly
 from app.store.ids import unpack_ids
 from app.store.rows import (
+    EVAL_REQUEST_COLUMNS,
     RECONSTRUCTION_SELECT,
     RUN_SELECT,
     ConversationCounts,
     ConversationRow,
+    EvalRequestRow,
     EventRow,
     JobShardRow,
     JobSummary,
@@ -64,6 +66,7 @@ from app.store.rows import (
     TurnRow,
     conversation_status,
     decode_completion,
+    decode_eval_request,
     decode_reconstruction,
     decode_run,
     loads,
@@ -1099,3 +1102,22 @@ def dataset_mix(conn: sqlite3.Connection, run_id: int) -> tuple[MixRow, ...]:
 
 
 __all__ += ["MixRow", "dataset_mix", "mix_total"]
+
+
+# ============================================================================================== eval runs
+
+
+def run_kind(conn: sqlite3.Connection, run_id: int) -> str:
+    """'eval' or 'generate' (schema v11 (eval)'s `runs.kind`)."""
+    row = conn.execute("SELECT kind FROM runs WHERE id = ?", (run_id,)).fetchone()
+    return row[0] if row else "generate"
+
+
+def eval_requests(conn: sqlite3.Connection, run_id: int) -> list[EvalRequestRow]:
+    """Every stored request of an eval run, in the order they were answered."""
+    return [
+        decode_eval_request(r)
+        for r in conn.execute(
+            f"SELECT {EVAL_REQUEST_COLUMNS} FROM eval_requests WHERE run_id = ? ORDER BY id", (run_id,)
+        )
+    ]

@@ -673,3 +673,99 @@ def conversation_status(states: Sequence[tuple[int, str, str | None]]) -> tuple[
             return ("not_started" if turn == 1 else "ready"), turn
     last = states[-1][0] if states else 0
     return "done", last
+
+
+# ============================================================================================== eval requests
+
+
+@dataclass(frozen=True, slots=True)
+class EvalRequestRow:
+    """One answered eval request (`eval_requests`, schema v11 (eval)). `spec_source` None: the server reported no
+    acceptance (the figures are None, never zero). `per_position[k]`: steps whose draft position k was accepted."""
+
+    run_id: int
+    sample_pk: int
+    endpoint: str
+    drafter: str | None = None
+    category: str | None = None
+    error: str | None = None
+    output_ids: tuple[int, ...] = ()
+    completion_tokens: int = 0
+    ttft_ms: float | None = None
+    itl_ms: float | None = None
+    latency_ms: float | None = None
+    tokens_per_s: float | None = None
+    spec_source: str | None = None
+    spec: dict[str, Any] | None = None
+    accepted: int | None = None
+    drafted: int | None = None
+    steps: int | None = None
+    per_position: tuple[int, ...] | None = None
+    loop: bool = False
+    sampling: dict[str, Any] = field(default_factory=dict)
+    created_at: float = 0.0
+
+
+EVAL_REQUEST_COLUMNS = (
+    "run_id, sample_pk, endpoint, drafter, category, error, output_ids, completion_tokens, ttft_ms, itl_ms, "
+    "latency_ms, tokens_per_s, spec_source, spec, accepted, drafted, steps, per_position, loop, sampling, created_at"
+)
+
+
+def encode_eval_request(row: EvalRequestRow) -> tuple[Any, ...]:
+    """The parameters of an `eval_requests` insert, in EVAL_REQUEST_COLUMNS order (RowError on a bad value)."""
+
+    def count(value: int | None, column: str) -> int | None:
+        return None if value is None else _count(value, column)
+
+    return (
+        row.run_id,
+        row.sample_pk,
+        _text(row.endpoint, "endpoint"),
+        _text(row.drafter, "drafter"),
+        _text(row.category, "category"),
+        _text(clean_text(row.error) if row.error is not None else None, "error"),
+        _ids(row.output_ids, "output_ids"),
+        _count(row.completion_tokens, "completion_tokens"),
+        _real(row.ttft_ms, "ttft_ms", nullable=True),
+        _real(row.itl_ms, "itl_ms", nullable=True),
+        _real(row.latency_ms, "latency_ms", nullable=True),
+        _real(row.tokens_per_s, "tokens_per_s", nullable=True),
+        row.spec_source,
+        _json(row.spec, "spec") if row.spec is not None else None,
+        count(row.accepted, "accepted"),
+        count(row.drafted, "drafted"),
+        count(row.steps, "steps"),
+        _json(list(row.per_position), "per_position") if row.per_position is not None else None,
+        int(row.loop),
+        _json(row.sampling, "sampling"),
+        row.created_at or time.time(),
+    )
+
+
+def decode_eval_request(r: Sequence[Any]) -> EvalRequestRow:
+    """An EvalRequestRow from a row selected with EVAL_REQUEST_COLUMNS."""
+    per_position = loads(r[17])
+    return EvalRequestRow(
+        run_id=r[0],
+        sample_pk=r[1],
+        endpoint=r[2],
+        drafter=r[3],
+        category=r[4],
+        error=r[5],
+        output_ids=unpack_ids(r[6]) or (),
+        completion_tokens=r[7],
+        ttft_ms=r[8],
+        itl_ms=r[9],
+        latency_ms=r[10],
+        tokens_per_s=r[11],
+        spec_source=r[12],
+        spec=loads(r[13]),
+        accepted=r[14],
+        drafted=r[15],
+        steps=r[16],
+        per_position=tuple(per_position) if per_position is not None else None,
+        loop=bool(r[18]),
+        sampling=loads(r[19], {}),
+        created_at=r[20],
+    )

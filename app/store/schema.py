@@ -710,5 +710,47 @@ CREATE INDEX interventions_sample ON interventions (sample_pk);
 CREATE INDEX interventions_run_kind ON interventions (run_id, kind);
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10)
+
+def _v11_eval() -> str:
+    """v11 (eval): the eval run kind (`eaglewatch eval`), self-contained so renumbering it is one line.
+
+    `runs.kind` tells a generation run from an eval run; `eval_requests` holds one row per answered eval request:
+    the server's acceptance figures as it gave them (`spec` JSON, `spec_source` vllm | sglang, NULL when the
+    server gave none: never a zero), their totals (accepted draft tokens, draft tokens, steps), the per-position
+    accepted counts (JSON list), output ids (packed uint32), TTFT / ITL / tokens/s, whether the output is a
+    repetition loop, and the sampling sent. A failed request keeps its error and no figures.
+    """
+    return """
+ALTER TABLE runs ADD COLUMN kind TEXT NOT NULL DEFAULT 'generate';
+
+CREATE TABLE eval_requests (
+    id              INTEGER PRIMARY KEY,
+    run_id          INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    sample_pk       INTEGER NOT NULL REFERENCES samples(pk) ON DELETE CASCADE,
+    endpoint        TEXT NOT NULL,
+    drafter         TEXT,                          -- NULL on the baseline endpoint
+    category        TEXT,
+    error           TEXT,                          -- set for a failed request (no figures then)
+    output_ids      BLOB,
+    completion_tokens INTEGER NOT NULL DEFAULT 0,
+    ttft_ms         REAL,
+    itl_ms          REAL,                          -- mean inter-token latency after the first token
+    latency_ms      REAL,
+    tokens_per_s    REAL,
+    spec_source     TEXT,                          -- vllm | sglang | NULL (the server reported no acceptance)
+    spec            TEXT,                          -- the server's figures as given (JSON)
+    accepted        INTEGER,
+    drafted         INTEGER,
+    steps           INTEGER,
+    per_position    TEXT,                          -- JSON list: steps whose draft position k was accepted
+    loop            INTEGER NOT NULL DEFAULT 0,    -- the output is caught in a repeated n-gram cycle
+    sampling        TEXT,                          -- JSON of the sampling sent
+    created_at      REAL NOT NULL,
+    UNIQUE (run_id, sample_pk, endpoint)
+);
+CREATE INDEX eval_requests_run ON eval_requests (run_id, endpoint, id);
+"""
+
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _v11_eval())
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -208,6 +208,15 @@ def vllm_server(vllm_model_dir):
         models = httpx.get(running.rstrip("/") + "/models", timeout=10).json()
         yield running.rstrip("/"), models["data"][0]["id"]
         return
+    yield from start_vllm(
+        vllm_model_dir, ["--reasoning-parser", "qwen3", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    )
+
+
+def start_vllm(vllm_model_dir: Path, more: list[str]):
+    """Start a real vLLM (CPU, fp32, eager) over `vllm_model_dir` with the arguments `more` on loopback; yield
+    (base_url, served model name); stop its process group and remove its scratch. Skips (fails under
+    EAGLEWATCH_REQUIRE_VLLM) without a vLLM environment."""
     python = vllm_python()
     if python is None or not os.path.exists(python):
         message = (
@@ -254,11 +263,7 @@ def vllm_server(vllm_model_dir):
         str(VLLM_MAX_MODEL_LEN),
         "--max-num-seqs",
         str(VLLM_MAX_NUM_SEQS),
-        "--reasoning-parser",
-        "qwen3",
-        "--enable-auto-tool-choice",
-        "--tool-call-parser",
-        "hermes",
+        *more,
     ]
     started = time.monotonic()
     with open(log, "wb") as out:

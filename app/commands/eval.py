@@ -1,0 +1,136 @@
+"""`eaglewatch eval`: evaluate a served drafter on a run config's prompts, every answer stored in the run database.
+
+The config is a run config with an `[eval]` table (docs/config-reference.md). Each prompt goes to each eval
+endpoint (and the baseline); the server's acceptance figures are stored as given, then the report is printed
+(figures, intervals, verdicts). The eval runs headless (progress on stderr); the monitor does not show eval runs
+yet. Exit codes: 0 done; 1 some requests failed; 2 bad input; 4 `--min-acceptance` not met (`EXIT_BELOW_MIN`).
+A run that stopped resumes with the requests not answered yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+EXIT_BELOW_MIN = 4
+
+EXAMPLE = """\
+eaglewatch eval --headless eval.toml
+eaglewatch eval --headless eval.toml --min-acceptance 1.8 --json > report.json
+eaglewatch eval-report --db eaglewatch.db --run my-eval"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", type=Path, help="run config (TOML) with an [eval] table")
+    parser.add_argument("--headless", action="store_true", help="progress on stderr (the only mode for now)")
+    parser.add_argument("--db", type=Path, metavar="PATH", help="run database (default: the config's run.database)")
+    parser.add_argument("--run", dest="run_name", metavar="NAME", help="run name (default: the config's run.name)")
+    add_gate_arguments(parser)
+
+
+def add_gate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    parser.add_argument(
+        "--min-acceptance",
+        type=float,
+        metavar="X",
+        help=f"exit {EXIT_BELOW_MIN} when the mean acceptance length (request-weighted, loops left out) is below X",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from app.config import apply_overrides, load_config
+    from app.eval.run import EvalRun
+
+    config = load_config(args.config)
+    overrides: dict = {}
+    if args.db is not None:
+        overrides["run.database"] = str(args.db.resolve())
+    if args.run_name:
+        overrides["run.name"] = args.run_name
+    if overrides:
+        config = apply_overrides(config, overrides)
+    progress = _Progress()
+    engine = EvalRun(config, on_progress=progress.update, on_notice=lambda m: progress.say(f"warning: {m}"))
+    try:
+        asyncio.run(engine.run())
+    finally:
+        progress.stop()
+    code = print_report(config.run.database, config.run.name, args)
+    if code == 0 and engine.progress.failed:
+        print(
+            f"eaglewatch eval: {engine.progress.failed} requests failed (their errors are stored); run it again to "
+            "retry them",
+            file=sys.stderr,
+        )
+        return 1
+    return code
+
+
+def print_report(db: Path, run_name: str | None, args: argparse.Namespace) -> int:
+    """Print the stored report of an eval run; the gate's exit code."""
+    from app.eval.figures import gate, render_text
+    from app.eval.report import stored_report
+    from app.store import queries
+
+    conn = queries.connect_readonly(db, upgrade=True)
+    try:
+        run = queries.resolve_run(conn, run_name, db_label=str(db))
+        report = stored_report(conn, run)
+    finally:
+        conn.close()
+    failure = None if args.min_acceptance is None else gate(report, args.min_acceptance)
+    report["gate"] = (
+        None if args.min_acceptance is None else {"min_acceptance": args.min_acceptance, "failure": failure}
+    )
+    if args.json:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    else:
+        sys.stdout.write(render_text(report) + "\n")
+    if failure is not None:
+        print(f"eaglewatch: gate failed: {failure}", file=sys.stderr)
+        return EXIT_BELOW_MIN
+    return 0
+
+
+class _Progress:
+    """A rich progress bar on stderr (on a terminal), else a line at the end."""
+
+    def __init__(self) -> None:
+        self._bar = None
+        self._task = None
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(
+                TextColumn("eval"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[failed]} failed"),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+            )
+            self._bar.start()
+            self._task = self._bar.add_task("eval", total=None, failed=0)
+        self._last = (0, 0, 0)
+
+    def update(self, p) -> None:  # noqa: ANN001
+        self._last = (p.done, p.failed, p.total)
+        if self._bar is not None and self._task is not None:
+            self._bar.update(self._task, completed=p.done + p.failed, total=p.total, failed=p.failed)
+
+    def say(self, message: str) -> None:
+        if self._bar is not None:
+            self._bar.console.print(message)
+        else:
+            print(message, file=sys.stderr)
+
+    def stop(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+        done, failed, total = self._last
+        print(f"eval: {done} answered, {failed} failed of {total} requests", file=sys.stderr)

@@ -1,0 +1,240 @@
+"""The eval engine: a run config's prompts driven at the endpoints' capacity, every answer stored with the
+server's acceptance figures as given.
+
+It reuses the generation engine's pieces rather than being a second program: the prompts are ingested into the
+run's `samples` by `app.engine.work.config_ingest` (resumable, checked at the boundary), the endpoints (clients,
+built-in simulators, their `AdaptiveLimit`s) come from `app.engine.capacity.endpoints`, retries from
+`app.providers.retry`, and every answer is one transaction through the one writer (`RunStore.write`,
+`app.store.eval_ops`). Each prompt goes to each eval endpoint (the drafter endpoints and the baseline); a run
+that stopped resumes with the pairs not answered yet.
+
+An endpoint whose first answer carries no acceptance figures is named at once (an event and the `on_notice`
+callback) with what to turn on; its requests are stored without figures and never averaged in as zero.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.config import RunConfig
+from app.engine.capacity.endpoints import Endpoint, close_endpoints, open_endpoints
+from app.engine.work.config_ingest import ingest_config
+from app.errors import InputError
+from app.eval.acceptance import VLLM_HINT, spec_figures
+from app.eval.figures import is_loop
+from app.providers.exceptions import ProviderError, RetryableError
+from app.providers.retry import RetryPolicy, with_retries
+from app.records import Completion
+from app.store import eval_ops
+from app.store.rows import EvalRequestRow
+from app.store.run_store import RunStore
+
+OVERLOAD_STATUSES = (429, 503, 529)
+
+
+@dataclass
+class EvalProgress:
+    """What a face shows while an eval runs."""
+
+    total: int = 0
+    done: int = 0
+    failed: int = 0
+    notices: list[str] = field(default_factory=list)
+
+
+def sampling_extra(config: RunConfig) -> dict[str, Any]:
+    """The request fields an eval sends: its own sampling, over the run's [generation] values."""
+    ev = config.eval
+    assert ev is not None
+    extra: dict[str, Any] = {"temperature": ev.temperature, "top_p": ev.top_p, "max_tokens": ev.max_tokens}
+    if ev.top_k is not None:
+        extra["top_k"] = ev.top_k
+    if ev.thinking is not None:
+        extra["chat_template_kwargs"] = {"enable_thinking": ev.thinking}
+    return extra
+
+
+def request_row(
+    run_id: int, work: eval_ops.EvalWork, endpoint: str, drafter: str | None, completion: Completion, config: RunConfig
+) -> EvalRequestRow:
+    """The stored row of one answer: ids, timings and the server's acceptance figures as given."""
+    ev = config.eval
+    assert ev is not None
+    ids = tuple(completion.token_ids or ())
+    n = len(ids) or completion.usage.completion_tokens
+    total_s = completion.total_s
+    ttft_s = completion.ttft_s
+    itl_ms = (total_s - ttft_s) * 1000 / (n - 1) if ttft_s is not None and n > 1 else None
+    spec = spec_figures(completion.raw)
+    return EvalRequestRow(
+        run_id=run_id,
+        sample_pk=work.sample_pk,
+        endpoint=endpoint,
+        drafter=drafter,
+        category=work.category,
+        output_ids=ids,
+        completion_tokens=n,
+        ttft_ms=None if ttft_s is None else ttft_s * 1000,
+        itl_ms=None if itl_ms is None else max(itl_ms, 0.0),
+        latency_ms=total_s * 1000,
+        tokens_per_s=n / total_s if total_s > 0 else None,
+        spec_source=None if spec is None else spec.source,
+        spec=None if spec is None else spec.spec,
+        accepted=None if spec is None else spec.accepted,
+        drafted=None if spec is None else spec.drafted,
+        steps=None if spec is None else spec.steps,
+        per_position=None if spec is None else spec.per_position,
+        loop=bool(ids) and is_loop(ids, min_repeat=ev.loop_min_repeat, share=ev.loop_share),
+        sampling=sampling_extra(config),
+        created_at=time.time(),
+    )
+
+
+class EvalRun:
+    """One eval run over `config` (which must have an [eval] table). `await run()` returns the run's id."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        *,
+        on_progress: Callable[[EvalProgress], None] | None = None,
+        on_notice: Callable[[str], None] | None = None,
+    ) -> None:
+        if config.eval is None:
+            raise InputError(
+                f"{config.source or 'the config'}: has no [eval] table; add one (at least `drafter = ...`) "
+                "to run an eval"
+            )
+        self.config = config
+        self.eval = config.eval
+        self.progress = EvalProgress()
+        self._on_progress = on_progress
+        self._on_notice = on_notice
+        self._checked: set[str] = set()
+        self.run_id = 0
+
+    async def _notice(self, store: RunStore, level: str, message: str) -> None:
+        self.progress.notices.append(message)
+        await store.add_event(self.run_id, level, "eval", message)
+        if self._on_notice is not None:
+            self._on_notice(message)
+
+    def _tick(self) -> None:
+        if self._on_progress is not None:
+            self._on_progress(self.progress)
+
+    async def run(self) -> int:
+        config = self.config
+        targets = config.eval_endpoints() + ([self.eval.baseline] if self.eval.baseline else [])
+        store = await RunStore.open(config.run.database)
+        try:
+            await ingest_config(store, config)
+            self.run_id = await store.ensure_run(config.run.name, config.redacted())
+            run_id = self.run_id
+            await store.write(lambda conn: eval_ops.mark_eval_run(conn, run_id))
+            work = await store.read(lambda conn: eval_ops.eval_work(conn, run_id, targets))
+            self.progress.total = len(work)
+            self._tick()
+            await store.set_run_state(run_id, "running")
+            endpoints = await open_endpoints(config, started=time.time())
+            try:
+                live = {ep.name: ep for ep in endpoints.items}
+                await asyncio.gather(
+                    *(self._drive(store, live[name], [w for w in work if w.endpoint == name]) for name in targets)
+                )
+            finally:
+                await close_endpoints(endpoints)
+            await store.set_run_state(
+                run_id,
+                "done" if self.progress.failed == 0 else "failed",
+                None if self.progress.failed == 0 else f"{self.progress.failed} requests failed",
+            )
+        except BaseException:
+            if self.run_id:
+                await store.set_run_state(
+                    self.run_id, "paused", "the eval stopped before its end; run it again to resume"
+                )
+            raise
+        finally:
+            await store.close()
+        return self.run_id
+
+    async def _drive(self, store: RunStore, ep: Endpoint, work: list[eval_ops.EvalWork]) -> None:
+        """Send `work` to one endpoint, as many at once as its adaptive limit allows."""
+        wake = asyncio.Event()
+        tasks: set[asyncio.Task[None]] = set()
+        drafter = None if ep.name == self.eval.baseline else self.eval.drafter
+        for item in work:
+            while not ep.limit.can_start(time.monotonic()):
+                wake.clear()
+                try:
+                    await asyncio.wait_for(wake.wait(), 0.05)
+                except TimeoutError:
+                    pass
+            ticket = ep.limit.take(time.monotonic())
+            task = asyncio.create_task(self._one(store, ep, item, drafter, ticket, wake))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*tasks)
+
+    async def _one(self, store, ep: Endpoint, item, drafter, ticket, wake: asyncio.Event) -> None:  # noqa: ANN001
+        config = self.config
+        policy = RetryPolicy(attempts=config.generation.attempts)
+        answered = False
+
+        def on_retry(_n: int, error: RetryableError, delay: float) -> None:
+            if error.status in OVERLOAD_STATUSES:
+                ep.limit.on_overload(time.monotonic(), error.retry_after_s, ticket=ticket)
+
+        try:
+            started = time.monotonic()
+            try:
+                completion = await with_retries(
+                    lambda: ep.client.complete(
+                        item.messages, item.tools, model=config.model.name, extra=sampling_extra(config)
+                    ),
+                    policy,
+                    on_retry=on_retry,
+                )
+            except ProviderError as exc:
+                ep.limit.mark_answered()
+                answered = True
+                row = EvalRequestRow(
+                    run_id=self.run_id,
+                    sample_pk=item.sample_pk,
+                    endpoint=ep.name,
+                    drafter=drafter,
+                    category=item.category,
+                    error=f"{type(exc).__name__}: {exc}",
+                    created_at=time.time(),
+                )
+                await store.write(lambda conn: eval_ops.record_eval_request(conn, row))
+                self.progress.failed += 1
+                return
+            ep.limit.mark_answered()
+            answered = True
+            ep.limit.on_success(
+                ticket=ticket, latency_s=completion.ttft_s or (time.monotonic() - started), now=time.monotonic()
+            )
+            row = request_row(self.run_id, item, ep.name, drafter, completion, config)
+            await store.write(lambda conn: eval_ops.record_eval_request(conn, row))
+            if ep.name not in self._checked:
+                self._checked.add(ep.name)
+                if drafter is not None and row.spec_source is None:
+                    await self._notice(
+                        store,
+                        "warning",
+                        f"{ep.name}: its first answer carries no acceptance figures (speculative decoding off, or "
+                        f"per-request metrics not enabled); its requests are stored without figures and never "
+                        f"averaged in as zero. To measure: {VLLM_HINT}",
+                    )
+            self.progress.done += 1
+        finally:
+            ep.limit.release(answered=answered)
+            wake.set()
+            self._tick()
