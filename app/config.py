@@ -132,9 +132,9 @@ class RunSection(_Section):
     keep_raw_max_bytes: int = Field(
         1_000_000, gt=0, description="A raw body larger than this is stored as a note of its size."
     )
-    rebuild_workers: Literal["auto"] | Annotated[int, Field(ge=0)] = Field(
+    reconstruct_workers: Literal["auto"] | Annotated[int, Field(ge=0)] = Field(
         "auto",
-        description="Where token ids are rebuilt: 0 = threads in the engine's process; N = N worker processes "
+        description="Where token ids are reconstructed: 0 = threads in the engine's process; N = N worker processes "
         "(off the event loop's core and GIL); auto = processes (one per spare core, at most 4) when the machine has "
         "2 or more cores, else threads. A worker that dies falls back to threads for the rest of the run.",
     )
@@ -268,7 +268,7 @@ def weighted_shares(total: int, weights: list[float]) -> list[int]:
 
 
 class ModelSection(_Section):
-    """[model]: the model as the provider knows it, and how to rebuild its token ids."""
+    """[model]: the model as the provider knows it, and how to reconstruct its token ids."""
 
     name: str = Field(min_length=1, description="Model name sent in requests (e.g. moonshotai/kimi-k2.5).")
     tokenizer: ConfigPath = Field(description="Tokenizer directory (tokenizer.json or tiktoken.model + config).")

@@ -1,7 +1,8 @@
 """The samples in flight: one task each, from its first request to its settled outcome.
 
 `Flights.start(flight)` runs one sample's task: `attempt.request_sample` (requests under the retry policy, the
-ids rebuilt in the `RebuildPool`), then `Settler.settle` (the one place a sample ends in the store), then the
+ids reconstructed in the `ReconstructionPool`), then `Settler.settle` (the one place a sample ends in the store), then
+the
 forecast told how it ended; for a conversation's turn with turns after it, what its end made of them
 (`WorkSource.after_turn`: the next turn ready, or the conversation ended) moves the counts and the forecast, and a
 ready turn is leased at once (`on_ready`). The task gives back its slot once the outcome is stored (before a
@@ -21,8 +22,8 @@ from collections.abc import Awaitable, Callable
 from app.engine.attempt import Flight, request_sample
 from app.engine.capacity.endpoints import Endpoint
 from app.engine.capacity.slots import EndpointSlots
-from app.engine.fidelity.pool import RebuildPool
-from app.engine.fidelity.verify import Rebuilt, Verifier, ask_twin
+from app.engine.fidelity.pool import ReconstructionPool
+from app.engine.fidelity.verify import Reconstructed, Verifier, ask_twin
 from app.engine.health.endpoint_health import EndpointGuard
 from app.engine.health.events import EventLog
 from app.engine.money.forecast import Forecast
@@ -49,7 +50,7 @@ class Flights:
         slots: EndpointSlots,
         policy: RetryPolicy,
         model: str,
-        pool: RebuildPool | None,
+        pool: ReconstructionPool | None,
         guard: EndpointGuard,
         verifier: Verifier,
         settler: Settler,
@@ -95,7 +96,7 @@ class Flights:
 
     def per_endpoint(self) -> tuple[list[int], list[int]]:
         """Per endpoint: requests on the wire (a slot held, no response yet) and samples waiting (to retry,
-        or with a response being rebuilt and stored), so the tile and the endpoint rows count the same."""
+        or with a response being reconstructed and stored), so the tile and the endpoint rows count the same."""
         wire = [0] * len(self._endpoints)
         waiting = [0] * len(self._endpoints)
         for f in self._tasks.values():
@@ -144,7 +145,7 @@ class Flights:
                 slots=self._slots,
                 policy=self._policy,
                 model=self._model,
-                reconstruct=self._rebuild,
+                reconstruct=self._reconstruct,
                 on_retry=self._on_retry,
                 request_extra=lambda index: self._verifier.request_extra(index, f.sample),
                 on_first_token=self._forecast.first_token,
@@ -209,20 +210,21 @@ class Flights:
         if follow.ready and self.on_ready is not None:
             self.on_ready()
 
-    async def _rebuild(self, completion: Completion, f: Flight) -> Rebuilt:
-        """The ids of one answer, rebuilt in the pool; a probe also asks the trusted twin (when the run has one and
+    async def _reconstruct(self, completion: Completion, f: Flight) -> Reconstructed:
+        """The ids of one answer, reconstructed in the pool; a probe also asks the trusted twin (when the run has one
+        and
         the answer carries no true ids) and teaches the verifier what the endpoint did to the text."""
         if self._pool is None:
-            return Rebuilt(None, None)
+            return Reconstructed(None, None)
         endpoint = self._endpoints[f.last].name
         twin = None
         if self._verifier.wants_twin(f.last, f.probe, completion):
             twin = await ask_twin(self._verifier, self._endpoints, f.sample, self._model)
-        rebuilt = await self._pool.rebuild(completion, f.sample, endpoint, f.probe, twin)
-        self._verifier.learn(endpoint, completion, rebuilt, f.probe)
+        reconstructed = await self._pool.reconstruct(completion, f.sample, endpoint, f.probe, twin)
+        self._verifier.learn(endpoint, completion, reconstructed, f.probe)
         for note in self._verifier.pending_notes():
             await self._events.add("warning", "fidelity", note)
-        return rebuilt
+        return reconstructed
 
     async def _on_retry(self, f: Flight, exc: RetryableError) -> None:
         self._forecast.resent(f)  # its output counts again from nothing

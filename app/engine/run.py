@@ -8,7 +8,8 @@ arguments: `RunState` (the run's state and why; `run_state`), `Ledger` (budget, 
 `scheduler`), the `Flights` (one task per sample: request, settle, forecast; `flights`), the `Settler` (the one
 place a sample ends; `settle`), `Steering` (pause, resume, concurrency, the commands table; `steering`), the
 `HeartbeatWriter` (`health.heartbeat`), `StoreHealth` (a store that refuses writes; `health.store_health`) and the
-`RebuildPool` (where ids are rebuilt; `fidelity.pool`). Five tasks run once started: the scheduler, the command
+`ReconstructionPool` (where ids are reconstructed; `fidelity.pool`). Five tasks run once started: the scheduler, the
+command
 poll, the lease keeper, the heartbeat and the endpoint guard's watch (`EndpointGuard.watch`: a dead endpoint).
 
 Crash safety comes from the store: a sample is `leased` until its result commits, and a SIGKILL loses at
@@ -38,10 +39,10 @@ from app.engine.capacity.endpoints import (
     total_limit,
 )
 from app.engine.capacity.slots import EndpointSlots
-from app.engine.fidelity.pool import RebuildPool, open_rebuilding
+from app.engine.fidelity.pool import ReconstructionPool, open_reconstruction_pool
 from app.engine.fidelity.quality import QualityDecision
 from app.engine.fidelity.reconstructor import CompletionReconstructor
-from app.engine.fidelity.verify import Rebuilder, Verifier, open_verification, save_profiles
+from app.engine.fidelity.verify import EndpointReconstructor, Verifier, open_verification, save_profiles
 from app.engine.flights import Flights
 from app.engine.health.endpoint_health import EndpointGuard, HealthBook
 from app.engine.health.events import EngineEvent, EventLog
@@ -102,7 +103,7 @@ class Run:
     ) -> None:
         self.config = config
         self.store = store
-        self.reconstructor = reconstructor  # None: the text is stored as is, no ids rebuilt
+        self.reconstructor = reconstructor  # None: the text is stored as is, no ids reconstructed
         self.db_path = Path(db_path or store.path or config.run.database)
         self.resume_paused = resume_paused
         self.policy = retry_policy or RetryPolicy(attempts=config.generation.attempts)
@@ -121,7 +122,7 @@ class Run:
         self._gate = StoreGate(self._store_changed)
         self.events = EventLog(store, self._gate)
         self._health = StoreHealth(state=self._state, events=self.events, db_path=self.db_path, wake=self._wake)
-        self._pool: RebuildPool | None = None
+        self._pool: ReconstructionPool | None = None
         self._live: _Started | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -163,8 +164,8 @@ class Run:
         return self._eps.items
 
     @property
-    def rebuild_pool(self) -> RebuildPool | None:
-        """Where rebuilds run (None: no reconstructor, or closed)."""
+    def reconstruction_pool(self) -> ReconstructionPool | None:
+        """Where reconstructions run (None: no reconstructor, or closed)."""
         return self._pool
 
     # ---- lifecycle -------------------------------------------------------------------------------
@@ -194,7 +195,7 @@ class Run:
         await self._ledger.quote_prices(cfg, self.endpoints, events.add)
         self._forecast.prices = self._ledger.budget.prices
         # the endpoints' servers identified, their prior, stored and (as probes come in) learned fidelity profiles
-        rebuilder, notes = await open_verification(
+        endpoint_reconstructor, notes = await open_verification(
             self._verifier, self.reconstructor, cfg, self.db_path, self.endpoints
         )
         for level, note in notes:
@@ -202,7 +203,11 @@ class Run:
         self._verifier.on_profile = self._on_profile
         # a pass-through (not a tokens Reconstructor, returned unwrapped) has nothing the pool could call: no pool,
         # the text is stored as is
-        self._pool = await open_rebuilding(rebuilder if isinstance(rebuilder, Rebuilder) else None, cfg, events.add)
+        self._pool = await open_reconstruction_pool(
+            endpoint_reconstructor if isinstance(endpoint_reconstructor, EndpointReconstructor) else None,
+            cfg,
+            events.add,
+        )
         self._live = live = self._wire(run_id)
         await self._save_profiles(list(self._verifier.profiles.values()))
         if stored_state == "paused" and not self.resume_paused:
@@ -402,7 +407,7 @@ class Run:
         await self.pause(reason=reason)
 
     def _on_profile(self, fp: FidelityProfile) -> None:
-        """A learned profile that changes what rebuilds do: to the rebuild workers (or threads) and the store."""
+        """A learned profile that changes what reconstructions do: to the reconstruction workers (or threads) and the store."""
         if self._pool is not None:
             self._pool.update_profile(fp)
         asyncio.get_running_loop().create_task(self._save_profiles([fp]))

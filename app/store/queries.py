@@ -11,7 +11,7 @@ The mismatch list (`mismatch_page`) has ONE set of sort orders (`MISMATCH_ORDERS
 - verdict: by category, then sample; keyset over the same index;
 - first_diff: earliest first difference first (rows without one last); the partial (run, first_diff) index;
 - n_diff: most tokens differing first; the (run, n_diff) index;
-- longest: most rebuilt tokens first; the (run, category, n_tokens) index (schema v5), one range per
+- longest: most reconstructed tokens first; the (run, category, n_tokens) index (schema v5), one range per
   verdict, pages turned by key like sample order.
 first_diff and n_diff read about offset + limit index entries. With a text filter, first_diff, n_diff and
 longest sort every match once and reuse that order for SORT_CACHE_S (a page is then a slice and a lookup).
@@ -898,7 +898,7 @@ SERIES_CHUNK = 250_000  # ids read per call at most (bounds one poll's cost whil
 @dataclass(frozen=True, slots=True)
 class SeriesBucket:
     """One 10 s bucket (`bucket` * SERIES_BUCKET_S is its unix start): output tokens and count of successful
-    responses, cost of every attempt, measured answers (true ids whose text-only rebuild was compared) and how
+    responses, cost of every attempt, measured answers (true ids whose text-only reconstruction was compared) and how
     many of them matched (the same text), and when
     its first and last attempts were stored (where a plot's time axis starts and, once the run ends, stops)."""
 

@@ -1,11 +1,13 @@
 """The engine's seam to the tokens package: what it needs of a reconstructor, and nothing it probes for.
 
-`CompletionReconstructor` is everything the engine calls on one: `process` (rebuild a response's ids and judge
-them), `measured_category` (the text-only rebuild's verdict category against true ids), and the `profile`, `tokenizer`
+`CompletionReconstructor` is everything the engine calls on one: `process` (reconstruct a response's ids and judge
+them), `measured_category` (the text-only reconstruction's verdict category against true ids), and the `profile`,
+`tokenizer`
 and `fidelity`
-profile it was built with (the engine's `app.engine.fidelity.verify.Rebuilder` builds one more per learned fidelity
+profile it was built with (the engine's `app.engine.fidelity.verify.EndpointReconstructor` builds one more per learned
+fidelity
 profile
-from them, and `app.engine.fidelity.pool.RebuildRecipe` rebuilds it in a worker process from the tokenizer's
+from them, and `app.engine.fidelity.pool.ReconstructorRecipe` reconstructs it in a worker process from the tokenizer's
 folder). `app.tokens.Reconstructor` is the implementation (`app.engine.fidelity.pool.build_reconstructor`); a Run
 given none stores text only.
 """
@@ -22,7 +24,7 @@ from app.tokens.tokenizer import Tokenizer
 
 
 class CompletionReconstructor(Protocol):
-    """What the engine needs to rebuild a response's token ids (`app.tokens.Reconstructor`)."""
+    """What the engine needs to reconstruct a response's token ids (`app.tokens.Reconstructor`)."""
 
     profile: Profile
     tokenizer: Tokenizer
@@ -31,9 +33,9 @@ class CompletionReconstructor(Protocol):
     def process(
         self, completion: Completion, reference_ids: Sequence[int] | None = None
     ) -> tuple[Reconstruction, Verdict]:
-        """Rebuild `completion`'s output ids and compare them with `reference_ids` (None: unchecked)."""
+        """Reconstruct `completion`'s output ids and compare them with `reference_ids` (None: unchecked)."""
         ...
 
     def measured_category(self, completion: Completion, true_ids: Sequence[int]) -> str:
-        """The verdict category of the text-only rebuild of `completion` against its true ids."""
+        """The verdict category of the text-only reconstruction of `completion` against its true ids."""
         ...
