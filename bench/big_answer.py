@@ -93,7 +93,8 @@ async def main() -> None:
     args = ap.parse_args()
     rows = [await one_round(args.mb, args.small, args.workers, lane) for lane in (False, True)]
     print(
-        f"| where the {args.mb:g} MB answer is reconstructed | last of {args.small} small reconstructions done | big one done |"
+        f"| where the {args.mb:g} MB answer is reconstructed | last of {args.small} small reconstructions done "
+        "| big one done |"
     )
     print("|---|---|---|")
     for r in rows:

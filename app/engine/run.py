@@ -407,7 +407,8 @@ class Run:
         await self.pause(reason=reason)
 
     def _on_profile(self, fp: FidelityProfile) -> None:
-        """A learned profile that changes what reconstructions do: to the reconstruction workers (or threads) and the store."""
+        """A learned profile that changes what reconstructions do: to the reconstruction workers (or threads) and
+        the store."""
         if self._pool is not None:
             self._pool.update_profile(fp)
         asyncio.get_running_loop().create_task(self._save_profiles([fp]))

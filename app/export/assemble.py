@@ -261,7 +261,8 @@ class Export:
         fp = self.tokenizer.fingerprint
         if reason is None and row.tokenizer_fingerprint and row.tokenizer_fingerprint != fp:
             raise InputError(
-                f"sample {row.sample_id!r}: its ids were reconstructed with tokenizer {row.tokenizer_fingerprint[:12]}, "
+                f"sample {row.sample_id!r}: its ids were reconstructed with tokenizer "
+                f"{row.tokenizer_fingerprint[:12]}, "
                 f"not {self.tok_dir} ({fp[:12]}); pass the run's tokenizer with --tokenizer, or "
                 "run `eaglewatch reprocess` with this one first"
             )

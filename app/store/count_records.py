@@ -91,7 +91,8 @@ class AnswerCounts:
 
     @property
     def measured_matched(self) -> int:
-        """Measured answers whose text-only reconstruction gave the same text (exact or benign): the match rate's numerator."""
+        """Measured answers whose text-only reconstruction gave the same text (exact or benign): the match rate's
+        numerator."""
         return self.measured_exact + self.measured_benign
 
     @property

@@ -332,7 +332,11 @@ def _layout_sentence(ref_marks: list[int], rec_marks: list[int], tokenizer: Toke
             )
     if len(ref_marks) > len(rec_marks):
         return (
-            f"structure: the reconstruction lacks {name(ref_marks[len(rec_marks)])} (special token #{len(rec_marks) + 1} of "
+            f"structure: the reconstruction lacks {name(ref_marks[len(rec_marks)])} "
+            f"(special token #{len(rec_marks) + 1} of "
             f"the reference)"
         )
-    return f"structure: the reconstruction has an extra {name(rec_marks[len(ref_marks)])} (special token #{len(ref_marks) + 1})"
+    return (
+        f"structure: the reconstruction has an extra {name(rec_marks[len(ref_marks)])} "
+        f"(special token #{len(ref_marks) + 1})"
+    )

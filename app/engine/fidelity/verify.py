@@ -112,7 +112,8 @@ class EndpointReconstructor:
         return self._by_key.get((endpoint, provider or "")) or self._by_key.get((endpoint, "")) or self._default
 
     def process(self, completion: Completion, reference_ids: Sequence[int] | None) -> tuple[Reconstruction, Verdict]:
-        """The plain reconstruction (no endpoint profile, no measurement): the engine's CompletionReconstructor contract."""
+        """The plain reconstruction (no endpoint profile, no measurement): the engine's CompletionReconstructor
+        contract."""
         return self._default.process(completion, reference_ids)
 
     def reconstruct(
