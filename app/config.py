@@ -157,8 +157,7 @@ class RunSection(_Section):
     def deprecated_notes(self) -> list[str]:
         """A sentence per old key name this section was written with (still accepted, deprecated)."""
         return [
-            f"[run] {old} is deprecated: it is the old name of {RENAMED_KEYS['run'][old]} (still accepted; "
-            f"rename it)"
+            f"[run] {old} is deprecated: it is the old name of {RENAMED_KEYS['run'][old]} (still accepted; rename it)"
             for old in self._old_names
         ]
 

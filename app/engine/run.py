@@ -9,8 +9,7 @@ arguments: `RunState` (the run's state and why; `run_state`), `Ledger` (budget, 
 place a sample ends; `settle`), `Steering` (pause, resume, concurrency, the commands table; `steering`), the
 `HeartbeatWriter` (`health.heartbeat`), `StoreHealth` (a store that refuses writes; `health.store_health`) and the
 `ReconstructionPool` (where ids are reconstructed; `fidelity.pool`). Five tasks run once started: the scheduler, the
-command
-poll, the lease keeper, the heartbeat and the endpoint guard's watch (`EndpointGuard.watch`: a dead endpoint).
+command poll, the lease keeper, the heartbeat and the endpoint guard's watch (`EndpointGuard.watch`: a dead endpoint).
 
 Crash safety comes from the store: a sample is `leased` until its result commits, and a SIGKILL loses at
 most the requests in flight (finished-but-unstored results hold their slot). Leases carry an owner
@@ -41,7 +40,6 @@ from app.engine.capacity.endpoints import (
 from app.engine.capacity.slots import EndpointSlots
 from app.engine.fidelity.pool import ReconstructionPool, open_reconstruction_pool
 from app.engine.fidelity.quality import QualityDecision
-from app.engine.fidelity.reconstructor import CompletionReconstructor
 from app.engine.fidelity.verify import EndpointReconstructor, Verifier, open_verification, save_profiles
 from app.engine.flights import Flights
 from app.engine.health.endpoint_health import EndpointGuard, HealthBook
@@ -66,6 +64,7 @@ from app.records import ErrorClass
 from app.store.count_records import RunCounts
 from app.store.run_store import RunStore, StoreWriteError
 from app.token_bucket import TokenBucket
+from app.tokens import Reconstructor
 from app.tokens.fidelity_profile import FidelityProfile
 
 CLOSE_GRACE_S = 30.0  # how long close() waits for finished results to be stored before giving them up
@@ -94,7 +93,7 @@ class Run:
         config: RunConfig,
         store: RunStore,
         *,
-        reconstructor: CompletionReconstructor | None = None,
+        reconstructor: Reconstructor | None = None,
         db_path: Path | None = None,
         resume_paused: bool = False,
         clients: Mapping[str, CompletionClient] | None = None,

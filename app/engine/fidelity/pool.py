@@ -55,7 +55,6 @@ from app.tokens import Reconstructor, get_profile, load_tokenizer
 
 if TYPE_CHECKING:  # types only: kept out of the worker processes' start
     from app.config import RunConfig
-    from app.engine.fidelity.reconstructor import CompletionReconstructor
     from app.tokens.fidelity_profile import FidelityProfile
     from app.tokens.profile import Profile
 
@@ -92,7 +91,7 @@ class ReconstructionSample(Protocol):
     def tools(self) -> list[Any] | None: ...
 
 
-def build_reconstructor(config: RunConfig) -> CompletionReconstructor:
+def build_reconstructor(config: RunConfig) -> Reconstructor:
     """The tokens package's Reconstructor for the config's tokenizer and profile (a tiktoken model gets the
     profile's pre-tokeniser pattern). A tokenizer that fails to load is an operator error."""
     profile = get_profile(config.model.profile)
@@ -100,7 +99,7 @@ def build_reconstructor(config: RunConfig) -> CompletionReconstructor:
 
 
 async def open_endpoint_reconstructor(
-    reconstructor: CompletionReconstructor, config: RunConfig, db_path: Path
+    reconstructor: Reconstructor, config: RunConfig, db_path: Path
 ) -> tuple[EndpointReconstructor, list[str]]:
     """An EndpointReconstructor over `reconstructor` with the stored fidelity profiles of the config's endpoints
     (app.store.profile_store), and one sentence per profile loaded: for reconstructions outside a run (benchmarks,

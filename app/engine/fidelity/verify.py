@@ -45,7 +45,6 @@ if TYPE_CHECKING:  # types only: a reconstruction worker process imports this mo
     from app.config import Endpoint as EndpointConfig
     from app.config import RunConfig
     from app.engine.capacity.endpoints import Endpoint
-    from app.engine.fidelity.reconstructor import CompletionReconstructor
     from app.store.profile_store import Measurement
     from app.store.run_store import RunStore
     from app.store.store_records import LeasedSample
@@ -84,7 +83,7 @@ class EndpointReconstructor:
     provider), the run's own for the rest. `set_profile` replaces one (the event loop thread does, between
     reconstructs: a dict item assignment, atomic for the reconstruction threads that read it)."""
 
-    def __init__(self, base: CompletionReconstructor, profiles: Iterable[FidelityProfile] = ()) -> None:
+    def __init__(self, base: Reconstructor, profiles: Iterable[FidelityProfile] = ()) -> None:
         self.profile, self.tokenizer = base.profile, base.tokenizer
         # measure=False: the engine measures probes only (measured_category), so the logprob path stays cheap
         self._default = Reconstructor(base.profile, base.tokenizer, base.fidelity, measure=False)
@@ -112,8 +111,7 @@ class EndpointReconstructor:
         return self._by_key.get((endpoint, provider or "")) or self._by_key.get((endpoint, "")) or self._default
 
     def process(self, completion: Completion, reference_ids: Sequence[int] | None) -> tuple[Reconstruction, Verdict]:
-        """The plain reconstruction (no endpoint profile, no measurement): the engine's CompletionReconstructor
-        contract."""
+        """The plain reconstruction (no endpoint profile, no measurement), as `app.tokens.Reconstructor.process`."""
         return self._default.process(completion, reference_ids)
 
     def reconstruct(
@@ -551,11 +549,11 @@ def _edge_counts(c: Counter, completion: Completion) -> None:
 
 async def open_verification(
     verifier: Verifier,
-    reconstructor: CompletionReconstructor | None,
+    reconstructor: Reconstructor | None,
     config: RunConfig,
     db_path: Path,
     endpoints: Sequence[Endpoint],
-) -> tuple[EndpointReconstructor | CompletionReconstructor | None, list[tuple[str, str]]]:
+) -> tuple[EndpointReconstructor | Reconstructor | None, list[tuple[str, str]]]:
     """Identify the endpoints' servers, give each its prior profile, load the stored profiles learned on this
     path, seed the verifier with the run's stored measurements, and wrap `reconstructor` in an EndpointReconstructor
     over
