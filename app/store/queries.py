@@ -76,6 +76,7 @@ __all__ = [
     "RunRow",
     "MismatchRow",
     "MismatchPage",
+    "MismatchQuery",
     "SampleDetail",
     "EventRow",
     "JobSummary",
@@ -499,25 +500,30 @@ def mismatch_count(
     ).fetchone()[0]
 
 
-def mismatch_page(
-    conn: sqlite3.Connection,
-    run_id: int,
-    verdicts: Iterable[str] | None = MISMATCH_VERDICTS,
-    text: str | None = None,
-    order: str = "sample",
-    offset: int = 0,
-    limit: int = 50,
-    *,
-    after: MismatchRow | None = None,
-    before: MismatchRow | None = None,
-    cache: SortCache | None = None,
-) -> MismatchPage:
-    """One page of reconstructions with the given verdicts (None: all), `text`-filtered, in `order`.
+@dataclass(frozen=True)
+class MismatchQuery:
+    """What one page of the mismatch list asks for: the filter (`verdicts`, None: all; `text`), the sort
+    (`order`, one of MISMATCH_ORDERS) and the page (`offset`, `limit`; with `after` / `before`, a row of the
+    neighbouring page, the sample / recent / verdict / longest orders turn pages by key and `offset` is only
+    reported back)."""
 
-    With `after` (`before`), a row of the neighbouring page, the sample / recent / verdict orders turn
-    pages by key and `offset` is only reported back; otherwise the page starts at `offset`. `cache` keeps
-    sorted orders between calls (a RunReader passes its own).
-    """
+    verdicts: Iterable[str] | None = MISMATCH_VERDICTS
+    text: str | None = None
+    order: str = "sample"
+    offset: int = 0
+    limit: int = 50
+    after: MismatchRow | None = None
+    before: MismatchRow | None = None
+
+
+def mismatch_page(
+    conn: sqlite3.Connection, run_id: int, query: MismatchQuery | None = None, *, cache: SortCache | None = None
+) -> MismatchPage:
+    """One page of reconstructions as `query` asks (its filter, sort and page; None: the first page of the
+    mismatches by sample). `cache` keeps sorted orders between calls (a RunReader passes its own)."""
+    query = query if query is not None else MismatchQuery()
+    verdicts, text, order = query.verdicts, query.text, query.order
+    offset, limit, after, before = query.offset, query.limit, query.after, query.before
     if order not in MISMATCH_ORDERS:
         raise ValueError(f"unknown order {order!r}; expected one of {', '.join(MISMATCH_ORDERS)}")
     chosen = _verdicts(verdicts)
@@ -867,18 +873,8 @@ class RunReader:
         before: MismatchRow | None = None,
     ) -> MismatchPage:
         """`mismatch_page` over this run, with this reader's sort cache."""
-        return self.call(
-            mismatch_page,
-            self.run_id,
-            verdicts,
-            text,
-            order,
-            offset,
-            limit,
-            after=after,
-            before=before,
-            cache=self.sort_cache,
-        )
+        query = MismatchQuery(verdicts, text, order, offset, limit, after, before)
+        return self.call(mismatch_page, self.run_id, query, cache=self.sort_cache)
 
     def close(self) -> None:
         """Close the connection."""
