@@ -20,19 +20,11 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from app.engine.attempt import Flight, request_sample
-from app.engine.capacity.endpoints import Endpoint
-from app.engine.capacity.slots import EndpointSlots
-from app.engine.fidelity.pool import ReconstructionPool
-from app.engine.fidelity.verify import Reconstructed, Verifier, ask_twin
-from app.engine.health.endpoint_health import EndpointGuard
-from app.engine.health.events import EventLog
-from app.engine.money.forecast import Forecast
-from app.engine.money.ledger import Ledger
+from app.engine.fidelity.verify import Reconstructed, ask_twin
 from app.engine.settle import Settler
-from app.engine.work.leases import TurnFollow, WorkSource
-from app.engine.work.run_state import RunState
+from app.engine.wiring import Capacity, Checking, Money, Sending, Signals, StoreSide
+from app.engine.work.leases import TurnFollow
 from app.providers.exceptions import RetryableError
-from app.providers.retry import RetryPolicy
 from app.records import Completion
 from app.store.run_store import StoreWriteError
 
@@ -46,36 +38,29 @@ class Flights:
     def __init__(
         self,
         *,
-        endpoints: list[Endpoint],
-        slots: EndpointSlots,
-        policy: RetryPolicy,
-        model: str,
-        pool: ReconstructionPool | None,
-        guard: EndpointGuard,
-        verifier: Verifier,
+        store: StoreSide,
+        capacity: Capacity,
+        money: Money,
+        signals: Signals,
+        sending: Sending,
+        checking: Checking,
         settler: Settler,
-        forecast: Forecast,
-        ledger: Ledger,
-        source: WorkSource,
-        state: RunState,
-        events: EventLog,
-        wake: asyncio.Event,
         pause: Pause,
     ) -> None:
-        self._endpoints = endpoints
-        self._slots = slots
-        self._policy = policy
-        self._model = model
-        self._pool = pool  # None: the text is stored as is (no reconstructor)
-        self._guard = guard  # endpoint health: connection failures and answers
-        self._verifier = verifier
+        self._endpoints = capacity.endpoints
+        self._slots = capacity.slots
+        self._policy = sending.policy
+        self._model = sending.model
+        self._pool = checking.pool  # None: the text is stored as is (no reconstructor)
+        self._guard = sending.guard  # endpoint health: connection failures and answers
+        self._verifier = checking.verifier
         self._settler = settler
-        self._forecast = forecast
-        self._ledger = ledger
-        self._source = source
-        self._state = state
-        self._events = events
-        self._wake = wake  # the scheduler's: set when the last flight ends
+        self._forecast = money.forecast
+        self._ledger = money.ledger
+        self._source = store.source
+        self._state = signals.state
+        self._events = signals.events
+        self._wake = signals.wake  # the scheduler's: set when the last flight ends
         self._pause = pause
         self._tasks: dict[asyncio.Task[None], Flight] = {}
         self.settled = asyncio.Event()  # set whenever a flight ends (the budget waits on it)

@@ -55,6 +55,7 @@ from app.engine.record.snapshot import IN_PROCESS, LiveFigures, RunRecord
 from app.engine.scheduler import Scheduler
 from app.engine.settle import Settler
 from app.engine.steering import VIEWER_PAUSE, Steering
+from app.engine.wiring import Capacity, Checking, Money, Sending, Signals, StoreSide
 from app.engine.work.counts import follower_of
 from app.engine.work.leases import LeaseKeeper, SampleLeases
 from app.engine.work.run_state import RunOutcome, RunState
@@ -260,54 +261,40 @@ class Run:
             all_down=lambda why: steering.endpoints_down(why),
             back=lambda index: steering.endpoint_back(index),
         )
+        # the bundles the orchestration's parts share (app.engine.wiring), built once per started run
+        side = StoreSide(self.store, run_id, gate, source)
+        capacity = Capacity(eps, slots, requests, tokens)
+        money = Money(self._ledger, self._forecast)
+        signals = Signals(state, events, self._wake)
         flights = Flights(
-            endpoints=eps,
-            slots=slots,
-            policy=self.policy,
-            model=cfg.model.name,
-            pool=self._pool,
-            guard=guard,
-            verifier=self._verifier,
+            store=side,
+            capacity=capacity,
+            money=money,
+            signals=signals,
+            sending=Sending(self.policy, cfg.model.name, guard),
+            checking=Checking(self._pool, self._verifier),
             settler=settler,
-            forecast=self._forecast,
-            ledger=self._ledger,
-            source=source,
-            state=state,
-            events=events,
-            wake=self._wake,
             pause=self._pause_for,
         )
         scheduler = Scheduler(
             config=cfg,
-            source=source,
+            store=side,
             flights=flights,
-            slots=slots,
-            ledger=self._ledger,
-            forecast=self._forecast,
-            state=state,
-            gate=gate,
-            events=events,
-            wake=self._wake,
+            capacity=capacity,
+            money=money,
+            signals=signals,
             pause=self._pause_for,
-            requests=requests,
-            tokens=tokens,
             lease_batch=self._lease_batch,
         )
         flights.on_ready = scheduler.work_returned  # a turn's parent stored: lease it now
         steering = Steering(
-            store=self.store,
-            run_id=run_id,
-            state=state,
+            store=side,
+            capacity=capacity,
+            money=money,
+            signals=signals,
             scheduler=scheduler,
             flights=flights,
-            endpoints=eps,
-            slots=slots,
-            gate=gate,
-            events=events,
-            wake=self._wake,
-            counts=self._ledger.counts,
             attempts=cfg.generation.attempts,
-            forecast=self._forecast,
         )
         keeper = LeaseKeeper(
             source=source,
