@@ -116,8 +116,50 @@ class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
 
 
+# keys renamed in a section: old name -> new name. The old name is still read (a config written before the
+# rename, or a run's stored config), `config check` calls it deprecated, and both at once is an error.
+RENAMED_KEYS: dict[str, dict[str, str]] = {
+    "run": {"rebuild_workers": "reconstruct_workers"},  # old name kept (issue 30: one word per act)
+}
+
+
+def _renamed(section: str, data: Any) -> tuple[Any, tuple[str, ...]]:
+    """`data` with the section's old key names moved to their new names, and the old names it used."""
+    if not isinstance(data, dict):
+        return data, ()
+    used = tuple(old for old in RENAMED_KEYS[section] if old in data)
+    if not used:
+        return data, ()
+    data = dict(data)
+    for old in used:
+        new = RENAMED_KEYS[section][old]
+        if new in data:
+            raise ValueError(
+                f"{old} and {new} are both set; they are one setting ({old} is its old name): keep only {new}"
+            )
+        data[new] = data.pop(old)
+    return data, used
+
+
 class RunSection(_Section):
     """[run]: what the run is called and where it writes."""
+
+    _old_names: tuple[str, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _accept_old_names(cls, data: Any, handler: Any) -> RunSection:
+        data, used = _renamed("run", data)
+        section = handler(data)
+        section._old_names = used
+        return section
+
+    def deprecated_notes(self) -> list[str]:
+        """A sentence per old key name this section was written with (still accepted, deprecated)."""
+        return [
+            f"[run] {old} is deprecated: it is the old name of {RENAMED_KEYS['run'][old]} (still accepted; rename it)"
+            for old in self._old_names
+        ]
 
     name: Name = Field(
         min_length=1,
@@ -132,11 +174,12 @@ class RunSection(_Section):
     keep_raw_max_bytes: int = Field(
         1_000_000, gt=0, description="A raw body larger than this is stored as a note of its size."
     )
-    rebuild_workers: Literal["auto"] | Annotated[int, Field(ge=0)] = Field(
+    reconstruct_workers: Literal["auto"] | Annotated[int, Field(ge=0)] = Field(
         "auto",
-        description="Where token ids are rebuilt: 0 = threads in the engine's process; N = N worker processes "
+        description="Where token ids are reconstructed: 0 = threads in the engine's process; N = N worker processes "
         "(off the event loop's core and GIL); auto = processes (one per spare core, at most 4) when the machine has "
-        "2 or more cores, else threads. A worker that dies falls back to threads for the rest of the run.",
+        "2 or more cores, else threads. A worker that dies falls back to threads for the rest of the run. "
+        "Its old name rebuild_workers is still accepted (deprecated).",  # old name kept
     )
 
 
@@ -269,7 +312,7 @@ def weighted_shares(total: int, weights: list[float]) -> list[int]:
 
 
 class ModelSection(_Section):
-    """[model]: the model as the provider knows it, and how to rebuild its token ids."""
+    """[model]: the model as the provider knows it, and how to reconstruct its token ids."""
 
     name: str = Field(min_length=1, description="Model name sent in requests (e.g. moonshotai/kimi-k2.5).")
     tokenizer: ConfigPath = Field(description="Tokenizer directory (tokenizer.json or tiktoken.model + config).")

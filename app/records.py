@@ -113,10 +113,10 @@ class Completion:
 
 @dataclass(frozen=True, slots=True)
 class Reconstruction:
-    """Output ids rebuilt from a Completion, and how.
+    """Output ids reconstructed from a Completion, and how.
 
-    strategy: server_ids | logprobs | canonical | none (nothing to rebuild from).
-    repair: the inverse server-side step(s) that made the canonical rebuild round-trip, if any
+    strategy: server_ids | logprobs | canonical | none (nothing to reconstruct from).
+    repair: the inverse server-side step(s) that made the canonical reconstruction round-trip, if any
     (e.g. "strip_whitespace", "think_spaces", "think_close", "no_content", "tool_whitespace",
     "json_reserialised", "tool_ids_reindexed"); several chained steps are joined with "+".
     roundtrip: decoding output_ids gives back the returned text.
@@ -144,10 +144,10 @@ class Category(StrEnum):
     (VERDICT_LABELS): the word "unchecked" alone is the verification class below.
     """
 
-    EXACT = "exact"  # the rebuilt ids equal the reference ids
+    EXACT = "exact"  # the reconstructed ids equal the reference ids
     BPE_EQUIVALENT = "bpe_equivalent"  # same text, a different BPE split
     TEXT_MISMATCH = "text_mismatch"  # the decoded text differs
-    STRUCTURE_MISMATCH = "structure_mismatch"  # the special-token layout differs (a rebuild logic bug)
+    STRUCTURE_MISMATCH = "structure_mismatch"  # the special-token layout differs (a reconstruction logic bug)
     TRUNCATED = "truncated"  # the response stopped at max_tokens: agrees with the reference up to there
     UNCHECKED = "unchecked"  # no reference to compare against
 
@@ -159,7 +159,7 @@ VERDICTS: tuple[Category, ...] = tuple(Category)
 # though its ids agree with the reference as far as they go; nor is it corrupt.
 BENIGN_VERDICTS: tuple[Category, ...] = (Category.EXACT, Category.BPE_EQUIVALENT)
 CORRUPT_VERDICTS: tuple[Category, ...] = (Category.TEXT_MISMATCH, Category.STRUCTURE_MISMATCH)
-# The rebuild agrees with the reference as far as both go (benign, or cut short): what a rebuild check
+# The reconstruction agrees with the reference as far as both go (benign, or cut short): what a reconstruction check
 # that asks "did I reproduce the reference?" accepts.
 AGREEING_VERDICTS: tuple[Category, ...] = (*BENIGN_VERDICTS, Category.TRUNCATED)
 # What each verdict is, in the words every face uses (a verdict's class: exact, benign, corrupt, truncated,
@@ -174,8 +174,8 @@ VERDICT_CLASSES: dict[str, str] = {
 }
 VERDICT_LABELS: dict[str, str] = {**{str(v): str(v) for v in VERDICTS}, Category.UNCHECKED: "no reference"}
 
-# Where stored ids came from when they are the model's own, never a rebuild (Reconstruction.ids_source: the
-# server's ids; logprob tokens with bytes). The third source, "text", is a rebuild from the returned text.
+# Where stored ids came from when they are the model's own, never a reconstruction (Reconstruction.ids_source: the
+# server's ids; logprob tokens with bytes). The third source, "text", is a reconstruction from the returned text.
 TRUE_ID_SOURCES: tuple[str, ...] = ("server", "logprobs")
 
 
@@ -185,9 +185,9 @@ class Verification(StrEnum):
 
     - VERIFIED ("verified"): true ids, the model's own: the server returned them, or logprob tokens with bytes
       gave them (ids source server | logprobs), whatever the returned text says.
-    - CHECKED ("checked against a reference"): ids rebuilt from text that a reference judged; the verdict says
+    - CHECKED ("checked against a reference"): ids reconstructed from text that a reference judged; the verdict says
       how it came out (exact, benign, corrupt, truncated).
-    - UNCHECKED ("unchecked"): ids rebuilt from text with neither true ids nor a reference to judge them;
+    - UNCHECKED ("unchecked"): ids reconstructed from text with neither true ids nor a reference to judge them;
       the round-trip and the suspect flags are the only signs.
 
     An endpoint's own state (verified by probes, prior only, unverified) is app.store.verification's word for

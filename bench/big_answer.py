@@ -1,11 +1,12 @@
-"""One huge answer among small ones: do the small rebuilds wait behind it?
+"""One huge answer among small ones: do the small reconstructions wait behind it?
 
     python bench/big_answer.py [--mb 4] [--small 400] [--workers 1]
 
-The engine's RebuildPool over the sample tokenizer (worker processes, as a run uses them) rebuilds one answer of
+The engine's ReconstructionPool over the sample tokenizer (worker processes, as a run uses them) reconstructs one answer
+of
 `--mb` MB and `--small` ordinary answers submitted right after it. Two rounds in the same process: the big
-answer in the big lane (`BIG_REBUILD_CHARS`, the engine's rule) and, as the baseline, in a worker's batch like
-any other (the rule switched off). Prints when the last small rebuild finished and when the big one did.
+answer in the big lane (`BIG_RECONSTRUCT_CHARS`, the engine's rule) and, as the baseline, in a worker's batch like
+any other (the rule switched off). Prints when the last small reconstruction finished and when the big one did.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ def big_text(mb: float) -> str:
 
 
 async def one_round(mb: float, n_small: int, workers: int, lane: bool) -> dict:
-    from app.engine.fidelity import pool as rebuild_pool
-    from app.engine.fidelity.pool import RebuildPool, build_reconstructor, open_rebuilder
+    from app.engine.fidelity import pool as reconstruction_pool
+    from app.engine.fidelity.pool import ReconstructionPool, build_reconstructor, open_endpoint_reconstructor
     from app.records import Completion
     from app.store.store_records import LeasedSample
 
@@ -50,10 +51,10 @@ async def one_round(mb: float, n_small: int, workers: int, lane: bool) -> dict:
         run = None
 
     base = build_reconstructor(Cfg)
-    rebuilder, _ = await open_rebuilder(base, Cfg, Path("/nonexistent.db"))
-    saved = rebuild_pool.BIG_REBUILD_CHARS
-    rebuild_pool.BIG_REBUILD_CHARS = saved if lane else 10**12
-    pool = await RebuildPool.open(rebuilder, workers)
+    endpoint_reconstructor, _ = await open_endpoint_reconstructor(base, Cfg, Path("/nonexistent.db"))
+    saved = reconstruction_pool.BIG_RECONSTRUCT_CHARS
+    reconstruction_pool.BIG_RECONSTRUCT_CHARS = saved if lane else 10**12
+    pool = await ReconstructionPool.open(endpoint_reconstructor, workers)
     try:
         sample = LeasedSample(1, "s", "d", [{"role": "user", "content": "hi"}], None, 1, None)
         big = Completion(content=big_text(mb), reasoning="thinking", finish_reason="stop")
@@ -65,7 +66,7 @@ async def one_round(mb: float, n_small: int, workers: int, lane: bool) -> dict:
         done: dict[str, float] = {}
 
         async def timed(name: str, c: Completion) -> None:
-            await pool.rebuild(c, sample, "sim", False)
+            await pool.reconstruct(c, sample, "sim", False)
             done[name] = time.perf_counter() - t0
 
         big_task = asyncio.ensure_future(timed("big", big))
@@ -81,7 +82,7 @@ async def one_round(mb: float, n_small: int, workers: int, lane: bool) -> dict:
         }
     finally:
         pool.close()
-        rebuild_pool.BIG_REBUILD_CHARS = saved
+        reconstruction_pool.BIG_RECONSTRUCT_CHARS = saved
 
 
 async def main() -> None:
@@ -91,12 +92,15 @@ async def main() -> None:
     ap.add_argument("--workers", type=int, default=1)
     args = ap.parse_args()
     rows = [await one_round(args.mb, args.small, args.workers, lane) for lane in (False, True)]
-    print(f"| where the {args.mb:g} MB answer is rebuilt | last of {args.small} small rebuilds done | big one done |")
+    print(
+        f"| where the {args.mb:g} MB answer is reconstructed | last of {args.small} small reconstructions done "
+        "| big one done |"
+    )
     print("|---|---|---|")
     for r in rows:
         print(f"| {r['lane']} ({r['workers']} worker process) | {r['last_small_s']:.2f} s | {r['big_s']:.2f} s |")
     ratio = rows[1]["last_small_s"] / rows[0]["last_small_s"] if rows[0]["last_small_s"] else float("nan")
-    print(f"\nsmall rebuilds finish in {ratio:.2f}x the time they take behind the big one in a worker")
+    print(f"\nsmall reconstructions finish in {ratio:.2f}x the time they take behind the big one in a worker")
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     (out / "big_answer.json").write_text(json.dumps(rows, indent=2))

@@ -19,9 +19,9 @@ sends the turns in, and the oracle is computed from it: max(sum of the service t
 conversation's turns one after the other). Clients, one after another, each in a fresh process (run at once
 they fought over a 2-core machine's CPU, and every client measured its neighbours' load):
 
-- `eaglewatch`: the engine (`app.engine.run.Run`) over a real SQLite store, rebuilding every answer's ids
-  (`[run] rebuild_workers = "auto"`), its limit adaptive from the engine's default start (concurrency_max 64);
-  timed from `Run.start` to the run's end (ingest not timed, the rebuild worker's one-off start taken out);
+- `eaglewatch`: the engine (`app.engine.run.Run`) over a real SQLite store, reconstructing every answer's ids
+  (`[run] reconstruct_workers = "auto"`), its limit adaptive from the engine's default start (concurrency_max 64);
+  timed from `Run.start` to the run's end (ingest not timed, the reconstruction worker's one-off start taken out);
 - `naive64`: httpx, 64 workers, each taking the next conversation in dataset order and sending its turns one
   after the other (the model's own answer appended, as eaglewatch does), a refused request retried after its
   Retry-After: what a script written around `asyncio.gather` does;
@@ -277,7 +277,7 @@ async def run_engine(profile: str, folder: Path, seed: int) -> dict:
         t0 = time.perf_counter()
         await run.start()
         provider.start()
-        pool = run.rebuild_pool
+        pool = run.reconstruction_pool
         if pool is not None and pool.workers:
             t0 += pool.start_s  # the worker's one-off start, like ingest, is not the scheduling's
         await run.wait()

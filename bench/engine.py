@@ -3,7 +3,8 @@
     python bench/engine.py [--n 2000] [--concurrency 64 256] [--rss-samples 20000] [--skip-curator] [--reps 1]
     python bench/engine.py --ratios      # the two client-path ratios only (about 1.5 min): c=64, both modes,
                                          # aiohttp / engine / engine+tokens interleaved 3 times, --n 1000
-    python bench/engine.py --ratios --rebuild-workers 0   # the whole path with rebuilds in threads (as before)
+    python bench/engine.py --ratios --reconstruct-workers 0   # the whole path with reconstructions in threads (as
+    before)
 
 One run measures, for each concurrency and for non-streaming and streaming: completed responses/s and
 client CPU per request of the engine (request + parse + store, one transaction per result) and of three
@@ -16,9 +17,10 @@ over `--rss-samples` samples is measured too. With `--reps R` each (mode, concur
 times in rotating order (aiohttp, engine, engine+tokens, then engine, engine+tokens, aiohttp, ...), so a
 load swing on a shared machine hits every client alike; the ratios are the medians of the per-repetition
 ratios (engine / aiohttp, whole path / engine), printed with their range. Writes bench/results/engine.json
-and prints markdown. The whole path (engine+tokens) rebuilds through the engine's own path (verify's
-Rebuilder in the Run's RebuildPool, `--rebuild-workers` = `[run] rebuild_workers`); its client CPU is the
-engine's process plus its rebuild worker processes, whose one-off start is reported apart and not timed.
+and prints markdown. The whole path (engine+tokens) reconstructs through the engine's own path (verify's
+EndpointReconstructor in the Run's ReconstructionPool, `--reconstruct-workers` = `[run] reconstruct_workers`); its
+client CPU is the
+engine's process plus its reconstruction worker processes, whose one-off start is reported apart and not timed.
 """
 
 from __future__ import annotations
@@ -154,7 +156,7 @@ async def _openai_sdk(url: str, msgs: list, conc: int, stream: bool) -> int:
 
 
 async def _engine(
-    url: str, msgs, conc: int, stream: bool, db_dir: str, reconstruct: bool = False, rebuild_workers: str = "auto"
+    url: str, msgs, conc: int, stream: bool, db_dir: str, reconstruct: bool = False, reconstruct_workers: str = "auto"
 ) -> int:
     import app.providers.client  # noqa: F401  (imported before timing, like the baselines' libraries)
     from app.config import parse_config
@@ -168,7 +170,9 @@ async def _engine(
             "run": {
                 "name": "bench",
                 "database": str(Path(db_dir) / "bench.db"),
-                "rebuild_workers": rebuild_workers if rebuild_workers == "auto" else int(rebuild_workers),
+                "reconstruct_workers": reconstruct_workers
+                if reconstruct_workers == "auto"
+                else int(reconstruct_workers),
             },
             "data": {"datasets": [{"path": str(SAMPLE / "prompts.openai.jsonl")}]},
             "model": {"name": MODEL, "tokenizer": str(SAMPLE / "tokenizer")},
@@ -181,12 +185,13 @@ async def _engine(
     run_id = await store.ensure_run("bench", cfg.redacted())
     await store.ingest(run_id, (SampleInput(f"s{i}", "bench", m) for i, m in enumerate(msgs)))
     global _T0, _C0, _POOL
-    # the engine's own reconstruction path: open_rebuilder wraps this in verify's Rebuilder and the Run's
-    # RebuildPool runs it (threads or worker processes, [run] rebuild_workers), as in a real run
+    # the engine's own reconstruction path: open_endpoint_reconstructor wraps this in verify's EndpointReconstructor and
+    # the Run's
+    # ReconstructionPool runs it (threads or worker processes, [run] reconstruct_workers), as in a real run
     run = Run(cfg, store, reconstructor=build_reconstructor(cfg) if reconstruct else None)
     _T0, _C0 = time.perf_counter(), time.process_time()  # ingest is not timed
     await run.start()
-    _POOL = run.rebuild_pool
+    _POOL = run.reconstruction_pool
     if _POOL is not None and _POOL.workers:
         # the workers' start (once per run: interpreter, imports, tokenizer) is reported apart, like ingest
         _T0 += _POOL.start_s
@@ -198,7 +203,8 @@ async def _engine(
 
 
 _T0 = _C0 = 0.0
-_POOL = None  # the Run's app.engine.fidelity.pool.RebuildPool: rebuild CPU (threads or workers), workers' CPU
+_POOL = None
+# the Run's app.engine.fidelity.pool.ReconstructionPool: reconstruction CPU (threads or workers), workers' CPU
 
 
 def client_main(args: argparse.Namespace) -> None:
@@ -214,13 +220,15 @@ def client_main(args: argparse.Namespace) -> None:
     else:
         with tempfile.TemporaryDirectory() as d:
             ok = asyncio.run(
-                _engine(args.url, msgs, args.conc, args.stream, d, args.client == "engine+tokens", args.rebuild_workers)
+                _engine(
+                    args.url, msgs, args.conc, args.stream, d, args.client == "engine+tokens", args.reconstruct_workers
+                )
             )
     wall, cpu = time.perf_counter() - _T0, time.process_time() - _C0
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     p = _POOL
-    # cpu_s: the engine's process plus its rebuild workers (after their start), so CPU per request is the
-    # whole path's wherever it ran; tokens_cpu_s: the rebuilds themselves, in threads or in the workers
+    # cpu_s: the engine's process plus its reconstruction workers (after their start), so CPU per request is the
+    # whole path's wherever it ran; tokens_cpu_s: the reconstructions themselves, in threads or in the workers
     print(
         json.dumps(
             {
@@ -231,10 +239,10 @@ def client_main(args: argparse.Namespace) -> None:
                 "rss_mb": rss_mb,
                 "rss_start_mb": rss_start,
                 "tokens_cpu_s": p.cpu_s if p else None,
-                "rebuild_workers": p.workers if p else None,
+                "reconstruct_workers": p.workers if p else None,
                 "worker_start_s": p.start_s if p else None,
                 "worker_start_cpu_s": p.start_cpu_s if p else None,
-                "rebuild_broken": p.broken if p else None,
+                "reconstruct_broken": p.broken if p else None,
             }
         )
     )
@@ -294,7 +302,7 @@ def run_curator(url: str, n: int, conc: int) -> dict | str:
     return json.loads(lines[-1])
 
 
-def run_client(kind: str, url: str, n: int, conc: int, stream: bool, rebuild_workers: str = "auto") -> dict:
+def run_client(kind: str, url: str, n: int, conc: int, stream: bool, reconstruct_workers: str = "auto") -> dict:
     cmd = [
         sys.executable,
         __file__,
@@ -306,8 +314,8 @@ def run_client(kind: str, url: str, n: int, conc: int, stream: bool, rebuild_wor
         str(n),
         "--conc",
         str(conc),
-        "--rebuild-workers",
-        rebuild_workers,
+        "--reconstruct-workers",
+        reconstruct_workers,
     ]
     if stream:
         cmd.append("--stream")
@@ -338,9 +346,9 @@ def main() -> None:
         help="engine+tokens is the whole path: request, parse, reconstruct (sample tokenizer), store",
     )
     ap.add_argument(
-        "--rebuild-workers",
+        "--reconstruct-workers",
         default="auto",
-        help="[run] rebuild_workers of the engine+tokens client: auto, 0 (threads) or N processes",
+        help="[run] reconstruct_workers of the engine+tokens client: auto, 0 (threads) or N processes",
     )
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--as-client", dest="client", help=argparse.SUPPRESS)
@@ -392,7 +400,12 @@ def main() -> None:
                             continue
                     else:
                         r = run_client(
-                            kind, url, args.n_sdk if kind == "openai" else args.n, conc, stream, args.rebuild_workers
+                            kind,
+                            url,
+                            args.n_sdk if kind == "openai" else args.n,
+                            conc,
+                            stream,
+                            args.reconstruct_workers,
                         )
                     after = server_stats()
                     served = max(1, after["served"] - before["served"])
@@ -407,10 +420,10 @@ def main() -> None:
                         "server_cpu_ms": 1000 * (after["cpu_s"] - before["cpu_s"]) / served,
                         "rss_mb": r.get("rss_mb"),
                         "parent_cpu_ms": 1000 * r["parent_cpu_s"] / max(1, r["ok"]) if "parent_cpu_s" in r else None,
-                        "rebuild_workers": r.get("rebuild_workers"),
+                        "reconstruct_workers": r.get("reconstruct_workers"),
                         "worker_start_s": r.get("worker_start_s"),
                         "worker_start_cpu_s": r.get("worker_start_cpu_s"),
-                        "rebuild_broken": r.get("rebuild_broken"),
+                        "reconstruct_broken": r.get("reconstruct_broken"),
                         "tokens_cpu_share": (r["tokens_cpu_s"] / r["cpu_s"]) if r.get("tokens_cpu_s") else None,
                     }
                     row["server_ceiling_req_s"] = 1000 / row["server_cpu_ms"] if row["server_cpu_ms"] else None
@@ -492,16 +505,16 @@ def main() -> None:
             wrows = sorted(rows_of("engine+tokens", stream, conc), key=lambda r: r["req_s"])
             w = wrows[len(wrows) // 2]
             table += f", client CPU {w['client_cpu_ms']:.2f} ms/req"
-            if w.get("rebuild_workers"):
+            if w.get("reconstruct_workers"):
                 table += (
-                    f" (engine process {w['parent_cpu_ms']:.2f}, the rest in {w['rebuild_workers']} rebuild "
+                    f" (engine process {w['parent_cpu_ms']:.2f}, the rest in {w['reconstruct_workers']} reconstruct "
                     f"worker process(es), started in {w['worker_start_s']:.2f} s / "
                     f"{w['worker_start_cpu_s']:.2f} s CPU once per run, not timed)"
                 )
-            elif w.get("rebuild_workers") == 0:
-                table += " (rebuilds in threads of the engine's process)"
-            broken = [r["rebuild_broken"] for r in wrows if r.get("rebuild_broken")]
-            table += f"; a rebuild worker died: {broken[0]}" if broken else ""
+            elif w.get("reconstruct_workers") == 0:
+                table += " (reconstructions in threads of the engine's process)"
+            broken = [r["reconstruct_broken"] for r in wrows if r.get("reconstruct_broken")]
+            table += f"; a reconstruction worker died: {broken[0]}" if broken else ""
     if rss:
         table += (
             f"\n\nPeak RSS of an engine run (concurrency 256, non-streaming): {rss['peak_rss_mb']:.0f} MB over "

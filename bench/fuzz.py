@@ -627,7 +627,7 @@ def _fuzz_config(db: Path, base_url: str, *, stream: bool, vllm: bool, concurren
 
     return parse_config(
         {
-            "run": {"name": "fuzz", "database": str(db), "rebuild_workers": 0},
+            "run": {"name": "fuzz", "database": str(db), "reconstruct_workers": 0},
             "data": {"datasets": [{"path": str(SAMPLE / "prompts.openai.jsonl")}]},
             "model": {"name": MODEL, "tokenizer": str(SAMPLE / "tokenizer")},
             "endpoints": [

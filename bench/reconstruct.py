@@ -12,11 +12,12 @@ of each measured apart lets one lucky round of either decide). Tokens/s are from
     compare); also without a reference (render, encode, round-trip check);
   - logprobs: the same completions carrying per-token logprob bytes for reasoning and content;
   - learned repairs: the completions as a quirky server returns them (think_spaces + json_reserialised,
-    the simulator's renderer), rebuilt without a reference through a fidelity profile learned from
+    the simulator's renderer), reconstructed without a reference through a fidelity profile learned from
     every 4th sample (production: the learned inverses, one encode); the run prints how many samples the
     inverses changed and how many are benign with and without the profile (it is no no-op);
-  - default path: the engine's Rebuilder with a learned profile resting on a server prior whose token count is
-    known, 5 % of the answers probes with logprobs (measured and learned from), every text rebuild checked
+  - default path: the engine's EndpointReconstructor with a learned profile resting on a server prior whose token count
+  is
+    known, 5 % of the answers probes with logprobs (measured and learned from), every text reconstruction checked
     against usage.completion_tokens; and over a stripping server's prior (the per-sample count proof of each
     strip edge);
   - unrepairable 32k: one 32k-token sample (reasoning, content, a tool call) whose reference differs
@@ -196,11 +197,12 @@ def main() -> int:
         )
     )
 
-    # the engine's default path: the Rebuilder (a learned profile resting on a server prior with a known token
+    # the engine's default path: the EndpointReconstructor (a learned profile resting on a server prior with a known
+    # token
     # count), 5 % of the answers probes carrying logprobs (their text path measured, their steps learned), every
-    # text rebuild checked against usage.completion_tokens; and the same over a stripping server's prior (the
+    # text reconstruction checked against usage.completion_tokens; and the same over a stripping server's prior (the
     # per-sample count proof of each strip edge)
-    from app.engine.fidelity.verify import Rebuilder
+    from app.engine.fidelity.verify import EndpointReconstructor
     from app.records import Usage
     from app.tokens.fidelity_profile import STRIPPED, with_prior
     from app.tokens.fidelity_profile import FidelityProfile as FP
@@ -212,7 +214,7 @@ def main() -> int:
         for k, c in probe_lp.items()
     ]
     prior = FP("bench", None, profile.name, 0, {}, {"count": {"+0": 1}}, "bench server", False, "openai")
-    default = Rebuilder(rec, [with_prior(replace(fp, provider=None), prior)])
+    default = EndpointReconstructor(rec, [with_prior(replace(fp, provider=None), prior)])
     stripping = FP(
         "bench",
         None,
@@ -224,15 +226,15 @@ def main() -> int:
         False,
         "openai",
     )
-    strip_rebuilder = Rebuilder(rec, [stripping])
+    strip_reconstructor = EndpointReconstructor(rec, [stripping])
     plain_counted = [replace(c, usage=Usage(completion_tokens=len(r))) for c, r in zip(completions, refs)]
 
-    def default_path(rebuilder, items):
+    def default_path(endpoint_reconstructor, items):
         for k, c in enumerate(items):
             if k in probe_lp:
-                rebuilder.rebuild(probes[k // 20], None, (), None, endpoint="bench", measure=True)
+                endpoint_reconstructor.reconstruct(probes[k // 20], None, (), None, endpoint="bench", measure=True)
             else:
-                rebuilder.rebuild(c, None, (), None, endpoint="bench", measure=False)
+                endpoint_reconstructor.reconstruct(c, None, (), None, endpoint="bench", measure=False)
 
     res.update(
         paired(
@@ -241,13 +243,13 @@ def main() -> int:
             reset=short_runs.clear,
             fns={
                 "default": lambda: default_path(default, counted),
-                "stripping": lambda: default_path(strip_rebuilder, plain_counted),
+                "stripping": lambda: default_path(strip_reconstructor, plain_counted),
             },
         )
     )
     default_flags: dict[str, int] = {}
     for c in counted:
-        for f in default.rebuild(c, None, (), None, endpoint="bench", measure=False).reconstruction.flags:
+        for f in default.reconstruct(c, None, (), None, endpoint="bench", measure=False).reconstruction.flags:
             default_flags[f] = default_flags.get(f, 0) + 1
 
     # the worst case: a 32k-token sample no repair can fix, through the reference-assisted search

@@ -179,7 +179,7 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--latency-ms", type=float, default=5.0, help="simulator median latency")
     ap.add_argument("--stream", action="store_true")
-    ap.add_argument("--reconstruct", action="store_true", help="rebuild token ids with the sample tokenizer too")
+    ap.add_argument("--reconstruct", action="store_true", help="reconstruct token ids with the sample tokenizer too")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "soak.json")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="eaglewatch-soak-") as d:

@@ -78,12 +78,12 @@ def test_no_string_literal_import_breaks_a_contract(repo_root: Path) -> None:
 def test_checker_finds_a_string_literal_import_of_io_in_tokens(tmp_path: Path) -> None:
     (tmp_path / "app" / "tokens").mkdir(parents=True)
     (tmp_path / "widgets").mkdir()
-    (tmp_path / "app" / "tokens" / "rebuild.py").write_text(
+    (tmp_path / "app" / "tokens" / "reconstruct.py").write_text(
         "import asyncio\nimportlib.import_module('aiosqlite')\nimport_module('json')\n"
     )
     (tmp_path / "app" / "tokens" / "tui.py").write_text("def f():\n    importlib.import_module('textual.app')\n")
     assert dynamic_import_violations(tmp_path) == [
-        "app/tokens/rebuild.py: imports aiosqlite (aiosqlite is not allowed in app/tokens/)",
+        "app/tokens/reconstruct.py: imports aiosqlite (aiosqlite is not allowed in app/tokens/)",
         "app/tokens/tui.py: imports textual (textual is not allowed outside app/tui/, widgets/)",
     ]
 

@@ -2,7 +2,7 @@
 
 `sys.modules["torch"] = None` makes `import torch` (and every `torch.x`) raise ModuleNotFoundError and
 `importlib.util.find_spec("torch")` answer None, which is how transformers and our own code ask; a meta-path
-finder raising ModuleNotFoundError catches anything that drops the entry first. Children of the command (rebuild
+finder raising ModuleNotFoundError catches anything that drops the entry first. Children of the command (reconstruct
 workers, spawned processes) inherit PYTHONPATH, so they see no torch either.
 """
 

@@ -24,11 +24,11 @@ from textual.strip import Strip
 from app.records import AlignedToken, Alignment
 
 GUTTER = 7  # "▶12345" + the row's mark: current-difference pointer, then the side's token index
-REC_GUTTER = 6  # "12345 " the rebuilt side's token index, side by side
+REC_GUTTER = 6  # "12345 " the reconstructed side's token index, side by side
 # Both gutters widen past 5 digits for samples of 100k+ tokens (`TokenDiffView.index_gutter`), so an index never
 # pushes the row's last cells off screen.
 SEPARATOR = " │ "
-REFERENCE, REBUILT = "reference", "rebuilt"
+REFERENCE, RECONSTRUCTED = "reference", "reconstructed"
 NARROW_WIDTH = 100  # below this many cells the view stacks reference above reconstructed
 NEWLINE_MARKS = ("⏎", "↵", "\n")
 
@@ -39,7 +39,7 @@ class DiffRow:
 
     role: "equal" (both sides the same), "pair" (side by side differing), "ref" / "rec"
     (stacked layout: one side of a differing block). `position` is the first token's index on the
-    reference side and `rec_position` on the rebuilt side (None where that side has no token on the row):
+    reference side and `rec_position` on the reconstructed side (None where that side has no token on the row):
     each side's gutter shows its own index, never the other's.
     """
 
@@ -269,7 +269,7 @@ class TokenDiffView(ScrollView, can_focus=True):
 
     @property
     def rec_index_gutter(self) -> int:
-        """Cells of the rebuilt side's token index (side by side)."""
+        """Cells of the reconstructed side's token index (side by side)."""
         return REC_GUTTER + self._extra_digits
 
     @property
@@ -352,7 +352,7 @@ class TokenDiffView(ScrollView, can_focus=True):
                 Segment(f"{'index':>{self.index_gutter - 1}} ", style),
                 Segment(f"- {REFERENCE} (ground truth)", delete),
                 Segment("  "),
-                Segment(f"+ {REBUILT} (eaglewatch)", insert),
+                Segment(f"+ {RECONSTRUCTED} (eaglewatch)", insert),
             ]
         else:
             side = self._side_width(False)
@@ -361,7 +361,7 @@ class TokenDiffView(ScrollView, can_focus=True):
                 Segment(f"{REFERENCE} (ground truth)"[:side].ljust(side), delete),
                 Segment(SEPARATOR, self.get_component_rich_style("tokendiff--separator")),
                 Segment(f"{'rec':<{self.rec_index_gutter}}", style),
-                Segment(f"{REBUILT} (eaglewatch)"[:side], insert),
+                Segment(f"{RECONSTRUCTED} (eaglewatch)"[:side], insert),
             ]
         used = sum(cell_len(seg.text) for seg in segs)
         return segs + ([Segment(" " * (width - used))] if used < width else [])
@@ -417,7 +417,8 @@ class TokenDiffView(ScrollView, can_focus=True):
             and self._alignment.diff_blocks[self.current_diff] == row.block
         )
         marker_style = self.get_component_rich_style("tokendiff--current") if is_current else gutter_style
-        # each side's own index: the reference's on the left (stacked: the row's side), the rebuilt one's beside it
+        # each side's own index: the reference's on the left (stacked: the row's side), the reconstructed one's beside
+        # it
         own = row.rec_position if row.role == "rec" else row.position
         position = "" if own is None else str(own)
         pointer = "▶" if is_current and row.role != "equal" else " "

@@ -260,7 +260,7 @@ def _print(r: dict) -> None:
         return
     steps = fp.steps()
     if not steps:
-        out.write("  no server-side text steps seen: text rebuilds as returned\n")
+        out.write("  no server-side text steps seen: text is reconstructed as returned\n")
     for s in steps:
         state = "invertible" if s.invertible else "NOT invertible: its samples are flagged"
         out.write(f"  {s.name:<26} {s.where:<22} {s.inverse}  [{state}; {s.seen}/{s.of}]\n")

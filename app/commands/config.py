@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     data = config.redacted()
     keys = {ep["name"]: ep.get("api_key_env") for ep in data["endpoints"]}
     inputs = check_inputs(config, dataset_sample=None)
+    deprecated = config.run.deprecated_notes()
     if args.json:
         payload = {
             "ok": not inputs.errors,
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
             "config": data,
             "api_keys": {name: _key_state(env) for name, env in keys.items()},
             "errors": list(inputs.errors),
-            "warnings": list(inputs.warnings),
+            "warnings": deprecated + list(inputs.warnings),
             "references_checked": inputs.references_checked,
             "vocab_size": inputs.vocab_size,
             "dataset_lines_checked": inputs.dataset_lines_checked,
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
             f"# reference ids: {inputs.references_checked} lines checked against the vocabulary "
             "(a sample; ingest checks every line)"
         )
-    for line in inputs.warnings:
+    for line in deprecated + list(inputs.warnings):
         out.append(f"# warning: {line}")
     out += price_lines(config)
     out.append("")

@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--keep-roundtrip-failed",
         action="store_true",
-        help="also export samples whose rebuilt ids failed the round-trip check (dropped by default)",
+        help="also export samples whose reconstructed ids failed the round-trip check (dropped by default)",
     )
     parser.add_argument(
         "--keep-suspect",
@@ -74,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--accept-unverified",
         action="store_true",
-        help="also export ids rebuilt from text by endpoints nothing verified (no probe, server "
+        help="also export ids reconstructed from text by endpoints nothing verified (no probe, server "
         "unknown); refused by default and counted in manifest.json when accepted",
     )
     parser.add_argument(

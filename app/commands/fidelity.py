@@ -4,7 +4,8 @@ Reads the run database (read-only): per run, endpoint and provider (responses.pr
 (app.store.verification: *verified* (n probes, x % exact), *prior only*, *unverified*: the words every face uses);
 the run record's counts (`app.store.queries.run_counts`, the words of `app.records`): the answers by verification
 class (verified: true ids; checked against a reference; unchecked), the measured ones (verified answers whose
-text-only rebuild was also compared with their true ids, flag `text_path:<verdict>`: the probes) and how they came
+text-only reconstruction was also compared with their true ids, flag `text_path:<verdict>`: the probes) and how they
+came
 out (exact, benign, truncated, corrupt by kind), the suspects; from the rows, which suspect flags and the first
 corrupt sample; the profile's steps (known from the server table, or learned), the population statistics of edge
 whitespace; then the advice ("pin provider X", "ignore Y", what would verify an endpoint).
@@ -222,7 +223,7 @@ def advise(rows: list[Row], max_rate: float, min_verified: int) -> list[str]:
             verb = (
                 f"ignore provider {d.provider!r} (OpenRouter provider.ignore)"
                 if d.action == "route_around"
-                else f"stop using endpoint {endpoint!r} for text rebuilds"
+                else f"stop using endpoint {endpoint!r} for text reconstructions"
             )
             out.append(
                 f"{verb}: measured corrupt rate {d.rate:.1%} ({kinds} of {d.verified} measured; "
@@ -262,7 +263,7 @@ def _print(rows: list[Row], advice: list[str], db) -> None:
     out = sys.stdout
     out.write(
         f"{db}: text-path fidelity per endpoint and upstream provider (verified = true ids; measured = "
-        "verified answers whose text-only rebuild was compared with their true ids)\n"
+        "verified answers whose text-only reconstruction was compared with their true ids)\n"
     )
     for r in rows:
         who = (

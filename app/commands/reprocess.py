@@ -1,6 +1,6 @@
 """`eaglewatch reprocess`: reconstruct stored responses again (after a tokenizer or profile fix), no API calls.
 
-For each sample of the run, the latest successful response is read back into a Completion, rebuilt with
+For each sample of the run, the latest successful response is read back into a Completion, reconstructed with
 the tokenizer and profile (flags, or the run's stored config), compared with the sample's reference ids,
 and the sample's reconstruction row is replaced.
 """
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
     from app.store.queries import connect_readonly, latest_completions, resolve_run, verdict_counts
     from app.store.rows import StoredCompletion, reconstruction_row
-    from app.store.store_records import RebuildLabels
+    from app.store.store_records import ReconstructionLabels
     from app.tokens import Reconstructor, get_profile, load_tokenizer
 
     db = Path(args.db)
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(tokenizer_dir, profile.pretokenizer_pattern)
     reconstructor = Reconstructor(profile, tokenizer)
     # a reprocess labels its rows with the profile and tokenizer only (ids source and flags stay unrecorded)
-    labels = RebuildLabels(profile=profile.name, tokenizer=tokenizer.fingerprint)
+    labels = ReconstructionLabels(profile=profile.name, tokenizer=tokenizer.fingerprint)
 
     def one(stored: StoredCompletion) -> ReconstructionRow:
         rec, verdict = reconstructor.process(stored.completion, stored.reference_ids)

@@ -1,7 +1,7 @@
 """`eaglewatch validate`: check reconstruction against ground-truth output_ids from a reference file.
 
 For each reference line: decode its `output_ids`, split them as a provider returns them (reasoning,
-content, structured tool calls, end-of-turn removed; `--quirks` adds server-side text steps), rebuild
+content, structured tool calls, end-of-turn removed; `--quirks` adds server-side text steps), reconstruct
 the ids from that text as production would (the reference only judges; `--calibrate N` first learns the
 endpoint's fidelity profile from N probe samples with their true ids), and compare. `--assisted` shows
 the reference-assisted upper bound beside it. Prints counts and rates per verdict with the worst

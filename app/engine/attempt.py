@@ -1,7 +1,7 @@
 """One sample's requests, from its first try to an `Outcome`: done, failed, released or stopping.
 
 `request_sample` sends the sample (retrying retryable errors under the one retry policy,
-`app.providers.retry.with_retries`, with the slot given back while it waits), rebuilds the token ids of a
+`app.providers.retry.with_retries`, with the slot given back while it waits), reconstructs the token ids of a
 success, and turns whatever happened into an Outcome: it never raises except on cancellation. The
 engine settles the Outcome in one place (`app.engine.settle.Settler.settle`). The slot stays held from the
 request until the engine has stored the result, so finished-but-unstored responses count against the
@@ -24,7 +24,7 @@ from typing import Literal
 from app.engine.capacity.endpoints import Endpoint
 from app.engine.capacity.limiter import Ticket
 from app.engine.capacity.slots import EndpointSlots
-from app.engine.fidelity.verify import Rebuilt
+from app.engine.fidelity.verify import Reconstructed
 from app.providers.exceptions import (
     EndpointUnreachable,
     ProviderError,
@@ -38,8 +38,9 @@ from app.store.store_records import LeasedSample
 from app.tokens.prompt_check import PromptCheck
 
 OutcomeKind = Literal["done", "failed", "released", "stopping"]
-# (completion, flight) -> the rebuilt ids, verdict, text-path measurement and prompt check (app.engine.fidelity.verify)
-Reconstruct = Callable[[Completion, "Flight"], Awaitable[Rebuilt]]
+# (completion, flight) -> the reconstructed ids, verdict, text-path measurement and prompt check
+# (app.engine.fidelity.verify)
+Reconstruct = Callable[[Completion, "Flight"], Awaitable[Reconstructed]]
 # endpoint index -> (the request's extra body fields, whether it is a probe); default: the endpoint's `extra`
 RequestExtra = Callable[[int], "tuple[dict | None, bool]"]
 
@@ -56,7 +57,7 @@ class Flight:
     last: int = 0  # the endpoint of the latest request
     billed_usd: float = 0.0  # what failed earlier requests of this flight were billed
     unrecorded_usd: float = 0.0  # what the last request was charged, kept until its outcome is recorded
-    settling: bool = False  # a response arrived: pause-now leaves it to be rebuilt and stored
+    settling: bool = False  # a response arrived: pause-now leaves it to be reconstructed and stored
     probe: bool = False  # the latest request asked for true ids (app.engine.fidelity.verify): its text path is measured
     ticket: Ticket | None = None  # the limiter's ticket of the latest request (its level and epoch)
     # endpoint index -> its answer count at this flight's latest connection failure there (endpoint_health)
@@ -108,7 +109,7 @@ async def request_sample(
     on_unreachable: OnUnreachable | None = None,
     on_answered: Callable[[int], None] | None = None,
 ) -> Outcome:
-    """Send `flight.sample` until it succeeds or fails for good, and rebuild its ids; see the module doc.
+    """Send `flight.sample` until it succeeds or fails for good, and reconstruct its ids; see the module doc.
     `on_first_token(flight)`: a streamed request's first token arrived (the ETA's clock for that sample)."""
     sample = flight.sample
     counted = flight.tries - sample.tries_forgiven  # an operator's retry of failed samples forgave the earlier ones
@@ -186,7 +187,7 @@ async def request_sample(
     if flight.index is not None:
         slots.answered(flight.index)  # off the wire: the limiter's levels count what the provider holds
     try:
-        rebuilt = await reconstruct(completion, flight)
+        reconstructed = await reconstruct(completion, flight)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # e.g. a reference id beyond the vocabulary: the paid response is still stored
@@ -204,8 +205,8 @@ async def request_sample(
         "done",
         flight.tries,
         completion=completion,
-        reconstruction=rebuilt.reconstruction,
-        verdict=rebuilt.verdict,
-        measured=rebuilt.measured,
-        prompt_check=rebuilt.prompt_check,
+        reconstruction=reconstructed.reconstruction,
+        verdict=reconstructed.verdict,
+        measured=reconstructed.measured,
+        prompt_check=reconstructed.prompt_check,
     )

@@ -1,7 +1,8 @@
 """The samples in flight: one task each, from its first request to its settled outcome.
 
 `Flights.start(flight)` runs one sample's task: `attempt.request_sample` (requests under the retry policy, the
-ids rebuilt in the `RebuildPool`), then `Settler.settle` (the one place a sample ends in the store), then the
+ids reconstructed in the `ReconstructionPool`), then `Settler.settle` (the one place a sample ends in the store), then
+the
 forecast told how it ended; for a conversation's turn with turns after it, what its end made of them
 (`WorkSource.after_turn`: the next turn ready, or the conversation ended) moves the counts and the forecast, and a
 ready turn is leased at once (`on_ready`). The task gives back its slot once the outcome is stored (before a
@@ -21,19 +22,11 @@ from collections.abc import Awaitable, Callable
 
 from app.engine import interventions
 from app.engine.attempt import Flight, request_sample
-from app.engine.capacity.endpoints import Endpoint
-from app.engine.capacity.slots import EndpointSlots
-from app.engine.fidelity.pool import RebuildPool
-from app.engine.fidelity.verify import Rebuilt, Verifier, ask_twin
-from app.engine.health.endpoint_health import EndpointGuard
-from app.engine.health.events import EventLog
-from app.engine.money.forecast import Forecast
-from app.engine.money.ledger import Ledger
+from app.engine.fidelity.verify import Reconstructed, ask_twin
 from app.engine.settle import Settler
-from app.engine.work.leases import TurnFollow, WorkSource
-from app.engine.work.run_state import RunState
+from app.engine.wiring import Capacity, Checking, Money, Sending, Signals, StoreSide
+from app.engine.work.leases import TurnFollow
 from app.providers.exceptions import RetryableError
-from app.providers.retry import RetryPolicy
 from app.records import Completion
 from app.store.run_store import StoreWriteError
 
@@ -47,37 +40,30 @@ class Flights:
     def __init__(
         self,
         *,
-        endpoints: list[Endpoint],
-        slots: EndpointSlots,
-        policy: RetryPolicy,
-        model: str,
-        pool: RebuildPool | None,
-        guard: EndpointGuard,
-        verifier: Verifier,
+        store: StoreSide,
+        capacity: Capacity,
+        money: Money,
+        signals: Signals,
+        sending: Sending,
+        checking: Checking,
         settler: Settler,
-        forecast: Forecast,
-        ledger: Ledger,
-        source: WorkSource,
-        state: RunState,
-        events: EventLog,
-        wake: asyncio.Event,
         pause: Pause,
     ) -> None:
-        self._endpoints = endpoints
-        self._slots = slots
-        self._policy = policy
-        self._model = model
-        self._pool = pool  # None: the text is stored as is (no reconstructor)
+        self._endpoints = capacity.endpoints
+        self._slots = capacity.slots
+        self._policy = sending.policy
+        self._model = sending.model
+        self._pool = checking.pool  # None: the text is stored as is (no reconstructor)
         self._think_ids: tuple[int | None, int | None] | None = None  # the profile's think tags' ids, once known
-        self._guard = guard  # endpoint health: connection failures and answers
-        self._verifier = verifier
+        self._guard = sending.guard  # endpoint health: connection failures and answers
+        self._verifier = checking.verifier
         self._settler = settler
-        self._forecast = forecast
-        self._ledger = ledger
-        self._source = source
-        self._state = state
-        self._events = events
-        self._wake = wake  # the scheduler's: set when the last flight ends
+        self._forecast = money.forecast
+        self._ledger = money.ledger
+        self._source = store.source
+        self._state = signals.state
+        self._events = signals.events
+        self._wake = signals.wake  # the scheduler's: set when the last flight ends
         self._pause = pause
         self._tasks: dict[asyncio.Task[None], Flight] = {}
         self.settled = asyncio.Event()  # set whenever a flight ends (the budget waits on it)
@@ -98,7 +84,7 @@ class Flights:
 
     def per_endpoint(self) -> tuple[list[int], list[int]]:
         """Per endpoint: requests on the wire (a slot held, no response yet) and samples waiting (to retry,
-        or with a response being rebuilt and stored), so the tile and the endpoint rows count the same."""
+        or with a response being reconstructed and stored), so the tile and the endpoint rows count the same."""
         wire = [0] * len(self._endpoints)
         waiting = [0] * len(self._endpoints)
         for f in self._tasks.values():
@@ -147,7 +133,7 @@ class Flights:
                 slots=self._slots,
                 policy=self._policy,
                 model=self._model,
-                reconstruct=self._rebuild,
+                reconstruct=self._reconstruct,
                 on_retry=self._on_retry,
                 request_extra=lambda index: self._verifier.request_extra(index, f.sample),
                 on_first_token=self._forecast.first_token,
@@ -212,21 +198,22 @@ class Flights:
         if follow.ready and self.on_ready is not None:
             self.on_ready()
 
-    async def _rebuild(self, completion: Completion, f: Flight) -> Rebuilt:
-        """The ids of one answer, rebuilt in the pool; a probe also asks the trusted twin (when the run has one and
+    async def _reconstruct(self, completion: Completion, f: Flight) -> Reconstructed:
+        """The ids of one answer, reconstructed in the pool; a probe also asks the trusted twin (when the run has one
+        and
         the answer carries no true ids) and teaches the verifier what the endpoint did to the text."""
         if self._pool is None:
-            return Rebuilt(None, None)
+            return Reconstructed(None, None)
         endpoint = self._endpoints[f.last].name
         twin = None
         if self._verifier.wants_twin(f.last, f.probe, completion):
             twin = await ask_twin(self._verifier, self._endpoints, f.sample, self._model)
-        rebuilt = await self._pool.rebuild(completion, f.sample, endpoint, f.probe, twin)
-        rebuilt = self._with_interventions(completion, rebuilt, self._endpoints[f.last].config.extra)
-        self._verifier.learn(endpoint, completion, rebuilt, f.probe)
+        reconstructed = await self._pool.reconstruct(completion, f.sample, endpoint, f.probe, twin)
+        reconstructed = self._with_interventions(completion, reconstructed, self._endpoints[f.last].config.extra)
+        self._verifier.learn(endpoint, completion, reconstructed, f.probe)
         for note in self._verifier.pending_notes():
             await self._events.add("warning", "fidelity", note)
-        return rebuilt
+        return reconstructed
 
     def _with_interventions(self, completion: Completion, rebuilt: Rebuilt, fields: dict | None) -> Rebuilt:
         """`rebuilt` with the answer's ledger of server interventions, each one flagged on its reconstruction

@@ -8,8 +8,8 @@ arguments: `RunState` (the run's state and why; `run_state`), `Ledger` (budget, 
 `scheduler`), the `Flights` (one task per sample: request, settle, forecast; `flights`), the `Settler` (the one
 place a sample ends; `settle`), `Steering` (pause, resume, concurrency, the commands table; `steering`), the
 `HeartbeatWriter` (`health.heartbeat`), `StoreHealth` (a store that refuses writes; `health.store_health`) and the
-`RebuildPool` (where ids are rebuilt; `fidelity.pool`). Five tasks run once started: the scheduler, the command
-poll, the lease keeper, the heartbeat and the endpoint guard's watch (`EndpointGuard.watch`: a dead endpoint).
+`ReconstructionPool` (where ids are reconstructed; `fidelity.pool`). Five tasks run once started: the scheduler, the
+command poll, the lease keeper, the heartbeat and the endpoint guard's watch (`EndpointGuard.watch`: a dead endpoint).
 
 Crash safety comes from the store: a sample is `leased` until its result commits, and a SIGKILL loses at
 most the requests in flight (finished-but-unstored results hold their slot). Leases carry an owner
@@ -38,10 +38,9 @@ from app.engine.capacity.endpoints import (
     total_limit,
 )
 from app.engine.capacity.slots import EndpointSlots
-from app.engine.fidelity.pool import RebuildPool, open_rebuilding
+from app.engine.fidelity.pool import ReconstructionPool, open_reconstruction_pool
 from app.engine.fidelity.quality import QualityDecision
-from app.engine.fidelity.reconstructor import CompletionReconstructor
-from app.engine.fidelity.verify import Rebuilder, Verifier, open_verification, save_profiles
+from app.engine.fidelity.verify import EndpointReconstructor, Verifier, open_verification, save_profiles
 from app.engine.flights import Flights
 from app.engine.health.endpoint_health import EndpointGuard, HealthBook
 from app.engine.health.events import EngineEvent, EventLog
@@ -56,6 +55,7 @@ from app.engine.record.snapshot import IN_PROCESS, LiveFigures, RunRecord
 from app.engine.scheduler import Scheduler
 from app.engine.settle import Settler
 from app.engine.steering import VIEWER_PAUSE, Steering
+from app.engine.wiring import Capacity, Checking, Money, Sending, Signals, StoreSide
 from app.engine.work.counts import follower_of
 from app.engine.work.leases import LeaseKeeper, SampleLeases
 from app.engine.work.run_state import RunOutcome, RunState
@@ -65,6 +65,7 @@ from app.records import ErrorClass
 from app.store.count_records import RunCounts
 from app.store.run_store import RunStore, StoreWriteError
 from app.token_bucket import TokenBucket
+from app.tokens import Reconstructor
 from app.tokens.fidelity_profile import FidelityProfile
 
 CLOSE_GRACE_S = 30.0  # how long close() waits for finished results to be stored before giving them up
@@ -93,7 +94,7 @@ class Run:
         config: RunConfig,
         store: RunStore,
         *,
-        reconstructor: CompletionReconstructor | None = None,
+        reconstructor: Reconstructor | None = None,
         db_path: Path | None = None,
         resume_paused: bool = False,
         clients: Mapping[str, CompletionClient] | None = None,
@@ -102,7 +103,7 @@ class Run:
     ) -> None:
         self.config = config
         self.store = store
-        self.reconstructor = reconstructor  # None: the text is stored as is, no ids rebuilt
+        self.reconstructor = reconstructor  # None: the text is stored as is, no ids reconstructed
         self.db_path = Path(db_path or store.path or config.run.database)
         self.resume_paused = resume_paused
         self.policy = retry_policy or RetryPolicy(attempts=config.generation.attempts)
@@ -121,7 +122,7 @@ class Run:
         self._gate = StoreGate(self._store_changed)
         self.events = EventLog(store, self._gate)
         self._health = StoreHealth(state=self._state, events=self.events, db_path=self.db_path, wake=self._wake)
-        self._pool: RebuildPool | None = None
+        self._pool: ReconstructionPool | None = None
         self._live: _Started | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -163,8 +164,8 @@ class Run:
         return self._eps.items
 
     @property
-    def rebuild_pool(self) -> RebuildPool | None:
-        """Where rebuilds run (None: no reconstructor, or closed)."""
+    def reconstruction_pool(self) -> ReconstructionPool | None:
+        """Where reconstructions run (None: no reconstructor, or closed)."""
         return self._pool
 
     # ---- lifecycle -------------------------------------------------------------------------------
@@ -194,7 +195,7 @@ class Run:
         await self._ledger.quote_prices(cfg, self.endpoints, events.add)
         self._forecast.prices = self._ledger.budget.prices
         # the endpoints' servers identified, their prior, stored and (as probes come in) learned fidelity profiles
-        rebuilder, notes = await open_verification(
+        endpoint_reconstructor, notes = await open_verification(
             self._verifier, self.reconstructor, cfg, self.db_path, self.endpoints
         )
         for level, note in notes:
@@ -202,7 +203,11 @@ class Run:
         self._verifier.on_profile = self._on_profile
         # a pass-through (not a tokens Reconstructor, returned unwrapped) has nothing the pool could call: no pool,
         # the text is stored as is
-        self._pool = await open_rebuilding(rebuilder if isinstance(rebuilder, Rebuilder) else None, cfg, events.add)
+        self._pool = await open_reconstruction_pool(
+            endpoint_reconstructor if isinstance(endpoint_reconstructor, EndpointReconstructor) else None,
+            cfg,
+            events.add,
+        )
         self._live = live = self._wire(run_id)
         await self._save_profiles(list(self._verifier.profiles.values()))
         if stored_state == "paused" and not self.resume_paused:
@@ -256,54 +261,40 @@ class Run:
             all_down=lambda why: steering.endpoints_down(why),
             back=lambda index: steering.endpoint_back(index),
         )
+        # the bundles the orchestration's parts share (app.engine.wiring), built once per started run
+        side = StoreSide(self.store, run_id, gate, source)
+        capacity = Capacity(eps, slots, requests, tokens)
+        money = Money(self._ledger, self._forecast)
+        signals = Signals(state, events, self._wake)
         flights = Flights(
-            endpoints=eps,
-            slots=slots,
-            policy=self.policy,
-            model=cfg.model.name,
-            pool=self._pool,
-            guard=guard,
-            verifier=self._verifier,
+            store=side,
+            capacity=capacity,
+            money=money,
+            signals=signals,
+            sending=Sending(self.policy, cfg.model.name, guard),
+            checking=Checking(self._pool, self._verifier),
             settler=settler,
-            forecast=self._forecast,
-            ledger=self._ledger,
-            source=source,
-            state=state,
-            events=events,
-            wake=self._wake,
             pause=self._pause_for,
         )
         scheduler = Scheduler(
             config=cfg,
-            source=source,
+            store=side,
             flights=flights,
-            slots=slots,
-            ledger=self._ledger,
-            forecast=self._forecast,
-            state=state,
-            gate=gate,
-            events=events,
-            wake=self._wake,
+            capacity=capacity,
+            money=money,
+            signals=signals,
             pause=self._pause_for,
-            requests=requests,
-            tokens=tokens,
             lease_batch=self._lease_batch,
         )
         flights.on_ready = scheduler.work_returned  # a turn's parent stored: lease it now
         steering = Steering(
-            store=self.store,
-            run_id=run_id,
-            state=state,
+            store=side,
+            capacity=capacity,
+            money=money,
+            signals=signals,
             scheduler=scheduler,
             flights=flights,
-            endpoints=eps,
-            slots=slots,
-            gate=gate,
-            events=events,
-            wake=self._wake,
-            counts=self._ledger.counts,
             attempts=cfg.generation.attempts,
-            forecast=self._forecast,
         )
         keeper = LeaseKeeper(
             source=source,
@@ -402,7 +393,8 @@ class Run:
         await self.pause(reason=reason)
 
     def _on_profile(self, fp: FidelityProfile) -> None:
-        """A learned profile that changes what rebuilds do: to the rebuild workers (or threads) and the store."""
+        """A learned profile that changes what reconstructions do: to the reconstruction workers (or threads) and
+        the store."""
         if self._pool is not None:
             self._pool.update_profile(fp)
         asyncio.get_running_loop().create_task(self._save_profiles([fp]))

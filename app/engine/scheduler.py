@@ -22,17 +22,10 @@ from typing import Protocol
 
 from app.config import RunConfig
 from app.engine.attempt import Flight
-from app.engine.capacity.slots import EndpointSlots
-from app.engine.health.events import EventLog
-from app.engine.health.writes import StoreGate
 from app.engine.money.budget import estimate_prompt_tokens
-from app.engine.money.forecast import Forecast
-from app.engine.money.ledger import Ledger
-from app.engine.work.leases import WorkSource
-from app.engine.work.run_state import RunState
+from app.engine.wiring import Capacity, Money, Signals, StoreSide
 from app.store.run_store import StoreWriteError
 from app.store.store_records import LeasedSample
-from app.token_bucket import TokenBucket
 
 EMPTY_RETRY_S = 0.5  # a source that leased nothing is asked again after this long (or when work comes back)
 
@@ -55,34 +48,28 @@ class Scheduler:
         self,
         *,
         config: RunConfig,
-        source: WorkSource,
+        store: StoreSide,
         flights: FlightStarter,
-        slots: EndpointSlots,
-        ledger: Ledger,
-        forecast: Forecast,
-        state: RunState,
-        gate: StoreGate,
-        events: EventLog,
-        wake: asyncio.Event,
+        capacity: Capacity,
+        money: Money,
+        signals: Signals,
         pause: Callable[[str], Awaitable[None]],
-        requests: TokenBucket | None = None,
-        tokens: TokenBucket | None = None,
         lease_batch: int | None = None,
     ) -> None:
         self._model = config.model.name
         self._max_tokens = config.generation.max_tokens
-        self._source = source
+        self._source = store.source
         self._flights = flights
-        self._slots = slots
-        self._ledger = ledger
-        self._forecast = forecast
-        self._state = state
-        self._gate = gate
-        self._events = events
-        self._wake = wake  # set by whoever may have given the scheduler something to do
+        self._slots = capacity.slots
+        self._ledger = money.ledger
+        self._forecast = money.forecast
+        self._state = signals.state
+        self._gate = store.gate
+        self._events = signals.events
+        self._wake = signals.wake  # set by whoever may have given the scheduler something to do
         self._pause = pause  # (reason) -> the run paused through the control path
-        self._requests = requests  # requests per minute (None: no limit)
-        self._tokens = tokens  # prompt + max_tokens per minute (None: no limit)
+        self._requests = capacity.requests  # requests per minute (None: no limit)
+        self._tokens = capacity.tokens  # prompt + max_tokens per minute (None: no limit)
         self._lease_batch = lease_batch  # None: twice the in-flight limit, 16 to 512
         self._queue: deque[LeasedSample] = deque()
         self._prefetch: asyncio.Future[list[LeasedSample]] | None = None

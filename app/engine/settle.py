@@ -1,7 +1,7 @@
 """Settling a sample's Outcome: the one place its requests end in the store, the counts, the budget and the metrics.
 
 `Settler.settle` stores a paid response whatever else went wrong (done, or failed with the reason when its
-ids could not be rebuilt), a failure with its error named, or a stopped sample's lease given back; every
+ids could not be reconstructed), a failure with its error named, or a stopped sample's lease given back; every
 write goes through the StoreGate, so a database that refuses writes for a while delays the result but never
 drops it. `Settler.on_retry` books a failed request that will be retried. The slot is given back by the
 request task once this returns.

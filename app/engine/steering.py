@@ -11,18 +11,14 @@ from __future__ import annotations
 
 import asyncio
 
-from app.engine.capacity.endpoints import Endpoint, set_total_limit
-from app.engine.capacity.slots import EndpointSlots
+from app.engine.capacity.endpoints import set_total_limit
 from app.engine.fidelity.quality import QualityDecision
 from app.engine.flights import Flights
 from app.engine.health.endpoint_health import ENDPOINTS_DOWN
-from app.engine.health.events import EventLog
-from app.engine.health.writes import StoreGate
-from app.engine.money.forecast import Forecast
 from app.engine.scheduler import Scheduler
+from app.engine.wiring import Capacity, Money, Signals, StoreSide
 from app.engine.work.counts import SampleCounts
-from app.engine.work.run_state import RunState
-from app.store.run_store import RunStore, StoreWriteError
+from app.store.run_store import StoreWriteError
 
 COMMAND_POLL_S = 1.0
 # The reason a pause sent through the commands table (an attached viewer, `watch`/`serve --control`) carries:
@@ -36,33 +32,27 @@ class Steering:
     def __init__(
         self,
         *,
-        store: RunStore,
-        run_id: int,
-        state: RunState,
+        store: StoreSide,
+        capacity: Capacity,
+        money: Money,
+        signals: Signals,
         scheduler: Scheduler,
         flights: Flights,
-        endpoints: list[Endpoint],
-        slots: EndpointSlots,
-        gate: StoreGate,
-        events: EventLog,
-        wake: asyncio.Event,
-        counts: SampleCounts,
         attempts: int,
-        forecast: Forecast,
     ) -> None:
-        self._store = store
-        self._run_id = run_id
-        self._state = state
+        self._store = store.store
+        self._run_id = store.run_id
+        self._state = signals.state
         self._scheduler = scheduler
         self._flights = flights
-        self._endpoints = endpoints
-        self._slots = slots
-        self._gate = gate
-        self._events = events
-        self._wake = wake  # the scheduler's
-        self._counts = counts
+        self._endpoints = capacity.endpoints
+        self._slots = capacity.slots
+        self._gate = store.gate
+        self._events = signals.events
+        self._wake = signals.wake  # the scheduler's
+        self._counts: SampleCounts = money.ledger.counts
         self._attempts = attempts  # generation.attempts: the fresh allowance retry_failed gives
-        self._forecast = forecast  # told of samples put back to pending (the ETA counts them again)
+        self._forecast = money.forecast  # told of samples put back to pending (the ETA counts them again)
 
     async def pause(self, now: bool = False, reason: str = "operator") -> None:
         """Lease nothing new; with now=True also cancel in-flight requests (providers may still bill)."""

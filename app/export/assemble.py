@@ -248,7 +248,7 @@ class Export:
         self.renderer = PromptRenderer(
             self.tokenizer, self.profile, load_chat_template(tok_dir, o.chat_template, self.kwargs), self.kwargs
         )
-        # ids rebuilt from text by an endpoint nothing verified are refused unless accepted (app.export.policy)
+        # ids reconstructed from text by an endpoint nothing verified are refused unless accepted (app.export.policy)
         self.verification = with_verification(self.conn, info.id, self.policy)
         self.policy = self.verification.policy
 
@@ -256,12 +256,13 @@ class Export:
         return make_writer(self.fmt, folder, self.tokenizer, self.profile, self.options.shard_size)
 
     def _check(self, row: ExportRow) -> str | None:
-        """Why `row` is skipped (None: exported); a row rebuilt with another tokenizer stops the export."""
+        """Why `row` is skipped (None: exported); a row reconstructed with another tokenizer stops the export."""
         reason = skip_reason(row, self.policy)
         fp = self.tokenizer.fingerprint
         if reason is None and row.tokenizer_fingerprint and row.tokenizer_fingerprint != fp:
             raise InputError(
-                f"sample {row.sample_id!r}: its ids were rebuilt with tokenizer {row.tokenizer_fingerprint[:12]}, "
+                f"sample {row.sample_id!r}: its ids were reconstructed with tokenizer "
+                f"{row.tokenizer_fingerprint[:12]}, "
                 f"not {self.tok_dir} ({fp[:12]}); pass the run's tokenizer with --tokenizer, or "
                 "run `eaglewatch reprocess` with this one first"
             )
@@ -378,7 +379,7 @@ class Export:
         if skipped.get("unverified"):
             said.insert(
                 0,
-                f"{skipped['unverified']} sample(s) rebuilt from text by unverified endpoints were refused "
+                f"{skipped['unverified']} sample(s) reconstructed from text by unverified endpoints were refused "
                 "(pass --accept-unverified to export them anyway)",
             )
         return (

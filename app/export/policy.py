@@ -33,7 +33,7 @@ class ExportPolicy:
     # only samples whose server prompt ids agreed with the rendered prompt (app.tokens.prompt_check)
     require_prompt_agreement: bool = False
     max_length: int | None = None  # prompt + completion tokens; longer samples are skipped, never cut
-    # ids rebuilt from text by an endpoint × provider that nothing verified (app.store.verification) are refused
+    # ids reconstructed from text by an endpoint × provider that nothing verified (app.store.verification) are refused
     # unless accepted; `unverified` holds the (endpoint, provider or "") pairs to refuse (`with_verification`)
     accept_unverified: bool = False
     unverified: frozenset = frozenset()
@@ -76,8 +76,8 @@ def _truncated(row: ExportRow) -> bool:
 SKIP_RULES: tuple[SkipRule, ...] = (
     SkipRule(
         "not_rebuilt",
-        "not rebuilt",
-        "no output ids were rebuilt for the sample (no reconstruction stored)",
+        "not reconstructed",
+        "no output ids were reconstructed for the sample (no reconstruction stored)",
         lambda row, p: not row.output_ids,
     ),
     SkipRule(
@@ -111,13 +111,13 @@ SKIP_RULES: tuple[SkipRule, ...] = (
     SkipRule(
         "roundtrip_failed",
         "round-trip failed",
-        "the rebuilt ids do not decode back to the returned text; kept with --keep-roundtrip-failed",
+        "the reconstructed ids do not decode back to the returned text; kept with --keep-roundtrip-failed",
         lambda row, p: row.roundtrip is False and not p.keep_roundtrip_failed,
     ),
     SkipRule(
         "unverified",
         "unverified endpoint",
-        "ids rebuilt from text by an endpoint that nothing verified (no "
+        "ids reconstructed from text by an endpoint that nothing verified (no "
         "probe with true ids, no reference, not the server table alone); kept with --accept-unverified",
         lambda row, p: not p.accept_unverified and bool(p.unverified) and is_unverified_text(row, p),
     ),
@@ -173,7 +173,7 @@ def skip_reason(row: ExportRow, policy: ExportPolicy) -> str | None:
 
 def true_ids(row: ExportRow) -> tuple[tuple[int, ...], str]:
     """The output ids to export and their source (one of IDS_SOURCES): the server's own ids when it returned
-    them, the logprob-rebuilt ids, the sample's reference when the verdict says it is this very text
+    them, the logprob-reconstructed ids, the sample's reference when the verdict says it is this very text
     (`exact` / `bpe_equivalent`), and the re-encoded text only otherwise."""
     ids = row.output_ids or ()
     if row.ids_source in ("server", "logprobs", "reference"):
@@ -190,7 +190,7 @@ def true_ids(row: ExportRow) -> tuple[tuple[int, ...], str]:
 
 
 def is_unverified_text(row: ExportRow, policy: ExportPolicy) -> bool:
-    """True when the row's exported ids would be a rebuild from text, unchecked by a reference, by an endpoint ×
+    """True when the row's exported ids would be a reconstruction from text, unchecked by a reference, by an endpoint ×
     provider nothing verified."""
     return (
         row.category in (None, "unchecked")
@@ -223,14 +223,14 @@ def with_verification(conn, run_id: int, policy: ExportPolicy) -> Verification:
 
 
 def held_back_advice(statuses, skipped_suspect: dict[tuple[str, str], int]) -> list[str]:
-    """Sentences for endpoints whose rebuilds from text were mostly held back as suspect where the server table
+    """Sentences for endpoints whose reconstructions from text were mostly held back as suspect where the server table
     knows a path that keeps more (streaming vs not): the yield's cause and its fix."""
     out = []
     for s in statuses:
         n = skipped_suspect.get((s.endpoint, s.provider or ""), 0)
         if s.text_samples and n * 5 > 2 * s.text_samples and s.prior is not None and s.prior.other_path:
             out.append(
-                f"{s.who} ({s.prior.label}): {n} of {s.text_samples} samples rebuilt from text held back as "
+                f"{s.who} ({s.prior.label}): {n} of {s.text_samples} samples reconstructed from text held back as "
                 f"suspect (their text cannot prove their ids); {s.prior.other_path}"
             )
     return out

@@ -5,7 +5,7 @@ range and raise `MalformedResponse` naming the field (retryable: the same reques
 
 - counts (`count`): integers in [0, MAX_COUNT]; an integral float (`12.0`) is that integer; NaN, ±inf, a
   fraction, a negative number or one past the bound are refused. The bound keeps every count far inside
-  SQLite's 64-bit integers, the ledger's arithmetic and a pickle to the rebuild workers.
+  SQLite's 64-bit integers, the ledger's arithmetic and a pickle to the reconstruction workers.
 - ids (`ids`): a list of integers in [0, vocab_size), or [0, 2**32) while the vocabulary is not known
   (the store packs ids as uint32).
 - cost (`cost`): a cost that is not finite, is negative or is above the configured cap is *not* a malformed

@@ -53,11 +53,11 @@ class SampleStates:
 
 @dataclass(frozen=True, slots=True)
 class AnswerCounts:
-    """Stored answers (one per sample that got a response rebuilt into ids) by what they are.
+    """Stored answers (one per sample that got a response reconstructed into ids) by what they are.
 
     verdicts: every category of app.records.VERDICTS (0 when none), against the sample's reference.
     verified / checked / unchecked: the verification classes (app.records.Verification); they add up to `answers`.
-    measured: verified answers whose text-only rebuild was also compared with their true ids (the probes: the
+    measured: verified answers whose text-only reconstruction was also compared with their true ids (the probes: the
       endpoint's text-path fidelity); by that comparison's verdict: measured_exact, measured_benign
       (bpe_equivalent), measured_truncated, measured_corrupt (per corrupt verdict).
     suspects: answers carrying a suspect flag (app.tokens.flags; the export leaves them out unless asked).
@@ -91,7 +91,8 @@ class AnswerCounts:
 
     @property
     def measured_matched(self) -> int:
-        """Measured answers whose text-only rebuild gave the same text (exact or benign): the match rate's numerator."""
+        """Measured answers whose text-only reconstruction gave the same text (exact or benign): the match rate's
+        numerator."""
         return self.measured_exact + self.measured_benign
 
     @property

@@ -2,7 +2,7 @@
 
 Rows stream in pages (keyset on `samples.pk`), so memory stays bounded whatever the run's size. Besides the
 reconstruction's `output_ids` each row carries the other sources of output ids the store holds, so the export
-can prefer true ids (server ids, then logprob-rebuilt ids, then the sample's reference) over a re-encoding:
+can prefer true ids (server ids, then logprob-reconstructed ids, then the sample's reference) over a re-encoding:
 `responses.token_ids` (what the server returned), `samples.reference_ids`, and the v5 columns
 `reconstructions.ids_source` / `reconstructions.flags` (read with plain SQL: NULL on rows from before v5).
 A whole conversation's turn (schema v8) is a row like any other (its `messages` are that turn's request: the
@@ -129,7 +129,7 @@ def _flags(text: str | None, sample_id: str) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise InputError(
             f"sample {sample_id!r}: stored reconstruction flags are not a JSON list; run `eaglewatch "
-            "reprocess` to rebuild them"
+            "reprocess` to reconstruct them"
         )
     return tuple(str(f) for f in value)
 

@@ -11,7 +11,7 @@ The mismatch list (`mismatch_page`) has ONE set of sort orders (`MISMATCH_ORDERS
 - verdict: by category, then sample; keyset over the same index;
 - first_diff: earliest first difference first (rows without one last); the partial (run, first_diff) index;
 - n_diff: most tokens differing first; the (run, n_diff) index;
-- longest: most rebuilt tokens first; the (run, category, n_tokens) index (schema v5), one range per
+- longest: most reconstructed tokens first; the (run, category, n_tokens) index (schema v5), one range per
   verdict, pages turned by key like sample order.
 first_diff and n_diff read about offset + limit index entries. With a text filter, first_diff, n_diff and
 longest sort every match once and reuse that order for SORT_CACHE_S (a page is then a slice and a lookup).
@@ -79,6 +79,7 @@ __all__ = [
     "RunRow",
     "MismatchRow",
     "MismatchPage",
+    "MismatchQuery",
     "SampleDetail",
     "EventRow",
     "JobSummary",
@@ -528,25 +529,30 @@ def mismatch_count(
     ).fetchone()[0]
 
 
-def mismatch_page(
-    conn: sqlite3.Connection,
-    run_id: int,
-    verdicts: Iterable[str] | None = MISMATCH_VERDICTS,
-    text: str | None = None,
-    order: str = "sample",
-    offset: int = 0,
-    limit: int = 50,
-    *,
-    after: MismatchRow | None = None,
-    before: MismatchRow | None = None,
-    cache: SortCache | None = None,
-) -> MismatchPage:
-    """One page of reconstructions with the given verdicts (None: all), `text`-filtered, in `order`.
+@dataclass(frozen=True)
+class MismatchQuery:
+    """What one page of the mismatch list asks for: the filter (`verdicts`, None: all; `text`), the sort
+    (`order`, one of MISMATCH_ORDERS) and the page (`offset`, `limit`; with `after` / `before`, a row of the
+    neighbouring page, the sample / recent / verdict / longest orders turn pages by key and `offset` is only
+    reported back)."""
 
-    With `after` (`before`), a row of the neighbouring page, the sample / recent / verdict orders turn
-    pages by key and `offset` is only reported back; otherwise the page starts at `offset`. `cache` keeps
-    sorted orders between calls (a RunReader passes its own).
-    """
+    verdicts: Iterable[str] | None = MISMATCH_VERDICTS
+    text: str | None = None
+    order: str = "sample"
+    offset: int = 0
+    limit: int = 50
+    after: MismatchRow | None = None
+    before: MismatchRow | None = None
+
+
+def mismatch_page(
+    conn: sqlite3.Connection, run_id: int, query: MismatchQuery | None = None, *, cache: SortCache | None = None
+) -> MismatchPage:
+    """One page of reconstructions as `query` asks (its filter, sort and page; None: the first page of the
+    mismatches by sample). `cache` keeps sorted orders between calls (a RunReader passes its own)."""
+    query = query if query is not None else MismatchQuery()
+    verdicts, text, order = query.verdicts, query.text, query.order
+    offset, limit, after, before = query.offset, query.limit, query.after, query.before
     if order not in MISMATCH_ORDERS:
         raise ValueError(f"unknown order {order!r}; expected one of {', '.join(MISMATCH_ORDERS)}")
     chosen = _verdicts(verdicts)
@@ -897,18 +903,8 @@ class RunReader:
         before: MismatchRow | None = None,
     ) -> MismatchPage:
         """`mismatch_page` over this run, with this reader's sort cache."""
-        return self.call(
-            mismatch_page,
-            self.run_id,
-            verdicts,
-            text,
-            order,
-            offset,
-            limit,
-            after=after,
-            before=before,
-            cache=self.sort_cache,
-        )
+        query = MismatchQuery(verdicts, text, order, offset, limit, after, before)
+        return self.call(mismatch_page, self.run_id, query, cache=self.sort_cache)
 
     def close(self) -> None:
         """Close the connection."""
@@ -928,7 +924,7 @@ SERIES_CHUNK = 250_000  # ids read per call at most (bounds one poll's cost whil
 @dataclass(frozen=True, slots=True)
 class SeriesBucket:
     """One 10 s bucket (`bucket` * SERIES_BUCKET_S is its unix start): output tokens and count of successful
-    responses, cost of every attempt, measured answers (true ids whose text-only rebuild was compared) and how
+    responses, cost of every attempt, measured answers (true ids whose text-only reconstruction was compared) and how
     many of them matched (the same text), and when
     its first and last attempts were stored (where a plot's time axis starts and, once the run ends, stops)."""
 

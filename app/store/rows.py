@@ -31,9 +31,9 @@ import orjson
 from app.records import Category, Completion, Reconstruction, TokenLogprob, ToolCall, Verdict
 from app.store.ids import pack_ids, unpack_ids
 from app.store.schema import N_DIFF_SQL
-from app.store.store_records import RebuildLabels
+from app.store.store_records import ReconstructionLabels
 
-NO_LABELS = RebuildLabels()  # a rebuild's labels when the caller has none (one shared frozen value)
+NO_LABELS = ReconstructionLabels()  # a reconstruction's labels when the caller has none (one shared frozen value)
 
 
 def dumps(value: Any) -> str:
@@ -333,12 +333,12 @@ def reconstruction_row(
     reconstruction: Reconstruction,
     verdict: Verdict | None,
     reference_ids: Sequence[int] | None,
-    labels: RebuildLabels = NO_LABELS,
+    labels: ReconstructionLabels = NO_LABELS,
     *,
     response_id: int | None = None,
     created_at: float | None = None,
 ) -> ReconstructionRow:
-    """The row of one rebuilt sample (no verdict: unchecked), labelled by `labels` (its tokenizer is the
+    """The row of one reconstructed sample (no verdict: unchecked), labelled by `labels` (its tokenizer is the
     tokenizer's fingerprint)."""
     v = verdict or Verdict(category=Category.UNCHECKED, rec_len=len(reconstruction.output_ids))
     ref = tuple(reference_ids) if reference_ids is not None else None

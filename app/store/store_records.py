@@ -88,7 +88,7 @@ class Command:
 
 
 @dataclass(frozen=True, slots=True)
-class RebuildLabels:
+class ReconstructionLabels:
     """What a stored reconstruction carries beside its ids: the profile and tokenizer fingerprint that made it,
     where its ids came from and its flags (None: not recorded), and the prompt check (app.tokens.prompt_check:
     the server's prompt ids against the rendered prompt; None when not checked)."""
@@ -129,11 +129,11 @@ class ResultRecord:
     prompt_check: str | None = None
     prompt_first_diff: int | None = None
 
-    def labels(self) -> RebuildLabels:
+    def labels(self) -> ReconstructionLabels:
         """The reconstruction's labels: its own ids source and flags, with this result's profile, tokenizer and
         prompt check."""
         rec = self.reconstruction
-        return RebuildLabels(
+        return ReconstructionLabels(
             profile=self.profile,
             tokenizer=self.tokenizer,
             ids_source=rec.ids_source if rec is not None else None,

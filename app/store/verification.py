@@ -1,10 +1,10 @@
 """Whether each endpoint × upstream provider of a run is *verified*, *prior only* or *unverified*: the ONE place.
 
 - verified (n probes, x % exact): probe samples with true ids (server ids, logprobs with bytes, or a trusted
-  twin's ids) had their text-only rebuild measured against those ids (`text_path:<verdict>` flags);
+  twin's ids) had their text-only reconstruction measured against those ids (`text_path:<verdict>` flags);
 - prior only: no probe yet, but the server is known (`server =`, a simulator personality, or what its
   `GET /v1/models` said) and app.tokens.server_steps knows its text steps;
-- unverified: neither: nothing proves that text rebuilds of its answers carry the model's ids.
+- unverified: neither: nothing proves that text reconstructions of its answers carry the model's ids.
 
 `status_of` is pure over one row's counts; `read_verification(conn, run_id)` reads the counts and the stored
 fidelity profiles from the run database; the engine calls `status_of` over its live tallies, so `fidelity`, the
@@ -34,7 +34,7 @@ CONTRAST_RATE = 0.05  # the other endpoint returns whitespace at that edge at le
 
 @dataclass(frozen=True, slots=True)
 class Counts:
-    """One endpoint × provider's samples in a run: all, rebuilt from text, judged against a reference (of those
+    """One endpoint × provider's samples in a run: all, reconstructed from text, judged against a reference (of those
     from text), and its probes by text-path verdict."""
 
     endpoint: str
@@ -48,7 +48,7 @@ class Counts:
 
     @property
     def benign(self) -> int:
-        """Probes whose text rebuild differed from the true ids only by a BPE split (or agreed up to a cut)."""
+        """Probes whose text reconstruction differed from the true ids only by a BPE split (or agreed up to a cut)."""
         return self.probes - self.exact - self.corrupt
 
 
@@ -101,7 +101,7 @@ class VerificationStatus:
         return f"{UNVERIFIED} (no probe, server unknown)"
 
     def advice(self) -> str | None:
-        """What would verify this endpoint's text rebuilds (None when it is verified)."""
+        """What would verify this endpoint's text reconstructions (None when it is verified)."""
         if self.state == VERIFIED:
             return None
         truth = self.prior.truth if self.prior else None
@@ -317,7 +317,7 @@ def edge_contrasts(stats: Iterable[EdgeStats]) -> list[str]:
                 who_b = b.endpoint + (f" / {b.provider}" if b.provider else "")
                 out.append(
                     f"{who_a} never returns whitespace at {edge} (0 of {n}) where {who_b} does ({k} of {m}): "
-                    f"{who_a} likely strips it, so its rebuilt edges are ambiguous; prefer {who_b}, or verify "
+                    f"{who_a} likely strips it, so its reconstructed edges are ambiguous; prefer {who_b}, or verify "
                     f"{who_a} with probes"
                 )
                 break

@@ -1,4 +1,4 @@
-"""Classify rebuilt ids against reference ids: exact, benign re-split, corruption, or layout bug."""
+"""Classify reconstructed ids against reference ids: exact, benign re-split, corruption, or layout bug."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def compare(
     ref_bytes: bytes | None = None,
     rec_bytes: bytes | None = None,
 ) -> Verdict:
-    """Verdict of rebuilt ids vs reference ids (see app.records.VERDICTS), with an explanation sentence.
+    """Verdict of reconstructed ids vs reference ids (see app.records.VERDICTS), with an explanation sentence.
 
     structure_mismatch: the special-token sequence differs; bpe_equivalent: same bytes, other split;
     truncated: the reference has no stop token and the two agree (up to a partial UTF-8 tail).
@@ -154,7 +154,8 @@ def _judge(
 
 
 def _prefix_layout(ref_marks: list[int], rec_marks: list[int], stop_ids: frozenset[int]) -> bool:
-    # A truncated reference may be rebuilt with an end token when the API said "stop"; that alone is no layout bug.
+    # A truncated reference may be reconstructed with an end token when the API said "stop"; that alone is no layout
+    # bug.
     return rec_marks[: len(ref_marks)] == ref_marks and all(i in stop_ids for i in rec_marks[len(ref_marks) :])
 
 
@@ -199,7 +200,7 @@ class TextDifference:
     `byte`: the first differing byte offset (the shorter text's length when one is a prefix of the other);
     `ref_token` / `rec_token`: the index of the token holding that byte on each side (the length when that
     side ends there). The window is `[start, ref_end)` of the reference bytes and `[start, rec_end)` of the
-    rebuilt bytes: `context` is the shared text before the difference, `ref_text` / `rec_text` each side's
+    reconstructed bytes: `context` is the shared text before the difference, `ref_text` / `rec_text` each side's
     text from there on (stray bytes shown as <0xNN>); `cut_before` / `cut_after_*` say when more exists.
     """
 
@@ -312,11 +313,13 @@ def _text_sentence(
     # a benign re-split (same bytes) with the real difference later, or longer than the quote.
     d = first_text_difference(ref_bytes, rec_bytes, ref, rec, tokenizer, first)
     assert d is not None  # compare() calls this only when the bytes differ
-    where = f"token {d.ref_token}" if d.ref_token == d.rec_token else f"token {d.ref_token} (rebuilt {d.rec_token})"
+    where = (
+        f"token {d.ref_token}" if d.ref_token == d.rec_token else f"token {d.ref_token} (reconstructed {d.rec_token})"
+    )
     more = f" ({len(spans)} differing regions)" if len(spans) > 1 else ""
     return (
         f"corrupt: text differs at {where}, byte {d.byte:,} — reference {d.quoted('ref')} vs "
-        f"rebuilt {d.quoted('rec')}{more}"
+        f"reconstructed {d.quoted('rec')}{more}"
     )
 
 
@@ -324,12 +327,16 @@ def _layout_sentence(ref_marks: list[int], rec_marks: list[int], tokenizer: Toke
     name = lambda i: tokenizer.token_bytes(i).decode("utf-8", errors="replace")  # noqa: E731
     for k, (x, y) in enumerate(zip(ref_marks, rec_marks)):
         if x != y:
-            return f"structure: special token #{k + 1} is {name(x)} in the reference but {name(y)} in the rebuild"
+            return (
+                f"structure: special token #{k + 1} is {name(x)} in the reference but {name(y)} in the reconstruction"
+            )
     if len(ref_marks) > len(rec_marks):
         return (
-            f"structure: the rebuild lacks {name(ref_marks[len(rec_marks)])} (special token #{len(rec_marks) + 1} of "
+            f"structure: the reconstruction lacks {name(ref_marks[len(rec_marks)])} "
+            f"(special token #{len(rec_marks) + 1} of "
             f"the reference)"
         )
     return (
-        f"structure: the rebuild has an extra {name(rec_marks[len(ref_marks)])} (special token #{len(ref_marks) + 1})"
+        f"structure: the reconstruction has an extra {name(rec_marks[len(ref_marks)])} "
+        f"(special token #{len(ref_marks) + 1})"
     )

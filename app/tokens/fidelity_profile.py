@@ -9,7 +9,7 @@ that could show it showed the same change: its inverse is then a constant. A ste
 changes cannot be inverted from text: `apply` flags the affected samples (`uninvertible:<step>`) and
 leaves their text as returned, never guessing. A *strip* (an edge where the server removed whitespace some
 times, or an unknown amount of it) is the exception: `apply` names the edge (`Applied.strips`) and the
-reconstruction decides per sample, from the rebuilt token count against `usage.completion_tokens`, whether
+reconstruction decides per sample, from the reconstructed token count against `usage.completion_tokens`, whether
 whitespace could have been removed there (app.tokens.reconstruct); only such samples are flagged.
 
 A profile has two sources of observations: `observations`, counted from probes (true ids), and `prior`, the
@@ -290,7 +290,7 @@ def learn(
     view: Callable[[Sequence[int]], ProviderView] | None = None,
 ) -> FidelityProfile:
     """Learn a profile from (returned completion, true output ids) pairs of one endpoint/provider. `whole` False:
-    the ids' tool calls were rebuilt from the returned text (logprobs did not cover them), so nothing is learned
+    the ids' tool calls were reconstructed from the returned text (logprobs did not cover them), so nothing is learned
     of the tool calls or the token count. `view`: what an ideal provider returns for some ids (`split_output`
     by default; a Reconstructor passes its own, which has just split the same ids)."""
     obs: dict[str, Counter] = {}
@@ -341,8 +341,8 @@ def with_prior(fp: FidelityProfile, prior: FidelityProfile | None) -> FidelityPr
 
 
 def plan_key(fp: FidelityProfile | None) -> tuple:
-    """What `apply` would do with this profile, as a comparable value: two profiles with the same key rebuild
-    every sample alike (a learned profile is sent to the rebuild workers only when its key changes)."""
+    """What `apply` would do with this profile, as a comparable value: two profiles with the same key reconstruct
+    every sample alike (a learned profile is sent to the reconstruction workers only when its key changes)."""
     if fp is None:
         return ()
     plan = _plan_of(fp)
@@ -538,7 +538,7 @@ _ENCODERS: dict[int, tuple[dict, Callable]] = {}
 
 def _encoder(kwargs: dict) -> Callable:
     """`json.dumps(obj, **kwargs)` as one callable, its JSONEncoder built once per keywords dict (json.dumps builds
-    one per call for any keywords but the defaults; applied per tool call of every rebuilt sample). Without an
+    one per call for any keywords but the defaults; applied per tool call of every reconstructed sample). Without an
     indent, an object or array goes straight to the C encoder JSONEncoder.encode would build for it (built once
     here; without the circular-reference check, which parsed JSON never needs)."""
     hit = _ENCODERS.get(id(kwargs))

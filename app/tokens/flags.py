@@ -1,12 +1,12 @@
 """The names written into `Reconstruction.flags` / `reconstructions.flags`, in one place.
 
-A *suspect* sample is one whose ids were rebuilt from text and whose text shows a cheap, honest sign that
+A *suspect* sample is one whose ids were reconstructed from text and whose text shows a cheap, honest sign that
 it may not carry the model's ids (no ground truth needed). The export drops suspects by default:
 `is_suspect(flags)` is the test it calls. Informational flags (`text_path:<verdict>`) record the measured
 fidelity of the text path on a sample that has true ids; they never make a sample suspect.
 
 `ids_source` (Reconstruction.ids_source, reconstructions.ids_source) says where the stored ids came from:
-IDS_SOURCES. Only "server" and "logprobs" are ground truth ("verified"); "text" ids are a rebuild.
+IDS_SOURCES. Only "server" and "logprobs" are ground truth ("verified"); "text" ids are a reconstruction.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from app.records import TRUE_ID_SOURCES
 # ---- ids_source ------------------------------------------------------------------------------------------
 IDS_SERVER = "server"  # server-returned output ids (vLLM token_ids, SGLang output_ids / logprob token_id)
 IDS_LOGPROBS = "logprobs"  # logprob tokens with bytes, mapped to ids
-IDS_TEXT = "text"  # canonical rebuild from the returned text (with learned repairs, if any)
+IDS_TEXT = "text"  # canonical reconstruction from the returned text (with learned repairs, if any)
 IDS_SOURCES = (IDS_SERVER, IDS_LOGPROBS, IDS_TEXT)
 VERIFIED_SOURCES = TRUE_ID_SOURCES  # (IDS_SERVER, IDS_LOGPROBS): app.records defines them once
 
-# ---- suspect flags (text-path rebuilds only) -------------------------------------------------------------
+# ---- suspect flags (text-path reconstructions only) -------------------------------------------------------------
 REPLACEMENT_CHAR = "replacement_char"  # U+FFFD in the text: bytes were lost on the way (partial UTF-8)
 MARKER_AS_TEXT = "marker_as_text"  # a special-token string of the profile spelled inside a field
 NORMALISER = "normaliser"  # the tokenizer's normaliser would change the text (encoded raw; model ids unknown)
@@ -32,12 +32,12 @@ REASONING_MISSING = "reasoning_missing"  # no reasoning field where the prompt o
 # thinking dropped by the server, or an answer that ended inside the think block (text cannot tell)
 UNINVERTIBLE = "uninvertible:"  # + a step of app.tokens.fidelity_profile.STEPS the endpoint's profile cannot invert
 # (for a strip: only samples whose token count cannot rule out that whitespace was removed there)
-TOKEN_COUNT = "token_count"  # the rebuilt ids are not as many as usage.completion_tokens says the model generated
+TOKEN_COUNT = "token_count"  # the reconstructed ids are not as many as usage.completion_tokens says the model generated
 # (with the endpoint's count relation known): a non-canonical split, or text changed on the way
 SERVER_IDS_INCOMPLETE = "server_ids_incomplete"  # the server's ids lack text it returned (tokens dropped on the way,
-# vLLM #27482: streamed tool calls): not ground truth; the sample is rebuilt from its text instead
+# vLLM #27482: streamed tool calls): not ground truth; the sample is reconstructed from its text instead
 TEXT_REGIONS_UNCHECKED = "text_regions_unchecked"  # logprob ids whose regions without logprobs (tool calls) were
-# rebuilt from text, before the endpoint's count relation was known to check them
+# reconstructed from text, before the endpoint's count relation was known to check them
 
 # the server-side text steps a fidelity profile knows (app.tokens.fidelity_profile learns them)
 STEPS = (
@@ -70,7 +70,7 @@ INTERVENED = "intervened:"  # + a kind of app.engine.interventions.KINDS: the se
 # (the export leaves such samples out unless --keep-intervened; they are not "suspect": the ids may be the server's)
 
 # ---- informational --------------------------------------------------------------------------------------
-TEXT_PATH = "text_path:"  # + the verdict of the text-only rebuild against the true ids of this sample
+TEXT_PATH = "text_path:"  # + the verdict of the text-only reconstruction against the true ids of this sample
 
 
 def is_suspect(flags: Iterable[str]) -> bool:
@@ -84,7 +84,7 @@ def suspect_flags(flags: Iterable[str]) -> tuple[str, ...]:
 
 
 def text_path_flag(category: str) -> str:
-    """The flag recording that the text-only rebuild of a verified sample got verdict `category`."""
+    """The flag recording that the text-only reconstruction of a verified sample got verdict `category`."""
     return TEXT_PATH + category
 
 

@@ -1,8 +1,8 @@
-"""Rebuild the output ids of a Completion: server ids, logprob bytes, or canonical encoding with repairs.
+"""Reconstruct the output ids of a Completion: server ids, logprob bytes, or canonical encoding with repairs.
 
 True ids (server ids, logprob tokens) are kept as they are, whatever the server did to the text: that change
 is named in `Reconstruction.notes` (`<field>_text_differs`) and leaves the round-trip unjudged (None), while the
-text-only rebuild measured against the true ids (`text_path:<verdict>`) is the endpoint's fidelity.
+text-only reconstruction measured against the true ids (`text_path:<verdict>`) is the endpoint's fidelity.
 
 Canonical (production): render the returned fields into the output string (markers as text), after the
 inverses of the server-side text steps the endpoint's *fidelity profile* learned (app.tokens.fidelity_profile),
@@ -10,7 +10,7 @@ and encode it once; `Reconstruction.repair` names the inverses used and `Reconst
 suspect signs (app.tokens.flags). A reference, when given, only judges the result.
 
 Reference-assisted (`assisted=True`, the upper bound `validate --assisted` shows): when the plain
-rebuild does not match the reference, the inverse of each known server-side text step (reference
+reconstruction does not match the reference, the inverse of each known server-side text step (reference
 section 7) is tried, some reading the lost whitespace from the reference; the first variant that
 matches is kept. The search compares text bytes and encodes only a variant whose bytes agree, so an
 unrepairable sample costs little more than one encode. What text cannot recover is named in
@@ -23,7 +23,7 @@ lossless encode (`Tokenizer.encode_known`) lets the round-trip parse the text ju
 the ids, and a sample whose runs hold no special is judged by a stand-in of its shape, parsed once per shape;
 Reconstructions are built directly, verdict sentences looked up, and the fidelity profile's plan is worked
 out once per profile (app.tokens.fidelity_profile). A probe's production fields and the split of its true ids
-are computed once for its rebuild, its learning and its measurement. With a tokenizer that encodes a run at a
+are computed once for its reconstruction, its learning and its measurement. With a tokenizer that encodes a run at a
 time losslessly (tiktoken), the common sample takes one pass over its field values (`_one_pass`: the learned
 inverses, the suspect flags, the runs laid out between the markers by the sample's shape, one encode, the count
 check, the round-trip by shape), building no Fields, Applied or piece list; whatever that pass cannot decide (a
@@ -89,9 +89,9 @@ _WINDOW = 256  # characters each side of an edge that a windowed token count loo
 
 
 class Reconstructor:
-    """Rebuilds output ids for one profile and tokenizer. Thread-safe: its only mutable state is a one-entry memo
+    """Reconstructs output ids for one profile and tokenizer. Thread-safe: its only mutable state is a one-entry memo
     of the last completion's production fields and of the last true ids' split (each a (key, value) tuple
-    replaced whole and matched by identity: a probe's rebuild, measurement and learning share them), and the
+    replaced whole and matched by identity: a probe's reconstruct, measurement and learning share them), and the
     round-trip and the layout of each sample shape (dicts that only gain entries, each the same whoever computes
     it)."""
 
@@ -140,7 +140,7 @@ class Reconstructor:
     def process(
         self, completion: Completion, reference_ids: Sequence[int] | None = None, *, assisted: bool = False
     ) -> tuple[Reconstruction, Verdict]:
-        """Rebuild `completion`'s output ids and compare them with `reference_ids` (None: unchecked).
+        """Reconstruct `completion`'s output ids and compare them with `reference_ids` (None: unchecked).
 
         A response with true ids (server ids, else logprob tokens this vocabulary knows: `ground_truth`) is
         stored with them, whatever the server did to its text; where the returned text differs from the text
@@ -169,7 +169,7 @@ class Reconstructor:
         )
         if found is None:
             rec, verdict = self._canonical(completion, ref, assisted)
-            if completion.token_ids:  # the server's ids lack text it returned: rebuilt from the text instead
+            if completion.token_ids:  # the server's ids lack text it returned: reconstructed from the text instead
                 rec = replace(rec, flags=(*rec.flags, fl.SERVER_IDS_INCOMPLETE))
             return rec, verdict
         ids, source, covered = found
@@ -179,7 +179,7 @@ class Reconstructor:
             flags = (fl.text_path_flag(self.measured_category(completion, ids)),)
         reported, offset = completion.usage.completion_tokens, self._count_offset
         if not covered:
-            # logprobs did not cover every region (tool calls, most often): those ids are a rebuild from text,
+            # logprobs did not cover every region (tool calls, most often): those ids are a reconstruction from text,
             # which only the token count can check here
             notes = (REGIONS_FROM_TEXT,)
             if offset is None or reported <= 0:
@@ -202,7 +202,7 @@ class Reconstructor:
 
         Logprobs are used even where the server changed the field's text (that change is what calibration
         learns and the text path measures); regions without logprobs (tool sections, most often) are encoded
-        from the fields production rebuilds (the fidelity profile's inverses applied), and then the ids do not
+        from the fields production reconstructs (the fidelity profile's inverses applied), and then the ids do not
         cover the whole output (False); content logprobs that hold the think-close token, or spell the returned
         reasoning, hold the whole output (vLLM's `logprobs.content` covers every output token; app.providers.parse
         keeps a vLLM stream's so too). Where the markers go follows the same fields (a stream sends no reasoning for
@@ -314,7 +314,8 @@ class Reconstructor:
         return any(m in tail for m in self._tool_marker_bytes)
 
     def measured_category(self, completion: Completion, true_ids: Sequence[int]) -> str:
-        """The verdict category of the text-only rebuild (fidelity profile applied, no reference help) against true
+        """The verdict category of the text-only reconstruction (fidelity profile applied, no reference help) against
+        true
         ids: what a probe records (`text_path:` flag). Only the category: a diff's spans and sentence go unused."""
         return compare_category(
             self._encoded(self.production_fields(completion)[0])[1], list(true_ids), self.tokenizer, self.profile
@@ -349,9 +350,9 @@ class Reconstructor:
     def count_flags(
         self, fields: Fields, ids: Sequence[int], completion: Completion, strips: Sequence[str] = ()
     ) -> tuple[str, ...]:
-        """The proof a text rebuild gets without a reference, from `usage.completion_tokens` (the number of
+        """The proof a text reconstruction gets without a reference, from `usage.completion_tokens` (the number of
         tokens the model generated, by the endpoint's count relation learned from probes or known of its server):
-        `token_count` when the rebuilt ids are not that many (a non-canonical split, or text changed on the way),
+        `token_count` when the reconstructed ids are not that many (a non-canonical split, or text changed on the way),
         and `uninvertible:<step>` for each strip edge where adding whitespace would keep the count (or the count
         is unknown): the server may have removed whitespace there and the count cannot tell."""
         out: list[str] = []
@@ -582,7 +583,7 @@ class Reconstructor:
 
     def decoded_view(self, ids: Sequence[int]) -> ProviderView:
         """What an ideal provider returns for these output ids (`split_output`); the split of true ids (a tuple)
-        is kept for the next call with the same ids (a probe's rebuild, then its learning)."""
+        is kept for the next call with the same ids (a probe's reconstruct, then its learning)."""
         last = self._last_view
         if last is not None and last[0] is ids:
             return last[1]
@@ -637,7 +638,7 @@ class Reconstructor:
         return out
 
     def _one_pass(self, c: Completion) -> tuple[Reconstruction, Verdict] | None:
-        """`_canonical(c, None, False)` in one pass over the field values, for the common sample (a rebuild from
+        """`_canonical(c, None, False)` in one pass over the field values, for the common sample (a reconstruction from
         text without a reference): the learned inverses, the suspect flags, the text between the rendered markers
         laid out by the sample's shape and encoded a run at a time, the count check and the round-trip by shape,
         with no Fields, Applied or piece list built. None where a step needs the full path: a strip edge for the
@@ -776,7 +777,7 @@ class Reconstructor:
         # Reconstructions built directly (no dataclasses.replace) on the per-sample paths
         if ref is None:
             return self._finish_unchecked(tuple(ids), repair, flags, c, fields, text if known else None, split)
-        # an exact rebuild never decodes; otherwise each side is decoded once for everything below
+        # an exact reconstruction never decodes; otherwise each side is decoded once for everything below
         ref_bytes = rec_bytes = None
         if ids != ref:
             ref_bytes = self.tokenizer.decode_bytes(ref)
@@ -790,7 +791,7 @@ class Reconstructor:
         plain = Reconstruction(tuple(ids), "canonical", repair, None, (), fl.IDS_TEXT, flags)
         if not assisted:
             return replace(plain, roundtrip=False, notes=self._notes(Fields.of(c), ref, verdict, ref_bytes)), verdict
-        assert rec_bytes is not None and ref_bytes is not None  # ids != ref: an exact rebuild agreed above
+        assert rec_bytes is not None and ref_bytes is not None  # ids != ref: an exact reconstruction agreed above
         found = self._assisted_search(fields, ids, rec_bytes, ref, ref_bytes, list(used))
         if found is not None:
             key, label, v2 = found
@@ -910,7 +911,8 @@ class Reconstructor:
         text: str | None = None,
         split: bool = False,
     ) -> tuple[Reconstruction, Verdict]:
-        # A rebuild from text without a reference: the round-trip is the check (`text`: see _decoded_view; `split`:
+        # A reconstruction from text without a reference: the round-trip is the check (`text`: see _decoded_view;
+        # `split`:
         # see _roundtrip_fields). This is the per-sample hot path of a run without references: one Reconstruction
         # and one Verdict built directly, the verdict's sentence looked up (few distinct ones in a run).
         ok = self._roundtrip_fields(ids, fields, text, split)
@@ -1169,7 +1171,7 @@ def _restore_edges(got: str | None, truth: str | None) -> str | None:
 
 @functools.lru_cache(maxsize=1024)
 def _unchecked_sentence(ok: bool, repair: str | None, flags: tuple[str, ...]) -> str:
-    """The verdict sentence of a text rebuild without a reference (see Reconstructor._finish_unchecked)."""
+    """The verdict sentence of a text reconstruction without a reference (see Reconstructor._finish_unchecked)."""
     if ok and not repair and not flags:
         return _UNCHECKED_OK  # the common case of a run without references: nothing to add
     sentence = "round-trip ok" if ok else "round-trip FAILED: decoding the ids does not give back the returned text"

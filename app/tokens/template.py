@@ -164,7 +164,7 @@ _KIMI_NAME = re.compile(r"(?:functions\.)?(.+?)(?::\d+)?", re.S)
 @functools.lru_cache(maxsize=64)
 def _between(*parts: str) -> re.Pattern[str]:
     """The compiled pattern `parts[0](.*?)parts[1](.*?)...` (markers escaped, DOTALL): one per profile's markers,
-    compiled once (parsing runs per rebuilt sample)."""
+    compiled once (parsing runs per reconstructed sample)."""
     return re.compile("(.*?)".join(map(re.escape, parts)), re.S)
 
 
@@ -397,7 +397,7 @@ _TOOL_RENDERERS = {
 
 @dataclass(frozen=True, slots=True)
 class Fields:
-    """The returned fields a rebuild starts from (a repair yields changed copies)."""
+    """The returned fields a reconstruction starts from (a repair yields changed copies)."""
 
     reasoning: str | None
     content: str

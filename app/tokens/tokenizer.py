@@ -470,7 +470,7 @@ class HFTokenizer(Tokenizer):
         # Text the normaliser would change is encoded without it (pre-tokeniser + BPE on the raw text), so
         # the ids carry the returned bytes exactly; everything else takes the tokenizer's own path.
         # encode_batch_fast: the same ids without the character offsets `encode` also computes (20% of the
-        # whole path's rebuild CPU with the sample tokenizer, bench/engine.py)
+        # whole path's reconstruction CPU with the sample tokenizer, bench/engine.py)
         tok = self._raw_tok if self._raw_tok is not None and self.changes_text(text) else self._tok
         return tok.encode_batch_fast([text], add_special_tokens=False)[0].ids
 

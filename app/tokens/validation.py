@@ -1,6 +1,6 @@
-"""The check on ground truth: ids -> provider text -> rebuilt ids -> verdict, and its summary.
+"""The check on ground truth: ids -> provider text -> reconstructed ids -> verdict, and its summary.
 
-By default the rebuild is what production does (the reference only judges); `assisted` gives the
+By default the reconstruction is what production does (the reference only judges); `assisted` gives the
 reference-assisted upper bound.
 """
 
@@ -28,7 +28,7 @@ _SEVERITY = {
 
 @dataclass(frozen=True, slots=True)
 class ValidationResult:
-    """One reference sample: the provider view it was turned into, the rebuild and its verdict."""
+    """One reference sample: the provider view it was turned into, the reconstruction and its verdict."""
 
     sample_id: str
     reference_ids: tuple[int, ...]
@@ -99,7 +99,7 @@ def validate_sample(
     serve: Serve | None = None,
     assisted: bool = False,
 ) -> ValidationResult:
-    """Turn the reference ids into provider text (`serve`, default the ideal split), rebuild, and compare.
+    """Turn the reference ids into provider text (`serve`, default the ideal split), reconstruction, and compare.
 
     The reference only judges, as in production; `assisted` lets the repair search read it (upper bound).
     """

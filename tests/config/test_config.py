@@ -359,3 +359,45 @@ def test_config_check_verb_fails_on_a_missing_path_and_passes_on_the_demo(
     )
     assert ok.returncode == 0, ok.stderr
     assert "lines checked against the vocabulary" in ok.stdout
+
+
+# `[run] reconstruct_workers` had an old name before issue 30, still read
+OLD = "rebuild_workers"  # old name kept
+OLD_WORKERS = MINIMAL.replace('name = "t"\n', f'name = "t"\n{OLD} = 3\n')
+NEW_WORKERS = MINIMAL.replace('name = "t"\n', 'name = "t"\nreconstruct_workers = 3\n')
+
+
+def test_the_old_name_of_reconstruct_workers_loads_the_same_value(tmp_path: Path) -> None:
+    old = load_config(write(tmp_path, OLD_WORKERS, "old.toml"))
+    new = load_config(write(tmp_path, NEW_WORKERS, "new.toml"))
+    assert old.run.reconstruct_workers == new.run.reconstruct_workers == 3
+    assert old.run.model_dump() == new.run.model_dump()  # nothing else of [run] differs
+    assert old.run.deprecated_notes() == [
+        f"[run] {OLD} is deprecated: it is the old name of reconstruct_workers (still accepted; rename it)"
+    ]
+    assert new.run.deprecated_notes() == []
+
+
+def test_the_old_and_new_name_of_reconstruct_workers_at_once_is_an_error_naming_both(tmp_path: Path) -> None:
+    msg = error_of(tmp_path, NEW_WORKERS.replace('name = "t"\n', f'name = "t"\n{OLD} = 2\n'))
+    assert f"{OLD} and reconstruct_workers are both set" in msg
+    assert msg.startswith(f"{tmp_path / 'run.toml'}: run")
+
+
+def test_config_check_calls_the_old_name_deprecated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from app.commands.config import run
+
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "prompts.jsonl").write_text('{"id": "a", "messages": [{"role": "user", "content": "hi"}]}\n')
+    cfg = write(
+        tmp_path,
+        f'[run]\nname = "t"\n{OLD} = 0\n\n[[data.datasets]]\npath = "prompts.jsonl"\n\n'
+        f'[model]\nname = "m"\ntokenizer = "{root / "sample_data" / "tokenizer"}"\n\n'
+        '[[endpoints]]\nbase_url = "http://127.0.0.1:8000/v1"\n',
+    )
+    assert run(argparse.Namespace(action="check", file=str(cfg), json=False)) == 0
+    out = capsys.readouterr().out
+    assert f"# warning: [run] {OLD} is deprecated: it is the old name of reconstruct_workers" in out
+    assert "reconstruct_workers = 0" in out  # the effective config says the new name

@@ -2,7 +2,7 @@
 `python engine_process.py CONFIG.json [--reconstruct]`.
 
 Runs the config's run to the end (the database must already hold the samples) and exits 0; prints the
-engine's in-memory spent figure as `spent=<usd>` on the way out. `--reconstruct` rebuilds token ids with the
+engine's in-memory spent figure as `spent=<usd>` on the way out. `--reconstruct` reconstructs token ids with the
 config's tokenizer (the reconstruction pool in the path, as in a real run).
 """
 

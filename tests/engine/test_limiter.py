@@ -268,7 +268,7 @@ def test_a_slot_held_while_its_answer_is_stored_is_left_out_of_the_next_requests
 
 
 def test_an_answered_request_being_stored_frees_its_place_on_the_wire_but_not_past_the_maximum():
-    # the limit bounds the requests at the provider: a result being rebuilt and stored keeps its slot, yet the
+    # the limit bounds the requests at the provider: a result being reconstructed and stored keeps its slot, yet the
     # next request may go out; the slots in all stay under the maximum (what a crash can lose before storing)
     lim = AdaptiveLimit(4, 1, 6)
     lim.ceiling = 4

@@ -20,6 +20,7 @@ from app.engine.money.forecast import Forecast
 from app.engine.money.ledger import Ledger
 from app.engine.scheduler import Scheduler
 from app.engine.settle import Settler
+from app.engine.wiring import Capacity, Money, Signals, StoreSide
 from app.engine.work.run_state import RunState
 from app.store.run_store import RunStore
 from app.store.store_records import LeasedSample
@@ -117,15 +118,11 @@ async def test_the_scheduler_starts_work_in_the_sources_order_and_as_it_becomes_
 
         scheduler = Scheduler(
             config=config,
-            source=source,
+            store=StoreSide(store, state.run_id, gate, source),
             flights=flights,
-            slots=slots,
-            ledger=ledger,
-            forecast=Forecast(prices=None, max_tokens=64, stream=False),
-            state=state,
-            gate=gate,
-            events=events,
-            wake=wake,
+            capacity=Capacity([], slots),
+            money=Money(ledger, Forecast(prices=None, max_tokens=64, stream=False)),
+            signals=Signals(state, events, wake),
             pause=no_pause,
             lease_batch=2,
         )

@@ -100,7 +100,7 @@ async def test_server_ids_are_stored_and_exported_while_the_text_path_counts_its
     refs = {s.sample_id: s.reference_ids for s in sample_inputs(sample_data, N)}
     for r in rows:
         assert r["server_ids"], r["id"]
-        # the model's ids as the server sent them (the simulator's are the reference set's), not a text rebuild
+        # the model's ids as the server sent them (the simulator's are the reference set's), not a text reconstruction
         assert r["ids"] == r["server_ids"] == refs[r["id"]], r["id"]
         assert (r["source"], r["strategy"]) == ("server", "server_ids")
         # the server put ' ' around the think tags: that changed text is named, the round-trip is not failed

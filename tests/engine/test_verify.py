@@ -38,7 +38,7 @@ def test_probes_are_spread_evenly() -> None:
 
 async def test_provenance_is_stored_and_read_by_fidelity_and_export(tmp_path, sample_data, capsys) -> None:
     # every request is a probe (logprobs asked) until 4 are verified, then half of them: the probes' rows are
-    # verified with a text_path flag, the rest are text rebuilds; `fidelity` and `export` read the columns back
+    # verified with a text_path flag, the rest are text reconstructions; `fidelity` and `export` read the columns back
     config = make_config(
         tmp_path,
         sample_data,
@@ -240,7 +240,7 @@ def _toml(data: dict) -> str:
 
 async def test_a_calibrated_profile_is_loaded_and_keeps_the_gate_closed(tmp_path, sample_data, capsys) -> None:
     # `calibrate` learns the think_spaces step of this endpoint and stores it; the engine loads it at start,
-    # applies its inverse to rebuilds from text, and the measured text path is no longer corrupt
+    # applies its inverse to reconstructions from text, and the measured text path is no longer corrupt
     import asyncio
 
     from tests.engine.conftest import config_data
@@ -388,9 +388,9 @@ def test_a_server_without_ground_truth_is_not_probed_unless_a_twin_is_trusted() 
     assert v.request_extra(1)[0] == {"return_token_ids": True}
 
 
-async def test_a_profile_learned_during_the_run_reaches_the_rebuild_workers(tmp_path, sample_data) -> None:
+async def test_a_profile_learned_during_the_run_reaches_the_reconstruction_workers(tmp_path, sample_data) -> None:
     # think_spaces: ' ' around the think tags. The first four requests are probes (their logprobs teach the step);
-    # the samples after them are rebuilt from text in a worker process with the learned inverse: most come out as
+    # the samples after them are reconstructed from text in a worker process with the learned inverse: most come out as
     # the reference's ids, and any that four probes could not teach (a tool section's spaces) is flagged
     config = make_config(
         tmp_path,
@@ -400,7 +400,7 @@ async def test_a_profile_learned_during_the_run_reaches_the_rebuild_workers(tmp_
         ],
         limits={"min_verified_samples": 4, "concurrency_initial": 1, "concurrency_max": 1},
     )
-    config = config.model_copy(update={"run": config.run.model_copy(update={"rebuild_workers": 1})})
+    config = config.model_copy(update={"run": config.run.model_copy(update={"reconstruct_workers": 1})})
     run, outcome = await run_to_end(config, sample_data, 14, reconstructor=build_reconstructor(config))
     assert outcome.state == "done"
     with sqlite3.connect(config.run.database) as conn:
@@ -419,7 +419,7 @@ async def test_a_profile_learned_during_the_run_reaches_the_rebuild_workers(tmp_
     assert all(is_suspect(json.loads(r[3] or "[]")) for r in text if r not in benign), text
     assert any(p >= 4 and "think_spaces" not in b and '"+ "' in b for p, b in stored), stored  # learned, stored
     events = [e.message for e in run.events_since(0)]
-    assert any("rebuilt in 1 worker process" in e for e in events), events
+    assert any("reconstructed in 1 worker process" in e for e in events), events
 
 
 async def test_a_trusted_twin_teaches_an_endpoint_without_ground_truth(tmp_path, sample_data) -> None:
@@ -454,11 +454,13 @@ async def test_a_trusted_twin_teaches_an_endpoint_without_ground_truth(tmp_path,
     statuses = {(s.endpoint, s.state) for s in run._verifier.statuses()}
     assert ("plain", "verified") in statuses and ("mine", "verified") in statuses, statuses
     later = [r for r in plain if "think_spaces" in (r[3] or "")]
-    assert later, plain  # the learned inverse applied to its rebuilds from text
+    assert later, plain  # the learned inverse applied to its reconstructions from text
 
 
-async def test_the_export_refuses_unverified_text_rebuilds_unless_accepted(tmp_path, sample_data, capsys) -> None:
-    # an endpoint whose server nobody named and that does not say: nothing verifies its rebuilds from text
+async def test_the_export_refuses_unverified_text_reconstructions_unless_accepted(
+    tmp_path, sample_data, capsys
+) -> None:
+    # an endpoint whose server nobody named and that does not say: nothing verifies its reconstructions from text
     from app.engine.capacity.endpoints import _start_simulator
     from app.providers.client import ChatClient
 

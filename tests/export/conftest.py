@@ -150,7 +150,7 @@ def hf_sample_tokenizer(sample_tokenizer_dir):
 
 def run_conversations(tmp: Path, sample_data: Path, *, policy: str = "stop") -> Path:
     """A finished run of sample_data's 16 whole conversations (regenerate = "all") over the simulator, its answers
-    rebuilt as a run rebuilds them (the engine's own Reconstructor); the run database's path."""
+    reconstructed as a run reconstructs them (the engine's own Reconstructor); the run database's path."""
     import asyncio
 
     from app.engine.fidelity.pool import build_reconstructor

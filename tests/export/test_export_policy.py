@@ -97,7 +97,7 @@ def test_several_runs_need_run_name(tmp_path, sample_reference, sample_tokenizer
 def test_ids_from_another_tokenizer_are_refused(tmp_path, sample_reference, sample_tokenizer_dir, sample_cases):
     db = tmp_path / "other.db"
     build_run_db(db, sample_reference, sample_tokenizer_dir, sample_cases, limit=4, mismatches=0, fingerprint="f" * 64)
-    with pytest.raises(InputError, match="rebuilt with tokenizer ffffffffffff.*--tokenizer.*reprocess"):
+    with pytest.raises(InputError, match="reconstructed with tokenizer ffffffffffff.*--tokenizer.*reprocess"):
         Export(db, tmp_path / "out", "eagle3-shards").run()
 
 

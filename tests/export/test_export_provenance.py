@@ -166,7 +166,7 @@ def test_the_cli_keeps_suspect_and_failed_samples_when_asked(run_db, tmp_path, c
 def test_a_server_that_leaves_out_the_end_token_is_exported_with_it(
     tmp_path, sample_reference, sample_tokenizer_dir, sample_cases
 ):
-    """Stored true ids (ids_source = server) carry the end token the rebuild appended where the server's own
+    """Stored true ids (ids_source = server) carry the end token the reconstruction appended where the server's own
     `token_ids` stopped short of it; the export takes the stored ids, not the raw response column."""
     built = build_run_db(tmp_path / "run.db", sample_reference, sample_tokenizer_dir, sample_cases, limit=20)
     sid = next(s for s, cat in built.categories.items() if cat == "exact")

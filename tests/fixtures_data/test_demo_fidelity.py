@@ -1,6 +1,6 @@
 """The demo as shipped proves its own fidelity: every endpoint gets verified probe samples, the match rate has
 data from the first results on, and the clean endpoint has no text or structure mismatch (its empty-reasoning
-answers, which a stream returns without a reasoning field, are rebuilt with their closed think block).
+answers, which a stream returns without a reasoning field, are reconstructed with their closed think block).
 
 The shipped config runs with its latency, pacing and hangs taken out (the same samples, faults and endpoints:
 only the clock is faster), as `eaglewatch run --headless sample_data/demo.toml` does at full length."""

@@ -175,7 +175,7 @@ async def test_network_error_text_has_no_key():
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_logprobs_carry_bytes_that_rebuild_the_text(tok, reference, stream):
+async def test_logprobs_carry_bytes_that_reconstruction_the_text(tok, reference, stream):
     async with sim_for(tok, reference) as sim:
         async with client_for(sim, stream=stream, logprobs=True, top_logprobs=2) as client:
             completion = await client.complete(user("plain"), model="kimi")

@@ -67,10 +67,10 @@ async def test_every_verdict_agrees_with_generate_truth(real_server, truth, rec,
     for messages, _tools, completion, ids in results:
         reconstruction, verdict = rec.process(completion, ids)
         right = tuple(reconstruction.output_ids) == tuple(ids)
-        # never a wrong verdict: exact (truncated: exact without an end of turn) exactly when the rebuilt ids
+        # never a wrong verdict: exact (truncated: exact without an end of turn) exactly when the reconstructed ids
         # are generate()'s ids; bpe_equivalent only for other ids of the same text
         assert (verdict.category in ("exact", "truncated")) == right, (messages, verdict)
-        production, _ = rec.process(completion, None)  # no reference: what a real run rebuilds
+        production, _ = rec.process(completion, None)  # no reference: what a real run reconstructs
         report.append(
             (
                 messages[-1]["content"],
@@ -328,7 +328,7 @@ def test_default_config_without_a_reference_exports_no_wrong_bytes(
     real_server, truth, tiny_model_dir, tmp_path, template_ids, stream
 ):
     """Production as a new user runs it: no `server =`, no reference, no calibrate, the default export. The engine
-    identifies transformers serve, rebuilds on its known text steps (prior only: it returns neither ids nor
+    identifies transformers serve, reconstructs on its known text steps (prior only: it returns neither ids nor
     logprobs), and the export writes no wrong byte: it keeps at least 60 % of the samples whose text can carry
     their ids, or says why not and what to do (streaming). Every exported row's prompt ids are what
     apply_chat_template gives (what the server encodes), normaliser-changing text included."""

@@ -290,7 +290,7 @@ def test_the_text_path_learns_vllms_steps_from_logprob_probes(
     """vLLM configured as a plain OpenAI-compatible server (ids not asked for): every request is a probe that asks
     for logprobs, whose tokens are the ground truth the text path is measured against and learns from. After one
     pass over the trained outputs (reasoning, think-less answers, tool calls with re-serialised arguments), the
-    profile learned from vLLM's own text rebuilds every answer of the second pass exactly, and every exported row
+    profile learned from vLLM's own text reconstructs every answer of the second pass exactly, and every exported row
     has generate()'s ids."""
     base_url, model = vllm_server
     config = _write(

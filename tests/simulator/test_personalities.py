@@ -71,11 +71,11 @@ def _client(sim, stream=False, server=None):
 
 @pytest.mark.parametrize("personality", ["openrouter", "vllm", "sglang", "transformers-serve"])
 @pytest.mark.parametrize("stream", [False, True])
-async def test_qwen3_tool_calls_carry_the_real_function_name_and_rebuild_exactly(qwen, personality, stream):
+async def test_qwen3_tool_calls_carry_the_real_function_name_and_reconstruct_exactly(qwen, personality, stream):
     from app.tokens.server_steps import prior_profile
 
     tok, path, ids = qwen
-    # what the engine rebuilds with once it knows the server: its known text steps (vLLM keeps the template's
+    # what the engine reconstructs with once it knows the server: its known text steps (vLLM keeps the template's
     # whitespace in the fields, as the real one does)
     profile = get_profile("qwen3")
     rec = Reconstructor(profile, tok, prior_profile(personality, stream, profile, "sim", simulated=True))
@@ -96,7 +96,7 @@ async def test_qwen3_tool_calls_carry_the_real_function_name_and_rebuild_exactly
                 assert verdict.category in ("exact", "text_mismatch"), verdict
 
 
-async def test_kimi_tool_id_with_surrounding_whitespace_names_the_tool_and_rebuilds(tok, tmp_path):
+async def test_kimi_tool_id_with_surrounding_whitespace_names_the_tool_and_reconstructs(tok, tmp_path):
     text = (
         "Call.</think><|tool_calls_section_begin|><|tool_call_begin|> functions.f:7 <|tool_call_argument_begin|>"
         '{"a": 1}<|tool_call_end|><|tool_calls_section_end|><|im_end|>'
@@ -271,7 +271,7 @@ def test_an_unknown_personality_is_refused_with_the_choices():
 @pytest.mark.parametrize("dropped", [False, True], ids=["complete", "tool_ids_dropped"])
 async def test_streamed_ids_that_lost_a_tool_call_are_not_trusted(qwen, dropped):
     """vLLM #27482: a stream's tool-call chunks came without their token ids. Ids whose text lacks what the
-    stream said are not ground truth: the answer is rebuilt from its text and flagged, never stored as server ids;
+    stream said are not ground truth: the answer is reconstructed from its text and flagged, never stored as server ids;
     complete ids are kept as they are."""
     tok, path, ids = qwen
     rec = Reconstructor(get_profile("qwen3"), tok)
@@ -294,11 +294,11 @@ async def test_streamed_ids_that_lost_a_tool_call_are_not_trusted(qwen, dropped)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-async def test_vllms_logprobs_hold_every_token_and_its_known_steps_rebuild_its_text(qwen, stream):
+async def test_vllms_logprobs_hold_every_token_and_its_known_steps_reconstruct_its_text(qwen, stream):
     """vLLM (as tests/realserver saw it): logprobs under `content` for every output token, tags included (a stream's
     reasoning and tool-call chunks too, and an empty delta per tag), an answer with no think block returned as
     reasoning, the template's whitespace kept. The logprobs give the true ids whole and in order; vLLM's known
-    steps (the server table) rebuild every answer's ids from its text alone."""
+    steps (the server table) reconstruct every answer's ids from its text alone."""
     from app.tokens.server_steps import prior_profile
 
     tok, path, ids = qwen

@@ -78,7 +78,10 @@ def _plans(reader: sqlite3.Connection, run) -> list[str]:
 def test_mismatch_page_never_scans_the_whole_table(reader: sqlite3.Connection, order: str, verdicts, text) -> None:
     pages: list[queries.MismatchPage] = []
     plan = _plans(
-        reader, lambda: pages.append(queries.mismatch_page(reader, 1, verdicts, text, order, offset=50, limit=10))
+        reader,
+        lambda: pages.append(
+            queries.mismatch_page(reader, 1, queries.MismatchQuery(verdicts, text, order, offset=50, limit=10))
+        ),
     )
     assert len(pages[0].rows) == (10 if text is None else max(0, min(10, pages[0].total - 50)))
     assert not any(step.startswith(("SCAN r", "SCAN s")) for step in plan), plan
@@ -86,9 +89,12 @@ def test_mismatch_page_never_scans_the_whole_table(reader: sqlite3.Connection, o
 
 @pytest.mark.parametrize("order", ["sample", "recent", "verdict", "longest"])
 def test_keyset_pages_read_an_index_range_whatever_the_depth(reader: sqlite3.Connection, order: str) -> None:
-    deep = queries.mismatch_page(reader, 1, MISMATCH, None, order, offset=2000, limit=10)
+    deep = queries.mismatch_page(reader, 1, queries.MismatchQuery(MISMATCH, None, order, offset=2000, limit=10))
     plan = _plans(
-        reader, lambda: queries.mismatch_page(reader, 1, MISMATCH, None, order, 2010, 10, after=deep.rows[-1])
+        reader,
+        lambda: queries.mismatch_page(
+            reader, 1, queries.MismatchQuery(MISMATCH, None, order, 2010, 10, after=deep.rows[-1])
+        ),
     )
     assert not any(step.startswith(("SCAN r", "SCAN s")) for step in plan), plan
     # the page starts at its key inside the index (nothing before it is read), not at an OFFSET
@@ -102,15 +108,19 @@ def test_pages_cover_every_mismatch_once_in_order(reader: sqlite3.Connection) ->
     total = queries.mismatch_count(reader, 1, MISMATCH)
     assert 0.02 * N < total < 0.05 * N
     seen: list[int] = []
-    page = queries.mismatch_page(reader, 1, MISMATCH, None, "sample", 0, 500)
+    page = queries.mismatch_page(reader, 1, queries.MismatchQuery(MISMATCH, None, "sample", 0, 500))
     while page.rows:
         seen += [r.pk for r in page.rows]
-        page = queries.mismatch_page(reader, 1, MISMATCH, None, "sample", page.offset + 500, 500, after=page.rows[-1])
+        page = queries.mismatch_page(
+            reader, 1, queries.MismatchQuery(MISMATCH, None, "sample", page.offset + 500, 500, after=page.rows[-1])
+        )
     assert len(seen) == total == len(set(seen)) == page.total
     assert seen == sorted(seen)
-    recent = queries.mismatch_page(reader, 1, MISMATCH, None, "recent", 0, 1000)
+    recent = queries.mismatch_page(reader, 1, queries.MismatchQuery(MISMATCH, None, "recent", 0, 1000))
     assert [r.pk for r in recent.rows] == sorted(seen, reverse=True)[:1000]
-    assert {r.category for r in queries.mismatch_page(reader, 1, MISMATCH, limit=1000).rows} <= set(MISMATCH)
+    assert {
+        r.category for r in queries.mismatch_page(reader, 1, queries.MismatchQuery(MISMATCH, limit=1000)).rows
+    } <= set(MISMATCH)
 
 
 def test_longest_first_by_key_matches_a_full_sort_ties_included(reader: sqlite3.Connection) -> None:
@@ -129,35 +139,50 @@ def test_longest_first_by_key_matches_a_full_sort_ties_included(reader: sqlite3.
     ]
     assert len(set(lengths)) < len(lengths)  # ties exist, so the key must include the sample
     got: list[int] = []
-    page = queries.mismatch_page(reader, 1, MISMATCH, None, "longest", 0, 97)
+    page = queries.mismatch_page(reader, 1, queries.MismatchQuery(MISMATCH, None, "longest", 0, 97))
     while page.rows:
         got += [r.pk for r in page.rows]
-        page = queries.mismatch_page(reader, 1, MISMATCH, None, "longest", page.offset + 97, 97, after=page.rows[-1])
+        page = queries.mismatch_page(
+            reader, 1, queries.MismatchQuery(MISMATCH, None, "longest", page.offset + 97, 97, after=page.rows[-1])
+        )
     assert got == want
     back = queries.mismatch_page(
         reader,
         1,
-        MISMATCH,
-        None,
-        "longest",
-        97,
-        97,
-        before=queries.mismatch_page(reader, 1, MISMATCH, None, "longest", 194, 1).rows[0],
+        queries.MismatchQuery(
+            MISMATCH,
+            None,
+            "longest",
+            97,
+            97,
+            before=queries.mismatch_page(reader, 1, queries.MismatchQuery(MISMATCH, None, "longest", 194, 1)).rows[0],
+        ),
     )
     assert [r.pk for r in back.rows] == want[97:194]
 
 
 def test_sorted_orders_and_the_text_filter(reader: sqlite3.Connection) -> None:
-    diffs = [r.first_diff for r in queries.mismatch_page(reader, 1, MISMATCH, None, "first_diff", 0, 200).rows]
+    diffs = [
+        r.first_diff
+        for r in queries.mismatch_page(reader, 1, queries.MismatchQuery(MISMATCH, None, "first_diff", 0, 200)).rows
+    ]
     assert diffs == sorted(diffs)
-    longest = [r.rec_len for r in queries.mismatch_page(reader, 1, MISMATCH, None, "longest", 0, 200).rows]
+    longest = [
+        r.rec_len
+        for r in queries.mismatch_page(reader, 1, queries.MismatchQuery(MISMATCH, None, "longest", 0, 200)).rows
+    ]
     assert longest == sorted(longest, reverse=True) and longest[0] > longest[-1]
-    found = queries.mismatch_page(reader, 1, None, "marker as", "sample", 0, 1000)
+    found = queries.mismatch_page(reader, 1, queries.MismatchQuery(None, "marker as", "sample", 0, 1000))
     assert [r.pk for r in found.rows] == list(range(1000, N + 1, 1000))  # in explanations
     assert queries.mismatch_count(reader, 1, None, "marker as") == 100 == found.total
-    assert queries.mismatch_page(reader, 1, None, "s000042", "sample", 0, 10).rows[0].sample_id == "s000042"
+    assert (
+        queries.mismatch_page(reader, 1, queries.MismatchQuery(None, "s000042", "sample", 0, 10)).rows[0].sample_id
+        == "s000042"
+    )
     assert queries.mismatch_count(reader, 1, None, "d") == N  # the dataset ('d') is searched too
-    assert queries.mismatch_page(reader, 1, None, "%", "sample", 0, 10).rows == ()  # LIKE wildcards are literal
+    assert (
+        queries.mismatch_page(reader, 1, queries.MismatchQuery(None, "%", "sample", 0, 10)).rows == ()
+    )  # LIKE wildcards are literal
 
 
 def test_counts(reader: sqlite3.Connection) -> None:
@@ -169,9 +194,9 @@ def test_counts(reader: sqlite3.Connection) -> None:
 
 def test_unknown_order_or_verdict_is_refused(reader: sqlite3.Connection) -> None:
     with pytest.raises(ValueError, match="unknown order"):
-        queries.mismatch_page(reader, 1, MISMATCH, order="random")
+        queries.mismatch_page(reader, 1, queries.MismatchQuery(MISMATCH, order="random"))
     with pytest.raises(ValueError, match="unknown verdicts"):
-        queries.mismatch_page(reader, 1, ["wrong"])
+        queries.mismatch_page(reader, 1, queries.MismatchQuery(["wrong"]))
 
 
 async def test_events_jobs_and_run_resolution(tmp_path: Path) -> None:
@@ -245,9 +270,9 @@ def test_the_indexed_text_filter_finds_what_a_like_scan_finds(reader: sqlite3.Co
             (pattern,),
         )
     ]
-    page = queries.mismatch_page(reader, 1, None, text, "sample", 0, 100_000)
+    page = queries.mismatch_page(reader, 1, queries.MismatchQuery(None, text, "sample", 0, 100_000))
     assert [r.pk for r in page.rows] == expected and page.total == len(expected)
-    plan = _plans(reader, lambda: queries.mismatch_page(reader, 1, None, text, "sample", 0, 10))
+    plan = _plans(reader, lambda: queries.mismatch_page(reader, 1, queries.MismatchQuery(None, text, "sample", 0, 10)))
     assert any("mismatch_text" in step for step in plan), plan  # the trigram index, not a LIKE scan
 
 
@@ -301,7 +326,10 @@ def test_rows_queued_for_the_text_index_are_found_as_indexed_ones(tmp_path: Path
         )
 
     def found() -> dict[str, list[int]]:
-        return {t: [r.pk for r in queries.mismatch_page(conn, 1, None, t, "sample", 0, 1000).rows] for t in texts}
+        return {
+            t: [r.pk for r in queries.mismatch_page(conn, 1, queries.MismatchQuery(None, t, "sample", 0, 1000)).rows]
+            for t in texts
+        }
 
     write(1, 20, "drift at")
     queued = conn.execute("SELECT COUNT(*) FROM mismatch_text_pending").fetchone()[0]

@@ -11,7 +11,7 @@ import pytest
 
 from app.records import Category, Completion, DiffSpan, Reconstruction, TokenLogprob, Usage, Verdict
 from app.store import queries, rows
-from app.store.store_records import RebuildLabels, ResultRecord
+from app.store.store_records import ReconstructionLabels, ResultRecord
 from tests.store.test_run_store import completion, open_with
 
 
@@ -70,7 +70,7 @@ async def test_a_reconstruction_row_is_built_once_and_read_back_whole(tmp_path: 
     )
     # a reprocess-style upsert of the second sample, with the v5 columns filled
     row = rows.reconstruction_row(
-        run_id, b.pk, rec, None, None, RebuildLabels(ids_source="server", flags=("suspect_space",))
+        run_id, b.pk, rec, None, None, ReconstructionLabels(ids_source="server", flags=("suspect_space",))
     )
     assert row.category == "unchecked" and row.n_tokens == 3
     assert await store.upsert_reconstructions([row]) == 1

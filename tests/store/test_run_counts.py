@@ -139,7 +139,8 @@ async def test_a_reprocess_moves_an_answer_to_its_new_class_and_a_recount_agrees
     response = conn.execute("SELECT id FROM responses WHERE sample_pk = ?", (pks["s2"],)).fetchone()[0]
     conn.close()
     store = await RunStore.open(db)
-    # s2 rebuilt again (e.g. with a fixed profile): now exact, still a text rebuild a reference checked; its
+    # s2 reconstructed again (e.g. with a fixed profile): now exact, still a text reconstruction a reference checked;
+    # its
     # response (and endpoint) kept
     await store.upsert_reconstructions(
         [

@@ -263,13 +263,15 @@ def test_the_first_difference_order_walks_an_index(tmp_path: Path) -> None:
     got: list[int] = []
     offset = 0
     mismatch = ("text_mismatch", "structure_mismatch")
-    while rows := queries.mismatch_page(reader, 1, mismatch, order="first_diff", offset=offset, limit=7).rows:
+    while rows := queries.mismatch_page(
+        reader, 1, queries.MismatchQuery(mismatch, order="first_diff", offset=offset, limit=7)
+    ).rows:
         got += [r.pk for r in rows]
         offset += len(rows)
     assert got == [r[0] for r in want]
     statements: list[str] = []
     reader.set_trace_callback(statements.append)
-    queries.mismatch_page(reader, 1, mismatch, order="first_diff", limit=5)
+    queries.mismatch_page(reader, 1, queries.MismatchQuery(mismatch, order="first_diff", limit=5))
     reader.set_trace_callback(None)
     (paging,) = [s for s in statements if "first_diff IS NOT NULL" in s]
     plan = [row[3] for row in reader.execute("EXPLAIN QUERY PLAN " + paging)]

@@ -77,7 +77,7 @@ def test_calibrate_names_an_unknown_endpoint(tmp_path, capsys, sample_data_dir):
 
 def _db(tmp_path):
     """A run database: 25 verified samples from provider Good (all exact), 25 from Bad (6 corrupt),
-    10 text rebuilds from Good without ground truth (3 with U+FFFD), and a stored profile for Bad."""
+    10 text reconstructions from Good without ground truth (3 with U+FFFD), and a stored profile for Bad."""
     path = tmp_path / "fid.db"
     migrate(path)
     conn = sqlite3.connect(path, isolation_level=None)
@@ -124,7 +124,7 @@ def test_fidelity_reports_per_provider_with_advice(tmp_path, capsys):
     rows = {r["provider"]: r for r in report["rows"]}
     good = rows["Good"]
     assert (good["samples"], good["measured"], good["exact"], good["suspects"]) == (35, 25, 25, 3)
-    # the logprob answers are verified (true ids); the ten text rebuilds had no reference: unchecked
+    # the logprob answers are verified (true ids); the ten text reconstructions had no reference: unchecked
     assert good["verification"] == {"verified": 25, "checked_against_reference": 0, "unchecked": 10}
     bad = rows["Bad"]
     assert (bad["measured"], bad["benign"], bad["corrupt"], bad["example_corrupt_pk"]) == (

@@ -107,7 +107,9 @@ def test_validate_rejects_ids_outside_the_vocabulary(tmp_path, capsys, sample_to
     assert "ref.jsonl:1: sample s1: output id 999999 is outside" in capsys.readouterr().err
 
 
-def test_validate_stores_results_and_reprocess_rebuilds_them(tmp_path, capsys, sample_reference, sample_tokenizer_dir):
+def test_validate_stores_results_and_reprocess_reconstructs_them(
+    tmp_path, capsys, sample_reference, sample_tokenizer_dir
+):
     db = tmp_path / "v.db"
     assert (
         _validate(
@@ -119,7 +121,7 @@ def test_validate_stores_results_and_reprocess_rebuilds_them(tmp_path, capsys, s
     conn = sqlite3.connect(db)
     stored = dict(conn.execute("SELECT category, COUNT(*) FROM reconstructions GROUP BY category").fetchall())
     assert stored == {k: v for k, v in verdicts.items() if v}
-    # Corrupt one stored reconstruction; reprocess must rebuild it from the stored response.
+    # Corrupt one stored reconstruction; reprocess must reconstruct it from the stored response.
     conn.execute("UPDATE reconstructions SET category = 'text_mismatch', output_ids = x'00000000' WHERE id = 1")
     conn.commit()
     conn.close()

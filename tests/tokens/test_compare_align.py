@@ -57,7 +57,7 @@ def test_truncated_mid_character_is_truncated(sample_tok):
     tok = sample_tok
     full = tok.encode("r</think>go 🚀")
     data = tok.decode_bytes(full)
-    # cut the reference inside the emoji's bytes, rebuilt from text carrying U+FFFD
+    # cut the reference inside the emoji's bytes, reconstructed from text carrying U+FFFD
     ref = tok.encode("r</think>go ") + [tok.id_of_bytes(data[-4:-3])]
     rec = tok.encode("r</think>go \ufffd")
     assert compare(rec, ref, tok, KIMI).category == "truncated"

@@ -559,7 +559,7 @@ def counted_completions(draw):
 
 
 @st.composite
-def rebuild_profiles(draw):
+def fidelity_profiles_drawn(draw):
     """profiles() as the engine holds them: probes' observations, a count relation, and sometimes a server prior
     (with a strip edge, whose samples the token count decides)."""
     fp = draw(profiles())
@@ -571,7 +571,7 @@ def rebuild_profiles(draw):
 
 
 @SETTINGS
-@given(c=counted_completions(), fp=st.one_of(st.none(), rebuild_profiles()))
+@given(c=counted_completions(), fp=st.one_of(st.none(), fidelity_profiles_drawn()))
 def test_one_pass_is_the_full_path(request, c, fp):
     # the one pass (inverses, suspect flags, layout by shape, encode, count check, round-trip by shape) gives what
     # the full path gives (Fields, apply, render, encode, count_flags, the round-trip) on every sample it takes
@@ -679,7 +679,7 @@ def test_redump_is_json_dumps_of_json_loads(text, style):
 def test_positional_builder_builds_what_the_constructor_builds(values):
     from dataclasses import FrozenInstanceError
 
-    from app.engine.fidelity.verify import Rebuilt
+    from app.engine.fidelity.verify import Reconstructed
     from app.records import Reconstruction, Verdict, positional_builder
 
     built = positional_builder(Reconstruction)(*values)
@@ -687,7 +687,9 @@ def test_positional_builder_builds_what_the_constructor_builds(values):
     assert hash(built) == hash(Reconstruction(*values))
     with pytest.raises(FrozenInstanceError):
         built.strategy = "other"  # type: ignore[misc]
-    assert positional_builder(Rebuilt)(built, None, "exact", None, None) == Rebuilt(built, None, "exact", None, None)
+    assert positional_builder(Reconstructed)(built, None, "exact", None, None) == Reconstructed(
+        built, None, "exact", None, None
+    )
     call = positional_builder(ToolCall)("i", "n", values[1], 2, "function")
     assert call == ToolCall("i", "n", values[1], 2)
     assert _unchecked_verdict(len(values[0]), values[1]) == Verdict(

@@ -50,7 +50,7 @@ def _profile(renderer, refs, quirks, tok) -> FidelityProfile:
 
 
 @pytest.mark.parametrize("mix", sorted(MIXES))
-def test_a_calibrated_rebuild_without_reference_exports_no_wrong_ids(sample_tok, renderer, refs, mix):
+def test_a_calibrated_reconstruction_without_reference_exports_no_wrong_ids(sample_tok, renderer, refs, mix):
     fp = _profile(renderer, refs, MIXES[mix], sample_tok)
     rec = Reconstructor(KIMI, sample_tok, fp)
     tally = Counter()

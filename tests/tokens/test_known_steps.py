@@ -1,5 +1,5 @@
-"""The server steps table as prior profiles, and what a rebuild proves without ground truth: a strip edge is
-flagged exactly when the token count cannot rule out that whitespace was removed there; a rebuilt count other
+"""The server steps table as prior profiles, and what a reconstruction proves without ground truth: a strip edge is
+flagged exactly when the token count cannot rule out that whitespace was removed there; a reconstructed count other
 than usage.completion_tokens is flagged; probes override the prior where they saw something."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def _truth(rec: Reconstructor, text: str) -> list[int]:
     return rec.tokenizer.encode(text)
 
 
-def test_transformers_serve_streaming_raw_regions_rebuild_exactly_and_a_counted_end_is_proven(nfc_qwen_tokenizer):
+def test_transformers_serve_streaming_raw_regions_reconstruct_exactly_and_a_counted_end_is_proven(nfc_qwen_tokenizer):
     rec = _rec(nfc_qwen_tokenizer, "transformers-serve", True)
     truth = _truth(rec, "<think>\nThe user greets me.\n</think>\n\nHello! How can I help you today?<|im_end|>")
     streamed = Completion(
@@ -35,7 +35,7 @@ def test_transformers_serve_streaming_raw_regions_rebuild_exactly_and_a_counted_
     out, _ = rec.process(streamed)
     assert list(out.output_ids) == truth
     assert "template_whitespace_kept" in (out.repair or "") and not out.flags  # the count rules out a lost "\n"
-    # one token more than the rebuild: something was lost on the way (here a trailing newline)
+    # one token more than the reconstruction: something was lost on the way (here a trailing newline)
     lost = Completion(
         content=streamed.content,
         reasoning=streamed.reasoning,

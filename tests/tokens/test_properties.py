@@ -1,4 +1,4 @@
-"""Property tests: canonical references rebuild exactly; injected non-canonical splits stay benign."""
+"""Property tests: canonical references reconstruct exactly; injected non-canonical splits stay benign."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def _reference(rec, out):
 
 @SETTINGS
 @given(out=outputs())
-def test_canonical_references_rebuild_exactly(sample_rec, out):
+def test_canonical_references_reconstruct_exactly(sample_rec, out):
     ref = _reference(sample_rec, out)
     assume(ref)
     view = split_output(ref, sample_rec.profile, sample_rec.tokenizer)
@@ -85,7 +85,7 @@ def test_non_canonical_splits_are_bpe_equivalent_never_text_mismatch(sample_rec,
 @pytest.mark.kimi
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(out=outputs())
-def test_canonical_references_rebuild_exactly_with_the_real_kimi_tokenizer(kimi_rec, out):
+def test_canonical_references_reconstruct_exactly_with_the_real_kimi_tokenizer(kimi_rec, out):
     ref = _reference(kimi_rec, out)
     assume(ref)
     view = split_output(ref, kimi_rec.profile, kimi_rec.tokenizer)
@@ -96,7 +96,7 @@ def test_canonical_references_rebuild_exactly_with_the_real_kimi_tokenizer(kimi_
 @pytest.mark.parametrize("name", ["qwen3", "deepseek-v3.1", "glm-4.5"])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(out=outputs())
-def test_canonical_references_rebuild_exactly_for_other_families(family_tokenizers, name, out):
+def test_canonical_references_reconstruct_exactly_for_other_families(family_tokenizers, name, out):
     from app.tokens import Reconstructor, get_profile
 
     rec = Reconstructor(get_profile(name), family_tokenizers[name])

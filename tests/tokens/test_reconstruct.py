@@ -30,7 +30,7 @@ def _check(rec, text):
 # --- strategies -------------------------------------------------------------------------------------
 
 
-def test_canonical_rebuild_of_a_tool_call_response_is_exact(sample_rec):
+def test_canonical_reconstruction_of_a_tool_call_response_is_exact(sample_rec):
     out, verdict, ids = _check(sample_rec, KIMI_WORKED)
     assert verdict.category == "exact" and out.output_ids == tuple(ids)
     assert out.strategy == "canonical" and out.repair is None and out.roundtrip is True
@@ -88,11 +88,11 @@ def test_logprobs_recover_a_non_canonical_split_exactly(sample_rec):
     c = replace(_view(sample_rec, ref), content_logprobs=_logprobs(tok, content_ids))
     out, verdict = sample_rec.process(c, ref)
     assert out.strategy == "logprobs" and verdict.category == "exact"
-    # The same text rebuilt canonically is only bpe_equivalent.
+    # The same text reconstructed canonically is only bpe_equivalent.
     assert sample_rec.process(_view(sample_rec, ref), ref)[1].category == "bpe_equivalent"
 
 
-def test_logprobs_for_content_only_rebuild_reasoning_canonically(sample_rec):
+def test_logprobs_for_content_only_reconstruct_reasoning_canonically(sample_rec):
     tok = sample_rec.tokenizer
     ref = tok.encode("Plan the steps.</think>Done well.<|im_end|>")
     content_ids = tok.encode("Done well.")
@@ -124,7 +124,7 @@ def _repaired(rec, text, quirk):
     ids = rec.tokenizer.encode(text)
     c = quirk(_view(rec, ids))
     plain = rec.encode_fields(__import__("app.tokens", fromlist=["Fields"]).Fields.of(c))
-    assert plain != ids, "the quirk must change the plain rebuild"
+    assert plain != ids, "the quirk must change the plain reconstruction"
     return rec.process(c, ids, assisted=True)
 
 
@@ -224,7 +224,7 @@ def test_several_server_steps_at_once_are_inverted_together(sample_rec):
     assert out.repair == "think_spaces+no_content+tool_ids_reindexed"
 
 
-def test_a_repair_is_not_tried_when_the_plain_rebuild_matches(sample_rec):
+def test_a_repair_is_not_tried_when_the_plain_reconstruction_matches(sample_rec):
     out, v, _ = _check(sample_rec, "  spaced reasoning \n</think>\n content with edges \n<|im_end|>")
     assert v.category == "exact" and out.repair is None
 

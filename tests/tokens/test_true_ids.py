@@ -1,4 +1,4 @@
-"""A response with true ids is rebuilt as those ids, whatever the server did to its text: the
+"""A response with true ids is reconstructed as those ids, whatever the server did to its text: the
 changed text is named in the notes, the round-trip is left unjudged (None), the text path is measured apart."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def test_server_ids_with_changed_text_are_kept_and_the_change_named(sample_rec):
     assert out.roundtrip is None and out.notes == ("reasoning_text_differs", "content_text_differs")
     assert verdict.category == "unchecked" and "not a round-trip failure" in verdict.explanation
     assert "ids from server (ground truth)" in verdict.explanation
-    # the text path is what is measured: the spaced text rebuilds to other ids
+    # the text path is what is measured: the spaced text reconstructs to other ids
     measured = [f for f in out.flags if f.startswith("text_path:")]
     assert measured and measured[0] != "text_path:exact"
     # a reference judges the true ids, not the text
@@ -71,7 +71,7 @@ def test_content_logprobs_holding_the_whole_output_are_the_whole_output(sample_r
 
 
 def test_the_engine_measures_probes_only(sample_rec):
-    # measure=False (the engine's Rebuilder measures probes itself): the true ids are kept, nothing measured
+    # measure=False (the engine's EndpointReconstructor measures probes itself): the true ids are kept, nothing measured
     tok = sample_rec.tokenizer
     ids = tok.encode(KIMI_WORKED)
     quiet = Reconstructor(sample_rec.profile, tok, measure=False)

@@ -26,7 +26,7 @@ async def settle(pilot) -> None:
 
 
 async def add_mismatches(db: Path, tokenizer, sample_ids: list[str]) -> None:
-    """Store new samples whose rebuilt ids differ from the reference (text_mismatch), as an engine would."""
+    """Store new samples whose reconstructed ids differ from the reference (text_mismatch), as an engine would."""
     store = await RunStore.open(db)
     try:
         run_id = await store.ensure_run("demo", {})

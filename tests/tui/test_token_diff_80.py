@@ -82,7 +82,7 @@ def _drawn(cells: list[str]) -> str:
 
 async def _check_layout(pilot, view: TokenDiffView, alignment: Alignment, stacked: bool) -> None:
     header, rows = await _rendered_rows(pilot, view)
-    assert "reference" in header and "rebuilt" in header
+    assert "reference" in header and "reconstructed" in header
     assert len(rows) == view.row_count
     ref_cells: list[str] = []
     rec_cells: list[str] = []

@@ -147,7 +147,7 @@ async def test_the_header_names_each_side_and_the_current_difference_keeps_its_m
             await pilot.pause()
             await pilot.pause()
             lines = _lines(view, 14)
-            assert "reference" in lines[0] and "rebuilt" in lines[0]  # the first line says which side is which
+            assert "reference" in lines[0] and "reconstructed" in lines[0]  # the first line says which side is which
             current = [line for line in lines[1:] if line.startswith("▶")]
             if stacked:
                 assert any("- [" in line for line in current) and any("+ [" in line for line in current)
@@ -163,7 +163,7 @@ async def test_side_by_side_shows_each_sides_own_index() -> None:
         await pilot.pause()
         await pilot.pause()
         rows = [r for r in view._rows if r.role == "equal"]
-        # after the first 1-vs-2 token difference the rebuilt side runs one index ahead of the reference
+        # after the first 1-vs-2 token difference the reconstructed side runs one index ahead of the reference
         later = [r for r in rows if r.position is not None and r.position > 18]
         assert later and all(r.rec_position == r.position + 1 for r in later[:3])
         text = _lines(view, 12)

@@ -11,9 +11,9 @@ The rule, per endpoint (pure and synchronous: the caller passes the clock readin
   last cut; two successes above it are needed to raise it (one alone may have
   slipped in while a refused request was still on its way back: the client counted it, the server did not).
 - **Slots.** The limit bounds the requests on the wire, as the levels count them: a request whose answer is
-  being rebuilt and stored keeps its slot (`in_flight`), but the next request may already go to the provider
+  being reconstructed and stored keeps its slot (`in_flight`), but the next request may already go to the provider
   (`has_room`). All slots together stay under `maximum`, which bounds the answers a crash can lose before they
-  are stored. Holding the provider's slot through the client's own rebuild and store left a hidden cap of 24
+  are stored. Holding the provider's slot through the client's own reconstruction and store left a hidden cap of 24
   about 5-10 % idle when each turn of a conversation waits for its parent's store (`bench/conversations.py`).
 - **The start.** By default the limit starts at the maximum (`concurrency_initial` unset = `concurrency_max`),
   what a fixed-concurrency client sends: a hidden cap below it costs one refusal per excess request, once

@@ -72,7 +72,7 @@ class EndpointSlots:
     def answered(self, index: int) -> None:
         """A request holding a slot of endpoint `index` has its answer: it keeps the slot until its result is
         stored, but no longer counts as on the wire (`AdaptiveLimit.mark_answered`), so the next request may go
-        to the provider while this one's result is rebuilt and stored (waiters are served now)."""
+        to the provider while this one's result is reconstructed and stored (waiters are served now)."""
         self.limits[index].mark_answered()
         self.wake()
 

@@ -2,7 +2,7 @@
 
 In order: the endpoint's `server =`; its simulator's personality; the host (openrouter.ai); what its
 `GET /models` answer and headers say (app.providers.servers.server_from_models). A server that says nothing
-stays unknown: its text rebuilds are *unverified* until probes, a trusted twin or `server =` tell more.
+stays unknown: its text reconstructions are *unverified* until probes, a trusted twin or `server =` tell more.
 """
 
 from __future__ import annotations

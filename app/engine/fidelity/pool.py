@@ -1,23 +1,26 @@
 """The Reconstructor the engine uses: `app.tokens.Reconstructor` for the run's tokenizer and profile, wrapped
-at start in `app.engine.fidelity.verify.Rebuilder` with the endpoints' learned fidelity profiles, and where it runs.
+at start in `app.engine.fidelity.verify.EndpointReconstructor` with the endpoints' learned fidelity profiles, and where
+it runs.
 
 A `Run` built without a reconstructor (benchmarks of the request path alone, tests of scheduling) opens no pool:
 the response text is stored as is and no reconstruction row is written.
 
-`RebuildPool` runs the rebuilds off the event loop: in worker processes (`[run] rebuild_workers`; auto when
-the machine has a core to spare) or in two threads of the engine's process. Rebuilding is pure CPU in Python
+`ReconstructionPool` runs the reconstructions off the event loop: in worker processes (`[run] reconstruct_workers`; auto
+when
+the machine has a core to spare) or in two threads of the engine's process. Reconstructing is pure CPU in Python
 and the tokenizer, so threads share the event loop's core and GIL; a process gets its own (the cores a pinned
-engine leaves free, `worker_cores`). Each worker builds its Rebuilder once from a `RebuildRecipe` (tokenizer
-folder, profile, fidelity profiles) and gets per call only what the rebuild reads (the completion without its
+engine leaves free, `worker_cores`). Each worker builds its EndpointReconstructor once from a `ReconstructorRecipe`
+(tokenizer
+folder, profile, fidelity profiles) and gets per call only what the reconstruction reads (the completion without its
 raw body, the reference ids, the messages and tools only when the prompt check needs them). The engine talks
 to each worker over a socket pair read and written by the event loop itself (length-prefixed pickles, no
 executor threads: their hand-offs cost the loop's core GIL switches and added milliseconds to each trip).
 Each worker has at most IN_FLIGHT batches in flight: a worker with room gets a result at once (the end of
 the loop's turn), and while all are full the results that arrive gather into the next batches. A worker
-that dies (its socket ends) loses nothing: the calls it held are rebuilt in threads, and so is the rest of
+that dies (its socket ends) loses nothing: the calls it held are reconstructed in threads, and so is the rest of
 the run, with one operator event.
 
-A huge answer (over BIG_REBUILD_CHARS of text) is rebuilt in a lane of its own, one thread of the engine's
+A huge answer (over BIG_RECONSTRUCT_CHARS of text) is reconstructed in a lane of its own, one thread of the engine's
 process (the tokenizers encode with the GIL released), never in a worker's batch: a 4 MB answer takes its
 tokenizer about 10 s, and in a worker it would hold up every small result queued behind it for that long.
 """
@@ -45,30 +48,29 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
-from app.engine.fidelity.verify import Rebuilder, Rebuilt
+from app.engine.fidelity.verify import EndpointReconstructor, Reconstructed
 from app.errors import InputError
 from app.records import Completion
 from app.tokens import Reconstructor, get_profile, load_tokenizer
 
 if TYPE_CHECKING:  # types only: kept out of the worker processes' start
     from app.config import RunConfig
-    from app.engine.fidelity.reconstructor import CompletionReconstructor
     from app.tokens.fidelity_profile import FidelityProfile
     from app.tokens.profile import Profile
 
 AUTO_MAX_WORKERS = 4  # reconstruction is ~0.4 ms of a ~1 ms request: a few processes keep up with one loop
-# results per batch, and batches in flight per worker: while one is rebuilt the next ones wait in the worker's
+# results per batch, and batches in flight per worker: while one is reconstructed the next ones wait in the worker's
 # socket, so the trips overlap its work; small batches keep results (and the slots they hold) flowing back a
 # few at a time instead of in convoys of 30 (bench/engine.py --ratios at c=64: 8 x 4 gave 1,800 req/s where
 # 32 x 2 gave 1,700 and 64 x 1 1,500)
 BATCH_MAX = 8
 IN_FLIGHT = 4
 START_TIMEOUT_S = 120.0  # a worker's start: interpreter, imports, the tokenizer (0.2-0.4 s measured)
-BIG_REBUILD_CHARS = 256 * 1024  # text of an answer past which it is rebuilt in the big lane (module doc)
+BIG_RECONSTRUCT_CHARS = 256 * 1024  # text of an answer past which it is reconstructed in the big lane (module doc)
 
 
-def rebuild_size(completion: Completion) -> int:
-    """Characters of text a rebuild of `completion` encodes (reasoning, content, tool names and arguments)."""
+def reconstruction_size(completion: Completion) -> int:
+    """Characters of text a reconstruction of `completion` encodes (reasoning, content, tool names and arguments)."""
     return (
         len(completion.content)
         + len(completion.reasoning or "")
@@ -76,8 +78,8 @@ def rebuild_size(completion: Completion) -> int:
     )
 
 
-class RebuildSample(Protocol):
-    """What a rebuild reads of a sample (`app.store.store_records.LeasedSample`, or a `SampleInput`)."""
+class ReconstructionSample(Protocol):
+    """What a reconstruction reads of a sample (`app.store.store_records.LeasedSample`, or a `SampleInput`)."""
 
     @property
     def reference_ids(self) -> tuple[int, ...] | None: ...
@@ -89,18 +91,18 @@ class RebuildSample(Protocol):
     def tools(self) -> list[Any] | None: ...
 
 
-def build_reconstructor(config: RunConfig) -> CompletionReconstructor:
+def build_reconstructor(config: RunConfig) -> Reconstructor:
     """The tokens package's Reconstructor for the config's tokenizer and profile (a tiktoken model gets the
     profile's pre-tokeniser pattern). A tokenizer that fails to load is an operator error."""
     profile = get_profile(config.model.profile)
     return Reconstructor(profile, load_tokenizer(config.model.tokenizer, profile.pretokenizer_pattern))
 
 
-async def open_rebuilder(
-    reconstructor: CompletionReconstructor, config: RunConfig, db_path: Path
-) -> tuple[Rebuilder, list[str]]:
-    """A Rebuilder over `reconstructor` with the stored fidelity profiles of the config's endpoints
-    (app.store.profile_store), and one sentence per profile loaded: for rebuilds outside a run (benchmarks,
+async def open_endpoint_reconstructor(
+    reconstructor: Reconstructor, config: RunConfig, db_path: Path
+) -> tuple[EndpointReconstructor, list[str]]:
+    """An EndpointReconstructor over `reconstructor` with the stored fidelity profiles of the config's endpoints
+    (app.store.profile_store), and one sentence per profile loaded: for reconstructions outside a run (benchmarks,
     tests); a run opens its own with priors and live learning (app.engine.fidelity.verify.open_verification)."""
     from app.store.profile_store import load_profiles
 
@@ -109,30 +111,33 @@ async def open_rebuilder(
     profiles = [p for p in stored if p.endpoint in names]
     notes = [
         f"{p.endpoint}{f' / {p.provider}' if p.provider else ''}: applying the learned fidelity profile "
-        f"({p.probes} probes) to rebuilds from text"
+        f"({p.probes} probes) to reconstructions from text"
         for p in profiles
     ]
-    return Rebuilder(reconstructor, profiles), notes
+    return EndpointReconstructor(reconstructor, profiles), notes
 
 
-async def open_rebuilding(
-    rebuilder: Rebuilder | None, config: RunConfig, on_event: Callable[[str, str, str], Awaitable[None]]
-) -> RebuildPool | None:
-    """Where a Run rebuilds ids: a RebuildPool (`[run] rebuild_workers`) over `rebuilder` (the run's, from
+async def open_reconstruction_pool(
+    endpoint_reconstructor: EndpointReconstructor | None,
+    config: RunConfig,
+    on_event: Callable[[str, str, str], Awaitable[None]],
+) -> ReconstructionPool | None:
+    """Where a Run reconstructs ids: a ReconstructionPool (`[run] reconstruct_workers`) over `endpoint_reconstructor`
+    (the run's, from
     `app.engine.fidelity.verify.open_verification`), its start told to the operator through `on_event(level, kind,
     message)`; None without one (no reconstructor: the text is stored as is)."""
-    if rebuilder is None:
+    if endpoint_reconstructor is None:
         return None
-    pool = await RebuildPool.open(
-        rebuilder, config.run.rebuild_workers, lambda level, message: on_event(level, "run", message)
+    pool = await ReconstructionPool.open(
+        endpoint_reconstructor, config.run.reconstruct_workers, lambda level, message: on_event(level, "run", message)
     )
-    await on_event("info", "run", f"token ids are rebuilt in {pool.describe()}")
+    await on_event("info", "run", f"token ids are reconstructed in {pool.describe()}")
     return pool
 
 
 @dataclass(frozen=True)
-class RebuildRecipe:
-    """What builds the engine's Rebuilder in a worker process (picklable, a few KB): the tokenizer folder
+class ReconstructorRecipe:
+    """What builds the engine's EndpointReconstructor in a worker process (picklable, a few KB): the tokenizer folder
     (loaded with the profile's pre-tokeniser pattern, as `build_reconstructor` does), the profile, and the
     fidelity profiles (the run's own first, None when it has none). `fingerprint` checks that the worker
     loaded the same tokenizer files."""
@@ -143,26 +148,26 @@ class RebuildRecipe:
     fidelity: tuple[FidelityProfile | None, ...]
 
     @classmethod
-    def of(cls, rebuilder: Rebuilder) -> RebuildRecipe:
-        """The recipe of the engine's Rebuilder (its tokenizer's folder, profile and fidelity profiles)."""
+    def of(cls, endpoint_reconstructor: EndpointReconstructor) -> ReconstructorRecipe:
+        """The recipe of the engine's EndpointReconstructor (its tokenizer's folder, profile and fidelity profiles)."""
         return cls(
-            str(rebuilder.tokenizer.path),
-            rebuilder.profile,
-            rebuilder.tokenizer.fingerprint,
-            rebuilder.fidelity_profiles,
+            str(endpoint_reconstructor.tokenizer.path),
+            endpoint_reconstructor.profile,
+            endpoint_reconstructor.tokenizer.fingerprint,
+            endpoint_reconstructor.fidelity_profiles,
         )
 
-    def build(self) -> Rebuilder:
-        """The Rebuilder this recipe describes (loads the tokenizer: once per worker)."""
+    def build(self) -> EndpointReconstructor:
+        """The EndpointReconstructor this recipe describes (loads the tokenizer: once per worker)."""
         tok = load_tokenizer(self.tokenizer_dir, self.profile.pretokenizer_pattern)
         if tok.fingerprint != self.fingerprint:
             raise InputError(f"{self.tokenizer_dir}: the tokenizer files changed since the engine loaded them")
         base = Reconstructor(self.profile, tok, self.fidelity[0])
-        return Rebuilder(base, [p for p in self.fidelity[1:] if p is not None])
+        return EndpointReconstructor(base, [p for p in self.fidelity[1:] if p is not None])
 
 
 # (completion without raw, reference ids, messages, tools, endpoint, measure, a trusted twin's answer or None):
-# one rebuild's inputs
+# one reconstruction's inputs
 _Call = tuple[
     Completion, tuple[int, ...] | None, Sequence[dict[str, Any]], Sequence[Any] | None, str, bool, Completion | None
 ]
@@ -178,14 +183,14 @@ def _light(completion: Completion | None) -> Completion | None:
 
 def _call_of(
     completion: Completion,
-    sample: RebuildSample,
+    sample: ReconstructionSample,
     endpoint: str,
     measure: bool,
     *,
     light: bool,
     twin: Completion | None = None,
 ) -> _Call:
-    """One rebuild's inputs; `light` (crossing to a process) drops what the rebuild never reads: the raw
+    """One reconstruction's inputs; `light` (crossing to a process) drops what the reconstruction never reads: the raw
     bodies, and the messages and tools unless the server returned prompt ids to check them against."""
     if not light:
         return completion, sample.reference_ids, sample.messages, sample.tools, endpoint, measure, twin
@@ -201,15 +206,17 @@ def _call_of(
     )
 
 
-def _run_call(rebuilder: Rebuilder, call: _Call) -> Rebuilt:
-    """The rebuild itself, the same in a thread and in a worker process: the ids rebuilt, probes' text path
+def _run_call(endpoint_reconstructor: EndpointReconstructor, call: _Call) -> Reconstructed:
+    """The reconstruction itself, the same in a thread and in a worker process: the ids reconstructed, probes' text path
     measured (against a trusted twin's ids when the answer has none), prompt ids checked."""
     completion, reference_ids, messages, tools, endpoint, measure, twin = call
-    return rebuilder.rebuild(completion, reference_ids, messages, tools, endpoint=endpoint, measure=measure, twin=twin)
+    return endpoint_reconstructor.reconstruct(
+        completion, reference_ids, messages, tools, endpoint=endpoint, measure=measure, twin=twin
+    )
 
 
 def worker_cores() -> list[int]:
-    """The cores the rebuild workers run on: the machine's cores the engine's process is not pinned to, when
+    """The cores the reconstruction workers run on: the machine's cores the engine's process is not pinned to, when
     it is pinned and some are left (the event loop keeps its core to itself: a worker beside it on the same
     core slows both, measured 0.68x against 0.47x of the engine alone in bench/engine.py, and a floating
     worker lands there often enough to give 0.59x), else every core."""
@@ -221,10 +228,12 @@ def worker_cores() -> list[int]:
     return sorted(rest or every)
 
 
-def _init_worker(recipe: RebuildRecipe, cores: Sequence[int], engine_pid: int) -> Rebuilder | Exception:
+def _init_worker(
+    recipe: ReconstructorRecipe, cores: Sequence[int], engine_pid: int
+) -> EndpointReconstructor | Exception:
     """Worker start: leave the parent's CPU pin for `cores` (`worker_cores`: a parent pinned to one core would
     keep its workers on it, which is what processes are for avoiding), watch the engine, then build the
-    Rebuilder once (or return why it could not be built)."""
+    EndpointReconstructor once (or return why it could not be built)."""
     for choice in (cores, range(os.cpu_count() or 1)):
         try:
             os.sched_setaffinity(0, choice)
@@ -237,7 +246,7 @@ def _init_worker(recipe: RebuildRecipe, cores: Sequence[int], engine_pid: int) -
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     except (ValueError, OSError):
         pass  # not the main thread (the in-process test path): nothing to ignore
-    # one rebuild at a time per worker: the tokenizers library's thread pool would only take turns on the
+    # one reconstruction at a time per worker: the tokenizers library's thread pool would only take turns on the
     # worker's cores with it (an operator's own setting is kept)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     threading.Thread(
@@ -245,19 +254,19 @@ def _init_worker(recipe: RebuildRecipe, cores: Sequence[int], engine_pid: int) -
     ).start()
     # an error is kept for the hello, which carries it to the engine's event
     try:
-        rebuilder = recipe.build()
+        endpoint_reconstructor = recipe.build()
     except Exception as exc:
         return exc
-    try:  # one rebuild of nothing much: its lazy imports and first-call costs (6 ms) are paid at start
+    try:  # one reconstruction of nothing much: its lazy imports and first-call costs (6 ms) are paid at start
         warm = Completion(content="warm", reasoning="up", finish_reason="stop")
-        _run_call(rebuilder, (warm, None, [], None, "", False, None))
+        _run_call(endpoint_reconstructor, (warm, None, [], None, "", False, None))
     except Exception:
         pass  # a real call will say what is wrong
-    return rebuilder
+    return endpoint_reconstructor
 
 
 def _watch_engine(engine_pid: int, parent: int) -> None:
-    """Exit when the engine is gone (killed: nothing shuts the pool down), even mid-rebuild or should its end
+    """Exit when the engine is gone (killed: nothing shuts the pool down), even mid-reconstruct or should its end
     of the socket outlive it in another process (the socket's EOF is the usual word): a lingering worker keeps
     the engine's stdout and stderr open."""
     while True:
@@ -293,14 +302,15 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
     return bytes(buf)
 
 
-def _worker_main(recipe: RebuildRecipe, cores: Sequence[int], engine_pid: int, sock: socket.socket) -> None:
+def _worker_main(recipe: ReconstructorRecipe, cores: Sequence[int], engine_pid: int, sock: socket.socket) -> None:
     """A worker process: start (`_init_worker`), say hello (its pid and the CPU its start took, or why its
-    Rebuilder could not be built), then rebuild each batch that arrives until the engine closes the socket."""
-    rebuilder = _init_worker(recipe, cores, engine_pid)
+    EndpointReconstructor could not be built), then reconstruct each batch that arrives until the engine closes the
+    socket."""
+    endpoint_reconstructor = _init_worker(recipe, cores, engine_pid)
     with sock:
         try:
-            if isinstance(rebuilder, Exception):
-                _send_frame(sock, _dumps_exception(rebuilder))
+            if isinstance(endpoint_reconstructor, Exception):
+                _send_frame(sock, _dumps_exception(endpoint_reconstructor))
                 return
             _send_frame(sock, pickle.dumps((True, (os.getpid(), time.process_time())), pickle.HIGHEST_PROTOCOL))
             while True:
@@ -308,10 +318,10 @@ def _worker_main(recipe: RebuildRecipe, cores: Sequence[int], engine_pid: int, s
                 body = _recv_exactly(sock, int.from_bytes(head, "little")) if head else None
                 if body is None:
                     return
-                out, cpu = _worker_batch(rebuilder, pickle.loads(body))
+                out, cpu = _worker_batch(endpoint_reconstructor, pickle.loads(body))
                 try:
                     reply = pickle.dumps((True, (out, cpu, time.process_time())), pickle.HIGHEST_PROTOCOL)
-                except Exception as exc:  # a result that does not pickle: the engine rebuilds the batch itself
+                except Exception as exc:  # a result that does not pickle: the engine reconstructs the batch itself
                     reply = _dumps_exception(exc)
                 _send_frame(sock, reply)
         except OSError:
@@ -327,26 +337,28 @@ def _dumps_exception(exc: BaseException) -> bytes:
 
 
 def _worker_batch(
-    rebuilder: Rebuilder, batch: tuple[list[FidelityProfile], list[_Call]]
-) -> tuple[list[tuple[bool, Rebuilt | Exception]], float]:
-    """Take the batch's fidelity profiles (learned since the last batch: the Rebuilder uses them from now on),
-    then rebuild each call: ([(ok, Rebuilt or the exception)], the rebuilds' CPU seconds). One call's error
+    endpoint_reconstructor: EndpointReconstructor, batch: tuple[list[FidelityProfile], list[_Call]]
+) -> tuple[list[tuple[bool, Reconstructed | Exception]], float]:
+    """Take the batch's fidelity profiles (learned since the last batch: the EndpointReconstructor uses them from now
+    on),
+    then reconstruct each call: ([(ok, Reconstructed or the exception)], the reconstructions' CPU seconds). One call's
+    error
     does not fail its neighbours."""
     profiles, calls = batch
     for fp in profiles:
-        rebuilder.set_profile(fp)
-    out: list[tuple[bool, Rebuilt | Exception]] = []
+        endpoint_reconstructor.set_profile(fp)
+    out: list[tuple[bool, Reconstructed | Exception]] = []
     t0 = time.thread_time()
     for call in calls:
         try:
-            out.append((True, _run_call(rebuilder, call)))
+            out.append((True, _run_call(endpoint_reconstructor, call)))
         except Exception as exc:  # re-raised in the engine, where the in-thread path would have raised it
             out.append((False, exc))
     return out, time.thread_time() - t0
 
 
 def worker_count(setting: int | Literal["auto"], cores: int | None = None) -> int:
-    """Worker processes for `[run] rebuild_workers`: N as given (0: threads); auto: one per core beyond the
+    """Worker processes for `[run] reconstruct_workers`: N as given (0: threads); auto: one per core beyond the
     event loop's (at most AUTO_MAX_WORKERS) when the machine has 2 or more cores, else 0. Cores are the
     machine's (os.cpu_count), not the engine's affinity: workers leave a pinned parent's core."""
     if setting != "auto":
@@ -401,15 +413,19 @@ class _Worker:
     profiles: list[FidelityProfile] = field(default_factory=list)  # to send with its next batch
 
 
-class RebuildPool:
-    """Where the engine's rebuilds run (module doc): worker processes, or two threads. Event loop only.
+class ReconstructionPool:
+    """Where the engine's reconstructions run (module doc): worker processes, or two threads. Event loop only.
 
-    `cpu_s`: CPU seconds of the rebuilds themselves (either mode); `worker_cpu_s`: the worker processes' whole
-    CPU (rebuilds, unpickling, sockets); `start_s`: seconds the workers took to start; `workers`: processes in
+    `cpu_s`: CPU seconds of the reconstructions themselves (either mode); `worker_cpu_s`: the worker processes' whole
+    CPU (reconstructions, unpickling, sockets); `start_s`: seconds the workers took to start; `workers`: processes in
     use now (0: threads)."""
 
-    def __init__(self, rebuilder: Rebuilder, on_event: Callable[[str, str], Awaitable[None]] | None = None) -> None:
-        self.rebuilder = rebuilder
+    def __init__(
+        self,
+        endpoint_reconstructor: EndpointReconstructor,
+        on_event: Callable[[str, str], Awaitable[None]] | None = None,
+    ) -> None:
+        self.endpoint_reconstructor = endpoint_reconstructor
         self._on_event = on_event
         self._threads: ThreadPoolExecutor | None = None
         self._big: ThreadPoolExecutor | None = None  # the lane of huge answers (module doc)
@@ -438,18 +454,20 @@ class RebuildPool:
     @classmethod
     async def open(
         cls,
-        rebuilder: Rebuilder,
+        endpoint_reconstructor: EndpointReconstructor,
         setting: int | Literal["auto"] = "auto",
         on_event: Callable[[str, str], Awaitable[None]] | None = None,
-    ) -> RebuildPool:
-        """A pool for `rebuilder` with `[run] rebuild_workers` = `setting`; worker processes are started
-        (each builds the Rebuilder again from its `RebuildRecipe`) before it returns. When they fail to start,
+    ) -> ReconstructionPool:
+        """A pool for `endpoint_reconstructor` with `[run] reconstruct_workers` = `setting`; worker processes are
+        started
+        (each builds the EndpointReconstructor again from its `ReconstructorRecipe`) before it returns. When they fail
+        to start,
         the pool uses threads (the failure is reported through `on_event`)."""
-        pool = cls(rebuilder, on_event)
+        pool = cls(endpoint_reconstructor, on_event)
         n = worker_count(setting)
         if not n:
             return pool
-        recipe = RebuildRecipe.of(rebuilder)
+        recipe = ReconstructorRecipe.of(endpoint_reconstructor)
         t0 = time.monotonic()
         started: list[_Worker] = []
         try:
@@ -461,7 +479,7 @@ class RebuildPool:
                         target=_worker_main,
                         args=(recipe, cores, os.getpid(), theirs),
                         daemon=True,
-                        name="eaglewatch-rebuild",
+                        name="eaglewatch-reconstruct",
                     )
                     with _main_hidden():  # (the first start also starts the fork server)
                         await asyncio.to_thread(proc.start)
@@ -484,7 +502,7 @@ class RebuildPool:
                 exc = BrokenProcessPool("a worker exited before it was ready (see its error above on stderr)")
             await pool._tell(
                 "warning",
-                f"token ids are rebuilt in threads: the {n} rebuild worker process(es) "
+                f"token ids are reconstructed in threads: the {n} reconstruction worker process(es) "
                 f"did not start ({type(exc).__name__}: {exc})",
             )
             return pool
@@ -494,17 +512,17 @@ class RebuildPool:
         pool.start_s = time.monotonic() - t0
         return pool
 
-    async def rebuild(
+    async def reconstruct(
         self,
         completion: Completion,
-        sample: RebuildSample,
+        sample: ReconstructionSample,
         endpoint: str,
         measure: bool,
         twin: Completion | None = None,
-    ) -> Rebuilt:
-        """The Rebuilt of one result of `sample` from `endpoint` (`measure`: a probe; `twin`: a trusted server's
+    ) -> Reconstructed:
+        """The Reconstructed of one result of `sample` from `endpoint` (`measure`: a probe; `twin`: a trusted server's
         greedy answer to compare it with)."""
-        if rebuild_size(completion) > BIG_REBUILD_CHARS:
+        if reconstruction_size(completion) > BIG_RECONSTRUCT_CHARS:
             if self._big is None:
                 self._big = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reconstruct-big")
             return await self._in_threads(
@@ -518,10 +536,10 @@ class RebuildPool:
         return await fut
 
     def update_profile(self, fp: FidelityProfile) -> None:
-        """Rebuild fp's endpoint and provider with fidelity profile `fp` from now on: here (threads, and the
-        rebuilds of a dead worker's calls) at once, in each worker process with its next batch (a batch already
-        sent is rebuilt with what its worker had)."""
-        self.rebuilder.set_profile(fp)
+        """Reconstruct fp's endpoint and provider with fidelity profile `fp` from now on: here (threads, and the
+        reconstructions of a dead worker's calls) at once, in each worker process with its next batch (a batch already
+        sent is reconstructed with what its worker had)."""
+        self.endpoint_reconstructor.set_profile(fp)
         for w in self._procs:
             w.profiles = [p for p in w.profiles if (p.endpoint, p.provider) != (fp.endpoint, fp.provider)] + [fp]
 
@@ -537,10 +555,10 @@ class RebuildPool:
 
     def _flush(self) -> None:
         self._flushing = False
-        if not self._procs:  # given up meanwhile: what is pending is rebuilt here
+        if not self._procs:  # given up meanwhile: what is pending is reconstructed here
             pending, self._pending = self._pending, []
             for call, fut in pending:
-                self._spawn(self._rebuild_here([(call, fut)]))
+                self._spawn(self._reconstruct_here([(call, fut)]))
             return
         free = self._room()
         if free <= 0 or not self._pending:
@@ -553,8 +571,8 @@ class RebuildPool:
             batch, self._pending = self._pending[:size], self._pending[size:]
             try:
                 w.writer.write(_frame((w.profiles, [c for c, _ in batch])))
-            except Exception:  # a call that does not pickle (or a closed socket): rebuilt here
-                self._spawn(self._rebuild_here(batch))
+            except Exception:  # a call that does not pickle (or a closed socket): reconstructed here
+                self._spawn(self._reconstruct_here(batch))
                 continue
             w.profiles = []
             w.sent.append(batch)
@@ -565,8 +583,8 @@ class RebuildPool:
             while True:
                 ok, value = await _read_reply(w.reader)
                 batch = w.sent.popleft()
-                if not ok:  # its answer did not pickle: this batch is rebuilt here
-                    self._spawn(self._rebuild_here(batch))
+                if not ok:  # its answer did not pickle: this batch is reconstructed here
+                    self._spawn(self._reconstruct_here(batch))
                 else:
                     out, cpu, child_cpu = value
                     self.cpu_s += cpu
@@ -590,21 +608,21 @@ class RebuildPool:
                 )
 
     async def _give_up(self, exc: BaseException) -> None:
-        """A worker died: the rest of the run rebuilds in threads (told once; its calls are not lost)."""
+        """A worker died: the rest of the run reconstructs in threads (told once; its calls are not lost)."""
         procs, self._procs = self._procs, []
         self.broken, self.workers = f"{type(exc).__name__}: {exc}", 0
         for w in procs:
             _stop(w)
             while w.sent:
-                self._spawn(self._rebuild_here(w.sent.popleft()))
+                self._spawn(self._reconstruct_here(w.sent.popleft()))
         self._kick()
         await self._tell(
             "warning",
-            "a rebuild worker process died; token ids are rebuilt in threads of the "
+            "a reconstruction worker process died; token ids are reconstructed in threads of the "
             f"engine's process for the rest of this run (no result was lost): {self.broken}",
         )
 
-    async def _rebuild_here(self, batch: list[tuple[_Call, asyncio.Future]]) -> None:
+    async def _reconstruct_here(self, batch: list[tuple[_Call, asyncio.Future]]) -> None:
         for call, fut in batch:
             if fut.done():
                 continue
@@ -622,16 +640,16 @@ class RebuildPool:
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
 
-    async def _in_threads(self, call: _Call, executor: ThreadPoolExecutor | None = None) -> Rebuilt:
+    async def _in_threads(self, call: _Call, executor: ThreadPoolExecutor | None = None) -> Reconstructed:
         if executor is None:
             if self._threads is None:
                 self._threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="reconstruct")
             executor = self._threads
 
-        def timed() -> Rebuilt:
+        def timed() -> Reconstructed:
             t = time.thread_time()
             try:
-                return _run_call(self.rebuilder, call)
+                return _run_call(self.endpoint_reconstructor, call)
             finally:
                 self.cpu_s += time.thread_time() - t  # float += under the GIL; two threads rarely collide
 
@@ -642,13 +660,13 @@ class RebuildPool:
             await self._on_event(level, message)
 
     def describe(self) -> str:
-        """Where rebuilds run, for the operator: '2 worker processes (started in 0.41 s)' or 'threads'."""
+        """Where reconstructions run, for the operator: '2 worker processes (started in 0.41 s)' or 'threads'."""
         if not self._procs:
             return "threads of the engine's process" + (f" ({self.broken})" if self.broken else "")
         return f"{self.workers} worker process{'es' if self.workers != 1 else ''} (started in {self.start_s:.2f} s)"
 
     def close(self) -> None:
-        """Stop the workers and threads without waiting for them (rebuilds still queued are dropped: their
+        """Stop the workers and threads without waiting for them (reconstructions still queued are dropped: their
         flights are being cancelled or have settled). A worker exits when its socket closes."""
         for t in list(self._tasks):
             t.cancel()

@@ -2,7 +2,7 @@
 crosses `limits.max_corrupt_rate`, once it has at least `limits.min_verified_samples` verified samples.
 
 Pure: counts in, decisions out (no I/O, no asyncio). A *verified* sample is one with true ids (server ids
-or logprobs with bytes) whose text-only rebuild was compared with them (app.tokens.flags.TEXT_PATH); its
+or logprobs with bytes) whose text-only reconstruction was compared with them (app.tokens.flags.TEXT_PATH); its
 verdict is exact, benign (bpe_equivalent), truncated, or corrupt (text_mismatch / structure_mismatch): the verdict
 sets of `app.records`.
 The engine feeds `tally(...)` from its results and acts on `judge(...)`.

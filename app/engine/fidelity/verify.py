@@ -14,12 +14,14 @@ Data flow (docs/architecture.md, "Live fidelity"):
   spread evenly). It adds the fields that ask for ground truth, the sample id for a simulator (which replays
   that sample), `temperature: 0` when a trusted twin will be asked the same, and the providers the gate routes
   around.
-- In the reconstruction worker `Rebuilder.rebuild` keeps true ids as they are, rebuilds the rest from text with
+- In the reconstruction worker `EndpointReconstructor.reconstruct` keeps true ids as they are, reconstructs the rest
+from text with
   the endpoint × provider's current profile, and on a probe with true ids (its own, or a trusted twin's greedy
-  answer to the same prompt) measures the text-only rebuild against them (`text_path:<verdict>`) and returns
-  what the probe showed of the server's steps (`Rebuilt.observed`).
+  answer to the same prompt) measures the text-only reconstruction against them (`text_path:<verdict>`) and returns
+  what the probe showed of the server's steps (`Reconstructed.observed`).
 - `Verifier.learn` merges each observation into the endpoint × provider's profile; when that changes what the
-  rebuild does (`plan_key`) the new profile goes to every rebuild worker (`on_profile`) and to the database.
+  reconstruction does (`plan_key`) the new profile goes to every reconstruction worker (`on_profile`) and to the
+  database.
 - After the result is stored, `Verifier.observe` tallies the measurement, keeps the prompt-check counts and asks
   `app.engine.fidelity.quality.judge` whether to pause or route around; the Run acts on the decisions it returns.
 """
@@ -36,14 +38,13 @@ from app.records import Completion, Intervention, Reconstruction, Verdict, posit
 from app.tokens import Reconstructor
 from app.tokens import flags as fl
 
-if TYPE_CHECKING:  # types only: a rebuild worker process imports this module and needs none of them
+if TYPE_CHECKING:  # types only: a reconstruction worker process imports this module and needs none of them
     import asyncio
     from pathlib import Path
 
     from app.config import Endpoint as EndpointConfig
     from app.config import RunConfig
     from app.engine.capacity.endpoints import Endpoint
-    from app.engine.fidelity.reconstructor import CompletionReconstructor
     from app.store.profile_store import Measurement
     from app.store.run_store import RunStore
     from app.store.store_records import LeasedSample
@@ -65,8 +66,8 @@ TRUTH_KINDS = ("ids", "logprobs", "none", "unknown")
 
 
 @dataclass(frozen=True, slots=True)
-class Rebuilt:
-    """What the reconstruction hands back: the rebuilt ids, their verdict, the text-path measurement (None: not
+class Reconstructed:
+    """What the reconstruction hands back: the reconstructed ids, their verdict, the text-path measurement (None: not
     measured), the prompt-id check (None: the server returned no prompt ids), and what a measured probe showed of
     the server's text steps (a one-probe FidelityProfile, None otherwise)."""
 
@@ -79,12 +80,12 @@ class Rebuilt:
     interventions: tuple[Intervention, ...] = ()
 
 
-class Rebuilder:
+class EndpointReconstructor:
     """The engine's reconstruction: one `app.tokens.Reconstructor` per fidelity profile (endpoint and upstream
     provider), the run's own for the rest. `set_profile` replaces one (the event loop thread does, between
-    rebuilds: a dict item assignment, atomic for the rebuild threads that read it)."""
+    reconstructs: a dict item assignment, atomic for the reconstruction threads that read it)."""
 
-    def __init__(self, base: CompletionReconstructor, profiles: Iterable[FidelityProfile] = ()) -> None:
+    def __init__(self, base: Reconstructor, profiles: Iterable[FidelityProfile] = ()) -> None:
         self.profile, self.tokenizer = base.profile, base.tokenizer
         # measure=False: the engine measures probes only (measured_category), so the logprob path stays cheap
         self._default = Reconstructor(base.profile, base.tokenizer, base.fidelity, measure=False)
@@ -93,13 +94,13 @@ class Rebuilder:
             self.set_profile(p)
 
     def set_profile(self, fp: FidelityProfile) -> None:
-        """Rebuild results of fp's endpoint and provider with `fp` from now on."""
+        """Reconstruct results of fp's endpoint and provider with `fp` from now on."""
         self._by_key[(fp.endpoint, fp.provider or "")] = Reconstructor(self.profile, self.tokenizer, fp, measure=False)
 
     @property
     def fidelity_profiles(self) -> tuple[FidelityProfile | None, ...]:
-        """The run's own fidelity profile (None: none) and every endpoint's, in order: what rebuilds this
-        Rebuilder in another process (app.engine.fidelity.pool.RebuildRecipe)."""
+        """The run's own fidelity profile (None: none) and every endpoint's, in order: what reconstructs this
+        EndpointReconstructor in another process (app.engine.fidelity.pool.ReconstructorRecipe)."""
         return (self._default.fidelity, *(r.fidelity for r in self._by_key.values()))
 
     @property
@@ -112,10 +113,10 @@ class Rebuilder:
         return self._by_key.get((endpoint, provider or "")) or self._by_key.get((endpoint, "")) or self._default
 
     def process(self, completion: Completion, reference_ids: Sequence[int] | None) -> tuple[Reconstruction, Verdict]:
-        """The plain rebuild (no endpoint profile, no measurement): the engine's CompletionReconstructor contract."""
+        """The plain reconstruction (no endpoint profile, no measurement), as `app.tokens.Reconstructor.process`."""
         return self._default.process(completion, reference_ids)
 
-    def rebuild(
+    def reconstruct(
         self,
         completion: Completion,
         reference_ids: Sequence[int] | None,
@@ -125,9 +126,9 @@ class Rebuilder:
         endpoint: str,
         measure: bool,
         twin: Completion | None = None,
-    ) -> Rebuilt:
-        """Rebuild `completion`. With `measure` (a probe) and true ids — its own, or those of `twin`, a trusted
-        server's greedy answer to the same prompt — the text-only rebuild is measured against them and the
+    ) -> Reconstructed:
+        """Reconstruct `completion`. With `measure` (a probe) and true ids — its own, or those of `twin`, a trusted
+        server's greedy answer to the same prompt — the text-only reconstruction is measured against them and the
         server's steps observed (a twin whose answer is not the same text is not used). The server's prompt ids
         (when returned) are compared with the rendered prompt of `messages` and `tools`."""
         r = self.reconstructor_for(endpoint, completion.provider)
@@ -138,7 +139,7 @@ class Rebuilder:
 
             check = check_prompt(self.tokenizer, self.profile, messages, tools, completion.prompt_token_ids)
         if not measure:
-            return _rebuilt(rec, verdict, None, check, None, ())
+            return _reconstructed(rec, verdict, None, check, None, ())
         from app.tokens.fidelity_profile import learn
         from app.tokens.reconstruct import REGIONS_FROM_TEXT
 
@@ -172,10 +173,10 @@ class Rebuilder:
                     rec.ids_source,
                     tuple(rec.flags) + (fl.text_path_flag(measured),),
                 )
-        return Rebuilt(rec, verdict, measured, check, observed)
+        return Reconstructed(rec, verdict, measured, check, observed)
 
 
-_rebuilt = positional_builder(Rebuilt)  # Rebuilt(*every field), built per rebuilt answer
+_reconstructed = positional_builder(Reconstructed)  # Reconstructed(*every field), built per reconstructed answer
 
 
 def _diverged(seen: FidelityProfile) -> bool:
@@ -257,9 +258,9 @@ class Verifier:
     priors: dict[str, FidelityProfile] = field(default_factory=dict)  # endpoint -> its server's prior profile
     twin: int | None = None  # the trusted endpoint greedy probes are compared with
     on_profile: Callable[[FidelityProfile], None] | None = (
-        None  # a profile whose plan changed: to the rebuilds and the store
+        None  # a profile whose plan changed: to the reconstructions and the store
     )
-    samples: Counter = field(default_factory=Counter)  # (endpoint, provider) -> answers rebuilt
+    samples: Counter = field(default_factory=Counter)  # (endpoint, provider) -> answers reconstructed
     text_samples: Counter = field(default_factory=Counter)  # (endpoint, provider) -> of those, ids from text
     no_truth: Counter = field(default_factory=Counter)  # (endpoint, provider) -> probes answered without truth
     edges: dict[tuple[str, str | None], Counter] = field(default_factory=dict)  # population statistics
@@ -380,25 +381,27 @@ class Verifier:
 
     # ---- learning ---------------------------------------------------------------------------------
 
-    def learn(self, endpoint: str, completion: Completion, rebuilt: Rebuilt, probe: bool) -> FidelityProfile | None:
-        """Count one rebuilt answer (population statistics, samples, probes without truth) and merge what a
+    def learn(
+        self, endpoint: str, completion: Completion, reconstructed: Reconstructed, probe: bool
+    ) -> FidelityProfile | None:
+        """Count one reconstructed answer (population statistics, samples, probes without truth) and merge what a
         measured probe observed into the endpoint × provider's profile. Returns the profile when that changed
-        what rebuilds do (also handed to `on_profile`), else None."""
+        what reconstructions do (also handed to `on_profile`), else None."""
         from app.tokens.fidelity_profile import merge, plan_key, with_prior
 
         provider = completion.provider
         key = (endpoint, provider)
         self.samples[key] += 1
-        rec = rebuilt.reconstruction
+        rec = reconstructed.reconstruction
         if rec is not None and rec.ids_source in (None, fl.IDS_TEXT):
             self.text_samples[key] += 1
         edges = self.edges.get(key)
         if edges is None:
             edges = self.edges[key] = Counter()
         _edge_counts(edges, completion)
-        observed = rebuilt.observed
+        observed = reconstructed.observed
         if observed is None:
-            if probe and rebuilt.measured is None:
+            if probe and reconstructed.measured is None:
                 self.no_truth[key] += 1
             return None
         pkey = (endpoint, provider or "")
@@ -422,7 +425,7 @@ class Verifier:
         return [fp for fp in self.profiles.values() if fp.probes]
 
     def _fallback(self, endpoint: str) -> FidelityProfile | None:
-        """The profile rebuilds of a new provider of `endpoint` used until now (its endpoint's)."""
+        """The profile reconstructions of a new provider of `endpoint` used until now (its endpoint's)."""
         return self.profiles.get((endpoint, "")) or self.priors.get(endpoint)
 
     # ---- after the store --------------------------------------------------------------------------
@@ -548,13 +551,14 @@ def _edge_counts(c: Counter, completion: Completion) -> None:
 
 async def open_verification(
     verifier: Verifier,
-    reconstructor: CompletionReconstructor | None,
+    reconstructor: Reconstructor | None,
     config: RunConfig,
     db_path: Path,
     endpoints: Sequence[Endpoint],
-) -> tuple[Rebuilder | CompletionReconstructor | None, list[tuple[str, str]]]:
+) -> tuple[EndpointReconstructor | Reconstructor | None, list[tuple[str, str]]]:
     """Identify the endpoints' servers, give each its prior profile, load the stored profiles learned on this
-    path, seed the verifier with the run's stored measurements, and wrap `reconstructor` in a Rebuilder over
+    path, seed the verifier with the run's stored measurements, and wrap `reconstructor` in an EndpointReconstructor
+    over
     those profiles. Returns it with the operator's (level, sentence) notes. A reconstructor that is not a tokens
     Reconstructor (a pass-through) is returned as is, the verifier still identified and seeded."""
     import asyncio
@@ -610,7 +614,7 @@ async def open_verification(
                 (
                     "info",
                     f"{fp.endpoint}{f' / {fp.provider}' if fp.provider else ''}: applying the "
-                    f"learned fidelity profile ({fp.probes} probes) to rebuilds from text",
+                    f"learned fidelity profile ({fp.probes} probes) to reconstructions from text",
                 )
             )
     for name, fp in verifier.priors.items():
@@ -629,9 +633,9 @@ async def open_verification(
                 (
                     "warning",
                     f"{ep.name}: the server is unknown ({identities[i].how}) and nothing verifies "
-                    "its text rebuilds: set `server =` on the endpoint (vllm / sglang return ids), a "
+                    "its text reconstructions: set `server =` on the endpoint (vllm / sglang return ids), a "
                     "probe_fraction if it returns logprobs, or a trusted twin; the export refuses its "
-                    "rebuilds from text unless --accept-unverified",
+                    "reconstructions from text unless --accept-unverified",
                 )
             )
         elif verifier.truth[i] == "none" and not verifier._twin_for(i):
@@ -639,16 +643,16 @@ async def open_verification(
                 (
                     "warning",
                     f"{ep.name}: {ep.config.server or verifier.kinds[i]} returns neither ids nor "
-                    "logprobs: its text rebuilds rest on the server table alone (prior only); a trusted twin "
+                    "logprobs: its text reconstructions rest on the server table alone (prior only); a trusted twin "
                     "([[endpoints]] trusted = true) would verify them",
                 )
             )
     await seed_from_store(verifier, db_path, config.run.name)
     if not wrappable:
-        verifier.stop_probes()  # nothing rebuilds the answers (a pass-through): no probe could be measured
+        verifier.stop_probes()  # nothing reconstructs the answers (a pass-through): no probe could be measured
         return reconstructor, notes
     assert reconstructor is not None  # wrappable: it has a profile
-    return Rebuilder(reconstructor, list(verifier.profiles.values())), notes
+    return EndpointReconstructor(reconstructor, list(verifier.profiles.values())), notes
 
 
 async def ask_twin(

@@ -45,7 +45,8 @@ class Rate:
 @dataclass(frozen=True, slots=True)
 class EndpointLive:
     """One endpoint as its engine sees it now: requests on the wire, samples waiting (a retry's wait, or a
-    response being rebuilt and stored), the adaptive limit with its reason (app.engine.capacity.limiter.REASONS) and
+    response being reconstructed and stored), the adaptive limit with its reason (app.engine.capacity.limiter.REASONS)
+    and
     the capacity proven so far (None while growing), and its last minutes' rate and percentiles."""
 
     name: str

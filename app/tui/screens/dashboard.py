@@ -64,7 +64,7 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
     ),
     ("ttft", "95th percentile time to the first token"),
     ("flight a/b", "requests on the wire / the concurrency limit"),
-    ("waiting", "samples between requests (a retry's wait) or being rebuilt and stored"),
+    ("waiting", "samples between requests (a retry's wait) or being reconstructed and stored"),
     (
         "limit reasons",
         "growing · at ceiling · 429 cooldown (cooling down after 429) · latency up (latency "
@@ -79,7 +79,7 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
     ),
     ("trunc", "truncated: stopped at max_tokens (no end-of-turn; the export leaves it out unless asked)"),
     ("no ref", "no reference to judge the ids against"),
-    ("suspect", "rebuilt from text with a sign it may not be the model's ids (left out of exports)"),
+    ("suspect", "reconstructed from text with a sign it may not be the model's ids (left out of exports)"),
     (
         "interv (cmp fb healed think prompt repeat)",
         "samples a server intervened on, by kind (cmp: prompt compressed, fb: another provider answered, healed: "
@@ -87,11 +87,14 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
         "otherwise, repeat: a repetition stop; left out of exports)",
     ),
     ("verified", "true ids, the model's own: from the server or logprobs"),
-    ("ref-checked", "checked against a reference: rebuilt from text and judged by a reference (its verdict above)"),
-    ("unchecked", "rebuilt from text with neither true ids nor a reference"),
+    (
+        "ref-checked",
+        "checked against a reference: reconstructed from text and judged by a reference (its verdict above)",
+    ),
+    ("unchecked", "reconstructed from text with neither true ids nor a reference"),
     (
         "match N% n=M",
-        "of M measured answers (true ids whose text-only rebuild was also compared), N% came out "
+        "of M measured answers (true ids whose text-only reconstruction was also compared), N% came out "
         "the same text: the text path's fidelity",
     ),
     (

@@ -1,4 +1,4 @@
-"""Rebuilds in worker processes (app.engine.fidelity.pool.RebuildPool, `[run] rebuild_workers`): the same
+"""Reconstructs in worker processes (app.engine.fidelity.pool.ReconstructionPool, `[run] reconstruct_workers`): the same
 results as in threads, field by field, over completions the real client parsed from the real simulator; a
 worker killed with SIGKILL mid-run loses no paid response; workers leave a pinned parent's core for the
 others."""
@@ -16,14 +16,14 @@ import pytest
 import app
 from app.config import parse_config
 from app.engine.fidelity.pool import (
-    RebuildPool,
-    RebuildRecipe,
+    ReconstructionPool,
+    ReconstructorRecipe,
     build_reconstructor,
-    open_rebuilder,
+    open_endpoint_reconstructor,
     worker_cores,
     worker_count,
 )
-from app.engine.fidelity.verify import LOGPROB_PROBE_FIELDS, Rebuilder
+from app.engine.fidelity.verify import LOGPROB_PROBE_FIELDS, EndpointReconstructor
 from app.providers.client import ChatClient
 from app.simulator.server import SimulatorServer
 from app.tokens.fidelity_profile import FidelityProfile
@@ -72,7 +72,7 @@ async def _completions(config, sample_data, stream: bool) -> list[tuple[object, 
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_processes_rebuild_exactly_what_threads_rebuild(tmp_path, sample_data, stream) -> None:
+async def test_processes_reconstruct_exactly_what_threads_reconstruct(tmp_path, sample_data, stream) -> None:
     config = make_config(
         tmp_path,
         sample_data,
@@ -86,16 +86,16 @@ async def test_processes_rebuild_exactly_what_threads_rebuild(tmp_path, sample_d
     assert any(c.token_ids for c, _, _ in got) and any(c.content_logprobs for c, _, _ in got)
     assert any(c.prompt_token_ids for c, _, _ in got), "no prompt ids: the prompt check would go untested"
     base = build_reconstructor(config)
-    # a learned profile for one endpoint: the worker must route to it as the engine's Rebuilder does
+    # a learned profile for one endpoint: the worker must route to it as the engine's EndpointReconstructor does
     learned = FidelityProfile("or-text", None, config.model.profile, 7, {"empty_reasoning": {"dropped": 7}})
-    rebuilder = Rebuilder(base, [learned])
-    threads = await RebuildPool.open(rebuilder, 0)
-    procs = await RebuildPool.open(rebuilder, 2)
+    endpoint_reconstructor = EndpointReconstructor(base, [learned])
+    threads = await ReconstructionPool.open(endpoint_reconstructor, 0)
+    procs = await ReconstructionPool.open(endpoint_reconstructor, 2)
     try:
         assert (threads.workers, procs.workers) == (0, 2), procs.describe()
         for measure in (False, True):
-            a = await asyncio.gather(*(threads.rebuild(c, s, ep, measure) for c, s, ep in got))
-            b = await asyncio.gather(*(procs.rebuild(c, s, ep, measure) for c, s, ep in got))
+            a = await asyncio.gather(*(threads.reconstruct(c, s, ep, measure) for c, s, ep in got))
+            b = await asyncio.gather(*(procs.reconstruct(c, s, ep, measure) for c, s, ep in got))
             assert len(a) == len(b) == len(got)
             for (_c, s, ep), x, y in zip(got, a, b):
                 assert x == y, (ep, s.sample_id, measure)  # every field: ids, flags, verdict, measured, prompt check
@@ -112,30 +112,35 @@ def test_worker_count_follows_the_setting_and_the_cores() -> None:
     assert worker_count(0, 16) == 0 and worker_count(3, 1) == 3
 
 
-def test_a_recipe_builds_the_rebuilder_it_was_taken_from(tmp_path, sample_data) -> None:
-    """What a worker process builds from the recipe rebuilds as the engine's own Rebuilder does: the same
+def test_a_recipe_builds_the_reconstructor_it_was_taken_from(tmp_path, sample_data) -> None:
+    """What a worker process builds from the recipe reconstructs as the engine's own EndpointReconstructor does: the
+    same
     tokenizer files (checked by fingerprint), profile and learned fidelity profiles, routed the same way."""
     from app.records import Completion
 
     config = make_config(tmp_path, sample_data)
     learned = FidelityProfile("sim", None, config.model.profile, 7, {"empty_reasoning": {"dropped": 7}})
-    rebuilder = Rebuilder(build_reconstructor(config), [learned])
-    recipe = RebuildRecipe.of(rebuilder)
+    endpoint_reconstructor = EndpointReconstructor(build_reconstructor(config), [learned])
+    recipe = ReconstructorRecipe.of(endpoint_reconstructor)
     assert recipe.tokenizer_dir == str(sample_data / "tokenizer") and recipe.fidelity == (None, learned)
     built = recipe.build()
-    assert built.learned == rebuilder.learned == (("sim", ""),)
+    assert built.learned == endpoint_reconstructor.learned == (("sim", ""),)
     s = sample_inputs(sample_data, 1)[0]
     c = Completion(content="hello", reasoning="", finish_reason="stop")
     for endpoint in ("sim", "other"):
-        assert built.rebuild(
+        assert built.reconstruct(
             c, s.reference_ids, s.messages, s.tools, endpoint=endpoint, measure=False
-        ) == rebuilder.rebuild(c, s.reference_ids, s.messages, s.tools, endpoint=endpoint, measure=False)
+        ) == endpoint_reconstructor.reconstruct(
+            c, s.reference_ids, s.messages, s.tools, endpoint=endpoint, measure=False
+        )
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2 or not hasattr(os, "sched_setaffinity"), reason="needs 2 cores")
 async def test_workers_leave_the_pinned_parents_core(tmp_path, sample_data) -> None:
     config = make_config(tmp_path, sample_data)
-    rebuilder, _ = await open_rebuilder(build_reconstructor(config), config, tmp_path / "none.db")
+    endpoint_reconstructor, _ = await open_endpoint_reconstructor(
+        build_reconstructor(config), config, tmp_path / "none.db"
+    )
     before = os.sched_getaffinity(0)
     every = set(range(os.cpu_count()))
     if before != every:
@@ -144,7 +149,7 @@ async def test_workers_leave_the_pinned_parents_core(tmp_path, sample_data) -> N
     os.sched_setaffinity(0, {engine_core})
     try:
         assert worker_cores() == sorted(every - {engine_core})
-        pool = await RebuildPool.open(rebuilder, 1)
+        pool = await ReconstructionPool.open(endpoint_reconstructor, 1)
     finally:
         os.sched_setaffinity(0, before)
     try:
@@ -166,24 +171,24 @@ async def test_a_worker_killed_mid_run_loses_no_result(tmp_path, sample_data) ->
         simulator={"latency_median_ms": 15.0, "latency_p95_ms": 30.0},
         limits={"concurrency_initial": 4, "concurrency_max": 4},
     )
-    data["run"]["rebuild_workers"] = 1
+    data["run"]["reconstruct_workers"] = 1
     config = parse_config(data, base_dir=tmp_path)
     store, _ = await open_ingested(config, sample_data, n)
     run = Run(config, store, reconstructor=build_reconstructor(config))
     try:
         await run.start()
-        pool = run.rebuild_pool
+        pool = run.reconstruction_pool
         assert pool is not None and pool.workers == 1, pool and pool.describe()
         loop = asyncio.get_running_loop()
         end = loop.time() + 20
         while run.snapshot().done < 5:
-            assert loop.time() < end, "no result rebuilt in a worker"
+            assert loop.time() < end, "no result reconstructed in a worker"
             await asyncio.sleep(0.01)
         os.kill(pool.pids[0], signal.SIGKILL)
         outcome = await asyncio.wait_for(run.wait(), 30)
         assert outcome.state == "done", outcome
         assert pool.workers == 0 and pool.broken
-        died = [e for e in run.events_since(0) if "rebuild worker process died" in e.message]
+        died = [e for e in run.events_since(0) if "reconstruction worker process died" in e.message]
         assert len(died) == 1, [e.message for e in run.events_since(0)]
     finally:
         await asyncio.wait_for(run.close(), 10)  # shutdown does not hang on a broken pool
@@ -201,14 +206,15 @@ async def test_a_worker_killed_mid_run_loses_no_result(tmp_path, sample_data) ->
 _HOLDER = r"""
 import asyncio, sys
 from app.config import parse_config
-from app.engine.fidelity.pool import RebuildPool, build_reconstructor, open_rebuilder
+from app.engine.fidelity.pool import ReconstructionPool, build_reconstructor, open_endpoint_reconstructor
 async def main():
     config = parse_config({"run": {"name": "t"},
                            "data": {"datasets": [{"path": sys.argv[1] + "/prompts.openai.jsonl"}]},
                            "model": {"name": "m", "tokenizer": sys.argv[1] + "/tokenizer"},
                            "endpoints": [{"name": "e", "base_url": "http://127.0.0.1:9"}]})
-    rebuilder, _ = await open_rebuilder(build_reconstructor(config), config, config.run.database.parent / "no.db")
-    pool = await RebuildPool.open(rebuilder, 1)
+    endpoint_reconstructor, _ = await open_endpoint_reconstructor(build_reconstructor(config), config,
+    config.run.database.parent / "no.db")
+    pool = await ReconstructionPool.open(endpoint_reconstructor, 1)
     print(pool.pids[0], flush=True)
     await asyncio.sleep(3600)
 asyncio.run(main())
@@ -245,21 +251,27 @@ async def test_a_killed_engines_workers_exit_and_free_its_pipes(tmp_path, sample
         await asyncio.sleep(0.05)
 
 
-async def test_workers_that_cannot_start_leave_the_rebuilds_to_threads(tmp_path, sample_data, monkeypatch) -> None:
+async def test_workers_that_cannot_start_leave_the_reconstructions_to_threads(
+    tmp_path, sample_data, monkeypatch
+) -> None:
     """A worker whose tokenizer is not the engine's (the files changed under it) fails at start: the pool says
-    so once and rebuilds in threads, with the same result."""
+    so once and reconstructs in threads, with the same result."""
     import dataclasses
 
     config = make_config(tmp_path, sample_data)
-    rebuilder, _ = await open_rebuilder(build_reconstructor(config), config, tmp_path / "none.db")
-    real = RebuildRecipe.of(rebuilder)
-    monkeypatch.setattr(RebuildRecipe, "of", classmethod(lambda cls, r: dataclasses.replace(real, fingerprint="x")))
+    endpoint_reconstructor, _ = await open_endpoint_reconstructor(
+        build_reconstructor(config), config, tmp_path / "none.db"
+    )
+    real = ReconstructorRecipe.of(endpoint_reconstructor)
+    monkeypatch.setattr(
+        ReconstructorRecipe, "of", classmethod(lambda cls, r: dataclasses.replace(real, fingerprint="x"))
+    )
     told: list[tuple[str, str]] = []
 
     async def tell(level: str, message: str) -> None:
         told.append((level, message))
 
-    pool = await RebuildPool.open(rebuilder, 1, tell)
+    pool = await ReconstructionPool.open(endpoint_reconstructor, 1, tell)
     try:
         assert pool.workers == 0 and len(told) == 1 and told[0][0] == "warning", told
         assert "did not start" in told[0][1] and "tokenizer files changed" in told[0][1]
@@ -267,7 +279,7 @@ async def test_workers_that_cannot_start_leave_the_rebuilds_to_threads(tmp_path,
         from app.records import Completion
 
         c = Completion(content="hello", reasoning="think", finish_reason="stop")
-        assert await pool.rebuild(c, s, "sim", False) == rebuilder.rebuild(
+        assert await pool.reconstruct(c, s, "sim", False) == endpoint_reconstructor.reconstruct(
             c, s.reference_ids, s.messages, s.tools, endpoint="sim", measure=False
         )
     finally:
@@ -278,14 +290,16 @@ async def test_a_closed_pools_workers_exit_while_the_engine_lives(tmp_path, samp
     """close() never waits, yet its workers go: each reads the end of its socket and exits (no pool thread is
     left to tell it, and the engine it watches is still alive)."""
     config = make_config(tmp_path, sample_data)
-    rebuilder, _ = await open_rebuilder(build_reconstructor(config), config, tmp_path / "none.db")
-    pool = await RebuildPool.open(rebuilder, 2)
+    endpoint_reconstructor, _ = await open_endpoint_reconstructor(
+        build_reconstructor(config), config, tmp_path / "none.db"
+    )
+    pool = await ReconstructionPool.open(endpoint_reconstructor, 2)
     assert pool.workers == 2, pool.describe()
     s = sample_inputs(sample_data, 1)[0]
     from app.records import Completion
 
     c = Completion(content="hello", reasoning="think", finish_reason="stop")
-    assert await pool.rebuild(c, s, "sim", False) == rebuilder.rebuild(
+    assert await pool.reconstruct(c, s, "sim", False) == endpoint_reconstructor.reconstruct(
         c, s.reference_ids, s.messages, s.tools, endpoint="sim", measure=False
     )
     pids = pool.pids
@@ -307,17 +321,18 @@ import asyncio, os, sys
 with open(sys.argv[2], "a") as f:  # the script's top level: it must run once, in this process only
     f.write(f"{os.getpid()}\n")
 from app.config import parse_config
-from app.engine.fidelity.pool import RebuildPool, build_reconstructor, open_rebuilder
+from app.engine.fidelity.pool import ReconstructionPool, build_reconstructor, open_endpoint_reconstructor
 async def main():
     config = parse_config({"run": {"name": "t"},
                            "data": {"datasets": [{"path": sys.argv[1] + "/prompts.openai.jsonl"}]},
                            "model": {"name": "m", "tokenizer": sys.argv[1] + "/tokenizer"},
                            "endpoints": [{"name": "e", "base_url": "http://127.0.0.1:9"}]})
-    rebuilder, _ = await open_rebuilder(build_reconstructor(config), config, config.run.database.parent / "no.db")
+    endpoint_reconstructor, _ = await open_endpoint_reconstructor(build_reconstructor(config), config,
+    config.run.database.parent / "no.db")
     said = []
     async def on_event(level, message):
         said.append(message)
-    pool = await RebuildPool.open(rebuilder, 1, on_event=on_event)
+    pool = await ReconstructionPool.open(endpoint_reconstructor, 1, on_event=on_event)
     print(pool.workers, len(said), flush=True)
     pool.close()
 asyncio.run(main())
