@@ -199,8 +199,8 @@ async def request_sample(
             message=f"{type(exc).__name__}: {exc}",
             unexpected=True,
         )
-    if rebuilt.interventions:  # the ledger travels with the answer to the store
-        completion = dataclasses.replace(completion, interventions=rebuilt.interventions)
+    if reconstructed.interventions:  # the ledger travels with the answer to the store
+        completion = dataclasses.replace(completion, interventions=reconstructed.interventions)
     return Outcome(
         "done",
         flight.tries,

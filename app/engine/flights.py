@@ -215,17 +215,19 @@ class Flights:
             await self._events.add("warning", "fidelity", note)
         return reconstructed
 
-    def _with_interventions(self, completion: Completion, rebuilt: Rebuilt, fields: dict | None) -> Rebuilt:
-        """`rebuilt` with the answer's ledger of server interventions, each one flagged on its reconstruction
+    def _with_interventions(
+        self, completion: Completion, reconstructed: Reconstructed, fields: dict | None
+    ) -> Reconstructed:
+        """`reconstructed` with the answer's ledger of server interventions, each one flagged on its reconstruction
         (`intervened:<kind>`: the export leaves the sample out by default)."""
-        assert self._pool is not None  # called after a rebuild
+        assert self._pool is not None  # called after a reconstruction
         if self._think_ids is None:
-            r = self._pool.rebuilder
+            r = self._pool.endpoint_reconstructor
             self._think_ids = (
                 r.tokenizer.special_id(r.profile.think_open),
                 r.tokenizer.special_id(r.profile.think_close),
             )
-        rec, check = rebuilt.reconstruction, rebuilt.prompt_check
+        rec, check = reconstructed.reconstruction, reconstructed.prompt_check
         found = interventions.ledger(
             completion.interventions,
             interventions.measured(
@@ -238,11 +240,11 @@ class Flights:
             ),
         )
         if not found:
-            return rebuilt
+            return reconstructed
         if rec is not None:
             flags = tuple(dict.fromkeys(interventions.flag_of(i.kind) for i in found))
             rec = dataclasses.replace(rec, flags=tuple(rec.flags) + flags)
-        return dataclasses.replace(rebuilt, reconstruction=rec, interventions=found)
+        return dataclasses.replace(reconstructed, reconstruction=rec, interventions=found)
 
     async def _on_retry(self, f: Flight, exc: RetryableError) -> None:
         self._forecast.resent(f)  # its output counts again from nothing

@@ -1,7 +1,7 @@
 """The per-sample ledger of server interventions: every token the model did not sample, and every prompt token it
 did not see, that the run can know of.
 
-Two sources, one list per answer (`Rebuilt.interventions`, stored in the `interventions` table, schema v10):
+Two sources, one list per answer (`Reconstructed.interventions`, stored in the `interventions` table, schema v10):
 - what the server reports (`Completion.interventions`, read at the boundary: app.providers.interventions —
   OpenRouter's context compression, provider fallback, response healing and other pipeline stages);
 - what the run measures against what it asked (`measured`): vLLM's `thinking_token_budget` stops the reasoning
@@ -111,7 +111,7 @@ def measured(
     prompt_check: PromptCheck | None,
 ) -> tuple[Intervention, ...]:
     """The interventions the run can tell from `completion` and the fields it sent (`request_fields`: the
-    endpoint's and the call's extras), given the rebuilt output ids and, where the server returned prompt ids,
+    endpoint's and the call's extras), given the reconstructed output ids and, where the server returned prompt ids,
     their check against the rendered prompt."""
     found: list[Intervention] = []
     budget = _field_int(request_fields, BUDGET_FIELD)
