@@ -687,8 +687,8 @@ def test_positional_builder_builds_what_the_constructor_builds(values):
     assert hash(built) == hash(Reconstruction(*values))
     with pytest.raises(FrozenInstanceError):
         built.strategy = "other"  # type: ignore[misc]
-    assert positional_builder(Reconstructed)(built, None, "exact", None, None) == Reconstructed(
-        built, None, "exact", None, None
+    assert positional_builder(Reconstructed)(built, None, "exact", None, None, ()) == Reconstructed(
+        built, None, "exact", None, None, ()
     )
     call = positional_builder(ToolCall)("i", "n", values[1], 2, "function")
     assert call == ToolCall("i", "n", values[1], 2)
