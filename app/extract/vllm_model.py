@@ -98,8 +98,9 @@ class VllmTarget:
 
         for path in sorted(self.model_path.glob("*.safetensors")):
             with safe_open(str(path), framework="pt") as f:
+                names = set(f.keys())
                 for name in ("model.norm.weight", "model.language_model.norm.weight"):
-                    if name in f.keys():
+                    if name in names:
                         return f.get_tensor(name).to(self._torch.float32)
         raise InputError(
             f"{self.model_path}: no model.norm.weight in its safetensors; the vLLM backend applies the final "
