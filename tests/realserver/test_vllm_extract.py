@@ -81,7 +81,13 @@ def _vllm_job(python: str, manifest: Path, model: Path, base: Path, layout: str,
 
 
 @pytest.fixture(scope="module")
-def export(vllm_model_dir, tmp_path_factory) -> Path:
+def vllm_py() -> str:
+    """vLLM's Python, or skip (fail under EAGLEWATCH_REQUIRE_VLLM) before any model is built."""
+    return _python()
+
+
+@pytest.fixture(scope="module")
+def export(vllm_py, vllm_model_dir, tmp_path_factory) -> Path:
     vocab = json.loads((vllm_model_dir / "config.json").read_text())["vocab_size"]
     root = tmp_path_factory.mktemp("vllm-extract") / "export"
     return write_shards(root, [make_samples(5, seed=31, vocab=vocab), make_samples(3, seed=32, vocab=vocab)])
@@ -91,9 +97,9 @@ MADE: dict[str, tuple[Path, Path]] = {}
 
 
 @pytest.fixture
-def both(export, vllm_model_dir, tmp_path_factory, monkeypatch, capsys):
+def both(vllm_py, export, vllm_model_dir, tmp_path_factory, monkeypatch, capsys):
     """(layout) -> (built-in folder, vLLM folder), each layout extracted once per module."""
-    python = _python()
+    python = vllm_py
 
     def get(layout: str) -> tuple[Path, Path]:
         if layout not in MADE:
