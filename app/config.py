@@ -609,6 +609,14 @@ class Extraction(_Section):
         description="Built-in extractor's files: packed, or as SpecForge / speculators (last state pre-norm) / "
         "Model-Optimizer load them.",
     )
+    backend: Literal["builtin", "vllm"] = Field(
+        "builtin",
+        description="Built-in extractor's engine: transformers (builtin) or vLLM's hidden-states connector (vllm, "
+        "run by vLLM's Python).",
+    )
+    python: str | None = Field(
+        None, description='Python of the vLLM venv for backend = "vllm" (default: $EAGLEWATCH_VLLM_PYTHON).'
+    )
     shard_size: int = Field(1000, gt=0, description="Samples per shard.")
     output_dir: ConfigPath = Field(Path("extract"), description="Where shards, hidden states and logs go.")
     gpus: int = Field(1, ge=0, description="GPUs per shard (local: devices used in parallel).")

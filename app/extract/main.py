@@ -96,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="packed layout: one safetensors file per sample in shard_<i>/ instead of one per shard",
     )
     parser.add_argument(
+        "--backend",
+        choices=("builtin", "vllm"),
+        default="builtin",
+        help="builtin: transformers with hooks; vllm: vLLM's hidden-states connector (run this module with "
+        "vLLM's Python; same layouts, checks and done markers). Default builtin",
+    )
+    parser.add_argument(
         "--trust-remote-code",
         action="store_true",
         help="allow the model folder's own Python code (only for models that need it)",
@@ -125,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             layout=args.layout,
             speculators_prepared=args.speculators_prepared,
             trust_remote_code=args.trust_remote_code,
+            backend=args.backend,
         )
         run_extraction(args.manifest, args.shard, options)
     except ModuleNotFoundError as exc:

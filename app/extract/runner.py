@@ -66,6 +66,7 @@ class ExtractOptions:
     layout: str = "packed"  # packed | specforge | speculators | modelopt (app.extract.layouts.LAYOUTS)
     # speculators layout: the dataset `speculators prepare-data` wrote (None: <manifest folder>/prepared)
     speculators_prepared: Path | None = None
+    backend: str = "builtin"  # builtin (transformers) | vllm (vLLM's hidden-states connector, in vLLM's Python)
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,9 +346,7 @@ def run_extraction(
             per_sample_files=options.per_sample or options.layout != "packed",
         )
         check_disk_room(options.out_dir, needed, f"{len(todo)} shard(s) of hidden states")
-        target = load_target(
-            options.model_path, aux, device, dtype, trust_remote_code=options.trust_remote_code, last_prenorm=prenorm
-        )
+        target = _load(options, manifest, todo, aux, device, dtype, prenorm)
     results = []
     failures: list[ExtractionError] = []
     try:
@@ -369,6 +368,25 @@ def run_extraction(
         more = f" ({len(failures) - 1} more shard(s) failed too)" if len(failures) > 1 else ""
         raise ExtractionError(f"{first}{more}", shard=first.shard, sample_id=first.sample_id)
     return results
+
+
+def _load(
+    options: ExtractOptions, manifest: Manifest, todo: Sequence[int], aux: Any, device: str, dtype: str, prenorm: bool
+) -> Any:
+    """The target model of the chosen backend (both offer `capture`, `close` and the same attributes)."""
+    if options.backend == "vllm":
+        from app.extract.vllm_model import load_vllm_target
+
+        longest = max((len(s.input_ids) for i in todo for s in read_shard(manifest.shard(i))), default=1)
+        # room for the one token each request generates
+        return load_vllm_target(
+            options.model_path, aux, dtype, last_prenorm=prenorm, max_len=longest + 1, device=device
+        )
+    if options.backend != "builtin":
+        raise InputError(f"--backend {options.backend!r}: use builtin or vllm")
+    return load_target(
+        options.model_path, aux, device, dtype, trust_remote_code=options.trust_remote_code, last_prenorm=prenorm
+    )
 
 
 def _check_done_layouts(out_dir: Path, shards: Sequence[int], options: ExtractOptions) -> None:

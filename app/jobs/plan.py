@@ -37,8 +37,17 @@ def spec_from_config(config, manifest: Path, *, shards: list[int] | None = None,
                 "extraction.model_path: the built-in extractor needs the target model folder; "
                 'set it in the config, or use extractor = "command"'
             )
+        python = sys.executable
+        if ext.backend == "vllm":
+            python = ext.python or os.environ.get("EAGLEWATCH_VLLM_PYTHON") or ""
+            if not python:
+                raise InputError(
+                    'extraction.backend = "vllm" runs in vLLM\'s own Python: set extraction.python (or '
+                    "EAGLEWATCH_VLLM_PYTHON) to that venv's bin/python"
+                )
+            # that Python has no eaglewatch installed: both executors put this checkout's app/ on PYTHONPATH
         argv = [
-            sys.executable,
+            python,
             "-m",
             "app.extract",
             "--manifest",
@@ -54,6 +63,8 @@ def spec_from_config(config, manifest: Path, *, shards: list[int] | None = None,
             "--layout",
             ext.layout,
         ]
+        if ext.backend == "vllm":
+            argv += ["--backend", "vllm"]
         if ext.aux_layers:
             argv += ["--aux-layers", ",".join(str(i) for i in ext.aux_layers)]
         if ext.gpus == 0:

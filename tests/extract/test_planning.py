@@ -144,3 +144,29 @@ def test_dry_run_plans_without_a_gpu(tmp_path, capsys, monkeypatch):
     text = capsys.readouterr().out
     assert "note: not runnable here" in text and "disk: about" in text and "--layout modelopt" in text
     assert not (tmp_path / "run.db").exists()  # a plan starts nothing
+
+
+def test_the_vllm_backend_runs_the_extractor_with_vllms_python(tmp_path, monkeypatch, capsys):
+    """`[extraction] backend = "vllm"`: the same job argv launched by the configured (or EAGLEWATCH_VLLM_PYTHON)
+    interpreter with `--backend vllm`; with neither, the plan is refused with a sentence naming both."""
+    import json as _json
+
+    from app.cli import main
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.delenv("EAGLEWATCH_VLLM_PYTHON", raising=False)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(_json.dumps({"hidden_size": 64, "num_hidden_layers": 8, "vocab_size": 512}))
+    manifest = write_shards(tmp_path / "export", [make_samples(3, seed=1)])
+    cfg = extraction_config(tmp_path, model, gpus=0, backend="vllm")
+    assert main(["extract", str(cfg), "--manifest", str(manifest), "--dry-run", "--json"]) != 0
+    assert "extraction.python" in capsys.readouterr().err
+    monkeypatch.setenv("EAGLEWATCH_VLLM_PYTHON", "/opt/vllm/bin/python")
+    assert main(["extract", str(cfg), "--manifest", str(manifest), "--dry-run", "--json"]) == 0
+    argv = _json.loads(capsys.readouterr().out)["shards"]["0"]
+    assert argv[:3] == ["/opt/vllm/bin/python", "-m", "app.extract"]
+    assert argv[argv.index("--backend") + 1] == "vllm"
+    cfg = extraction_config(tmp_path, model, gpus=0, backend="vllm", python="/srv/v/bin/python")
+    assert main(["extract", str(cfg), "--manifest", str(manifest), "--dry-run", "--json"]) == 0
+    assert _json.loads(capsys.readouterr().out)["shards"]["0"][0] == "/srv/v/bin/python"
