@@ -557,9 +557,16 @@ def _fields(value, path: str = "") -> dict[str, str]:
 
 def _outline(chunks: list) -> list[str]:
     """A stream as the runs of its kinds of chunk (each chunk's fields and their types; `[DONE]` as itself), in
-    order."""
+    order. A chunk with an empty delta and no finish_reason (a token whose text a parser held back, e.g. the
+    think tag) is left out: whether vLLM sends it alone or merged into the next chunk depends on how many tokens
+    its engine finished between two writes of the API server, which changes with the machine's load (the ids and
+    texts, compared beside this, still hold every such token)."""
     kinds: list[str] = []
     for chunk in chunks:
+        if isinstance(chunk, dict) and all(
+            not ch.get("delta") and ch.get("finish_reason") is None for ch in chunk.get("choices") or [{"delta": 1}]
+        ):
+            continue
         kind = "[DONE]" if chunk == "[DONE]" else " ".join(f"{k}:{t}" for k, t in sorted(_fields(chunk).items()))
         if not kinds or kinds[-1] != kind:
             kinds.append(kind)
