@@ -37,12 +37,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
+    import dataclasses
     from concurrent.futures import ThreadPoolExecutor
 
-    from app.store.queries import connect_readonly, latest_completions, resolve_run, verdict_counts
+    from app.store.queries import (
+        connect_readonly,
+        latest_completions,
+        resolve_run,
+        run_intervention_flags,
+        verdict_counts,
+    )
     from app.store.rows import StoredCompletion, reconstruction_row
     from app.store.store_records import ReconstructionLabels
     from app.tokens import Reconstructor, get_profile, load_tokenizer
+    from app.tokens.flags import INTERVENED
 
     db = Path(args.db)
     conn = connect_readonly(db)
@@ -55,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"{db}: run {run_row.name} stores no model.tokenizer; pass --tokenizer DIR")
         before = verdict_counts(conn, run_row.id)
         rows = latest_completions(conn, run_row.id)
+        ledger = run_intervention_flags(conn, run_row.id)
     finally:
         conn.close()
 
@@ -66,8 +75,14 @@ def run(args: argparse.Namespace) -> int:
 
     def one(stored: StoredCompletion) -> ReconstructionRow:
         rec, verdict = reconstructor.process(stored.completion, stored.reference_ids)
+        # the server's interventions on this answer stay flagged (the export leaves them out by default)
+        kinds = ledger.get((stored.sample_pk, stored.response_id), ()) + ledger.get((stored.sample_pk, None), ())
+        flagged = labels
+        if kinds:
+            flags = tuple(rec.flags) + tuple(INTERVENED + kind for kind in kinds)
+            flagged = dataclasses.replace(labels, flags=tuple(dict.fromkeys(flags)))
         return reconstruction_row(
-            run_row.id, stored.sample_pk, rec, verdict, stored.reference_ids, labels, response_id=stored.response_id
+            run_row.id, stored.sample_pk, rec, verdict, stored.reference_ids, flagged, response_id=stored.response_id
         )
 
     with ThreadPoolExecutor(max_workers=max(1, args.workers)) as pool:

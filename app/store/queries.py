@@ -272,6 +272,19 @@ def intervention_counts(conn: sqlite3.Connection, run_id: int) -> tuple[int, tup
     return int(total[0]), tuple((str(k), int(n)) for k, n in by_kind)
 
 
+def run_intervention_flags(conn: sqlite3.Connection, run_id: int) -> dict[tuple[int, int | None], tuple[str, ...]]:
+    """The run's ledger as the kinds recorded per (sample, response); a NULL response marks the whole sample.
+    `reprocess` puts them back on the reconstructions it replaces (the ledger, not the flags, is what holds them)."""
+    found: dict[tuple[int, int | None], list[str]] = {}
+    for pk, response_id, kind in conn.execute(
+        "SELECT sample_pk, response_id, kind FROM interventions WHERE run_id = ? ORDER BY id", (run_id,)
+    ):
+        kinds = found.setdefault((pk, response_id), [])
+        if kind not in kinds:
+            kinds.append(kind)
+    return {key: tuple(kinds) for key, kinds in found.items()}
+
+
 def sample_interventions(conn: sqlite3.Connection, sample_pk: int) -> list[tuple[int | None, str, str]]:
     """A sample's ledger of server interventions: (response id, kind, detail) in the order they were stored."""
     return [

@@ -5,6 +5,7 @@ store's counts, `status --json`, the headless line and the TUI's errors tile, an
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from pathlib import Path
@@ -156,3 +157,18 @@ async def test_compressed_fallen_back_and_budget_stopped_samples_are_flagged_cou
         json.loads(line)["id"] for path in (kept / "data").glob("*.jsonl") for line in path.read_text().splitlines()
     }
     assert kept_ids > exported and kept_ids - exported <= flagged  # only the intervened ones come back
+
+    # a reprocess replaces the reconstructions: the ledger puts the flags back, so the export still leaves them out
+    reprocess = ["reprocess", "--db", str(config.run.database), "--tokenizer", str(sample_data / "tokenizer")]
+    assert await asyncio.to_thread(main, reprocess) == 0  # its own event loop, off this test's
+    capsys.readouterr()
+    again = tmp_path / "again"
+    assert (
+        main(["export", "--db", str(config.run.database), "--format", "sglang-raw", "--out", str(again), "--json"]) == 0
+    )
+    report = json.loads(capsys.readouterr().out)
+    assert report["skipped"]["intervened"] == len(flagged), report["skipped"]
+    again_ids = {
+        json.loads(line)["id"] for path in (again / "data").glob("*.jsonl") for line in path.read_text().splitlines()
+    }
+    assert again_ids == exported
