@@ -149,7 +149,8 @@ def _panel(
                 f'<rect x="{cx - width / 2:.1f}" y="{y:.1f}" width="{width:.1f}" height="{TOP + PANEL_H - y:.1f}" '
                 f'fill="{BAR}"><title>{escape(label)}: {value:.3f}</title></rect>'
             )
-            out.append(_text(cx, y - 4, f"{value:.2f}", size=10))
+            above = min(y, y_of(ci[1])) if ci else y  # the label clears the interval's whisker
+            out.append(_text(cx, above - 4, f"{value:.2f}", size=10))
         if ci:
             y1, y2 = y_of(ci[0]), y_of(ci[1])
             out.append(f'<line x1="{cx:.1f}" y1="{y1:.1f}" x2="{cx:.1f}" y2="{y2:.1f}" stroke="{WHISKER}"/>')

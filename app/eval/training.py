@@ -99,8 +99,9 @@ def eval_sampling(stored: dict[str, Any]) -> dict[str, Any]:
 
 
 def sampling_verdict(samplings: Iterable[dict[str, Any]], training: TrainingData) -> dict[str, str] | None:
-    """`sampling differs` when any eval request was sampled otherwise than the training answers (a value the
-    training side did not record, None, is not compared); None when they agree."""
+    """`sampling differs` when any eval request was sampled otherwise than the training answers (top_k unset on
+    one side and set on the other differs: a `top_k = 1` eval is greedy-like; thinking is compared only where both
+    sides set it); None when they agree."""
     if training.sampling is None:
         return {
             "verdict": "sampling unknown",
@@ -113,16 +114,18 @@ def sampling_verdict(samplings: Iterable[dict[str, Any]], training: TrainingData
         for key, value in eval_sampling(stored).items():
             seen[key].add(json.dumps(value))
     differ = []
+
+    def word(value: Any) -> str:
+        return "unset (the server's default)" if value is None else str(value)
+
     for key in SAMPLING_KEYS:
         train = training.sampling.get(key)
         evals = {json.loads(v) for v in seen[key]}
-        if key == "top_k" and train is None:
-            continue  # the generation sent none: the server's default on both sides
         if key == "thinking" and (train is None or evals == {None}):
-            continue
+            continue  # the template's default on one side: not known to differ
         if evals and evals != {train}:
-            shown = ", ".join(str(v) for v in sorted(evals, key=str))
-            differ.append(f"{key} {shown} in the eval against {train} in training")
+            shown = ", ".join(word(v) for v in sorted(evals, key=str))
+            differ.append(f"{key} {shown} in the eval against {word(train)} in training")
     if not differ:
         return None
     return {

@@ -229,3 +229,39 @@ async def test_against_compares_two_drafters_runs_paired_by_prompt(training, tmp
     assert ab["a"].startswith("strong") and ab["difference"] < 0 and ab["difference_ci95"][1] < 0
     assert await _main(["eval", "report", "--db", db, "--run", "strong", "--against", "weak"]) == 0
     assert "A/B weak (test/weak) vs strong (test/strong)" in capsys.readouterr().out
+
+
+def test_a_top_k_the_training_data_did_not_use_is_a_sampling_difference(tmp_path) -> None:
+    from app.eval.training import sampling_verdict
+
+    data = TrainingData(tmp_path, {"temperature": 1.0, "top_p": 1.0, "top_k": None, "thinking": True}, frozenset())
+    same = {"temperature": 1.0, "top_p": 1.0, "chat_template_kwargs": {"enable_thinking": True}}
+    assert sampling_verdict([same, same], data) is None
+    said = sampling_verdict([same, {**same, "top_k": 1}], data)
+    assert said is not None and "top_k 1, unset (the server's default) in the eval against unset" in said["message"]
+    said = sampling_verdict([{**same, "chat_template_kwargs": {"enable_thinking": False}}], data)
+    assert said is not None and "thinking False in the eval against True in training" in said["message"]
+
+
+async def test_the_configs_category_gate_fails_the_eval_with_exit_4(training, tmp_path, capsys):
+    async with Spec((0.5, 0.3, 0.1)) as url:
+        config = write_config(
+            tmp_path, url, training=training, extra="temperature = 1.0\nmin_acceptance = {prompts = 9.0}"
+        )
+        assert await _main(["eval", "--headless", str(config)]) == EXIT_BELOW_MIN
+    assert "gate failed: category 'prompts'" in capsys.readouterr().err
+
+
+async def test_a_training_folder_gone_at_report_time_is_a_verdict_not_a_failure(training, tmp_path, capsys):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(training, copy)
+    async with Spec((0.5, 0.3, 0.1)) as url:
+        config = write_config(tmp_path, url, training=copy, extra="temperature = 1.0")
+        assert await _main(["eval", "--headless", str(config)]) == 0
+    capsys.readouterr()
+    shutil.rmtree(copy)
+    assert await _main(["eval", "report", "--db", str(tmp_path / "e.db"), "--json"]) == 0
+    (said,) = json.loads(capsys.readouterr().out)["verdicts"]
+    assert said["verdict"] == "training data unreadable" and "manifest.json: cannot be read" in said["message"]
