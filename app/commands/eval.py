@@ -15,6 +15,10 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.config import RunConfig
 
 EXIT_BELOW_MIN = 4
 
@@ -73,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         overrides["run.name"] = args.run_name
     if overrides:
         config = apply_overrides(config, overrides)
+    _check_guard_inputs(config)
     progress = _Progress()
     engine = EvalRun(config, on_progress=progress.update, on_notice=lambda m: progress.say(f"warning: {m}"))
     try:
@@ -88,6 +93,17 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     return code
+
+
+def _check_guard_inputs(config: RunConfig) -> None:
+    """The training export and d2t the guards read, checked before any request is sent (InputError, exit 2)."""
+    from app.eval.training import TrainingData, read_d2t
+
+    ev = config.eval
+    if ev is not None and ev.training is not None:
+        TrainingData.load(ev.training)
+    if ev is not None and ev.d2t is not None:
+        read_d2t(ev.d2t)
 
 
 def print_report(db: Path, run_name: str | None, args: argparse.Namespace, against: str | None = None) -> int:

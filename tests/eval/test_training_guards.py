@@ -265,3 +265,16 @@ async def test_a_training_folder_gone_at_report_time_is_a_verdict_not_a_failure(
     assert await _main(["eval", "report", "--db", str(tmp_path / "e.db"), "--json"]) == 0
     (said,) = json.loads(capsys.readouterr().out)["verdicts"]
     assert said["verdict"] == "training data unreadable" and "manifest.json: cannot be read" in said["message"]
+
+
+def test_a_training_folder_that_is_no_export_stops_the_eval_before_any_request(training, tmp_path, capsys):
+    not_an_export = tmp_path / "nothing"
+    not_an_export.mkdir()
+    datasets = f"""[data]
+[[data.datasets]]
+path = "{training / EVAL_DIR / "prompts.jsonl"}"
+"""
+    config = write_config(tmp_path, "http://127.0.0.1:9/v1", training=not_an_export, datasets=datasets)
+    assert main(["eval", "--headless", str(config)]) == 2
+    assert "manifest.json: cannot be read" in capsys.readouterr().err
+    assert not (tmp_path / "e.db").exists()
