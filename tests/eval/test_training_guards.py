@@ -278,3 +278,24 @@ path = "{training / EVAL_DIR / "prompts.jsonl"}"
     assert main(["eval", "--headless", str(config)]) == 2
     assert "manifest.json: cannot be read" in capsys.readouterr().err
     assert not (tmp_path / "e.db").exists()
+
+
+async def test_two_drafter_endpoints_and_a_baseline_get_an_ab_row_and_paired_speedups(training, tmp_path, capsys):
+    async with Spec((0.2, 0.1, 0.0)) as weak, Spec((0.9, 0.8, 0.7)) as strong, Spec(()) as plain:
+        config = write_config(tmp_path, weak, training=training, extra='temperature = 1.0\nbaseline = "plain"')
+        text = config.read_text().replace(
+            "[limits]",
+            f'[[endpoints]]\nname = "strong"\nbase_url = "{strong}"\nserver = "vllm"\n'
+            f'[[endpoints]]\nname = "plain"\nbase_url = "{plain}"\nserver = "vllm"\n[limits]',
+        )
+        config.write_text(text)
+        assert await _main(["eval", "--headless", str(config), "--json", "--markdown", str(tmp_path / "r.md")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    held = len(_lines(training / EVAL_DIR / "prompts.jsonl"))
+    assert set(report["endpoints"]) == {"spec", "strong"} and report["baseline"]["answered"] == held
+    for ep in report["endpoints"].values():
+        assert ep["speedup"]["pairs"] == held and ep["speedup"]["speedup_ci95"] is not None
+    (ab,) = report["ab"]
+    assert (ab["a"], ab["b"], ab["paired"]) == ("spec", "strong", True) and ab["difference_ci95"][0] > 0
+    md = (tmp_path / "r.md").read_text()
+    assert "## A/B" in md and "| spec | strong |" in md and "(baseline)" in md
