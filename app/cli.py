@@ -37,7 +37,7 @@ VERBS: dict[str, str] = {
     "extract": "launch hidden-state extraction jobs on local GPUs or Slurm (--dry-run plans without a GPU)",
     "jobs": "list extraction jobs and their shards",
     "eval": "evaluate a served drafter on a run config's prompts: acceptance as the server reports it, with guards",
-    "eval-report": "an eval run's report: acceptance lengths with intervals, per position, verdicts (--json)",
+    "eval-report": "deprecated spelling of `eval report`: an eval run's report (--json, --markdown, --svg)",
     "simulate": "run the OpenAI-compatible provider simulator on its own",
     "config": "validate a run config and print the effective configuration (secrets redacted)",
 }
@@ -56,7 +56,11 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
     pass
 
 
-def build_parser(verb: str | None) -> argparse.ArgumentParser:
+# verbs spoken as two words: (first, second) -> the verb module's name in VERBS
+TWO_WORD_VERBS = {("eval", "report"): "eval-report"}
+
+
+def build_parser(verb: str | None, prog: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="eaglewatch",
         description="Build EAGLE-3 training data from LLM APIs with token ids proven right, and watch it live.",
@@ -72,8 +76,11 @@ def build_parser(verb: str | None) -> argparse.ArgumentParser:
         module = importlib.import_module(f"app.commands.{name.replace('-', '_')}")
         p = sub.add_parser(
             name,
+            prog=prog,
             help=summary,
-            description=summary[0].upper() + summary[1:] + ".",
+            description=(getattr(module, "SUMMARY", summary) if prog else summary)[0].upper()
+            + (getattr(module, "SUMMARY", summary) if prog else summary)[1:]
+            + ".",
             epilog="Example:\n  " + module.EXAMPLE.strip().replace("\n", "\n  "),
             formatter_class=_Formatter,
         )
@@ -94,12 +101,20 @@ def _version() -> str:
 def main(argv: list[str] | None = None) -> int:
     silence_library_noise()
     argv = list(sys.argv[1:] if argv is None else argv)
-    verb = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(verb if verb in VERBS else None)
+    at = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
+    verb = None if at is None else argv[at]
+    prog = None
+    two = TWO_WORD_VERBS.get((verb or "", argv[at + 1] if at is not None and at + 1 < len(argv) else ""))
+    if two is not None and at is not None:
+        prog = f"eaglewatch {verb} {argv[at + 1]}"
+        argv[at : at + 2] = [two]
+        verb = two
+    parser = build_parser(verb if verb in VERBS else None, prog)
     args = parser.parse_args(argv)
     if args.verb is None:
         parser.print_help()
         return 0
+    args.spoken = prog or f"eaglewatch {args.verb}"
     try:
         _check_names(args)
         return int(args._module.run(args) or 0)

@@ -678,6 +678,25 @@ class EvalSection(_Section):
     )
     bootstrap: int = Field(1000, ge=100, description="Bootstrap resamples of the 95 % confidence intervals.")
     seed: int = Field(0, description="Seed of the bootstrap.")
+    training: ConfigPath | None = Field(
+        None,
+        description="The drafter's training export folder (`eaglewatch export --out OUT`): its eval split "
+        "(OUT/eval/prompts.jsonl, from --eval-fraction) is the prompts when [data] names no datasets; its sampling "
+        "and prompt hashes are compared with the eval's (`sampling differs`, `eval/training overlap`).",
+    )
+    d2t: ConfigPath | None = Field(
+        None,
+        description="The drafter's d2t (a .npy, .safetensors or .pt file, or its checkpoint folder): the share of "
+        "eval output tokens inside its draft vocabulary is reported (`draft vocabulary coverage`).",
+    )
+    min_vocab_coverage: float = Field(
+        0.9, ge=0, le=1, description="Share of eval output tokens in the draft vocabulary below which it is said."
+    )
+    min_acceptance: dict[str, float] = Field(
+        default_factory=dict,
+        description='Gates per category on the mean acceptance length, e.g. {code = 2.0}; "*" gates the whole run '
+        "(added to `--min-acceptance`; a failed gate exits 4).",
+    )
 
 
 class RunConfig(_Section):
@@ -714,6 +733,25 @@ class RunConfig(_Section):
                 sim = ep.simulator.model_copy(update={"reference": self.data.reference})
                 object.__setattr__(ep, "simulator", sim)
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _eval_split_prompts(cls, values: Any) -> Any:
+        """With `[eval] training = OUT` and no datasets, the prompts are the export's eval split."""
+        if not isinstance(values, dict):
+            return values
+        ev, data = values.get("eval"), values.get("data")
+        if not isinstance(ev, dict) or not ev.get("training") or (isinstance(data, dict) and data.get("datasets")):
+            return values
+        if data is not None and not isinstance(data, dict):
+            return values
+        split = {
+            "path": str(Path(str(ev["training"])) / "eval" / "prompts.jsonl"),  # app.eval.training.eval_split_prompts
+            "format": "openai-messages",
+            "name": "eval-split",
+            "columns": {"category": "category"},
+        }
+        return {**values, "data": {**(data or {}), "datasets": [split]}}
 
     @model_validator(mode="after")
     def _eval_endpoints(self) -> RunConfig:
@@ -983,6 +1021,7 @@ def config_reference_markdown() -> str:
         ('[pricing."<model>"]', Pricing),
         ("[extraction]", Extraction),
         ("[export]", ExportSection),
+        ("[eval]", EvalSection),
     ]
     for title, model in sections:
         out.append(f"#### `{title}`")

@@ -36,6 +36,9 @@ ALL_VERBS = (
 )
 
 
+SPOKEN = {"eval-report": "eval report"}
+
+
 def eaglewatch(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run the installed console script (or the module when the script is not on this venv's bin)."""
     script = Path(sys.executable).parent / "eaglewatch"
@@ -65,7 +68,8 @@ def test_each_verb_help_ends_with_an_example(verb: str, capsys: pytest.CaptureFi
     assert "\nExample:\n" in text, f"eaglewatch {verb} --help has no Example: block"
     example = text.rsplit("\nExample:\n", 1)[1]
     lines = [ln.strip() for ln in example.splitlines() if ln.strip()]
-    assert any(ln.startswith(f"eaglewatch {verb}") for ln in lines), f"no `eaglewatch {verb} ...` line in its example"
+    spoken = SPOKEN.get(verb, verb)  # a deprecated spelling shows its new one
+    assert any(ln.startswith(f"eaglewatch {spoken}") for ln in lines), f"no `eaglewatch {spoken} ...` in its example"
 
 
 @pytest.mark.parametrize("verb", ["ingest", "status"])
@@ -151,3 +155,12 @@ def test_run_checks_the_config_inputs_before_ingesting(tmp_path: Path, sample_da
         conn = sqlite3.connect(db)
         assert conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0] == 0
         conn.close()
+
+
+def test_eval_report_is_spoken_as_two_words(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["eval", "report", "--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: eaglewatch eval report ") and "--against NAME" in text and "--svg FILE" in text
+    assert "deprecated" not in text.lower()

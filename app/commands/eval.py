@@ -3,7 +3,8 @@
 The config is a run config with an `[eval]` table (docs/config-reference.md). Each prompt goes to each eval
 endpoint (and the baseline); the server's acceptance figures are stored as given, then the report is printed
 (figures, intervals, verdicts). The eval runs headless (progress on stderr); the monitor does not show eval runs
-yet. Exit codes: 0 done; 1 some requests failed; 2 bad input; 4 `--min-acceptance` not met (`EXIT_BELOW_MIN`).
+yet. Exit codes: 0 done; 1 some requests failed; 2 bad input; 4 a `--min-acceptance` gate (the run's or a
+category's) not met (`EXIT_BELOW_MIN`). `eaglewatch eval report` prints the report again from the database.
 A run that stopped resumes with the requests not answered yet.
 """
 
@@ -14,13 +15,17 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.config import RunConfig
 
 EXIT_BELOW_MIN = 4
 
 EXAMPLE = """\
 eaglewatch eval --headless eval.toml
-eaglewatch eval --headless eval.toml --min-acceptance 1.8 --json > report.json
-eaglewatch eval-report --db eaglewatch.db --run my-eval"""
+eaglewatch eval --headless eval.toml --min-acceptance 1.8 --min-acceptance code=2.0 --json > report.json
+eaglewatch eval report --db eaglewatch.db --run my-eval --markdown report.md --svg report.svg"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,13 +36,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_gate_arguments(parser)
 
 
+def min_acceptance(text: str) -> tuple[str, float]:
+    """A `--min-acceptance` value: `X` (the whole run, "*") or `CATEGORY=X`."""
+    category, _, value = text.rpartition("=")
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give a mean acceptance length (e.g. 1.8) or CATEGORY=X (e.g. code=2.0)"
+        ) from None
+    return (category.strip() or "*", number)
+
+
 def add_gate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    parser.add_argument("--markdown", type=Path, metavar="FILE", help="also write the report as Markdown to FILE")
+    parser.add_argument(
+        "--svg", type=Path, metavar="FILE", help="also write its picture (by category, per position, histogram)"
+    )
     parser.add_argument(
         "--min-acceptance",
-        type=float,
-        metavar="X",
-        help=f"exit {EXIT_BELOW_MIN} when the mean acceptance length (request-weighted, loops left out) is below X",
+        type=min_acceptance,
+        action="append",
+        default=[],
+        metavar="[CATEGORY=]X",
+        help=f"exit {EXIT_BELOW_MIN} when the mean acceptance length (request-weighted, loops left out) is below X: "
+        "the whole run's, or with CATEGORY= that category's (repeatable; [eval] min_acceptance adds more)",
     )
 
 
@@ -53,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         overrides["run.name"] = args.run_name
     if overrides:
         config = apply_overrides(config, overrides)
+    _check_guard_inputs(config)
     progress = _Progress()
     engine = EvalRun(config, on_progress=progress.update, on_notice=lambda m: progress.say(f"warning: {m}"))
     try:
@@ -70,30 +95,60 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def print_report(db: Path, run_name: str | None, args: argparse.Namespace) -> int:
-    """Print the stored report of an eval run; the gate's exit code."""
-    from app.eval.figures import gate, render_text
-    from app.eval.report import stored_report
+def _check_guard_inputs(config: RunConfig) -> None:
+    """The training export and d2t the guards read, checked before any request is sent (InputError, exit 2)."""
+    from app.eval.training import TrainingData, read_d2t
+
+    ev = config.eval
+    if ev is not None and ev.training is not None:
+        TrainingData.load(ev.training)
+    if ev is not None and ev.d2t is not None:
+        read_d2t(ev.d2t)
+
+
+def print_report(db: Path, run_name: str | None, args: argparse.Namespace, against: str | None = None) -> int:
+    """Print the stored report of an eval run (and write its Markdown and SVG when asked); the gate's exit code."""
+    from app.config import EvalSection
+    from app.eval.figures import ab_text, gates, render_text
+    from app.eval.render import render_markdown, render_svg
+    from app.eval.report import against_report, stored_report
     from app.store import queries
 
     conn = queries.connect_readonly(db, upgrade=True)
     try:
         run = queries.resolve_run(conn, run_name, db_label=str(db))
         report = stored_report(conn, run)
+        if against is not None:
+            report["against"] = against_report(conn, run, queries.resolve_run(conn, against, db_label=str(db)))
     finally:
         conn.close()
-    failure = None if args.min_acceptance is None else gate(report, args.min_acceptance)
-    report["gate"] = (
-        None if args.min_acceptance is None else {"min_acceptance": args.min_acceptance, "failure": failure}
-    )
+    stored = EvalSection.model_validate(run.config["eval"]).min_acceptance
+    thresholds = {**stored, **dict(args.min_acceptance)}
+    failures = gates(report, thresholds)
+    report["gate"] = None if not thresholds else {"min_acceptance": thresholds, "failures": failures}
     if args.json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:
-        sys.stdout.write(render_text(report) + "\n")
-    if failure is not None:
+        text = render_text(report)
+        if report.get("against"):
+            text += "\n" + ab_text(report["against"])
+        sys.stdout.write(text + "\n")
+    if args.markdown is not None:
+        _write(args.markdown, render_markdown(report))
+    if args.svg is not None:
+        _write(args.svg, render_svg(report))
+    for failure in failures:
         print(f"eaglewatch: gate failed: {failure}", file=sys.stderr)
-        return EXIT_BELOW_MIN
-    return 0
+    return EXIT_BELOW_MIN if failures else 0
+
+
+def _write(path: Path, text: str) -> None:
+    from app.errors import InputError
+
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be written ({exc.strerror or exc})") from None
 
 
 class _Progress:

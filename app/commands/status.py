@@ -118,7 +118,7 @@ def run_status(conn: Any, run: Any) -> dict[str, Any]:
 
 
 def eval_headline(conn: Any, run: Any) -> dict[str, Any]:
-    """An eval run's headline (`eaglewatch eval-report` has the whole report): the drafter, the overall mean
+    """An eval run's headline (`eaglewatch eval report` has the whole report): the drafter, the overall mean
     acceptance length (request-weighted, loops left out) with its interval, and the verdicts."""
     from app.eval.report import stored_report
 
@@ -328,7 +328,7 @@ def _print(report: dict[str, Any]) -> None:
                 f"eval of {ev['drafter']}: mean acceptance length {ev['mean_acceptance_length']} "
                 f"(95 % CI {ev['mean_acceptance_length_ci95']}) over {ev['requests']} requests"
                 + (f"; verdicts: {', '.join(ev['verdicts'])}" if ev["verdicts"] else "")
-                + "  (eaglewatch eval-report for the whole report)",
+                + "  (eaglewatch eval report for the whole report)",
                 markup=False,
             )
         if engine["state"] == "running":

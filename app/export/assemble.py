@@ -28,7 +28,7 @@ from app.export.conversation_rows import (
     prefix_break,
     why_not_prefix,
 )
-from app.export.eval_overlap import EvalOverlap
+from app.export.eval_overlap import EvalOverlap, prompt_hash
 from app.export.eval_split import EVAL_DIR, check_fraction, held_out
 from app.export.parallel import prepare_parallel, prepare_serial
 from app.export.policy import (
@@ -51,19 +51,25 @@ from app.tokens.render_export import PromptRenderer
 FORMATS = ("sglang-raw", "specforge", "specforge-text", "speculators", "modelopt", "eagle3-shards")
 MANIFEST = "manifest.json"
 SAMPLES = "samples.tsv"
+PROMPTS = "prompts.jsonl"  # per row: id, category, prompt_hash (and in OUT/eval the messages): eval reads it
 SHARDED = ("eagle3-shards", "speculators")
 MANIFEST_VERSION = 3
 
 
 class _Folder:
-    """One output folder of an export (OUT, or OUT/eval): its writer, samples.tsv and running totals."""
+    """One output folder of an export (OUT, or OUT/eval): its writer, samples.tsv, prompts.jsonl and running
+    totals. `prompts.jsonl` holds each row's id, category and normalised prompt hash (`eval_overlap.prompt_hash`),
+    and in the eval folder (`with_messages`) the prompt's messages and tools too: what `eaglewatch eval` reads
+    (its `[eval] training`) for its default prompts and its overlap guard, whatever the trainer format."""
 
-    def __init__(self, folder: Path, writer_of: Callable[[Path], Writer]) -> None:
+    def __init__(self, folder: Path, writer_of: Callable[[Path], Writer], with_messages: bool = False) -> None:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
         self.writer = writer_of(folder)
         self.samples_fh = (folder / SAMPLES).open("w", encoding="utf-8", buffering=WRITE_BUFFER)
         self.samples_fh.write("id\tids_source\tverdict\ttokens\tturns\toff_policy\n")
+        self.prompts_fh = (folder / PROMPTS).open("w", encoding="utf-8", buffering=WRITE_BUFFER)
+        self.with_messages = with_messages
         self.exported = self.tokens = self.loss_tokens = 0
         self.shortest: int | None = None
         self.longest: int | None = None
@@ -85,11 +91,29 @@ class _Folder:
         self.samples_fh.write(
             f"{_tsv(row.sample_id)}\t{row.ids_source}\t{row.verdict}\t{total}\t{turns}\t{int(off_policy)}\n"
         )
+        self._prompt(row)
         return None
+
+    def _prompt(self, row: TrainingRow) -> None:
+        src = row.source
+        messages = getattr(src, "messages", None)
+        if not isinstance(messages, list):
+            return
+        record: dict[str, Any] = {
+            "id": row.sample_id,
+            "category": getattr(src, "topic", None),
+            "prompt_hash": prompt_hash(messages),
+        }
+        if self.with_messages:
+            record["messages"] = messages
+            if getattr(src, "tools", None):
+                record["tools"] = src.tools
+        self.prompts_fh.write(json.dumps(record, ensure_ascii=False) + "\n")
 
     def close(self) -> list[dict[str, Any]]:
         files = self.writer.close()
         self.samples_fh.close()
+        self.prompts_fh.close()
         return files
 
     def lengths(self) -> dict[str, Any]:
@@ -200,7 +224,11 @@ class Export:
             shutil.rmtree(work, ignore_errors=True)
             work.mkdir(parents=True)
             self.train = _Folder(work, self._writer_of)
-            self.evals = _Folder(work / EVAL_DIR, self._writer_of) if self.options.eval_fraction > 0 else None
+            self.evals = (
+                _Folder(work / EVAL_DIR, self._writer_of, with_messages=True)
+                if self.options.eval_fraction > 0
+                else None
+            )
             self._stream()
             folders = [self.train] + ([self.evals] if self.evals is not None else [])
             train_files, *eval_files = [f.close() for f in folders]
@@ -251,6 +279,20 @@ class Export:
         # ids reconstructed from text by an endpoint nothing verified are refused unless accepted (app.export.policy)
         self.verification = with_verification(self.conn, info.id, self.policy)
         self.policy = self.verification.policy
+
+    def _sampling(self) -> dict[str, Any]:
+        """How the run's answers were sampled (its stored [generation]; thinking from the template kwargs): what
+        `eaglewatch eval` compares its own sampling with."""
+        config = self.info.config if isinstance(self.info.config, dict) else {}
+        found = config.get("generation")
+        gen: dict[str, Any] = found if isinstance(found, dict) else {}
+        thinking = next((self.kwargs[k] for k in ("enable_thinking", "thinking") if k in self.kwargs), None)
+        return {
+            "temperature": gen.get("temperature", 1.0),
+            "top_p": gen.get("top_p", 1.0),
+            "top_k": gen.get("top_k"),
+            "thinking": thinking,
+        }
 
     def _writer_of(self, folder: Path) -> Writer:
         return make_writer(self.fmt, folder, self.tokenizer, self.profile, self.options.shard_size)
@@ -449,6 +491,8 @@ class Export:
             "prompt_renderer": renderer.kind,
             "chat_template": renderer.template.source if renderer.template is not None else None,
             "chat_template_kwargs": self.kwargs,
+            "sampling": self._sampling(),
+            "prompts_file": PROMPTS,
             "policy": self.policy.as_dict(),
             "data_dir": DATA_DIR,
             "samples_file": SAMPLES,

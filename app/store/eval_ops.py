@@ -71,3 +71,13 @@ def record_eval_request(conn: sqlite3.Connection, row: EvalRequestRow) -> None:
         f"INSERT OR REPLACE INTO eval_requests ({EVAL_REQUEST_COLUMNS}) VALUES ({_PLACEHOLDERS})",
         encode_eval_request(row),
     )
+
+
+def eval_prompts(conn: sqlite3.Connection, run_id: int) -> dict[int, tuple[str, list[dict[str, Any]]]]:
+    """Each prompt of an eval run by sample pk: its sample id and messages (what the report's guards hash)."""
+    return {
+        pk: (sample_id, loads(messages, []))
+        for pk, sample_id, messages in conn.execute(
+            "SELECT pk, sample_id, messages FROM samples WHERE run_id = ? ORDER BY pk", (run_id,)
+        )
+    }

@@ -47,13 +47,15 @@ class ExportRow:
     turn: int | None = None
     turns: int | None = None
     off_policy: bool = False  # v8: recorded tool results replayed after a divergent call are in its history
+    topic: str | None = None  # v9: the sample's category (samples.category), else its dataset's name
 
 
 _ROWS_SQL = """
 SELECT s.pk, s.sample_id, s.dataset, s.messages, s.tools,
        r.output_ids, r.category, r.tokenizer, p.finish_reason,
        r.strategy, r.roundtrip, r.ids_source, r.flags, p.token_ids, s.reference_ids, r.prompt_check,
-       p.endpoint, p.provider, s.conversation_id, s.turn, s.turns, s.off_policy
+       p.endpoint, p.provider, s.conversation_id, s.turn, s.turns, s.off_policy,
+       COALESCE(s.category, s.dataset)
 FROM samples AS s
 LEFT JOIN reconstructions AS r ON r.run_id = s.run_id AND r.sample_pk = s.pk
 LEFT JOIN responses AS p ON p.id = r.response_id
@@ -93,6 +95,7 @@ def iter_rows(conn: sqlite3.Connection, run_id: int, page_size: int = 256) -> It
             turn,
             turns,
             off_policy,
+            topic,
         ) in page:
             yield ExportRow(
                 pk=int(pk),
@@ -117,6 +120,7 @@ def iter_rows(conn: sqlite3.Connection, run_id: int, page_size: int = 256) -> It
                 turn=turn,
                 turns=turns,
                 off_policy=bool(off_policy),
+                topic=topic,
             )
         last = int(page[-1][0])
 
