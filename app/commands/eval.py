@@ -3,7 +3,8 @@
 The config is a run config with an `[eval]` table (docs/config-reference.md). Each prompt goes to each eval
 endpoint (and the baseline); the server's acceptance figures are stored as given, then the report is printed
 (figures, intervals, verdicts). The eval runs headless (progress on stderr); the monitor does not show eval runs
-yet. Exit codes: 0 done; 1 some requests failed; 2 bad input; 4 `--min-acceptance` not met (`EXIT_BELOW_MIN`).
+yet. Exit codes: 0 done; 1 some requests failed; 2 bad input; 3 an endpoint refused the credentials (401/403: the
+eval stops at once); 4 `--min-acceptance` not met (`EXIT_BELOW_MIN`).
 A run that stopped resumes with the requests not answered yet.
 """
 
@@ -72,14 +73,16 @@ def run(args: argparse.Namespace) -> int:
 
 def print_report(db: Path, run_name: str | None, args: argparse.Namespace) -> int:
     """Print the stored report of an eval run; the gate's exit code."""
-    from app.eval.figures import gate, render_text
+    from app.eval.figures import counter_windows_report, gate, render_text
     from app.eval.report import stored_report
-    from app.store import queries
+    from app.store import eval_ops, queries
 
     conn = queries.connect_readonly(db, upgrade=True)
     try:
         run = queries.resolve_run(conn, run_name, db_label=str(db))
         report = stored_report(conn, run)
+        # server-wide Prometheus deltas, apart from the per-request figures (app.eval.counters)
+        report["counter_windows"] = counter_windows_report(eval_ops.eval_windows(conn, run.id))
     finally:
         conn.close()
     failure = None if args.min_acceptance is None else gate(report, args.min_acceptance)
