@@ -10,7 +10,10 @@
   `loop_min_repeat` tokens and `loop_share` of the output; a loop accepts nearly every draft and flatters a
   drafter, so loops are left out of the figures and the figures with them are shown beside;
 - verdicts, each a named sentence: `dead drafter` (acceptance length at or below `dead_below` after `dead_after`
-  requests, with the likely causes), `repetition loops`, `no acceptance` (an endpoint that reported none).
+  requests, with the likely causes), `repetition loops`, `no acceptance` (an endpoint that reported none),
+  `template mismatch` (a warning: the server's prompt ids differ from the run's own rendering, app.eval.template);
+- counter windows (`counter_windows_report`): Prometheus counter deltas of a server, labelled as server-wide and
+  never mixed with the per-request figures.
 Requests without acceptance figures are never averaged in as zero: they are counted apart.
 """
 

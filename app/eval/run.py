@@ -15,6 +15,7 @@ callback) with what to turn on; its requests are stored without figures and neve
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +36,17 @@ from app.store.run_store import RunStore
 
 OVERLOAD_STATUSES = (429, 503, 529)
 AUTH_STATUSES = (401, 403)
+MAX_OVERLOADS = 50  # load refusals one request waits out before they count as its attempts
+
+
+class _Overloaded(Exception):
+    """A 429/503/529: the request goes back in the queue (not an attempt; app.eval.run `EvalRun._drive`)."""
+
+    def __init__(self, error: RetryableError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 EXIT_STOPPED = 3  # app.errors: a run stopped by the provider
 
 
@@ -136,6 +148,7 @@ class EvalRun:
         self._tasks: set[asyncio.Task[None]] = set()
         self._windows: dict[str, _CounterWindows] = {}
         self._tokenizer: Any = None
+        self._overloads: dict[tuple[str, int], int] = {}
 
     async def _notice(self, store: RunStore, level: str, message: str) -> None:
         self.progress.notices.append(message)
@@ -201,50 +214,77 @@ class EvalRun:
         return self.run_id
 
     async def _drive(self, store: RunStore, ep: Endpoint, work: list[eval_ops.EvalWork]) -> None:
-        """Send `work` to one endpoint, as many at once as its adaptive limit allows."""
+        """Send `work` to one endpoint, as many at once as its adaptive limit allows. A request the server refuses
+        for load (429/503/529) gives its slot back and goes back in the queue after its Retry-After, so the limit,
+        not a sleeping request, holds the endpoint's capacity (it is not counted as an attempt, up to
+        MAX_OVERLOADS times)."""
         wake = asyncio.Event()
+        queue = collections.deque(work)
+        waiting = 0  # refused for load, waiting out their Retry-After
         tasks: set[asyncio.Task[None]] = set()
         drafter = None if ep.name == self.eval.baseline else self.eval.drafter
-        for item in work:
-            while self._stop is None and not ep.limit.can_start(time.monotonic()):
-                wake.clear()
-                try:
-                    await asyncio.wait_for(wake.wait(), 0.05)
-                except TimeoutError:
-                    pass
-            if self._stop is not None:
-                break
-            ticket = ep.limit.take(time.monotonic())
-            task = asyncio.create_task(self._one(store, ep, item, drafter, ticket, wake))
-            tasks.add(task)
-            self._tasks.add(task)
-            task.add_done_callback(tasks.discard)
-            task.add_done_callback(self._tasks.discard)
+        loop = asyncio.get_running_loop()
+
+        def requeue(item: eval_ops.EvalWork, delay_s: float) -> None:
+            nonlocal waiting
+            waiting += 1
+
+            def back() -> None:
+                nonlocal waiting
+                waiting -= 1
+                queue.append(item)
+                wake.set()
+
+            loop.call_later(max(0.0, delay_s), back)
+
+        while self._stop is None and (queue or tasks or waiting):
+            if queue and ep.limit.can_start(time.monotonic()):
+                item = queue.popleft()
+                ticket = ep.limit.take(time.monotonic())
+                task = asyncio.create_task(self._one(store, ep, item, drafter, ticket, wake, requeue))
+                tasks.add(task)
+                self._tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                task.add_done_callback(self._tasks.discard)
+                continue
+            wake.clear()
+            try:
+                await asyncio.wait_for(wake.wait(), 0.05)
+            except TimeoutError:
+                pass
         if tasks:
             # a task cancelled by `_halt` ends as CancelledError; any other failure is raised as before
             for result in await asyncio.gather(*tasks, return_exceptions=True):
                 if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
                     raise result
 
-    async def _one(self, store, ep: Endpoint, item, drafter, ticket, wake: asyncio.Event) -> None:  # noqa: ANN001
+    async def _one(self, store, ep: Endpoint, item, drafter, ticket, wake: asyncio.Event, requeue) -> None:  # noqa: ANN001
         config = self.config
         policy = RetryPolicy(attempts=config.generation.attempts)
         answered = False
+        key = (ep.name, item.sample_pk)
 
-        def on_retry(_n: int, error: RetryableError, delay: float) -> None:
-            if error.status in OVERLOAD_STATUSES:
-                ep.limit.on_overload(time.monotonic(), error.retry_after_s, ticket=ticket)
+        async def attempt() -> Completion:
+            try:
+                return await ep.client.complete(
+                    item.messages, item.tools, model=config.model.name, extra=sampling_extra(config)
+                )
+            except RetryableError as exc:
+                if exc.status in OVERLOAD_STATUSES and self._overloads.get(key, 0) < MAX_OVERLOADS:
+                    raise _Overloaded(exc) from None
+                raise
 
         try:
             started = time.monotonic()
             try:
-                completion = await with_retries(
-                    lambda: ep.client.complete(
-                        item.messages, item.tools, model=config.model.name, extra=sampling_extra(config)
-                    ),
-                    policy,
-                    on_retry=on_retry,
-                )
+                completion = await with_retries(attempt, policy)
+            except _Overloaded as refused:
+                ep.limit.mark_answered()
+                answered = True
+                self._overloads[key] = self._overloads.get(key, 0) + 1
+                ep.limit.on_overload(time.monotonic(), refused.error.retry_after_s, ticket=ticket)
+                requeue(item, refused.error.retry_after_s or 1.0)
+                return
             except ProviderError as exc:
                 ep.limit.mark_answered()
                 answered = True

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from app.providers.exceptions import EndpointUnreachable, MalformedResponse, RetryableError
+from app.providers.exceptions import EndpointUnreachable, MalformedResponse
 from app.providers.parse import classify_status, parse_usage
 from app.records import Completion
 
@@ -80,11 +80,11 @@ class RawCompletionClient:
             raise classify_status(response.status_code, response.headers, parsed)
         choices = parsed.get("choices") if isinstance(parsed, dict) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            raise MalformedResponse(f"{self.endpoint_name}: a /v1/completions answer without choices")
+            raise MalformedResponse("choices", "is missing or empty in a /v1/completions answer")
         choice = choices[0]
         text = choice.get("text")
         if not isinstance(text, str):
-            raise RetryableError(f"{self.endpoint_name}: choices[0].text is not a string")
+            raise MalformedResponse("choices[0].text", "is not a string")
         return Completion(
             content=text,
             finish_reason=choice.get("finish_reason"),

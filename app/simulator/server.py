@@ -501,8 +501,9 @@ class SimulatorServer:
             "logprobs": None,
             "finish_reason": self._finish(out),
         }
-        if body.get("return_token_ids"):
+        if body.get("return_token_ids"):  # vLLM's CompletionResponseChoice: both on the choice
             choice["token_ids"] = list(out.output_ids)
+            choice["prompt_token_ids"] = prompt_ids
         answer: dict[str, Any] = {
             "id": f"cmpl-sim-{self._served}",
             "object": "text_completion",
@@ -511,8 +512,6 @@ class SimulatorServer:
             "choices": [choice],
             "usage": self._usage(index, out, 0, prompt_ids),
         }
-        if body.get("return_token_ids"):
-            answer["prompt_token_ids"] = prompt_ids
         answer.update(self._spec_fields(index, out))
         return web.Response(body=_json(answer), content_type="application/json")
 

@@ -111,4 +111,17 @@ def eval_windows(conn: sqlite3.Connection, run_id: int) -> list[EvalWindow]:
         "FROM eval_windows WHERE run_id = ? ORDER BY id",
         (run_id,),
     )
-    return [EvalWindow(*r[:8], tuple(loads(r[8], []))) for r in rows]
+    return [
+        EvalWindow(
+            run_id=r[0],
+            endpoint=r[1],
+            started_at=r[2],
+            ended_at=r[3],
+            requests=r[4],
+            drafts=r[5],
+            draft_tokens=r[6],
+            accepted=r[7],
+            per_position=tuple(loads(r[8], [])),
+        )  # fmt: skip
+        for r in rows
+    ]
