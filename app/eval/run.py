@@ -317,12 +317,19 @@ class EvalRun:
             if ep.name not in self._checked:
                 self._checked.add(ep.name)
                 if drafter is not None and row.spec_source is None:
+                    windows = self._windows.get(ep.name)
+                    counted = (
+                        " Its /metrics has the spec-decode counters: their deltas per window are stored and "
+                        "reported apart (server-wide, not per request)."
+                        if windows is not None and windows.counting
+                        else ""
+                    )
                     await self._notice(
                         store,
                         "warning",
                         f"{ep.name}: its first answer carries no acceptance figures (speculative decoding off, or "
                         f"per-request metrics not enabled); its requests are stored without figures and never "
-                        f"averaged in as zero. To measure: {VLLM_HINT}",
+                        f"averaged in as zero. To measure: {VLLM_HINT}.{counted}",
                     )
             self.progress.done += 1
         finally:
@@ -400,6 +407,11 @@ class _CounterWindows:
 
         client = httpx.AsyncClient()
         return cls(run_id, endpoint, base_url, every, client, await scrape(client, base_url))
+
+    @property
+    def counting(self) -> bool:
+        """Whether the endpoint's /metrics had the spec-decode counters at the start."""
+        return self._last is not None
 
     async def answered(self, store: RunStore) -> None:
         self._answers += 1

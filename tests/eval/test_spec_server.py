@@ -38,7 +38,8 @@ def categorised(tmp_path: Path) -> tuple[Path, Path]:
 
 async def serve(reference: Path, *, api_key: str | None = None, **spec) -> SimulatorServer:
     options = SimulatorOptions(
-        reference=reference, personality=spec.pop("personality", "vllm"), latency_median_ms=0, latency_p95_ms=0,
+        reference=reference, personality=spec.pop("personality", "vllm"),
+        latency_median_ms=spec.pop("latency_median_ms", 0), latency_p95_ms=spec.pop("latency_p95_ms", 0),
         logprobs=False, **spec,
     )  # fmt: skip
     server = SimulatorServer(
@@ -184,6 +185,7 @@ async def test_a_counter_only_server_is_measured_by_prometheus_windows_kept_apar
         await server.close()
     out = capsys.readouterr()
     assert out.err.count("its first answer carries no acceptance figures") == 1
+    assert "Its /metrics has the spec-decode counters" in out.err
     report = json.loads(out.out)
     assert report["endpoints"]["counted"]["figures"]["mean_acceptance_length"] is None  # never mixed in
     windows = stored(tmp_path / "e.db", "eval_windows")
@@ -274,3 +276,17 @@ def test_a_version_11_eval_database_gains_prompt_ids_and_counter_windows(tmp_pat
         assert conn.execute("SELECT kind FROM runs").fetchone() == ("eval",)
     finally:
         conn.close()
+
+
+async def test_a_capped_server_gets_every_request_answered_through_its_429s(tmp_path, capsys) -> None:
+    prompts, reference = categorised(tmp_path)
+    server = await serve(reference, spec_acceptance=[0.5, 0.5], concurrency_cap=2, latency_median_ms=20,
+                         latency_p95_ms=40)  # fmt: skip
+    try:
+        config = write_config(tmp_path, prompts, [("capped", server.base_url, "vllm", "")])
+        assert await _main(["eval", "--headless", str(config)]) == 0
+    finally:
+        await server.close()
+    assert sum(c for k, c in server.counters.items() if k.startswith("429")) > 0  # it started at 8: cap 2
+    rows = stored(tmp_path / "e.db")
+    assert len(rows) == N and all(r["error"] is None for r in rows)
