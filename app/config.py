@@ -372,6 +372,27 @@ class SimulatorOptions(_Section):
         description="Speculative decoding (vllm personality): the chance draft position k is accepted given k-1 "
         "were; one entry per draft token. Each answer then carries `metrics.speculative_decoding` (empty: none).",
     )
+    spec_acceptance_by_category: dict[str, list[Annotated[float, Field(ge=0, le=1)]]] = Field(
+        default_factory=dict,
+        description="Per-position acceptance by prompt category (the reference row's `category`); a category not "
+        "named here uses spec_acceptance.",
+    )
+    spec_dead: bool = Field(
+        False,
+        description="A dead drafter: every draft is rejected (acceptance length exactly 1.0), as a broken deployment.",
+    )
+    spec_loop_rate: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of samples whose output is caught in a repeated 4-token cycle to the output's length, every "
+        "draft of them accepted (what a repetition loop does to acceptance).",
+    )
+    spec_per_request: bool = Field(
+        True,
+        description="Answers carry per-request figures (vLLM metrics.speculative_decoding, SGLang meta_info); off: "
+        "only /metrics counts (vLLM without --per-request-spec-decode-metrics).",
+    )
 
     @field_validator("faults")
     @classmethod
@@ -697,6 +718,17 @@ class EvalSection(_Section):
         description='Gates per category on the mean acceptance length, e.g. {code = 2.0}; "*" gates the whole run '
         "(added to `--min-acceptance`; a failed gate exits 4).",
     )
+    raw_completion_endpoints: list[Name] = Field(
+        default_factory=list,
+        description="Endpoints sent the prompt's text without the chat template, to /v1/completions (how a raw "
+        "prompt inflates acceptance; the template guard then reports a `template mismatch`).",
+    )
+    counter_window_requests: int = Field(
+        50,
+        gt=0,
+        description="Answers per endpoint between two scrapes of its Prometheus spec-decode counters (/metrics); "
+        "each window's deltas are stored and reported apart from the per-request figures.",
+    )
 
 
 class RunConfig(_Section):
@@ -774,6 +806,11 @@ class RunConfig(_Section):
                 )
         if not self.eval_endpoints():
             raise ValueError("eval: no endpoint serves a drafter; add an endpoint besides the baseline")
+        for i, name in enumerate(self.eval.raw_completion_endpoints):
+            if name not in names:
+                raise ValueError(
+                    f"eval.raw_completion_endpoints[{i}]: no endpoint is called {name!r}; the endpoints are {names}"
+                )
         return self
 
     def eval_endpoints(self) -> list[str]:

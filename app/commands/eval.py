@@ -3,8 +3,9 @@
 The config is a run config with an `[eval]` table (docs/config-reference.md). Each prompt goes to each eval
 endpoint (and the baseline); the server's acceptance figures are stored as given, then the report is printed
 (figures, intervals, verdicts). The eval runs headless (progress on stderr); the monitor does not show eval runs
-yet. Exit codes: 0 done; 1 some requests failed; 2 bad input; 4 a `--min-acceptance` gate (the run's or a
-category's) not met (`EXIT_BELOW_MIN`). `eaglewatch eval report` prints the report again from the database.
+yet. Exit codes: 0 done; 1 some requests failed; 2 bad input; 3 an endpoint refused the credentials (401/403: the
+eval stops at once); 4 a `--min-acceptance` gate (the run's or a category's) not met (`EXIT_BELOW_MIN`).
+`eaglewatch eval report` prints the report again from the database.
 A run that stopped resumes with the requests not answered yet.
 """
 
@@ -109,10 +110,10 @@ def _check_guard_inputs(config: RunConfig) -> None:
 def print_report(db: Path, run_name: str | None, args: argparse.Namespace, against: str | None = None) -> int:
     """Print the stored report of an eval run (and write its Markdown and SVG when asked); the gate's exit code."""
     from app.config import EvalSection
-    from app.eval.figures import ab_text, gates, render_text
+    from app.eval.figures import ab_text, counter_windows_report, gates, render_text
     from app.eval.render import render_markdown, render_svg
     from app.eval.report import against_report, stored_report
-    from app.store import queries
+    from app.store import eval_ops, queries
 
     conn = queries.connect_readonly(db, upgrade=True)
     try:
@@ -120,6 +121,8 @@ def print_report(db: Path, run_name: str | None, args: argparse.Namespace, again
         report = stored_report(conn, run)
         if against is not None:
             report["against"] = against_report(conn, run, queries.resolve_run(conn, against, db_label=str(db)))
+        # server-wide Prometheus deltas, apart from the per-request figures (app.eval.counters)
+        report["counter_windows"] = counter_windows_report(eval_ops.eval_windows(conn, run.id))
     finally:
         conn.close()
     stored = EvalSection.model_validate(run.config["eval"]).min_acceptance

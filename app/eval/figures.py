@@ -10,7 +10,10 @@
   `loop_min_repeat` tokens and `loop_share` of the output; a loop accepts nearly every draft and flatters a
   drafter, so loops are left out of the figures and the figures with them are shown beside;
 - verdicts, each a named sentence: `dead drafter` (acceptance length at or below `dead_below` after `dead_after`
-  requests, with the likely causes), `repetition loops`, `no acceptance` (an endpoint that reported none).
+  requests, with the likely causes), `repetition loops`, `no acceptance` (an endpoint that reported none),
+  `template mismatch` (a warning: the server's prompt ids differ from the run's own rendering, app.eval.template);
+- counter windows (`counter_windows_report`): Prometheus counter deltas of a server, labelled as server-wide and
+  never mixed with the per-request figures.
 Requests without acceptance figures are never averaged in as zero: they are counted apart.
 """
 
@@ -176,6 +179,51 @@ def verdicts(endpoint: str, part: dict[str, Any], answered: int, ev: EvalSection
     return out
 
 
+def template_verdicts(endpoint: str, rows: Sequence[EvalRequestRow]) -> list[dict[str, str]]:
+    """`template mismatch` (a warning) when the server's prompt ids of any request differ from the run's own
+    rendering of its messages, naming the first differing token of the first such request."""
+    from app.eval.template import describe_finding
+
+    differ = [r for r in rows if r.template is not None]
+    if not differ:
+        return []
+    checked = sum(1 for r in rows if r.prompt_ids is not None)
+    return [
+        {
+            "verdict": "template mismatch",
+            "level": "warning",
+            "message": f"{endpoint}: the server's prompt ids differ from the run's own chat-template rendering in "
+            f"{len(differ)} of {checked} requests; first {describe_finding(differ[0].template or {})}. The drafter "
+            "is measured on prompts it was not trained on: its figures do not stand for the template the data "
+            "uses (serve with the model's chat template, through /v1/chat/completions)",
+        }
+    ]
+
+
+def counter_windows_report(windows: Sequence[Any]) -> dict[str, Any]:
+    """Per endpoint, the figures of its Prometheus counter windows (`app.store.eval_ops.EvalWindow`): server-wide
+    deltas, labelled as such and never mixed with the per-request figures."""
+    by_endpoint: dict[str, list[Any]] = defaultdict(list)
+    for w in windows:
+        by_endpoint[w.endpoint].append(w)
+    out: dict[str, Any] = {}
+    for name, ws in by_endpoint.items():
+        drafts = sum(w.drafts for w in ws)
+        width = max((len(w.per_position) for w in ws), default=0)
+        per_pos = [sum(w.per_position[k] for w in ws if k < len(w.per_position)) for k in range(width)]
+        out[name] = {
+            "source": "prometheus counter deltas (server-wide, every request the server served in the windows)",
+            "windows": len(ws),
+            "requests": sum(w.requests for w in ws),
+            "drafts": drafts,
+            "draft_tokens": sum(w.draft_tokens for w in ws),
+            "accepted_tokens": sum(w.accepted for w in ws),
+            "acceptance_length": round(1 + sum(w.accepted for w in ws) / drafts, 4) if drafts else None,
+            "per_position_acceptance": [round(c / drafts, 4) if drafts else None for c in per_pos],
+        }
+    return out
+
+
 def _by_category(rows: Sequence[EvalRequestRow], ev: EvalSection) -> dict[str, Any]:
     categories: dict[str, list[EvalRequestRow]] = defaultdict(list)
     for r in rows:
@@ -301,7 +349,7 @@ def eval_report(
         part = _part(got, ev)
         perf = _perf(got)
         paired = paired_speedup(got, base_rows, resamples=ev.bootstrap, seed=ev.seed) if base_rows else None
-        found = verdicts(name, part, len(got), ev)
+        found = verdicts(name, part, len(got), ev) + template_verdicts(name, got)
         all_verdicts += found
         endpoints[name] = {
             "answered": len(got),
@@ -442,6 +490,13 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(f"{report['overlap_excluded']} answers to prompts also in the training data left out")
     for ab in report.get("ab", []):
         lines.append(ab_text(ab))
+    for name, cw in (report.get("counter_windows") or {}).items():
+        pos = " ".join(f"{p:.3f}" for p in cw["per_position_acceptance"] if p is not None)
+        length = "n/a" if cw["acceptance_length"] is None else f"{cw['acceptance_length']:.3f}"
+        lines.append(
+            f"{name} (server counters, not per request): acceptance length {length} token-weighted over "
+            f"{cw['drafts']} draft steps in {cw['windows']} windows; per position {pos}"
+        )
     for v in report["verdicts"]:
         lines.append(f"VERDICT {v['verdict']}: {v['message']}")
     return "\n".join(lines)

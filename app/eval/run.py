@@ -15,6 +15,7 @@ callback) with what to turn on; its requests are stored without figures and neve
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,10 +24,10 @@ from typing import Any
 from app.config import RunConfig
 from app.engine.capacity.endpoints import Endpoint, close_endpoints, open_endpoints
 from app.engine.work.config_ingest import ingest_config
-from app.errors import InputError
+from app.errors import EaglewatchError, InputError
 from app.eval.acceptance import VLLM_HINT, spec_figures
 from app.eval.figures import is_loop
-from app.providers.exceptions import ProviderError, RetryableError
+from app.providers.exceptions import ProviderError, RetryableError, SampleFatalError
 from app.providers.retry import RetryPolicy, with_retries
 from app.records import Completion
 from app.store import eval_ops
@@ -34,6 +35,25 @@ from app.store.rows import EvalRequestRow
 from app.store.run_store import RunStore
 
 OVERLOAD_STATUSES = (429, 503, 529)
+AUTH_STATUSES = (401, 403)
+MAX_OVERLOADS = 50  # load refusals one request waits out before they count as its attempts
+
+
+class _Overloaded(Exception):
+    """A 429/503/529: the request goes back in the queue (not an attempt; app.eval.run `EvalRun._drive`)."""
+
+    def __init__(self, error: RetryableError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+EXIT_STOPPED = 3  # app.errors: a run stopped by the provider
+
+
+class EvalStopped(EaglewatchError):
+    """The eval stopped at once: an endpoint refused the credentials (every request after it would fail too)."""
+
+    exit_code = EXIT_STOPPED
 
 
 @dataclass
@@ -59,7 +79,13 @@ def sampling_extra(config: RunConfig) -> dict[str, Any]:
 
 
 def request_row(
-    run_id: int, work: eval_ops.EvalWork, endpoint: str, drafter: str | None, completion: Completion, config: RunConfig
+    run_id: int,
+    work: eval_ops.EvalWork,
+    endpoint: str,
+    drafter: str | None,
+    completion: Completion,
+    config: RunConfig,
+    template: dict[str, Any] | None = None,
 ) -> EvalRequestRow:
     """The stored row of one answer: ids, timings and the server's acceptance figures as given."""
     ev = config.eval
@@ -91,6 +117,8 @@ def request_row(
         loop=bool(ids) and is_loop(ids, min_repeat=ev.loop_min_repeat, share=ev.loop_share),
         sampling=sampling_extra(config),
         created_at=time.time(),
+        prompt_ids=completion.prompt_token_ids,
+        template=template,
     )
 
 
@@ -116,6 +144,11 @@ class EvalRun:
         self._on_notice = on_notice
         self._checked: set[str] = set()
         self.run_id = 0
+        self._stop: EvalStopped | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._windows: dict[str, _CounterWindows] = {}
+        self._tokenizer: Any = None
+        self._overloads: dict[tuple[str, int], int] = {}
 
     async def _notice(self, store: RunStore, level: str, message: str) -> None:
         self.progress.notices.append(message)
@@ -143,16 +176,33 @@ class EvalRun:
             endpoints = await open_endpoints(config, started=time.time())
             try:
                 live = {ep.name: ep for ep in endpoints.items}
+                for name in self.eval.raw_completion_endpoints:
+                    live[name] = _raw_endpoint(live[name])
+                    endpoints.items.append(live[name])
+                for name in targets:
+                    if name != self.eval.baseline and live[name].config.base_url:
+                        self._windows[name] = await _CounterWindows.open(
+                            run_id, name, str(live[name].config.base_url), self.eval.counter_window_requests
+                        )
                 await asyncio.gather(
                     *(self._drive(store, live[name], [w for w in work if w.endpoint == name]) for name in targets)
                 )
+                if self._stop is not None:
+                    raise self._stop
+                for windows in self._windows.values():
+                    await windows.close(store)
             finally:
+                for windows in self._windows.values():
+                    await windows.aclose()
                 await close_endpoints(endpoints)
             await store.set_run_state(
                 run_id,
                 "done" if self.progress.failed == 0 else "failed",
                 None if self.progress.failed == 0 else f"{self.progress.failed} requests failed",
             )
+        except EvalStopped as exc:
+            await store.set_run_state(self.run_id, "failed", str(exc))
+            raise
         except BaseException:
             if self.run_id:
                 await store.set_run_state(
@@ -164,46 +214,83 @@ class EvalRun:
         return self.run_id
 
     async def _drive(self, store: RunStore, ep: Endpoint, work: list[eval_ops.EvalWork]) -> None:
-        """Send `work` to one endpoint, as many at once as its adaptive limit allows."""
+        """Send `work` to one endpoint, as many at once as its adaptive limit allows. A request the server refuses
+        for load (429/503/529) gives its slot back and goes back in the queue after its Retry-After, so the limit,
+        not a sleeping request, holds the endpoint's capacity (it is not counted as an attempt, up to
+        MAX_OVERLOADS times)."""
         wake = asyncio.Event()
+        queue = collections.deque(work)
+        waiting = 0  # refused for load, waiting out their Retry-After
         tasks: set[asyncio.Task[None]] = set()
         drafter = None if ep.name == self.eval.baseline else self.eval.drafter
-        for item in work:
-            while not ep.limit.can_start(time.monotonic()):
-                wake.clear()
-                try:
-                    await asyncio.wait_for(wake.wait(), 0.05)
-                except TimeoutError:
-                    pass
-            ticket = ep.limit.take(time.monotonic())
-            task = asyncio.create_task(self._one(store, ep, item, drafter, ticket, wake))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.gather(*tasks)
+        loop = asyncio.get_running_loop()
 
-    async def _one(self, store, ep: Endpoint, item, drafter, ticket, wake: asyncio.Event) -> None:  # noqa: ANN001
+        def requeue(item: eval_ops.EvalWork, delay_s: float) -> None:
+            nonlocal waiting
+            waiting += 1
+
+            def back() -> None:
+                nonlocal waiting
+                waiting -= 1
+                queue.append(item)
+                wake.set()
+
+            loop.call_later(max(0.0, delay_s), back)
+
+        while self._stop is None and (queue or tasks or waiting):
+            if queue and ep.limit.can_start(time.monotonic()):
+                item = queue.popleft()
+                ticket = ep.limit.take(time.monotonic())
+                task = asyncio.create_task(self._one(store, ep, item, drafter, ticket, wake, requeue))
+                tasks.add(task)
+                self._tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                task.add_done_callback(self._tasks.discard)
+                continue
+            wake.clear()
+            try:
+                await asyncio.wait_for(wake.wait(), 0.05)
+            except TimeoutError:
+                pass
+        if tasks:
+            # a task cancelled by `_halt` ends as CancelledError; any other failure is raised as before
+            for result in await asyncio.gather(*tasks, return_exceptions=True):
+                if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+                    raise result
+
+    async def _one(self, store, ep: Endpoint, item, drafter, ticket, wake: asyncio.Event, requeue) -> None:  # noqa: ANN001
         config = self.config
         policy = RetryPolicy(attempts=config.generation.attempts)
         answered = False
+        key = (ep.name, item.sample_pk)
 
-        def on_retry(_n: int, error: RetryableError, delay: float) -> None:
-            if error.status in OVERLOAD_STATUSES:
-                ep.limit.on_overload(time.monotonic(), error.retry_after_s, ticket=ticket)
+        async def attempt() -> Completion:
+            try:
+                return await ep.client.complete(
+                    item.messages, item.tools, model=config.model.name, extra=sampling_extra(config)
+                )
+            except RetryableError as exc:
+                if exc.status in OVERLOAD_STATUSES and self._overloads.get(key, 0) < MAX_OVERLOADS:
+                    raise _Overloaded(exc) from None
+                raise
 
         try:
             started = time.monotonic()
             try:
-                completion = await with_retries(
-                    lambda: ep.client.complete(
-                        item.messages, item.tools, model=config.model.name, extra=sampling_extra(config)
-                    ),
-                    policy,
-                    on_retry=on_retry,
-                )
+                completion = await with_retries(attempt, policy)
+            except _Overloaded as refused:
+                ep.limit.mark_answered()
+                answered = True
+                self._overloads[key] = self._overloads.get(key, 0) + 1
+                ep.limit.on_overload(time.monotonic(), refused.error.retry_after_s, ticket=ticket)
+                requeue(item, refused.error.retry_after_s or 1.0)
+                return
             except ProviderError as exc:
                 ep.limit.mark_answered()
                 answered = True
+                if exc.status in AUTH_STATUSES and not isinstance(exc, SampleFatalError):
+                    self._halt(ep, exc)
+                    return
                 row = EvalRequestRow(
                     run_id=self.run_id,
                     sample_pk=item.sample_pk,
@@ -221,20 +308,136 @@ class EvalRun:
             ep.limit.on_success(
                 ticket=ticket, latency_s=completion.ttft_s or (time.monotonic() - started), now=time.monotonic()
             )
-            row = request_row(self.run_id, item, ep.name, drafter, completion, config)
+            template = self._template(item, completion)
+            row = request_row(self.run_id, item, ep.name, drafter, completion, config, template)
             await store.write(lambda conn: eval_ops.record_eval_request(conn, row))
+            windows = self._windows.get(ep.name)
+            if windows is not None:
+                await windows.answered(store)
             if ep.name not in self._checked:
                 self._checked.add(ep.name)
                 if drafter is not None and row.spec_source is None:
+                    windows = self._windows.get(ep.name)
+                    counted = (
+                        " Its /metrics has the spec-decode counters: their deltas per window are stored and "
+                        "reported apart (server-wide, not per request)."
+                        if windows is not None and windows.counting
+                        else ""
+                    )
                     await self._notice(
                         store,
                         "warning",
                         f"{ep.name}: its first answer carries no acceptance figures (speculative decoding off, or "
                         f"per-request metrics not enabled); its requests are stored without figures and never "
-                        f"averaged in as zero. To measure: {VLLM_HINT}",
+                        f"averaged in as zero. To measure: {VLLM_HINT}.{counted}",
                     )
             self.progress.done += 1
         finally:
             ep.limit.release(answered=answered)
             wake.set()
             self._tick()
+
+    def _halt(self, ep: Endpoint, exc: ProviderError) -> None:
+        """Stop the whole eval at the first refused credential: every other request would be refused too."""
+        if self._stop is not None:
+            return
+        url = ep.config.base_url or "its simulator"
+        key = ep.config.api_key_env
+        fix = (
+            f"check the key in ${key} (and that it may use model {self.config.model.name!r})"
+            if key
+            else "the endpoint needs an API key: set api_key_env to the variable that holds it"
+        )
+        self._stop = EvalStopped(
+            f"endpoint {ep.name!r} ({url}) refused the eval's requests with HTTP {exc.status} ({exc}); the eval "
+            f"stopped at once, the answers so far are kept. To fix: {fix}, then run `eaglewatch eval` again"
+        )
+        current = asyncio.current_task()
+        for task in list(self._tasks):
+            if task is not current:
+                task.cancel()
+
+    def _template(self, item: eval_ops.EvalWork, completion: Completion) -> dict[str, Any] | None:
+        """The template guard's finding for an answer that carries the server's prompt ids (None: agree or none)."""
+        if completion.prompt_token_ids is None:
+            return None
+        from app.eval.template import template_finding
+
+        if self._tokenizer is None:
+            from app.tokens.tokenizer import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.config.model.tokenizer)
+        return template_finding(
+            self._tokenizer,
+            self.config.model.profile,
+            item.messages,
+            item.tools,
+            completion.prompt_token_ids,
+            thinking=self.eval.thinking is not False,
+        )
+
+
+def _raw_endpoint(ep: Endpoint) -> Endpoint:
+    """`ep` with its client replaced by one that sends the raw prompt to /v1/completions (no chat template)."""
+    import dataclasses
+
+    from app.engine.capacity.endpoints import _api_key
+    from app.providers.completions import RawCompletionClient
+
+    return dataclasses.replace(ep, client=RawCompletionClient(ep.config, _api_key(ep.config)))
+
+
+class _CounterWindows:
+    """One endpoint's Prometheus counter windows: scraped at the start, after every `every` answers and at the
+    end; each window's deltas stored (`eval_windows`). An endpoint without the counters gets none."""
+
+    def __init__(self, run_id: int, endpoint: str, base_url: str, every: int, client: Any, first: Any) -> None:
+        self.run_id, self.endpoint, self.base_url, self.every = run_id, endpoint, base_url, every
+        self._client = client
+        self._last = first
+        self._since = time.time()
+        self._answers = 0
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    async def open(cls, run_id: int, endpoint: str, base_url: str, every: int) -> _CounterWindows:
+        import httpx
+
+        from app.eval.counters import scrape
+
+        client = httpx.AsyncClient()
+        return cls(run_id, endpoint, base_url, every, client, await scrape(client, base_url))
+
+    @property
+    def counting(self) -> bool:
+        """Whether the endpoint's /metrics had the spec-decode counters at the start."""
+        return self._last is not None
+
+    async def answered(self, store: RunStore) -> None:
+        self._answers += 1
+        if self._last is not None and self._answers >= self.every:
+            await self.close(store)
+
+    async def close(self, store: RunStore) -> None:
+        """Close the current window: scrape, store the deltas since the last scrape, start the next window."""
+        from app.eval.counters import scrape
+
+        if self._last is None:
+            return
+        async with self._lock:
+            answers, self._answers = self._answers, 0
+            if answers == 0:
+                return
+            now = await scrape(self._client, self.base_url)
+            if now is None:
+                return
+            delta = now.minus(self._last)
+            window = eval_ops.EvalWindow(
+                self.run_id, self.endpoint, self._since, time.time(), answers, delta.drafts, delta.draft_tokens,
+                delta.accepted, delta.per_position,
+            )  # fmt: skip
+            self._last, self._since = now, window.ended_at
+            await store.write(lambda conn: eval_ops.record_eval_window(conn, window))
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

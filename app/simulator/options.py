@@ -96,6 +96,12 @@ class SimulatorOptions:
     requests_per_min: float = 0.0
     tokens_per_min: float = 0.0
     batch_slots: int = 0
+    # speculative decoding (vllm/sglang personalities; app.simulator.server `SimulatorServer._spec_fields`)
+    spec_acceptance: list[float] = field(default_factory=list)
+    spec_acceptance_by_category: dict[str, list[float]] = field(default_factory=dict)
+    spec_dead: bool = False
+    spec_loop_rate: float = 0.0
+    spec_per_request: bool = True
 
 
 def canonical_faults(faults: dict[str, float] | None) -> dict[str, float]:

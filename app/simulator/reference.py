@@ -37,6 +37,7 @@ class ReferenceSample:
     output_ids: tuple[int, ...]
     prompt_tokens: int
     cached_tokens: int
+    category: str | None = None  # the row's `category` (a speculative simulator's acceptance by category)
 
 
 def messages_key(messages: Any) -> str:
@@ -102,12 +103,14 @@ class ReferenceBook:
                 if not isinstance(prompt_tokens, int):
                     prompt_tokens = max(1, len(json.dumps(messages, ensure_ascii=False)) // 4)
                 cached = meta.get("cached_tokens")
+                category = row.get("category")
                 samples.append(
                     ReferenceSample(
                         sample_id=str(row.get("id", index)),
                         output_ids=tuple(ids),
                         prompt_tokens=prompt_tokens,
                         cached_tokens=cached if isinstance(cached, int) else 0,
+                        category=category if isinstance(category, str) and category else None,
                     )
                 )
                 keys.setdefault(messages_key(messages), index)

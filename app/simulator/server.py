@@ -180,6 +180,17 @@ def budget_cut(output_ids: tuple[int, ...], think_open: int | None, think_close:
     return output_ids[: start + budget] + output_ids[close:]
 
 
+def looped(output_ids: tuple[int, ...], period: int = 4) -> tuple[int, ...]:
+    """A target caught in a repetition loop: the output's first quarter, then one `period`-token cycle of it repeated
+    to the output's length (no end of turn: a loop runs to max_tokens)."""
+    head = max(1, len(output_ids) // 4)
+    cycle = output_ids[head : head + period] or output_ids[:period]
+    body = list(output_ids[:head])
+    while len(body) < max(len(output_ids), head + 4 * period):
+        body.extend(cycle)
+    return tuple(body[: max(len(output_ids), head + 4 * period)])
+
+
 def requested_sample(body: dict) -> str | None:
     """The reference sample id a request names (`metadata.sample_id`), or None."""
     meta = body.get(SAMPLE_FIELD[0])
@@ -256,7 +267,14 @@ class SimulatorServer:
         self.logprobs_enabled = bool(getattr(self.options, "logprobs", True)) and self.personality.logprobs
         self.report_cost = self.report_cost and self.personality.cost
         self.spec_acceptance = tuple(float(x) for x in (getattr(self.options, "spec_acceptance", None) or ()))
-        self.spec_totals: collections.Counter[str] = collections.Counter()  # what /metrics would count
+        self.spec_by_category = {
+            str(c): tuple(float(x) for x in rates)
+            for c, rates in (getattr(self.options, "spec_acceptance_by_category", None) or {}).items()
+        }
+        self.spec_dead = bool(getattr(self.options, "spec_dead", False))
+        self.spec_loop_rate = float(getattr(self.options, "spec_loop_rate", 0.0) or 0.0)
+        self.spec_per_request = bool(getattr(self.options, "spec_per_request", True))
+        self.spec_totals: collections.Counter[str] = collections.Counter()  # what /metrics counts
         self._cache: dict[tuple[int, int, bool, int], RenderedOutput] = {}
         self._interventions = {
             k: float(r) for k, r in (getattr(self.options, "interventions", None) or {}).items() if float(r) > 0
@@ -281,6 +299,8 @@ class SimulatorServer:
         app.router.add_post("/api/v1/chat/completions", self._chat_gated)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/api/v1/models", self._models)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/v1/completions", self._raw_completion)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5)
         await self._runner.setup()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -347,6 +367,8 @@ class SimulatorServer:
             if self.profile.tool_format in p.json_formats and not stream:  # streamed arguments: the model's text
                 quirks |= {"json_reserialised"}
             ids = self.book.samples[index].output_ids
+            if self._loops(index):
+                ids = looped(ids)
             if budget:
                 tok = self.tokenizer
                 ids = budget_cut(
@@ -358,20 +380,45 @@ class SimulatorServer:
             self._cache[key] = out
         return out
 
-    def _spec_metrics(self, index: int, out: RenderedOutput) -> dict | None:
-        """vLLM's per-request `metrics.speculative_decoding` (--per-request-spec-decode-metrics detailed) for an
-        answer of `out`'s length, drawn per sample from `spec_acceptance` (position k accepted with its chance
-        given k-1 were); None when the options give no acceptance (a server with drafting off). The same sample
-        always draws the same steps; the totals are kept in `spec_totals` like vLLM's Prometheus counters."""
-        if not self.spec_acceptance or not self.personality.vllm_wire:
-            return None
-        k = len(self.spec_acceptance)
+    @property
+    def speculative(self) -> bool:
+        """Whether this simulator serves as a speculative-decoding server (acceptance options given)."""
+        return bool(self.spec_acceptance or self.spec_by_category) and self.personality.name in ("vllm", "sglang")
+
+    def _loops(self, index: int) -> bool:
+        """Whether sample `index` is one whose output the target repeats in a cycle (`spec_loop_rate`)."""
+        if not self.spec_loop_rate or not self.speculative:
+            return False
+        seed = int(getattr(self.options, "seed", 0) or 0)
+        return intervened(seed, "spec_loop", self.book.samples[index].sample_id, self.spec_loop_rate)
+
+    def _acceptance(self, index: int) -> tuple[float, ...]:
+        """The per-position acceptance that sample `index` draws from: its category's, else the default; a dead
+        drafter's is zero at every position, a looping output's one (a loop accepts every draft)."""
+        rates = self.spec_by_category.get(self.book.samples[index].category or "", self.spec_acceptance)
+        rates = rates or next(iter(self.spec_by_category.values()))
+        if self.spec_dead:
+            return (0.0,) * len(rates)
+        if self._loops(index):
+            return (1.0,) * len(rates)
+        return rates
+
+    def _spec_fields(self, index: int, out: RenderedOutput) -> dict:
+        """The answer's speculative-decoding fields: vLLM's `metrics.speculative_decoding`
+        (--per-request-spec-decode-metrics detailed) or SGLang's `meta_info.spec_*` (return_meta_info), drawn per
+        sample from its acceptance (position k accepted with its chance given k-1 were; the same sample always
+        draws the same steps). Every answer counts in `spec_totals` (what /metrics reports, like vLLM's
+        Prometheus counters); with `spec_per_request` off the answer carries nothing (a counter-only server)."""
+        if not self.speculative:
+            return {}
+        rates = self._acceptance(index)
+        k = len(rates)
         rng = random.Random(hash((int(getattr(self.options, "seed", 0) or 0), index)) & 0xFFFFFFFF)
         left = len(out.output_ids)
         accepted_steps: list[int] = []
         while left > 0:
             n = 0
-            while n < k and rng.random() < self.spec_acceptance[n]:
+            while n < k and rng.random() < rates[n]:
                 n += 1
             n = min(n, left - 1)  # each step emits its accepted drafts plus one token of the target's own
             accepted_steps.append(n)
@@ -385,17 +432,93 @@ class SimulatorServer:
         self.spec_totals.update(drafts=steps, draft_tokens=steps * k, accepted=accepted)
         for j, c in enumerate(per_pos):
             self.spec_totals[f"pos{j}"] += c
+        if not self.spec_per_request:
+            return {}
+        if self.personality.name == "sglang":
+            return {
+                "meta_info": {
+                    "spec_accept_length": (1 + accepted / steps) if steps else 0.0,
+                    "spec_accept_rate": accepted / (steps * k) if steps else 0.0,
+                    "spec_verify_ct": steps,
+                    "spec_accept_histogram": histogram,
+                    "spec_accept_token_num": accepted,
+                    "spec_draft_token_num": steps * k,
+                }
+            }
         return {
-            "mean_acceptance_length": (1 + accepted / steps) if steps else 0.0,
-            "draft_acceptance_rate": accepted / (steps * k) if steps else 0.0,
-            "acceptance_histogram": histogram,
-            "num_spec_steps": steps,
-            "num_accepted_draft_tokens": accepted,
-            "num_draft_tokens": steps * k,
-            "num_spec_tokens": k,
-            "per_step_accepted": accepted_steps,
-            "per_step_drafted": [k] * steps,
+            "metrics": {
+                "speculative_decoding": {
+                    "mean_acceptance_length": (1 + accepted / steps) if steps else 0.0,
+                    "draft_acceptance_rate": accepted / (steps * k) if steps else 0.0,
+                    "acceptance_histogram": histogram,
+                    "num_spec_steps": steps,
+                    "num_accepted_draft_tokens": accepted,
+                    "num_draft_tokens": steps * k,
+                    "num_spec_tokens": k,
+                    "per_step_accepted": accepted_steps,
+                    "per_step_drafted": [k] * steps,
+                }
+            }
         }
+
+    def prometheus(self) -> str:
+        """vLLM's speculative-decoding counters as /metrics serves them (Prometheus text format)."""
+        t = self.spec_totals
+        name = "vllm:spec_decode_num"
+        lines = []
+        for metric, key in (("drafts", "drafts"), ("draft_tokens", "draft_tokens"), ("accepted_tokens", "accepted")):
+            lines += [f"# TYPE {name}_{metric}_total counter", f'{name}_{metric}_total{{model_name="{self.model}"}} '
+                      f"{float(t[key])}"]  # fmt: skip
+        lines.append(f"# TYPE {name}_accepted_tokens_per_pos_total counter")
+        k = len(self.spec_acceptance or next(iter(self.spec_by_category.values()), ()))
+        for j in range(k):
+            labels = f'model_name="{self.model}",position="{j}"'
+            lines.append(f"{name}_accepted_tokens_per_pos_total{{{labels}}} {float(t[f'pos{j}'])}")
+        return "\n".join(lines) + "\n"
+
+    async def _raw_completion(self, request: web.Request) -> web.Response:
+        """vLLM's `/v1/completions` with a text `prompt` (non-streaming): the prompt is encoded as it is, with no chat
+        template (its `prompt_token_ids` show it); the answer replays the reference sample the prompt's hash picks."""
+        if self.api_key is not None and request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            self.counters["401"] += 1
+            return self._error(401)
+        try:
+            body = json.loads(await request.read())
+            prompt = body["prompt"]
+            if not isinstance(prompt, str):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            self.counters["400"] += 1
+            return self._error(400)
+        self._served += 1
+        self.counters["ok"] += 1
+        index, _ = self.book.pick([{"role": "user", "content": prompt}])
+        out = self._rendered(index, 0)
+        prompt_ids = self.tokenizer.encode_prompt(prompt)
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": self.tokenizer.decode(list(out.output_ids)),
+            "logprobs": None,
+            "finish_reason": self._finish(out),
+        }
+        if body.get("return_token_ids"):  # vLLM's CompletionResponseChoice: both on the choice
+            choice["token_ids"] = list(out.output_ids)
+            choice["prompt_token_ids"] = prompt_ids
+        answer: dict[str, Any] = {
+            "id": f"cmpl-sim-{self._served}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": body.get("model") or self.model,
+            "choices": [choice],
+            "usage": self._usage(index, out, 0, prompt_ids),
+        }
+        answer.update(self._spec_fields(index, out))
+        return web.Response(body=_json(answer), content_type="application/json")
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if not self.speculative:
+            return web.Response(text="# no speculative decoding\n", content_type="text/plain")
+        return web.Response(text=self.prometheus(), content_type="text/plain")
 
     def _usage(self, index: int, out: RenderedOutput, cached: int = 0, prompt_ids: list | None = None) -> dict:
         """The answer's usage; a server that returns the prompt ids counts those (as vLLM and SGLang do), else the
@@ -775,9 +898,7 @@ class SimulatorServer:
             body["prompt_token_ids"] = prompt_ids
         if metadata is not None:
             body["openrouter_metadata"] = metadata
-        spec = self._spec_metrics(index, out)
-        if spec is not None:
-            body["metrics"] = {"speculative_decoding": spec}
+        body.update(self._spec_fields(index, out))
         if fault == "done_early":  # a whole body that simply lacks a finish_reason
             choice["finish_reason"] = None
         data = _json(body)
@@ -921,6 +1042,7 @@ class SimulatorServer:
                 head,
                 choices=[{"index": 0, "delta": {}, "finish_reason": self._finish(out)}],
                 usage=self._usage(index, out, cached, prompt_ids),
+                **self._spec_fields(index, out),
             )
             events.append((b"data: " + _json(finish) + b"\n\n", 0))
         else:
@@ -928,6 +1050,7 @@ class SimulatorServer:
             usage = dict(head, choices=[], usage=self._usage(index, out, cached, prompt_ids))
             if metadata is not None:  # OpenRouter: on the final chunk
                 usage["openrouter_metadata"] = metadata
+            usage.update(self._spec_fields(index, out))
             events.append((b"data: " + _json(usage) + b"\n\n", 0))
         if p.done_marker:
             events.append((b"data: [DONE]\n\n", 0))
@@ -1061,9 +1184,7 @@ class SimulatorServer:
         if not cached:
             usage.pop("prompt_tokens_details", None)
         tail = dict(head, choices=[], system_fingerprint=VLLM_FINGERPRINT, usage=usage)
-        spec = self._spec_metrics(index, out)
-        if spec is not None:
-            tail["metrics"] = {"speculative_decoding": spec}
+        tail.update(self._spec_fields(index, out))
         events.append((b"data: " + _json(tail) + b"\n\n", 0))
         events.append((b"data: [DONE]\n\n", 0))
         if fault in ("truncate", "stream_error", "malformed"):

@@ -8,6 +8,7 @@ run replaces it (`INSERT OR REPLACE`), so a run resumes where it stopped, answer
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from dataclasses import dataclass
 from typing import Any
@@ -81,3 +82,56 @@ def eval_prompts(conn: sqlite3.Connection, run_id: int) -> dict[int, tuple[str, 
             "SELECT pk, sample_id, messages FROM samples WHERE run_id = ? ORDER BY pk", (run_id,)
         )
     }
+
+
+@dataclass(frozen=True, slots=True)
+class EvalWindow:
+    """One window of an eval run on one endpoint (`eval_windows`, schema v12): the deltas of the server's
+    Prometheus spec-decode counters between a scrape before and one after (`per_position[k]`: accepted at k)."""
+
+    run_id: int
+    endpoint: str
+    started_at: float
+    ended_at: float
+    requests: int
+    drafts: int
+    draft_tokens: int
+    accepted: int
+    per_position: tuple[int, ...]
+
+
+def record_eval_window(conn: sqlite3.Connection, window: EvalWindow) -> None:
+    """Store one counter window."""
+    conn.execute(
+        "INSERT INTO eval_windows (run_id, endpoint, started_at, ended_at, requests, drafts, draft_tokens, accepted, "
+        "per_position) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            window.run_id, window.endpoint, window.started_at, window.ended_at, window.requests, window.drafts,
+            window.draft_tokens, window.accepted, json.dumps(list(window.per_position)),
+        ),
+    )  # fmt: skip
+
+
+def eval_windows(conn: sqlite3.Connection, run_id: int) -> list[EvalWindow]:
+    """The run's counter windows in the order they closed ([] on a database before schema v12)."""
+    if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'eval_windows'").fetchone():
+        return []
+    rows = conn.execute(
+        "SELECT run_id, endpoint, started_at, ended_at, requests, drafts, draft_tokens, accepted, per_position "
+        "FROM eval_windows WHERE run_id = ? ORDER BY id",
+        (run_id,),
+    )
+    return [
+        EvalWindow(
+            run_id=r[0],
+            endpoint=r[1],
+            started_at=r[2],
+            ended_at=r[3],
+            requests=r[4],
+            drafts=r[5],
+            draft_tokens=r[6],
+            accepted=r[7],
+            per_position=tuple(loads(r[8], [])),
+        )  # fmt: skip
+        for r in rows
+    ]

@@ -704,11 +704,16 @@ class EvalRequestRow:
     loop: bool = False
     sampling: dict[str, Any] = field(default_factory=dict)
     created_at: float = 0.0
+    # schema v12: the server's prompt ids, and the template guard's finding when they differ from the run's own
+    # rendering (app.eval.template `template_finding`)
+    prompt_ids: tuple[int, ...] | None = None
+    template: dict[str, Any] | None = None
 
 
 EVAL_REQUEST_COLUMNS = (
     "run_id, sample_pk, endpoint, drafter, category, error, output_ids, completion_tokens, ttft_ms, itl_ms, "
-    "latency_ms, tokens_per_s, spec_source, spec, accepted, drafted, steps, per_position, loop, sampling, created_at"
+    "latency_ms, tokens_per_s, spec_source, spec, accepted, drafted, steps, per_position, loop, sampling, created_at, "
+    "prompt_ids, template"
 )
 
 
@@ -740,6 +745,8 @@ def encode_eval_request(row: EvalRequestRow) -> tuple[Any, ...]:
         int(row.loop),
         _json(row.sampling, "sampling"),
         row.created_at or time.time(),
+        _ids(row.prompt_ids, "prompt_ids") if row.prompt_ids is not None else None,
+        _json(row.template, "template") if row.template is not None else None,
     )
 
 
@@ -768,4 +775,6 @@ def decode_eval_request(r: Sequence[Any]) -> EvalRequestRow:
         loop=bool(r[18]),
         sampling=loads(r[19], {}),
         created_at=r[20],
+        prompt_ids=unpack_ids(r[21]) if r[21] is not None else None,
+        template=loads(r[22]),
     )

@@ -752,5 +752,36 @@ CREATE INDEX eval_requests_run ON eval_requests (run_id, endpoint, id);
 """
 
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _v11_eval())
+def _v12_eval_server() -> str:
+    """v12 (eval server side): what the server said beside its answers, self-contained so renumbering it is one line.
+
+    `eval_requests.prompt_ids`: the prompt ids the server fed the model (vLLM `return_token_ids`; packed uint32;
+    NULL when it returned none); `eval_requests.template` (JSON): the template guard's finding when they differ
+    from the run's own rendering of the same messages (first differing position, both ids, both decoded), NULL
+    when they agree or were not returned. `eval_windows`: for an endpoint whose answers carry no per-request
+    figures, the deltas of its Prometheus spec-decode counters scraped before and after a window of the run
+    (drafts, draft tokens, accepted tokens, accepted per position as a JSON list) — server-wide counts, kept apart
+    from the per-request figures.
+    """
+    return """
+ALTER TABLE eval_requests ADD COLUMN prompt_ids BLOB;
+ALTER TABLE eval_requests ADD COLUMN template TEXT;
+
+CREATE TABLE eval_windows (
+    id              INTEGER PRIMARY KEY,
+    run_id          INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    endpoint        TEXT NOT NULL,
+    started_at      REAL NOT NULL,
+    ended_at        REAL NOT NULL,
+    requests        INTEGER NOT NULL,              -- answers received inside the window
+    drafts          INTEGER NOT NULL,              -- delta of vllm:spec_decode_num_drafts_total
+    draft_tokens    INTEGER NOT NULL,
+    accepted        INTEGER NOT NULL,
+    per_position    TEXT NOT NULL                  -- JSON list: delta of ..._accepted_tokens_per_pos_total{position}
+);
+CREATE INDEX eval_windows_run ON eval_windows (run_id, endpoint, id);
+"""
+
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V10, _v11_eval(), _v12_eval_server())
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -86,6 +86,7 @@ def transformers_serve(model_dir: Path, log: Path):
         HF_DATASETS_OFFLINE="1",
         TOKENIZERS_PARALLELISM="false",
         CUDA_VISIBLE_DEVICES="",
+        VLLM_LOG_STATS_INTERVAL="2",  # its periodic stats lines (SpecDecoding metrics) come often enough to read
     )
     exe = shutil.which("transformers", path=os.path.dirname(sys.executable)) or shutil.which("transformers")
     command = (
@@ -213,6 +214,9 @@ def vllm_server(vllm_model_dir):
     )
 
 
+VLLM_LOGS: dict[str, Path] = {}  # base_url -> the log of the vLLM `start_vllm` started there
+
+
 def start_vllm(vllm_model_dir: Path, more: list[str]):
     """Start a real vLLM (CPU, fp32, eager) over `vllm_model_dir` with the arguments `more` on loopback; yield
     (base_url, served model name); stop its process group and remove its scratch. Skips (fails under
@@ -242,6 +246,7 @@ def start_vllm(vllm_model_dir: Path, more: list[str]):
         TMPDIR=str(scratch),
         TOKENIZERS_PARALLELISM="false",
         CUDA_VISIBLE_DEVICES="",
+        VLLM_LOG_STATS_INTERVAL="2",  # its periodic stats lines (SpecDecoding metrics) come often enough to read
     )
     env.pop("PYTHONPATH", None)  # the project's own packages must not shadow the venv's
     command = [
@@ -286,6 +291,7 @@ def start_vllm(vllm_model_dir: Path, more: list[str]):
                 )
             time.sleep(0.5)
         print(f"\nvLLM started in {time.monotonic() - started:.1f} s")
+        VLLM_LOGS[base + "/v1"] = log
         # served as its folder, the name `transformers serve` answers to for the same model (the trusted-twin test)
         yield base + "/v1", str(vllm_model_dir)
     finally:
