@@ -87,7 +87,7 @@ max_tokens = 64
     after = spec_counters(base_url)
     report = json.loads(capsys.readouterr().out)
     assert "dead drafter" in [v["verdict"] for v in report["verdicts"]], report["verdicts"]
-    assert report["gate"]["failure"] is not None
+    assert report["gate"]["failures"], report["gate"]
 
     conn = sqlite3.connect(tmp_path / "eval.db")
     rows = conn.execute("SELECT accepted, drafted, steps FROM eval_requests WHERE error IS NULL").fetchall()
