@@ -69,7 +69,7 @@ class Plan:
     conversations: int = 40
     heldout: int = 48
     max_tokens: int = 128
-    train_steps: int = 400
+    train_steps: int = 500
     lr: float = 3e-3  # 3x speculators' default: a few hundred steps must move the drafter
     epochs: int = 200  # an upper bound; train_steps ends training
     extra: dict[str, Any] = field(default_factory=dict)
@@ -422,7 +422,7 @@ temperature = 0.0
             (folder / f"{name}.json").write_text(json.dumps(report, indent=1))
             fig = report["overall"]["figures"]
             result[name] = {k: fig.get(k) for k in ("mean_acceptance_length", "per_position_acceptance", "requests")}
-            result[name] |= {k: v for k, v in fig.items() if "interval" in k or k.endswith("_ci")}
+            result[name] |= {k: v for k, v in fig.items() if "ci95" in k}
             result[name]["verdicts"] = [v["verdict"] for v in report.get("verdicts", [])]
 
         names = [f"{a}-s{s}" for a in self.plan.arms for s in self.plan.seeds]
@@ -491,6 +491,11 @@ def _train_figures(log: Path) -> dict[str, Any]:
 
 # ---- the table ----------------------------------------------------------------------------------------------------
 
+def _eval_figures(work: Path, name: str) -> dict[str, Any]:
+    """`eaglewatch eval`'s overall figures for one drafter, as its report stored them."""
+    return json.loads((work / "eval" / f"{name}.json").read_text())["overall"]["figures"]
+
+
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
@@ -511,6 +516,7 @@ def write_table(work: Path, plan: Plan, done: dict[str, dict[str, Any]]) -> dict
         lengths = [done["eval"][n]["mean_acceptance_length"] for n in names]
         lengths = [v for v in lengths if v is not None]
         mean, low, high = seed_interval(lengths) if lengths else (None, None, None)
+        boot = [_eval_figures(work, n).get("mean_acceptance_length_ci95") for n in names]
         positions = [done["eval"][n]["per_position_acceptance"] for n in names]
         per_pos = [round(statistics.mean(p[i] for p in positions if p[i] is not None), 3) for i in range(DRAFT_TOKENS)]
         vals = [done["train"][n]["val"] for n in names]
@@ -526,6 +532,7 @@ def write_table(work: Path, plan: Plan, done: dict[str, dict[str, Any]]) -> dict
                 "acceptance_length": round(mean, 3) if mean is not None else None,
                 "interval_95": [round(low, 3), round(high, 3)] if low is not None else None,
                 "per_seed": lengths,
+                "per_seed_request_ci95": boot,  # eaglewatch eval's bootstrap over held-out requests, per seed
                 "per_position": per_pos,
                 "trainer_offline": offline,
                 "token_share_differing": done["arms"][arm]["token_share_differing"],
@@ -549,12 +556,18 @@ def markdown(table: dict[str, Any]) -> str:
         f"{'quick' if plan['quick'] else 'full'} run: {len(plan['seeds'])} seed(s), {plan['train_steps']} training "
         f"steps, {plan['single']} single-turn + {plan['conversations']} two-turn prompts, {plan['heldout']} held-out",
         "",
-        "| arm | acceptance length | 95 % interval (seeds) | per position | trainer val (offline) | tokens ≠ exact "
+        "| arm | acceptance length | 95 % interval | per position | trainer val (offline) | tokens ≠ exact "
         "| samples changed | train ms/step |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in table["rows"]:
-        iv = f"{r['interval_95'][0]:.2f}–{r['interval_95'][1]:.2f}" if r["interval_95"] else "(1 seed)"
+        if r["interval_95"]:
+            iv = f"{r['interval_95'][0]:.2f}–{r['interval_95'][1]:.2f} over seeds"
+        elif r["per_seed_request_ci95"] and r["per_seed_request_ci95"][0]:
+            lo, hi = r["per_seed_request_ci95"][0]
+            iv = f"{lo:.2f}–{hi:.2f} over requests (1 seed)"
+        else:
+            iv = "(1 seed)"
         pos = " / ".join(f"{p:.2f}" for p in r["per_position"])
         off = ", ".join(f"{k} {v:.2f}" for k, v in r["trainer_offline"].items() if "full_acc" in k) or "-"
         share = "-" if r["token_share_differing"] is None else f"{100 * r['token_share_differing']:.1f} %"
