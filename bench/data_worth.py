@@ -13,9 +13,10 @@ stopped run resumes where it stopped):
   arms      one training set per arm (bench/dataworth/arms.py), and its share of tokens differing from the exact one
   prepare   `speculators prepare-data` per arm (vLLM's venv)
   extract   `eaglewatch extract` per arm: [extraction] backend = "vllm", layout = "speculators"
-  train     speculators' own trainer per arm and seed (same recipe and steps; bench/dataworth/train_eagle3.py)
-  eval      vLLM serves the target with each drafter as an EAGLE-3 draft; `eaglewatch eval --headless` on the
-            held-out prompts (temperature 0, as the data was generated)
+  drafters  per arm and seed (seed by seed): speculators' own trainer (same recipe, seed and steps;
+            bench/dataworth/train_eagle3.py), then vLLM serves the target with the drafter as its EAGLE-3 draft and
+            `eaglewatch eval --headless` runs the held-out prompts (temperature 0, as the data was generated);
+            each drafter's results are kept (a resumed run skips them) and table.partial.md follows
   table     WORK/table.json and WORK/table.md
 
 Needs vLLM's venv (EAGLEWATCH_VLLM_PYTHON, else the newest scripts/vllm_venv.sh build in the test cache) and this
@@ -47,7 +48,7 @@ from bench.dataworth import arms as armsmod  # noqa: E402
 from bench.dataworth import corpus  # noqa: E402
 from bench.dataworth.server import vllm_env, vllm_server  # noqa: E402
 
-STAGES = ("target", "prompts", "generate", "arms", "prepare", "extract", "train", "eval", "table")
+STAGES = ("target", "prompts", "generate", "arms", "prepare", "extract", "drafters", "table")
 DRAFT_TOKENS = 3
 AUX_LAYERS = [0, 1, 2]  # the "input" convention: embeddings, after layer 0, after layer 1 (= the last, pre-norm)
 END = "<|im_end|>"
@@ -243,7 +244,9 @@ concurrency_max = 8
         folder.mkdir(exist_ok=True)
         result: dict[str, Any] = {}
         runs = [("exact", "vllm")] + ([("text", "openai")] if "text-path" in self.plan.arms else [])
-        with vllm_server(self.python, self.work / "target", ["--reasoning-parser", "qwen3"], folder / "vllm.log") as url:
+        with vllm_server(
+            self.python, self.work / "target", ["--reasoning-parser", "qwen3"], folder / "vllm.log"
+        ) as url:
             self.progress.say(f"generate: vLLM up at {url}")
             for name, server in runs:
                 config = self._run_config(name, url, server)
@@ -275,7 +278,9 @@ concurrency_max = 8
             elif arm == "reencoded":
                 made[arm] = armsmod.reencoded(exact, tok)
             elif arm == "wrong-eos":
-                made[arm] = armsmod.wrong_eos(exact, tok.convert_tokens_to_ids(END), tok.convert_tokens_to_ids(WRONG_END))
+                made[arm] = armsmod.wrong_eos(
+                    exact, tok.convert_tokens_to_ids(END), tok.convert_tokens_to_ids(WRONG_END)
+                )
             elif arm == "off-policy":
                 made[arm] = armsmod.off_policy(exact, originals, tok, END)
             elif arm == "text-path":
@@ -346,10 +351,12 @@ layer_convention = "input"
         self.progress.items("extract", list(self.plan.arms), one)
         return {"arms": list(self.plan.arms)}
 
-    def train(self) -> dict[str, Any]:
-        result: dict[str, Any] = {}
-
-        def one(name: str) -> None:
+    def train_one(self, name: str) -> dict[str, Any]:
+        """Train drafter `name` (`<arm>-s<seed>`) unless its result is there; its figures."""
+        done = self.work / "train" / name / "result.json"
+        if done.exists():
+            return json.loads(done.read_text())
+        if True:
             arm, seed = name.rsplit("-s", 1)
             folder = self.work / "arms" / arm
             out = self.work / "train" / name
@@ -375,19 +382,20 @@ layer_convention = "input"
             self.vllm_run(argv, out / "train.log")
             wall = time.monotonic() - t0
             draft = _final_checkpoint(out / "ckpt")
-            result[name] = {"wall_s": round(wall, 1), "draft": str(draft)} | _train_figures(out / "train.log")
-
-        names = [f"{a}-s{s}" for a in self.plan.arms for s in self.plan.seeds]
-        self.progress.items("train", names, one)
+            result = {"wall_s": round(wall, 1), "draft": str(draft)} | _train_figures(out / "train.log")
+        done.write_text(json.dumps(result, indent=1))
         return result
 
-    def eval(self, trained: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = {}
+    def eval_one(self, name: str, draft: str) -> dict[str, Any]:
+        """Serve the target with drafter `name` as its EAGLE-3 draft and run `eaglewatch eval` on the held-out
+        prompts, unless its summary is there; the summary."""
         folder = self.work / "eval"
         folder.mkdir(exist_ok=True)
-
-        def one(name: str) -> None:
-            spec = {"method": "eagle3", "model": trained[name]["draft"], "num_speculative_tokens": DRAFT_TOKENS}
+        done = folder / f"{name}.summary.json"
+        if done.exists():
+            return json.loads(done.read_text())
+        if True:
+            spec = {"method": "eagle3", "model": draft, "num_speculative_tokens": DRAFT_TOKENS}
             more = ["--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "detailed"]
             with vllm_server(self.python, self.work / "target", more, folder / f"{name}-vllm.log") as url:
                 config = folder / f"{name}.toml"
@@ -421,13 +429,25 @@ temperature = 0.0
                 report = json.loads(self.eaglewatch("eval", "--headless", str(config), "--json"))
             (folder / f"{name}.json").write_text(json.dumps(report, indent=1))
             fig = report["overall"]["figures"]
-            result[name] = {k: fig.get(k) for k in ("mean_acceptance_length", "per_position_acceptance", "requests")}
-            result[name] |= {k: v for k, v in fig.items() if "ci95" in k}
-            result[name]["verdicts"] = [v["verdict"] for v in report.get("verdicts", [])]
-
-        names = [f"{a}-s{s}" for a in self.plan.arms for s in self.plan.seeds]
-        self.progress.items("eval", names, one)
+            result = {k: fig.get(k) for k in ("mean_acceptance_length", "per_position_acceptance", "requests")}
+            result |= {k: v for k, v in fig.items() if "ci95" in k}
+            result["verdicts"] = [v["verdict"] for v in report.get("verdicts", [])]
+        done.write_text(json.dumps(result, indent=1))
         return result
+
+    def drafters(self) -> dict[str, Any]:
+        """Train, then serve and evaluate, each drafter; seed by seed (every arm's seed 0 first, so a stopped run
+        has a table of every arm), `table.partial.md` rewritten after each."""
+        done: dict[str, dict[str, Any]] = {"train": {}, "eval": {}, "arms": json.loads(self.marker("arms").read_text())}
+
+        def one(name: str) -> None:
+            done["train"][name] = self.train_one(name)
+            done["eval"][name] = self.eval_one(name, done["train"][name]["draft"])
+            write_table(self.work, self.plan, done, partial=True)
+
+        names = [f"{a}-s{s}" for s in self.plan.seeds for a in self.plan.arms]
+        self.progress.items("drafters", names, one)
+        return {"train": done["train"], "eval": done["eval"]}
 
     def run(self) -> dict[str, Any]:
         self.work.mkdir(parents=True, exist_ok=True)
@@ -441,9 +461,8 @@ temperature = 0.0
             "arms": self.arms,
             "prepare": self.prepare,
             "extract": self.extract,
-            "train": self.train,
-            "eval": lambda: self.eval(done["train"]),
-            "table": lambda: write_table(self.work, self.plan, done),
+            "drafters": self.drafters,
+            "table": lambda: write_table(self.work, self.plan, {**done, **done["drafters"]}),
         }
         for k, name in enumerate(STAGES, 1):
             done[name] = self.stage(k, name, steps[name])
@@ -491,6 +510,7 @@ def _train_figures(log: Path) -> dict[str, Any]:
 
 # ---- the table ----------------------------------------------------------------------------------------------------
 
+
 def _eval_figures(work: Path, name: str) -> dict[str, Any]:
     """`eaglewatch eval`'s overall figures for one drafter, as its report stored them."""
     return json.loads((work / "eval" / f"{name}.json").read_text())["overall"]["figures"]
@@ -508,11 +528,14 @@ def seed_interval(values: list[float]) -> tuple[float, float | None, float | Non
     return mean, mean - half, mean + half
 
 
-def write_table(work: Path, plan: Plan, done: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """table.json and table.md from the stages' results."""
+def write_table(work: Path, plan: Plan, done: dict[str, Any], *, partial: bool = False) -> dict[str, Any]:
+    """table.json and table.md from the stages' results (`done`: "arms", "train", "eval" and each stage's record);
+    with `partial`, table.partial.* from the drafters measured so far."""
     rows = []
     for arm in plan.arms:
-        names = [f"{arm}-s{s}" for s in plan.seeds]
+        names = [f"{arm}-s{s}" for s in plan.seeds if f"{arm}-s{s}" in done["eval"]]
+        if not names:
+            continue
         lengths = [done["eval"][n]["mean_acceptance_length"] for n in names]
         lengths = [v for v in lengths if v is not None]
         mean, low, high = seed_interval(lengths) if lengths else (None, None, None)
@@ -542,19 +565,22 @@ def write_table(work: Path, plan: Plan, done: dict[str, dict[str, Any]]) -> dict
                 "train_wall_s": round(statistics.mean(done["train"][n]["wall_s"] for n in names), 1),
             }
         )
-    walls = {s: done[s].get("wall_s") for s in STAGES if s in done}
+    walls = {s: done[s].get("wall_s") for s in STAGES if isinstance(done.get(s), dict)}
     table = {"plan": asdict(plan), "rows": rows, "stage_wall_s": walls}
-    (work / "table.json").write_text(json.dumps(table, indent=1))
-    (work / "table.md").write_text(markdown(table))
-    print(markdown(table))
+    stem = "table.partial" if partial else "table"
+    (work / f"{stem}.json").write_text(json.dumps(table, indent=1))
+    (work / f"{stem}.md").write_text(markdown(table))
+    if not partial:
+        print(markdown(table))
     return {"rows": len(rows)}
 
 
 def markdown(table: dict[str, Any]) -> str:
     plan = table["plan"]
     lines = [
-        f"{'quick' if plan['quick'] else 'full'} run: {len(plan['seeds'])} seed(s), {plan['train_steps']} training "
-        f"steps, {plan['single']} single-turn + {plan['conversations']} two-turn prompts, {plan['heldout']} held-out",
+        f"{'quick' if plan['quick'] else 'full'} run: {len(plan['seeds'])} seed(s) planned, "
+        f"{plan['train_steps']} training steps, {plan['single']} single-turn + {plan['conversations']} two-turn "
+        f"prompts, {plan['heldout']} held-out",
         "",
         "| arm | acceptance length | 95 % interval | per position | trainer val (offline) | tokens ≠ exact "
         "| samples changed | train ms/step |",
@@ -562,7 +588,7 @@ def markdown(table: dict[str, Any]) -> str:
     ]
     for r in table["rows"]:
         if r["interval_95"]:
-            iv = f"{r['interval_95'][0]:.2f}–{r['interval_95'][1]:.2f} over seeds"
+            iv = f"{r['interval_95'][0]:.2f}–{r['interval_95'][1]:.2f} over {len(r['per_seed'])} seeds"
         elif r["per_seed_request_ci95"] and r["per_seed_request_ci95"][0]:
             lo, hi = r["per_seed_request_ci95"][0]
             iv = f"{lo:.2f}–{hi:.2f} over requests (1 seed)"

@@ -56,13 +56,19 @@ def target_answer(slots: dict[str, object], rng: random.Random) -> str:
     s = dict(slots, adj=rng.choice(ADJECTIVES), adj2=rng.choice(ADJECTIVES), verb=rng.choice(VERBS))
     s |= {"time": rng.choice(TIMES), "sum": int(slots["a"]) + int(slots["b"])}  # type: ignore[call-overload]
     think, content = [
-        ("The user asks about the {animal} in {city}. I describe it briefly.",
-         "The {animal} in {city} is {adj} and {adj2}. It {verb} every {time}."),
+        (
+            "The user asks about the {animal} in {city}. I describe it briefly.",
+            "The {animal} in {city} is {adj} and {adj2}. It {verb} every {time}.",
+        ),
         ("{a} plus {b} is {sum}.", "{a} + {b} = {sum}."),
-        ("A walk from {city} to {city2}. I tell it as a short story.",
-         "You leave {city} in the {time} and walk to {city2}. The road is {adj} and {adj2}."),
-        ("Three things a {animal} in {city} likes. I list them.",
-         "A {animal} in {city} likes the {time}, a {adj} friend and a {adj2} home."),
+        (
+            "A walk from {city} to {city2}. I tell it as a short story.",
+            "You leave {city} in the {time} and walk to {city2}. The road is {adj} and {adj2}.",
+        ),
+        (
+            "Three things a {animal} in {city} likes. I list them.",
+            "A {animal} in {city} likes the {time}, a {adj} friend and a {adj2} home.",
+        ),
     ][int(slots["kind"])]  # type: ignore[call-overload]
     return f"<think>\n{think.format(**s)}\n</think>\n\n{content.format(**s)}"
 

@@ -14,10 +14,9 @@ import sys
 
 
 def main() -> None:
-    import torch
-
     import speculators.train.recovery as recovery
     import speculators.train.trainer as trainer
+    import torch
     from speculators.train.cli import main as train_main
     from speculators.train.config import TrainConfig
 

@@ -35,28 +35,32 @@ def quick_run(tmp_path_factory) -> tuple[Path, dict]:
             pytest.fail(message.replace("NOT RUN", "REQUIRED but missing"))
         pytest.skip(message)
     work = tmp_path_factory.mktemp("data-worth") / "work"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {
-        "EAGLEWATCH_VLLM_PYTHON": python,
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-    }
-    proc = subprocess.run([sys.executable, str(BENCH), str(work), "--quick"], cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = _bench(work, python)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
     return work, json.loads((work / "table.json").read_text())
+
+
+def _bench(work: Path, python: str) -> subprocess.CompletedProcess:
+    """`bench/data_worth.py WORK --quick`, offline, with vLLM's Python named."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env |= {"EAGLEWATCH_VLLM_PYTHON": python, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, str(BENCH), str(work), "--quick"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
 
 
 def test_the_quick_loop_closes_on_every_held_out_prompt(quick_run):
     work, table = quick_run
     plan = json.loads((work / "plan.json").read_text())
     assert [r["arm"] for r in table["rows"]] == ["exact", "off-policy"]
-    for stage in ("target", "prompts", "generate", "arms", "prepare", "extract", "train", "eval", "table"):
+    for stage in ("target", "prompts", "generate", "arms", "prepare", "extract", "drafters", "table"):
         assert (work / f"{stage}.done.json").exists(), stage
-    evals = json.loads((work / "eval.done.json").read_text())
-    for name, figures in evals.items():
+    drafters = json.loads((work / "drafters.done.json").read_text())
+    assert sorted(drafters["eval"]) == ["exact-s0", "off-policy-s0"]
+    for name, figures in drafters["eval"].items():
         assert figures["requests"] == plan["heldout"], (name, figures)
         assert len(figures["per_position_acceptance"]) == 3, (name, figures)
-    train = json.loads((work / "train.done.json").read_text())
-    for name, run in train.items():
+    for name, run in drafters["train"].items():
         assert (Path(run["draft"]) / "config.json").exists(), name
     assert "| exact |" in (work / "table.md").read_text()
 
@@ -71,9 +75,6 @@ def test_the_exact_arm_beats_the_off_policy_arm(quick_run):
 
 def test_a_second_run_over_the_work_folder_skips_every_stage(quick_run):
     work, _ = quick_run
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), str(work), "--quick"], cwd=ROOT, capture_output=True, text=True,
-        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
-    )  # fmt: skip
+    proc = _bench(work, str(vllm_python()))
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stdout.count("done before, skipped") == 9, proc.stdout
+    assert proc.stdout.count("done before, skipped") == 8, proc.stdout
