@@ -473,8 +473,10 @@ temperature = 0.0
 
 
 def _brief_status(status: dict[str, Any]) -> dict[str, Any]:
-    keep = ("state", "counts", "verdicts", "samples", "done", "failed")
-    return {k: status[k] for k in keep if k in status}
+    """What `eaglewatch status --json` says of the run's ids: states, verdicts, what its text path measured."""
+    run = status["runs"][0]
+    keep = ("state", "samples", "verdicts", "verification", "measured", "suspects", "truncated", "strategies")
+    return {k: run[k] for k in keep if k in run}
 
 
 def _brief_export(report: dict[str, Any]) -> dict[str, Any]:
