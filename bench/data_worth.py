@@ -598,7 +598,7 @@ def markdown(table: dict[str, Any]) -> str:
             iv = "(1 seed)"
         pos = " / ".join(f"{p:.2f}" for p in r["per_position"])
         off = ", ".join(f"{k} {v:.2f}" for k, v in r["trainer_offline"].items() if "full_acc" in k) or "-"
-        share = "-" if r["token_share_differing"] is None else f"{100 * r['token_share_differing']:.1f} %"
+        share = "-" if r["token_share_differing"] is None else f"{100 * r['token_share_differing']:.2f} %"
         lines.append(
             f"| {r['arm']} | {r['acceptance_length']:.3f} | {iv} | {pos} | {off} | {share} | "
             f"{r['samples_changed']}/{r['samples']} | {r['train_step_ms']} |"
