@@ -299,7 +299,7 @@ class _PerSampleFiles:
         """Rename every sample's file into place; (the output folder, bytes written)."""
         if not all(self.written):
             raise AssertionError(f"{self.written.count(False)} samples were never written")
-        for rel in self.files:
+        for rel in dict.fromkeys(self.files):  # samples with the same ids share their files: rename each once
             os.replace(self.out_dir / (rel + self._suffix), self.out_dir / rel)
         return self.out_dir, self.bytes
 

@@ -238,3 +238,20 @@ def test_a_sample_the_prepared_dataset_lacks_is_refused(shards, tiny_model, tmp_
     with pytest.raises(InputError, match=rf"1 sample\(s\) .* in no row .*first: '{first.sample_id}'.*--seq-length"):
         _extract(shards, tmp_path / "hs", tiny_model, "speculators", prepared)
     assert not list((tmp_path / "hs").rglob("hs_*"))
+
+
+def test_samples_with_the_same_ids_share_their_speculators_files(tiny_model, tmp_path, sample_tokenizer_dir):
+    """The same prompt answered the same way twice (a regenerated dataset's duplicates): both samples are every
+    prepared row holding those ids, so the shard finishes with one file per row, not a second rename of one."""
+    rows = make_samples(3, seed=21)
+    rows.append(dict(rows[0], id="s21-again"))
+    shards = write_shards(tmp_path / "export", [rows])
+    prepared = _prepare(shards, tmp_path / "rows", tmp_path / "prepared", sample_tokenizer_dir)
+    options = ExtractOptions(
+        model_path=tiny_model, out_dir=tmp_path / "hs", batch_tokens=96, device="cpu", layout="speculators",
+        speculators_prepared=prepared,
+    )  # fmt: skip
+    run_extraction(shards, [0], options, ProgressLog(io.StringIO()))
+    files = sorted((tmp_path / "hs" / "hidden_states").glob("hs_*.safetensors"))
+    assert len(files) == 4
+    assert not list((tmp_path / "hs").rglob("*.partial-*"))
