@@ -5,8 +5,9 @@ endpoint (and the baseline); the server's acceptance figures are stored as given
 (figures, intervals, verdicts). By default the eval monitor shows the run live (acceptance per endpoint over time,
 per position, by category, the guards, each request's output; `p` pauses and resumes; quitting stops the eval,
 which resumes when run again); `--headless` prints progress on stderr instead. `watch` and `serve` on the run's
-database show the same monitor and steer a headless eval (pause, resume). Exit codes: 0 done; 1 some requests failed; 2 bad input; 4 `--min-acceptance` not met (`EXIT_BELOW_MIN`).
-A run that stopped resumes with the requests not answered yet.
+database show the same monitor and steer a headless eval (pause, resume). Exit codes: 0 done; 1 some requests
+failed; 2 bad input; 4 `--min-acceptance` not met (`EXIT_BELOW_MIN`). A run that stopped resumes with the
+requests not answered yet.
 """
 
 from __future__ import annotations
