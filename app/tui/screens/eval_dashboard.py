@@ -82,7 +82,7 @@ def status_line(status: EvalStatus, figures: EvalFigures, width: int = 200) -> T
     if figures.failed:
         tail.append(f" · {figures.failed:,} failed")
     if figures.first_at is not None and figures.last_at is not None:
-        tail.append(f" · {fmt.duration(figures.last_at - figures.first_at)}")
+        tail.append(f" · elapsed {fmt.duration(figures.last_at - figures.first_at)}")
     for candidate in ((*parts, share, *tail), (*parts, *tail), tuple(parts)):
         if text.cell_len + sum(len(p) for p in candidate) <= width:
             break
@@ -398,8 +398,11 @@ class RequestsScreen(Screen):
         lines: list[EvalRequestLine] = list(message.result)
         table = self.query_one("#requests-table", DataTable)
         table.clear()
+        baseline = eval_source(self).baseline
         for r in lines:
-            flag = "error" if r.error else ("loop" if r.loop else ("no fig" if r.steps is None else ""))
+            flag = "error" if r.error else ("loop" if r.loop else "")
+            if not flag:
+                flag = "baseline" if r.endpoint == baseline else ("no fig" if r.steps is None else "")
             table.add_row(
                 str(r.id), r.sample_id, r.endpoint, _num(r.acceptance_length), f"{r.completion_tokens:,}",
                 _num(r.tokens_per_s, 0), flag, key=str(r.id),
@@ -425,7 +428,8 @@ def output_text(out: RequestOutput) -> Text:
     tau = None if not out.steps or out.accepted is None else 1 + out.accepted / out.steps
     text.append(f"request {out.request_id} · sample {out.sample_id} · {out.endpoint}", style="bold")
     text.append(f" · {out.category or '(none)'}\n")
-    text.append(f"{out.n_tokens:,} tokens · τ {_num(tau)} · accepted {out.accepted} in {out.steps} steps")
+    figures = "no acceptance figures" if tau is None else f"τ {tau:.2f} · accepted {out.accepted} in {out.steps} steps"
+    text.append(f"{out.n_tokens:,} tokens · {figures}")
     text.append(f" · tok/s {_num(out.tokens_per_s, 0)}" + (" · LOOP" if out.loop else "") + "\n")
     if out.error:
         text.append(f"error: {out.error}\n", style="bold red")
