@@ -2,11 +2,14 @@
 
 The config is a run config with an `[eval]` table (docs/config-reference.md). Each prompt goes to each eval
 endpoint (and the baseline); the server's acceptance figures are stored as given, then the report is printed
-(figures, intervals, verdicts). The eval runs headless (progress on stderr); the monitor does not show eval runs
-yet. Exit codes: 0 done; 1 some requests failed; 2 bad input; 3 an endpoint refused the credentials (401/403: the
-eval stops at once); 4 a `--min-acceptance` gate (the run's or a category's) not met (`EXIT_BELOW_MIN`).
-`eaglewatch eval report` prints the report again from the database.
-A run that stopped resumes with the requests not answered yet.
+(figures, intervals, verdicts). By default the eval monitor shows the run live (acceptance per endpoint over time,
+per position, by category, the guards, each request's output; `p` pauses and resumes; quitting stops the eval,
+which resumes when run again); `--headless` prints progress on stderr instead. `watch` and `serve` on the run's
+database show the same monitor and steer a headless eval (pause, resume). Exit codes: 0 done; 1 some requests
+failed; 2 bad input; 3 an endpoint refused the credentials (401/403: the eval stops at once); 4 a
+`--min-acceptance` gate (the run's or a category's) not met (`EXIT_BELOW_MIN`). `eaglewatch eval report` prints the
+report again from the database. A run that stopped resumes with the
+requests not answered yet.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ if TYPE_CHECKING:
 EXIT_BELOW_MIN = 4
 
 EXAMPLE = """\
+eaglewatch eval eval.toml                              # the monitor: p pauses, r lists the requests
 eaglewatch eval --headless eval.toml
 eaglewatch eval --headless eval.toml --min-acceptance 1.8 --min-acceptance code=2.0 --json > report.json
 eaglewatch eval report --db eaglewatch.db --run my-eval --markdown report.md --svg report.svg"""
@@ -31,10 +35,13 @@ eaglewatch eval report --db eaglewatch.db --run my-eval --markdown report.md --s
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", type=Path, help="run config (TOML) with an [eval] table")
-    parser.add_argument("--headless", action="store_true", help="progress on stderr (the only mode for now)")
+    from app.commands.watch import add_theme_arguments
+
+    parser.add_argument("--headless", action="store_true", help="no monitor: progress on stderr")
     parser.add_argument("--db", type=Path, metavar="PATH", help="run database (default: the config's run.database)")
     parser.add_argument("--run", dest="run_name", metavar="NAME", help="run name (default: the config's run.name)")
     add_gate_arguments(parser)
+    add_theme_arguments(parser)
 
 
 def min_acceptance(text: str) -> tuple[str, float]:
@@ -79,12 +86,31 @@ def run(args: argparse.Namespace) -> int:
     if overrides:
         config = apply_overrides(config, overrides)
     _check_guard_inputs(config)
-    progress = _Progress()
-    engine = EvalRun(config, on_progress=progress.update, on_notice=lambda m: progress.say(f"warning: {m}"))
-    try:
-        asyncio.run(engine.run())
-    finally:
-        progress.stop()
+    if not args.headless:
+        from app.tui.eval_app import host_eval
+
+        engine = EvalRun(config)
+        asyncio.run(
+            host_eval(
+                engine,
+                database=config.run.database,
+                run_name=config.run.name,
+                mouse=not getattr(args, "no_mouse", False),
+                theme=getattr(args, "theme", "textual-dark"),
+            )
+        )
+        if engine.state not in ("done", "failed"):
+            print(
+                f"eaglewatch eval: stopped with {engine.progress.done} answered this time; run it again to resume",
+                file=sys.stderr,
+            )
+    else:
+        progress = _Progress()
+        engine = EvalRun(config, on_progress=progress.update, on_notice=lambda m: progress.say(f"warning: {m}"))
+        try:
+            asyncio.run(engine.run())
+        finally:
+            progress.stop()
     code = print_report(config.run.database, config.run.name, args)
     if code == 0 and engine.progress.failed:
         print(

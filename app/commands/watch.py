@@ -1,4 +1,5 @@
-"""`eaglewatch watch DB`: the monitor over a run database (attached to a headless run, or read-only)."""
+"""`eaglewatch watch DB`: the monitor over a run database (attached to a headless run, or read-only); an eval run
+(`runs.kind` = eval) gets the eval monitor."""
 
 from __future__ import annotations
 
@@ -37,7 +38,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from app.tui.app import make_app
     from app.tui.db_source import open_attached
+    from app.tui.eval_source import is_eval_run
 
+    if is_eval_run(args.db, args.run_name):  # an eval run: the eval monitor (acceptance, guards, requests)
+        from app.tui.eval_app import make_eval_app
+        from app.tui.eval_source import open_eval_attached
+
+        eval_source = open_eval_attached(args.db, args.run_name, readonly=args.readonly)
+        make_eval_app(eval_source, theme=args.theme).run(mouse=not args.no_mouse)
+        return 0
     source = open_attached(args.db, args.run_name, readonly=args.readonly)
     make_app(source, theme=args.theme).run(mouse=not args.no_mouse)
     return 0

@@ -8,6 +8,11 @@ built-in simulators, their `AdaptiveLimit`s) come from `app.engine.capacity.endp
 `app.store.eval_ops`). Each prompt goes to each eval endpoint (the drafter endpoints and the baseline); a run
 that stopped resumes with the pairs not answered yet.
 
+The run is steered like a generation run (`app.engine.control.RunControl`): `pause` starts no new request (those in
+flight finish) and `resume` goes on; in-process the monitor calls them, from another process a viewer queues them
+in the `commands` table, which the run polls about twice a second while it beats its heartbeat (`engine_heartbeats`,
+with its progress as `{"eval": {...}}`), so an attached viewer tells a live eval from a gone one.
+
 An endpoint whose first answer carries no acceptance figures is named at once (an event and the `on_notice`
 callback) with what to turn on; its requests are stored without figures and never averaged in as zero.
 """
@@ -16,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +38,7 @@ from app.providers.exceptions import ProviderError, RetryableError, SampleFatalE
 from app.providers.retry import RetryPolicy, with_retries
 from app.records import Completion
 from app.store import eval_ops
+from app.store.heartbeat import beat_op, stop_op, this_host
 from app.store.rows import EvalRequestRow
 from app.store.run_store import RunStore
 
@@ -56,6 +64,10 @@ class EvalStopped(EaglewatchError):
     exit_code = EXIT_STOPPED
 
 
+STEER_POLL_S = 0.5  # how often the run takes viewers' commands and beats its heartbeat
+PAUSED_REASON = "paused by the operator: no new request starts; requests in flight finish"
+
+
 @dataclass
 class EvalProgress:
     """What a face shows while an eval runs."""
@@ -63,7 +75,16 @@ class EvalProgress:
     total: int = 0
     done: int = 0
     failed: int = 0
+    in_flight: int = 0
+    paused: bool = False
     notices: list[str] = field(default_factory=list)
+
+    def as_json(self) -> str:
+        """The heartbeat's snapshot of an eval run (`{"eval": {...}}`: no generation reader takes it for its own)."""
+        return json.dumps(
+            {"eval": {k: getattr(self, k) for k in ("total", "done", "failed", "in_flight", "paused")}},
+            separators=(",", ":"),
+        )
 
 
 def sampling_extra(config: RunConfig) -> dict[str, Any]:
@@ -149,6 +170,81 @@ class EvalRun:
         self._windows: dict[str, _CounterWindows] = {}
         self._tokenizer: Any = None
         self._overloads: dict[tuple[str, int], int] = {}
+        self.state = "idle"  # idle | running | paused | done | failed
+        self._store: RunStore | None = None
+        self._go = asyncio.Event()
+        self._go.set()
+        self._started_at = time.time()
+
+    # --- RunControl: the monitor's keys in-process, the `commands` table from another process ---------------
+    async def pause(self, now: bool = False) -> None:
+        """Start no new request; those in flight finish (`now` is the same for an eval: nothing is cancelled)."""
+        if self.progress.paused or self.state not in ("running", "idle"):
+            return
+        self._go.clear()
+        self.progress.paused = True
+        self.state = "paused"
+        if self._store is not None and self.run_id:
+            await self._store.set_run_state(self.run_id, "paused", PAUSED_REASON)
+            await self._store.add_event(self.run_id, "info", "run", PAUSED_REASON)
+        self._tick()
+
+    async def resume(self) -> None:
+        """Go on starting requests after a pause."""
+        if not self.progress.paused:
+            return
+        self.progress.paused = False
+        self.state = "running"
+        self._go.set()
+        if self._store is not None and self.run_id:
+            await self._store.set_run_state(self.run_id, "running")
+            await self._store.add_event(self.run_id, "info", "run", "resumed by the operator")
+        self._tick()
+
+    async def set_concurrency(self, limit: int) -> None:
+        """Not offered for an eval (each endpoint's adaptive limit sets its own): said as an event."""
+        if self._store is not None and self.run_id:
+            await self._store.add_event(
+                self.run_id, "warning", "run", f"set_concurrency {limit} ignored: an eval's endpoints set their own"
+            )
+
+    async def retry_failed(self) -> None:
+        """An eval retries its failed requests when it is run again: said as an event."""
+        if self._store is not None and self.run_id:
+            await self._store.add_event(
+                self.run_id, "info", "run", "failed eval requests are retried when the eval is run again"
+            )
+
+    async def _steer(self, store: RunStore) -> None:
+        """Take viewers' commands and beat the heartbeat, about twice a second, until cancelled."""
+        pid, host = os.getpid(), this_host()
+        while True:
+            try:
+                for cmd in await store.take_commands(self.run_id):
+                    if cmd.verb == "pause":
+                        await self.pause()
+                    elif cmd.verb == "resume":
+                        await self.resume()
+                    elif cmd.verb == "set_concurrency":
+                        await self.set_concurrency(int((cmd.args or {}).get("limit", 0) or 0))
+                    elif cmd.verb == "retry_failed":
+                        await self.retry_failed()
+                    else:
+                        await store.add_event(self.run_id, "warning", "run", f"unknown command {cmd.verb!r} ignored")
+                await store.write(
+                    beat_op(
+                        self.run_id,
+                        pid=pid,
+                        host=host,
+                        started_at=self._started_at,
+                        now=time.time(),
+                        snapshot_json=self.progress.as_json(),
+                    )
+                )
+            except Exception as exc:  # a transient database error must not stop the eval
+                if self._on_notice is not None:
+                    self._on_notice(f"could not read operator commands: {exc}")
+            await asyncio.sleep(STEER_POLL_S)
 
     async def _notice(self, store: RunStore, level: str, message: str) -> None:
         self.progress.notices.append(message)
@@ -164,6 +260,8 @@ class EvalRun:
         config = self.config
         targets = config.eval_endpoints() + ([self.eval.baseline] if self.eval.baseline else [])
         store = await RunStore.open(config.run.database)
+        self._store = store
+        steering: asyncio.Task[None] | None = None
         try:
             await ingest_config(store, config)
             self.run_id = await store.ensure_run(config.run.name, config.redacted())
@@ -173,6 +271,8 @@ class EvalRun:
             self.progress.total = len(work)
             self._tick()
             await store.set_run_state(run_id, "running")
+            self.state = "running"
+            steering = asyncio.create_task(self._steer(store))
             endpoints = await open_endpoints(config, started=time.time())
             try:
                 live = {ep.name: ep for ep in endpoints.items}
@@ -195,21 +295,31 @@ class EvalRun:
                 for windows in self._windows.values():
                     await windows.aclose()
                 await close_endpoints(endpoints)
+            self.state = "done" if self.progress.failed == 0 else "failed"
+            self.progress.paused = False
             await store.set_run_state(
                 run_id,
-                "done" if self.progress.failed == 0 else "failed",
+                self.state,
                 None if self.progress.failed == 0 else f"{self.progress.failed} requests failed",
             )
         except EvalStopped as exc:
             await store.set_run_state(self.run_id, "failed", str(exc))
             raise
         except BaseException:
+            self.state = "paused"
             if self.run_id:
                 await store.set_run_state(
                     self.run_id, "paused", "the eval stopped before its end; run it again to resume"
                 )
             raise
         finally:
+            if steering is not None:
+                steering.cancel()
+                await asyncio.gather(steering, return_exceptions=True)
+                await store.write(
+                    stop_op(self.run_id, pid=os.getpid(), now=time.time(), snapshot_json=self.progress.as_json())
+                )
+            self._store = None
             await store.close()
         return self.run_id
 
@@ -238,9 +348,16 @@ class EvalRun:
             loop.call_later(max(0.0, delay_s), back)
 
         while self._stop is None and (queue or tasks or waiting):
+            if queue and not self._go.is_set():  # paused: nothing new starts; requests in flight finish
+                try:
+                    await asyncio.wait_for(self._go.wait(), 0.05)
+                except TimeoutError:
+                    pass
+                continue
             if queue and ep.limit.can_start(time.monotonic()):
                 item = queue.popleft()
                 ticket = ep.limit.take(time.monotonic())
+                self.progress.in_flight += 1
                 task = asyncio.create_task(self._one(store, ep, item, drafter, ticket, wake, requeue))
                 tasks.add(task)
                 self._tasks.add(task)
@@ -333,6 +450,7 @@ class EvalRun:
                     )
             self.progress.done += 1
         finally:
+            self.progress.in_flight -= 1
             ep.limit.release(answered=answered)
             wake.set()
             self._tick()
