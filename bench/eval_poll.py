@@ -60,7 +60,7 @@ def _row(i: int, pk: int, endpoint: str, rng: random.Random, created: float) -> 
         i, 1, pk, endpoint, "bench/drafter", ("chat", "code", "math", "tools")[pk % 4], None, None,
         sum(per_step) + steps, 25.0, 5.0, 900.0, 220.0 + i % 50, "vllm", spec, sum(per_step), K * steps, steps,
         json.dumps(per_pos), int(i % 50 == 0), "{}", created, None, None,
-    )  # fmt: skip (prompt_ids and template: the server returned no prompt ids)
+    )  # fmt: skip
 
 
 def build_eval_db(path: Path, requests: int) -> float:
