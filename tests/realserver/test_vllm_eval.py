@@ -93,7 +93,8 @@ max_tokens = 96
 dead_after = {PROMPTS}
 """)
     before = spec_counters(base_url)
-    assert main(["eval", "--headless", str(config)]) == 0
+    # the gate passes a drafter that gets tokens accepted (the random EAGLE-3 draft fails it: test_vllm_eval_eagle3)
+    assert main(["eval", "--headless", str(config), "--min-acceptance", "1.3"]) == 0
     after = spec_counters(base_url)
     delta = {k: after[k] - before.get(k, 0.0) for k in after}
 
